@@ -1,0 +1,1 @@
+"""envrl: RL post-training with environments served as supervised processes."""

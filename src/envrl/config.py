@@ -1,0 +1,365 @@
+"""One config loader for every entry point.
+
+Guarantee: a config is built from defaults, then `--config` TOML files in order (deep-merged),
+then dotted command-line overrides, and validated once. Any problem (unknown key, wrong type,
+missing file) becomes a `ConfigError` whose message is ONE line naming the dotted key, where the
+value came from, and the closest valid key; entry points turn it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+import tomllib
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import tomli_w
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+Key = tuple[str | int, ...]
+C = TypeVar("C", bound="BaseConfig")
+
+CLI_SOURCE = "the command line"
+
+
+class BaseConfig(BaseSettings):
+    """Base of every config model: unknown keys are errors, field docstrings are the help text.
+
+    Values come only from the loader below (TOML files and CLI overrides); environment variables
+    and dotenv files are deliberately not read, so the resolved config is exactly what
+    `--dry-run` prints.
+    """
+
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+        nested_model_default_partial_update=False,
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+class ConfigError(Exception):
+    """A config problem, already phrased as the one line the user will see."""
+
+
+class _Layers:
+    """Merged raw config values plus, for every key, the source that set it last."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+        self.sources: dict[Key, str] = {}
+
+    def merge(self, values: dict[str, Any], source: str, prefix: Key = ()) -> None:
+        target = self.data
+        for part in prefix:
+            target = target.setdefault(part, {})
+        self._merge_into(target, values, source, prefix)
+
+    def _merge_into(self, target: dict[str, Any], values: dict[str, Any], source: str, prefix: Key) -> None:
+        for key, value in values.items():
+            path = (*prefix, key)
+            self.sources[path] = source
+            if isinstance(value, dict) and isinstance(target.get(key), dict):
+                self._merge_into(target[key], value, source, path)
+            else:
+                target[key] = value
+                self._mark_subtree(value, source, path)
+
+    def _mark_subtree(self, value: Any, source: str, path: Key) -> None:
+        if isinstance(value, dict):
+            for key, child in value.items():
+                self.sources[(*path, key)] = source
+                self._mark_subtree(child, source, (*path, key))
+
+    def source_of(self, loc: Key) -> str | None:
+        for end in range(len(loc), 0, -1):
+            if loc[:end] in self.sources:
+                return self.sources[loc[:end]]
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the command line
+
+
+class ParsedArgs(BaseModel):
+    config_files: list[Path] = []
+    overrides: list[tuple[str, str | None]] = []
+    dry_run: bool = False
+    help: bool = False
+
+
+def _split_argv(argv: Sequence[str]) -> ParsedArgs:
+    parsed = ParsedArgs()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            parsed.help = True
+        elif arg == "--dry-run":
+            parsed.dry_run = True
+        elif arg == "--config" or arg.startswith("--config="):
+            if "=" in arg:
+                value = arg.split("=", 1)[1]
+            elif i + 1 < len(argv):
+                i += 1
+                value = argv[i]
+            else:
+                raise ConfigError("--config needs a path to a TOML file")
+            parsed.config_files.append(Path(value))
+        elif arg.startswith("--") and len(arg) > 2:
+            name, eq, value = arg[2:].partition("=")
+            if eq:
+                parsed.overrides.append((name, value))
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                i += 1
+                parsed.overrides.append((name, argv[i]))
+            else:
+                parsed.overrides.append((name, None))
+        else:
+            raise ConfigError(f"unexpected argument {arg!r}: options look like --section.key VALUE")
+        i += 1
+    return parsed
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The concrete types an annotation may hold (Optional/Union/Annotated peeled off)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
+    return [annotation]
+
+
+def _step(types_: list[Any], part: str | int) -> list[Any]:
+    """Types reachable from `types_` through one key (a field name or a list index)."""
+    out: list[Any] = []
+    for tp in types_:
+        if isinstance(part, int):
+            if typing.get_origin(tp) is list:
+                out.extend(_unwrap(typing.get_args(tp)[0]))
+        elif isinstance(tp, type) and issubclass(tp, BaseModel) and part in tp.model_fields:
+            out.extend(_unwrap(tp.model_fields[part].annotation))
+    return out
+
+
+def _models_at(model: type[BaseModel], path: Sequence[str | int], data: Any = None) -> list[type[BaseModel]]:
+    """Models that may sit at `path`; with `data`, union members are narrowed by its `type` tag."""
+    types_: list[Any] = [model]
+    node = data
+    for part in path:
+        types_ = _step(types_, part)
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            node = None
+    models = [t for t in types_ if isinstance(t, type) and issubclass(t, BaseModel)]
+    tag = node.get("type") if isinstance(node, dict) else None
+    tagged = [m for m in models if tag is not None and tag in _type_tags(m)]
+    return tagged or models
+
+
+def _type_tags(model: type[BaseModel]) -> tuple[Any, ...]:
+    field = model.model_fields.get("type")
+    if field is None or typing.get_origin(field.annotation) is not Literal:
+        return ()
+    return typing.get_args(field.annotation)
+
+
+def _field_types(model: type[BaseModel], path: Sequence[str]) -> list[Any] | None:
+    """Types a dotted path may hold in `model`, or None if no model defines it."""
+    return _step(_models_at(model, path[:-1]), path[-1]) or None
+
+
+def _is_textual(tp: Any) -> bool:
+    if typing.get_origin(tp) is Literal:
+        return all(isinstance(v, str) for v in typing.get_args(tp))
+    return isinstance(tp, type) and issubclass(tp, (str, Path))
+
+
+def _parse_override(model: type[BaseModel], name: str, raw: str | None) -> tuple[list[str], Any]:
+    """Turn `--a.b-c VALUE` into (["a", "b_c"], value), reading VALUE by the field's type."""
+    path = [part.replace("-", "_") for part in name.split(".")]
+    field_types = _field_types(model, path)
+    if raw is None:
+        if field_types is None and path[-1].startswith("no_"):
+            negated = [*path[:-1], path[-1][3:]]
+            if bool in (_field_types(model, negated) or []):
+                return negated, False
+        if field_types is None or bool in field_types:
+            return path, True
+        raise ConfigError(f"--{name} needs a value (it is not a true/false flag)")
+    if field_types and all(_is_textual(t) or t is type(None) for t in field_types):
+        return path, raw
+    try:
+        return path, json.loads(raw)
+    except json.JSONDecodeError:
+        return path, raw
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation errors as one line
+
+
+def _display_key(loc: Key) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _data_loc(loc: Key, data: Any) -> Key:
+    """Drop the union tags pydantic inserts into error locations (e.g. ('pool', 'static', 'x'))."""
+    out: list[str | int] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part not in node and node.get("type") == part:
+            continue
+        out.append(part)
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            node = None
+    return tuple(out)
+
+
+def _describe(error: dict[str, Any], model: type[BaseModel], layers: _Layers) -> str:
+    loc = _data_loc(tuple(error["loc"]), layers.data)
+    key = _display_key(loc) or "<top level>"
+    source = layers.source_of(loc)
+    where = f" (from {source})" if source else ""
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        valid = sorted({name for m in _models_at(model, loc[:-1], layers.data) for name in m.model_fields})
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+        parent = _display_key(loc[:-1])
+        hint = f"; did you mean '{_display_key((*loc[:-1], close[0]))}'?" if close else ""
+        if not close and valid:
+            hint = f"; valid keys{' under ' + repr(parent) if parent else ''}: {', '.join(valid)}"
+        return f"unknown config key '{key}'{where}{hint}"
+    if kind == "missing":
+        return f"missing required config key '{key}'{where}"
+    if kind == "union_tag_invalid":
+        ctx = error.get("ctx", {})
+        return f"'{key}.type' is {ctx.get('tag')!r}{where}; expected one of {ctx.get('expected_tags')}"
+    value = error.get("input")
+    shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return f"bad value for '{key}'{where}: {error['msg']} (got {shown})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path} (working directory {Path.cwd()})")
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def resolve_config(
+    cls: type[C],
+    config_files: Sequence[Path] = (),
+    overrides: Sequence[tuple[str, str | None]] = (),
+    base: dict[str, Any] | None = None,
+) -> C:
+    """Build `cls` from `base` values, then TOML files, then CLI overrides; raise ConfigError."""
+    layers = _Layers()
+    if base:
+        layers.merge(base, "the caller's defaults")
+    for path in config_files:
+        layers.merge(read_toml(Path(path)), str(path))
+    for name, raw in overrides:
+        path, value = _parse_override(cls, name, raw)
+        nested: Any = value
+        for part in reversed(path[1:]):
+            nested = {part: nested}
+        layers.merge({path[0]: nested}, f"--{name} on {CLI_SOURCE}")
+    try:
+        return cls.model_validate(layers.data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e.errors()[0], cls, layers)) from None
+
+
+def config_to_toml(config: BaseModel) -> str:
+    """The resolved config as TOML (None values are left out: TOML has no null)."""
+    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+
+
+def config_help(cls: type[BaseModel], prog: str) -> str:
+    lines = [
+        f"usage: {prog} [--config FILE.toml ...] [--section.key VALUE ...] [--dry-run]",
+        "",
+        "Later --config files deep-merge over earlier ones; --key overrides come last.",
+        "Lists and dicts are JSON; booleans are --flag / --no-flag. --dry-run prints the",
+        "resolved config as TOML.",
+        "",
+    ]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{name}".replace("_", "-")
+            sub = [t for t in _unwrap(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
+            if len(sub) == 1 and len(_unwrap(field.annotation)) == 1:
+                walk(sub[0], f"{prefix}{name}.")
+                continue
+            default = "" if field.is_required() else f" [default: {_short(field.get_default(call_default_factory=True))}]"
+            description = (field.description or "").replace("\n", " ")
+            lines.append(f"  --{key}  {description}{default}")
+
+    walk(cls, "")
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, BaseModel):
+        return json.dumps(value.model_dump(mode="json"))
+    return json.dumps(value) if isinstance(value, (list, dict, str)) else str(value)
+
+
+def load_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str) -> C:
+    """Entry-point helper: parse argv into `cls`, print one-line errors and exit 2 on bad input.
+
+    `--help` prints every key with its description; `--dry-run` prints the resolved config
+    as TOML; both exit 0.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = _split_argv(argv)
+        if args.help:
+            print(config_help(cls, prog))
+            raise SystemExit(0)
+        config = resolve_config(cls, args.config_files, args.overrides)
+    except ConfigError as e:
+        print(f"{prog}: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.dry_run:
+        print(config_to_toml(config), end="")
+        raise SystemExit(0)
+    return config

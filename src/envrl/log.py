@@ -1,0 +1,66 @@
+"""One logging setup for every envrl process.
+
+Guarantee: after `setup_logging`, everything a process logs, through loguru or through stdlib
+`logging` (vLLM, transformers, urllib3, zmq, ...), goes to the same sinks in the same format:
+the console (coloured only when it is a TTY) and, if configured, one log file for the process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+from pathlib import Path
+from typing import Literal
+
+from loguru import logger
+
+from envrl.config import BaseConfig
+
+LogLevel = Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"]
+
+# Libraries that install their own handlers; we strip those so their records reach loguru once.
+THIRD_PARTY_LOGGERS = ("vllm", "transformers", "urllib3", "zmq", "asyncio", "httpx", "wandb", "torch")
+
+CONSOLE_FORMAT = (
+    "<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> "
+    "<cyan>{extra[process]}</cyan> {message}"
+)
+FILE_FORMAT = "{time:YYYY-MM-DD HH:mm:ss.SSS} {level: <7} {extra[process]} {name}:{line} {message}"
+
+
+class LogConfig(BaseConfig):
+    level: LogLevel = "INFO"
+    """Lowest level written to the console and the log file."""
+    file: Path | None = None
+    """Also write this process's log to this file (appended; parent dirs are created)."""
+
+
+class InterceptHandler(logging.Handler):
+    """Forwards stdlib log records to loguru, keeping the original caller's location."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            level: str | int = logger.level(record.levelname).name
+        except ValueError:
+            level = record.levelno
+        frame, depth = inspect.currentframe(), 0
+        while frame is not None and (depth == 0 or frame.f_code.co_filename == logging.__file__):
+            frame, depth = frame.f_back, depth + 1
+        logger.opt(depth=depth, exception=record.exc_info).log(level, record.getMessage())
+
+
+def setup_logging(config: LogConfig, process: str) -> None:
+    """Route all logging of this process to the console and `config.file`, tagged `process`."""
+    logger.remove()
+    logger.configure(extra={"process": process})
+    logger.add(sys.stderr, level=config.level, format=CONSOLE_FORMAT, colorize=sys.stderr.isatty())
+    if config.file is not None:
+        config.file.parent.mkdir(parents=True, exist_ok=True)
+        logger.add(config.file, level=config.level, format=FILE_FORMAT, colorize=False)
+
+    logging.basicConfig(handlers=[InterceptHandler()], level=logger.level(config.level).no, force=True)
+    for name in THIRD_PARTY_LOGGERS:
+        stdlib_logger = logging.getLogger(name)
+        stdlib_logger.handlers = []
+        stdlib_logger.propagate = True

@@ -1,0 +1,190 @@
+"""The config loader: merge order, overrides, unions, and one-line errors with exit code 2."""
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import pytest
+import tomllib
+from pydantic import Field
+
+from envrl.config import BaseConfig, ConfigError, load_config, resolve_config
+
+
+class OptimConfig(BaseConfig):
+    lr: float = 1e-5
+    """Peak learning rate."""
+    betas: list[float] = [0.9, 0.99]
+
+
+class StaticPool(BaseConfig):
+    type: Literal["static"] = "static"
+    num_workers: int = 1
+
+
+class ElasticPool(BaseConfig):
+    type: Literal["elastic"] = "elastic"
+    max_workers: int = 4
+
+
+class EnvConfig(BaseConfig):
+    id: str
+    args: dict[str, int | str] = {}
+    pool: Annotated[StaticPool | ElasticPool, Field(discriminator="type")] = ElasticPool()
+
+
+class TrainerConfig(BaseConfig):
+    optim: OptimConfig = OptimConfig()
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+
+
+class RunConfig(BaseConfig):
+    trainer: TrainerConfig = TrainerConfig()
+    envs: list[EnvConfig] = []
+    name: str = "run"
+    seed: int = 0
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def load_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        load_config(RunConfig, argv, prog="test")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, f"expected one line, got: {err!r}"
+    return err.strip()
+
+
+def test_later_files_deep_merge_over_earlier(tmp_path: Path) -> None:
+    a = write(tmp_path, "a.toml", "name = 'a'\n[trainer.optim]\nlr = 1e-4\nbetas = [0.5, 0.6]\n")
+    b = write(tmp_path, "b.toml", "[trainer.optim]\nlr = 3e-4\n")
+    config = resolve_config(RunConfig, [a, b])
+    assert config.trainer.optim.lr == 3e-4
+    assert config.trainer.optim.betas == [0.5, 0.6]
+    assert config.name == "a"
+
+
+def test_cli_overrides_come_last_in_kebab_or_snake_case(tmp_path: Path) -> None:
+    a = write(tmp_path, "a.toml", "[trainer.optim]\nlr = 1e-4\n")
+    config = load_config(
+        RunConfig,
+        ["--config", str(a), "--trainer.optim.lr", "2e-3", "--trainer.activation-checkpointing", "--seed=7"],
+        prog="test",
+    )
+    assert config.trainer.optim.lr == 2e-3
+    assert config.trainer.activation_checkpointing is True
+    assert config.seed == 7
+
+
+def test_no_flag_sets_boolean_false(tmp_path: Path) -> None:
+    a = write(tmp_path, "a.toml", "[trainer]\nactivation_checkpointing = true\n")
+    config = load_config(RunConfig, ["--config", str(a), "--trainer.no-activation-checkpointing"], prog="test")
+    assert config.trainer.activation_checkpointing is False
+
+
+def test_lists_and_dicts_are_json_and_strings_stay_strings() -> None:
+    config = load_config(
+        RunConfig,
+        ["--trainer.optim.betas", "[0.1, 0.2]", "--envs", '[{"id": "x", "args": {"n": 3}}]', "--name", "123"],
+        prog="test",
+    )
+    assert config.trainer.optim.betas == [0.1, 0.2]
+    assert config.envs[0].args == {"n": 3}
+    assert config.name == "123"
+
+
+def test_discriminated_union_selected_by_type(tmp_path: Path) -> None:
+    a = write(tmp_path, "a.toml", "[[envs]]\nid = 'x'\npool = {type = 'static', num_workers = 3}\n[[envs]]\nid = 'y'\n")
+    config = resolve_config(RunConfig, [a])
+    assert isinstance(config.envs[0].pool, StaticPool) and config.envs[0].pool.num_workers == 3
+    assert isinstance(config.envs[1].pool, ElasticPool)
+
+
+def test_unknown_key_names_dotted_key_file_and_closest_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path, "a.toml", "[trainer.optim]\nlrr = 1e-4\n")
+    err = load_error(capsys, ["--config", str(a)])
+    assert "'trainer.optim.lrr'" in err
+    assert str(a) in err
+    assert "did you mean 'trainer.optim.lr'" in err
+
+
+def test_unknown_key_inside_union_member_suggests_that_members_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path, "a.toml", "[[envs]]\nid = 'x'\npool = {type = 'static', num_wrkers = 3}\n")
+    err = load_error(capsys, ["--config", str(a)])
+    assert "'envs[0].pool.num_wrkers'" in err and "did you mean 'envs[0].pool.num_workers'" in err
+
+
+def test_unknown_cli_key_is_attributed_to_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    err = load_error(capsys, ["--traner.optim.lr", "1"])
+    assert "'traner'" in err and "command line" in err and "did you mean 'trainer'" in err
+
+
+def test_wrong_type_names_key_source_and_value(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path, "a.toml", "[trainer.optim]\nlr = 'fast'\n")
+    err = load_error(capsys, ["--config", str(a)])
+    assert "'trainer.optim.lr'" in err and str(a) in err and "'fast'" in err
+
+
+def test_bad_union_tag_lists_expected_tags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path, "a.toml", "[[envs]]\nid = 'x'\npool = {type = 'dynamic'}\n")
+    err = load_error(capsys, ["--config", str(a)])
+    assert "'envs[0].pool.type'" in err and "'static'" in err and "'elastic'" in err
+
+
+def test_missing_required_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path, "a.toml", "[[envs]]\nargs = {n = 1}\n")
+    err = load_error(capsys, ["--config", str(a)])
+    assert "missing" in err and "'envs[0].id'" in err
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = load_error(capsys, ["--config", str(tmp_path / "nope.toml")])
+    assert "not found" in err and "nope.toml" in err
+
+
+def test_invalid_toml_names_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path, "a.toml", "[trainer\n")
+    err = load_error(capsys, ["--config", str(a)])
+    assert "not valid TOML" in err and str(a) in err
+
+
+def test_value_required_for_non_boolean_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    err = load_error(capsys, ["--seed"])
+    assert "--seed needs a value" in err
+
+
+def test_dry_run_prints_resolved_toml_that_loads_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path, "a.toml", "[[envs]]\nid = 'x'\npool = {type = 'static', num_workers = 2}\n")
+    with pytest.raises(SystemExit) as exit_info:
+        load_config(RunConfig, ["--config", str(a), "--trainer.optim.lr", "5e-4", "--dry-run"], prog="test")
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    resolved = tomllib.loads(printed)
+    assert resolved["trainer"]["optim"]["lr"] == 5e-4
+    assert resolved["envs"][0]["pool"] == {"type": "static", "num_workers": 2}
+    assert RunConfig.model_validate(resolved) == resolve_config(RunConfig, [a], [("trainer.optim.lr", "5e-4")])
+
+
+def test_help_lists_keys_with_field_docstrings(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load_config(RunConfig, ["--help"], prog="test")
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--trainer.optim.lr  Peak learning rate." in out
+    assert "--trainer.activation-checkpointing  Recompute activations" in out
+
+
+def test_environment_variables_are_not_a_config_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEED", "5")
+    monkeypatch.setenv("seed", "5")
+    assert resolve_config(RunConfig).seed == 0
+
+
+def test_resolve_config_raises_config_error_without_exiting() -> None:
+    with pytest.raises(ConfigError, match="unknown config key 'bogus'"):
+        resolve_config(RunConfig, overrides=[("bogus", "1")])

@@ -1,0 +1,58 @@
+"""setup_logging routes loguru and stdlib records (with their own handlers) to one file."""
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from loguru import logger
+
+from envrl.log import LogConfig, setup_logging
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "logs" / "trainer.log"
+    setup_logging(LogConfig(level="INFO", file=path), process="trainer")
+    yield path
+    logger.remove()  # closes the file sink
+    logging.basicConfig(handlers=[], force=True)
+
+
+def read(path: Path) -> str:
+    logger.complete()
+    return path.read_text()
+
+
+def test_loguru_and_stdlib_records_reach_the_file_tagged_with_process(log_file: Path) -> None:
+    logger.info("loguru says hi")
+    logging.getLogger("vllm.engine").warning("vllm says hi")
+    text = read(log_file)
+    assert "loguru says hi" in text and "vllm says hi" in text
+    assert all(" trainer " in line for line in text.splitlines())
+
+
+def test_library_handlers_are_replaced_by_interception(log_file: Path) -> None:
+    own_handler_output: list[str] = []
+    library = logging.getLogger("transformers")
+    library.propagate = False
+    library.addHandler(logging.StreamHandler(type("S", (), {"write": own_handler_output.append, "flush": lambda: None})()))
+    setup_logging(LogConfig(level="INFO", file=log_file), process="trainer")
+    library.warning("from transformers")
+    assert "from transformers" in read(log_file)
+    assert own_handler_output == []
+
+
+def test_level_filters_both_loguru_and_stdlib(log_file: Path) -> None:
+    logger.debug("hidden loguru debug")
+    logging.getLogger("urllib3").debug("hidden urllib3 debug")
+    logger.warning("visible warning")
+    text = read(log_file)
+    assert "visible warning" in text
+    assert "hidden" not in text
+
+
+def test_stdlib_record_keeps_caller_location(log_file: Path) -> None:
+    logging.getLogger("zmq").error("located")
+    line = next(line for line in read(log_file).splitlines() if "located" in line)
+    assert "test_logging" in line
