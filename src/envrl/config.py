@@ -363,3 +363,12 @@ def load_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str) -
         print(config_to_toml(config), end="")
         raise SystemExit(0)
     return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Config pieces shared by several processes
+
+
+class ModelConfig(BaseConfig):
+    name: str = "deps/models/tiny-chat"
+    """HF model directory (or hub id where a hub is reachable) used by trainer and inference alike."""
