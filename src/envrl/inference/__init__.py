@@ -1,0 +1,1 @@
+"""The inference server (vLLM + weight reload) and its token-in/token-out client."""

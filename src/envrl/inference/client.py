@@ -1,0 +1,105 @@
+"""Token-in/token-out client of the inference server.
+
+Guarantee: `generate` returns exactly one logprob per completion token (a length mismatch is an
+error, never padded or truncated), and every call ends within its `RetryPolicy` deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from envrl.http import HttpCallError, RetryPolicy, request_json
+
+
+class TokenCompletion(BaseModel):
+    completion_ids: list[int]
+    logprobs: list[float]
+    """Logprob of each sampled token under the serving policy; same length as `completion_ids`."""
+    finish_reason: str
+    """As vLLM reports it: "stop", "length", ..."""
+
+
+class InferenceError(RuntimeError):
+    """The inference server answered, but not with what the call needs."""
+
+
+class InferenceClient:
+    """Calls one inference server (`base_url` like "http://127.0.0.1:8000", without "/v1")."""
+
+    def __init__(self, base_url: str, model: str, retry: RetryPolicy | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.retry = retry or RetryPolicy()
+        self._http = httpx.AsyncClient()
+
+    async def generate(self, prompt_ids: list[int], sampling: dict[str, Any]) -> TokenCompletion:
+        """Sample one completion for `prompt_ids`; `sampling` is passed to vLLM as is.
+
+        `sampling` holds vLLM completion parameters (max_tokens, temperature, top_p, stop, seed,
+        ...); the token-in/token-out options are set here and cannot be overridden.
+        """
+        payload = {
+            **sampling,
+            "model": self.model,
+            "prompt": prompt_ids,
+            "n": 1,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "stream": False,
+        }
+        url = f"{self.base_url}/v1/completions"
+        body = await request_json(self._http, "POST", url, payload, self.retry)
+        try:
+            choice = body["choices"][0]
+            completion_ids = choice["token_ids"]
+            logprobs = choice["logprobs"]["token_logprobs"]
+            finish_reason = choice["finish_reason"]
+        except (KeyError, IndexError, TypeError) as e:
+            raise InferenceError(f"POST {url}: unexpected response shape ({type(e).__name__}: {e}): {str(body)[:500]}") from None
+        if completion_ids is None or logprobs is None or len(completion_ids) != len(logprobs):
+            raise InferenceError(
+                f"POST {url}: got {len(completion_ids or [])} completion token ids but "
+                f"{len(logprobs or [])} logprobs; the server must return one logprob per token"
+            )
+        return TokenCompletion(completion_ids=completion_ids, logprobs=logprobs, finish_reason=finish_reason or "unknown")
+
+    async def wait_until_ready(self, timeout: float) -> None:
+        """Poll `GET /health` until the server answers 200; raise TimeoutError after `timeout` s."""
+        url = f"{self.base_url}/health"
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"inference server at {self.base_url} not ready after {timeout:.0f}s (last: {last}); check its log")
+            try:
+                response = await self._http.get(url, timeout=min(5.0, remaining))
+                if response.status_code == 200:
+                    return
+                last = f"HTTP {response.status_code}"
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    async def update_weights(self, path: str | Path) -> None:
+        """Make the server load the HF safetensors in `path`; returns once they serve.
+
+        A bad path or a shape mismatch is raised as `HttpCallError` (status 400) with the
+        server's explanation; the server keeps serving its previous weights then.
+        """
+        url = f"{self.base_url}/update_weights"
+        body = await request_json(self._http, "POST", url, {"path": str(Path(path).resolve())}, self.retry)
+        if not isinstance(body, dict) or body.get("status") != "ok":
+            raise InferenceError(f"POST {url} for {path}: unexpected answer {str(body)[:500]}")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+__all__ = ["HttpCallError", "InferenceClient", "InferenceError", "TokenCompletion"]
