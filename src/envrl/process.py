@@ -1,0 +1,238 @@
+"""Spawning, watching and stopping child processes: the one abstraction for every envrl child.
+
+Guarantee: a child started with `spawn` dies with its parent (parent-death signal plus a
+watchdog thread, once it calls `die_with_parent`), its exit is observable at once through a
+pollable fd, and a sidecar that dies or stalls before reporting ready raises `ChildFailed`
+naming it, its exit status and the tail of its log.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+PARENT_PID_ENV = "ENVRL_PARENT_PID"
+"""Set by `spawn` in the child's environment: the pid the child must not outlive."""
+READY_FD_ENV = "ENVRL_READY_FD"
+"""Set by `spawn_sidecar`: the pipe fd on which the child writes its ready line."""
+READY_PREFIX = "envrl-ready "
+"""Prefix of the one stdout line (and pipe line) a sidecar writes when it is ready."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ChildFailed(RuntimeError):
+    """A child died or stalled before it was ready; the message names it and shows its log tail."""
+
+
+class Child:
+    """A running child process: its pid, a pollable exit fd, its log, and a polite way to stop it."""
+
+    def __init__(self, name: str, popen: subprocess.Popen[bytes], log_file: Path | None) -> None:
+        self.name = name
+        self.popen = popen
+        self.log_file = log_file
+        self.exit_fd = os.pidfd_open(popen.pid)
+        """Readable (for select/poll/zmq.Poller/add_reader) as soon as the child has exited."""
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def describe_exit(self) -> str:
+        code = self.popen.poll()
+        if code is None:
+            return "is still running"
+        if code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last `lines` lines of the child's log file ('' when it has none)."""
+        if self.log_file is None or not self.log_file.exists():
+            return ""
+        with self.log_file.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
+            text = f.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def failure(self, what: str) -> ChildFailed:
+        """A ChildFailed saying `what` happened to this child, with its exit status and log tail."""
+        tail = self.log_tail()
+        where = f"; last lines of {self.log_file}:\n{tail}" if tail else f" (log: {self.log_file or 'inherited stderr'})"
+        return ChildFailed(f"{self.name} (pid {self.pid}) {what} and {self.describe_exit()}{where}")
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+
+    def stop(self, grace: float = 10.0, sig: int = signal.SIGTERM) -> int:
+        """Send `sig`, wait up to `grace` seconds, then SIGKILL; return the exit code."""
+        if self.popen.poll() is None:
+            try:
+                self.popen.send_signal(sig)
+            except ProcessLookupError:
+                pass
+            if self.wait(grace) is None:
+                self.popen.kill()
+        code = self.popen.wait()
+        self.close()
+        return code
+
+    def close(self) -> None:
+        if self.exit_fd >= 0:
+            os.close(self.exit_fd)
+            self.exit_fd = -1
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    name: str,
+    log_file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    pass_fds: Sequence[int] = (),
+    cwd: Path | None = None,
+) -> Child:
+    """Start `argv` as a child named `name` (stdout and stderr appended to `log_file`, else inherited).
+
+    The child gets its own process group, so a terminal's Ctrl-C reaches only this process,
+    which then stops its children in order. Call from a thread that lives as long as the child
+    (the main thread): Linux sends the parent-death signal when the *thread* that spawned it exits.
+    """
+    child_env = dict(os.environ if env is None else env)
+    child_env[PARENT_PID_ENV] = str(os.getpid())
+    out: Any = None
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        out = log_file.open("ab")
+    try:
+        popen = subprocess.Popen(
+            list(argv), stdout=out, stderr=subprocess.STDOUT if out else None, env=child_env,
+            pass_fds=tuple(pass_fds), cwd=cwd, process_group=0,
+        )  # fmt: skip
+    finally:
+        if out is not None:
+            out.close()
+    return Child(name, popen, log_file)
+
+
+def spawn_sidecar(
+    argv: Sequence[str],
+    *,
+    name: str,
+    log_file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    ready_timeout: float = 120.0,
+) -> tuple[Child, str]:
+    """Start a child that calls `report_ready(message)`, and return it with that message.
+
+    The message (an env server's bound address, say) comes over a pipe, so a child can bind
+    port 0 and there is no free-port race. If the child exits first, it is noticed at once;
+    if it stays silent past `ready_timeout`, it is killed. Either way `ChildFailed` says so.
+    """
+    read_fd, write_fd = os.pipe()
+    child_env = dict(os.environ if env is None else env)
+    child_env[READY_FD_ENV] = str(write_fd)
+    try:
+        child = spawn(argv, name=name, log_file=log_file, env=child_env, pass_fds=[write_fd])
+    finally:
+        os.close(write_fd)
+    try:
+        return child, _read_ready_line(child, read_fd, ready_timeout)
+    except BaseException:
+        child.stop(grace=5.0)
+        raise
+    finally:
+        os.close(read_fd)
+
+
+def _read_ready_line(child: Child, read_fd: int, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise child.failure(f"did not report ready within {timeout:g} s (ready_timeout)")
+        readable, _, _ = select.select([read_fd, child.exit_fd], [], [], left)
+        if read_fd in readable:
+            chunk = os.read(read_fd, 4096)
+            data += chunk
+            if chunk:
+                continue
+        if child.exit_fd in readable or read_fd in readable:
+            child.wait(1.0)
+            raise child.failure("exited before reporting ready")
+    line = data.split(b"\n", 1)[0].decode()
+    return line.removeprefix(READY_PREFIX)
+
+
+def report_ready(message: str) -> None:
+    """Child side of `spawn_sidecar`: print the ready line and hand it to the parent's pipe, if any."""
+    line = f"{READY_PREFIX}{message}\n"
+    sys.stdout.write(line)
+    sys.stdout.flush()
+    fd = os.environ.pop(READY_FD_ENV, None)
+    if fd is not None:
+        try:
+            os.write(int(fd), line.encode())
+            os.close(int(fd))
+        except OSError:
+            pass  # the parent stopped listening; it watches our exit instead
+
+
+def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0) -> None:
+    """Child side of `spawn`: receive `sig` when the parent dies, even by SIGKILL.
+
+    Linux's PR_SET_PDEATHSIG does the work; a daemon thread polling the parent pid backs it up
+    (other platforms, or a parent that died before this call). No-op if not started by `spawn`.
+    """
+    parent = int(os.environ.get(PARENT_PID_ENV, "0"))
+    if not parent:
+        return
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(check_interval)
+        os.kill(os.getpid(), sig)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def config_argv(config: BaseModel) -> list[str]:
+    """`--key value` overrides that make `load_config` rebuild `config` in a child process.
+
+    Text values go as they are; everything else as JSON; None values are left out (defaults).
+    """
+    argv: list[str] = []
+    for key, value in config.model_dump(mode="json", exclude_none=True).items():
+        argv += [f"--{key}", value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))]
+    return argv
+

@@ -1,0 +1,269 @@
+"""`EnvClient`: the async client of one env server (one DEALER socket, many requests in flight).
+
+Guarantee: every call ends: with its result, with `EnvServerError` when the server answered an
+error, or when its deadline passes (`timeout`), or when the server is found dead (its connection
+drops, or it answers nothing, not even health probes, for `dead_after` seconds; then every
+pending call fails at once and new calls fail fast until it answers again). `at_capacity` answers
+are retried with backoff within the call's deadline. Cancelling a call sends `cancel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+from typing import Any
+
+import zmq
+import zmq.auth
+from loguru import logger
+from pydantic import BaseModel
+
+from envrl.envs.model_client import ClientConfig, SamplingArgs
+from envrl.serve import protocol as p
+from envrl.serve.config import CurveClientConfig
+from envrl.serve.zmqio import Frames, SocketPump
+from envrl.traces import Trace
+
+UNAVAILABLE = "unavailable"
+"""EnvServerError type: the server is dead or unreachable (client-side; never sent by a server)."""
+TIMEOUT = "timeout"
+"""EnvServerError type: the call's own deadline passed (client-side)."""
+
+
+class EnvServerError(RuntimeError):
+    """A call that failed; `type` is a protocol error type, `unavailable` or `timeout`."""
+
+    def __init__(self, type: str, message: str, address: str, request_id: str | None = None) -> None:
+        where = f"env server {address}" + (f" request {request_id}" if request_id else "")
+        super().__init__(f"{where}: {type}: {message}")
+        self.type = type
+        self.request_id = request_id
+
+
+class EnvClient:
+    """Async client of the env server at `address`; use inside one event loop, close when done.
+
+    `timeout` is the default deadline of a rollout call (None: wait as long as the server is
+    alive); `health_interval` and `dead_after` set how fast a dead server is noticed.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float | None = None,
+        health_interval: float = 1.0,
+        dead_after: float = 3.0,
+        curve: CurveClientConfig | None = None,
+        max_backoff: float = 2.0,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.health_interval = health_interval
+        self.dead_after = dead_after
+        self.curve = curve
+        self.max_backoff = max_backoff
+        self._ids = itertools.count()
+        self._prefix = secrets.token_hex(3)
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._down: str | None = None
+        self._started = False
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._context = zmq.Context.instance()
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        if self.curve is not None:
+            server_public, _ = zmq.auth.load_certificate(self.curve.server_public_key_file)
+            public, secret = zmq.auth.load_certificate(self.curve.secret_key_file)
+            if secret is None:
+                raise ValueError(f"curve.secret_key_file {self.curve.secret_key_file} holds no secret key (use the .key_secret file)")
+            socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = server_public, public, secret
+        monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        socket.connect(self.address)
+        self._pump = SocketPump(socket, self._on_messages)
+        self._monitor_pump = SocketPump(monitor, self._on_disconnect)
+        self._last_heard = self._loop.time()
+        self._watch = self._loop.create_task(self._watch_health())
+
+    async def __aenter__(self) -> EnvClient:
+        self._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Fail pending calls, stop health probes, close the socket."""
+        if not self._started:
+            return
+        self._fail_pending(EnvServerError(UNAVAILABLE, "the client was closed", self.address))
+        self._watch.cancel()
+        await asyncio.gather(self._watch, return_exceptions=True)
+        self._pump.socket.disable_monitor()
+        self._monitor_pump.close()
+        self._pump.close()
+        self._started = False
+
+    # -- the methods ------------------------------------------------------------------------------
+
+    async def health(self, timeout: float = 5.0) -> p.HealthResult:
+        return p.HealthResult.model_validate(await self._call("health", {}, timeout, check_down=False))
+
+    async def info(self, timeout: float = 5.0) -> p.ServerInfo:
+        return p.ServerInfo.model_validate(await self._call("info", {}, timeout))
+
+    async def run_rollout(
+        self,
+        task_idx: int,
+        *,
+        client: ClientConfig | dict[str, Any],
+        sampling: SamplingArgs | dict[str, Any],
+        split: p.Split = "train",
+        seed: int | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> Trace:
+        """One rollout of task `task_idx`; env failures come back as a Trace with `error` set."""
+        params = _rollout_params(task_idx, client, sampling, split, seed)
+        result = await self._call("run_rollout", params, timeout or self.timeout, request_id=request_id)
+        return Trace.from_wire(result)
+
+    async def run_group(
+        self,
+        task_idx: int,
+        n: int,
+        *,
+        client: ClientConfig | dict[str, Any],
+        sampling: SamplingArgs | dict[str, Any],
+        split: p.Split = "train",
+        seed: int | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> list[Trace]:
+        """`n` rollouts of one task, scored together (rollout i samples with seed + i)."""
+        params = {**_rollout_params(task_idx, client, sampling, split, seed), "n": n}
+        result = await self._call("run_group", params, timeout or self.timeout, request_id=request_id)
+        return [Trace.from_wire(trace) for trace in result["traces"]]
+
+    async def cancel(self, request_id: str, timeout: float = 5.0) -> bool:
+        """Cancel an earlier request of this client; True if it was still queued or running."""
+        return bool((await self._call("cancel", {"request_id": request_id}, timeout))["cancelled"])
+
+    async def wait_until_ready(self, timeout: float) -> p.ServerInfo:
+        """Wait until the server answers health with `ok` (a worker is ready); return its info."""
+        self._start()
+        deadline = self._loop.time() + timeout
+        last = "no answer"
+        while True:
+            left = deadline - self._loop.time()
+            if left <= 0:
+                raise EnvServerError(TIMEOUT, f"not ready after {timeout:g} s (last health: {last})", self.address)
+            try:
+                health = await self.health(timeout=min(left, 1.0))
+                if health.status == "ok":
+                    return await self.info(timeout=max(left, 1.0))
+                last = health.status
+            except EnvServerError as e:
+                last = str(e)
+            await asyncio.sleep(min(0.05, max(0.0, deadline - self._loop.time())))
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    async def _call(
+        self, method: str, params: dict[str, Any], timeout: float | None, *, check_down: bool = True, request_id: str | None = None
+    ) -> Any:
+        self._start()
+        deadline = None if timeout is None else self._loop.time() + timeout
+        backoff = 0.02
+        while True:
+            if check_down and self._down is not None:
+                raise EnvServerError(UNAVAILABLE, self._down, self.address)
+            rid = request_id or f"{self._prefix}-{next(self._ids)}"
+            future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+            self._pending[rid] = future
+            try:
+                self._pump.send([p.encode({"id": rid, "method": method, "params": params})])
+                async with asyncio.timeout_at(deadline):
+                    response = await future
+            except TimeoutError:
+                self._send_cancel(rid, method)
+                raise EnvServerError(TIMEOUT, f"{method} got no answer within {timeout:g} s", self.address, rid) from None
+            except asyncio.CancelledError:
+                self._send_cancel(rid, method)
+                raise
+            finally:
+                self._pending.pop(rid, None)
+            if response["ok"]:
+                return response["result"]
+            error = response["error"]
+            if error["type"] == p.AT_CAPACITY and (deadline is None or self._loop.time() + backoff < deadline):
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+                continue
+            raise EnvServerError(error["type"], error["message"], self.address, rid)
+
+    def _send_cancel(self, rid: str, method: str) -> None:
+        if method.startswith("run_") and not self._pump.socket.closed:
+            cancel = {"id": f"{self._prefix}-{next(self._ids)}", "method": "cancel", "params": {"request_id": rid}}
+            self._pump.send([p.encode(cancel)])
+
+    def _on_messages(self, batch: list[Frames]) -> None:
+        self._last_heard = self._loop.time()
+        if self._down is not None:
+            logger.info(f"env server {self.address} answers again")
+            self._down = None
+        for frames in batch:
+            try:
+                response = p.decode(frames[0])
+                future = self._pending.get(response["id"])
+            except Exception as e:
+                logger.warning(f"env server {self.address} sent an unreadable frame ({type(e).__name__}: {e}); dropped")
+                continue
+            if future is not None and not future.done():
+                future.set_result(response)
+            elif response.get("ok") is False and response.get("id") is None:
+                logger.warning(f"env server {self.address} reported a protocol error: {response.get('error')}")
+
+    def _on_disconnect(self, batch: list[Frames]) -> None:
+        self._mark_down(f"the connection to the server dropped ({len(self._pending)} pending requests failed)")
+
+    async def _watch_health(self) -> None:
+        """Probe health when the server has been quiet; declare it dead after `dead_after` s of silence."""
+        while True:
+            await asyncio.sleep(self.health_interval)
+            silent = self._loop.time() - self._last_heard
+            if silent >= self.dead_after and self._down is None:
+                self._mark_down(f"no answer for {silent:.1f} s, not even to health probes ({len(self._pending)} pending requests failed)")
+            if silent >= self.health_interval:
+                self._pump.send([p.encode({"id": f"{self._prefix}-h{next(self._ids)}", "method": "health", "params": {}})])
+
+    def _mark_down(self, reason: str) -> None:
+        if self._down is None:
+            logger.warning(f"env server {self.address} is unavailable: {reason}")
+        self._down = f"env server unavailable: {reason}"
+        self._last_heard = self._loop.time()  # probing starts over
+        self._fail_pending(EnvServerError(UNAVAILABLE, reason, self.address))
+
+    def _fail_pending(self, error: EnvServerError) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+
+
+def _rollout_params(
+    task_idx: int, client: ClientConfig | dict[str, Any], sampling: SamplingArgs | dict[str, Any], split: str, seed: int | None
+) -> dict[str, Any]:
+    dump = lambda v: v.model_dump(mode="json") if isinstance(v, BaseModel) else v  # noqa: E731
+    return {"task_idx": task_idx, "split": split, "client": dump(client), "sampling": dump(sampling), "seed": seed}

@@ -1,0 +1,182 @@
+"""Env server wire protocol, version 1: every type and frame that crosses the server's sockets.
+
+Guarantee: each client message is ONE ZMQ frame holding one msgpack map, a request
+`{id, method, params}` or a response `{id, ok, result | error}`; anything else a client sends is
+answered with a typed error, never a dead server. docs/protocol.md is the prose version of this
+module; the last section (server <-> worker framing) is internal and not part of the protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field
+
+from envrl.envs.model_client import ClientConfig, SamplingArgs
+from envrl.traces import Trace
+
+PROTOCOL_VERSION = 1
+
+Split = Literal["train", "eval"]
+
+# Error types of protocol v1 (the `error.type` of a response with ok = false).
+BAD_REQUEST = "bad_request"  # not msgpack, not a map, a missing or mistyped field, a bad task index
+UNKNOWN_METHOD = "unknown_method"
+TOO_LARGE = "too_large"  # frame over the server's max_frame_bytes
+AT_CAPACITY = "at_capacity"  # every worker slot busy and the wait queue full: back off and retry
+CANCELLED = "cancelled"  # the request was cancelled by a `cancel` call
+SHUTTING_DOWN = "shutting_down"  # the server is draining (SIGTERM) and takes no new rollouts
+ERROR_TYPES = (BAD_REQUEST, UNKNOWN_METHOD, TOO_LARGE, AT_CAPACITY, CANCELLED, SHUTTING_DOWN)
+
+# Error Trace types (a run_* result whose trace has `error.type` set by the server, not the env).
+TIMEOUT = "timeout"  # the rollout ran past timeout.rollout
+WORKER_DIED = "worker_died"  # its worker process died twice while running it
+
+METHODS = ("health", "info", "run_rollout", "run_group", "cancel")
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutParams(_Wire):
+    """`params` of `run_rollout`."""
+
+    task_idx: int = Field(ge=0)
+    split: Split = "train"
+    client: ClientConfig
+    sampling: SamplingArgs
+    seed: int | None = None
+    """Overrides `sampling.seed` when given (a group derives its per-rollout seeds from it)."""
+
+    def sampling_args(self) -> SamplingArgs:
+        if self.seed is None:
+            return self.sampling
+        return self.sampling.model_copy(update={"seed": self.seed})
+
+
+class GroupParams(RolloutParams):
+    """`params` of `run_group`: n rollouts of one task, scored together."""
+
+    n: int = Field(ge=1)
+
+
+class CancelParams(_Wire):
+    request_id: str
+    """The `id` of an earlier request on the same connection."""
+
+
+class HealthResult(_Wire):
+    status: Literal["ok", "starting", "draining"]
+    """ok: at least one worker is ready; starting: none yet; draining: SIGTERM received."""
+    workers: int
+
+
+class ServerInfo(_Wire):
+    protocol_version: int
+    env_id: str
+    num_tasks: int
+    num_eval_tasks: int
+    group_scoring: bool
+    workers: int
+    """Live worker processes that are ready."""
+    in_flight: int
+    """Rollout requests running in workers."""
+    capacity: int
+    """Most requests the pool runs at once at full size (workers x multiplex)."""
+    queued: int
+    """Requests waiting for a worker slot."""
+    max_queued: int
+    """Queue bound; beyond capacity + max_queued, requests get `at_capacity`."""
+
+
+class CancelResult(_Wire):
+    cancelled: bool
+    """True if the request was still queued or running (it is then answered `cancelled`)."""
+
+
+class GroupResult(_Wire):
+    traces: list[Trace]
+
+
+class ErrorInfo(_Wire):
+    type: str
+    message: str
+
+
+class ProtocolError(Exception):
+    """A request the server cannot take; answered as an error response with `type`."""
+
+    def __init__(self, type: str, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.type = type
+        self.message = message
+        self.request_id = request_id
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def decode(frame: bytes) -> Any:
+    return msgpack.unpackb(frame, raw=False)
+
+
+def ok_response(request_id: str, result: Any) -> bytes:
+    return encode({"id": request_id, "ok": True, "result": result})
+
+
+def error_response(request_id: str | None, type: str, message: str) -> bytes:
+    return encode({"id": request_id, "ok": False, "error": {"type": type, "message": message}})
+
+
+def parse_request(frame: bytes, max_frame_bytes: int) -> tuple[str, str, dict[str, Any]]:
+    """(id, method, params) of a request frame, or ProtocolError saying what is wrong with it."""
+    if len(frame) > max_frame_bytes:
+        raise ProtocolError(TOO_LARGE, f"frame of {len(frame)} bytes is over the server's limit of {max_frame_bytes}")
+    try:
+        message = decode(frame)
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(BAD_REQUEST, f"frame is not valid msgpack ({type(e).__name__}: {e})") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(BAD_REQUEST, f"a request is a msgpack map, got {type(message).__name__}")
+    request_id = message.get("id")
+    if not isinstance(request_id, str):
+        raise ProtocolError(BAD_REQUEST, f"request 'id' must be a string, got {type(request_id).__name__}")
+    method, params = message.get("method"), message.get("params", {})
+    if not isinstance(method, str):
+        raise ProtocolError(BAD_REQUEST, f"request 'method' must be a string, got {type(method).__name__}", request_id)
+    if not isinstance(params, dict):
+        raise ProtocolError(BAD_REQUEST, f"request 'params' must be a map, got {type(params).__name__}", request_id)
+    extra = set(message) - {"id", "method", "params"}
+    if extra:
+        raise ProtocolError(BAD_REQUEST, f"unknown request keys {sorted(extra)}; a request has id, method, params", request_id)
+    if method not in METHODS:
+        raise ProtocolError(UNKNOWN_METHOD, f"unknown method {method!r}; methods: {', '.join(METHODS)}", request_id)
+    return request_id, method, params
+
+
+def validation_message(error: Exception) -> str:
+    """A pydantic ValidationError as one line: `params.<field>: <problem>` for the first problem."""
+    errors = getattr(error, "errors", None)
+    if errors is None:
+        return str(error)
+    first = errors()[0]
+    loc = ".".join(str(part) for part in first["loc"])
+    return f"params.{loc}: {first['msg']}" + (f" ({len(errors())} problems)" if len(errors()) > 1 else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Internal: server <-> worker framing over the pool's ipc ROUTER/DEALER (not protocol v1).
+#
+# server -> worker: [header, raw_request, ...]; header = msgpack list of [op, token] pairs, and
+#   each "run" op consumes the next frame, the client's request frame as it arrived.
+# worker -> server: [WORKER_READY] once, then [WORKER_DONE, msgpack list of tokens, response, ...]
+#   where each response is the finished client-bound frame for that token.
+
+OP_RUN = "run"
+OP_CANCEL = "cancel"
+OP_STOP = "stop"
+WORKER_READY = b"ready"
+WORKER_DONE = b"done"

@@ -1,0 +1,462 @@
+"""The env server: a ROUTER broker between clients and a pool of worker processes (`env-server`).
+
+Guarantee: every request gets exactly one response: health, info and cancel are answered by the
+broker itself; each rollout request by its worker (a Trace, an error Trace), or, when its worker
+dies, by a re-run on another worker (once) or a `worker_died` error Trace; a stuck worker is
+killed; a bad frame gets an error response and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import heapq
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.auth
+from loguru import logger
+
+from envrl.config import load_config
+from envrl.envs.environment import Environment
+from envrl.envs.registry import load_environment
+from envrl.log import LogConfig, setup_logging
+from envrl.process import Child, config_argv, die_with_parent, report_ready, spawn
+from envrl.serve import protocol as p
+from envrl.serve.config import EnvServerConfig
+from envrl.serve.pool import WorkerHandle, WorkerPool
+from envrl.serve.worker import WorkerConfig
+from envrl.traces import Error, Trace
+
+MAX_BATCH = 4096
+"""Most messages read from one socket per loop turn, so neither side starves the other."""
+WORKER_STOP_GRACE = 3.0
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """A rollout request the server has accepted and must answer exactly once."""
+
+    token: int
+    identity: bytes
+    request_id: str
+    raw: bytes
+    split: str
+    task_idx: int
+    n: int
+    group: bool
+    attempts: int = 0
+    worker: int | None = None
+    deadline: float | None = None
+    cancel_requested: bool = False
+
+
+class EnvServer:
+    def __init__(self, config: EnvServerConfig, context: zmq.Context[zmq.Socket[bytes]]) -> None:
+        self.config = config
+        self.context = context
+        self.requests: dict[int, Request] = {}
+        self.by_key: dict[tuple[bytes, str], int] = {}
+        self.queue: deque[int] = deque()
+        self.deadlines: list[tuple[float, int]] = []
+        self.outbox: dict[int, tuple[list[list[Any]], list[bytes]]] = {}
+        self.next_token = 0
+        self.draining_until: float | None = None
+        self.reported = False
+        self.tmpdir = tempfile.mkdtemp(prefix="envrl-env-server-")
+        self.pool = WorkerPool(config.pool, self._spawn_worker)
+        self.address = ""
+
+    # -- sockets and processes ------------------------------------------------------------------
+
+    def bind(self) -> str:
+        """Bind the client socket (raises zmq.ZMQError) and the workers' socket; return the address."""
+        self.clients = self.context.socket(zmq.ROUTER)
+        self.clients.setsockopt(zmq.SNDHWM, 0)  # a ROUTER drops what exceeds the HWM: never drop answers
+        self.clients.setsockopt(zmq.LINGER, 1000)
+        if self.config.curve is not None:
+            self._enable_curve(self.clients)
+        address = self.config.address
+        if address.startswith("tcp://") and address.endswith(":0"):
+            address = address[:-2] + ":*"
+        self.clients.bind(address)
+        self.address = self.clients.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.workers_socket = self.context.socket(zmq.ROUTER)
+        self.workers_socket.setsockopt(zmq.SNDHWM, 0)
+        self.workers_socket.setsockopt(zmq.RCVHWM, 0)
+        self.workers_socket.setsockopt(zmq.LINGER, 0)
+        self.workers_address = f"ipc://{self.tmpdir}/workers"
+        self.workers_socket.bind(self.workers_address)
+        return self.address
+
+    def _enable_curve(self, sock: zmq.Socket[bytes]) -> None:
+        curve = self.config.curve
+        assert curve is not None
+        if not curve.client_keys_dir.is_dir():
+            raise ValueError(f"curve.client_keys_dir {curve.client_keys_dir} is not a directory of client public keys")
+        public, secret = zmq.auth.load_certificate(curve.secret_key_file)
+        if secret is None:
+            raise ValueError(f"curve.secret_key_file {curve.secret_key_file} holds no secret key (use the .key_secret file)")
+        from zmq.auth.thread import ThreadAuthenticator
+
+        self.authenticator = ThreadAuthenticator(self.context)
+        self.authenticator.start()
+        self.authenticator.configure_curve(domain="*", location=str(curve.client_keys_dir))
+        sock.curve_secretkey, sock.curve_publickey, sock.curve_server = secret, public, True
+
+    def _spawn_worker(self, worker_id: int) -> Child:
+        spec = WorkerConfig(
+            worker_id=worker_id, address=self.workers_address, env=self.config.env, timeout=self.config.timeout,
+            log_file=self.config.log_file, log_level=self.config.log_level,
+        )  # fmt: skip
+        child = spawn([sys.executable, "-m", "envrl.serve.worker", *config_argv(spec)], name=f"env worker {worker_id}")
+        child.log_file = self.config.log_file
+        return child
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def serve(self, env: Environment) -> int:
+        """Serve `env` until SIGTERM/SIGINT and a drain, or until workers cannot start; return the exit code."""
+        self.env = env
+        self.num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
+        wake_read, wake_write = socket.socketpair()
+        wake_read.setblocking(False)
+        wake_write.setblocking(False)
+        signal.set_wakeup_fd(wake_write.fileno())
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)  # the wakeup fd carries the signal number
+        poller = zmq.Poller()
+        poller.register(self.clients, zmq.POLLIN)
+        poller.register(self.workers_socket, zmq.POLLIN)
+        poller.register(wake_read.fileno(), zmq.POLLIN)
+        registered: set[int] = set()
+        code = 0
+        try:
+            while True:
+                now = time.monotonic()
+                if self.draining_until is None:
+                    for worker in self.pool.scale(len(self.requests), now):
+                        self._send_op(worker.id, [p.OP_STOP, 0])
+                if self.pool.broken:
+                    code = 1
+                    logger.error(self._broken_message())
+                    break
+                for fd in self.pool.by_exit_fd.keys() - registered:
+                    poller.register(fd, zmq.POLLIN)
+                registered = set(self.pool.by_exit_fd)
+                self._flush()
+                if self.draining_until is not None and (not self.requests or now >= self.draining_until):
+                    break
+                events = dict(poller.poll(self._poll_timeout_ms(now)))
+                if wake_read.fileno() in events and self._on_signals(wake_read):
+                    break
+                if self.workers_socket in events:
+                    self._read_workers()
+                for fd in [fd for fd in events if isinstance(fd, int) and fd in self.pool.by_exit_fd]:
+                    poller.unregister(fd)
+                    registered.discard(fd)
+                    self._on_worker_exit(self.pool.remove_exited(fd))
+                self._kill_overdue(time.monotonic())
+                self._dispatch_queue()
+                if self.clients in events:
+                    self._read_clients()
+                if not self.reported and self.pool.ready_workers >= self.pool.config.min_workers:
+                    self.reported = True
+                    logger.info(f"serving {self.env.env_id!r} on {self.address} ({self.pool.ready_workers} workers ready)")
+                    report_ready(self.address)
+        finally:
+            self._shut_down()
+            signal.set_wakeup_fd(-1)
+            wake_read.close()
+            wake_write.close()
+        return code
+
+    def _poll_timeout_ms(self, now: float) -> int:
+        timeout = 0.5  # elastic scaling and drain checks need a turn now and then
+        if self.deadlines:
+            timeout = min(timeout, max(0.0, self.deadlines[0][0] - now))
+        if self.draining_until is not None:
+            timeout = min(timeout, max(0.0, self.draining_until - now))
+        return int(timeout * 1000) + 1
+
+    def _on_signals(self, wake_read: socket.socket) -> bool:
+        """Start draining on the first SIGTERM/SIGINT; return True (stop now) on a second one."""
+        try:
+            signals = wake_read.recv(64)
+        except BlockingIOError:
+            return False
+        if not signals:
+            return False
+        if self.draining_until is not None:
+            logger.warning("second stop signal: stopping without waiting for in-flight rollouts")
+            return True
+        self.draining_until = time.monotonic() + self.config.drain_timeout
+        name = signal.Signals(signals[0]).name
+        logger.info(f"{name}: draining {len(self.requests)} requests for up to {self.config.drain_timeout:g} s")
+        return False
+
+    # -- client side ------------------------------------------------------------------------------
+
+    def _read_clients(self) -> None:
+        for _ in range(MAX_BATCH):
+            try:
+                frames = self.clients.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity = frames[0]
+            try:
+                if len(frames) != 2:
+                    raise p.ProtocolError(p.BAD_REQUEST, f"a message is one frame, got {len(frames) - 1}")
+                self._on_request(identity, frames[1])
+            except p.ProtocolError as e:
+                self._answer(identity, p.error_response(e.request_id, e.type, e.message))
+
+    def _on_request(self, identity: bytes, frame: bytes) -> None:
+        request_id, method, params = p.parse_request(frame, self.config.max_frame_bytes)
+        if method == "health":
+            status = "draining" if self.draining_until is not None else "ok" if self.pool.ready_workers else "starting"
+            self._answer(identity, p.ok_response(request_id, {"status": status, "workers": self.pool.ready_workers}))
+        elif method == "info":
+            self._answer(identity, p.ok_response(request_id, self._info()))
+        elif method == "cancel":
+            target = params.get("request_id")
+            if not isinstance(target, str):
+                raise p.ProtocolError(p.BAD_REQUEST, "cancel: params.request_id must be a string", request_id)
+            self._answer(identity, p.ok_response(request_id, {"cancelled": self._cancel(identity, target)}))
+        else:
+            self._accept(identity, request_id, method, params, frame)
+
+    def _info(self) -> dict[str, Any]:
+        return p.ServerInfo(
+            protocol_version=p.PROTOCOL_VERSION, env_id=self.env.env_id, num_tasks=self.num_tasks["train"],
+            num_eval_tasks=self.num_tasks["eval"], group_scoring=self.env.group_scoring,
+            workers=self.pool.ready_workers, in_flight=self.pool.in_flight, capacity=self.pool.capacity,
+            queued=len(self.queue), max_queued=self.config.max_queued,
+        ).model_dump()  # fmt: skip
+
+    def _accept(self, identity: bytes, request_id: str, method: str, params: dict[str, Any], frame: bytes) -> None:
+        def bad(message: str) -> p.ProtocolError:
+            return p.ProtocolError(p.BAD_REQUEST, f"{method}: {message}", request_id)
+
+        split, task_idx, n = params.get("split", "train"), params.get("task_idx"), params.get("n", 1)
+        if split not in self.num_tasks:
+            raise bad(f"params.split must be 'train' or 'eval', got {split!r}")
+        if type(task_idx) is not int or not 0 <= task_idx < self.num_tasks[split]:
+            raise bad(f"params.task_idx must be an integer in 0..{self.num_tasks[split] - 1} for split {split!r}, got {task_idx!r}")
+        if method == "run_group" and (type(n) is not int or n < 1):
+            raise bad(f"params.n must be a positive integer, got {n!r}")
+        if self.draining_until is not None:
+            raise p.ProtocolError(p.SHUTTING_DOWN, "the server is shutting down and takes no new rollouts", request_id)
+        key = (identity, request_id)
+        if key in self.by_key:
+            raise bad(f"request id {request_id!r} is already in flight on this connection; ids must be unique")
+        worker = None if self.queue else self.pool.pick()
+        if worker is None and len(self.queue) >= self.config.max_queued:
+            raise p.ProtocolError(
+                p.AT_CAPACITY,
+                f"{self.pool.in_flight} rollouts running and {len(self.queue)} queued (max_queued); back off and retry",
+                request_id,
+            )
+        token, self.next_token = self.next_token, self.next_token + 1
+        self.requests[token] = Request(token, identity, request_id, frame, split, task_idx, n, method == "run_group")
+        self.by_key[key] = token
+        if worker is None:
+            self.queue.append(token)
+        else:
+            self._assign(self.requests[token], worker)
+
+    def _cancel(self, identity: bytes, request_id: str) -> bool:
+        token = self.by_key.get((identity, request_id))
+        request = self.requests.get(token) if token is not None else None
+        if request is None:
+            return False
+        if request.worker is None:  # still queued: answer now; the queue skips answered tokens
+            self._finish(request, p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled"))
+        elif not request.cancel_requested:
+            request.cancel_requested = True
+            self._send_op(request.worker, [p.OP_CANCEL, request.token])
+            self._set_deadline(request, time.monotonic() + self.config.timeout.kill_grace)
+        return True
+
+    def _answer(self, identity: bytes, frame: bytes) -> None:
+        self.clients.send_multipart([identity, frame], zmq.NOBLOCK)
+
+    def _finish(self, request: Request, frame: bytes) -> None:
+        """Answer `request` and forget it: it is never answered twice."""
+        del self.requests[request.token]
+        del self.by_key[(request.identity, request.request_id)]
+        self.pool.release(request.worker, request.token)
+        self._answer(request.identity, frame)
+
+    def _error_traces(self, request: Request, error: Error, **fields: Any) -> bytes:
+        task = self.env.get_task(request.split, request.task_idx)  # type: ignore[arg-type]
+        wire = Trace.from_error(task, error, **fields).to_wire()
+        result = {"traces": [wire] * request.n} if request.group else wire
+        return p.ok_response(request.request_id, result)
+
+    # -- worker side ------------------------------------------------------------------------------
+
+    def _assign(self, request: Request, worker: WorkerHandle) -> None:
+        request.worker = worker.id
+        self.pool.assign(worker, request.token)
+        if self.config.timeout.rollout is not None:
+            limit = self.config.timeout.rollout + self.config.timeout.kill_grace
+            self._set_deadline(request, time.monotonic() + limit)
+        ops, raws = self.outbox.setdefault(worker.id, ([], []))
+        ops.append([p.OP_RUN, request.token])
+        raws.append(request.raw)
+
+    def _send_op(self, worker_id: int, op: list[Any]) -> None:
+        self.outbox.setdefault(worker_id, ([], []))[0].append(op)
+
+    def _flush(self) -> None:
+        for worker_id, (ops, raws) in self.outbox.items():
+            if worker_id in self.pool.workers:
+                self.workers_socket.send_multipart([str(worker_id).encode(), p.encode(ops), *raws], zmq.NOBLOCK)  # type: ignore[list-item]
+        self.outbox.clear()
+
+    def _dispatch_queue(self) -> None:
+        while self.queue:
+            if self.queue[0] not in self.requests:  # answered while queued (cancelled)
+                self.queue.popleft()
+                continue
+            worker = self.pool.pick()
+            if worker is None:
+                return
+            self._assign(self.requests[self.queue.popleft()], worker)
+
+    def _read_workers(self) -> None:
+        for _ in range(MAX_BATCH):
+            try:
+                frames = self.workers_socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if frames[1] == p.WORKER_READY:
+                self.pool.mark_ready(frames[0])
+                continue
+            for token, frame in zip(p.decode(frames[2]), frames[3:]):
+                request = self.requests.get(token)
+                if request is not None:
+                    self._finish(request, frame)
+
+    def _on_worker_exit(self, worker: WorkerHandle) -> None:
+        how = worker.kill_reason or worker.child.describe_exit()
+        if worker.retiring and not worker.load:
+            logger.info(f"worker {worker.id} retired ({how})")
+            return
+        if not worker.ready:
+            logger.error(f"worker {worker.id} (pid {worker.child.pid}) {how} before it was ready")
+            return
+        rerun, failed = [], []
+        for token in sorted(worker.load):
+            request = self.requests[token]
+            request.worker, request.deadline = None, None
+            if request.attempts == 0 and not request.cancel_requested and self.draining_until is None:
+                request.attempts += 1
+                rerun.append(request)
+            else:
+                failed.append(request)
+        logger.warning(
+            f"worker {worker.id} (pid {worker.child.pid}) {how} with {len(worker.load)} requests in flight: "
+            f"re-running {len(rerun)} once, answering {len(failed)} worker_died"
+        )
+        for request in reversed(rerun):
+            self.queue.appendleft(request.token)
+        for request in failed:
+            logger.warning(f"req={request.request_id}: answered worker_died")
+            message = f"env worker {worker.id} {how} while running this request (it had already been re-run once)"
+            self._finish(request, self._error_traces(request, Error(type=p.WORKER_DIED, message=message)))
+
+    def _set_deadline(self, request: Request, deadline: float) -> None:
+        if request.deadline is None or deadline < request.deadline:
+            request.deadline = deadline
+            heapq.heappush(self.deadlines, (deadline, request.token))
+
+    def _kill_overdue(self, now: float) -> None:
+        """A worker that let a rollout pass its deadline by kill_grace is stuck: kill and replace it."""
+        while self.deadlines and self.deadlines[0][0] <= now:
+            deadline, token = heapq.heappop(self.deadlines)
+            request = self.requests.get(token)
+            if request is None or request.deadline != deadline or request.worker is None:
+                continue
+            worker = self.pool.workers[request.worker]
+            grace = self.config.timeout.kill_grace
+            if request.cancel_requested:
+                what = f"did not stop request {request.request_id} within {grace:g} s of its cancel"
+                frame = p.error_response(request.request_id, p.CANCELLED, f"request {request.request_id} was cancelled")
+            else:
+                what = f"did not finish request {request.request_id} within timeout.rollout + {grace:g} s"
+                message = f"the rollout ran past timeout.rollout = {self.config.timeout.rollout:g} s and its worker was stuck"
+                frame = self._error_traces(request, Error(type=p.TIMEOUT, message=message), is_truncated=True)
+            logger.warning(f"req={request.request_id}: worker {worker.id} {what} (blocking code?); killing it")
+            self._finish(request, frame)
+            worker.kill_reason = f"was killed by the server (it {what})"
+            worker.child.kill()
+
+    # -- shutdown ---------------------------------------------------------------------------------
+
+    def _broken_message(self) -> str:
+        log = self.config.log_file or "the server's stderr"
+        return (
+            f"{self.pool.startup_failures} env workers in a row died before they were ready; "
+            f"environment {self.config.env.id!r} cannot start in a worker (see {log} for their errors)"
+        )
+
+    def _shut_down(self) -> None:
+        """Answer what is left, stop the workers (SIGKILL after a grace period) and close sockets."""
+        for request in list(self.requests.values()):
+            self._finish(request, p.error_response(request.request_id, p.SHUTTING_DOWN, "the server stopped before this request finished"))
+        for worker_id in self.pool.workers:
+            self._send_op(worker_id, [p.OP_STOP, 0])
+        self._flush()
+        deadline = time.monotonic() + WORKER_STOP_GRACE
+        for worker in list(self.pool.workers.values()):
+            if worker.child.wait(max(0.0, deadline - time.monotonic())) is None:
+                logger.warning(f"worker {worker.id} did not stop within {WORKER_STOP_GRACE:g} s; killing it")
+                worker.child.kill()
+            worker.child.stop(grace=1.0)
+        self.close()
+
+    def close(self) -> None:
+        for sock in (getattr(self, "clients", None), getattr(self, "workers_socket", None)):
+            if sock is not None:
+                sock.close()
+        if getattr(self, "authenticator", None) is not None:
+            self.authenticator.stop()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = load_config(EnvServerConfig, argv, prog="env-server")
+    die_with_parent(signal.SIGTERM)
+    setup_logging(LogConfig(level=config.log_level, file=config.log_file), process="env-server")
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    server = EnvServer(config, context)
+    try:
+        server.bind()  # first, so a taken port fails fast
+    except (zmq.ZMQError, ValueError, OSError) as e:
+        in_use = getattr(e, "errno", None) == zmq.EADDRINUSE
+        reason = "the port is already in use; pick another --address or stop what holds it" if in_use else str(e)
+        print(f"env-server: cannot bind {config.address}: {reason}", file=sys.stderr)
+        server.close()
+        raise SystemExit(1) from None
+    try:
+        env = load_environment(config.env.id, **config.env.args)
+    except Exception as e:
+        logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
+        server.close()
+        raise SystemExit(1) from None
+    code = server.serve(env)
+    context.destroy(linger=0)
+    logger.info(f"stopped (exit code {code})")
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

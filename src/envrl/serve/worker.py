@@ -1,0 +1,173 @@
+"""One env worker process: runs up to `multiplex` rollouts at once on an asyncio event loop.
+
+Guarantee: every run op the server sends is answered exactly once with a finished client-bound
+frame (a Trace; an error Trace when the env fails or runs past `timeout.rollout`; an error
+response for bad params or a cancel), and the worker dies with its server, even a SIGKILLed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import zmq
+from loguru import logger
+from pydantic import ValidationError
+
+from envrl.config import BaseConfig, load_config
+from envrl.envs.model_client import ModelClient, build_client
+from envrl.envs.registry import load_environment
+from envrl.log import LogConfig, LogLevel, setup_logging
+from envrl.process import die_with_parent
+from envrl.serve import protocol as p
+from envrl.serve.config import EnvSpec, EnvTimeoutConfig
+from envrl.serve.zmqio import Frames, SocketPump
+from envrl.traces import Error, Task, Trace
+
+MAX_CACHED_CLIENTS = 16
+
+
+class WorkerConfig(BaseConfig):
+    """What the server hands a worker it spawns (internal: `python -m envrl.serve.worker`)."""
+
+    worker_id: int
+    address: str
+    """The server's pool socket (ipc://...)."""
+    env: EnvSpec
+    timeout: EnvTimeoutConfig
+    log_file: Path | None = None
+    log_level: LogLevel = "INFO"
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, env: Any) -> None:
+        self.config = config
+        self.env = env
+        self.tag = f"env-worker[{config.worker_id}]"
+        self.running: dict[int, asyncio.Task[None]] = {}
+        self.clients: OrderedDict[str, ModelClient] = OrderedDict()
+        self.done_tokens: list[int] = []
+        self.done_frames: list[bytes] = []
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.stopped: asyncio.Future[None] = loop.create_future()
+        context = zmq.Context.instance()
+        socket = context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.setsockopt(zmq.IDENTITY, str(self.config.worker_id).encode())
+        socket.connect(self.config.address)
+        self.pump = SocketPump(socket, self._on_messages)
+        self.pump.send([p.WORKER_READY])
+        logger.info(f"ready: {type(self.env).__name__} from {self.config.env.id!r}")
+        try:
+            await self.stopped
+        finally:
+            for task in self.running.values():
+                task.cancel()
+            await asyncio.gather(*self.running.values(), return_exceptions=True)
+            for client in self.clients.values():
+                await client.aclose()
+            self.pump.close(linger_ms=0)
+
+    def _on_messages(self, batch: list[Frames]) -> None:
+        loop = asyncio.get_running_loop()
+        for frames in batch:
+            raws = iter(frames[1:])
+            for op, token in p.decode(frames[0]):
+                if op == p.OP_RUN:
+                    self.running[token] = loop.create_task(self._run(token, next(raws)))
+                elif op == p.OP_CANCEL and token in self.running:
+                    self.running[token].cancel()
+                elif op == p.OP_STOP and not self.stopped.done():
+                    self.stopped.set_result(None)
+
+    async def _run(self, token: int, raw: bytes) -> None:
+        try:
+            frame = await self._answer(raw)
+        finally:
+            del self.running[token]
+        if not self.done_tokens:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.done_tokens.append(token)
+        self.done_frames.append(frame)
+
+    def _flush(self) -> None:
+        """Send every response finished in this loop iteration as one message."""
+        tokens, frames = self.done_tokens, self.done_frames
+        self.done_tokens, self.done_frames = [], []
+        if not self.pump.socket.closed:
+            self.pump.send([p.WORKER_DONE, p.encode(tokens), *frames])  # type: ignore[arg-type]
+
+    async def _answer(self, raw: bytes) -> bytes:
+        request = p.decode(raw)  # the server has checked the envelope
+        request_id, method = request["id"], request["method"]
+        with logger.contextualize(process=f"{self.tag} req={request_id}"):
+            kind = p.GroupParams if method == "run_group" else p.RolloutParams
+            try:
+                params = kind.model_validate(request.get("params", {}))
+                task = self.env.get_task(params.split, params.task_idx)
+                client = self._client(params.client)
+            except Exception as e:  # bad params, a task the env cannot give, a client it cannot build
+                message = p.validation_message(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"
+                return p.error_response(request_id, p.BAD_REQUEST, f"{method}: {message}")
+            n = params.n if isinstance(params, p.GroupParams) else 1
+            try:
+                traces = await self._rollouts(params, task, client, n)
+            except asyncio.CancelledError:
+                logger.info("cancelled")
+                return p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
+            if isinstance(params, p.GroupParams):
+                return p.ok_response(request_id, {"traces": [trace.to_wire() for trace in traces]})
+            return p.ok_response(request_id, traces[0].to_wire())
+
+    async def _rollouts(self, params: p.RolloutParams, task: Task, client: ModelClient, n: int) -> list[Trace]:
+        limit = self.config.timeout.rollout
+        sampling, scoring = params.sampling_args(), self.config.timeout.scoring
+        try:
+            async with asyncio.timeout(limit):
+                if isinstance(params, p.GroupParams):
+                    return await self.env.run_group(task, client, sampling, n, scoring_timeout=scoring)
+                return [await self.env.run_rollout(task, client, sampling, scoring_timeout=scoring)]
+        except TimeoutError:
+            logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
+            error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
+            return [Trace.from_error(task, error, is_truncated=True) for _ in range(n)]
+        except Exception as e:  # the env broke its never-raise contract; still an answer
+            logger.error(f"the environment raised {type(e).__name__}: {e} instead of returning an error Trace")
+            return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n)]
+
+    def _client(self, config: Any) -> ModelClient:
+        """One client per distinct config, reused across rollouts (it pools connections)."""
+        key = config.model_dump_json()
+        client = self.clients.get(key)
+        if client is None:
+            client = self.clients[key] = build_client(config)
+            if len(self.clients) > MAX_CACHED_CLIENTS:
+                _, old = self.clients.popitem(last=False)
+                asyncio.get_running_loop().create_task(old.aclose())
+        else:
+            self.clients.move_to_end(key)
+        return client
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = load_config(WorkerConfig, argv, prog="env-worker")
+    die_with_parent(signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us in order
+    setup_logging(LogConfig(level=config.log_level, file=config.log_file), process=f"env-worker[{config.worker_id}]")
+    try:
+        env = load_environment(config.env.id, **config.env.args)
+    except Exception as e:
+        logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
+        sys.exit(1)
+    asyncio.run(Worker(config, env).serve())
+
+
+if __name__ == "__main__":
+    main()

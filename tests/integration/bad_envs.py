@@ -1,0 +1,56 @@
+"""Environments that misbehave on purpose, for env-server tests (loaded as 'bad_envs:load_environment').
+
+Task i behaves as BEHAVIOURS[i]: a normal rollout, one that sleeps, one that raises out of
+run_rollout (breaking the never-raise contract), one that hangs, one that burns the CPU
+without ever yielding, and one that SIGKILLs its own worker process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+from envrl.envs import Environment, ModelClient, Rubric, SamplingArgs
+from envrl.traces import Task, Trace
+
+BEHAVIOURS = ("ok", "sleep", "raise", "hang", "burn", "die")
+OK, SLEEP, RAISE, HANG, BURN, DIE = range(len(BEHAVIOURS))
+
+
+class BehaviourTask(Task):
+    prompt: str
+    behaviour: str
+
+
+async def constant_reward() -> float:
+    return 1.0
+
+
+class BadEnv(Environment):
+    def __init__(self, sleep: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sleep = sleep
+
+    async def run_rollout(
+        self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None
+    ) -> Trace:
+        assert isinstance(task, BehaviourTask)
+        if task.behaviour == "sleep":
+            await asyncio.sleep(self.sleep)
+        elif task.behaviour == "raise":
+            raise RuntimeError("bad env raised on purpose")
+        elif task.behaviour == "hang":
+            await asyncio.sleep(3600)
+        elif task.behaviour == "burn":
+            while True:
+                pass
+        elif task.behaviour == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await super().run_rollout(task, client, sampling, scoring_timeout=scoring_timeout)
+
+
+def load_environment(sleep: float = 1.0) -> BadEnv:
+    tasks = [BehaviourTask(idx=i, prompt=f"task {i}: {b}", behaviour=b) for i, b in enumerate(BEHAVIOURS)]
+    return BadEnv(sleep, tasks=tasks, eval_tasks=tasks[:1], rubric=Rubric({constant_reward: 1.0}))
