@@ -1,0 +1,37 @@
+"""Environments: tasks, rollouts, rewards and the model clients they call (DESIGN §3)."""
+
+from envrl.envs.environment import Environment, Split, TaskSource
+from envrl.envs.model_client import (
+    ClientConfig,
+    EvalClientConfig,
+    ModelClient,
+    ModelResponse,
+    SamplingArgs,
+    ScriptedClient,
+    ScriptedClientConfig,
+    TrainClientConfig,
+    build_client,
+)
+from envrl.envs.registry import EnvironmentNotFound, installed_environment_ids, load_environment
+from envrl.envs.rubric import Rubric
+from envrl.envs.state import RolloutState
+
+__all__ = [
+    "ClientConfig",
+    "Environment",
+    "EnvironmentNotFound",
+    "EvalClientConfig",
+    "ModelClient",
+    "ModelResponse",
+    "RolloutState",
+    "Rubric",
+    "SamplingArgs",
+    "ScriptedClient",
+    "ScriptedClientConfig",
+    "Split",
+    "TaskSource",
+    "TrainClientConfig",
+    "build_client",
+    "installed_environment_ids",
+    "load_environment",
+]

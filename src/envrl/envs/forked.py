@@ -1,0 +1,110 @@
+"""Run a synchronous function in a forked child that is killed at its deadline.
+
+Guarantee: `run_forked(fn, timeout)` returns `fn()`'s (picklable) result, re-raises its failure
+as `ForkedCallError`, or raises `TimeoutError` once `timeout` seconds have passed since the child
+started; in every case (cancellation included) the child is killed and reaped before it returns,
+so a CPU-bound function cannot outlive its deadline as a thread would. Waiting for one of the
+`os.cpu_count()` slots does not count against the deadline. A plain `os.fork` is used (not
+multiprocessing), so it also works inside daemonic worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import pickle
+import signal
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+_PR_SET_PDEATHSIG = 1
+
+
+class ForkedCallError(RuntimeError):
+    """The function failed in the child; `type_name` and `child_traceback` say how."""
+
+    def __init__(self, type_name: str, message: str, child_traceback: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.child_traceback = child_traceback
+
+
+def _slots() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    if loop not in _SLOTS:
+        _SLOTS[loop] = asyncio.Semaphore(os.cpu_count() or 1)
+    return _SLOTS[loop]
+
+
+def _child(fn: Callable[[], Any], fd: int) -> None:
+    """Runs in the child: never returns, never runs the parent's cleanup code."""
+    try:  # die with the parent, even when it is SIGKILLed
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    signal.set_wakeup_fd(-1)  # signals to the child must not wake the parent's event loop
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        try:
+            payload = pickle.dumps(("ok", fn()))
+        except BaseException as e:  # noqa: BLE001 - everything fn raises goes back to the parent
+            payload = pickle.dumps(("error", (type(e).__name__, str(e) or repr(e), "".join(traceback.format_exception(e)))))
+        with os.fdopen(fd, "wb") as pipe:
+            pipe.write(payload)
+    finally:
+        os._exit(0)
+
+
+async def _read_to_eof(fd: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    chunks: list[bytes] = []
+    while True:
+        ready = loop.create_future()
+        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _kill_and_reap(pid: int) -> int | None:
+    """Exit status of the child (None if someone else reaped it)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return None
+
+
+async def run_forked(fn: Callable[[], Any], timeout: float) -> Any:
+    """`fn()` in a forked child with a deadline of `timeout` seconds from the child's start."""
+    async with _slots():
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            _child(fn, write_fd)
+        os.close(write_fd)
+        try:
+            data = await asyncio.wait_for(_read_to_eof(read_fd), timeout)
+        finally:
+            status = _kill_and_reap(pid)
+            os.close(read_fd)
+    if not data:
+        raise ForkedCallError("ChildDied", f"the child process died before answering (wait status {status})", "")
+    kind, value = pickle.loads(data)
+    if kind == "error":
+        raise ForkedCallError(*value)
+    return value

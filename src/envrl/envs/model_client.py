@@ -1,0 +1,243 @@
+"""How environments talk to a model: one `ModelClient` interface, built from a serialisable config.
+
+Guarantee: every client answers `generate(messages, sampling, tools=..., previous=...)` with the
+assistant message, and the train and scripted-with-tokenizer clients also with the exact prompt
+and completion token ids and the sampled tokens' logprobs (validated to be the same length).
+A `ClientConfig` is plain data, so it can cross the env-server wire; the train client keeps the
+branch's tokens (see `chat_tokens`), never re-tokenising earlier turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from envrl.envs.chat_tokens import chat_renderer
+from envrl.http import RetryPolicy, request_json
+from envrl.traces import Message, Turn, TurnTokens
+
+
+class _Plain(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class SamplingArgs(_Plain):
+    """Sampling parameters of one model call (one turn)."""
+
+    max_tokens: int
+    """Most tokens the model may generate in one turn."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] | None = None
+    seed: int | None = None
+    extra: dict[str, Any] = {}
+    """Passed to the server as-is (vLLM: top_k, min_p, repetition_penalty, ...)."""
+
+    def to_request(self) -> dict[str, Any]:
+        """The parameters as the server's completion request fields."""
+        fields = self.model_dump(exclude={"extra"}, exclude_none=True)
+        return {**fields, **self.extra}
+
+
+class TrainClientConfig(_Plain):
+    """Token-in/token-out against the envrl inference server (vLLM); what RL training uses."""
+
+    type: Literal["train"] = "train"
+    base_url: str
+    """Inference server root, e.g. http://127.0.0.1:8000 (without /v1)."""
+    model: str
+    """Model name the server serves (its --model)."""
+    tokenizer: str | None = None
+    """Directory whose tokenizer and chat template render prompts; defaults to `model`."""
+    retry: RetryPolicy = RetryPolicy()
+
+
+class EvalClientConfig(_Plain):
+    """Plain OpenAI chat completions against any compatible server."""
+
+    type: Literal["eval"] = "eval"
+    base_url: str
+    """API root including the version, e.g. http://127.0.0.1:8000/v1 or https://api.openai.com/v1."""
+    model: str
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key (keys never go into configs)."""
+    return_tokens: bool = False
+    """Ask a vLLM server for prompt/completion token ids and logprobs too."""
+    extra_body: dict[str, Any] = {}
+    """Extra request fields, passed as-is."""
+    retry: RetryPolicy = RetryPolicy()
+
+
+class ScriptedClientConfig(_Plain):
+    """Canned replies, no server: for tests and for debugging the layers above the model."""
+
+    type: Literal["scripted"] = "scripted"
+    replies: list[str] = ["hello"]
+    """Replies served in order, one per call, cycling when exhausted."""
+    tokenizer: str | None = None
+    """If set, turns carry tokens rendered with this tokenizer's chat template (reply + eos)."""
+    delay: float = 0.0
+    """Seconds each call waits before answering (to exercise timeouts and cancellation)."""
+    finish_reason: str = "stop"
+
+
+ClientConfig = Annotated[TrainClientConfig | EvalClientConfig | ScriptedClientConfig, Field(discriminator="type")]
+
+
+class ModelResponse(BaseModel):
+    """One model call's answer: the assistant message and, where known, its exact tokens."""
+
+    message: Message
+    tokens: TurnTokens | None = None
+    finish_reason: str | None = None
+
+
+class ModelClient(ABC):
+    """The only way environments reach a model."""
+
+    @abstractmethod
+    async def generate(
+        self,
+        messages: list[Message],
+        sampling: SamplingArgs,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        previous: Turn | None = None,
+    ) -> ModelResponse:
+        """Answer `messages`. `previous` is the branch's last turn: token clients extend its tokens."""
+
+    async def aclose(self) -> None:
+        """Release connections; the client is unusable afterwards."""
+
+
+def _assistant(content: str) -> Message:
+    return {"role": "assistant", "content": content}
+
+
+class TrainClient(ModelClient):
+    """Renders with the chat template, sends token ids to /v1/completions, keeps ids and logprobs."""
+
+    def __init__(self, config: TrainClientConfig) -> None:
+        from envrl.inference.client import InferenceClient  # the inference package is a peer, loaded on use
+
+        self.config = config
+        self.renderer = chat_renderer(config.tokenizer or config.model)
+        self.inference = InferenceClient(config.base_url, config.model, retry=config.retry)
+
+    async def generate(
+        self,
+        messages: list[Message],
+        sampling: SamplingArgs,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        previous: Turn | None = None,
+    ) -> ModelResponse:
+        prompt_ids = self.renderer.prompt_ids(messages, tools, previous)
+        out = await self.inference.generate(prompt_ids, sampling.to_request())
+        tokens = TurnTokens(prompt_ids=prompt_ids, completion_ids=out.completion_ids, completion_logprobs=out.logprobs)
+        return ModelResponse(
+            message=_assistant(self.renderer.decode(out.completion_ids)), tokens=tokens, finish_reason=out.finish_reason
+        )
+
+    async def aclose(self) -> None:
+        await self.inference.aclose()
+
+
+class EvalClient(ModelClient):
+    """POST {base_url}/chat/completions; tools are passed as OpenAI tools."""
+
+    def __init__(self, config: EvalClientConfig) -> None:
+        self.config = config
+        headers = {}
+        if config.api_key_env:
+            key = os.environ.get(config.api_key_env)
+            if not key:
+                raise ValueError(f"eval client: environment variable {config.api_key_env} (api_key_env) is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        self.http = httpx.AsyncClient(headers=headers)
+
+    async def generate(
+        self,
+        messages: list[Message],
+        sampling: SamplingArgs,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        previous: Turn | None = None,
+    ) -> ModelResponse:
+        payload: dict[str, Any] = {"model": self.config.model, "messages": messages, **sampling.to_request()}
+        if tools:
+            payload["tools"] = tools
+        if self.config.return_tokens:
+            payload |= {"logprobs": True, "return_token_ids": True}
+        payload |= self.config.extra_body
+        url = f"{self.config.base_url.rstrip('/')}/chat/completions"
+        body = await request_json(self.http, "POST", url, payload, self.config.retry)
+        choice = body["choices"][0]
+        raw = choice["message"]
+        message: Message = {"role": "assistant", "content": raw.get("content") or ""}
+        if raw.get("tool_calls"):
+            message["tool_calls"] = raw["tool_calls"]
+        return ModelResponse(message=message, tokens=self._tokens(body, choice), finish_reason=choice.get("finish_reason"))
+
+    def _tokens(self, body: dict[str, Any], choice: dict[str, Any]) -> TurnTokens | None:
+        if not self.config.return_tokens or "token_ids" not in choice or "prompt_token_ids" not in body:
+            return None
+        logprobs = [entry["logprob"] for entry in (choice.get("logprobs") or {}).get("content") or []]
+        return TurnTokens(prompt_ids=body["prompt_token_ids"], completion_ids=choice["token_ids"], completion_logprobs=logprobs)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+class ScriptedClient(ModelClient):
+    """Serves `config.replies` in order, or `respond(messages)` when given (in-process tests)."""
+
+    SCRIPTED_LOGPROB = -1.0
+    """The logprob recorded for every scripted token (a constant, so tests can check alignment)."""
+
+    def __init__(self, config: ScriptedClientConfig, respond: Callable[[list[Message]], str] | None = None) -> None:
+        if not config.replies and respond is None:
+            raise ValueError("scripted client: give at least one reply (replies=[...]) or a respond function")
+        self.config = config
+        self.respond = respond
+        self.renderer = chat_renderer(config.tokenizer) if config.tokenizer else None
+        self.calls = 0
+
+    async def generate(
+        self,
+        messages: list[Message],
+        sampling: SamplingArgs,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        previous: Turn | None = None,
+    ) -> ModelResponse:
+        reply = self.respond(messages) if self.respond else self.config.replies[self.calls % len(self.config.replies)]
+        self.calls += 1
+        if self.config.delay:
+            await asyncio.sleep(self.config.delay)
+        tokens = None
+        if self.renderer is not None:
+            prompt_ids = self.renderer.prompt_ids(messages, tools, previous)
+            stopped = [self.renderer.eos_id] if self.config.finish_reason == "stop" else []
+            completion = [*self.renderer.encode(reply), *stopped]
+            tokens = TurnTokens(
+                prompt_ids=prompt_ids,
+                completion_ids=completion,
+                completion_logprobs=[self.SCRIPTED_LOGPROB] * len(completion),
+            )
+        return ModelResponse(message=_assistant(reply), tokens=tokens, finish_reason=self.config.finish_reason)
+
+
+def build_client(config: TrainClientConfig | EvalClientConfig | ScriptedClientConfig) -> ModelClient:
+    """The client a config describes. Build one per (config, event loop) and reuse it: it pools connections."""
+    if isinstance(config, TrainClientConfig):
+        return TrainClient(config)
+    if isinstance(config, EvalClientConfig):
+        return EvalClient(config)
+    return ScriptedClient(config)

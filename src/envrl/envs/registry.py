@@ -1,0 +1,54 @@
+"""Environments by id: installed packages register `load_environment` under `envrl.environments`.
+
+Guarantee: `load_environment(env_id, **args)` returns an `Environment` whose `env_id` is set, or
+raises `EnvironmentNotFound` naming the installed ids (for an unknown id) or a `TypeError` saying
+which loader returned what. An id of the form `package.module:function` is imported directly,
+for tests and quick experiments with unpackaged environments.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any
+
+from envrl.envs.environment import Environment
+
+ENTRY_POINT_GROUP = "envrl.environments"
+
+
+class EnvironmentNotFound(LookupError):
+    pass
+
+
+def installed_environment_ids() -> list[str]:
+    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def _loader(env_id: str) -> Any:
+    if ":" in env_id:
+        module_name, _, attr = env_id.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            raise EnvironmentNotFound(f"environment {env_id!r}: cannot import module {module_name!r} ({e})") from e
+        if not hasattr(module, attr):
+            raise EnvironmentNotFound(f"environment {env_id!r}: module {module_name!r} has no {attr!r}")
+        return getattr(module, attr)
+    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == env_id]
+    if not matches:
+        installed = ", ".join(installed_environment_ids()) or "none"
+        raise EnvironmentNotFound(
+            f"no environment {env_id!r} is installed (entry-point group {ENTRY_POINT_GROUP!r}); "
+            f"installed: {installed}. Install its package, or pass 'package.module:function'."
+        )
+    return matches[0].load()
+
+
+def load_environment(env_id: str, **args: Any) -> Environment:
+    """The environment `env_id`, built by its package's `load_environment(**args)`."""
+    env = _loader(env_id)(**args)
+    if not isinstance(env, Environment):
+        raise TypeError(f"the loader of environment {env_id!r} returned {type(env).__name__}, not an envrl Environment")
+    env.env_id = env_id
+    return env
