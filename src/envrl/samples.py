@@ -2,11 +2,23 @@
 
 Guarantee: every sample's per-token lists have the same length, the loss mask is 0/1, and
 inference logprobs are 0 wherever the mask is 0, so the trainer never has to guess alignment.
+A batch directory written by `write_batch` is complete when visible and reads back to equal
+samples through `read_batch`, or fails with a `BatchError` naming the file.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, model_validator
+import sys
+import zlib
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from envrl.atomic import atomic_dir
 
 
 class TrainingSample(BaseModel):
@@ -36,3 +48,118 @@ class TrainingSample(BaseModel):
         if any(lp != 0.0 for lp, m in zip(self.inference_logprobs, self.loss_mask) if m == 0):
             raise ValueError("inference_logprobs must be 0 where loss_mask is 0")
         return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch files: the orchestrator -> trainer hand-off (format documented in docs/trainer.md)
+
+BATCH_FORMAT = "envrl-batch"
+BATCH_VERSION = 1
+BATCH_FILE = "batch.msgpack"
+_COLUMNS = (("input_ids", "i"), ("loss_mask", "B"), ("inference_logprobs", "d"))
+
+
+class BatchError(ValueError):
+    """A batch file that cannot be read; the message names the file and what is wrong with it."""
+
+
+def batch_dir(output_dir: Path, step: int) -> Path:
+    """Where trainer step `step` reads its samples: `<output_dir>/rollouts/step_<step>/`."""
+    return Path(output_dir) / "rollouts" / f"step_{step}"
+
+
+def _to_bytes(values: list[int] | list[float], typecode: str) -> bytes:
+    arr = array(typecode, values)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _from_bytes(data: bytes, typecode: str) -> list[Any]:
+    arr = array(typecode)
+    arr.frombytes(data)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tolist()
+
+
+def write_batch(output_dir: Path, step: int, samples: Sequence[TrainingSample]) -> Path:
+    """Write step `step`'s samples atomically to `batch_dir(output_dir, step)` and return it.
+
+    The directory appears only when complete (temp dir, fsync, rename); writing a step twice is
+    a FileExistsError, since the trainer may already have read the first one.
+    """
+    lengths = [len(s.input_ids) for s in samples]
+    columns = {
+        name: _to_bytes([v for s in samples for v in getattr(s, name)], code) for name, code in _COLUMNS
+    }
+    payload = {
+        "format": BATCH_FORMAT,
+        "version": BATCH_VERSION,
+        "step": step,
+        "lengths": _to_bytes(lengths, "i"),
+        **columns,
+        "advantage": [s.advantage for s in samples],
+        "env": [s.env for s in samples],
+        "task_idx": [s.task_idx for s in samples],
+        "policy_step": [s.policy_step for s in samples],
+        "crc32": zlib.crc32(b"".join(columns.values())),
+    }
+    final = batch_dir(output_dir, step)
+    with atomic_dir(final) as tmp:
+        (tmp / BATCH_FILE).write_bytes(msgpack.packb(payload, use_bin_type=True))
+    return final
+
+
+def read_batch(path: Path) -> list[TrainingSample]:
+    """Samples of the batch in directory `path` (as made by `write_batch`); BatchError if bad."""
+    file = Path(path) / BATCH_FILE
+    try:
+        payload = msgpack.unpackb(file.read_bytes(), raw=False)
+    except OSError as e:
+        raise BatchError(f"cannot read batch file {file}: {e}") from None
+    except (ValueError, msgpack.UnpackException) as e:
+        raise BatchError(f"batch file {file} is not valid msgpack (truncated or corrupt): {e}") from None
+    try:
+        return _decode(payload)
+    except (KeyError, TypeError, ValueError) as e:
+        detail = f"missing field {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise BatchError(f"batch file {file} is corrupt or incomplete: {detail}") from None
+
+
+def _decode(payload: Any) -> list[TrainingSample]:
+    if not isinstance(payload, dict):
+        raise ValueError(f"expected a msgpack map, got {type(payload).__name__}")
+    if payload.get("format") != BATCH_FORMAT or payload.get("version") != BATCH_VERSION:
+        raise ValueError(
+            f"expected format {BATCH_FORMAT!r} version {BATCH_VERSION}, "
+            f"got {payload.get('format')!r} version {payload.get('version')!r}"
+        )
+    columns = {name: payload[name] for name, _ in _COLUMNS}
+    if zlib.crc32(b"".join(columns.values())) != payload["crc32"]:
+        raise ValueError("checksum mismatch in the token columns")
+    lengths = _from_bytes(payload["lengths"], "i")
+    values = {name: _from_bytes(columns[name], code) for name, code in _COLUMNS}
+    per_sample = [payload[key] for key in ("advantage", "env", "task_idx", "policy_step")]
+    total = sum(lengths)
+    if any(len(v) != total for v in values.values()) or any(len(v) != len(lengths) for v in per_sample):
+        raise ValueError(f"column lengths disagree with the {len(lengths)} sample lengths ({total} tokens)")
+    samples, start = [], 0
+    for i, n in enumerate(lengths):
+        end = start + n
+        try:
+            sample = TrainingSample(
+                input_ids=values["input_ids"][start:end],
+                loss_mask=values["loss_mask"][start:end],
+                inference_logprobs=values["inference_logprobs"][start:end],
+                advantage=float(payload["advantage"][i]),
+                env=payload["env"][i],
+                task_idx=payload["task_idx"][i],
+                policy_step=payload["policy_step"][i],
+            )
+        except ValidationError as e:
+            error = e.errors()[0]
+            raise ValueError(f"sample {i}: {'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+        samples.append(sample)
+        start = end
+    return samples

@@ -1,0 +1,87 @@
+"""The one metrics sink: `metrics.jsonl` plus wandb, used by every process that logs metrics.
+
+Guarantee: each `log(step, values)` call appends exactly one JSON line (`step`, `time`, then the
+values) with a single `write` to a file opened for appending, so several processes may share one
+`metrics.jsonl` without interleaving; the same values go to wandb when it is enabled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from loguru import logger
+
+from envrl.config import BaseConfig
+
+
+class WandbConfig(BaseConfig):
+    mode: Literal["online", "offline", "disabled"] = "offline"
+    """`offline` writes runs under `dir` for a later `wandb sync`; `online` needs a wandb login."""
+    project: str = "envrl"
+    """wandb project name."""
+    group: str | None = None
+    """wandb group tying the processes of one run together (default: the output dir's name)."""
+    name: str | None = None
+    """wandb run name (default: `<group>-<process>`)."""
+    dir: Path | None = None
+    """Where wandb keeps its files (default: the output dir)."""
+
+
+def _json_value(value: Any) -> Any:
+    """Non-finite floats as strings, since JSON has no NaN; everything else unchanged."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsSink:
+    """Appends metric lines to `path` and mirrors them to wandb; call `close()` at the end."""
+
+    def __init__(
+        self,
+        path: Path,
+        wandb: WandbConfig,
+        *,
+        process: str,
+        output_dir: Path,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.path = path
+        self._run = None
+        if wandb.mode != "disabled":
+            import wandb as wandb_lib  # imported here: it costs a second and only some runs want it
+
+            group = wandb.group or Path(output_dir).resolve().name
+            wandb_dir = wandb.dir or Path(output_dir)
+            wandb_dir.mkdir(parents=True, exist_ok=True)
+            self._run = wandb_lib.init(
+                project=wandb.project,
+                group=group,
+                name=wandb.name or f"{group}-{process}",
+                dir=str(wandb_dir),
+                mode=wandb.mode,
+                config=config,
+                job_type=process,
+            )
+            logger.info(f"wandb run {self._run.name!r} ({wandb.mode}) under {wandb_dir}")
+
+    def log(self, step: int, values: dict[str, float | int | str]) -> None:
+        record = {"step": step, "time": round(time.time(), 3), **{k: _json_value(v) for k, v in values.items()}}
+        os.write(self._fd, (json.dumps(record) + "\n").encode())
+        if self._run is not None:
+            self._run.log(dict(values), step=step)
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,3 @@
+from envrl.trainer.main import main
+
+main()

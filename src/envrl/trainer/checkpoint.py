@@ -1,0 +1,113 @@
+"""Training checkpoints: everything needed to continue a run bit for bit.
+
+Guarantee: `checkpoints/step_<k>/` is the state after k completed steps (model, optimizer,
+scheduler, each rank's RNG) and appears only when every rank's part is written and fsynced;
+only the newest `keep` are retained, and older ones are deleted only after a newer one exists.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from loguru import logger
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from envrl.atomic import publish, temp_sibling
+from envrl.trainer.parallel import Runtime, barrier
+
+_STEP_DIR = re.compile(r"step_(\d+)")
+TRAINER_STATE = "trainer_state.pt"
+
+
+def checkpoint_dir(output_dir: Path, step: int) -> Path:
+    return Path(output_dir) / "checkpoints" / f"step_{step}"
+
+
+def list_checkpoints(output_dir: Path) -> list[int]:
+    """Steps with a published checkpoint, oldest first."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir())
+
+
+def _rng_file(rank: int) -> str:
+    return f"rng_rank{rank}.pt"
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def save_checkpoint(
+    output_dir: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    runtime: Runtime,
+    keep: int,
+) -> Path:
+    """Write the state after `step` completed steps (all ranks call this) and prune old ones."""
+    final = checkpoint_dir(output_dir, step)
+    tmp = temp_sibling(final)
+    if runtime.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier(runtime)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp, no_dist=not runtime.sharded)
+    torch.save(_rng_state(), tmp / _rng_file(runtime.rank))
+    if runtime.is_main:
+        torch.save({"step": step, "scheduler": scheduler.state_dict(), "world_size": runtime.world_size}, tmp / TRAINER_STATE)
+    barrier(runtime)
+    if runtime.is_main:
+        if final.exists():  # left by a run that went further before this one resumed from earlier
+            logger.warning(f"replacing {final} from an earlier run")
+            shutil.rmtree(final)
+        publish(tmp, final)
+        for old in list_checkpoints(output_dir)[:-keep]:
+            shutil.rmtree(checkpoint_dir(output_dir, old))
+        logger.info(f"checkpoint {final} written")
+    barrier(runtime)
+    return final
+
+
+def load_checkpoint(
+    output_dir: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    runtime: Runtime,
+) -> None:
+    """Restore the state saved by `save_checkpoint` for `step` (all ranks call this)."""
+    path = checkpoint_dir(output_dir, step)
+    if not (path / TRAINER_STATE).is_file():
+        found = list_checkpoints(output_dir)
+        raise FileNotFoundError(f"no checkpoint at {path} (checkpoints found for steps: {found or 'none'})")
+    meta = torch.load(path / TRAINER_STATE, weights_only=True)
+    if meta["world_size"] != runtime.world_size:
+        raise ValueError(
+            f"{path} was written by {meta['world_size']} ranks but this run has {runtime.world_size}; "
+            "resume with the same number of ranks (RNG state is per rank)"
+        )
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path, no_dist=not runtime.sharded)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    scheduler.load_state_dict(meta["scheduler"])
+    rng = torch.load(path / _rng_file(runtime.rank), weights_only=True)
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"])
+    logger.info(f"resumed from {path}")

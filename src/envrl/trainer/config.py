@@ -1,0 +1,106 @@
+"""Trainer config: everything `trainer --config x.toml` reads, and nothing else.
+
+Guarantee: a validated `TrainerConfig` is self-consistent (bounds ordered, positive sizes), so
+the training loop never re-checks its options; `model`, `output_dir`, `max_steps` and
+`max_async_level` are the keys `RLConfig` shares with the other processes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from envrl.config import BaseConfig, ModelConfig
+from envrl.log import LogConfig
+from envrl.metrics import WandbConfig
+
+
+class OptimConfig(BaseConfig):
+    lr: float = Field(1e-6, gt=0)
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradients are clipped to this global L2 norm."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up from 0 to `lr` over this many steps."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """After warm-up: keep `lr`, or decay it along a cosine to `min_lr_ratio * lr` at `max_steps`."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Floor of the cosine schedule as a fraction of `lr`."""
+
+
+class LossConfig(BaseConfig):
+    """Token-level policy gradient with importance ratio exp(logp_train - logp_inference)."""
+
+    ppo_clip: bool = True
+    """PPO-style clipping: the ratio is clipped to [1 - clip_low, 1 + clip_high] in a pessimistic min."""
+    clip_low: float = Field(0.2, ge=0, le=1)
+    """Lower clip distance (ratio floor is 1 - clip_low)."""
+    clip_high: float = Field(0.2, ge=0)
+    """Upper clip distance (ratio ceiling is 1 + clip_high)."""
+    ratio_mask: bool = False
+    """IcePop/DPPO-style: tokens whose ratio is outside [mask_low, mask_high] get no gradient."""
+    mask_low: float = Field(0.5, ge=0)
+    """Lowest ratio still trained on when `ratio_mask` is on."""
+    mask_high: float = Field(2.0, gt=0)
+    """Highest ratio still trained on when `ratio_mask` is on."""
+    normalize: Literal["token", "sequence"] = "token"
+    """`token`: sum over the batch's loss tokens / their count. `sequence`: mean over samples of
+    each sample's token mean."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of a KL penalty (k3 estimator) pulling the trainer towards the inference policy."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the rollouts; logits are divided by it before the log-softmax."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LossConfig:
+        if self.mask_low >= self.mask_high:
+            raise ValueError(f"mask_low ({self.mask_low}) must be below mask_high ({self.mask_high})")
+        return self
+
+
+class CheckpointConfig(BaseConfig):
+    interval: int = Field(0, ge=0)
+    """Save model + optimizer + scheduler + RNG every this many steps (0: never)."""
+    keep: int = Field(2, ge=1)
+    """Keep the newest this many checkpoints; older ones are deleted after a save succeeds."""
+    resume_step: int | None = Field(None, ge=0)
+    """Resume from `checkpoints/step_<resume_step>/` (an error if it is missing)."""
+
+
+class TrainerConfig(BaseConfig):
+    model: ModelConfig = ModelConfig()
+    output_dir: Path = Path("outputs/run")
+    """Run directory: reads `rollouts/step_<n>/`, writes `weights/`, `checkpoints/`, `metrics.jsonl`."""
+    max_steps: int = Field(10, ge=1)
+    """Stop after this many optimizer steps (step n trains on rollouts/step_<n>)."""
+    max_async_level: int = Field(1, ge=0)
+    """Batch n must come from policies >= n - max_async_level; an older sample is an error."""
+    resume: bool = False
+    """Continue from the newest checkpoint in `output_dir` (start fresh if there is none)."""
+    seed: int = 0
+    """Seed of the torch RNGs (restored from checkpoints on resume)."""
+    max_tokens: int = Field(4096, ge=1)
+    """Token budget of one packed micro-batch; a longer sample is an error."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype: auto = bfloat16 on GPU (fp32 master weights), float32 on CPU."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward to save memory."""
+    batch_timeout_s: float = Field(3600.0, gt=0)
+    """Fail if `rollouts/step_<n>/` has not appeared this long after the trainer started waiting."""
+    batch_poll_s: float = Field(0.2, gt=0)
+    """How often to look for the next batch directory."""
+    wait_log_interval_s: float = Field(30.0, gt=0)
+    """Log that the trainer is still waiting this often."""
+    optim: OptimConfig = OptimConfig()
+    loss: LossConfig = LossConfig()
+    ckpt: CheckpointConfig = CheckpointConfig()
+    log: LogConfig = LogConfig()
+    wandb: WandbConfig = WandbConfig()

@@ -1,0 +1,228 @@
+"""The training loop: step n trains on `rollouts/step_<n>/` and publishes `weights/step_<n+1>/`.
+
+Guarantee: a step either completes (optimizer stepped, weights published, checkpoint written on
+its interval, one metrics line) or stops the run with an error naming the step and the batch:
+a missing batch past its deadline, a corrupt batch, a broken off-policy bound, or a non-finite
+loss or gradient, which is caught before the optimizer can write it into the weights.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from pathlib import Path
+
+import torch
+from loguru import logger
+from transformers import AutoConfig, AutoTokenizer
+
+from envrl.metrics import MetricsSink
+from envrl.samples import TrainingSample, batch_dir, read_batch
+from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from envrl.trainer.config import OptimConfig, TrainerConfig
+from envrl.trainer.loss import policy_loss, token_logprobs
+from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
+from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model
+from envrl.trainer.weights import publish_weights, weights_dir
+
+SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "clipped", "masked", "tokens", "samples")
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on; the message names the step, the batch and what to do."""
+
+
+def lr_factor(step: int, optim: OptimConfig, max_steps: int) -> float:
+    """Multiplier of `optim.lr` for optimizer step `step` (0-based): linear warm-up, then the schedule."""
+    if step < optim.warmup_steps:
+        return (step + 1) / optim.warmup_steps
+    if optim.schedule == "constant":
+        return 1.0
+    progress = (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps)
+    return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def wait_for_batch(path: Path, timeout_s: float, poll_s: float, log_every_s: float) -> float:
+    """Block until directory `path` exists; return the seconds waited, TrainingError past the deadline."""
+    start = time.monotonic()
+    next_log = start + log_every_s
+    while not path.is_dir():
+        waited = time.monotonic() - start
+        if waited > timeout_s:
+            raise TrainingError(
+                f"no batch at {path} after {waited:.0f}s (trainer.batch_timeout_s = {timeout_s:g}); "
+                "is the orchestrator running? see its log"
+            )
+        if time.monotonic() >= next_log:
+            logger.info(f"waiting for {path} ({waited:.0f}s so far, deadline {timeout_s:g}s)")
+            next_log += log_every_s
+        time.sleep(poll_s)
+    return time.monotonic() - start
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class Trainer:
+    """Owns the model, optimizer and schedule of one run; `run()` trains until `max_steps`."""
+
+    def __init__(self, config: TrainerConfig, runtime: Runtime) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.base_config = AutoConfig.from_pretrained(config.model.name)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model.name)
+        self.pad_token_id = self.tokenizer.pad_token_id or 0
+        self.model = build_model(config, runtime)
+        optim = config.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(step, optim, config.max_steps)
+        )
+        self.metrics: MetricsSink | None = None
+
+    def start_step(self) -> int:
+        """Load the checkpoint asked for (if any) and return the first step to train."""
+        config = self.config
+        step = config.ckpt.resume_step
+        if step is None and config.resume:
+            found = list_checkpoints(config.output_dir)
+            if not found:
+                logger.warning(f"--resume: no checkpoint under {config.output_dir / 'checkpoints'}; starting at step 0")
+                return 0
+            step = found[-1]
+        if step is None:
+            return 0
+        load_checkpoint(config.output_dir, step, self.model, self.optimizer, self.scheduler, self.runtime)
+        return step
+
+    def run(self) -> None:
+        config = self.config
+        if self.runtime.is_main:
+            self.metrics = MetricsSink(
+                config.output_dir / "metrics.jsonl",
+                config.wandb,
+                process="trainer",
+                output_dir=config.output_dir,
+                config=config.model_dump(mode="json"),
+            )
+        try:
+            for step in range(self.start_step(), config.max_steps):
+                self.run_step(step)
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+    def run_step(self, step: int) -> dict[str, float]:
+        """Wait for batch `step`, train on it, publish weights and (on the interval) a checkpoint."""
+        config = self.config
+        path = batch_dir(config.output_dir, step)
+        waited = wait_for_batch(path, config.batch_timeout_s, config.batch_poll_s, config.wait_log_interval_s)
+        samples = read_batch(path)
+        stats = self.train_on(step, samples, where=str(path))
+        start = time.perf_counter()
+        publish_weights(
+            self.model, self.tokenizer, weights_dir(config.output_dir, step + 1), self.runtime, self.base_config
+        )
+        done = step + 1
+        if config.ckpt.interval and (done % config.ckpt.interval == 0 or done == config.max_steps):
+            save_checkpoint(
+                config.output_dir, done, self.model, self.optimizer, self.scheduler, self.runtime, config.ckpt.keep
+            )
+        stats.update(wait_time_s=waited, publish_time_s=time.perf_counter() - start)
+        if self.metrics is not None:
+            self.metrics.log(step, {f"trainer/{k}": v for k, v in stats.items()})
+        logger.info(
+            f"step {step}: loss {stats['loss']:.4g}, entropy {stats['entropy']:.3f}, "
+            f"mismatch_kl {stats['mismatch_kl']:.2e}, grad_norm {stats['grad_norm']:.3g}, "
+            f"{stats['tokens_per_s']:.0f} tok/s, {stats['step_time_s']:.2f}s"
+        )
+        return stats
+
+    def _check_staleness(self, step: int, samples: list[TrainingSample], where: str) -> list[int]:
+        staleness = [step - s.policy_step for s in samples]
+        bad = [i for i, lag in enumerate(staleness) if lag < 0 or lag > self.config.max_async_level]
+        if bad:
+            s = samples[bad[0]]
+            raise TrainingError(
+                f"step {step}: sample {bad[0]} of {where} comes from policy {s.policy_step}, outside "
+                f"[{step - self.config.max_async_level}, {step}] (max_async_level = {self.config.max_async_level}); "
+                f"the orchestrator broke the off-policy bound ({len(bad)} such samples)"
+            )
+        return staleness
+
+    def train_on(self, step: int, samples: list[TrainingSample], where: str) -> dict[str, float]:
+        """One optimizer step on `samples` (this rank trains its share); returns the step's metrics."""
+        config, runtime = self.config, self.runtime
+        staleness = self._check_staleness(step, samples, where) if samples else [0]
+        micro_batches = pack(samples, config.max_tokens, config.loss.normalize, where)
+        mine = shard(micro_batches, runtime.rank, runtime.world_size, self.pad_token_id)
+        if runtime.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(runtime.device)
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(len(SUMS), dtype=torch.float64, device=runtime.device)
+        for micro_batch in mine:
+            sums += self._forward_backward(micro_batch.to(runtime.device))
+        all_reduce_sum(sums, runtime)
+        totals = dict(zip(SUMS, sums.tolist()))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.optim.max_grad_norm)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):
+            raise TrainingError(
+                f"step {step}: loss is {totals['loss']} and grad norm {grad_norm} on batch {where}; stopped "
+                f"before the optimizer step, so weights/step_{step} stays the last good policy. "
+                "Look for NaN/inf advantages or logprobs in the batch, or lower trainer.optim.lr"
+            )
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        if runtime.device.type == "cuda":
+            torch.cuda.synchronize(runtime.device)
+        elapsed = time.perf_counter() - start
+        n = max(totals["loss_tokens"], 1.0)
+        return {
+            "loss": totals["loss"],
+            "entropy": totals["entropy"] / n,
+            "mismatch_kl": totals["mismatch_kl"] / n,
+            "clip_frac": totals["clipped"] / n,
+            "mask_frac": totals["masked"] / n,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "samples": totals["samples"],
+            "tokens": totals["tokens"],
+            "loss_tokens": totals["loss_tokens"],
+            "micro_batches": len(micro_batches),
+            "staleness_max": max(staleness),
+            "staleness_mean": sum(staleness) / len(staleness),
+            "step_time_s": elapsed,
+            "tokens_per_s": totals["tokens"] / elapsed,
+            "peak_mem_gib": peak_memory_gib(runtime.device),
+        }
+
+    def _forward_backward(self, mb: MicroBatch) -> torch.Tensor:
+        """Loss and backward on one micro-batch; returns its sums in `SUMS` order."""
+        logits = packed_logits(self.model, mb)
+        logprobs, entropy = token_logprobs(logits, mb.input_ids[0], self.config.loss.temperature)
+        loss, stats = policy_loss(
+            logprobs, mb.inference_logprobs, mb.advantages, mb.loss_mask, mb.weights, self.config.loss
+        )
+        # FSDP averages gradients over ranks; the weights already normalise over the whole batch.
+        (loss * self.runtime.world_size).backward()
+        tokens = float(mb.num_tokens if mb.num_samples else 0)
+        values = [
+            loss.detach(),
+            stats["loss_tokens"],
+            torch.where(mb.loss_mask, entropy, 0.0).sum(),
+            stats["mismatch_kl"],
+            stats["clipped"],
+            stats["masked"],
+            tokens,
+            float(mb.num_samples),
+        ]
+        return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=mb.input_ids.device) for v in values])

@@ -1,0 +1,77 @@
+"""The policy-gradient loss on one packed micro-batch, as pure tensor functions.
+
+Guarantee: the loss is a weighted sum over tokens whose weights already carry the batch-wide
+normalisation, so summing it over micro-batches and ranks gives exactly the loss of the whole
+batch however it was packed or split; statistics are returned as sums for the same reason.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from envrl.trainer.config import LossConfig
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of each token given the ones before it, and the entropy of that prediction.
+
+    `logits` is [T, V] for tokens `input_ids` [T]; position t is scored by the logits at t - 1,
+    so position 0 (which nothing predicts) gets logprob 0 and entropy 0. The entropy is detached.
+    """
+    logp_all = F.log_softmax(logits[:-1].float() / temperature, dim=-1)
+    picked = logp_all.gather(-1, input_ids[1:].unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    zero = picked.new_zeros(1)
+    return torch.cat([zero, picked]), torch.cat([zero, entropy])
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    inference_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    weights: torch.Tensor,
+    config: LossConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted policy-gradient loss over the tokens where `loss_mask` is true, and stat sums.
+
+    Per token, with ratio r = exp(logp - logp_inf) and advantage A:
+    loss = -r * A, or with PPO clipping max(-r * A, -clip(r, 1 - low, 1 + high) * A), plus
+    `kl_coef * (exp(logp_inf - logp) - 1 - (logp_inf - logp))` (k3 KL to the inference policy).
+    With `ratio_mask`, tokens whose r is outside [mask_low, mask_high] contribute nothing (their
+    weight is not redistributed). All tensors are [T]; `weights` carry the normalisation.
+    """
+    keep = loss_mask
+    masked = torch.zeros_like(loss_mask)
+    with torch.no_grad():
+        true_log_ratio = logprobs - inference_logprobs
+        mismatch_kl = torch.where(loss_mask, _k3(true_log_ratio), 0.0).sum()
+        if config.ratio_mask:
+            r = torch.exp(true_log_ratio)
+            masked = loss_mask & ((r < config.mask_low) | (r > config.mask_high))
+            keep = loss_mask & ~masked
+    # Zeroed outside `keep`, so an extreme ratio on an untrained token cannot turn into a NaN grad.
+    log_ratio = torch.where(keep, logprobs - inference_logprobs, 0.0)
+    ratio = torch.exp(log_ratio)
+    loss = -ratio * advantages
+    clipped = torch.zeros_like(loss_mask)
+    if config.ppo_clip:
+        clipped_loss = -torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high) * advantages
+        clipped = keep & (clipped_loss > loss)
+        loss = torch.maximum(loss, clipped_loss)
+    if config.kl_coef > 0:
+        loss = loss + config.kl_coef * _k3(log_ratio)
+    total = (torch.where(keep, loss, 0.0) * weights).sum()
+    stats = {
+        "loss_tokens": loss_mask.sum().float(),
+        "mismatch_kl": mismatch_kl,
+        "clipped": clipped.sum().float(),
+        "masked": masked.sum().float(),
+    }
+    return total, stats
+
+
+def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(train || inference) per token from log(p_train / p_inference)."""
+    return torch.exp(-log_ratio) - 1 + log_ratio

@@ -1,0 +1,47 @@
+"""`trainer` entry point: `trainer --config x.toml [--optim.lr 1e-5 ...]`, alone or under torchrun.
+
+Guarantee: the process exits 0 after `max_steps`, 2 on a config error, and 1 on any failure
+after logging one error line that says which step and file went wrong.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import transformers
+from loguru import logger
+
+from envrl.config import load_config
+from envrl.log import setup_logging
+from envrl.samples import BatchError
+from envrl.trainer.config import TrainerConfig
+from envrl.trainer.loop import Trainer, TrainingError
+from envrl.trainer.packing import PackingError
+from envrl.trainer.parallel import init_runtime, shutdown
+
+EXPECTED_FAILURES = (TrainingError, BatchError, PackingError, FileNotFoundError)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load_config(TrainerConfig, argv, prog="trainer")
+    setup_logging(config.log, process="trainer")
+    transformers.utils.logging.disable_progress_bar()  # tqdm bars make unreadable log files
+    runtime = None
+    try:
+        runtime = init_runtime(config)
+        Trainer(config, runtime).run()
+    except EXPECTED_FAILURES as e:
+        logger.error(f"trainer stopped: {e}")
+        sys.exit(1)
+    except Exception:
+        logger.exception("trainer crashed")
+        sys.exit(1)
+    finally:
+        if runtime is not None:
+            shutdown(runtime)
+    logger.info(f"trainer done: {config.max_steps} steps in {config.output_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Sequence packing: a batch of samples -> micro-batches of at most `max_tokens` tokens.
+
+Guarantee: every trainable sample lands in exactly one micro-batch, with position ids restarting
+at 0 so attention never crosses samples; each token carries its normalisation weight for the
+whole batch, and `shard` gives every rank the same number of micro-batches (padding with inert
+ones), so ranks run the same collectives and their losses sum to the whole batch's loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from envrl.samples import TrainingSample
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One packed row: all tensors are [T] except `input_ids`/`position_ids` ([1, T])."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    """Bool: trained on. False for a sample's first token, which nothing in the row predicts."""
+    inference_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    """Per-token normalisation (1/N loss tokens, or 1/(samples * sample's loss tokens))."""
+    num_samples: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[1]
+
+    def to(self, device: torch.device) -> MicroBatch:
+        moved = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
+        return MicroBatch(**moved, num_samples=self.num_samples)
+
+
+class PackingError(ValueError):
+    """A sample that cannot be packed; the message says which and how to fix it."""
+
+
+def _trainable(sample: TrainingSample) -> int:
+    """Loss tokens the trainer can score (a sample's first token has no prediction)."""
+    return sum(sample.loss_mask[1:])
+
+
+def bins_first_fit(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped into bins of total length <= max_tokens (first-fit decreasing, stable)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(max_tokens - lengths[i])
+    return bins
+
+
+def pack(
+    samples: Sequence[TrainingSample],
+    max_tokens: int,
+    normalize: Literal["token", "sequence"],
+    where: str = "the batch",
+) -> list[MicroBatch]:
+    """Pack the samples that have loss tokens; samples without any are left out (no gradient)."""
+    kept = [s for s in samples if _trainable(s) > 0]
+    for i, s in enumerate(samples):
+        if len(s.input_ids) > max_tokens:
+            raise PackingError(
+                f"sample {i} of {where} (env {s.env!r}, task {s.task_idx}) has {len(s.input_ids)} tokens, "
+                f"more than trainer.max_tokens = {max_tokens}; raise max_tokens or cap the rollout length"
+            )
+    total_tokens = sum(_trainable(s) for s in kept)
+    weight_of = {
+        "token": lambda s: 1.0 / total_tokens,
+        "sequence": lambda s: 1.0 / (len(kept) * _trainable(s)),
+    }[normalize]
+    micro_batches = []
+    for indices in bins_first_fit([len(s.input_ids) for s in kept], max_tokens):
+        rows = [kept[i] for i in indices]
+        positions = torch.cat([torch.arange(len(s.input_ids)) for s in rows])
+        micro_batches.append(
+            MicroBatch(
+                input_ids=torch.tensor([t for s in rows for t in s.input_ids]).unsqueeze(0),
+                position_ids=positions.unsqueeze(0),
+                loss_mask=torch.tensor([m for s in rows for m in s.loss_mask], dtype=torch.bool) & (positions > 0),
+                inference_logprobs=torch.tensor([lp for s in rows for lp in s.inference_logprobs], dtype=torch.float32),
+                advantages=torch.tensor([s.advantage for s in rows for _ in s.input_ids], dtype=torch.float32),
+                weights=torch.tensor([weight_of(s) for s in rows for _ in s.input_ids], dtype=torch.float32),
+                num_samples=len(rows),
+            )
+        )
+    return micro_batches
+
+
+def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
+    """[T, V] logits of a packed row, each sample attending only to itself.
+
+    transformers builds a block-diagonal causal mask from position ids that restart at 0, but
+    only without an attention mask and without a KV cache: `use_cache=False` is load-bearing.
+    """
+    out = model(input_ids=micro_batch.input_ids, position_ids=micro_batch.position_ids, use_cache=False)
+    return out.logits[0]
+
+
+def inert_micro_batch(pad_token_id: int) -> MicroBatch:
+    """A one-token row with no loss tokens: runs forward/backward (FSDP collectives), adds nothing."""
+    return MicroBatch(
+        input_ids=torch.tensor([[pad_token_id]]),
+        position_ids=torch.zeros(1, 1, dtype=torch.long),
+        loss_mask=torch.zeros(1, dtype=torch.bool),
+        inference_logprobs=torch.zeros(1),
+        advantages=torch.zeros(1),
+        weights=torch.zeros(1),
+        num_samples=0,
+    )
+
+
+def shard(micro_batches: Sequence[MicroBatch], rank: int, world_size: int, pad_token_id: int) -> list[MicroBatch]:
+    """This rank's micro-batches: round-robin over the (size-sorted) list, padded with inert rows
+    so that every rank gets the same count, and at least one."""
+    count = max(1, -(-len(micro_batches) // world_size))
+    padded = list(micro_batches) + [inert_micro_batch(pad_token_id)] * (count * world_size - len(micro_batches))
+    return padded[rank::world_size]

@@ -1,0 +1,106 @@
+"""Where the trainer runs: one CPU process, or torchrun ranks with FSDP2-sharded parameters.
+
+Guarantee: `build_model` returns a model that trains the same way on either path: fp32 on one
+CPU process; on GPUs (or several ranks) each decoder layer is FSDP2-sharded with fp32 master
+weights, compute in `dtype` and gradients reduced in fp32. Collectives here are no-ops when
+there is no process group, so callers never branch on the runtime.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from loguru import logger
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from envrl.trainer.config import TrainerConfig
+
+
+@dataclass(frozen=True)
+class Runtime:
+    rank: int
+    world_size: int
+    device: torch.device
+    sharded: bool
+    """True when parameters are FSDP2-sharded (always on GPU, and with more than one rank)."""
+    compute_dtype: torch.dtype
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_runtime(config: TrainerConfig) -> Runtime:
+    """Read the torchrun environment (if any), pick the device and start the process group."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    sharded = cuda or world_size > 1
+    dtype = {"auto": torch.bfloat16 if cuda else torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}[
+        config.dtype
+    ]
+    if dtype == torch.bfloat16 and not sharded:
+        raise ValueError("trainer.dtype = 'bfloat16' needs a GPU (or torchrun ranks); use 'float32' on one CPU process")
+    if sharded and not dist.is_initialized():
+        if cuda:
+            torch.cuda.set_device(device)
+        backend = "nccl" if cuda else "gloo"
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend, device_id=device if cuda else None)
+        else:  # one GPU without torchrun: a private one-rank group
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    torch.manual_seed(config.seed)
+    runtime = Runtime(rank=rank, world_size=world_size, device=device, sharded=sharded, compute_dtype=dtype)
+    logger.info(f"trainer rank {rank}/{world_size} on {device} (sharded: {sharded}, compute dtype: {dtype})")
+    return runtime
+
+
+def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
+    """Load the HF model in fp32 and place it (sharded or not) on the runtime's device."""
+    model = AutoModelForCausalLM.from_pretrained(config.model.name, dtype=torch.float32)
+    model.config.use_cache = False
+    if config.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if runtime.sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
+        policy = MixedPrecisionPolicy(param_dtype=runtime.compute_dtype, reduce_dtype=torch.float32)
+        for layer in model.get_decoder().layers:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+    else:
+        model.to(runtime.device)
+    model.train()
+    return model
+
+
+def full_state_dict(model: nn.Module, runtime: Runtime) -> dict[str, torch.Tensor]:
+    """Unsharded parameters on CPU on rank 0 (empty elsewhere); a collective when sharded."""
+    if not runtime.sharded:
+        return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def all_reduce_sum(tensor: torch.Tensor, runtime: Runtime) -> torch.Tensor:
+    if runtime.sharded:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier(runtime: Runtime) -> None:
+    if runtime.sharded:
+        dist.barrier()
+
+
+def shutdown(runtime: Runtime) -> None:
+    if runtime.sharded and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,59 @@
+"""Weight hand-off: the trained policy as a plain HF directory the inference server reloads.
+
+Guarantee: `weights/step_<k>/` appears only complete (temp dir, fsync, rename) and holds HF
+safetensors with exactly the tensor names of the base checkpoint (tied weights left out as HF
+does), its config and its tokenizer, in the base checkpoint's dtype, so both
+`AutoModelForCausalLM.from_pretrained` and `POST /update_weights` take it as is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from loguru import logger
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+from envrl.atomic import atomic_dir
+from envrl.trainer.parallel import Runtime, barrier, full_state_dict
+
+
+def weights_dir(output_dir: Path, step: int) -> Path:
+    """Where policy `step` is published: `<output_dir>/weights/step_<step>/`."""
+    return Path(output_dir) / "weights" / f"step_{step}"
+
+
+def publish_weights(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    final: Path,
+    runtime: Runtime,
+    base_config: PretrainedConfig,
+) -> bool:
+    """Write the model to `final` (all ranks call this); False if `final` already existed.
+
+    An existing directory is kept, not replaced: after a resume it is the policy the inference
+    server may already be serving, and the orchestrator decides when weight dirs go away.
+    """
+    if final.exists():
+        logger.warning(f"{final} already exists (written before a resume); keeping it")
+        return False
+    state = full_state_dict(model, runtime)
+    if runtime.is_main:
+        dtype = export_dtype(base_config)
+        state = {name: tensor.to(dtype) for name, tensor in state.items()}
+        with atomic_dir(final) as tmp:
+            model.save_pretrained(tmp, state_dict=state)
+            base_config.save_pretrained(tmp)  # the live config says fp32 and use_cache=False
+            tokenizer.save_pretrained(tmp)
+    barrier(runtime)
+    return True
+
+
+def export_dtype(base_config: PretrainedConfig) -> torch.dtype:
+    """The dtype the base checkpoint was saved in (fp32 if it does not say)."""
+    dtype = getattr(base_config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32

@@ -1,0 +1,98 @@
+"""Each loss option against values worked out by hand on four tokens."""
+
+import math
+
+import torch
+
+from envrl.trainer.config import LossConfig
+from envrl.trainer.loss import policy_loss, token_logprobs
+
+E = math.exp
+# Four trained tokens: log-ratios +0.5, -0.5, +0.5, -0.5 with advantages 2, 1, -1, -0.5.
+INFERENCE = torch.tensor([-1.0, -1.0, -2.0, -2.0])
+ADVANTAGES = torch.tensor([2.0, 1.0, -1.0, -0.5])
+WEIGHTS = torch.full((4,), 0.25)
+ALL = torch.ones(4, dtype=torch.bool)
+
+
+def run(config: LossConfig, log_ratio: list[float], mask: torch.Tensor = ALL):
+    logprobs = (INFERENCE + torch.tensor(log_ratio)).requires_grad_()
+    loss, stats = policy_loss(logprobs, INFERENCE, ADVANTAGES, mask, WEIGHTS, config)
+    loss.backward()
+    return loss.item(), logprobs.grad.tolist(), stats
+
+
+def test_plain_importance_weighted_policy_gradient():
+    loss, grad, stats = run(LossConfig(ppo_clip=False), [0.5, -0.5, 0.5, -0.5])
+    per_token = [-E(0.5) * 2, -E(-0.5) * 1, E(0.5) * 1, E(-0.5) * 0.5]
+    assert math.isclose(loss, 0.25 * sum(per_token), rel_tol=1e-6)
+    # d(-r A w)/d logp = -r A w: the importance-weighted policy gradient.
+    assert all(math.isclose(g, 0.25 * t, rel_tol=1e-6) for g, t in zip(grad, per_token))
+    assert stats["clipped"].item() == 0
+
+
+def test_ppo_clip_takes_the_pessimistic_term_and_stops_gradient_outside_the_trust_region():
+    loss, grad, stats = run(LossConfig(ppo_clip=True, clip_low=0.2, clip_high=0.2), [0.5, -0.5, 0.5, -0.5])
+    # token 0: A>0, r=1.65 > 1.2 -> clipped to 1.2; token 3: A<0, r=0.61 < 0.8 -> clipped to 0.8.
+    expected = 0.25 * (-1.2 * 2 + -E(-0.5) * 1 + E(0.5) * 1 + 0.8 * 0.5)
+    assert math.isclose(loss, expected, rel_tol=1e-6)
+    assert grad[0] == 0.0 and grad[3] == 0.0
+    assert math.isclose(grad[1], -0.25 * E(-0.5), rel_tol=1e-6)
+    assert math.isclose(grad[2], 0.25 * E(0.5), rel_tol=1e-6)
+    assert stats["clipped"].item() == 2
+
+
+def test_asymmetric_clip_bounds():
+    loss, _, stats = run(LossConfig(ppo_clip=True, clip_low=0.5, clip_high=0.7), [0.5, -0.5, 0.5, -0.5])
+    # [0.5, 1.7] contains both ratios: nothing is clipped.
+    assert math.isclose(loss, 0.25 * (-E(0.5) * 2 - E(-0.5) + E(0.5) + E(-0.5) * 0.5), rel_tol=1e-6)
+    assert stats["clipped"].item() == 0
+
+
+def test_ratio_mask_drops_tokens_outside_the_bounds_without_renormalising():
+    config = LossConfig(ppo_clip=False, ratio_mask=True, mask_low=0.5, mask_high=2.0)
+    loss, grad, stats = run(config, [1.0, -1.0, 0.5, 0.0])
+    # r = 2.72 and 0.37 are outside [0.5, 2]: those tokens get no loss and no gradient.
+    assert math.isclose(loss, 0.25 * (E(0.5) * 1 + 1.0 * 0.5), rel_tol=1e-6)
+    assert grad[0] == 0.0 and grad[1] == 0.0 and grad[2] != 0.0
+    assert stats["masked"].item() == 2
+
+
+def test_kl_penalty_adds_k3_towards_the_inference_policy():
+    config = LossConfig(ppo_clip=False, kl_coef=0.1)
+    loss, grad, _ = run(config, [0.5, -0.5, 0.5, -0.5])
+    k3 = [E(-lr) - 1 + lr for lr in (0.5, -0.5, 0.5, -0.5)]
+    pg = [-E(0.5) * 2, -E(-0.5) * 1, E(0.5) * 1, E(-0.5) * 0.5]
+    assert math.isclose(loss, 0.25 * sum(p + 0.1 * k for p, k in zip(pg, k3)), rel_tol=1e-6)
+    # d k3 / d lr = 1 - exp(-lr): pushes logp down where it is above the inference logp.
+    assert math.isclose(grad[0], 0.25 * (pg[0] + 0.1 * (1 - E(-0.5))), rel_tol=1e-6)
+
+
+def test_masked_tokens_contribute_nothing_even_with_extreme_ratios():
+    mask = torch.tensor([True, False, False, True])
+    loss, grad, stats = run(LossConfig(ppo_clip=False, kl_coef=0.5), [0.0, 200.0, -200.0, 0.0], mask)
+    assert math.isclose(loss, 0.25 * (-2.0 + 0.5), rel_tol=1e-6)
+    assert all(math.isfinite(g) for g in grad) and grad[1] == 0.0 and grad[2] == 0.0
+    assert stats["loss_tokens"].item() == 2
+
+
+def test_mismatch_kl_statistic_is_the_k3_sum_over_trained_tokens():
+    _, _, stats = run(LossConfig(), [0.5, -0.5, 0.0, 0.0])
+    assert math.isclose(stats["mismatch_kl"].item(), (E(-0.5) - 0.5) + (E(0.5) - 1.5), rel_tol=1e-6)
+
+
+def test_token_logprobs_score_each_token_with_the_previous_position():
+    logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0], [5.0, 5.0]])
+    logprobs, entropy = token_logprobs(logits, torch.tensor([1, 0, 1]), temperature=1.0)
+    assert logprobs[0].item() == 0.0 and entropy[0].item() == 0.0
+    assert math.isclose(logprobs[1].item(), math.log(0.5), rel_tol=1e-6)
+    assert math.isclose(logprobs[2].item(), math.log(0.25), rel_tol=1e-6)
+    assert math.isclose(entropy[1].item(), math.log(2.0), rel_tol=1e-6)
+    assert math.isclose(entropy[2].item(), -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)), rel_tol=1e-6)
+
+
+def test_temperature_divides_the_logits():
+    logits = torch.tensor([[math.log(9.0), 0.0], [0.0, 0.0]])
+    logprobs, _ = token_logprobs(logits, torch.tensor([0, 0]), temperature=2.0)
+    # logits / 2 = [log 3, 0] -> p(token 0) = 3/4
+    assert math.isclose(logprobs[1].item(), math.log(0.75), rel_tol=1e-6)

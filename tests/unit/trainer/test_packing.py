@@ -1,0 +1,85 @@
+"""Packing: every sample exactly once, no attention across samples, batch-wide normalisation."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from envrl.samples import TrainingSample
+from envrl.tiny_model import DEFAULT_DIR
+from envrl.trainer.packing import PackingError, bins_first_fit, pack, packed_logits, shard
+from envrl.trainer.synthetic import synthetic_samples
+
+
+def sample(prompt: int, completion: int, first_id: int = 5) -> TrainingSample:
+    n = prompt + completion
+    return TrainingSample(
+        input_ids=list(range(first_id, first_id + n)),
+        loss_mask=[0] * prompt + [1] * completion,
+        inference_logprobs=[0.0] * prompt + [-1.0] * completion,
+        advantage=1.0,
+        env="e",
+        task_idx=0,
+        policy_step=0,
+    )
+
+
+def test_bins_respect_the_budget_and_hold_every_index_once():
+    lengths = [7, 3, 9, 1, 4, 4, 10, 2]
+    bins = bins_first_fit(lengths, max_tokens=10)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= 10 for b in bins)
+    assert len(bins) == 4  # 40 tokens in bins of 10: first-fit decreasing packs them tight
+
+
+def test_positions_restart_per_sample_and_first_tokens_are_not_trained():
+    micro_batches = pack([sample(2, 3), sample(1, 2, first_id=50)], max_tokens=16, normalize="token")
+    assert len(micro_batches) == 1
+    mb = micro_batches[0]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    assert mb.input_ids.tolist() == [[5, 6, 7, 8, 9, 50, 51, 52]]
+    assert mb.loss_mask.tolist() == [False, False, True, True, True, False, True, True]
+
+
+def test_token_normalisation_weights_each_loss_token_equally_across_micro_batches():
+    micro_batches = pack([sample(1, 2), sample(1, 4, first_id=40)], max_tokens=5, normalize="token")
+    assert len(micro_batches) == 2
+    weights = torch.cat([mb.weights[mb.loss_mask] for mb in micro_batches])
+    assert torch.allclose(weights, torch.full((6,), 1 / 6))
+
+
+def test_sequence_normalisation_averages_each_sample_then_the_samples():
+    micro_batches = pack([sample(1, 2), sample(1, 4, first_id=40)], max_tokens=16, normalize="sequence")
+    mb = micro_batches[0]
+    weights = mb.weights[mb.loss_mask].tolist()
+    # sorted longest first: the 4-token sample then the 2-token one
+    assert weights == pytest.approx([1 / 8] * 4 + [1 / 4] * 2)
+
+
+def test_samples_without_loss_tokens_are_left_out():
+    micro_batches = pack([sample(3, 0), sample(1, 2)], max_tokens=16, normalize="token")
+    assert sum(mb.num_samples for mb in micro_batches) == 1
+
+
+def test_a_sample_longer_than_the_budget_is_an_error_naming_it():
+    with pytest.raises(PackingError, match=r"sample 1 of rollouts/step_3 .* 12 tokens.*max_tokens = 10"):
+        pack([sample(1, 2), sample(4, 8)], max_tokens=10, normalize="token", where="rollouts/step_3")
+
+
+def test_every_rank_gets_the_same_number_of_micro_batches():
+    micro_batches = pack(synthetic_samples(7, seed=1), max_tokens=48, normalize="token")
+    shards = [shard(micro_batches, rank, 3, pad_token_id=0) for rank in range(3)]
+    assert len({len(s) for s in shards}) == 1
+    assert sum(mb.num_samples for s in shards for mb in s) == 7
+    assert all(not mb.loss_mask.any() for s in shards for mb in s if mb.num_samples == 0)
+
+
+def test_packed_forward_matches_separate_forwards():
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32).eval()
+    samples = synthetic_samples(3, seed=2)
+    (mb,) = pack(samples, max_tokens=4096, normalize="token")
+    with torch.no_grad():
+        packed = packed_logits(model, mb)
+        starts = (mb.position_ids[0] == 0).nonzero().flatten().tolist() + [mb.num_tokens]
+        for start, end in zip(starts, starts[1:]):
+            alone = model(input_ids=mb.input_ids[:, start:end]).logits[0]
+            assert torch.allclose(packed[start:end], alone, atol=1e-5)
