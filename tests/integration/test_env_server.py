@@ -1,0 +1,241 @@
+"""The env server over real sockets: every method, concurrency, misbehaving envs, dying workers, bad frames.
+
+One server (2 static workers x 4 rollouts, 4 queue slots, 2 s rollout timeout) is shared by the
+module; tests that kill or stop servers start their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from envrl.serve.client import EnvClient, EnvServerError
+from tests.integration.bad_envs import BEHAVIOURS, BURN, DIE, HANG, OK, RAISE, SLEEP
+from tests.integration.env_servers import SAMPLING, SCRIPTED, RunningServer, alive, running_env_server, wait_until
+
+POOL = '{"type": "static", "num_workers": 2, "multiplex": 4}'
+CAPACITY, MAX_QUEUED = 8, 4
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    args = ["--pool", POOL, "--max-queued", str(MAX_QUEUED), "--max-frame-bytes", "65536",
+            "--timeout", '{"rollout": 2, "kill_grace": 1}', "--env.args", '{"sleep": 0.5}']  # fmt: skip
+    with running_env_server(tmp_path_factory.mktemp("env-server"), *args) as running:
+        yield running
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def rollout(client: EnvClient, task_idx: int, **kwargs: Any) -> Any:
+    return await client.run_rollout(task_idx, client=SCRIPTED, sampling=SAMPLING, **kwargs)
+
+
+def pool_back_to(server: RunningServer, workers: int) -> None:
+    async def ready_workers() -> int:
+        async with EnvClient(server.address) as client:
+            return (await client.info()).workers
+
+    wait_until(lambda: run(ready_workers()) == workers and len(server.workers()) == workers, 20, f"{workers} workers ready")
+
+
+def test_health_and_info_describe_the_server(server: RunningServer) -> None:
+    async def go() -> None:
+        async with EnvClient(server.address) as client:
+            assert (await client.health()).status == "ok"
+            info = await client.info()
+            assert info.protocol_version == 1 and info.env_id == "bad_envs:load_environment"
+            assert (info.num_tasks, info.num_eval_tasks, info.group_scoring) == (len(BEHAVIOURS), 1, False)
+            assert (info.workers, info.capacity, info.max_queued, info.in_flight) == (2, CAPACITY, MAX_QUEUED, 0)
+
+    run(go())
+
+
+def test_run_rollout_and_run_group_return_scored_traces(server: RunningServer) -> None:
+    async def go() -> None:
+        async with EnvClient(server.address) as client:
+            trace = await rollout(client, OK)
+            assert (trace.task.idx, trace.reward, trace.error) == (OK, 1.0, None)
+            assert trace.turns[0].response["content"] == "hi"
+            group = await client.run_group(OK, 3, client=SCRIPTED, sampling=SAMPLING, seed=7)
+            assert [t.reward for t in group] == [1.0, 1.0, 1.0]
+            eval_trace = await rollout(client, 0, split="eval")
+            assert eval_trace.reward == 1.0
+
+    run(go())
+
+
+def test_many_concurrent_requests_on_one_socket_are_each_answered_by_id(server: RunningServer) -> None:
+    """Far more requests than capacity + queue: the client backs off on at_capacity; all finish."""
+
+    async def go() -> None:
+        async with EnvClient(server.address) as client:
+            ids = [OK, OK, OK, SLEEP] * 12
+            traces = await asyncio.gather(*(rollout(client, i) for i in ids))
+            assert [t.task.idx for t in traces] == ids
+            assert all(t.reward == 1.0 for t in traces)
+
+    run(go())
+
+
+def test_env_exception_comes_back_as_an_error_trace(server: RunningServer) -> None:
+    async def go() -> None:
+        async with EnvClient(server.address) as client:
+            trace = await rollout(client, RAISE)
+            assert trace.error is not None and trace.error.type == "RuntimeError"
+            assert "on purpose" in trace.error.message and trace.reward is None
+
+    run(go())
+
+
+def test_hanging_rollout_is_stopped_at_the_rollout_timeout(server: RunningServer) -> None:
+    async def go() -> None:
+        async with EnvClient(server.address) as client:
+            trace = await rollout(client, HANG)
+            assert trace.error is not None and trace.error.type == "timeout" and trace.is_truncated
+
+    run(go())
+
+
+def test_cpu_bound_rollout_gets_its_worker_killed_and_replaced(server: RunningServer) -> None:
+    async def go() -> tuple[Any, Any]:
+        async with EnvClient(server.address) as client:
+            return await asyncio.gather(rollout(client, BURN), rollout(client, OK))
+
+    stuck, fine = run(go())
+    assert stuck.error.type == "timeout" and "stuck" in stuck.error.message
+    assert fine.reward == 1.0
+    pool_back_to(server, 2)
+
+
+def test_cancel_stops_a_running_rollout_and_answers_it_cancelled(server: RunningServer) -> None:
+    async def go() -> None:
+        async with EnvClient(server.address) as client:
+            hanging = asyncio.ensure_future(rollout(client, HANG, request_id="hang-1"))
+            await asyncio.sleep(0.2)
+            assert (await client.info()).in_flight == 1
+            assert await client.cancel("hang-1") is True
+            with pytest.raises(EnvServerError) as raised:
+                await hanging
+            assert raised.value.type == "cancelled"
+            assert await client.cancel("hang-1") is False
+
+            abandoned = asyncio.ensure_future(rollout(client, HANG))
+            await asyncio.sleep(0.2)
+            abandoned.cancel()  # cancelling the awaiting task sends `cancel` to the server
+            for _ in range(100):
+                if (await client.info()).in_flight == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await client.info()).in_flight == 0
+
+    run(go())
+
+
+def test_sigkilled_worker_mid_rollout_its_requests_are_rerun_and_the_pool_refilled(server: RunningServer) -> None:
+    async def go() -> list[Any]:
+        async with EnvClient(server.address) as client:
+            pending = [asyncio.ensure_future(rollout(client, SLEEP)) for _ in range(CAPACITY)]
+            await asyncio.sleep(0.2)  # all running: 4 on each worker
+            os.kill(server.workers()[0], signal.SIGKILL)
+            return await asyncio.gather(*pending)
+
+    traces = run(go())
+    assert [t.reward for t in traces] == [1.0] * CAPACITY
+    pool_back_to(server, 2)
+
+
+def test_request_that_kills_every_worker_is_answered_worker_died(server: RunningServer) -> None:
+    async def go() -> Any:
+        async with EnvClient(server.address) as client:
+            return await rollout(client, DIE)
+
+    trace = run(go())
+    assert trace.error.type == "worker_died" and trace.task.idx == DIE
+    pool_back_to(server, 2)
+
+
+def raw_exchange(address: str, messages: list[list[bytes]]) -> list[dict[str, Any]]:
+    """Send raw multipart messages on a plain DEALER and return the decoded answers, in order."""
+    context = zmq.Context.instance()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+    dealer.connect(address)
+    try:
+        for frames in messages:
+            dealer.send_multipart(frames)
+        return [msgpack.unpackb(dealer.recv()) for _ in messages]
+    finally:
+        dealer.close()
+
+
+def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: RunningServer) -> None:
+    pack = msgpack.packb
+    cases = {
+        "not msgpack": ([b"\xc1\xc1\xc1"], "bad_request", None),
+        "not a map": ([pack([1, 2])], "bad_request", None),
+        "id not a string": ([pack({"id": 5, "method": "health"})], "bad_request", None),
+        "two frames": ([pack({"id": "a", "method": "health"}), b"x"], "bad_request", None),
+        "unknown method": ([pack({"id": "b", "method": "explode", "params": {}})], "unknown_method", "b"),
+        "missing task_idx": ([pack({"id": "c", "method": "run_rollout", "params": {}})], "bad_request", "c"),
+        "task out of range": ([pack({"id": "d", "method": "run_rollout", "params": {"task_idx": 99}})], "bad_request", "d"),
+        "bad sampling": (
+            [pack({"id": "e", "method": "run_rollout", "params": {"task_idx": 0, "client": SCRIPTED, "sampling": {}}})],
+            "bad_request",
+            "e",
+        ),
+        "oversized": ([pack({"id": "f", "method": "health", "params": {"pad": "x" * 70_000}})], "too_large", None),
+    }
+    answers = raw_exchange(server.address, [frames for frames, _, _ in cases.values()])
+    by_id = {a["id"]: a for a in answers if a["id"] is not None}
+    anonymous = [a for a in answers if a["id"] is None]
+    for name, (_, error_type, request_id) in cases.items():
+        if request_id is not None:
+            answer = by_id[request_id]
+            assert not answer["ok"] and answer["error"]["type"] == error_type, name
+    assert sorted(a["error"]["type"] for a in anonymous) == sorted(t for _, t, i in cases.values() if i is None)
+    assert "sampling.max_tokens" in by_id["e"]["error"]["message"]
+    assert raw_exchange(server.address, [[pack({"id": "g", "method": "health"})]])[0]["result"]["status"] == "ok"
+
+
+def test_requests_beyond_capacity_and_queue_get_at_capacity(server: RunningServer) -> None:
+    offered = 4 * (CAPACITY + MAX_QUEUED)
+    request = {"method": "run_rollout", "params": {"task_idx": SLEEP, "client": SCRIPTED, "sampling": SAMPLING}}
+    answers = raw_exchange(server.address, [[msgpack.packb({"id": str(i), **request})] for i in range(offered)])
+    rejected = [a for a in answers if not a["ok"]]
+    assert all(a["error"]["type"] == "at_capacity" for a in rejected)
+    assert len(answers) - len(rejected) == CAPACITY + MAX_QUEUED
+
+
+def test_a_server_that_dies_fails_pending_calls_fast_and_takes_its_workers_along(tmp_path: Path) -> None:
+    with running_env_server(tmp_path, "--pool", POOL) as server:
+        wait_until(lambda: len(server.workers()) == 2, 10, "two workers")
+        workers = server.workers()
+
+        async def go() -> float:
+            async with EnvClient(server.address, health_interval=0.2, dead_after=1.0) as client:
+                pending = asyncio.ensure_future(rollout(client, HANG))
+                await asyncio.sleep(0.3)
+                loop = asyncio.get_running_loop()
+                killed_at = loop.time()
+                server.child.kill()
+                with pytest.raises(EnvServerError) as raised:
+                    await pending
+                assert raised.value.type == "unavailable"
+                with pytest.raises(EnvServerError):  # new calls fail fast while it is gone
+                    await rollout(client, OK)
+                return loop.time() - killed_at
+
+        assert run(go()) < 3.0
+        wait_until(lambda: not any(alive(pid) for pid in workers), 5, "workers gone after their server was SIGKILLed")
