@@ -1,0 +1,1 @@
+"""The orchestrator: samples tasks, collects Traces from env servers, writes training batches."""

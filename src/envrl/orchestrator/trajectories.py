@@ -1,0 +1,116 @@
+"""Traces into masked token training samples.
+
+Guarantee: each sample is one token sequence whose turns extend one another; tokens the policy
+generated are trained (mask 1, with their inference logprobs) and everything else (the prompt,
+env and tool messages) is masked. A turn whose prompt does not extend the sequence so far starts
+a new sample: tokens are never spliced or re-tokenised to make them fit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from envrl.samples import TrainingSample
+from envrl.traces import Trace, Turn, TurnTokens
+
+UNKNOWN_LOGPROB = math.nan
+"""Inference logprob of a back-filled token: the behaviour policy's value is unknown, so the
+trainer treats such tokens as on-policy (importance ratio 1)."""
+
+
+class TokenBackfill:
+    """Gives token-less turns (a model behind a plain chat API) the tokens the student would see.
+
+    The prompt is rendered with the student's chat template and a generation prompt, then prompt
+    plus response without one; the completion is what follows their longest common prefix, cut
+    after the first end-of-sequence token (template text after it was never generated).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, turn: Turn) -> TurnTokens:
+        prompt_ids = self._render(turn.prompt, add_generation_prompt=True)
+        full_ids = self._render([*turn.prompt, turn.response], add_generation_prompt=False)
+        split = _common_prefix_len(prompt_ids, full_ids)
+        completion_ids = full_ids[split:]
+        eos = self.tokenizer.eos_token_id
+        if eos in completion_ids:
+            completion_ids = completion_ids[: completion_ids.index(eos) + 1]
+        return TurnTokens(
+            prompt_ids=full_ids[:split],
+            completion_ids=completion_ids,
+            completion_logprobs=[UNKNOWN_LOGPROB] * len(completion_ids),
+        )
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        return list(self.tokenizer.encode(rendered, add_special_tokens=False))
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _SampleBuilder:
+    def __init__(self) -> None:
+        self.input_ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.logprobs: list[float] = []
+
+    def extends(self, prompt_ids: list[int]) -> bool:
+        return prompt_ids[: len(self.input_ids)] == self.input_ids
+
+    def add(self, tokens: TurnTokens) -> None:
+        context = tokens.prompt_ids[len(self.input_ids) :]
+        self.input_ids += context + tokens.completion_ids
+        self.loss_mask += [0] * len(context) + [1] * len(tokens.completion_ids)
+        self.logprobs += [0.0] * len(context) + list(tokens.completion_logprobs)
+
+
+def trace_to_samples(
+    trace: Trace,
+    *,
+    advantage: float,
+    env: str,
+    policy_step: int,
+    backfill: TokenBackfill | None = None,
+) -> list[TrainingSample]:
+    """One sample per branch (more if a branch's turns stop extending one another).
+
+    Raises ValueError for a token-less turn when no `backfill` is given. Samples with no
+    generated token are left out: they would train nothing.
+    """
+    builders: list[_SampleBuilder] = []
+    for branch in trace.branches:
+        builder = _SampleBuilder()
+        builders.append(builder)
+        for turn in branch.turns:
+            tokens = turn.tokens
+            if tokens is None:
+                if backfill is None:
+                    raise ValueError(f"task {trace.task.idx} of env {env!r} has a turn without tokens and no back-fill tokenizer")
+                tokens = backfill(turn)
+            if not builder.extends(tokens.prompt_ids):
+                builder = _SampleBuilder()
+                builders.append(builder)
+            builder.add(tokens)
+    return [
+        TrainingSample(
+            input_ids=b.input_ids,
+            loss_mask=b.loss_mask,
+            inference_logprobs=b.logprobs,
+            advantage=advantage,
+            env=env,
+            task_idx=trace.task.idx,
+            policy_step=policy_step,
+        )
+        for b in builders
+        if any(b.loss_mask)
+    ]
