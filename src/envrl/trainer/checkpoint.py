@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,14 @@ def list_checkpoints(output_dir: Path) -> list[int]:
     if not root.is_dir():
         return []
     return sorted(int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir())
+
+
+@contextmanager
+def _single_process_ok() -> Iterator[None]:
+    """DCP warns about running without a process group; for the one-process CPU trainer that is the plan."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _rng_file(rank: int) -> str:
@@ -65,7 +76,8 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     barrier(runtime)
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp, no_dist=not runtime.sharded)
+    with _single_process_ok():
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp, no_dist=not runtime.sharded)
     torch.save(_rng_state(), tmp / _rng_file(runtime.rank))
     if runtime.is_main:
         torch.save({"step": step, "scheduler": scheduler.state_dict(), "world_size": runtime.world_size}, tmp / TRAINER_STATE)
@@ -103,7 +115,8 @@ def load_checkpoint(
         )
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=path, no_dist=not runtime.sharded)
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=path, no_dist=not runtime.sharded)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     scheduler.load_state_dict(meta["scheduler"])
     rng = torch.load(path / _rng_file(runtime.rank), weights_only=True)

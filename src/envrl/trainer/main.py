@@ -6,6 +6,7 @@ after logging one error line that says which step and file went wrong.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -13,7 +14,7 @@ import transformers
 from loguru import logger
 
 from envrl.config import load_config
-from envrl.log import setup_logging
+from envrl.log import LogConfig, setup_logging
 from envrl.samples import BatchError
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer, TrainingError
@@ -25,7 +26,11 @@ EXPECTED_FAILURES = (TrainingError, BatchError, PackingError, FileNotFoundError)
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(TrainerConfig, argv, prog="trainer")
-    setup_logging(config.log, process="trainer")
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        setup_logging(config.log, process="trainer")
+    else:  # rank 0 speaks for the run; the others only report trouble, to the console
+        setup_logging(LogConfig(level="WARNING"), process=f"trainer[{rank}]")
     transformers.utils.logging.disable_progress_bar()  # tqdm bars make unreadable log files
     runtime = None
     try:

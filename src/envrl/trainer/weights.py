@@ -42,13 +42,28 @@ def publish_weights(
     state = full_state_dict(model, runtime)
     if runtime.is_main:
         dtype = export_dtype(base_config)
-        state = {name: tensor.to(dtype) for name, tensor in state.items()}
+        state = _realias_tied(model, {name: tensor.to(dtype) for name, tensor in state.items()})
         with atomic_dir(final) as tmp:
             model.save_pretrained(tmp, state_dict=state)
             base_config.save_pretrained(tmp)  # the live config says fp32 and use_cache=False
             tokenizer.save_pretrained(tmp)
     barrier(runtime)
     return True
+
+
+def _realias_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Make tied parameters (e.g. lm_head and embed_tokens) one tensor object again.
+
+    Gathering FSDP shards or casting copies them apart, and HF's save_pretrained recognises tied
+    weights by shared storage: without this the file would hold an extra `lm_head.weight` that
+    the base checkpoint (and so the inference server) does not have.
+    """
+    canonical: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        first = canonical.setdefault(id(param), name)
+        if first != name and first in state and name in state:
+            state[name] = state[first]
+    return state
 
 
 def export_dtype(base_config: PretrainedConfig) -> torch.dtype:

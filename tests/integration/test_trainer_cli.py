@@ -1,0 +1,66 @@
+"""The `trainer` entry point as a real process on hand-made batch files (CPU, tiny model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from envrl.samples import BATCH_FILE, batch_dir, write_batch
+from envrl.tiny_model import DEFAULT_DIR
+from envrl.trainer.synthetic import synthetic_samples
+
+TRAINER = str(Path(sys.executable).parent / "trainer")
+TIMEOUT_S = 240
+
+
+def run_trainer(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `trainer` to completion; its whole process group is killed if it outlives the timeout."""
+    proc = subprocess.Popen(
+        [TRAINER, "--config", str(config), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def test_trainer_learns_publishes_resumes_and_names_a_corrupt_batch(tmp_path):
+    out = tmp_path / "run"
+    for step in range(5):
+        write_batch(out, step, synthetic_samples(6, policy_step=step, seed=7))
+    config = tmp_path / "trainer.toml"
+    config.write_text(
+        f'output_dir = "{out}"\nmax_steps = 3\nmax_tokens = 128\n'
+        f'[model]\nname = "{DEFAULT_DIR}"\n[optim]\nlr = 3e-3\n[loss]\nppo_clip = false\n'
+        '[ckpt]\ninterval = 1\nkeep = 1\n[wandb]\nmode = "disabled"\n'
+    )
+
+    first = run_trainer(config)
+    assert first.returncode == 0, first.stdout
+    losses = [json.loads(line)["trainer/loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 3 and losses[2] < losses[1] < losses[0], losses
+    reloaded = AutoModelForCausalLM.from_pretrained(out / "weights" / "step_3", dtype=torch.float32)
+    assert reloaded(torch.tensor([[1, 5, 9]])).logits.isfinite().all()
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_3"]
+
+    corrupt = batch_dir(out, 4) / BATCH_FILE
+    corrupt.write_bytes(corrupt.read_bytes()[:100])
+    second = run_trainer(config, "--resume", "--max-steps", "5")
+    assert second.returncode == 1, second.stdout
+    assert f"resumed from {out}/checkpoints/step_3" in second.stdout
+    assert (out / "weights" / "step_4").is_dir() and not (out / "weights" / "step_5").exists()
+    assert f"trainer stopped: batch file {corrupt} is not valid msgpack" in second.stdout

@@ -1,0 +1,79 @@
+"""The orchestrator -> trainer batch files: exact round trip, atomic, corruption named by path."""
+
+import msgpack
+import pytest
+
+from envrl.atomic import atomic_dir
+from envrl.samples import BATCH_FILE, BatchError, TrainingSample, batch_dir, read_batch, write_batch
+from envrl.trainer.synthetic import synthetic_samples
+
+
+def test_batch_round_trips_exactly(tmp_path):
+    samples = synthetic_samples(5, seed=3, policy_step=2)
+    n = len(samples[0].input_ids)  # floats that float32 could not hold must survive too
+    samples[0] = samples[0].model_copy(
+        update={"loss_mask": [0] + [1] * (n - 1), "inference_logprobs": [0.0] + [-0.1 / 3] * (n - 1), "advantage": 1 / 3}
+    )
+    path = write_batch(tmp_path, 2, samples)
+    assert path == tmp_path / "rollouts" / "step_2" == batch_dir(tmp_path, 2)
+    assert read_batch(path) == samples
+
+
+def test_empty_batch_round_trips(tmp_path):
+    assert read_batch(write_batch(tmp_path, 0, [])) == []
+
+
+def test_batch_dir_appears_only_complete_and_leaves_no_temp_behind(tmp_path):
+    write_batch(tmp_path, 0, synthetic_samples(2))
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["step_0"]
+    assert [p.name for p in batch_dir(tmp_path, 0).iterdir()] == [BATCH_FILE]
+
+
+def test_writing_a_step_twice_is_refused(tmp_path):
+    write_batch(tmp_path, 1, synthetic_samples(2))
+    with pytest.raises(FileExistsError, match="step_1"):
+        write_batch(tmp_path, 1, synthetic_samples(3))
+    assert len(read_batch(batch_dir(tmp_path, 1))) == 2
+
+
+def test_a_write_that_fails_midway_publishes_nothing(tmp_path):
+    final = tmp_path / "rollouts" / "step_0"
+    with pytest.raises(OSError, match="disk full"):
+        with atomic_dir(final) as tmp:
+            (tmp / BATCH_FILE).write_bytes(b"half")
+            raise OSError("disk full")
+    assert list((tmp_path / "rollouts").iterdir()) == []
+
+
+def test_truncated_batch_file_is_reported_with_its_path(tmp_path):
+    path = write_batch(tmp_path, 0, synthetic_samples(4))
+    file = path / BATCH_FILE
+    file.write_bytes(file.read_bytes()[:-20])
+    with pytest.raises(BatchError, match=f"{file}.*truncated or corrupt"):
+        read_batch(path)
+
+
+def test_flipped_token_bytes_fail_the_checksum(tmp_path):
+    path = write_batch(tmp_path, 0, synthetic_samples(4))
+    payload = msgpack.unpackb((path / BATCH_FILE).read_bytes())
+    ids = bytearray(payload["input_ids"])
+    ids[5] ^= 0xFF
+    payload["input_ids"] = bytes(ids)
+    (path / BATCH_FILE).write_bytes(msgpack.packb(payload))
+    with pytest.raises(BatchError, match="checksum mismatch"):
+        read_batch(path)
+
+
+def test_invalid_sample_in_a_batch_names_the_sample(tmp_path):
+    path = write_batch(tmp_path, 0, synthetic_samples(3))
+    payload = msgpack.unpackb((path / BATCH_FILE).read_bytes())
+    payload["task_idx"][2] = "seven"
+    (path / BATCH_FILE).write_bytes(msgpack.packb(payload))
+    with pytest.raises(BatchError, match=r"sample 2: task_idx"):
+        read_batch(path)
+
+
+def test_missing_batch_file_is_reported_with_its_path(tmp_path):
+    (tmp_path / "rollouts" / "step_0").mkdir(parents=True)
+    with pytest.raises(BatchError, match=f"cannot read batch file {tmp_path}/rollouts/step_0/{BATCH_FILE}"):
+        read_batch(batch_dir(tmp_path, 0))

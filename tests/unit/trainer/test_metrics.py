@@ -1,0 +1,37 @@
+"""The metrics sink: one JSON line per log call, mirrored to an offline wandb run."""
+
+import json
+
+from envrl.metrics import MetricsSink, WandbConfig
+
+
+def test_each_log_call_appends_one_json_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    sink = MetricsSink(path, WandbConfig(mode="disabled"), process="trainer", output_dir=tmp_path)
+    sink.log(0, {"trainer/loss": 0.5, "trainer/grad_norm": float("nan")})
+    sink.log(1, {"trainer/loss": 0.25})
+    sink.close()
+    other = MetricsSink(path, WandbConfig(mode="disabled"), process="orchestrator", output_dir=tmp_path)
+    other.log(1, {"orchestrator/reward": 1.0})
+    other.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 1]
+    assert lines[0]["trainer/loss"] == 0.5 and lines[0]["trainer/grad_norm"] == "nan"
+    assert lines[2]["orchestrator/reward"] == 1.0 and "time" in lines[2]
+
+
+def test_offline_wandb_run_is_written_under_the_output_dir(tmp_path, monkeypatch):
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    sink = MetricsSink(
+        tmp_path / "metrics.jsonl",
+        WandbConfig(mode="offline", dir=tmp_path / "run"),
+        process="trainer",
+        output_dir=tmp_path,
+        config={"lr": 1e-3},
+    )
+    sink.log(0, {"trainer/loss": 0.5})
+    sink.close()
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))

@@ -1,0 +1,155 @@
+"""The training loop in-process on the tiny model: learning, hand-off, resume, and failures."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from envrl.config import resolve_config
+from envrl.samples import BATCH_FILE, BatchError, batch_dir, write_batch
+from envrl.tiny_model import DEFAULT_DIR
+from envrl.trainer.checkpoint import list_checkpoints
+from envrl.trainer.config import OptimConfig, TrainerConfig
+from envrl.trainer.loop import Trainer, TrainingError, lr_factor
+from envrl.trainer.parallel import init_runtime
+from envrl.trainer.synthetic import synthetic_samples
+from envrl.trainer.weights import publish_weights
+
+
+def make_trainer(tmp_path, **overrides) -> Trainer:
+    base = {
+        "model": {"name": str(DEFAULT_DIR)},
+        "output_dir": str(tmp_path),
+        "max_tokens": 128,
+        "batch_timeout_s": 30,
+        "optim": {"lr": 3e-3},
+        "wandb": {"mode": "disabled"},
+    }
+    config = resolve_config(TrainerConfig, base=base, overrides=[(k, json.dumps(v)) for k, v in overrides.items()])
+    return Trainer(config, init_runtime(config))
+
+
+def write_batches(tmp_path, steps: int, seed: int = 0) -> None:
+    """The same samples for every step (a fixed batch), tagged with the step's own policy."""
+    for step in range(steps):
+        write_batch(tmp_path, step, synthetic_samples(6, policy_step=step, seed=seed))
+
+
+def metric_lines(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_loss_goes_down_on_a_fixed_batch(tmp_path):
+    trainer = make_trainer(tmp_path, **{"loss.ppo_clip": False})
+    samples = synthetic_samples(6, seed=4)
+    losses = [trainer.train_on(0, samples, where="fixed")["loss"] for _ in range(5)]
+    assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
+
+
+def test_published_weights_reload_in_transformers_with_the_base_tensor_names(tmp_path):
+    write_batches(tmp_path, 1)
+    trainer = make_trainer(tmp_path, max_steps=1)
+    trainer.run()
+    published = tmp_path / "weights" / "step_1"
+    with safe_open(DEFAULT_DIR / "model.safetensors", "pt") as base, safe_open(published / "model.safetensors", "pt") as new:
+        assert sorted(new.keys()) == sorted(base.keys())
+    reloaded = AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32)
+    trained = trainer.model.state_dict()
+    assert all(torch.equal(tensor, trained[name]) for name, tensor in reloaded.state_dict().items())
+    assert not torch.equal(reloaded.model.norm.weight, load_file(DEFAULT_DIR / "model.safetensors")["model.norm.weight"])
+    assert AutoTokenizer.from_pretrained(published).chat_template == AutoTokenizer.from_pretrained(DEFAULT_DIR).chat_template
+    assert not list((tmp_path / "weights").glob(".*"))  # no temp dirs left behind
+
+
+def test_resume_continues_bit_for_bit(tmp_path):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    for out in (straight, interrupted):
+        write_batches(out, 3)
+    make_trainer(straight, max_steps=3).run()
+    make_trainer(interrupted, max_steps=2, **{"ckpt.interval": 1}).run()
+    make_trainer(interrupted, max_steps=3, resume=True).run()
+    assert [m["step"] for m in metric_lines(interrupted)] == [0, 1, 2]
+    want, got = metric_lines(straight)[2], metric_lines(interrupted)[2]
+    assert (got["trainer/loss"], got["trainer/grad_norm"]) == (want["trainer/loss"], want["trainer/grad_norm"])
+    final_straight = load_file(straight / "weights" / "step_3" / "model.safetensors")
+    final_resumed = load_file(interrupted / "weights" / "step_3" / "model.safetensors")
+    assert all(torch.equal(final_straight[name], final_resumed[name]) for name in final_straight)
+
+
+def test_checkpoints_keep_only_the_newest(tmp_path):
+    write_batches(tmp_path, 3)
+    make_trainer(tmp_path, max_steps=3, **{"ckpt.interval": 1, "ckpt.keep": 2}).run()
+    assert list_checkpoints(tmp_path) == [2, 3]
+    assert not list((tmp_path / "checkpoints").glob(".*"))
+
+
+def test_resume_step_that_does_not_exist_names_what_does(tmp_path):
+    write_batches(tmp_path, 1)
+    make_trainer(tmp_path, max_steps=1, **{"ckpt.interval": 1}).run()
+    with pytest.raises(FileNotFoundError, match=r"checkpoints/step_5 .*steps: \[1\]"):
+        make_trainer(tmp_path, max_steps=6, **{"ckpt.resume_step": 5}).start_step()
+
+
+def test_nan_loss_stops_the_run_naming_the_step_before_the_optimizer_step(tmp_path):
+    write_batches(tmp_path, 1)
+    samples = synthetic_samples(4, policy_step=1)
+    samples[1] = samples[1].model_copy(update={"advantage": math.nan})
+    write_batch(tmp_path, 1, samples)
+    trainer = make_trainer(tmp_path, max_steps=2)
+    with pytest.raises(TrainingError, match=r"step 1: loss is nan .*rollouts/step_1"):
+        trainer.run()
+    assert not (tmp_path / "weights" / "step_2").exists()
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_corrupt_batch_is_reported_with_its_path(tmp_path):
+    write_batches(tmp_path, 1)
+    file = batch_dir(tmp_path, 0) / BATCH_FILE
+    file.write_bytes(file.read_bytes()[: len(file.read_bytes()) // 2])
+    with pytest.raises(BatchError, match=str(file)):
+        make_trainer(tmp_path, max_steps=1).run()
+
+
+def test_missing_batch_times_out_naming_the_directory(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=1, batch_timeout_s=0.3, batch_poll_s=0.05)
+    with pytest.raises(TrainingError, match=r"no batch at .*rollouts/step_0 after"):
+        trainer.run()
+
+
+def test_samples_older_than_max_async_level_are_refused(tmp_path):
+    trainer = make_trainer(tmp_path, max_async_level=1)
+    with pytest.raises(TrainingError, match=r"step 3: .*from policy 1, outside \[2, 3\]"):
+        trainer.train_on(3, synthetic_samples(2, policy_step=1), where="rollouts/step_3")
+
+
+def test_step_metrics_cover_the_issue_list(tmp_path):
+    write_batches(tmp_path, 1)
+    make_trainer(tmp_path, max_steps=1, **{"loss.ratio_mask": True}).run()
+    (line,) = metric_lines(tmp_path)
+    for key in ("loss", "entropy", "mismatch_kl", "clip_frac", "mask_frac", "grad_norm", "tokens_per_s", "step_time_s", "peak_mem_gib"):
+        assert math.isfinite(line[f"trainer/{key}"]), key
+    assert line["trainer/samples"] == 6 and line["trainer/entropy"] > 0
+
+
+def test_lr_schedule_warms_up_then_follows_the_cosine():
+    optim = OptimConfig(warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)
+    factors = [lr_factor(step, optim, max_steps=6) for step in range(6)]
+    assert factors[:3] == [0.5, 1.0, 1.0]
+    assert factors[4] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_factor(1, OptimConfig(schedule="constant"), max_steps=6) == 1.0
+
+
+def test_weights_are_published_in_the_base_checkpoint_dtype_without_tied_copies(tmp_path):
+    trainer = make_trainer(tmp_path)
+    trainer.base_config.dtype = torch.bfloat16  # as for a bf16 checkpoint such as Qwen3
+    target = tmp_path / "weights" / "step_1"
+    assert publish_weights(trainer.model, trainer.tokenizer, target, trainer.runtime, trainer.base_config)
+    with safe_open(target / "model.safetensors", "pt") as new, safe_open(DEFAULT_DIR / "model.safetensors", "pt") as base:
+        assert sorted(new.keys()) == sorted(base.keys())
+        assert new.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16
+    assert json.loads((target / "config.json").read_text())["dtype"] == "bfloat16"
+    assert not publish_weights(trainer.model, trainer.tokenizer, target, trainer.runtime, trainer.base_config)
