@@ -66,3 +66,15 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace the file `path` with `text` so that readers see the old or the new content, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(path)
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)

@@ -1,0 +1,185 @@
+"""The orchestrator's view of its environments: one env server each, spawned or external.
+
+Guarantee: a rollout call on an `Env` always returns Traces (re-run up to `max_retries` times
+while they come back with errors; a server that stays unreachable becomes error Traces, never an
+exception), and a sidecar server an `Env` spawned is stopped by `shutdown()` or, at the latest,
+at interpreter exit. The orchestrator never imports environment code: it only talks to servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import random
+import sys
+from pathlib import Path
+from typing import Literal
+
+from loguru import logger
+
+from envrl.envs.model_client import ClientConfig, SamplingArgs
+from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingConfig
+from envrl.process import Child, config_argv, spawn_sidecar
+from envrl.serve.client import EnvClient, EnvServerError
+from envrl.serve.config import EnvServerConfig, EnvSpec
+from envrl.traces import Error, Trace, WireTask
+
+Split = Literal["train", "eval"]
+
+CLIENT_SLACK = 30.0
+"""Seconds a client waits beyond the server's own rollout deadline before giving up on a call."""
+
+
+class Env:
+    """One environment behind its env server, with this run's client and sampling args."""
+
+    def __init__(
+        self,
+        config: EnvConfig,
+        *,
+        split: Split,
+        client: ClientConfig,
+        sampling: SamplingConfig,
+        log_dir: Path,
+        ready_timeout: float,
+    ) -> None:
+        self.config = config
+        self.name = config.resolved_name
+        self.split = split
+        self.client_config = client
+        self.sampling: SamplingArgs = config.sampling_args(sampling)
+        self.log_file = log_dir / f"{self.name}.log"
+        self.ready_timeout = ready_timeout
+        self.num_tasks = 0
+        self.group_scoring = False
+        self._child: Child | None = None
+        self._client: EnvClient | None = None
+
+    @property
+    def address(self) -> str:
+        if self._client is None:
+            raise RuntimeError(f"env {self.name!r} is not started")
+        return self._client.address
+
+    async def start(self) -> None:
+        """Connect to the configured address, or spawn a sidecar server first; then read its info."""
+        address = self.config.address
+        if address is None:
+            self._child, address = await asyncio.to_thread(self._spawn)
+            atexit.register(self._child.stop, 5.0)
+            logger.info(f"{self.split} env {self.name!r}: spawned env server at {address} (log: {self.log_file})")
+        timeout = self.config.timeout.rollout
+        self._client = EnvClient(address, timeout=None if timeout is None else timeout + self.config.timeout.kill_grace + CLIENT_SLACK)
+        info = await self._client.wait_until_ready(self.ready_timeout)
+        self.num_tasks = info.num_tasks if self.split == "train" else info.num_eval_tasks
+        self.group_scoring = info.group_scoring
+        if self.num_tasks == 0:
+            raise RuntimeError(f"{self.split} env {self.name!r} at {address} has no {self.split} tasks")
+        logger.info(
+            f"{self.split} env {self.name!r} ready at {address}: {self.num_tasks} tasks, "
+            f"{'group' if self.group_scoring else 'per-rollout'} scoring, {info.workers} workers"
+        )
+
+    def _spawn(self) -> tuple[Child, str]:
+        server = EnvServerConfig(
+            env=EnvSpec(id=self.config.id, args=self.config.args),
+            address="tcp://127.0.0.1:0",
+            pool=self.config.pool,
+            timeout=self.config.timeout,
+            log_file=self.log_file,
+        )
+        argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
+        return spawn_sidecar(argv, name=f"env server {self.name!r}", log_file=self.log_file, ready_timeout=self.ready_timeout)
+
+    async def shutdown(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        if self._child is not None:
+            child, self._child = self._child, None
+            await asyncio.to_thread(child.stop, 10.0)
+            atexit.unregister(child.stop)
+
+    async def run_group(self, task_idx: int, n: int, seed: int) -> list[Trace]:
+        """`n` rollouts of one task: one group call for group-scored envs, else `n` rollout calls."""
+        if self.group_scoring:
+            return await self._with_retries(task_idx, lambda: self._call_group(task_idx, n, seed))
+        singles = [self._with_retries(task_idx, lambda i=i: self._call_one(task_idx, seed + i)) for i in range(n)]
+        return [trace for traces in await asyncio.gather(*singles) for trace in traces]
+
+    async def _call_group(self, task_idx: int, n: int, seed: int) -> list[Trace]:
+        assert self._client is not None
+        return await self._client.run_group(
+            task_idx, n, client=self.client_config, sampling=self.sampling, split=self.split, seed=seed
+        )
+
+    async def _call_one(self, task_idx: int, seed: int) -> list[Trace]:
+        assert self._client is not None
+        trace = await self._client.run_rollout(
+            task_idx, client=self.client_config, sampling=self.sampling, split=self.split, seed=seed
+        )
+        return [trace]
+
+    async def _with_retries(self, task_idx: int, call) -> list[Trace]:
+        traces: list[Trace] = []
+        for attempt in range(self.config.max_retries + 1):
+            try:
+                traces = await call()
+            except EnvServerError as e:
+                traces = [Trace.from_error(WireTask(idx=task_idx), Error(type=e.type, message=str(e)))]
+            if not any(t.has_error for t in traces):
+                return traces
+            if attempt < self.config.max_retries:
+                first = next(t.error for t in traces if t.error is not None)
+                logger.debug(f"env {self.name!r} task {task_idx}: retry {attempt + 1} after {first.type}: {first.message[:200]}")
+        return traces
+
+
+class TrainEnvs:
+    """The train envs: picks an env by ratio and a task by a seeded per-epoch shuffle."""
+
+    def __init__(self, envs: list[Env], seed: int) -> None:
+        self.envs = envs
+        self.seed = seed
+        self.positions: dict[str, int] = {env.name: 0 for env in envs}
+        """Tasks drawn so far per env (across epochs); with the seed, all the sampling state."""
+        self._orders: dict[str, tuple[int, list[int]]] = {}
+
+    def shares(self) -> dict[str, float]:
+        """Target share of rollouts per env: configured ratios, or task counts if none are set."""
+        weights = {env.name: env.config.ratio if env.config.ratio is not None else float(env.num_tasks) for env in self.envs}
+        total = sum(weights.values())
+        return {name: w / total for name, w in weights.items()}
+
+    def pick(self, rng: random.Random) -> Env:
+        shares = self.shares()
+        return rng.choices(self.envs, weights=[shares[env.name] for env in self.envs])[0]
+
+    def next_task(self, env: Env) -> int:
+        """The next task index of `env`: every task once per epoch, in a seeded shuffled order."""
+        position = self.positions[env.name]
+        epoch, offset = divmod(position, env.num_tasks)
+        cached_epoch, order = self._orders.get(env.name, (-1, []))
+        if cached_epoch != epoch:
+            order = list(range(env.num_tasks))
+            random.Random(f"{self.seed}/{env.name}/{epoch}").shuffle(order)
+            self._orders[env.name] = (epoch, order)
+        self.positions[env.name] = position + 1
+        return order[offset]
+
+
+class EvalEnvs:
+    """The eval envs, each with its own schedule (`interval`, `at_start`)."""
+
+    def __init__(self, envs: list[Env]) -> None:
+        self.envs = envs
+
+    def due(self, step: int) -> list[Env]:
+        """Envs to evaluate before training step `step` (step 0: those marked `at_start`)."""
+        out = []
+        for env in self.envs:
+            config = env.config
+            assert isinstance(config, EvalEnvConfig)
+            if (step == 0 and config.at_start) or (step > 0 and step % config.interval == 0):
+                out.append(env)
+        return out

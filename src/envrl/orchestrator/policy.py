@@ -1,0 +1,78 @@
+"""Which policy the inference server serves, and keeping it within the async bound.
+
+Guarantee: `ensure(step)` returns only once the server serves a policy >= step - max_async_level
+(loading the newest published weights whenever there are newer ones), or raises after
+`timeout` naming the weights it waited for. Weight directories are deleted only once the server
+serves a newer policy, keeping the `keep` most recent ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+
+from loguru import logger
+
+from envrl.inference.client import InferenceClient
+from envrl.layout import published_steps, weights_dir
+
+POLL_INTERVAL = 0.5
+
+
+class PolicyTracker:
+    def __init__(
+        self,
+        inference: InferenceClient,
+        output_dir: Path,
+        *,
+        max_async_level: int,
+        timeout: float,
+        keep: int,
+        current: int = 0,
+    ) -> None:
+        self.inference = inference
+        self.output_dir = output_dir
+        self.max_async_level = max_async_level
+        self.timeout = timeout
+        self.keep = keep
+        self.current = current
+        """The policy the inference server serves (0: the initial model)."""
+        self.waited = 0.0
+        """Seconds spent waiting for the trainer in the last `ensure` call."""
+
+    def latest_published(self) -> int:
+        steps = published_steps(self.output_dir / "weights")
+        return steps[-1] if steps else 0
+
+    async def ensure(self, step: int) -> None:
+        """Serve the newest published policy; wait for the trainer if it is below the bound."""
+        required = step - self.max_async_level
+        start = time.monotonic()
+        next_report = start + 30.0
+        while self.latest_published() < required:
+            now = time.monotonic()
+            if now - start > self.timeout:
+                raise TimeoutError(
+                    f"waited {self.timeout:g} s (weights_timeout) for {weights_dir(self.output_dir, required)}; "
+                    "is the trainer running and reading the batches?"
+                )
+            if now >= next_report:
+                logger.info(f"step {step}: waiting for the trainer to publish policy {required} ({now - start:.0f} s)")
+                next_report = now + 30.0
+            await asyncio.sleep(POLL_INTERVAL)
+        self.waited = time.monotonic() - start
+        latest = self.latest_published()
+        if latest > self.current:
+            await self._load(latest)
+
+    async def _load(self, step: int) -> None:
+        path = weights_dir(self.output_dir, step)
+        start = time.monotonic()
+        await self.inference.update_weights(path)
+        logger.info(f"inference now serves policy {step} (reload took {time.monotonic() - start:.1f} s)")
+        self.current = step
+        for old in published_steps(self.output_dir / "weights"):
+            if old <= step - self.keep:
+                shutil.rmtree(weights_dir(self.output_dir, old), ignore_errors=True)

@@ -1,0 +1,48 @@
+"""Per-env numbers of a step's rollouts (train) or of an evaluation, as flat metric dicts.
+
+Guarantee: every rate is over all rollouts of that env, errored ones included; reward and
+length statistics are over the rollouts without errors only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from statistics import fmean
+
+from envrl.traces import Trace
+
+
+def _mean(values: Sequence[float]) -> float:
+    return fmean(values) if values else 0.0
+
+
+def rollout_metrics(prefix: str, traces: Sequence[Trace]) -> dict[str, float]:
+    """Reward, error/truncation rates, lengths and timings of one env's rollouts under `prefix/`."""
+    good = [t for t in traces if not t.has_error and t.reward is not None]
+    n = max(len(traces), 1)
+    metrics = {
+        "rollouts": float(len(traces)),
+        "reward": _mean([t.reward for t in good if t.reward is not None]),
+        "error_rate": sum(t.has_error for t in traces) / n,
+        "truncation_rate": sum(t.is_truncated for t in traces) / n,
+        "completion_len": _mean([float(t.completion_len) for t in good]),
+        "total_tokens": _mean([float(t.total_tokens) for t in good]),
+        "num_turns": _mean([float(t.num_turns) for t in good]),
+    }
+    for phase in ("generation", "scoring"):
+        spans = [getattr(t.timing, phase) for t in good]
+        metrics[f"time_{phase}"] = _mean([s.duration for s in spans if s is not None])
+    names = sorted({name for t in good for name in t.metrics})
+    for name in names:
+        metrics[f"metric/{name}"] = _mean([t.metrics[name] for t in good if name in t.metrics])
+    return {f"{prefix}/{key}": value for key, value in metrics.items()}
+
+
+def pass_at_k(groups: Sequence[Sequence[Trace]], threshold: float) -> dict[str, float]:
+    """pass@1 (mean over rollouts) and pass@k (any rollout of a task) with reward >= threshold."""
+    passed = [[t.reward is not None and t.reward >= threshold for t in group] for group in groups if group]
+    k = max((len(g) for g in passed), default=1)
+    return {
+        "pass@1": _mean([float(x) for g in passed for x in g]),
+        f"pass@{k}": _mean([float(any(g)) for g in passed]),
+    }

@@ -1,0 +1,52 @@
+"""Orchestrator config validation: ratios all-or-none, unique names and addresses, legacy pools."""
+
+import pytest
+
+from envrl.config import ConfigError, resolve_config
+from envrl.orchestrator.config import OrchestratorConfig
+from envrl.serve.config import StaticPoolConfig
+
+
+def resolve(**overrides: object) -> OrchestratorConfig:
+    import json
+
+    return resolve_config(OrchestratorConfig, overrides=[(k, json.dumps(v)) for k, v in overrides.items()])
+
+
+def test_ratios_on_some_train_envs_only_is_an_error_naming_them() -> None:
+    with pytest.raises(ConfigError, match=r"set `ratio` on every train env or on none; missing on \['b'\]"):
+        resolve(envs=[{"id": "a", "ratio": 1.0}, {"id": "b"}])
+
+
+def test_duplicate_env_names_are_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"env names must be unique; \['x'\]"):
+        resolve(envs=[{"id": "x"}, {"id": "y", "name": "x"}])
+
+
+def test_duplicate_addresses_are_an_error() -> None:
+    with pytest.raises(ConfigError, match="share the address tcp://127.0.0.1:5000"):
+        resolve(
+            envs=[{"id": "a", "address": "tcp://127.0.0.1:5000"}],
+            eval_envs=[{"id": "b", "address": "tcp://127.0.0.1:5000"}],
+        )
+
+
+def test_legacy_num_workers_means_a_static_pool() -> None:
+    config = resolve(envs=[{"id": "a", "num_workers": 3}])
+    assert isinstance(config.envs[0].pool, StaticPoolConfig) and config.envs[0].pool.num_workers == 3
+
+
+def test_batch_must_hold_whole_groups() -> None:
+    with pytest.raises(ConfigError, match="multiple of group_size"):
+        resolve(envs=[{"id": "a"}], batch_size=10, group_size=4)
+
+
+def test_env_sampling_overrides_single_keys_once() -> None:
+    config = resolve(envs=[{"id": "a", "sampling": {"temperature": 0.5}}], sampling={"max_tokens": 7})
+    args = config.envs[0].sampling_args(config.sampling)
+    assert (args.temperature, args.max_tokens) == (0.5, 7)
+
+
+def test_unknown_env_sampling_key_is_an_error_naming_the_env() -> None:
+    with pytest.raises(ConfigError, match=r"env 'a': unknown sampling keys \['temprature'\]"):
+        resolve(envs=[{"id": "a", "sampling": {"temprature": 0.5}}])
