@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import math
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,12 @@ class _Call:
         try:
             return self.fn(**self.kwargs)
         except Exception as e:
-            raise ScoringError(f"reward function {self.name!r} raised {type(e).__name__}: {e}") from e
+            raise _raised(self.name, e) from e
+
+
+def _raised(name: str, e: Exception) -> ScoringError:
+    message = f"reward function {name!r} raised {type(e).__name__}: {e}"
+    return ScoringError(message, traceback="".join(traceback.format_exception(e)))
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -180,7 +186,7 @@ class Rubric:
             try:
                 return await call.fn(**call.kwargs)
             except Exception as e:
-                raise ScoringError(f"reward function {call.name!r} raised {type(e).__name__}: {e}") from e
+                raise _raised(call.name, e) from e
 
         async def async_part() -> list[Any]:
             gathered = asyncio.gather(*(one_async(c) for c in async_calls))

@@ -1,0 +1,183 @@
+"""The rollout loop: turns and tokens recorded, stop conditions, branches, failures as error Traces."""
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from envrl.envs import Environment, ModelClient, ModelResponse, RolloutState, Rubric, SamplingArgs, ScriptedClient, ScriptedClientConfig
+from envrl.traces import Message, Task, Trace
+from tests.unit.envs.helpers import TINY_CHAT
+
+SAMPLING = SamplingArgs(max_tokens=16)
+
+
+class EchoTask(Task):
+    prompt: str
+
+
+TASKS = [EchoTask(idx=i, prompt=f"say {i}") for i in range(3)]
+
+
+class Nagging(Environment):
+    """Replies "again" until the model says "done"."""
+
+    async def env_response(self, state: RolloutState) -> list[Message]:
+        if "done" in state.completion:
+            state.stop("completed")
+            return []
+        return [{"role": "user", "content": "again"}]
+
+
+class Compacting(Nagging):
+    """Replaces the history by a summary before each new turn: the next turn cannot extend."""
+
+    async def env_response(self, state: RolloutState) -> list[Message]:
+        new = await super().env_response(state)
+        if new:
+            state.messages[:] = [{"role": "user", "content": f"summary of {len(state.messages)} messages"}]
+        return new
+
+
+def scripted(*replies: str, tokens: bool = True, **config: Any) -> ScriptedClient:
+    return ScriptedClient(ScriptedClientConfig(replies=list(replies), tokenizer=TINY_CHAT if tokens else None, **config))
+
+
+def run(env: Environment, client: ModelClient, **kwargs: Any) -> Trace:
+    return asyncio.run(env.run_rollout(env.get_task("train", 0), client, SAMPLING, **kwargs))
+
+
+def test_single_turn_rollout_records_the_turn_tokens_and_timing() -> None:
+    trace = run(Environment(tasks=TASKS, system_prompt="Be brief."), scripted("hi there"))
+    assert trace.error is None and trace.stop_reason == "completed" and not trace.is_truncated
+    assert trace.num_turns == 1 and len(trace.branches) == 1
+    turn = trace.turns[0]
+    assert turn.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "say 0"}]
+    assert turn.response == {"role": "assistant", "content": "hi there"}
+    assert len(turn.tokens.completion_ids) == len(turn.tokens.completion_logprobs) == trace.completion_len > 0
+    assert trace.timing.setup and trace.timing.generation and trace.timing.scoring
+    assert trace.task.idx == 0 and trace.task.model_extra == {"prompt": "say 0"}
+
+
+def test_multi_turn_turns_extend_one_branch_token_by_token() -> None:
+    trace = run(Nagging(tasks=TASKS, max_turns=5), scripted("no", "still no", "done"))
+    assert trace.stop_reason == "completed" and trace.num_turns == 3 and len(trace.branches) == 1
+    for before, after in zip(trace.turns, trace.turns[1:]):
+        context = before.tokens.prompt_ids + before.tokens.completion_ids
+        assert after.tokens.prompt_ids[: len(context)] == context
+        assert after.prompt == [*before.prompt, before.response, {"role": "user", "content": "again"}]
+
+
+def test_max_turns_bounds_a_multi_turn_rollout() -> None:
+    trace = run(Nagging(tasks=TASKS, max_turns=2), scripted("no"))
+    assert trace.num_turns == 2 and trace.stop_reason == "max_turns" and trace.is_truncated
+
+
+def test_a_completion_cut_off_by_max_tokens_ends_the_rollout_truncated() -> None:
+    trace = run(Nagging(tasks=TASKS, max_turns=5), scripted("no", finish_reason="length"))
+    assert trace.num_turns == 1 and trace.stop_reason == "max_tokens" and trace.is_truncated
+    assert trace.turns[0].finish_reason == "length"
+
+
+def test_a_turn_that_cannot_extend_the_branch_starts_a_new_one() -> None:
+    trace = run(Compacting(tasks=TASKS, max_turns=5), scripted("no", "done"))
+    assert [len(b.turns) for b in trace.branches] == [1, 1]
+    assert trace.branches[1].turns[0].prompt[0]["content"].startswith("summary")
+
+
+def test_token_less_turns_branch_by_messages() -> None:
+    assert [len(b.turns) for b in run(Nagging(tasks=TASKS, max_turns=5), scripted("no", "done", tokens=False)).branches] == [2]
+    assert [len(b.turns) for b in run(Compacting(tasks=TASKS, max_turns=5), scripted("no", "done", tokens=False)).branches] == [1, 1]
+
+
+class Broken(Environment):
+    def __init__(self, where: str) -> None:
+        super().__init__(tasks=TASKS, max_turns=3)
+        self.where = where
+
+    def prompt(self, task: Task) -> list[Message]:
+        if self.where == "prompt":
+            raise KeyError("no prompt field")
+        return super().prompt(task)
+
+    async def setup(self, state: RolloutState) -> None:
+        if self.where == "setup":
+            raise RuntimeError("sandbox unavailable")
+
+    async def env_response(self, state: RolloutState) -> list[Message]:
+        if self.where == "env_response":
+            raise ValueError("bad move")
+        return await super().env_response(state)
+
+
+class FailingClient(ModelClient):
+    async def generate(self, messages: list[Message], sampling: SamplingArgs, **kwargs: Any) -> ModelResponse:
+        raise ConnectionError("inference server is down")
+
+
+@pytest.mark.parametrize("where", ["prompt", "setup", "env_response"])
+def test_exceptions_in_env_hooks_become_error_traces(where: str) -> None:
+    trace = run(Broken(where), scripted("x"), scoring_timeout=5.0)
+    assert trace.has_error and trace.reward is None and trace.stop_reason == "error"
+    assert trace.error.type in ("KeyError", "RuntimeError", "ValueError") and trace.error.traceback
+
+
+def test_a_failing_model_client_becomes_an_error_trace() -> None:
+    trace = run(Environment(tasks=TASKS), FailingClient())
+    assert trace.error.type == "ConnectionError" and "inference server is down" in trace.error.message
+
+
+def test_rollout_generates_without_scoring() -> None:
+    def chars(completion: str) -> float:
+        return float(len(completion))
+
+    env = Environment(tasks=TASKS, rubric=Rubric({chars: 1.0}))
+    trace = asyncio.run(env.rollout(env.get_task("train", 1), scripted("abc"), SAMPLING))
+    assert trace.reward is None and trace.error is None and trace.num_turns == 1
+
+
+def test_run_group_gives_each_rollout_its_own_seed() -> None:
+    seen: list[int | None] = []
+
+    class SeedRecorder(ModelClient):
+        async def generate(self, messages: list[Message], sampling: SamplingArgs, **kwargs: Any) -> ModelResponse:
+            seen.append(sampling.seed)
+            return ModelResponse(message={"role": "assistant", "content": "x"})
+
+    env = Environment(tasks=TASKS)
+    traces = asyncio.run(env.run_group(env.get_task("train", 2), SeedRecorder(), SAMPLING.model_copy(update={"seed": 10}), 3))
+    assert sorted(seen) == [10, 11, 12] and len(traces) == 3 and all(t.task.idx == 2 for t in traces)
+
+
+def test_cancelling_a_rollout_propagates_and_still_cleans_up() -> None:
+    cleaned: list[int] = []
+
+    class Tracked(Environment):
+        async def cleanup(self, state: RolloutState) -> None:
+            cleaned.append(state.task.idx)
+
+    async def main() -> None:
+        env = Tracked(tasks=TASKS)
+        rollout = asyncio.create_task(env.run_rollout(env.get_task("train", 0), scripted("x", tokens=False, delay=30.0), SAMPLING))
+        await asyncio.sleep(0.05)
+        rollout.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await rollout
+
+    asyncio.run(main())
+    assert cleaned == [0]
+
+
+def test_tasks_are_built_lazily_and_checked_for_their_index() -> None:
+    built: list[str] = []
+
+    def make() -> list[EchoTask]:
+        built.append("train")
+        return [EchoTask(idx=0, prompt="a"), EchoTask(idx=5, prompt="b")]
+
+    env = Environment(tasks=make, eval_tasks=TASKS)
+    assert built == [] and env.num_tasks("eval") == 3
+    with pytest.raises(ValueError, match="position 1 has idx 5"):
+        env.num_tasks("train")
+    with pytest.raises(IndexError, match="valid indices are 0..2"):
+        env.get_task("eval", 3)

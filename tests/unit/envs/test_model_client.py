@@ -1,0 +1,202 @@
+"""Model clients: configs cross the wire; train/eval clients speak HTTP to a local test server."""
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter
+
+from envrl.envs import (
+    ClientConfig,
+    Environment,
+    EvalClientConfig,
+    SamplingArgs,
+    ScriptedClient,
+    ScriptedClientConfig,
+    TrainClientConfig,
+    build_client,
+)
+from envrl.envs.chat_tokens import chat_renderer
+from envrl.envs.model_client import EvalClient, TrainClient
+from envrl.http import RetryPolicy
+from envrl.traces import Message, Task
+from tests.unit.envs.helpers import TINY_CHAT
+
+Handler = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
+FAST_RETRY = RetryPolicy(max_retries=2, backoff=0.01, timeout=10.0)
+
+
+class Recorder:
+    """A loopback HTTP server answering each POST with `handle(path, body)`; keeps the bodies."""
+
+    def __init__(self, handle: Handler) -> None:
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        recorder = self
+
+        class _Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                recorder.requests.append((self.path, body))
+                status, answer = handle(self.path, body)
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Handler], Recorder]]:
+    servers: list[Recorder] = []
+
+    def start(handle: Handler) -> Recorder:
+        servers.append(Recorder(handle))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+class PromptTask(Task):
+    prompt: str
+
+
+class TwoTurns(Environment):
+    async def env_response(self, state: Any) -> list[Message]:
+        if state.trace.num_turns == 1:
+            return [{"role": "user", "content": "Higher."}]
+        state.stop()
+        return []
+
+
+def test_client_configs_round_trip_as_a_tagged_union() -> None:
+    adapter = TypeAdapter(ClientConfig)
+    for config in (
+        TrainClientConfig(base_url="http://127.0.0.1:8000", model="m"),
+        EvalClientConfig(base_url="http://127.0.0.1:8000/v1", model="m", return_tokens=True),
+        ScriptedClientConfig(replies=["a", "b"], delay=0.5),
+    ):
+        assert adapter.validate_json(adapter.dump_json(config)) == config
+    assert isinstance(adapter.validate_python({"type": "scripted"}), ScriptedClientConfig)
+    with pytest.raises(ValueError, match="does not match any of the expected tags"):
+        adapter.validate_python({"type": "telepathy"})
+
+
+def test_sampling_args_become_request_fields_with_extras_passed_through() -> None:
+    args = SamplingArgs(max_tokens=8, temperature=0.7, seed=3, extra={"top_k": 5})
+    assert args.to_request() == {"max_tokens": 8, "temperature": 0.7, "top_p": 1.0, "seed": 3, "top_k": 5}
+
+
+def test_build_client_makes_the_configured_kind() -> None:
+    assert isinstance(build_client(ScriptedClientConfig()), ScriptedClient)
+    assert isinstance(build_client(TrainClientConfig(base_url="http://x", model=TINY_CHAT)), TrainClient)
+    assert isinstance(build_client(EvalClientConfig(base_url="http://x/v1", model="m")), EvalClient)
+
+
+def test_train_client_sends_token_prompts_that_extend_across_turns(serve: Callable[[Handler], Recorder]) -> None:
+    renderer = chat_renderer(TINY_CHAT)
+    reply = renderer.encode("42") + [renderer.eos_id]
+
+    def completions(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        choice = {"token_ids": reply, "logprobs": {"token_logprobs": [-0.5] * len(reply)}, "finish_reason": "stop", "text": "42"}
+        return 200, {"choices": [choice]}
+
+    server = serve(completions)
+    env = TwoTurns(tasks=[PromptTask(idx=0, prompt="Guess.")], max_turns=3)
+
+    async def main() -> Any:
+        client = build_client(TrainClientConfig(base_url=server.url, model=TINY_CHAT, retry=FAST_RETRY))
+        try:
+            return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4, seed=1))
+        finally:
+            await client.aclose()
+
+    trace = asyncio.run(main())
+    assert trace.error is None and trace.num_turns == 2 and len(trace.branches) == 1
+    (path1, first), (path2, second) = server.requests
+    assert path1 == path2 == "/v1/completions"
+    assert first["prompt"] == renderer.render([{"role": "user", "content": "Guess."}], None, generation_prompt=True)
+    assert second["prompt"][: len(first["prompt"]) + len(reply)] == first["prompt"] + reply
+    assert (first["max_tokens"], first["seed"], first["model"]) == (4, 1, TINY_CHAT)
+    turn = trace.turns[1]
+    assert turn.tokens.prompt_ids == second["prompt"] and turn.tokens.completion_logprobs == [-0.5] * len(reply)
+    assert turn.response == {"role": "assistant", "content": "42"}
+
+
+def test_train_client_rejects_logprobs_that_do_not_match_the_tokens(serve: Callable[[Handler], Recorder]) -> None:
+    server = serve(lambda path, body: (200, {"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]}))
+    env = Environment(tasks=[PromptTask(idx=0, prompt="Hi")])
+
+    async def main() -> Any:
+        client = build_client(TrainClientConfig(base_url=server.url, model=TINY_CHAT, retry=FAST_RETRY))
+        try:
+            return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4))
+        finally:
+            await client.aclose()
+
+    trace = asyncio.run(main())
+    assert trace.has_error and "logprob" in trace.error.message
+
+
+def test_eval_client_speaks_openai_chat_and_retries_server_errors(serve: Callable[[Handler], Recorder]) -> None:
+    answers = iter([(503, {"error": "warming up"}), (200, {"choices": [{"message": {"role": "assistant", "content": "olleh"}, "finish_reason": "stop"}]})])
+    server = serve(lambda path, body: next(answers))
+    env = Environment(tasks=[PromptTask(idx=0, prompt="reverse hello")], system_prompt="Be exact.")
+
+    async def main() -> Any:
+        client = build_client(EvalClientConfig(base_url=f"{server.url}/v1", model="judge", retry=FAST_RETRY, extra_body={"top_k": 2}))
+        try:
+            return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4, temperature=0.0))
+        finally:
+            await client.aclose()
+
+    trace = asyncio.run(main())
+    assert trace.error is None and trace.turns[0].response == {"role": "assistant", "content": "olleh"}
+    assert trace.turns[0].tokens is None
+    assert len(server.requests) == 2
+    path, body = server.requests[-1]
+    assert path == "/v1/chat/completions"
+    assert body["messages"] == [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "reverse hello"}]
+    assert (body["model"], body["max_tokens"], body["temperature"], body["top_k"]) == ("judge", 4, 0.0, 2)
+
+
+def test_eval_client_returns_tokens_when_asked_and_the_server_gives_them(serve: Callable[[Handler], Recorder]) -> None:
+    body = {"prompt_token_ids": [1, 2], "choices": [{"message": {"content": "x"}, "token_ids": [7, 2], "finish_reason": "stop",
+                                                        "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]}}]}
+    server = serve(lambda path, request: (200, body))
+    env = Environment(tasks=[PromptTask(idx=0, prompt="p")])
+
+    async def main() -> Any:
+        client = build_client(EvalClientConfig(base_url=f"{server.url}/v1", model="m", return_tokens=True, retry=FAST_RETRY))
+        try:
+            return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4))
+        finally:
+            await client.aclose()
+
+    tokens = asyncio.run(main()).turns[0].tokens
+    assert (tokens.prompt_ids, tokens.completion_ids, tokens.completion_logprobs) == ([1, 2], [7, 2], [-0.1, -0.2])
+    assert server.requests[0][1]["return_token_ids"] is True
+
+
+def test_eval_client_names_a_missing_api_key_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENVRL_TEST_KEY", raising=False)
+    with pytest.raises(ValueError, match="ENVRL_TEST_KEY"):
+        build_client(EvalClientConfig(base_url="http://x/v1", model="m", api_key_env="ENVRL_TEST_KEY"))
