@@ -14,7 +14,7 @@ import sys
 import tomllib
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -343,11 +343,17 @@ def _short(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, dict, str)) else str(value)
 
 
-def load_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str) -> C:
+def load_config(
+    cls: type[C],
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str,
+    dry_run: Callable[[C], str] = config_to_toml,
+) -> C:
     """Entry-point helper: parse argv into `cls`, print one-line errors and exit 2 on bad input.
 
-    `--help` prints every key with its description; `--dry-run` prints the resolved config
-    as TOML; both exit 0.
+    `--help` prints every key with its description; `--dry-run` prints `dry_run(config)` (the
+    resolved config as TOML unless the entry point resolves more) and exits 0.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -356,12 +362,12 @@ def load_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str) -
             print(config_help(cls, prog))
             raise SystemExit(0)
         config = resolve_config(cls, args.config_files, args.overrides)
+        if args.dry_run:
+            print(dry_run(config), end="")
+            raise SystemExit(0)
     except ConfigError as e:
         print(f"{prog}: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    if args.dry_run:
-        print(config_to_toml(config), end="")
-        raise SystemExit(0)
     return config
 
 

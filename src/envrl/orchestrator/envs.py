@@ -86,7 +86,6 @@ class Env:
             address="tcp://127.0.0.1:0",
             pool=self.config.pool,
             timeout=self.config.timeout,
-            log_file=self.log_file,
         )
         argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
         return spawn_sidecar(argv, name=f"env server {self.name!r}", log_file=self.log_file, ready_timeout=self.ready_timeout)

@@ -14,6 +14,7 @@ from loguru import logger
 
 from envrl.config import load_config
 from envrl.log import setup_logging
+from envrl.process import die_with_parent
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
 
@@ -28,9 +29,8 @@ async def _run(config: OrchestratorConfig) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(OrchestratorConfig, argv, prog="orchestrator")
-    if config.log.file is None:
-        config.log.file = config.output_dir / "logs" / "orchestrator.log"
     setup_logging(config.log, process="orchestrator")
+    die_with_parent()
     try:
         asyncio.run(_run(config))
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -1,0 +1,1 @@
+"""`rl`: the launcher that starts and supervises a whole run."""

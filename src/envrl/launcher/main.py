@@ -1,0 +1,185 @@
+"""`rl --config x.toml`: start and supervise a whole training run on one machine.
+
+Guarantee: every process this command starts is stopped before it returns, whatever happens
+(a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
+itself is SIGKILLed). Exit code: 0 when trainer and orchestrator finished, 1 when a process
+failed (it is named, with the tail of its log), 2 for a bad config, 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+from urllib.parse import urlsplit
+
+import httpx
+from loguru import logger
+
+from envrl.config import ConfigError, config_to_toml, load_config
+from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
+from envrl.launcher.supervisor import Supervisor
+from envrl.log import setup_logging
+from envrl.process import ChildFailed, spawn, spawn_sidecar
+
+INFERENCE_READY_TIMEOUT = 900.0
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, _frame: object) -> NoReturn:
+    raise Interrupted(signum)
+
+
+def dry_run_text(rl: RLConfig) -> str:
+    run = resolve_run(rl)
+    parts = [f"# {name}\n{config_to_toml(config)}" for name, config in _process_configs(run).items()]
+    return "\n".join(parts)
+
+
+def _process_configs(run: ResolvedRun) -> dict[str, object]:
+    configs: dict[str, object] = {"inference": run.inference, "trainer": run.trainer, "orchestrator": run.orchestrator}
+    for server in run.env_servers:
+        configs[f"envs/{server.split}/{server.name}"] = server.config
+    return configs
+
+
+def main(argv: list[str] | None = None) -> None:
+    rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text)
+    try:
+        run = resolve_run(rl)
+        _prepare_output_dir(rl)
+    except ConfigError as e:
+        print(f"rl: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logs = rl.output_dir / "logs"
+    setup_logging(rl.log.model_copy(update={"file": logs / "launcher.log"}), process="rl")
+    config_files = _write_configs(rl.output_dir, run)
+    signal.signal(signal.SIGINT, _raise_interrupted)
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    supervisor = Supervisor(grace=rl.shutdown_grace)
+    code = 0
+    try:
+        _check_ports(run)
+        _start(run, config_files, logs, supervisor)
+        supervisor.watch(until={"trainer", "orchestrator"})
+        _summary(rl)
+    except ChildFailed as e:
+        logger.error(f"run failed: {e}")
+        code = 1
+    except Interrupted as e:
+        logger.warning(f"{e} received: shutting the run down")
+        code = 130 if e.signum == signal.SIGINT else 0
+    except RuntimeError as e:
+        logger.error(str(e))
+        code = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        supervisor.stop_all()
+    raise SystemExit(code)
+
+
+def _prepare_output_dir(rl: RLConfig) -> None:
+    out = rl.output_dir
+    if out.exists() and any(out.iterdir()):
+        if rl.clean:
+            shutil.rmtree(out)
+        elif not rl.resume:
+            raise ConfigError(f"output_dir {out} holds an earlier run: pass --resume to continue it or --clean to start over")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _write_configs(out: Path, run: ResolvedRun) -> dict[str, Path]:
+    files = {}
+    for name, config in _process_configs(run).items():
+        path = out / "configs" / f"{name}.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(config_to_toml(config))  # type: ignore[arg-type]
+        files[name] = path
+    return files
+
+
+def _check_ports(run: ResolvedRun) -> None:
+    """Fail before spawning anything if a fixed port is taken, naming the port and its user."""
+    wanted = [(run.inference.host, run.inference.port, "inference")]
+    for server in run.env_servers:
+        parts = urlsplit(server.config.address)
+        wanted.append((parts.hostname or "127.0.0.1", parts.port or 0, f"{server.split} env {server.name!r}"))
+    busy = []
+    for host, port, user in wanted:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                busy.append(f"{host}:{port} ({user})")
+    if busy:
+        raise RuntimeError(f"ports already in use: {', '.join(busy)}; stop what holds them or change inference.port / env_server_base_port")
+
+
+def _start(run: ResolvedRun, files: dict[str, Path], logs: Path, supervisor: Supervisor) -> None:
+    python = sys.executable
+    logger.info("starting inference server (vLLM; about a minute on CPU)")
+    supervisor.add(spawn([python, "-m", "envrl.inference.server", "--config", str(files["inference"])], name="inference", log_file=logs / "inference.log"))
+    for server in run.env_servers:
+        key = f"envs/{server.split}/{server.name}"
+        log_file = logs / "envs" / server.split / f"{server.name}.log"
+        child, address = spawn_sidecar(
+            [python, "-m", "envrl.serve.server", "--config", str(files[key])], name=f"{server.split} env server {server.name!r}", log_file=log_file
+        )
+        supervisor.add(child)
+        logger.info(f"{server.split} env {server.name!r} serving at {address}")
+    _wait_for_inference(run.inference.base_url, supervisor)
+    supervisor.add(spawn([python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])], name="trainer", log_file=logs / "trainer.log"))
+    supervisor.add(spawn([python, "-m", "envrl.orchestrator.main", "--config", str(files["orchestrator"])], name="orchestrator", log_file=logs / "orchestrator.log"))
+    logger.info(f"trainer and orchestrator started; logs in {logs}")
+
+
+def _wait_for_inference(base_url: str, supervisor: Supervisor) -> None:
+    started = time.monotonic()
+    next_report = started + 15.0
+    while True:
+        supervisor.check()
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
+                logger.info(f"inference server ready at {base_url} after {time.monotonic() - started:.0f} s")
+                return
+        except httpx.HTTPError:
+            pass
+        now = time.monotonic()
+        if now - started > INFERENCE_READY_TIMEOUT:
+            raise RuntimeError(f"inference server at {base_url} not ready after {INFERENCE_READY_TIMEOUT:g} s; see logs/inference.log")
+        if now >= next_report:
+            logger.info(f"waiting for the inference server ({now - started:.0f} s)")
+            next_report = now + 15.0
+        time.sleep(1.0)
+
+
+def _summary(rl: RLConfig) -> None:
+    rewards: list[float] = []
+    metrics_file = rl.output_dir / "metrics.jsonl"
+    if metrics_file.exists():
+        for line in metrics_file.read_text().splitlines():
+            record = json.loads(line)
+            if "train/reward" in record:
+                rewards.append(record["train/reward"])
+    reward = f"{rewards[0]:.3f} -> {rewards[-1]:.3f}" if rewards else "n/a"
+    out = rl.output_dir
+    logger.success(
+        f"run finished: {len(rewards)} steps, reward {reward}\n"
+        f"  output dir: {out}\n  logs:       {out / 'logs'}\n  rollouts:   {out / 'rollouts'}\n"
+        f"  weights:    {out / 'weights'}\n  metrics:    {metrics_file}"
+    )
+
+
+if __name__ == "__main__":
+    main()
