@@ -72,10 +72,10 @@ class Child:
         return "\n".join(text.splitlines()[-lines:])
 
     def failure(self, what: str) -> ChildFailed:
-        """A ChildFailed saying `what` happened to this child, with its exit status and log tail."""
+        """A ChildFailed saying `what` happened to this child (`describe_exit()` helps), with its log tail."""
         tail = self.log_tail()
         where = f"; last lines of {self.log_file}:\n{tail}" if tail else f" (log: {self.log_file or 'inherited stderr'})"
-        return ChildFailed(f"{self.name} (pid {self.pid}) {what} and {self.describe_exit()}{where}")
+        return ChildFailed(f"{self.name} (pid {self.pid}) {what}{where}")
 
     def wait(self, timeout: float | None = None) -> int | None:
         try:
@@ -174,7 +174,9 @@ def _read_ready_line(child: Child, read_fd: int, timeout: float) -> str:
     while b"\n" not in data:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise child.failure(f"did not report ready within {timeout:g} s (ready_timeout)")
+            child.kill()
+            child.wait()
+            raise child.failure(f"did not report ready within {timeout:g} s (ready_timeout) and was killed")
         readable, _, _ = select.select([read_fd, child.exit_fd], [], [], left)
         if read_fd in readable:
             chunk = os.read(read_fd, 4096)
@@ -183,7 +185,7 @@ def _read_ready_line(child: Child, read_fd: int, timeout: float) -> str:
                 continue
         if child.exit_fd in readable or read_fd in readable:
             child.wait(1.0)
-            raise child.failure("exited before reporting ready")
+            raise child.failure(f"{child.describe_exit()} before reporting ready")
     line = data.split(b"\n", 1)[0].decode()
     return line.removeprefix(READY_PREFIX)
 

@@ -10,6 +10,7 @@ are retried with backoff within the call's deadline. Cancelling a call sends `ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import secrets
 from typing import Any
@@ -193,7 +194,7 @@ class EnvClient:
             future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
             self._pending[rid] = future
             try:
-                self._pump.send([p.encode({"id": rid, "method": method, "params": params})])
+                self._send({"id": rid, "method": method, "params": params})
                 async with asyncio.timeout_at(deadline):
                     response = await future
             except TimeoutError:
@@ -213,10 +214,16 @@ class EnvClient:
                 continue
             raise EnvServerError(error["type"], error["message"], self.address, rid)
 
+    def _send(self, message: dict[str, Any]) -> None:
+        try:
+            self._pump.send([p.encode(message)])
+        except zmq.Again:  # no connection at all (refused, or between reconnects)
+            raise EnvServerError(UNAVAILABLE, "not connected to the server (it refused us or is gone)", self.address) from None
+
     def _send_cancel(self, rid: str, method: str) -> None:
         if method.startswith("run_") and not self._pump.socket.closed:
-            cancel = {"id": f"{self._prefix}-{next(self._ids)}", "method": "cancel", "params": {"request_id": rid}}
-            self._pump.send([p.encode(cancel)])
+            with contextlib.suppress(EnvServerError):
+                self._send({"id": f"{self._prefix}-{next(self._ids)}", "method": "cancel", "params": {"request_id": rid}})
 
     def _on_messages(self, batch: list[Frames]) -> None:
         self._last_heard = self._loop.time()
@@ -246,7 +253,8 @@ class EnvClient:
             if silent >= self.dead_after and self._down is None:
                 self._mark_down(f"no answer for {silent:.1f} s, not even to health probes ({len(self._pending)} pending requests failed)")
             if silent >= self.health_interval:
-                self._pump.send([p.encode({"id": f"{self._prefix}-h{next(self._ids)}", "method": "health", "params": {}})])
+                with contextlib.suppress(EnvServerError):
+                    self._send({"id": f"{self._prefix}-h{next(self._ids)}", "method": "health", "params": {}})
 
     def _mark_down(self, reason: str) -> None:
         if self._down is None:

@@ -1,0 +1,130 @@
+"""Env server start-up, shutdown, security and scaling, each with its own real server process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq.auth
+
+from envrl.process import ChildFailed, spawn_sidecar
+from envrl.serve.client import EnvClient, EnvServerError
+from envrl.serve.config import CurveClientConfig
+from tests.integration.bad_envs import OK, SLEEP
+from tests.integration.env_servers import ENV_SERVER, SAMPLING, SCRIPTED, alive, running_env_server, server_env, wait_until
+
+
+def run(coro: Any, timeout: float = 60.0) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def rollout(client: EnvClient, task_idx: int) -> Any:
+    return await client.run_rollout(task_idx, client=SCRIPTED, sampling=SAMPLING)
+
+
+def test_sigterm_drains_in_flight_rollouts_then_exits_0_quietly(tmp_path: Path) -> None:
+    with running_env_server(tmp_path, "--pool", '{"type": "static", "num_workers": 1}', "--env.args", '{"sleep": 1.0}') as server:
+        workers = server.workers()
+
+        async def go() -> None:
+            async with EnvClient(server.address) as client:
+                pending = [asyncio.ensure_future(rollout(client, SLEEP)) for _ in range(3)]
+                await asyncio.sleep(0.3)
+                server.child.popen.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.3)
+                with pytest.raises(EnvServerError) as refused:
+                    await rollout(client, OK)
+                assert refused.value.type == "shutting_down"
+                assert [t.reward for t in await asyncio.gather(*pending)] == [1.0, 1.0, 1.0]
+
+        run(go())
+        assert server.child.wait(15) == 0
+        output = (tmp_path / "env-server.out").read_text()
+        assert "Traceback" not in output and "SIGTERM: draining 3 requests" in output
+        assert not any(alive(pid) for pid in workers)
+
+
+def test_a_taken_port_is_one_clear_error_line_and_a_nonzero_exit(tmp_path: Path) -> None:
+    with running_env_server(tmp_path) as server:
+        second = subprocess.run(
+            [ENV_SERVER, "--env.id", "reverse-text", "--address", server.address],
+            capture_output=True, text=True, timeout=60, env=server_env(),
+        )  # fmt: skip
+    assert second.returncode != 0
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and "already in use" in lines[0] and server.address in lines[0], second.stderr
+
+
+def test_a_sidecar_that_dies_before_ready_is_named_with_its_log_tail(tmp_path: Path) -> None:
+    argv = [ENV_SERVER, "--env.id", "no-such-env", "--address", "tcp://127.0.0.1:0"]
+    with pytest.raises(ChildFailed) as failed:
+        spawn_sidecar(argv, name="env-server no-such-env", log_file=tmp_path / "out.log", env=server_env(), ready_timeout=60)
+    message = str(failed.value)
+    assert "env-server no-such-env" in message and "exited with code 1 before reporting ready" in message
+    assert "no environment 'no-such-env' is installed" in message
+
+
+def test_a_sidecar_that_never_reports_is_killed_at_its_ready_timeout(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "import time; print('working on it', flush=True); time.sleep(60)"]
+    with pytest.raises(ChildFailed) as failed:
+        spawn_sidecar(argv, name="silent child", log_file=tmp_path / "out.log", ready_timeout=1.0)
+    assert "did not report ready within 1 s" in str(failed.value) and "working on it" in str(failed.value)
+
+
+def test_a_non_loopback_address_without_curve_keys_is_refused(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [ENV_SERVER, "--env.id", "reverse-text", "--address", "tcp://0.0.0.0:0"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "reachable from other hosts" in result.stderr and "--insecure" in result.stderr
+
+
+def test_curve_admits_clients_with_listed_keys_and_refuses_others(tmp_path: Path) -> None:
+    keys, allowed, strangers = tmp_path / "keys", tmp_path / "allowed", tmp_path / "strangers"
+    for folder in (keys, allowed, strangers):
+        folder.mkdir()
+    server_public, server_secret = zmq.auth.create_certificates(keys, "server")
+    _, client_secret = zmq.auth.create_certificates(allowed, "client")
+    _, stranger_secret = zmq.auth.create_certificates(strangers, "stranger")
+    curve = f'{{"secret_key_file": "{server_secret}", "client_keys_dir": "{allowed}"}}'
+    with running_env_server(tmp_path, "--curve", curve) as server:
+
+        async def go() -> None:
+            good = CurveClientConfig(server_public_key_file=Path(server_public), secret_key_file=Path(client_secret))
+            async with EnvClient(server.address, curve=good) as client:
+                await client.wait_until_ready(20)
+                assert (await rollout(client, OK)).reward == 1.0
+            unknown = CurveClientConfig(server_public_key_file=Path(server_public), secret_key_file=Path(stranger_secret))
+            for curve_config in (None, unknown):
+                async with EnvClient(server.address, curve=curve_config) as client:
+                    with pytest.raises(EnvServerError):
+                        await client.wait_until_ready(1.5)
+
+        run(go())
+
+
+def test_elastic_pool_grows_under_load_and_retires_idle_workers(tmp_path: Path) -> None:
+    pool = '{"type": "elastic", "min_workers": 1, "max_workers": 2, "multiplex": 2, "idle_timeout": 1}'
+    with running_env_server(tmp_path, "--pool", pool, "--env.args", '{"sleep": 1.5}') as server:
+
+        async def go() -> None:
+            async with EnvClient(server.address) as client:
+                assert (await client.info()).workers == 1
+                pending = [asyncio.ensure_future(rollout(client, SLEEP)) for _ in range(4)]
+                grown = 1
+                while not all(p.done() for p in pending):
+                    grown = max(grown, (await client.info()).workers)
+                    await asyncio.sleep(0.05)
+                assert grown == 2 and all(p.result().reward == 1.0 for p in pending)
+                for _ in range(200):
+                    if (await client.info()).workers == 1:
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError("the idle second worker was not retired")
+
+        run(go())
+        wait_until(lambda: len(server.workers()) == 1, 10, "retired worker process gone")
