@@ -153,3 +153,13 @@ def test_weights_are_published_in_the_base_checkpoint_dtype_without_tied_copies(
         assert new.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16
     assert json.loads((target / "config.json").read_text())["dtype"] == "bfloat16"
     assert not publish_weights(trainer.model, trainer.tokenizer, target, trainer.runtime, trainer.base_config)
+
+
+def test_activation_checkpointing_gives_the_same_step(tmp_path):
+    samples = synthetic_samples(4, seed=5)
+    plain = make_trainer(tmp_path / "plain").train_on(0, samples, where="fixed")
+    checkpointed = make_trainer(tmp_path / "ac", activation_checkpointing=True)
+    assert checkpointed.model.is_gradient_checkpointing
+    recomputed = checkpointed.train_on(0, samples, where="fixed")
+    assert recomputed["loss"] == pytest.approx(plain["loss"], rel=1e-6)
+    assert recomputed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
