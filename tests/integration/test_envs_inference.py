@@ -1,0 +1,65 @@
+"""Environments against the real inference server: multi-turn token extension and the eval client.
+
+Uses the session's one vLLM-CPU server (`vllm_server` in tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from envrl.envs import EvalClientConfig, SamplingArgs, TrainClientConfig, build_client, load_environment
+from envrl.http import RetryPolicy
+from envrl.traces import Trace
+
+RETRY = RetryPolicy(max_retries=1, timeout=120.0)
+EOS = 2
+# Three random tokens, then eos (min_tokens masks eos until then; the bias makes it certain after).
+# The random tiny model would otherwise almost never stop, and every rollout would end at turn 1.
+SAMPLING = SamplingArgs(max_tokens=8, temperature=1.0, seed=7, extra={"min_tokens": 3, "logit_bias": {str(EOS): 100.0}})
+
+
+def rollout(config: Any, env_id: str, **env_args: Any) -> Trace:
+    env = load_environment(env_id, **env_args)
+
+    async def main() -> Trace:
+        client = build_client(config)
+        try:
+            return await env.run_rollout(env.get_task("train", 0), client, SAMPLING, scoring_timeout=30.0)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+def test_train_client_turns_extend_token_by_token_and_match_the_policy(vllm_server: Any) -> None:
+    config = TrainClientConfig(base_url=vllm_server.base_url, model=vllm_server.model, retry=RETRY)
+    trace = rollout(config, "guess-number", max_turns=3)
+    assert trace.error is None, trace.error
+    assert trace.num_turns == 3 and trace.stop_reason == "max_turns" and len(trace.branches) == 1
+    for before, after in zip(trace.turns, trace.turns[1:]):
+        assert before.tokens.completion_ids[-1] == EOS and before.finish_reason == "stop"
+        context = before.tokens.prompt_ids + before.tokens.completion_ids
+        assert after.tokens.prompt_ids[: len(context)] == context
+    # The extended context is exactly what the server conditioned on: transformers recomputes its logprobs
+    # (vLLM reports raw logprobs, before min_tokens/logit_bias). One token more or less in the context
+    # (say the "\n" after <|im_end|>) shifts them by ~1e-2, far beyond the tolerance.
+    last = trace.turns[-1].tokens
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32).eval()
+    ids = torch.tensor([last.prompt_ids + last.completion_ids])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(ids).logits[0, :-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+    expected = logprobs[len(last.prompt_ids) - 1 :].tolist()
+    diffs = [abs(a - b) for a, b in zip(expected, last.completion_logprobs)]
+    assert max(diffs) < 1e-4, diffs
+
+
+def test_eval_client_gets_chat_completions_from_an_openai_compatible_server(vllm_server: Any) -> None:
+    config = EvalClientConfig(base_url=f"{vllm_server.base_url}/v1", model=vllm_server.model, retry=RETRY)
+    trace = rollout(config, "reverse-text")
+    assert trace.error is None, trace.error
+    assert trace.num_turns == 1 and isinstance(trace.turns[0].response["content"], str)
+    assert trace.reward is not None and 0.0 <= trace.reward <= 1.0
