@@ -15,6 +15,7 @@ from envrl.envs.model_client import (
 from envrl.envs.registry import EnvironmentNotFound, installed_environment_ids, load_environment
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
+from envrl.envs.tools import ToolEnvironment
 
 __all__ = [
     "ClientConfig",
@@ -30,6 +31,7 @@ __all__ = [
     "ScriptedClientConfig",
     "Split",
     "TaskSource",
+    "ToolEnvironment",
     "TrainClientConfig",
     "build_client",
     "installed_environment_ids",

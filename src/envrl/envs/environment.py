@@ -67,7 +67,9 @@ class Environment:
             tasks = list(source() if callable(source) else source)
             for position, task in enumerate(tasks):
                 if task.idx != position:
-                    raise ValueError(f"{self.env_id}: {split} task at position {position} has idx {task.idx}; idx must be its position")
+                    raise ValueError(
+                        f"{self.env_id}: {split} task at position {position} has idx {task.idx}; idx must be its position"
+                    )
             self._tasks[split] = tasks
         return self._tasks[split]
 
@@ -147,7 +149,8 @@ class Environment:
         """`n` rollouts of one task, scored together. With a seed, rollout i samples with seed + i."""
         states = [self._new_state(task) for _ in range(n)]
         try:
-            seeded = [sampling if sampling.seed is None else sampling.model_copy(update={"seed": sampling.seed + i}) for i in range(n)]
+            seeds = [None if sampling.seed is None else sampling.seed + i for i in range(n)]
+            seeded = [sampling.model_copy(update={"seed": seed}) for seed in seeds]
             await asyncio.gather(*(self._generate(s, client, args) for s, args in zip(states, seeded)))
             if self.group_scoring:
                 await self.rubric.score_group(states, scoring_timeout)
@@ -186,7 +189,9 @@ class Environment:
                 break
             previous = state.last_turn
             response = await client.generate(list(state.messages), sampling, tools=self.tools(state), previous=previous)
-            turn = Turn(prompt=list(state.messages), response=response.message, tokens=response.tokens, finish_reason=response.finish_reason)
+            turn = Turn(
+                prompt=list(state.messages), response=response.message, tokens=response.tokens, finish_reason=response.finish_reason
+            )
             if previous is None or not _extends(previous, turn):
                 trace.branches.append(Branch())
             trace.branches[-1].turns.append(turn)

@@ -207,7 +207,9 @@ class Rubric:
         for (fn, weight), group_values in zip(self.group_rewards.items(), values[len(states) * len(self.rewards) :]):
             name = _name(fn)
             if not isinstance(group_values, (list, tuple)) or len(group_values) != len(states):
-                raise ScoringError(f"group reward function {name!r} must return one value per rollout ({len(states)}); got {group_values!r}")
+                raise ScoringError(
+                    f"group reward function {name!r} must return one value per rollout ({len(states)}); got {group_values!r}"
+                )
             for i, (state, value) in enumerate(zip(states, group_values)):
                 state.trace.metrics[name] = _as_reward(name, value)
                 totals[i] += weight * state.trace.metrics[name]

@@ -157,12 +157,14 @@ def test_train_client_rejects_logprobs_that_do_not_match_the_tokens(serve: Calla
 
 
 def test_eval_client_speaks_openai_chat_and_retries_server_errors(serve: Callable[[Handler], Recorder]) -> None:
-    answers = iter([(503, {"error": "warming up"}), (200, {"choices": [{"message": {"role": "assistant", "content": "olleh"}, "finish_reason": "stop"}]})])
+    answer = {"choices": [{"message": {"role": "assistant", "content": "olleh"}, "finish_reason": "stop"}]}
+    answers = iter([(503, {"error": "warming up"}), (200, answer)])
     server = serve(lambda path, body: next(answers))
     env = Environment(tasks=[PromptTask(idx=0, prompt="reverse hello")], system_prompt="Be exact.")
 
     async def main() -> Any:
-        client = build_client(EvalClientConfig(base_url=f"{server.url}/v1", model="judge", retry=FAST_RETRY, extra_body={"top_k": 2}))
+        config = EvalClientConfig(base_url=f"{server.url}/v1", model="judge", retry=FAST_RETRY, extra_body={"top_k": 2})
+        client = build_client(config)
         try:
             return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4, temperature=0.0))
         finally:
@@ -179,8 +181,9 @@ def test_eval_client_speaks_openai_chat_and_retries_server_errors(serve: Callabl
 
 
 def test_eval_client_returns_tokens_when_asked_and_the_server_gives_them(serve: Callable[[Handler], Recorder]) -> None:
-    body = {"prompt_token_ids": [1, 2], "choices": [{"message": {"content": "x"}, "token_ids": [7, 2], "finish_reason": "stop",
-                                                        "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]}}]}
+    logprobs = {"content": [{"logprob": -0.1}, {"logprob": -0.2}]}
+    choice = {"message": {"content": "x"}, "token_ids": [7, 2], "finish_reason": "stop", "logprobs": logprobs}
+    body = {"prompt_token_ids": [1, 2], "choices": [choice]}
     server = serve(lambda path, request: (200, body))
     env = Environment(tasks=[PromptTask(idx=0, prompt="p")])
 

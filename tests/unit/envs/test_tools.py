@@ -69,7 +69,8 @@ def reached_goal(env: Counter, goal: int) -> float:
 
 
 def run(*replies: str, max_turns: int = 6) -> Trace:
-    env = ToolEnvironment(tool_class=Counter, tasks=[GoalTask(idx=0, prompt="reach 5", goal=5)], rubric=Rubric({reached_goal: 1.0}), max_turns=max_turns)
+    tasks = [GoalTask(idx=0, prompt="reach 5", goal=5)]
+    env = ToolEnvironment(tool_class=Counter, tasks=tasks, rubric=Rubric({reached_goal: 1.0}), max_turns=max_turns)
     client = ScriptedClient(ScriptedClientConfig(replies=list(replies), tokenizer=TINY_CHAT))
     return asyncio.run(env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=32), scoring_timeout=5.0))
 
@@ -147,7 +148,8 @@ def test_max_turns_bounds_a_model_that_never_stops_calling_tools() -> None:
 
 
 def test_structured_openai_tool_calls_are_parsed_too() -> None:
-    message = {"role": "assistant", "content": "", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "add", "arguments": '{"amount": 3}'}}]}
+    openai_call = {"id": "1", "type": "function", "function": {"name": "add", "arguments": '{"amount": 3}'}}
+    message = {"role": "assistant", "content": "", "tool_calls": [openai_call]}
     [parsed] = parse_tool_calls(message)
     assert (parsed.name, parsed.arguments) == ("add", {"amount": 3})
     [bad] = parse_tool_calls({"role": "assistant", "tool_calls": [{"function": {"name": "add", "arguments": "{oops"}}]})

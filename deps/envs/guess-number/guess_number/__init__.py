@@ -71,7 +71,9 @@ def make_tasks(count: int, seed: int, low: int, high: int) -> list[GuessTask]:
     return [GuessTask(idx=i, target=rng.randint(low, high), low=low, high=high) for i in range(count)]
 
 
-def load_environment(num_train: int = 1000, num_eval: int = 100, seed: int = 0, low: int = 1, high: int = 100, max_turns: int = 8) -> GuessNumberEnv:
+def load_environment(
+    num_train: int = 1000, num_eval: int = 100, seed: int = 0, low: int = 1, high: int = 100, max_turns: int = 8
+) -> GuessNumberEnv:
     return GuessNumberEnv(
         tasks=lambda: make_tasks(num_train, seed, low, high),
         eval_tasks=lambda: make_tasks(num_eval, seed + 1, low, high),

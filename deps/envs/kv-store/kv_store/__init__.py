@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from envrl.envs.tools import ToolEnvironment
+from envrl.envs import Rubric, ToolEnvironment
 from envrl.traces import Message, Task
 
 WORDS = "apple pear plum fig kiwi lime lemon mango grape melon".split()
@@ -90,9 +90,9 @@ def make_tasks(count: int, seed: int, max_entries: int) -> list[StoreTask]:
     ]
 
 
-def load_environment(num_train: int = 500, num_eval: int = 50, seed: int = 0, max_entries: int = 3, max_turns: int = 8) -> KeyValueEnv:
-    from envrl.envs import Rubric
-
+def load_environment(
+    num_train: int = 500, num_eval: int = 50, seed: int = 0, max_entries: int = 3, max_turns: int = 8
+) -> KeyValueEnv:
     return KeyValueEnv(
         tool_class=KeyValueStore,
         tasks=lambda: make_tasks(num_train, seed, max_entries),

@@ -55,7 +55,9 @@ class ReverseTextEnv(Environment):
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.text}]
 
 
-def load_environment(num_train: int = 1000, num_eval: int = 100, seed: int = 0, min_len: int = 5, max_len: int = 20) -> ReverseTextEnv:
+def load_environment(
+    num_train: int = 1000, num_eval: int = 100, seed: int = 0, min_len: int = 5, max_len: int = 20
+) -> ReverseTextEnv:
     return ReverseTextEnv(
         tasks=lambda: make_tasks(num_train, seed, min_len, max_len),
         eval_tasks=lambda: make_tasks(num_eval, seed + 1, min_len, max_len),
