@@ -231,10 +231,12 @@ def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0) -> N
 def config_argv(config: BaseModel) -> list[str]:
     """`--key value` overrides that make `load_config` rebuild `config` in a child process.
 
-    Text values go as they are; everything else as JSON; None values are left out (defaults).
+    Text values go as they are, everything else as JSON (nested None as null); top-level None
+    values are left out, so they must be the field's default.
     """
     argv: list[str] = []
-    for key, value in config.model_dump(mode="json", exclude_none=True).items():
-        argv += [f"--{key}", value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))]
+    for key, value in config.model_dump(mode="json").items():
+        if value is not None:
+            argv += [f"--{key}", value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))]
     return argv
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from envrl.config import BaseConfig
 from envrl.log import LogLevel
@@ -59,7 +59,14 @@ class ElasticPoolConfig(BaseConfig):
         return self
 
 
-PoolConfig = Annotated[StaticPoolConfig | ElasticPoolConfig, Field(discriminator="type")]
+def _pool_type(value: Any) -> str | None:
+    """The pool variant; a pool table without `type` is elastic, the default."""
+    return value.get("type", "elastic") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+PoolConfig = Annotated[
+    Annotated[StaticPoolConfig, Tag("static")] | Annotated[ElasticPoolConfig, Tag("elastic")], Discriminator(_pool_type)
+]
 
 
 class EnvTimeoutConfig(BaseConfig):
@@ -95,6 +102,7 @@ class EnvServerConfig(BaseConfig):
     address: str = "tcp://127.0.0.1:5000"
     """ZMQ address to bind; port 0 binds a free port, reported on stdout (and to a sidecar parent)."""
     pool: PoolConfig = ElasticPoolConfig()
+    """Worker processes: {type = "static", num_workers, multiplex} or {type = "elastic", min_workers, max_workers, multiplex, ...}."""
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     max_queued: int = Field(4096, ge=0)
     """Requests that may wait for a free worker slot; beyond, requests get an `at_capacity` error."""
@@ -109,6 +117,7 @@ class EnvServerConfig(BaseConfig):
     log_file: Path | None = None
     """One log file for the server and its workers."""
     log_level: LogLevel = "INFO"
+    """Lowest level logged by the server and its workers."""
 
     @model_validator(mode="after")
     def _exposed_needs_keys(self) -> EnvServerConfig:

@@ -1,0 +1,56 @@
+"""Env server config: loopback rules, pool union, and passing a config to a child process intact."""
+
+import pytest
+
+from envrl.config import ConfigError, resolve_config
+from envrl.process import config_argv
+from envrl.config import _split_argv
+from envrl.serve.config import ElasticPoolConfig, EnvServerConfig, StaticPoolConfig, is_loopback
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        ("tcp://127.0.0.1:5000", True),
+        ("tcp://127.3.2.1:0", True),
+        ("tcp://localhost:5000", True),
+        ("tcp://[::1]:5000", True),
+        ("ipc:///tmp/x", True),
+        ("tcp://0.0.0.0:5000", False),
+        ("tcp://*:5000", False),
+        ("tcp://10.0.0.5:5000", False),
+        ("tcp://eth0:5000", False),
+    ],
+)
+def test_loopback_addresses_are_recognised(address: str, loopback: bool) -> None:
+    assert is_loopback(address) is loopback
+
+
+def test_default_pool_is_elastic_and_static_is_chosen_by_type() -> None:
+    assert isinstance(EnvServerConfig(env={"id": "x"}).pool, ElasticPoolConfig)
+    config = resolve_config(EnvServerConfig, overrides=[("env.id", "x"), ("pool.type", "static"), ("pool.num-workers", "3")])
+    assert isinstance(config.pool, StaticPoolConfig) and config.pool.max_workers == 3
+
+
+def test_exposed_address_needs_curve_keys_or_insecure() -> None:
+    with pytest.raises(ConfigError, match="curve.secret_key_file.*--insecure"):
+        resolve_config(EnvServerConfig, overrides=[("env.id", "x"), ("address", "tcp://0.0.0.0:5000")])
+    config = resolve_config(EnvServerConfig, overrides=[("env.id", "x"), ("address", "tcp://0.0.0.0:5000"), ("insecure", None)])
+    assert config.insecure
+
+
+def test_elastic_min_above_max_is_an_error_naming_both() -> None:
+    with pytest.raises(ConfigError, match="min_workers .3. is above max_workers .2."):
+        resolve_config(EnvServerConfig, overrides=[("env.id", "x"), ("pool", '{"min_workers": 3, "max_workers": 2}')])
+
+
+def test_config_argv_rebuilds_the_same_config_in_a_child() -> None:
+    config = EnvServerConfig(
+        env={"id": "pkg.mod:load", "args": {"n": 3, "name": "a b"}},
+        address="tcp://127.0.0.1:0",
+        pool=StaticPoolConfig(num_workers=2, multiplex=8),
+        timeout={"rollout": None, "scoring": 5},
+        log_file="/tmp/x.log",
+    )
+    parsed = _split_argv(config_argv(config))
+    assert resolve_config(EnvServerConfig, parsed.config_files, parsed.overrides) == config
