@@ -113,9 +113,10 @@ def main() -> None:
         publish_weights(trainer.model, trainer.tokenizer, weights_dir(root / "run", 1), runtime, trainer.base_config)
         publish_s = time.perf_counter() - start
         if runtime.is_main:
+            device = torch.cuda.get_device_name() if runtime.device.type == "cuda" else "cpu"
             row = {
                 "model": bench.model,
-                "device": f"{runtime.world_size}x {torch.cuda.get_device_name() if runtime.device.type == 'cuda' else 'cpu'}",
+                "device": f"{runtime.world_size}x {device}",
                 "dtype": str(runtime.compute_dtype).removeprefix("torch."),
                 "tokens/step": int(timed[0]["tokens"]),
                 "micro_batches": int(timed[0]["micro_batches"]),

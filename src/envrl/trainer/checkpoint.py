@@ -80,7 +80,8 @@ def save_checkpoint(
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp, no_dist=not runtime.sharded)
     torch.save(_rng_state(), tmp / _rng_file(runtime.rank))
     if runtime.is_main:
-        torch.save({"step": step, "scheduler": scheduler.state_dict(), "world_size": runtime.world_size}, tmp / TRAINER_STATE)
+        meta = {"step": step, "scheduler": scheduler.state_dict(), "world_size": runtime.world_size}
+        torch.save(meta, tmp / TRAINER_STATE)
     barrier(runtime)
     if runtime.is_main:
         if final.exists():  # left by a run that went further before this one resumed from earlier

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 
 from envrl.trainer.config import LossConfig
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of each token given the ones before it, and the entropy of that prediction.
 
     `logits` is [T, V] for tokens `input_ids` [T]; position t is scored by the logits at t - 1,
