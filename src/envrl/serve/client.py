@@ -30,6 +30,8 @@ UNAVAILABLE = "unavailable"
 """EnvServerError type: the server is dead or unreachable (client-side; never sent by a server)."""
 TIMEOUT = "timeout"
 """EnvServerError type: the call's own deadline passed (client-side)."""
+TICK = 0.1
+"""Seconds between checks of call deadlines and server silence (one sweep, not a timer per call)."""
 
 
 class EnvServerError(RuntimeError):
@@ -68,6 +70,8 @@ class EnvClient:
         self._ids = itertools.count()
         self._prefix = secrets.token_hex(3)
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._deadlines: dict[str, tuple[float, str, float]] = {}
+        """Request id -> (deadline, method, timeout) of calls that have one."""
         self._down: str | None = None
         self._started = False
 
@@ -193,18 +197,17 @@ class EnvClient:
             rid = request_id or f"{self._prefix}-{next(self._ids)}"
             future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
             self._pending[rid] = future
+            if deadline is not None:
+                self._deadlines[rid] = (deadline, method, timeout)  # type: ignore[assignment]
             try:
                 self._send({"id": rid, "method": method, "params": params})
-                async with asyncio.timeout_at(deadline):
-                    response = await future
-            except TimeoutError:
-                self._send_cancel(rid, method)
-                raise EnvServerError(TIMEOUT, f"{method} got no answer within {timeout:g} s", self.address, rid) from None
+                response = await future
             except asyncio.CancelledError:
                 self._send_cancel(rid, method)
                 raise
             finally:
                 self._pending.pop(rid, None)
+                self._deadlines.pop(rid, None)
             if response["ok"]:
                 return response["result"]
             error = response["error"]
@@ -246,15 +249,29 @@ class EnvClient:
         self._mark_down(f"the connection to the server dropped ({len(self._pending)} pending requests failed)")
 
     async def _watch_health(self) -> None:
-        """Probe health when the server has been quiet; declare it dead after `dead_after` s of silence."""
+        """Expire overdue calls; probe health when the server has been quiet; declare it dead
+        after `dead_after` s of silence."""
+        last_probe = self._loop.time()
         while True:
-            await asyncio.sleep(self.health_interval)
-            silent = self._loop.time() - self._last_heard
+            await asyncio.sleep(TICK)
+            now = self._loop.time()
+            self._expire(now)
+            silent = now - self._last_heard
             if silent >= self.dead_after and self._down is None:
                 self._mark_down(f"no answer for {silent:.1f} s, not even to health probes ({len(self._pending)} pending requests failed)")
-            if silent >= self.health_interval:
+            if silent >= self.health_interval and now - last_probe >= self.health_interval:
+                last_probe = now
                 with contextlib.suppress(EnvServerError):
                     self._send({"id": f"{self._prefix}-h{next(self._ids)}", "method": "health", "params": {}})
+
+    def _expire(self, now: float) -> None:
+        for rid, (deadline, method, timeout) in list(self._deadlines.items()):
+            if deadline <= now:
+                del self._deadlines[rid]
+                future = self._pending.get(rid)
+                if future is not None and not future.done():
+                    future.set_exception(EnvServerError(TIMEOUT, f"{method} got no answer within {timeout:g} s", self.address, rid))
+                    self._send_cancel(rid, method)
 
     def _mark_down(self, reason: str) -> None:
         if self._down is None:

@@ -8,7 +8,6 @@ killed; a bad frame gets an error response and the server keeps serving.
 
 from __future__ import annotations
 
-import heapq
 import shutil
 import signal
 import socket
@@ -37,6 +36,8 @@ from envrl.traces import Error, Trace
 MAX_BATCH = 4096
 """Most messages read from one socket per loop turn, so neither side starves the other."""
 WORKER_STOP_GRACE = 3.0
+SWEEP_INTERVAL = 0.1
+"""Seconds between scans for overdue rollouts (one scan instead of a timer per request)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -64,7 +65,7 @@ class EnvServer:
         self.requests: dict[int, Request] = {}
         self.by_key: dict[tuple[bytes, str], int] = {}
         self.queue: deque[int] = deque()
-        self.deadlines: list[tuple[float, int]] = []
+        self.next_sweep = 0.0
         self.outbox: dict[int, tuple[list[list[Any]], list[bytes]]] = {}
         self.next_token = 0
         self.draining_until: float | None = None
@@ -178,9 +179,7 @@ class EnvServer:
         return code
 
     def _poll_timeout_ms(self, now: float) -> int:
-        timeout = 0.5  # elastic scaling and drain checks need a turn now and then
-        if self.deadlines:
-            timeout = min(timeout, max(0.0, self.deadlines[0][0] - now))
+        timeout = SWEEP_INTERVAL  # deadlines, elastic scaling and drain checks need a turn now and then
         if self.draining_until is not None:
             timeout = min(timeout, max(0.0, self.draining_until - now))
         return int(timeout * 1000) + 1
@@ -376,15 +375,16 @@ class EnvServer:
     def _set_deadline(self, request: Request, deadline: float) -> None:
         if request.deadline is None or deadline < request.deadline:
             request.deadline = deadline
-            heapq.heappush(self.deadlines, (deadline, request.token))
 
     def _kill_overdue(self, now: float) -> None:
         """A worker that let a rollout pass its deadline by kill_grace is stuck: kill and replace it."""
-        while self.deadlines and self.deadlines[0][0] <= now:
-            deadline, token = heapq.heappop(self.deadlines)
-            request = self.requests.get(token)
-            if request is None or request.deadline != deadline or request.worker is None:
-                continue
+        if now < self.next_sweep:
+            return
+        self.next_sweep = now + SWEEP_INTERVAL
+        overdue = [r for r in self.requests.values() if r.worker is not None and r.deadline is not None and r.deadline <= now]
+        for request in overdue:
+            if request.token not in self.requests or request.worker is None:
+                continue  # answered when an earlier overdue request's worker was killed
             worker = self.pool.workers[request.worker]
             grace = self.config.timeout.kill_grace
             if request.cancel_requested:

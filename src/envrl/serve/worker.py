@@ -11,6 +11,7 @@ import asyncio
 import signal
 import sys
 from collections import OrderedDict
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ from envrl.serve.zmqio import Frames, SocketPump
 from envrl.traces import Error, Task, Trace
 
 MAX_CACHED_CLIENTS = 16
+SWEEP_INTERVAL = 0.1
+"""Seconds between checks for rollouts past `timeout.rollout` (one sweep instead of a timer each)."""
+REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
+"""The request a rollout task serves: tags every log line the task (or the env in it) writes."""
 
 
 class WorkerConfig(BaseConfig):
@@ -49,6 +54,8 @@ class Worker:
         self.env = env
         self.tag = f"env-worker[{config.worker_id}]"
         self.running: dict[int, asyncio.Task[None]] = {}
+        self.deadlines: dict[int, float] = {}
+        self.timed_out: set[int] = set()
         self.clients: OrderedDict[str, ModelClient] = OrderedDict()
         self.done_tokens: list[int] = []
         self.done_frames: list[bytes] = []
@@ -65,9 +72,11 @@ class Worker:
         self.pump = SocketPump(socket, self._on_messages)
         self.pump.send([p.WORKER_READY])
         logger.info(f"ready: {type(self.env).__name__} from {self.config.env.id!r}")
+        sweeper = loop.create_task(self._sweep())
         try:
             await self.stopped
         finally:
+            sweeper.cancel()
             for task in self.running.values():
                 task.cancel()
             await asyncio.gather(*self.running.values(), return_exceptions=True)
@@ -89,9 +98,11 @@ class Worker:
 
     async def _run(self, token: int, raw: bytes) -> None:
         try:
-            frame = await self._answer(raw)
+            frame = await self._answer(token, raw)
         finally:
             del self.running[token]
+            self.deadlines.pop(token, None)
+            self.timed_out.discard(token)
         if not self.done_tokens:
             asyncio.get_running_loop().call_soon(self._flush)
         self.done_tokens.append(token)
@@ -104,40 +115,52 @@ class Worker:
         if not self.pump.socket.closed:
             self.pump.send([p.WORKER_DONE, p.encode(tokens), *frames])  # type: ignore[arg-type]
 
-    async def _answer(self, raw: bytes) -> bytes:
+    async def _answer(self, token: int, raw: bytes) -> bytes:
         request = p.decode(raw)  # the server has checked the envelope
         request_id, method = request["id"], request["method"]
-        with logger.contextualize(process=f"{self.tag} req={request_id}"):
-            kind = p.GroupParams if method == "run_group" else p.RolloutParams
-            try:
-                params = kind.model_validate(request.get("params", {}))
-                task = self.env.get_task(params.split, params.task_idx)
-                client = self._client(params.client)
-            except Exception as e:  # bad params, a task the env cannot give, a client it cannot build
-                message = p.validation_message(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"
-                return p.error_response(request_id, p.BAD_REQUEST, f"{method}: {message}")
-            n = params.n if isinstance(params, p.GroupParams) else 1
-            try:
-                traces = await self._rollouts(params, task, client, n)
-            except asyncio.CancelledError:
+        REQUEST_ID.set(request_id)  # this task's context only
+        kind = p.GroupParams if method == "run_group" else p.RolloutParams
+        try:
+            params = kind.model_validate(request.get("params", {}))
+            task = self.env.get_task(params.split, params.task_idx)
+            client = self._client(params.client)
+        except Exception as e:  # bad params, a task the env cannot give, a client it cannot build
+            message = p.validation_message(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"
+            return p.error_response(request_id, p.BAD_REQUEST, f"{method}: {message}")
+        n = params.n if isinstance(params, p.GroupParams) else 1
+        limit = self.config.timeout.rollout
+        if limit is not None:
+            self.deadlines[token] = asyncio.get_running_loop().time() + limit
+        try:
+            traces = await self._rollouts(params, task, client, n)
+        except asyncio.CancelledError:
+            if token not in self.timed_out:
                 logger.info("cancelled")
                 return p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
-            if isinstance(params, p.GroupParams):
-                return p.ok_response(request_id, {"traces": [trace.to_wire() for trace in traces]})
-            return p.ok_response(request_id, traces[0].to_wire())
-
-    async def _rollouts(self, params: p.RolloutParams, task: Task, client: ModelClient, n: int) -> list[Trace]:
-        limit = self.config.timeout.rollout
-        sampling, scoring = params.sampling_args(), self.config.timeout.scoring
-        try:
-            async with asyncio.timeout(limit):
-                if isinstance(params, p.GroupParams):
-                    return await self.env.run_group(task, client, sampling, n, scoring_timeout=scoring)
-                return [await self.env.run_rollout(task, client, sampling, scoring_timeout=scoring)]
-        except TimeoutError:
             logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
             error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
-            return [Trace.from_error(task, error, is_truncated=True) for _ in range(n)]
+            traces = [Trace.from_error(task, error, is_truncated=True) for _ in range(n)]
+        if isinstance(params, p.GroupParams):
+            return p.ok_response(request_id, {"traces": [trace.to_wire() for trace in traces]})
+        return p.ok_response(request_id, traces[0].to_wire())
+
+    async def _sweep(self) -> None:
+        """Cancel rollouts past their deadline; `_answer` turns those into timeout Traces."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            now = loop.time()
+            for token, deadline in list(self.deadlines.items()):
+                if deadline <= now and token not in self.timed_out:
+                    self.timed_out.add(token)
+                    self.running[token].cancel()
+
+    async def _rollouts(self, params: p.RolloutParams, task: Task, client: ModelClient, n: int) -> list[Trace]:
+        sampling, scoring = params.sampling_args(), self.config.timeout.scoring
+        try:
+            if isinstance(params, p.GroupParams):
+                return await self.env.run_group(task, client, sampling, n, scoring_timeout=scoring)
+            return [await self.env.run_rollout(task, client, sampling, scoring_timeout=scoring)]
         except Exception as e:  # the env broke its never-raise contract; still an answer
             logger.error(f"the environment raised {type(e).__name__}: {e} instead of returning an error Trace")
             return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n)]
@@ -156,11 +179,18 @@ class Worker:
         return client
 
 
+def _tag_request(record: Any) -> None:
+    request_id = REQUEST_ID.get()
+    if request_id is not None:
+        record["extra"]["process"] = f"{record['extra']['process']} req={request_id}"
+
+
 def main(argv: list[str] | None = None) -> None:
     config = load_config(WorkerConfig, argv, prog="env-worker")
     die_with_parent(signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us in order
     setup_logging(LogConfig(level=config.log_level, file=config.log_file), process=f"env-worker[{config.worker_id}]")
+    logger.configure(patcher=_tag_request)
     try:
         env = load_environment(config.env.id, **config.env.args)
     except Exception as e:

@@ -1,0 +1,240 @@
+"""Env server round-trip benchmark against a raw pyzmq DEALER/ROUTER msgpack echo (the physical floor).
+
+Prints round-trips/s and p50/p99 latency at 16 and 1,024 requests in flight through `EnvClient`
+-> `env-server` -> worker -> back, for the default (elastic) pool and a static 1-worker pool, then
+the same figures for a raw echo of the same bytes, and the ratios. Also the server's memory
+(server + workers RSS) after an offered load of 4x (capacity + queue).
+
+    uv run python scripts/bench/env_server.py [--seconds 4]
+
+This file is also the benchmark's environment (`env_server:load_environment`, imported by the
+server's processes with this folder on PYTHONPATH): no model, constant reward, ~1 KB task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TASK_BYTES = 1000
+
+# ---------------------------------------------------------------------------------------------
+# The environment (runs inside the server and its workers)
+
+
+def load_environment(num_tasks: int = 64) -> Any:
+    from envrl.envs import Environment
+    from envrl.traces import Task, Trace, WireTask
+
+    class PayloadTask(Task):
+        payload: str
+
+    class ConstantEnv(Environment):
+        """Answers every rollout at once with reward 1: measures the serving path, nothing else."""
+
+        def __init__(self) -> None:
+            tasks = [PayloadTask(idx=i, payload="x" * TASK_BYTES) for i in range(num_tasks)]
+            super().__init__(tasks=tasks)
+            self.wire = [WireTask.model_validate(t.model_dump()) for t in tasks]
+
+        async def run_rollout(self, task: Task, client: Any, sampling: Any, *, scoring_timeout: float | None = None) -> Trace:
+            return Trace(task=self.wire[task.idx], reward=1.0, stop_reason="completed")
+
+    return ConstantEnv()
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+
+
+def summary(latencies: list[float], elapsed: float) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "rps": len(ordered) / elapsed,
+        "p50": ordered[len(ordered) // 2] * 1e3,
+        "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3,
+    }
+
+
+async def measure_env_server(address: str, in_flight: int, seconds: float) -> dict[str, float]:
+    from envrl.serve.client import EnvClient
+
+    client_config, sampling = {"type": "scripted"}, {"max_tokens": 1}
+    latencies: list[float] = []
+    async with EnvClient(address, timeout=60) as client:
+        await client.wait_until_ready(60)
+        stop_at = 0.0
+
+        async def lane(i: int, record: bool) -> None:
+            while time.perf_counter() < stop_at:
+                start = time.perf_counter()
+                await client.run_rollout(i % 64, client=client_config, sampling=sampling)
+                if record:
+                    latencies.append(time.perf_counter() - start)
+
+        for record, duration in ((False, 1.0), (True, seconds)):  # warm-up (elastic growth), then measure
+            stop_at = time.perf_counter() + duration
+            started = time.perf_counter()
+            await asyncio.gather(*(lane(i, record) for i in range(in_flight)))
+        elapsed = time.perf_counter() - started
+    return summary(latencies, elapsed)
+
+
+ECHO_SERVER = """
+import sys, msgpack, zmq
+sock = zmq.Context().socket(zmq.ROUTER)
+sock.setsockopt(zmq.SNDHWM, 0)
+port = sock.bind_to_random_port("tcp://127.0.0.1")
+print(port, flush=True)
+reply = msgpack.unpackb(bytes.fromhex(sys.argv[1]))
+while True:
+    identity, frame = sock.recv_multipart()
+    request = msgpack.unpackb(frame)
+    sock.send_multipart([identity, msgpack.packb({**reply, "id": request["id"]})])
+"""
+
+
+def measure_echo(address: str, request: dict[str, Any], in_flight: int, seconds: float) -> dict[str, float]:
+    import msgpack
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    sent: dict[str, float] = {}
+    latencies: list[float] = []
+    counter = 0
+
+    def send() -> None:
+        nonlocal counter
+        counter += 1
+        rid = str(counter)
+        sent[rid] = time.perf_counter()
+        sock.send(msgpack.packb({**request, "id": rid}))
+
+    for record, duration in ((False, 1.0), (True, seconds)):
+        for _ in range(in_flight - len(sent)):
+            send()
+        started = time.perf_counter()
+        stop_at = started + duration
+        while sent:
+            response = msgpack.unpackb(sock.recv())
+            latency = time.perf_counter() - sent.pop(response["id"])
+            if record:
+                latencies.append(latency)
+            if time.perf_counter() < stop_at:
+                send()
+        elapsed = time.perf_counter() - started
+    sock.close()
+    return summary(latencies, elapsed)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of `pid` and its children, in MB."""
+    total = 0.0
+    pids = [pid]
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            pids += [int(c) for c in f.read().split()]
+    for p in pids:
+        with open(f"/proc/{p}/status") as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+    return total
+
+
+def overload(address: str, offered: int) -> tuple[int, int]:
+    """Offer `offered` rollouts at once on a raw DEALER; return (answered ok, at_capacity)."""
+    import msgpack
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 60_000)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    params = {"task_idx": 0, "client": {"type": "scripted"}, "sampling": {"max_tokens": 1}}
+    for i in range(offered):
+        sock.send(msgpack.packb({"id": str(i), "method": "run_rollout", "params": params}))
+    answers = [msgpack.unpackb(sock.recv()) for _ in range(offered)]
+    sock.close()
+    return sum(a["ok"] for a in answers), sum(not a["ok"] and a["error"]["type"] == "at_capacity" for a in answers)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per figure")
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[16, 1024])
+    args = parser.parse_args()
+
+    import subprocess
+
+    import msgpack
+
+    from envrl.process import spawn_sidecar
+    from envrl.serve import protocol as p
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    server_bin = str(Path(sys.executable).parent / "env-server")
+    pools = {"elastic (default)": [], "static, 1 worker": ["--pool", '{"type": "static", "num_workers": 1}']}
+    rows: list[tuple[str, int, dict[str, float]]] = []
+    memory: list[str] = []
+    for name, pool_args in pools.items():
+        argv = [server_bin, "--env.id", "env_server:load_environment", "--address", "tcp://127.0.0.1:0", "--log-level", "WARNING", *pool_args]
+        child, address = spawn_sidecar(argv, name="bench env-server", env=env, ready_timeout=120)
+        try:
+            for in_flight in args.in_flight:
+                rows.append((f"env-server, {name}", in_flight, asyncio.run(measure_env_server(address, in_flight, args.seconds))))
+            info = asyncio.run(_info(address))
+            offered = 4 * (info.capacity + info.max_queued)
+            before = rss_mb(child.pid)
+            accepted, refused = overload(address, offered)
+            memory.append(
+                f"{name}: offered {offered} at once (4 x (capacity {info.capacity} + queue {info.max_queued})): "
+                f"{accepted} ok, {refused} at_capacity; server+workers RSS {before:.0f} MB -> {rss_mb(child.pid):.0f} MB"
+            )
+        finally:
+            child.stop(grace=10)
+
+    # The reference: the same request and response bytes through a bare ROUTER echo.
+    trace = load_environment().wire[0]
+    from envrl.traces import Trace
+
+    reply = {"ok": True, "result": Trace(task=trace, reward=1.0, stop_reason="completed").to_wire()}
+    request = {"method": "run_rollout", "params": {"task_idx": 0, "split": "train", "client": {"type": "scripted"}, "sampling": {"max_tokens": 1}, "seed": None}}
+    echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, msgpack.packb(reply).hex()], stdout=subprocess.PIPE, text=True)
+    try:
+        echo_address = f"tcp://127.0.0.1:{echo.stdout.readline().strip()}"  # type: ignore[union-attr]
+        echo_rows = {n: measure_echo(echo_address, request, n, args.seconds) for n in args.in_flight}
+    finally:
+        echo.kill()
+        echo.wait()
+
+    print(f"\nresponse frame {len(p.ok_response('x', reply['result']))} bytes; {os.cpu_count()} CPUs; {args.seconds:g} s per figure\n")
+    print(f"{'path':38} {'in flight':>9} {'rt/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'rt/s vs echo':>13} {'p99 vs echo':>12}")
+    for name, n, r in [*rows, *(("raw pyzmq echo (reference)", n, r) for n, r in echo_rows.items())]:
+        ref = echo_rows[n]
+        print(f"{name:38} {n:>9} {r['rps']:>9.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['rps'] / ref['rps']:>12.0%} {r['p99'] / ref['p99']:>11.2f}x")
+    print("\nmemory under overload:")
+    for line in memory:
+        print(f"  {line}")
+
+
+async def _info(address: str) -> Any:
+    from envrl.serve.client import EnvClient
+
+    async with EnvClient(address) as client:
+        return await client.info()
+
+
+if __name__ == "__main__":
+    main()
