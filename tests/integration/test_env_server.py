@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -91,11 +93,13 @@ def test_many_concurrent_requests_on_one_socket_are_each_answered_by_id(server: 
 def test_env_exception_comes_back_as_an_error_trace(server: RunningServer) -> None:
     async def go() -> None:
         async with EnvClient(server.address) as client:
-            trace = await rollout(client, RAISE)
+            trace = await rollout(client, RAISE, request_id="raise-1")
             assert trace.error is not None and trace.error.type == "RuntimeError"
             assert "on purpose" in trace.error.message and trace.reward is None
 
     run(go())
+    logged = [line for line in server.log_file.read_text().splitlines() if "req=raise-1" in line]
+    assert logged and all("env-worker[" in line for line in logged)
 
 
 def test_hanging_rollout_is_stopped_at_the_rollout_timeout(server: RunningServer) -> None:
@@ -239,3 +243,13 @@ def test_a_server_that_dies_fails_pending_calls_fast_and_takes_its_workers_along
 
         assert run(go()) < 3.0
         wait_until(lambda: not any(alive(pid) for pid in workers), 5, "workers gone after their server was SIGKILLed")
+
+
+def test_the_minimal_client_in_docs_protocol_md_works_as_written(server: RunningServer) -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
+    code = doc.split("## A minimal client", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.replace("tcp://127.0.0.1:5000", server.address)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    answers = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert "'protocol_version': 1" in answers["1"] and "'reward': 1.0" in answers["2"]
