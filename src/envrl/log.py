@@ -21,6 +21,8 @@ LogLevel = Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRI
 
 # Libraries that install their own handlers; we strip those so their records reach loguru once.
 THIRD_PARTY_LOGGERS = ("vllm", "transformers", "urllib3", "zmq", "asyncio", "httpx", "wandb", "torch")
+CHATTY_LOGGERS = ("httpx", "httpcore")
+"""Log every request at INFO; we keep their warnings only."""
 
 CONSOLE_FORMAT = (
     "<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> "
@@ -64,3 +66,5 @@ def setup_logging(config: LogConfig, process: str) -> None:
         stdlib_logger = logging.getLogger(name)
         stdlib_logger.handlers = []
         stdlib_logger.propagate = True
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logger.level(config.level).no))

@@ -18,7 +18,7 @@ from loguru import logger
 from envrl.inference.client import InferenceClient
 from envrl.layout import published_steps, weights_dir
 
-POLL_INTERVAL = 0.5
+POLL_INTERVAL = 0.1
 
 
 class PolicyTracker:
