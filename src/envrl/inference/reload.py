@@ -7,8 +7,9 @@ serving. Reloads are serialised; requests in flight when one starts finish on th
 
 Shipped to vLLM as an endpoint plugin (entry point group `vllm.endpoint_plugins`, enabled by
 `VLLM_PLUGINS=envrl`), so the server is vLLM's own OpenAI server with this one route added.
-The engine side is vLLM's native `Worker.reload_weights`, which also redoes the post-load
-processing (on CPU: weight prepacking for the GEMM kernels) that a plain `load_weights` skips.
+The engine side is vLLM's native `Worker.reload_weights` (which also redoes the post-load
+processing, on CPU the GEMM weight prepacking, that a plain `load_weights` skips), wrapped by
+our worker extension (envrl.inference.worker) to keep tied output embeddings in step.
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ class WeightReloadPlugin:
         return JSONResponse({"status": "ok", "path": str(path), "seconds": seconds})
 
     async def _load(self, path: Path | str) -> str | None:
-        """Run vLLM's in-place reload from `path` on every worker; the failure text, or None."""
+        """Reload in place from `path` on every worker; the failure text, or None."""
         try:
-            await self._engine.collective_rpc("reload_weights", kwargs={"weights_path": str(path), "is_checkpoint_format": True})
+            await self._engine.collective_rpc("envrl_reload_weights", args=(str(path),))
         except Exception as e:
             return f"loading weights from {path} failed in the engine: {type(e).__name__}: {e}"
         return None

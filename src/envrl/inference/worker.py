@@ -1,0 +1,33 @@
+"""Engine side of `/update_weights`: a vLLM worker extension (`--worker-extension-cls`).
+
+Guarantee: after `envrl_reload_weights(path)` every parameter the model computes with comes
+from `path`, including an output head tied to the input embeddings. vLLM's native in-place
+reload only re-processes layers whose weights it loaded, so a tied `lm_head` (absent from HF
+checkpoints) keeps computing with derived state of the old embeddings (on CPU, its prepacked
+GEMM copy); this extension re-ties it and redoes its post-load processing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class WeightReloadExtension:
+    """Mixed into vLLM's Worker class by vLLM itself; `self` is the worker."""
+
+    def envrl_reload_weights(self, path: str) -> None:
+        worker: Any = self  # vLLM's Worker provides reload_weights and model_runner
+        worker.reload_weights(weights_path=path, is_checkpoint_format=True)
+        retie_output_embeddings(worker.model_runner.get_model())
+
+
+def retie_output_embeddings(model: torch.nn.Module) -> None:
+    """Point a tied `lm_head` at the current input embeddings and redo its post-load processing."""
+    config = getattr(model, "config", None)
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is None or not getattr(config, "tie_word_embeddings", False):
+        return
+    lm_head.tie_weights(model.get_submodule("model.embed_tokens"))
+    lm_head.quant_method.process_weights_after_loading(lm_head)

