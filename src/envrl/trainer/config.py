@@ -91,6 +91,9 @@ class TrainerConfig(BaseConfig):
     """Token budget of one packed micro-batch; a longer sample is an error."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype: auto = bfloat16 on GPU (fp32 master weights), float32 on CPU."""
+    attn_implementation: str = "sdpa"
+    """Passed to transformers (`sdpa`, `eager`, `flex_attention`, `flash_attention_2` if installed).
+    All keep packed samples apart (tested: sdpa, eager, flex on CPU); flash/flex avoid sdpa's dense mask."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward to save memory."""
     batch_timeout_s: float = Field(3600.0, gt=0)

@@ -62,7 +62,9 @@ def init_runtime(config: TrainerConfig) -> Runtime:
 
 def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     """Load the HF model in fp32 and place it (sharded or not) on the runtime's device."""
-    model = AutoModelForCausalLM.from_pretrained(config.model.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        config.model.name, dtype=torch.float32, attn_implementation=config.attn_implementation
+    )
     model.config.use_cache = False
     if config.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -73,8 +73,11 @@ def test_every_rank_gets_the_same_number_of_micro_batches():
     assert all(not mb.loss_mask.any() for s in shards for mb in s if mb.num_samples == 0)
 
 
-def test_packed_forward_matches_separate_forwards():
-    model = AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32).eval()
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_packed_forward_matches_separate_forwards(attn_implementation):
+    model = AutoModelForCausalLM.from_pretrained(
+        DEFAULT_DIR, dtype=torch.float32, attn_implementation=attn_implementation
+    ).eval()
     samples = synthetic_samples(3, seed=2)
     (mb,) = pack(samples, max_tokens=4096, normalize="token")
     with torch.no_grad():
