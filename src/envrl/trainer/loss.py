@@ -43,7 +43,10 @@ def policy_loss(
     `kl_coef * (exp(logp_inf - logp) - 1 - (logp_inf - logp))` (k3 KL to the inference policy).
     With `ratio_mask`, tokens whose r is outside [mask_low, mask_high] contribute nothing (their
     weight is not redistributed). All tensors are [T]; `weights` carry the normalisation.
+    A NaN inference logprob (a back-filled turn: the behaviour policy is unknown) counts as
+    on-policy: ratio 1 and no mismatch.
     """
+    inference_logprobs = torch.where(torch.isnan(inference_logprobs), logprobs.detach(), inference_logprobs)
     keep = loss_mask
     masked = torch.zeros_like(loss_mask)
     with torch.no_grad():

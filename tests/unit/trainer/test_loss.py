@@ -96,3 +96,15 @@ def test_temperature_divides_the_logits():
     logprobs, _ = token_logprobs(logits, torch.tensor([0, 0]), temperature=2.0)
     # logits / 2 = [log 3, 0] -> p(token 0) = 3/4
     assert math.isclose(logprobs[1].item(), math.log(0.75), rel_tol=1e-6)
+
+
+def test_unknown_inference_logprob_counts_as_on_policy():
+    """Back-filled tokens carry NaN: ratio 1, plain policy gradient, no mismatch, no NaN."""
+    inference = torch.tensor([-1.0, math.nan, -2.0, math.nan])
+    logprobs = torch.tensor([-1.5, -0.7, -1.5, -3.0], requires_grad=True)
+    loss, stats = policy_loss(logprobs, inference, ADVANTAGES, ALL, WEIGHTS, LossConfig(ppo_clip=False))
+    loss.backward()
+    assert math.isclose(loss.item(), 0.25 * (-E(-0.5) * 2 - 1.0 * 1 + E(0.5) * 1 + 1.0 * 0.5), abs_tol=1e-6)
+    assert [math.isclose(g, 0.25 * -a, rel_tol=1e-6) for g, a in zip(logprobs.grad.tolist()[1::2], ADVANTAGES.tolist()[1::2])] == [True, True]
+    expected_kl = sum(E(-d) - 1 + d for d in (-0.5, 0.5))
+    assert math.isclose(stats["mismatch_kl"].item(), expected_kl, rel_tol=1e-5)
