@@ -29,7 +29,8 @@ from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime, shutdown
 from envrl.trainer.synthetic import synthetic_samples
-from envrl.trainer.weights import publish_weights, weights_dir
+from envrl.layout import weights_dir
+from envrl.trainer.weights import publish_weights
 
 
 class BenchConfig(BaseConfig):

@@ -12,6 +12,16 @@ from pathlib import Path
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
+def batch_dir(output_dir: Path, step: int) -> Path:
+    """Where trainer step `step` reads its samples: `<output_dir>/rollouts/step_<step>/`."""
+    return Path(output_dir) / "rollouts" / f"step_{step}"
+
+
+def checkpoint_dir(output_dir: Path, step: int) -> Path:
+    """The trainer's full state after `step` completed steps: `<output_dir>/checkpoints/step_<step>/`."""
+    return Path(output_dir) / "checkpoints" / f"step_{step}"
+
+
 def weights_dir(output_dir: Path, step: int) -> Path:
     """Where policy `step` is published: `<output_dir>/weights/step_<step>/`."""
     return Path(output_dir) / "weights" / f"step_{step}"

@@ -19,6 +19,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from envrl.atomic import atomic_dir
+from envrl.layout import batch_dir
 
 
 class TrainingSample(BaseModel):
@@ -61,11 +62,6 @@ _COLUMNS = (("input_ids", "i"), ("loss_mask", "B"), ("inference_logprobs", "d"))
 
 class BatchError(ValueError):
     """A batch file that cannot be read; the message names the file and what is wrong with it."""
-
-
-def batch_dir(output_dir: Path, step: int) -> Path:
-    """Where trainer step `step` reads its samples: `<output_dir>/rollouts/step_<step>/`."""
-    return Path(output_dir) / "rollouts" / f"step_{step}"
 
 
 def _to_bytes(values: list[int] | list[float], typecode: str) -> bytes:

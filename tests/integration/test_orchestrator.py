@@ -15,12 +15,12 @@ import pytest
 
 from envrl.config import ModelConfig
 from envrl.envs.model_client import ScriptedClientConfig
-from envrl.layout import weights_dir
+from envrl.layout import batch_dir, weights_dir
 from envrl.metrics import WandbConfig
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig, SamplingConfig
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.loop import Orchestrator
-from envrl.samples import batch_dir, read_batch
+from envrl.samples import read_batch
 from envrl.serve.config import StaticPoolConfig
 
 HERE = Path(__file__).parent

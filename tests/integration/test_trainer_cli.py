@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.samples import BATCH_FILE, batch_dir, write_batch
+from envrl.layout import batch_dir
+from envrl.samples import BATCH_FILE, write_batch
 from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.synthetic import synthetic_samples
 

@@ -29,7 +29,8 @@ from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics
 from envrl.orchestrator.trajectories import TokenBackfill, trace_to_samples
-from envrl.samples import TrainingSample, batch_dir, write_batch
+from envrl.layout import batch_dir
+from envrl.samples import TrainingSample, write_batch
 from envrl.traces import Error, Trace, WireTask
 
 

@@ -7,7 +7,6 @@ only the newest `keep` are retained, and older ones are deleted only after a new
 
 from __future__ import annotations
 
-import re
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -22,22 +21,15 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from envrl.atomic import publish, temp_sibling
+from envrl.layout import checkpoint_dir, published_steps
 from envrl.trainer.parallel import Runtime, barrier
 
-_STEP_DIR = re.compile(r"step_(\d+)")
 TRAINER_STATE = "trainer_state.pt"
-
-
-def checkpoint_dir(output_dir: Path, step: int) -> Path:
-    return Path(output_dir) / "checkpoints" / f"step_{step}"
 
 
 def list_checkpoints(output_dir: Path) -> list[int]:
     """Steps with a published checkpoint, oldest first."""
-    root = Path(output_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir())
+    return published_steps(Path(output_dir) / "checkpoints")
 
 
 @contextmanager

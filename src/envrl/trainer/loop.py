@@ -18,13 +18,14 @@ from loguru import logger
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.metrics import MetricsSink
-from envrl.samples import TrainingSample, batch_dir, read_batch
+from envrl.layout import batch_dir, weights_dir
+from envrl.samples import TrainingSample, read_batch
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model
-from envrl.trainer.weights import publish_weights, weights_dir
+from envrl.trainer.weights import publish_weights
 
 SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "clipped", "masked", "tokens", "samples")
 

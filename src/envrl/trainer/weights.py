@@ -19,11 +19,6 @@ from envrl.atomic import atomic_dir
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
 
 
-def weights_dir(output_dir: Path, step: int) -> Path:
-    """Where policy `step` is published: `<output_dir>/weights/step_<step>/`."""
-    return Path(output_dir) / "weights" / f"step_{step}"
-
-
 def publish_weights(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,

@@ -4,7 +4,8 @@ import msgpack
 import pytest
 
 from envrl.atomic import atomic_dir
-from envrl.samples import BATCH_FILE, BatchError, batch_dir, read_batch, write_batch
+from envrl.layout import batch_dir
+from envrl.samples import BATCH_FILE, BatchError, read_batch, write_batch
 from envrl.trainer.synthetic import synthetic_samples
 
 

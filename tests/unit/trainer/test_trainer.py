@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envrl.config import resolve_config
-from envrl.samples import BATCH_FILE, BatchError, batch_dir, write_batch
+from envrl.layout import batch_dir
+from envrl.samples import BATCH_FILE, BatchError, write_batch
 from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.checkpoint import list_checkpoints
 from envrl.trainer.config import OptimConfig, TrainerConfig
