@@ -15,6 +15,7 @@ from loguru import logger
 
 from envrl.config import load_config
 from envrl.log import LogConfig, setup_logging
+from envrl.process import die_with_parent
 from envrl.samples import BatchError
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer, TrainingError
@@ -31,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         setup_logging(config.log, process="trainer")
     else:  # rank 0 speaks for the run; the others only report trouble, to the console
         setup_logging(LogConfig(level="WARNING"), process=f"trainer[{rank}]")
+    die_with_parent()
     transformers.utils.logging.disable_progress_bar()  # tqdm bars make unreadable log files
     runtime = None
     try:
