@@ -7,12 +7,15 @@ Guarantee: the process serves `model.name` on `host:port` with exactly the engin
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +44,25 @@ OWN_OPTIONS = {
 WORKER_EXTENSION = "envrl.inference.worker.WeightReloadExtension"
 
 
+UNIX_SOCKET_DIR_MAX = 64
+"""Longest directory for vLLM's RPC sockets: Linux caps a socket path at 107 bytes, and vLLM
+appends a '/' and a 36-character uuid."""
+
+
+def rpc_dir(work: Path) -> Path:
+    """Where vLLM's RPC sockets go: in the run dir, unless that path is too long for a socket."""
+    preferred = work / "rpc"
+    if len(str(preferred)) <= UNIX_SOCKET_DIR_MAX:
+        return preferred
+    short = Path(tempfile.mkdtemp(prefix="envrl-rpc-"))
+    atexit.register(shutil.rmtree, short, ignore_errors=True)
+    logger.info(f"{preferred} is too long for Unix sockets; vLLM's RPC sockets go to {short}")
+    return short
+
+
 def vllm_environment(config: InferenceConfig) -> dict[str, str]:
-    """Environment for vLLM: our logging, our plugin, and every cache/socket/temp dir in the run dir."""
+    """Environment for vLLM: our logging, our plugin, and every cache/socket/temp dir in the run dir
+    (RPC sockets excepted when the run dir's path is too long for them)."""
     work = config.work_dir.resolve()
     return {
         "VLLM_CONFIGURE_LOGGING": "0",
@@ -50,7 +70,7 @@ def vllm_environment(config: InferenceConfig) -> dict[str, str]:
         "VLLM_PLUGINS": PLUGIN_NAME,
         "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
         "VLLM_CACHE_ROOT": str(work / "cache"),
-        "VLLM_RPC_BASE_PATH": str(work / "rpc"),
+        "VLLM_RPC_BASE_PATH": str(rpc_dir(work)),
         "TMPDIR": str(work / "tmp"),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
@@ -128,31 +148,49 @@ def main(argv: Sequence[str] | None = None) -> None:
     uvloop.run(run_server(args))
 
 
-def start(config: InferenceConfig, *, log_file: Path, ready_timeout: float) -> Child:
-    """Spawn `inference` for `config`; return once it serves `/health`, else raise ChildFailed.
+def spawn_server(config: InferenceConfig, *, log_file: Path) -> Child:
+    """Spawn `inference` for `config` (stdout and stderr to `log_file`); see `wait_until_serving`."""
+    return spawn([sys.executable, "-m", "envrl.inference.server", *config_argv(config)], name="inference", log_file=log_file)
 
-    Death before ready is noticed within a second and named with the tail of `log_file` (the
-    child's stdout and stderr); a server not ready after `ready_timeout` seconds is stopped.
+
+def wait_until_serving(
+    child: Child, base_url: str, timeout: float, also_check: Callable[[], None] = lambda: None
+) -> None:
+    """Return once `base_url/health` answers; raise ChildFailed if the server dies or times out.
+
+    Death is noticed within a second and named with the tail of the child's log; `also_check`
+    runs every second too (a launcher checks its other children there). Progress is logged.
     """
-    argv = [sys.executable, "-m", "envrl.inference.server", *config_argv(config)]
-    child = spawn(argv, name="inference", log_file=log_file)
-    deadline = time.monotonic() + ready_timeout
+    started = time.monotonic()
+    next_report = started + 15.0
+    while True:
+        if child.poll() is not None:
+            raise child.failure(f"{child.describe_exit()} before serving {base_url}")
+        also_check()
+        now = time.monotonic()
+        if now - started > timeout:
+            raise child.failure(f"did not serve {base_url}/health within {timeout:g} s")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=5.0).status_code == 200:
+                logger.info(f"inference server ready at {base_url} after {now - started:.0f} s")
+                return
+        except httpx.HTTPError:
+            pass
+        if now >= next_report:
+            logger.info(f"waiting for the inference server at {base_url} ({now - started:.0f} s)")
+            next_report = now + 15.0
+        time.sleep(1.0)
+
+
+def start(config: InferenceConfig, *, log_file: Path, ready_timeout: float) -> Child:
+    """Spawn `inference` for `config` and return once it serves; on failure stop it and raise."""
+    child = spawn_server(config, log_file=log_file)
     try:
-        while True:
-            if child.poll() is not None:
-                raise child.failure(f"{child.describe_exit()} before serving {config.base_url}")
-            if time.monotonic() > deadline:
-                raise child.failure(f"did not serve {config.base_url}/health within {ready_timeout:g} s")
-            try:
-                if httpx.get(f"{config.base_url}/health", timeout=5.0).status_code == 200:
-                    return child
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
+        wait_until_serving(child, config.base_url, ready_timeout)
     except BaseException:
         child.stop(grace=10.0)
         raise
-
+    return child
 
 if __name__ == "__main__":
     main()

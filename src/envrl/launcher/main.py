@@ -13,15 +13,14 @@ import shutil
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-import httpx
 from loguru import logger
 
 from envrl.config import ConfigError, config_to_toml, load_config
+from envrl.inference.server import wait_until_serving
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
@@ -129,7 +128,9 @@ def _check_ports(run: ResolvedRun) -> None:
 def _start(run: ResolvedRun, files: dict[str, Path], logs: Path, supervisor: Supervisor) -> None:
     python = sys.executable
     logger.info("starting inference server (vLLM; about a minute on CPU)")
-    supervisor.add(spawn([python, "-m", "envrl.inference.server", "--config", str(files["inference"])], name="inference", log_file=logs / "inference.log"))
+    inference = supervisor.add(
+        spawn([python, "-m", "envrl.inference.server", "--config", str(files["inference"])], name="inference", log_file=logs / "inference.log")
+    )
     for server in run.env_servers:
         key = f"envs/{server.split}/{server.name}"
         log_file = logs / "envs" / server.split / f"{server.name}.log"
@@ -138,30 +139,10 @@ def _start(run: ResolvedRun, files: dict[str, Path], logs: Path, supervisor: Sup
         )
         supervisor.add(child)
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
-    _wait_for_inference(run.inference.base_url, supervisor)
+    wait_until_serving(inference, run.inference.base_url, INFERENCE_READY_TIMEOUT, also_check=supervisor.check)
     supervisor.add(spawn([python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])], name="trainer", log_file=logs / "trainer.log"))
     supervisor.add(spawn([python, "-m", "envrl.orchestrator.main", "--config", str(files["orchestrator"])], name="orchestrator", log_file=logs / "orchestrator.log"))
     logger.info(f"trainer and orchestrator started; logs in {logs}")
-
-
-def _wait_for_inference(base_url: str, supervisor: Supervisor) -> None:
-    started = time.monotonic()
-    next_report = started + 15.0
-    while True:
-        supervisor.check()
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
-                logger.info(f"inference server ready at {base_url} after {time.monotonic() - started:.0f} s")
-                return
-        except httpx.HTTPError:
-            pass
-        now = time.monotonic()
-        if now - started > INFERENCE_READY_TIMEOUT:
-            raise RuntimeError(f"inference server at {base_url} not ready after {INFERENCE_READY_TIMEOUT:g} s; see logs/inference.log")
-        if now >= next_report:
-            logger.info(f"waiting for the inference server ({now - started:.0f} s)")
-            next_report = now + 15.0
-        time.sleep(1.0)
 
 
 def _summary(rl: RLConfig) -> None:
