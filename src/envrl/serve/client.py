@@ -10,9 +10,9 @@ are retried with backoff within the call's deadline. Cancelling a call sends `ca
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -96,7 +96,7 @@ class EnvClient:
             socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = server_public, public, secret
         monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         socket.connect(self.address)
-        self._pump = SocketPump(socket, self._on_messages)
+        self._pump = SocketPump(socket, self._on_messages, on_unsent=self._on_unsent)
         self._monitor_pump = SocketPump(monitor, self._on_disconnect)
         self._last_heard = self._loop.time()
         self._watch = self._loop.create_task(self._watch_health())
@@ -218,15 +218,17 @@ class EnvClient:
             raise EnvServerError(error["type"], error["message"], self.address, rid)
 
     def _send(self, message: dict[str, Any]) -> None:
-        try:
-            self._pump.send([p.encode(message)])
-        except zmq.Again:  # no connection at all (refused, or between reconnects)
-            raise EnvServerError(UNAVAILABLE, "not connected to the server (it refused us or is gone)", self.address) from None
+        self._pump.send([p.encode(message)])
+
+    def _on_unsent(self, frames: Sequence[bytes]) -> None:
+        """ZMQ had no connection to queue a request on (refused, or between reconnects): fail it."""
+        future = self._pending.get(p.decode(frames[0])["id"])
+        if future is not None and not future.done():
+            future.set_exception(EnvServerError(UNAVAILABLE, "not connected to the server (it refused us or is gone)", self.address))
 
     def _send_cancel(self, rid: str, method: str) -> None:
         if method.startswith("run_") and not self._pump.socket.closed:
-            with contextlib.suppress(EnvServerError):
-                self._send({"id": f"{self._prefix}-{next(self._ids)}", "method": "cancel", "params": {"request_id": rid}})
+            self._send({"id": f"{self._prefix}-{next(self._ids)}", "method": "cancel", "params": {"request_id": rid}})
 
     def _on_messages(self, batch: list[Frames]) -> None:
         self._last_heard = self._loop.time()
@@ -261,8 +263,7 @@ class EnvClient:
                 self._mark_down(f"no answer for {silent:.1f} s, not even to health probes ({len(self._pending)} pending requests failed)")
             if silent >= self.health_interval and now - last_probe >= self.health_interval:
                 last_probe = now
-                with contextlib.suppress(EnvServerError):
-                    self._send({"id": f"{self._prefix}-h{next(self._ids)}", "method": "health", "params": {}})
+                self._send({"id": f"{self._prefix}-h{next(self._ids)}", "method": "health", "params": {}})
 
     def _expire(self, now: float) -> None:
         for rid, (deadline, method, timeout) in list(self._deadlines.items()):
