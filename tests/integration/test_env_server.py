@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Coroutine, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -222,8 +223,9 @@ def test_requests_beyond_capacity_and_queue_get_at_capacity(server: RunningServe
     assert len(answers) - len(rejected) == CAPACITY + MAX_QUEUED
 
 
-def test_a_server_that_dies_fails_pending_calls_fast_and_takes_its_workers_along(tmp_path: Path) -> None:
-    with running_env_server(tmp_path, "--pool", POOL) as server:
+def test_a_server_that_dies_fails_pending_calls_fast_takes_its_workers_along_and_is_reconnected_to(tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        server = stack.enter_context(running_env_server(tmp_path / "first", "--pool", POOL))
         wait_until(lambda: len(server.workers()) == 2, 10, "two workers")
         workers = server.workers()
 
@@ -237,9 +239,14 @@ def test_a_server_that_dies_fails_pending_calls_fast_and_takes_its_workers_along
                 with pytest.raises(EnvServerError) as raised:
                     await pending
                 assert raised.value.type == "unavailable"
+                noticed_after = loop.time() - killed_at
                 with pytest.raises(EnvServerError):  # new calls fail fast while it is gone
                     await rollout(client, OK)
-                return loop.time() - killed_at
+                # A new server at the same address: the same client carries on.
+                stack.enter_context(running_env_server(tmp_path / "second", "--address", server.address))
+                await client.wait_until_ready(20)
+                assert (await rollout(client, OK)).reward == 1.0
+                return noticed_after
 
         assert run(go()) < 3.0
         wait_until(lambda: not any(alive(pid) for pid in workers), 5, "workers gone after their server was SIGKILLed")
