@@ -229,11 +229,15 @@ def _display_key(loc: Key) -> str:
 
 
 def _data_loc(loc: Key, data: Any) -> Key:
-    """Drop the union tags pydantic inserts into error locations (e.g. ('pool', 'static', 'x'))."""
+    """Drop the union tags pydantic inserts into error locations (e.g. ('pool', 'static', 'x')).
+
+    A tag is a key that is not in the data yet is followed by more of the location (the `type`
+    may be absent when the union has a default member).
+    """
     out: list[str | int] = []
     node = data
-    for part in loc:
-        if isinstance(node, dict) and part not in node and node.get("type") == part:
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part not in node and i < len(loc) - 1:
             continue
         out.append(part)
         if isinstance(node, dict):
@@ -261,6 +265,9 @@ def _describe(error: dict[str, Any], model: type[BaseModel], layers: _Layers) ->
         return f"unknown config key '{key}'{where}{hint}"
     if kind == "missing":
         return f"missing required config key '{key}'{where}"
+    if kind == "union_tag_not_found":
+        tags = sorted({tag for m in _models_at(model, loc, layers.data) for tag in _type_tags(m)})
+        return f"'{key}'{where} needs a 'type' key; one of {', '.join(repr(t) for t in tags)}"
     if kind == "union_tag_invalid":
         ctx = error.get("ctx", {})
         return f"'{key}.type' is {ctx.get('tag')!r}{where}; expected one of {ctx.get('expected_tags')}"

@@ -210,7 +210,7 @@ def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0) -> N
     Linux's PR_SET_PDEATHSIG does the work; a daemon thread polling the parent pid backs it up
     (other platforms, or a parent that died before this call). No-op if not started by `spawn`.
     """
-    parent = int(os.environ.get(PARENT_PID_ENV, "0"))
+    parent = int(os.environ.pop(PARENT_PID_ENV, "0"))  # popped: our own children are not its children
     if not parent:
         return
     if sys.platform.startswith("linux"):

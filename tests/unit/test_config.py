@@ -188,3 +188,10 @@ def test_environment_variables_are_not_a_config_source(monkeypatch: pytest.Monke
 def test_resolve_config_raises_config_error_without_exiting() -> None:
     with pytest.raises(ConfigError, match="unknown config key 'bogus'"):
         resolve_config(RunConfig, overrides=[("bogus", "1")])
+
+
+
+def test_union_without_type_key_asks_for_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path, "a.toml", "[[envs]]\nid = 'x'\npool = {num_workers = 3}\n")
+    err = load_error(capsys, ["--config", str(a)])
+    assert "'envs[0].pool'" in err and "needs a 'type'" in err and "'static'" in err

@@ -50,3 +50,8 @@ def test_env_sampling_overrides_single_keys_once() -> None:
 def test_unknown_env_sampling_key_is_an_error_naming_the_env() -> None:
     with pytest.raises(ConfigError, match=r"env 'a': unknown sampling keys \['temprature'\]"):
         resolve(envs=[{"id": "a", "sampling": {"temprature": 0.5}}])
+
+
+def test_typo_in_a_pool_without_type_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"'envs\[0\]\.pool\.max_wrkers'.*did you mean 'envs\[0\]\.pool\.max_workers'"):
+        resolve(envs=[{"id": "a", "pool": {"max_wrkers": 3}}])
