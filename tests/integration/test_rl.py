@@ -1,0 +1,163 @@
+"""End to end: `rl` on the CPU smoke config learns, survives nothing it started, and resumes.
+
+Every `rl` run here carries a unique marker in its environment, which all of its descendants
+inherit; "nothing left running" means no process with that marker exists once `rl` is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from statistics import fmean
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "configs" / "debug" / "cpu_smoke.toml"
+MARKER = "ENVRL_TEST_RUN"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_base_port() -> int:
+    """A base port whose train (base + i) and eval (base + 1000 + i) ports are free now."""
+    for _ in range(100):
+        base = free_port()
+        if base + 1010 > 65000:
+            continue
+        try:
+            for port in (base, base + 1, base + 1000, base + 1001):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port block found")
+
+
+def marked_pids(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"{MARKER}={marker}".encode() in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+@contextmanager
+def rl_process(out: Path, *overrides: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """Start `rl` on the smoke config in `out`; on exit make sure it and all it started are gone."""
+    marker = uuid.uuid4().hex
+    argv = [
+        sys.executable, "-m", "envrl.launcher.main", "--config", str(SMOKE),
+        "--output-dir", str(out), "--inference.port", str(free_port()),
+        "--env-server-base-port", str(free_base_port()), *overrides,
+    ]  # fmt: skip
+    env = {**os.environ, MARKER: marker, "WANDB_MODE": "offline"}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        yield proc, marker
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for pid in marked_pids(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out.decode(errors="replace")
+
+
+def wait_no_survivors(marker: str, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := marked_pids(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_smoke_run_learns_and_leaves_nothing_running(tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    with rl_process(out) as (proc, marker):
+        code, console = finish(proc, timeout=1500)
+        assert code == 0, console[-3000:]
+        assert not wait_no_survivors(marker), "processes of the run survived it"
+
+    rewards = [m["train/reward"] for m in metrics(out) if "train/reward" in m]
+    assert len(rewards) == 40
+    assert fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.3, rewards
+    [first_kl] = [m["trainer/mismatch_kl"] for m in metrics(out) if m["step"] == 0 and "trainer/mismatch_kl" in m]
+    assert abs(first_kl) < 1e-3
+    assert "run finished: 40 steps" in console
+
+    expected = [
+        "logs/launcher.log", "logs/inference.log", "logs/trainer.log", "logs/orchestrator.log",
+        "logs/envs/train/learnable.log", "logs/envs/eval/learnable-eval.log",
+        "configs/trainer.toml", "configs/orchestrator.toml", "configs/inference.toml",
+        "configs/envs/train/learnable.toml", "configs/envs/eval/learnable-eval.toml",
+        "rollouts/train.jsonl", "rollouts/eval/step_0.jsonl", "rollouts/step_39/batch.msgpack",
+        "weights/step_40/model.safetensors", "checkpoints/step_40", "checkpoints/orchestrator.json", "metrics.jsonl",
+    ]  # fmt: skip
+    missing = [path for path in expected if not (out / path).exists()]
+    assert not missing
+
+
+def test_a_crashed_env_server_stops_the_run_and_is_named(tmp_path: Path) -> None:
+    out = tmp_path / "crash"
+    with rl_process(out, "--max-steps", "1000") as (proc, marker):
+        orchestrator_log = out / "logs" / "orchestrator.log"
+        deadline = time.monotonic() + 900
+        while "step 1/1000" not in (orchestrator_log.read_text() if orchestrator_log.exists() else ""):
+            assert proc.poll() is None, finish(proc, 10)[1][-3000:]
+            assert time.monotonic() < deadline, "the run never reached step 1"
+            time.sleep(0.5)
+        config = str(out / "configs" / "envs" / "train" / "learnable.toml")
+        [server] = [pid for pid in marked_pids(marker) if config.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        os.kill(server, signal.SIGKILL)
+        code, console = finish(proc, timeout=120)
+        assert code == 1
+        assert "train env server 'learnable'" in console and "SIGKILL" in console
+        assert not wait_no_survivors(marker)
+
+
+@pytest.mark.parametrize("steps", [(3, 6)])
+def test_resumed_run_continues_step_numbering_and_metrics(tmp_path: Path, steps: tuple[int, int]) -> None:
+    first, total = steps
+    out = tmp_path / "resume"
+    with rl_process(out, "--max-steps", str(first), "--trainer.ckpt.interval", "1") as (proc, marker):
+        code, console = finish(proc, timeout=900)
+        assert code == 0, console[-3000:]
+    with rl_process(out, "--max-steps", str(total), "--trainer.ckpt.interval", "1") as (proc, marker):
+        code, console = finish(proc, timeout=60)
+        assert code == 2 and "--resume" in console, "an earlier run's output dir needs --resume or --clean"
+    with rl_process(out, "--max-steps", str(total), "--trainer.ckpt.interval", "1", "--resume") as (proc, marker):
+        code, console = finish(proc, timeout=900)
+        assert code == 0, console[-3000:]
+    records = metrics(out)
+    assert [m["step"] for m in records if "train/reward" in m] == list(range(total))
+    assert [m["step"] for m in records if "trainer/loss" in m] == list(range(total))
+    assert (out / "weights" / f"step_{total}").is_dir()
