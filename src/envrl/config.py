@@ -14,9 +14,9 @@ import sys
 import tomllib
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import tomli_w
 from pydantic import BaseModel, ValidationError
@@ -42,6 +42,9 @@ class BaseConfig(BaseSettings):
         validate_default=True,
         nested_model_default_partial_update=False,
     )
+
+    cli_aliases: ClassVar[dict[str, str]] = {}
+    """Short flags of an entry point's config: {"n": "num-examples"} makes `-n 20` mean `--num-examples 20`."""
 
     @classmethod
     def settings_customise_sources(
@@ -106,11 +109,11 @@ class ParsedArgs(BaseModel):
     help: bool = False
 
 
-def _split_argv(argv: Sequence[str]) -> ParsedArgs:
+def _split_argv(argv: Sequence[str], aliases: Mapping[str, str] = {}) -> ParsedArgs:
     parsed = ParsedArgs()
     i = 0
     while i < len(argv):
-        arg = argv[i]
+        arg = _expand_alias(argv[i], aliases)
         if arg in ("-h", "--help"):
             parsed.help = True
         elif arg == "--dry-run":
@@ -134,9 +137,18 @@ def _split_argv(argv: Sequence[str]) -> ParsedArgs:
             else:
                 parsed.overrides.append((name, None))
         else:
-            raise ConfigError(f"unexpected argument {arg!r}: options look like --section.key VALUE")
+            short = "".join(f", -{flag} (--{key})" for flag, key in aliases.items())
+            raise ConfigError(f"unexpected argument {arg!r}: options look like --section.key VALUE{short}")
         i += 1
     return parsed
+
+
+def _expand_alias(arg: str, aliases: Mapping[str, str]) -> str:
+    """`-n 20` / `-n=20` as `--num-examples ...` when the config declares that alias."""
+    flag, eq, value = arg[1:].partition("=")
+    if arg.startswith("-") and not arg.startswith("--") and flag in aliases:
+        return f"--{aliases[flag]}{eq}{value}"
+    return arg
 
 
 def _unwrap(annotation: Any) -> list[Any]:
@@ -329,6 +341,8 @@ def config_help(cls: type[BaseModel], prog: str) -> str:
         "",
     ]
 
+    shorts = list(cls.cli_aliases.items()) if issubclass(cls, BaseConfig) else []
+
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():
             key = f"{prefix}{name}".replace("_", "-")
@@ -338,7 +352,8 @@ def config_help(cls: type[BaseModel], prog: str) -> str:
                 continue
             default = "" if field.is_required() else f" [default: {_short(field.get_default(call_default_factory=True))}]"
             description = (field.description or "").replace("\n", " ")
-            lines.append(f"  --{key}  {description}{default}")
+            short = "".join(f", -{flag}" for flag, target in shorts if target.replace("_", "-") == key)
+            lines.append(f"  --{key}{short}  {description}{default}")
 
     walk(cls, "")
     return "\n".join(lines)
@@ -364,7 +379,7 @@ def load_config(
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = _split_argv(argv)
+        args = _split_argv(argv, cls.cli_aliases)
         if args.help:
             print(config_help(cls, prog))
             raise SystemExit(0)

@@ -195,3 +195,27 @@ def test_union_without_type_key_asks_for_one(tmp_path: Path, capsys: pytest.Capt
     a = write(tmp_path, "a.toml", "[[envs]]\nid = 'x'\npool = {num_workers = 3}\n")
     err = load_error(capsys, ["--config", str(a)])
     assert "'envs[0].pool'" in err and "needs a 'type'" in err and "'static'" in err
+
+
+class ShortFlagsConfig(RunConfig):
+    cli_aliases = {"s": "seed", "l": "trainer.optim.lr"}
+
+
+def test_short_flags_declared_by_the_config_mean_their_long_keys() -> None:
+    config = load_config(ShortFlagsConfig, ["-s", "7", "-l=0.5", "--name", "-s"], prog="test")
+    assert (config.seed, config.trainer.optim.lr, config.name) == (7, 0.5, "-s")
+
+
+def test_undeclared_short_flag_is_an_error_listing_the_declared_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load_config(ShortFlagsConfig, ["-x", "1"], prog="test")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "'-x'" in err and "-s (--seed)" in err and "-l (--trainer.optim.lr)" in err
+
+
+def test_help_shows_short_flags_beside_their_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_config(ShortFlagsConfig, ["--help"], prog="test")
+    out = capsys.readouterr().out
+    assert "--seed, -s" in out and "--trainer.optim.lr, -l  Peak learning rate." in out
