@@ -67,7 +67,7 @@ class Turn(StrictModel):
 class Branch(StrictModel):
     """Turns whose token contexts extend one another; one training sample each."""
 
-    turns: list[Turn] = []
+    turns: list[Turn] = Field(default_factory=list)
 
 
 class Error(StrictModel):
@@ -117,9 +117,9 @@ class Trace(StrictModel):
     """One rollout of one task: its branches of turns, its reward, and what went wrong if anything."""
 
     task: WireTask
-    branches: list[Branch] = []
+    branches: list[Branch] = Field(default_factory=list)
     reward: float | None = None
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = Field(default_factory=dict)
     error: Error | None = None
     timing: Timing = Field(default_factory=Timing)
     is_truncated: bool = False
