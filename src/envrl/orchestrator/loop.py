@@ -26,6 +26,7 @@ from envrl.metrics import MetricsSink
 from envrl.orchestrator.advantage import group_advantages
 from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
+from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics
 from envrl.orchestrator.trajectories import TokenBackfill, trace_to_samples
@@ -213,13 +214,7 @@ class Orchestrator:
     # -- outputs ----------------------------------------------------------------------------------
 
     def _append_rollouts(self, path: Path, step: int, env: Env, policy_step: int, traces: list[Trace]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lines = "".join(
-            json.dumps({"step": step, "env": env.name, "policy_step": policy_step, **trace.model_dump(mode="json")}) + "\n"
-            for trace in traces
-        )
-        with path.open("a") as f:
-            f.write(lines)
+        append_lines(path, (trace_line(t, step=step, env=env.name, policy_step=policy_step) for t in traces))
 
     def _report(self, step: int, groups: list[Group], samples: list[TrainingSample], seconds: float) -> None:
         metrics: dict[str, Any] = {}

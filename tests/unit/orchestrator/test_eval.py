@@ -1,0 +1,177 @@
+"""The `eval` entry point without servers: its config, resume planning, dispatch bound, summary."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from envrl.config import load_config
+from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
+from envrl.orchestrator.config import EvalEnvConfig
+from envrl.orchestrator.evaluate import EvalConfig, Evaluation, EvalInputError, format_summary
+from envrl.orchestrator.jsonl import parse_trace_line, trace_line
+from envrl.traces import Error, Trace, WireTask
+
+
+def config(tmp_path: Path, *argv: str) -> EvalConfig:
+    return load_config(EvalConfig, ["--output-dir", str(tmp_path), *argv], prog="eval")
+
+
+def good(task: int, reward: float = 1.0) -> Trace:
+    return Trace(task=WireTask(idx=task), reward=reward)
+
+
+def errored(task: int) -> Trace:
+    return Trace.from_error(WireTask(idx=task), Error(type="boom", message="failed"))
+
+
+def test_short_flags_and_a_single_env_table(tmp_path: Path) -> None:
+    c = config(tmp_path, "--env.id", "reverse-text", "-n", "20", "-r", "3", "--client.base-url", "http://h:1/v1", "--client.model", "m")
+    assert [(e.id, e.num_examples, e.rollouts_per_example) for e in c.env] == [("reverse-text", 20, 3)]
+    assert c.client == EvalClientConfig(base_url="http://h:1/v1", model="m")
+
+
+def test_n_and_r_replace_every_envs_own_values_only_when_given(tmp_path: Path) -> None:
+    toml = tmp_path / "eval.toml"
+    toml.write_text("[[env]]\nid = 'a'\nnum_examples = 5\n[[env]]\nid = 'b'\nrollouts_per_example = 4\n")
+    own = config(tmp_path, "--config", str(toml))
+    assert [(e.num_examples, e.rollouts_per_example) for e in own.env] == [(5, 1), (16, 4)]
+    both = config(tmp_path, "--config", str(toml), "-n", "2", "-r", "3")
+    assert [(e.num_examples, e.rollouts_per_example) for e in both.env] == [(2, 3), (2, 3)]
+
+
+def test_client_type_is_still_selectable(tmp_path: Path) -> None:
+    c = config(tmp_path, "--env.id", "x", "--client.type", "scripted", "--client.replies", '["a"]')
+    assert c.client == ScriptedClientConfig(replies=["a"])
+
+
+def test_resume_writes_into_the_earlier_output_dir(tmp_path: Path) -> None:
+    c = load_config(EvalConfig, ["--env.id", "x", "--resume", str(tmp_path)], prog="eval")
+    assert c.output_dir == tmp_path and c.results_file("x") == tmp_path / "eval" / "x.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--env.id", "x", "--resume", "a", "--output-dir", "b"], "drop --output-dir b"),
+        (["--env", '[{"id": "x"}, {"id": "x"}]'], "['x'] used twice"),
+        (["--env.id", "x", "-n", "0"], "'num_examples'"),
+        (["--env.id", "x", "--env.sampling", '{"temprature": 0}'], "unknown sampling keys ['temprature']"),
+        (["-n", "3"], "missing required config key 'env'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load_config(EvalConfig, argv, prog="eval")
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def write_results(path: Path, env: str, rows: list[tuple[int, Trace] | str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(row if isinstance(row, str) else trace_line(row[1], env=env, rollout=row[0]) for row in rows))
+
+
+def planned(tmp_path: Path, *, group_scoring: bool, rows: list[tuple[int, Trace] | str]) -> list[tuple[int, list[int]]]:
+    """The (task, rollouts) units a resumed 3 x 2 eval of env 'e' would dispatch."""
+    c = config(tmp_path, "--env.id", "e", "-n", "3", "-r", "2", "--resume", str(tmp_path))
+    write_results(c.results_file("e"), "e", rows)
+    evaluation = Evaluation(c)
+    env = evaluation.envs[0]
+    env.num_tasks, env.group_scoring = 10, group_scoring
+    return [(u.task_idx, u.rollouts) for u in evaluation._plan(env)]
+
+
+def test_resume_reruns_missing_errored_and_unreadable_pairs_and_the_later_line_wins(tmp_path: Path) -> None:
+    rows: list[tuple[int, Trace] | str] = [
+        (0, good(0)), (1, good(0)),            # task 0 complete
+        (0, errored(1)), (0, good(1)),         # errored, then a later success: kept
+        (1, good(1)), (1, errored(1)),         # a success, then a later error: re-run
+        (0, good(2)),                          # task 2 rollout 1 missing
+        trace_line(good(2), env="other", rollout=1),  # another env's line is not this env's rollout
+        '{"env": "e", "rollout": 0, "task": {"idx": 2}, "rew',  # cut short by a crash
+    ]
+    assert planned(tmp_path, group_scoring=False, rows=rows) == [(1, [1]), (2, [1])]
+
+
+def test_group_scored_envs_rerun_whole_tasks(tmp_path: Path) -> None:
+    rows: list[tuple[int, Trace] | str] = [(0, good(0)), (1, good(0)), (0, good(1)), (1, errored(1))]
+    assert planned(tmp_path, group_scoring=True, rows=rows) == [(1, [0, 1]), (2, [0, 1])]
+
+
+def test_resume_refuses_results_outside_the_grid(tmp_path: Path) -> None:
+    with pytest.raises(EvalInputError, match="task 5 rollout 0, outside this eval's 3 tasks x 2 rollouts"):
+        planned(tmp_path, group_scoring=False, rows=[(0, good(5))])
+
+
+def test_more_examples_than_the_env_has_evaluates_all_of_them(tmp_path: Path) -> None:
+    evaluation = Evaluation(config(tmp_path, "--env.id", "e", "-n", "50"))
+    env = evaluation.envs[0]
+    env.num_tasks = 4
+    assert [u.task_idx for u in evaluation._plan(env)] == [0, 1, 2, 3]
+
+
+def test_earlier_results_without_resume_are_refused(tmp_path: Path) -> None:
+    c = config(tmp_path, "--env.id", "e")
+    write_results(c.results_file("e"), "e", [(0, good(0))])
+    with pytest.raises(EvalInputError, match=f"--resume {tmp_path}"):
+        Evaluation(c)._check_earlier_results()
+
+
+class Gauge:
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+
+    def add(self, n: int) -> None:
+        self.now += n
+        self.peak = max(self.peak, self.now)
+
+
+class CountingEnv:
+    """Stands in for a started `Env`: answers run_group after a pause, counting rollouts in flight."""
+
+    def __init__(self, name: str, group_scoring: bool, gauge: Gauge) -> None:
+        self.name, self.group_scoring, self.num_tasks = name, group_scoring, 100
+        self.config = EvalEnvConfig(id=name, num_examples=5, rollouts_per_example=3)
+        self.gauge = gauge
+        self.calls: list[int] = []
+        self.seeds: list[int] = []
+
+    async def run_group(self, task_idx: int, n: int, seed: int) -> list[Trace]:
+        self.gauge.add(n)
+        self.calls.append(n)
+        self.seeds += [seed + i for i in range(n)]
+        await asyncio.sleep(0.01)
+        self.gauge.add(-n)
+        return [good(task_idx, reward=float(task_idx % 2)) for _ in range(n)]
+
+
+def test_rollouts_in_flight_stay_within_max_inflight_and_results_land_in_grid_order(tmp_path: Path) -> None:
+    evaluation = Evaluation(config(tmp_path, "--env.id", "single", "--max-inflight", "4"))
+    gauge = Gauge()
+    envs = [CountingEnv("single", group_scoring=False, gauge=gauge), CountingEnv("grouped", group_scoring=True, gauge=gauge)]
+    evaluation.envs = envs  # type: ignore[assignment]
+    evaluation.records = {env.name: {} for env in envs}
+    units = [u for env in envs for u in evaluation._plan(env)]  # type: ignore[arg-type]
+    asyncio.run(evaluation._run_units(units))
+    assert gauge.peak == 4, "the bound holds across envs"
+    assert envs[0].calls == [1] * 15 and envs[1].calls == [3] * 5, "single rollouts one by one, groups whole"
+    assert sorted(envs[0].seeds) == sorted(envs[1].seeds) == list(range(15)), "one seed per (task, rollout)"
+
+    summary = evaluation._finish(envs[0])  # type: ignore[arg-type]
+    lines = [parse_trace_line(line) for line in evaluation.config.results_file("single").read_text().splitlines()]
+    assert [(f["rollout"], t.task.idx) for f, t in lines] == [(j, i) for i in range(5) for j in range(3)]
+    assert summary["reward"] == pytest.approx(2 / 5) and summary["pass@1"] == pytest.approx(2 / 5)
+    assert summary["pass@3"] == pytest.approx(2 / 5) and summary["tasks"] == 5 and summary["rollouts"] == 15
+
+
+def test_summary_table_has_one_row_per_env_and_dashes_for_unknown_tokens() -> None:
+    m = {"tasks": 4.0, "rollouts_per_example": 2.0, "reward": 0.5, "error_rate": 0.25, "pass@1": 0.5, "pass@2": 0.75,
+         "completion_len": 0.0, "total_tokens": 0.0}
+    table = format_summary({"reverse-text": m, "learnable": {**m, "completion_len": 12.0, "total_tokens": 40.0}})
+    header, first, second = table.splitlines()
+    assert header.split()[:7] == ["env", "tasks", "r", "reward", "errors", "pass@1", "pass@r"]
+    assert first.split() == ["reverse-text", "4", "2", "0.500", "25.0%", "0.500", "0.750", "-", "-"]
+    assert second.split()[-2:] == ["12.0", "40.0"]
