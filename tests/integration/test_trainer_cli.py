@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,26 +15,14 @@ from envrl.samples import BATCH_FILE, write_batch
 from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.synthetic import synthetic_samples
 
+from tests.integration.commands import run_to_completion
+
 TRAINER = str(Path(sys.executable).parent / "trainer")
 TIMEOUT_S = 240
 
 
 def run_trainer(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run `trainer` to completion; its whole process group is killed if it outlives the timeout."""
-    proc = subprocess.Popen(
-        [TRAINER, "--config", str(config), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+    return run_to_completion([TRAINER, "--config", str(config), *args], TIMEOUT_S)
 
 
 def test_trainer_learns_publishes_resumes_and_names_a_corrupt_batch(tmp_path):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +15,8 @@ from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 from envrl.trainer.synthetic import synthetic_samples
+
+from tests.integration.commands import run_to_completion
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TIMEOUT_S = 240
@@ -40,19 +39,8 @@ def test_two_sharded_ranks_match_one_process(tmp_path):
     Trainer(config, init_runtime(config)).run()
 
     cli = [f"--{key}={value}" for key, value in {**ARGS, "output-dir": str(two), "ckpt.interval": "2"}.items()]
-    proc = subprocess.Popen(
-        [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "envrl.trainer", *cli],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    proc = run_to_completion([TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "envrl.trainer", *cli], TIMEOUT_S)
+    out = proc.stdout
     assert proc.returncode == 0, out
 
     single = load_file(one / "weights" / "step_2" / "model.safetensors")

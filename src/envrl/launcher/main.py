@@ -117,6 +117,8 @@ def _check_ports(run: ResolvedRun) -> None:
     busy = []
     for host, port, user in wanted:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # as the servers do: connections of a run that just ended (TIME_WAIT) do not block the port
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((host, port))
             except OSError:
