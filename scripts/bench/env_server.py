@@ -53,16 +53,43 @@ def load_environment(num_tasks: int = 64) -> Any:
 # Measurement
 
 
-def summary(latencies: list[float], elapsed: float) -> dict[str, float]:
+def summary(latencies: list[float], elapsed: float, cpu: dict[str, float]) -> dict[str, float]:
+    """Throughput, latency percentiles and CPU µs per round trip of each process (`cpu`: seconds)."""
     ordered = sorted(latencies)
     return {
         "rps": len(ordered) / elapsed,
         "p50": ordered[len(ordered) // 2] * 1e3,
         "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3,
+        **{f"us_{name}": seconds / len(ordered) * 1e6 for name, seconds in cpu.items()},
     }
 
 
-async def measure_env_server(address: str, in_flight: int, seconds: float) -> dict[str, float]:
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) `pid` has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds used between `start` and `stop` by this process (the client) and by `server` and its children."""
+
+    def __init__(self, server: int) -> None:
+        self.server = server
+
+    def _read(self) -> dict[str, float]:
+        workers = children(self.server)
+        return {"client": time.process_time(), "server": cpu_seconds(self.server), "workers": sum(map(cpu_seconds, workers))}
+
+    def start(self) -> None:
+        self.before = self._read()
+
+    def stop(self) -> dict[str, float]:
+        after = self._read()
+        return {name: after[name] - self.before[name] for name in after}
+
+
+async def measure_env_server(address: str, server_pid: int, in_flight: int, seconds: float) -> dict[str, float]:
     from envrl.serve.client import EnvClient
 
     client_config, sampling = {"type": "scripted"}, {"max_tokens": 1}
@@ -78,12 +105,15 @@ async def measure_env_server(address: str, in_flight: int, seconds: float) -> di
                 if record:
                     latencies.append(time.perf_counter() - start)
 
+        meter = CpuMeter(server_pid)
         for record, duration in ((False, 1.0), (True, seconds)):  # warm-up (elastic growth), then measure
             stop_at = time.perf_counter() + duration
             started = time.perf_counter()
+            meter.start()
             await asyncio.gather(*(lane(i, record) for i in range(in_flight)))
         elapsed = time.perf_counter() - started
-    return summary(latencies, elapsed)
+        cpu = meter.stop()
+    return summary(latencies, elapsed, cpu)
 
 
 ECHO_SERVER = """
@@ -100,7 +130,7 @@ while True:
 """
 
 
-def measure_echo(address: str, request: dict[str, Any], in_flight: int, seconds: float) -> dict[str, float]:
+def measure_echo(address: str, server_pid: int, request: dict[str, Any], in_flight: int, seconds: float) -> dict[str, float]:
     import msgpack
     import zmq
 
@@ -111,6 +141,7 @@ def measure_echo(address: str, request: dict[str, Any], in_flight: int, seconds:
     sent: dict[str, float] = {}
     latencies: list[float] = []
     counter = 0
+    meter = CpuMeter(server_pid)
 
     def send() -> None:
         nonlocal counter
@@ -124,6 +155,7 @@ def measure_echo(address: str, request: dict[str, Any], in_flight: int, seconds:
             send()
         started = time.perf_counter()
         stop_at = started + duration
+        meter.start()
         while sent:
             response = msgpack.unpackb(sock.recv())
             latency = time.perf_counter() - sent.pop(response["id"])
@@ -132,17 +164,23 @@ def measure_echo(address: str, request: dict[str, Any], in_flight: int, seconds:
             if time.perf_counter() < stop_at:
                 send()
         elapsed = time.perf_counter() - started
+    cpu = meter.stop()
     sock.close()
-    return summary(latencies, elapsed)
+    return summary(latencies, elapsed, cpu)
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return found
 
 
 def rss_mb(pid: int) -> float:
     """Resident memory of `pid` and its children, in MB."""
     total = 0.0
-    pids = [pid]
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            pids += [int(c) for c in f.read().split()]
+    pids = [pid, *children(pid)]
     for p in pids:
         with open(f"/proc/{p}/status") as f:
             total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
@@ -174,6 +212,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per figure")
     parser.add_argument("--in-flight", type=int, nargs="+", default=[16, 1024])
+    parser.add_argument("--pools", nargs="+", choices=["elastic", "static"], default=["elastic", "static"])
     args = parser.parse_args()
 
     import subprocess
@@ -186,6 +225,7 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     server_bin = str(Path(sys.executable).parent / "env-server")
     pools = {"elastic (default)": [], "static, 1 worker": ["--pool", '{"type": "static", "num_workers": 1}']}
+    pools = {name: argv for name, argv in pools.items() if name.split()[0].strip(",") in args.pools}
     rows: list[tuple[str, int, dict[str, float]]] = []
     memory: list[str] = []
     for name, pool_args in pools.items():
@@ -193,7 +233,7 @@ def main() -> None:
         child, address = spawn_sidecar(argv, name="bench env-server", env=env, ready_timeout=120)
         try:
             for in_flight in args.in_flight:
-                rows.append((f"env-server, {name}", in_flight, asyncio.run(measure_env_server(address, in_flight, args.seconds))))
+                rows.append((f"env-server, {name}", in_flight, asyncio.run(measure_env_server(address, child.pid, in_flight, args.seconds))))
             info = asyncio.run(_info(address))
             offered = 4 * (info.capacity + info.max_queued)
             before = rss_mb(child.pid)
@@ -214,16 +254,18 @@ def main() -> None:
     echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, msgpack.packb(reply).hex()], stdout=subprocess.PIPE, text=True)
     try:
         echo_address = f"tcp://127.0.0.1:{echo.stdout.readline().strip()}"  # type: ignore[union-attr]
-        echo_rows = {n: measure_echo(echo_address, request, n, args.seconds) for n in args.in_flight}
+        echo_rows = {n: measure_echo(echo_address, echo.pid, request, n, args.seconds) for n in args.in_flight}
     finally:
         echo.kill()
         echo.wait()
 
     print(f"\nresponse frame {len(p.ok_response('x', reply['result']))} bytes; {os.cpu_count()} CPUs; {args.seconds:g} s per figure\n")
-    print(f"{'path':38} {'in flight':>9} {'rt/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'rt/s vs echo':>13} {'p99 vs echo':>12}")
+    print(f"{'path':38} {'in flight':>9} {'rt/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'rt/s vs echo':>13} {'p99 vs echo':>12}"
+          f"   CPU us/rt: {'client':>6} {'server':>6} {'workers':>7}")
     for name, n, r in [*rows, *(("raw pyzmq echo (reference)", n, r) for n, r in echo_rows.items())]:
         ref = echo_rows[n]
-        print(f"{name:38} {n:>9} {r['rps']:>9.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['rps'] / ref['rps']:>12.0%} {r['p99'] / ref['p99']:>11.2f}x")
+        print(f"{name:38} {n:>9} {r['rps']:>9.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['rps'] / ref['rps']:>12.0%} {r['p99'] / ref['p99']:>11.2f}x"
+              f"              {r['us_client']:>6.1f} {r['us_server']:>6.1f} {r['us_workers']:>7.1f}")
     print("\nmemory under overload:")
     for line in memory:
         print(f"  {line}")

@@ -20,7 +20,7 @@ from loguru import logger
 from pydantic import ValidationError
 
 from envrl.config import BaseConfig, load_config
-from envrl.envs.model_client import ModelClient, build_client
+from envrl.envs.model_client import ModelClient, SamplingArgs, build_client
 from envrl.envs.registry import load_environment
 from envrl.log import LogConfig, LogLevel, setup_logging
 from envrl.process import die_with_parent
@@ -30,6 +30,9 @@ from envrl.serve.zmqio import Frames, SocketPump
 from envrl.traces import Error, Task, Trace
 
 MAX_CACHED_CLIENTS = 16
+MAX_CACHED_SAMPLINGS = 256
+ROLLOUT_KEYS = frozenset(p.RolloutParams.model_fields)
+GROUP_KEYS = frozenset(p.GroupParams.model_fields)
 SWEEP_INTERVAL = 0.1
 """Seconds between checks for rollouts past `timeout.rollout` (one sweep instead of a timer each)."""
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
@@ -57,6 +60,9 @@ class Worker:
         self.deadlines: dict[int, float] = {}
         self.timed_out: set[int] = set()
         self.clients: OrderedDict[str, ModelClient] = OrderedDict()
+        """Model clients by the repr of the `client` map that asked for them (least recently used first)."""
+        self.samplings: dict[str, SamplingArgs] = {}
+        """Validated sampling args by the repr of their `sampling` map."""
         self.done_tokens: list[int] = []
         self.done_frames: list[bytes] = []
 
@@ -119,30 +125,62 @@ class Worker:
         request = p.decode(raw)  # the server has checked the envelope
         request_id, method = request["id"], request["method"]
         REQUEST_ID.set(request_id)  # this task's context only
-        kind = p.GroupParams if method == "run_group" else p.RolloutParams
         try:
-            params = kind.model_validate(request.get("params", {}))
-            task = self.env.get_task(params.split, params.task_idx)
-            client = self._client(params.client)
+            task, client, sampling, n = self._params(method, request.get("params", {}))
         except Exception as e:  # bad params, a task the env cannot give, a client it cannot build
             message = p.validation_message(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"
             return p.error_response(request_id, p.BAD_REQUEST, f"{method}: {message}")
-        n = params.n if isinstance(params, p.GroupParams) else 1
         limit = self.config.timeout.rollout
         if limit is not None:
             self.deadlines[token] = asyncio.get_running_loop().time() + limit
         try:
-            traces = await self._rollouts(params, task, client, n)
+            traces = await self._rollouts(task, client, sampling, n)
         except asyncio.CancelledError:
             if token not in self.timed_out:
                 logger.info("cancelled")
                 return p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
             logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
             error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
-            traces = [Trace.from_error(task, error, is_truncated=True) for _ in range(n)]
-        if isinstance(params, p.GroupParams):
+            traces = [Trace.from_error(task, error, is_truncated=True) for _ in range(n or 1)]
+        if n is not None:
             return p.ok_response(request_id, {"traces": [trace.to_wire() for trace in traces]})
         return p.ok_response(request_id, traces[0].to_wire())
+
+    def _params(self, method: str, params: dict[str, Any]) -> tuple[Task, ModelClient, SamplingArgs, int | None]:
+        """(task, model client, sampling args, n or None for run_rollout) of a request's params.
+
+        Fast path: plain-typed scalars and `client`/`sampling` maps seen before (keyed by their
+        repr, which tells apart every msgpack value: 1, 1.0, True, "1") skip pydantic. Anything
+        else is validated in full, which raises the precise ValidationError for bad input.
+        """
+        group = method == "run_group"
+        try:
+            split, task_idx, seed = params.get("split", "train"), params["task_idx"], params.get("seed")
+            client_key, sampling_key = repr(params["client"]), repr(params["sampling"])
+            client, sampling = self.clients[client_key], self.samplings[sampling_key]
+            n = params["n"] if group else None
+            fast = (
+                type(task_idx) is int and task_idx >= 0 and (split == "train" or split == "eval")
+                and (seed is None or type(seed) is int) and (not group or (type(n) is int and n >= 1))
+                and params.keys() <= (GROUP_KEYS if group else ROLLOUT_KEYS)
+            )  # fmt: skip
+        except KeyError:
+            fast = False
+        if fast:
+            self.clients.move_to_end(client_key)
+        else:
+            kind = p.GroupParams if group else p.RolloutParams
+            valid = kind.model_validate(params)
+            split, task_idx, seed, n = valid.split, valid.task_idx, valid.seed, getattr(valid, "n", None)
+            client_key, sampling_key = repr(params["client"]), repr(params["sampling"])
+            client, sampling = self._client(client_key, valid.client), valid.sampling
+            if len(self.samplings) >= MAX_CACHED_SAMPLINGS:
+                self.samplings.clear()
+            self.samplings[sampling_key] = sampling
+        task = self.env.get_task(split, task_idx)
+        # Each rollout gets its own copy: an env that changed the shared one would change its neighbours'.
+        sampling = sampling.model_copy() if seed is None else sampling.model_copy(update={"seed": seed})
+        return task, client, sampling, n
 
     async def _sweep(self) -> None:
         """Cancel rollouts past their deadline; `_answer` turns those into timeout Traces."""
@@ -155,19 +193,18 @@ class Worker:
                     self.timed_out.add(token)
                     self.running[token].cancel()
 
-    async def _rollouts(self, params: p.RolloutParams, task: Task, client: ModelClient, n: int) -> list[Trace]:
-        sampling, scoring = params.sampling_args(), self.config.timeout.scoring
+    async def _rollouts(self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int | None) -> list[Trace]:
+        scoring = self.config.timeout.scoring
         try:
-            if isinstance(params, p.GroupParams):
+            if n is not None:
                 return await self.env.run_group(task, client, sampling, n, scoring_timeout=scoring)
             return [await self.env.run_rollout(task, client, sampling, scoring_timeout=scoring)]
         except Exception as e:  # the env broke its never-raise contract; still an answer
             logger.error(f"the environment raised {type(e).__name__}: {e} instead of returning an error Trace")
-            return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n)]
+            return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n or 1)]
 
-    def _client(self, config: Any) -> ModelClient:
-        """One client per distinct config, reused across rollouts (it pools connections)."""
-        key = config.model_dump_json()
+    def _client(self, key: str, config: Any) -> ModelClient:
+        """One client per distinct config map, reused across rollouts (it pools connections)."""
         client = self.clients.get(key)
         if client is None:
             client = self.clients[key] = build_client(config)
