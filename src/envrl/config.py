@@ -185,7 +185,10 @@ def _models_at(model: type[BaseModel], path: Sequence[str | int], data: Any = No
             node = node[part]
         else:
             node = None
-    models = [t for t in types_ if isinstance(t, type) and issubclass(t, BaseModel)]
+    # A list of tables also stands for its item model: models that take one table as a one-item
+    # list (`--env.id x` for `env: list[EnvConfig]`) get their keys typed and checked too.
+    items = [t for tp in types_ if typing.get_origin(tp) is list for t in _unwrap(typing.get_args(tp)[0])]
+    models = [t for t in [*types_, *items] if isinstance(t, type) and issubclass(t, BaseModel)]
     tag = node.get("type") if isinstance(node, dict) else None
     tagged = [m for m in models if tag is not None and tag in _type_tags(m)]
     return tagged or models

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 import pytest
 import tomllib
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from envrl.config import BaseConfig, ConfigError, load_config, resolve_config
 
@@ -219,3 +219,20 @@ def test_help_shows_short_flags_beside_their_keys(capsys: pytest.CaptureFixture[
         load_config(ShortFlagsConfig, ["--help"], prog="test")
     out = capsys.readouterr().out
     assert "--seed, -s" in out and "--trainer.optim.lr, -l  Peak learning rate." in out
+
+
+class OneOrManyConfig(BaseConfig):
+    envs: list[EnvConfig] = []
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _one_table_is_one_env(cls, value: object) -> object:
+        return [value] if isinstance(value, dict) else value
+
+
+def test_a_single_table_for_a_list_of_tables_is_typed_and_checked_as_an_item(capsys: pytest.CaptureFixture[str]) -> None:
+    config = load_config(OneOrManyConfig, ["--envs.id", "123", "--envs.args", '{"n": 1}'], prog="test")
+    assert config.envs[0].id == "123" and config.envs[0].args == {"n": 1}
+    with pytest.raises(SystemExit):
+        load_config(OneOrManyConfig, ["--envs.id", "x", "--envs.agrs", "{}"], prog="test")
+    assert "unknown config key 'envs.agrs'" in (err := capsys.readouterr().err) and "did you mean 'envs.args'?" in err
