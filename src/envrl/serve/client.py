@@ -96,7 +96,7 @@ class EnvClient:
             socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = server_public, public, secret
         monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         socket.connect(self.address)
-        self._pump = SocketPump(socket, self._on_messages, on_unsent=self._on_unsent)
+        self._pump = SocketPump(socket, self._on_messages, on_unsent=self._on_unsent, single_frame=True)
         self._monitor_pump = SocketPump(monitor, self._on_disconnect)
         self._last_heard = self._loop.time()
         self._watch = self._loop.create_task(self._watch_health())
@@ -230,15 +230,16 @@ class EnvClient:
         if method.startswith("run_") and not self._pump.socket.closed:
             self._send({"id": f"{self._prefix}-{next(self._ids)}", "method": "cancel", "params": {"request_id": rid}})
 
-    def _on_messages(self, batch: list[Frames]) -> None:
+    def _on_messages(self, batch: list[bytes]) -> None:
         self._last_heard = self._loop.time()
         if self._down is not None:
             logger.info(f"env server {self.address} answers again")
             self._down = None
-        for frames in batch:
+        pending, decode = self._pending, p.decode
+        for frame in batch:
             try:
-                response = p.decode(frames[0])
-                future = self._pending.get(response["id"])
+                response = decode(frame)
+                future = pending.get(response["id"])
             except Exception as e:
                 logger.warning(f"env server {self.address} sent an unreadable frame ({type(e).__name__}: {e}); dropped")
                 continue

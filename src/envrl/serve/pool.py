@@ -32,10 +32,11 @@ class WorkerHandle:
     load: set[int] = field(default_factory=set)
     """Tokens of the requests it is running."""
     idle_since: float = field(default_factory=time.monotonic)
+    identity: bytes = b""
+    """Its socket identity on the pool socket (its id as text)."""
 
-    @property
-    def identity(self) -> bytes:
-        return str(self.id).encode()
+    def __post_init__(self) -> None:
+        self.identity = str(self.id).encode()
 
 
 class WorkerPool:

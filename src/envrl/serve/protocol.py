@@ -34,6 +34,7 @@ TIMEOUT = "timeout"  # the rollout ran past timeout.rollout
 WORKER_DIED = "worker_died"  # its worker process died twice while running it
 
 METHODS = ("health", "info", "run_rollout", "run_group", "cancel")
+REQUEST_KEYS = frozenset({"id", "method", "params"})
 
 
 class _Wire(BaseModel):
@@ -154,9 +155,9 @@ def parse_request(frame: bytes, max_frame_bytes: int) -> tuple[str, str, dict[st
         raise ProtocolError(BAD_REQUEST, f"request 'method' must be a string, got {type(method).__name__}", request_id)
     if not isinstance(params, dict):
         raise ProtocolError(BAD_REQUEST, f"request 'params' must be a map, got {type(params).__name__}", request_id)
-    extra = set(message) - {"id", "method", "params"}
-    if extra:
-        raise ProtocolError(BAD_REQUEST, f"unknown request keys {sorted(extra)}; a request has id, method, params", request_id)
+    if not message.keys() <= REQUEST_KEYS:
+        extra = sorted(str(key) for key in message.keys() - REQUEST_KEYS)
+        raise ProtocolError(BAD_REQUEST, f"unknown request keys {extra}; a request has id, method, params", request_id)
     if method not in METHODS:
         raise ProtocolError(UNKNOWN_METHOD, f"unknown method {method!r}; methods: {', '.join(METHODS)}", request_id)
     return request_id, method, params

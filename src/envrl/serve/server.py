@@ -31,6 +31,7 @@ from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.pool import WorkerHandle, WorkerPool
 from envrl.serve.worker import WorkerConfig
+from envrl.serve.zmqio import NOBLOCK, RCVMORE, SNDMORE, raw_get, raw_recv, raw_send, recv_frames, send_frames
 from envrl.traces import Error, Trace
 
 MAX_BATCH = 4096
@@ -203,16 +204,21 @@ class EnvServer:
     # -- client side ------------------------------------------------------------------------------
 
     def _read_clients(self) -> None:
+        sock = self.clients
         for _ in range(MAX_BATCH):
             try:
-                frames = self.clients.recv_multipart(zmq.NOBLOCK)
+                identity = raw_recv(sock, NOBLOCK)
             except zmq.Again:
                 return
-            identity = frames[0]
+            frame = raw_recv(sock, NOBLOCK)  # a ROUTER puts the identity before at least one frame
             try:
-                if len(frames) != 2:
-                    raise p.ProtocolError(p.BAD_REQUEST, f"a message is one frame, got {len(frames) - 1}")
-                self._on_request(identity, frames[1])
+                if raw_get(sock, RCVMORE):
+                    extra = 1
+                    while raw_get(sock, RCVMORE):
+                        raw_recv(sock, NOBLOCK)
+                        extra += 1
+                    raise p.ProtocolError(p.BAD_REQUEST, f"a message is one frame, got {extra + 1}")
+                self._on_request(identity, frame)
             except p.ProtocolError as e:
                 self._answer(identity, p.error_response(e.request_id, e.type, e.message))
 
@@ -284,7 +290,8 @@ class EnvServer:
         return True
 
     def _answer(self, identity: bytes, frame: bytes) -> None:
-        self.clients.send_multipart([identity, frame], zmq.NOBLOCK)
+        raw_send(self.clients, identity, NOBLOCK | SNDMORE)  # never blocks: SNDHWM 0, unknown peers dropped
+        raw_send(self.clients, frame, NOBLOCK)
 
     def _finish(self, request: Request, frame: bytes) -> None:
         """Answer `request` and forget it: it is never answered twice."""
@@ -316,8 +323,9 @@ class EnvServer:
 
     def _flush(self) -> None:
         for worker_id, (ops, raws) in self.outbox.items():
-            if worker_id in self.pool.workers:
-                self.workers_socket.send_multipart([str(worker_id).encode(), p.encode(ops), *raws], zmq.NOBLOCK)  # type: ignore[list-item]
+            worker = self.pool.workers.get(worker_id)
+            if worker is not None:
+                send_frames(self.workers_socket, [worker.identity, p.encode(ops), *raws])
         self.outbox.clear()
 
     def _dispatch_queue(self) -> None:
@@ -333,7 +341,7 @@ class EnvServer:
     def _read_workers(self) -> None:
         for _ in range(MAX_BATCH):
             try:
-                frames = self.workers_socket.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(self.workers_socket)
             except zmq.Again:
                 return
             if frames[1] == p.WORKER_READY:

@@ -75,7 +75,7 @@ class Worker:
         socket.setsockopt(zmq.RCVHWM, 0)
         socket.setsockopt(zmq.IDENTITY, str(self.config.worker_id).encode())
         socket.connect(self.config.address)
-        self.pump = SocketPump(socket, self._on_messages)
+        self.pump = SocketPump(socket, self._on_messages, on_flush=self._flush)
         self.pump.send([p.WORKER_READY])
         logger.info(f"ready: {type(self.env).__name__} from {self.config.env.id!r}")
         sweeper = loop.create_task(self._sweep())
@@ -110,15 +110,15 @@ class Worker:
             self.deadlines.pop(token, None)
             self.timed_out.discard(token)
         if not self.done_tokens:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.pump.wake()
         self.done_tokens.append(token)
         self.done_frames.append(frame)
 
     def _flush(self) -> None:
-        """Send every response finished in this loop iteration as one message."""
-        tokens, frames = self.done_tokens, self.done_frames
-        self.done_tokens, self.done_frames = [], []
-        if not self.pump.socket.closed:
+        """Send every response finished since the last burst as one message (the pump's on_flush)."""
+        if self.done_tokens:
+            tokens, frames = self.done_tokens, self.done_frames
+            self.done_tokens, self.done_frames = [], []
             self.pump.send([p.WORKER_DONE, p.encode(tokens), *frames])  # type: ignore[arg-type]
 
     async def _answer(self, token: int, raw: bytes) -> bytes:

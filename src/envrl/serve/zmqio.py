@@ -1,49 +1,93 @@
-"""A ZMQ socket driven by an asyncio loop without a future per message.
+"""Lean ZMQ I/O for the env server's hot paths, and a socket driven by an asyncio loop without a
+future per message.
 
-Guarantee: every message that arrives on the socket is handed, in order, to `on_messages` in
-batches (all that were waiting, up to `max_batch`), including messages whose arrival was signalled
-while we were sending: ZMQ's fd is edge-triggered, so every send is followed by one more drain.
-Messages given to `send` leave together at the end of the loop iteration, in order: one burst
-wakes ZMQ's I/O thread once, where a send per callback would wake it (~15 us) every time.
+Guarantee: every message that arrives on a `SocketPump`'s socket is handed, in order, to
+`on_messages` in batches (all that were waiting, up to `max_batch`), including messages whose
+arrival was signalled while we were sending: ZMQ's fd is edge-triggered, so every send is
+followed by one more drain. Messages given to `send` leave together at the end of the loop
+iteration, in order: one burst wakes ZMQ's I/O thread once, where a send per callback would wake
+it (~15 us) every time.
+
+`send_frames` / `recv_frames` call pyzmq's Cython socket methods with plain int flags: pyzmq's
+`send_multipart` / `recv_multipart` wrappers cost ~1.5 us a message in Python (type checks,
+`enum.Flag` arithmetic), several times the send itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import zmq
+from zmq.backend import Socket as _RawSocket
 
 Frames = list[bytes]
+
+NOBLOCK = int(zmq.NOBLOCK)
+SNDMORE = int(zmq.SNDMORE)
+RCVMORE = int(zmq.RCVMORE)
+raw_send: Callable[..., Any] = _RawSocket.send
+"""`raw_send(socket, frame, flags)`: send one frame, no Python-level wrapper."""
+raw_recv: Callable[..., bytes] = _RawSocket.recv
+"""`raw_recv(socket, flags)`: receive one frame as bytes."""
+raw_get: Callable[..., Any] = _RawSocket.get
+"""`raw_get(socket, option)`: a socket option (RCVMORE after a frame: more frames follow)."""
+
+
+def send_frames(socket: zmq.Socket[bytes], frames: Sequence[bytes]) -> None:
+    """Send one message without blocking; raises zmq.Again (only ever before its first frame:
+    ZMQ takes the rest of a message whose first frame it took)."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        raw_send(socket, frame, NOBLOCK | SNDMORE if i < last else NOBLOCK)
+
+
+def recv_frames(socket: zmq.Socket[bytes]) -> Frames:
+    """Receive one whole message without blocking; raises zmq.Again when none is waiting."""
+    frames = [raw_recv(socket, NOBLOCK)]
+    while raw_get(socket, RCVMORE):
+        frames.append(raw_recv(socket, NOBLOCK))
+    return frames
 
 
 class SocketPump:
     """Reads `socket` from the running loop and writes it in bursts; never blocks.
 
-    A message ZMQ cannot take (no connection at all, for a DEALER) goes to `on_unsent`.
+    `on_messages` gets a list of messages, each a list of frames, or with `single_frame` each one
+    frame (bytes): a socket whose peer sends one-frame messages skips the more-frames check.
+    `on_flush`, if given, is called before each burst so its owner can add batched messages;
+    `wake` asks for a burst without sending. A message ZMQ cannot take (no connection at all, for
+    a DEALER) goes to `on_unsent`.
     """
 
     def __init__(
         self,
         socket: zmq.Socket[bytes],
-        on_messages: Callable[[list[Frames]], None],
+        on_messages: Callable[[list[Any]], None],
         on_unsent: Callable[[Sequence[bytes]], None] | None = None,
         max_batch: int = 4096,
+        *,
+        single_frame: bool = False,
+        on_flush: Callable[[], None] | None = None,
     ) -> None:
         self.socket = socket
         self.on_messages = on_messages
         self.on_unsent = on_unsent
+        self.on_flush = on_flush
         self.max_batch = max_batch
+        self.single_frame = single_frame
         self.loop = asyncio.get_running_loop()
         self._outbox: list[Sequence[bytes]] = []
         self._scheduled = False
         self._fd = socket.getsockopt(zmq.FD)
         self.loop.add_reader(self._fd, self._drain)
-        self._kick()
+        self.wake()
 
     def send(self, frames: Sequence[bytes]) -> None:
         self._outbox.append(frames)
-        self._kick()
+        if not self._scheduled:
+            self.wake()
 
     def close(self, linger_ms: int = 0) -> None:
         self.flush()
@@ -51,34 +95,46 @@ class SocketPump:
         self.socket.close(linger=linger_ms)
 
     def flush(self) -> None:
+        if self.on_flush is not None:
+            self.on_flush()
         outbox, self._outbox = self._outbox, []
+        socket = self.socket
         for frames in outbox:
-            if self.socket.closed:
+            if socket.closed:
                 return
             try:
-                self.socket.send_multipart(frames, zmq.NOBLOCK)
+                if len(frames) == 1:
+                    raw_send(socket, frames[0], NOBLOCK)
+                else:
+                    send_frames(socket, frames)
             except zmq.Again:
                 if self.on_unsent is not None:
                     self.on_unsent(frames)
 
-    def _kick(self) -> None:
+    def wake(self) -> None:
+        """Flush and read at the end of this loop iteration."""
         if not self._scheduled:
             self._scheduled = True
             self.loop.call_soon(self._drain)
 
     def _drain(self) -> None:
-        self._scheduled = False
-        if self.socket.closed:
+        socket = self.socket
+        if socket.closed:
+            self._scheduled = False
             return
-        if self._outbox:
-            self.flush()
-        batch: list[Frames] = []
-        while len(batch) < self.max_batch:
-            try:
-                batch.append(self.socket.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                break
-        else:
-            self._kick()  # more may be waiting: let other callbacks run first
+        self.flush()
+        self._scheduled = False  # only now: what on_flush sent has just left
+        batch: list[Any] = []
+        append = batch.append
+        try:
+            if self.single_frame:
+                for _ in range(self.max_batch):
+                    append(raw_recv(socket, NOBLOCK))
+            else:
+                for _ in range(self.max_batch):
+                    append(recv_frames(socket))
+            self.wake()  # more may be waiting: let other callbacks run first
+        except zmq.Again:
+            pass
         if batch:
             self.on_messages(batch)
