@@ -38,6 +38,9 @@ from envrl.traces import Trace
 PROGRESS_INTERVAL = 5.0
 """Seconds between progress lines (the first and the last rollout always log one)."""
 
+DEFAULT_CLIENT = EvalClientConfig(base_url="http://127.0.0.1:8000/v1", model=ModelConfig().name)
+"""The chat client of an envrl inference server on its default port, serving the default model."""
+
 Pair = tuple[int, int]
 """(task index, rollout index) within one env's grid."""
 
@@ -57,8 +60,8 @@ class EvalConfig(BaseConfig):
     """Tasks per env, 0..n-1 of its eval split (-n); when set, replaces every env's own `num_examples`."""
     rollouts_per_example: int | None = Field(None, ge=1)
     """Rollouts per task (-r); when set, replaces every env's own `rollouts_per_example`."""
-    client: ClientConfig = EvalClientConfig(base_url="http://127.0.0.1:8000/v1", model=ModelConfig().name)
-    """The model under evaluation; a table without `type` is the OpenAI chat client (`eval`)."""
+    client: ClientConfig = DEFAULT_CLIENT
+    """The model under evaluation; a chat client table (`type` eval or none) changes keys of the default one."""
     sampling: SamplingConfig = SamplingConfig()
     max_inflight: int = Field(32, ge=1)
     """Most rollouts in flight across all envs (a group-scored task's rollouts go out together)."""
@@ -89,7 +92,9 @@ class EvalConfig(BaseConfig):
     @field_validator("client", mode="before")
     @classmethod
     def _chat_client_by_default(cls, value: Any) -> Any:
-        return {"type": "eval", **value} if isinstance(value, dict) and "type" not in value else value
+        if isinstance(value, dict) and value.get("type", "eval") == "eval":
+            return {**DEFAULT_CLIENT.model_dump(), **value}
+        return value
 
     @field_validator("resume")
     @classmethod
@@ -101,6 +106,7 @@ class EvalConfig(BaseConfig):
 
     @model_validator(mode="after")
     def _apply_overrides(self) -> EvalConfig:
+        """-n and -r into every env; env sampling keys checked; --resume is the output dir."""
         for env in self.env:
             env.sampling_args(self.sampling)
             if self.num_examples is not None:

@@ -42,6 +42,11 @@ def test_n_and_r_replace_every_envs_own_values_only_when_given(tmp_path: Path) -
     assert [(e.num_examples, e.rollouts_per_example) for e in both.env] == [(2, 3), (2, 3)]
 
 
+def test_chat_client_keys_change_the_default_chat_client(tmp_path: Path) -> None:
+    c = config(tmp_path, "--env.id", "x", "--client.base-url", "http://h:1/v1")
+    assert c.client == EvalClientConfig(base_url="http://h:1/v1", model="deps/models/tiny-chat")
+
+
 def test_client_type_is_still_selectable(tmp_path: Path) -> None:
     c = config(tmp_path, "--env.id", "x", "--client.type", "scripted", "--client.replies", '["a"]')
     assert c.client == ScriptedClientConfig(replies=["a"])
