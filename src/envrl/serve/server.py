@@ -31,7 +31,9 @@ from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.pool import WorkerHandle, WorkerPool
 from envrl.serve.worker import WorkerConfig
-from envrl.serve.zmqio import NOBLOCK, RCVMORE, SNDMORE, raw_get, raw_recv, raw_send, recv_frames, send_frames
+from envrl.serve.zmqio import (
+    EVENTS, NOBLOCK, POLLIN, RCVMORE, SMALL_BATCH, SNDMORE, raw_get, raw_recv, raw_send, recv_batch, send_frames,
+)  # fmt: skip
 from envrl.traces import Error, Trace
 
 MAX_BATCH = 4096
@@ -205,7 +207,7 @@ class EnvServer:
 
     def _read_clients(self) -> None:
         sock = self.clients
-        for _ in range(MAX_BATCH):
+        for count in range(1, MAX_BATCH + 1):
             try:
                 identity = raw_recv(sock, NOBLOCK)
             except zmq.Again:
@@ -221,6 +223,8 @@ class EnvServer:
                 self._on_request(identity, frame)
             except p.ProtocolError as e:
                 self._answer(identity, p.error_response(e.request_id, e.type, e.message))
+            if count < SMALL_BATCH and not raw_get(sock, EVENTS) & POLLIN:
+                return  # cheaper than the zmq.Again that ends a read of an empty socket
 
     def _on_request(self, identity: bytes, frame: bytes) -> None:
         request_id, method, params = p.parse_request(frame, self.config.max_frame_bytes)
@@ -339,11 +343,7 @@ class EnvServer:
             self._assign(self.requests[self.queue.popleft()], worker)
 
     def _read_workers(self) -> None:
-        for _ in range(MAX_BATCH):
-            try:
-                frames = recv_frames(self.workers_socket)
-            except zmq.Again:
-                return
+        for frames in recv_batch(self.workers_socket, MAX_BATCH):
             if frames[1] == p.WORKER_READY:
                 self.pool.mark_ready(frames[0])
                 continue

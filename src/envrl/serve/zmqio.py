@@ -27,6 +27,10 @@ Frames = list[bytes]
 NOBLOCK = int(zmq.NOBLOCK)
 SNDMORE = int(zmq.SNDMORE)
 RCVMORE = int(zmq.RCVMORE)
+EVENTS = int(zmq.EVENTS)
+POLLIN = int(zmq.POLLIN)
+SMALL_BATCH = 4
+"""Messages read with an EVENTS check after each (~1.2 us); beyond, reads go on until zmq.Again (~3 us once)."""
 raw_send: Callable[..., Any] = _RawSocket.send
 """`raw_send(socket, frame, flags)`: send one frame, no Python-level wrapper."""
 raw_recv: Callable[..., bytes] = _RawSocket.recv
@@ -49,6 +53,24 @@ def recv_frames(socket: zmq.Socket[bytes]) -> Frames:
     while raw_get(socket, RCVMORE):
         frames.append(raw_recv(socket, NOBLOCK))
     return frames
+
+
+def recv_batch(socket: zmq.Socket[bytes], limit: int, single_frame: bool = False) -> list[Any]:
+    """Up to `limit` waiting messages (frame lists, or with `single_frame` one frame each), without
+    blocking. Checks EVENTS while the batch is small: raising zmq.Again costs more than a check,
+    and a poll turn usually finds one or two messages (or none, after a send reset the fd)."""
+    batch: list[Any] = []
+    if not raw_get(socket, EVENTS) & POLLIN:
+        return batch
+    append = batch.append
+    try:
+        while len(batch) < limit:
+            append(raw_recv(socket, NOBLOCK) if single_frame else recv_frames(socket))
+            if len(batch) < SMALL_BATCH and not raw_get(socket, EVENTS) & POLLIN:
+                break
+    except zmq.Again:
+        pass
+    return batch
 
 
 class SocketPump:
@@ -124,17 +146,8 @@ class SocketPump:
             return
         self.flush()
         self._scheduled = False  # only now: what on_flush sent has just left
-        batch: list[Any] = []
-        append = batch.append
-        try:
-            if self.single_frame:
-                for _ in range(self.max_batch):
-                    append(raw_recv(socket, NOBLOCK))
-            else:
-                for _ in range(self.max_batch):
-                    append(recv_frames(socket))
+        batch = recv_batch(socket, self.max_batch, self.single_frame)
+        if len(batch) == self.max_batch:
             self.wake()  # more may be waiting: let other callbacks run first
-        except zmq.Again:
-            pass
         if batch:
             self.on_messages(batch)
