@@ -161,3 +161,19 @@ def test_resumed_run_continues_step_numbering_and_metrics(tmp_path: Path, steps:
     assert [m["step"] for m in records if "train/reward" in m] == list(range(total))
     assert [m["step"] for m in records if "trainer/loss" in m] == list(range(total))
     assert (out / "weights" / f"step_{total}").is_dir()
+
+
+def test_children_die_when_rl_itself_is_killed(tmp_path: Path) -> None:
+    out = tmp_path / "killed"
+    with rl_process(out, "--max-steps", "1000") as (proc, marker):
+        deadline = time.monotonic() + 900
+        while not (out / "logs" / "orchestrator.log").exists():
+            assert proc.poll() is None, finish(proc, 10)[1][-3000:]
+            assert time.monotonic() < deadline, "the run never started its orchestrator"
+            time.sleep(0.5)
+        assert len(marked_pids(marker)) > 5  # rl, inference (+ vLLM engine), env servers (+ workers), trainer, orchestrator
+        proc.kill()
+        proc.wait()
+        survivors = wait_no_survivors(marker, timeout=30)
+        described = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120] for pid in survivors]
+        assert not survivors, described
