@@ -47,6 +47,8 @@ class WorkerPool:
         self.by_exit_fd: dict[int, WorkerHandle] = {}
         self.startup_failures = 0
         self._next_id = 0
+        self.grow_above: float = 0.0
+        """Demand above which `scale` would start another worker (infinite when it cannot grow)."""
 
     @property
     def capacity(self) -> int:
@@ -115,7 +117,11 @@ class WorkerPool:
                 worker.idle_since = time.monotonic()
 
     def scale(self, demand: int, now: float) -> list[WorkerHandle]:
-        """Start workers for `demand` (running + queued requests); return idle workers to retire."""
+        """Start workers for `demand` (running + queued requests); return idle workers to retire.
+
+        Sets `grow_above`: until demand exceeds it, calling again before idle workers could retire
+        changes nothing.
+        """
         if self.broken:
             return []
         live = self.live
@@ -126,11 +132,16 @@ class WorkerPool:
         wanted = min(wanted, self.config.max_workers)
         for _ in range(wanted - len(live)):
             self.add_worker()
-        if not isinstance(self.config, ElasticPoolConfig) or len(live) <= wanted:
-            return []
-        idle = [w for w in live if w.ready and not w.load and now - w.idle_since > self.config.idle_timeout]
-        retire = idle[: len(live) - max(wanted, self.config.min_workers)]
-        for worker in retire:
-            worker.retiring = True
-            logger.info(f"worker {worker.id} retiring after {now - worker.idle_since:.0f} s idle")
+        retire: list[WorkerHandle] = []
+        if isinstance(self.config, ElasticPoolConfig) and len(live) > wanted:
+            idle = [w for w in live if w.ready and not w.load and now - w.idle_since > self.config.idle_timeout]
+            retire = idle[: len(live) - max(wanted, self.config.min_workers)]
+            for worker in retire:
+                worker.retiring = True
+                logger.info(f"worker {worker.id} retiring after {now - worker.idle_since:.0f} s idle")
+        live_now = len(live) - len(retire) + max(0, wanted - len(live))
+        if isinstance(self.config, ElasticPoolConfig) and live_now < self.config.max_workers:
+            self.grow_above = live_now * per_worker
+        else:
+            self.grow_above = math.inf
         return retire

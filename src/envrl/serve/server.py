@@ -140,32 +140,40 @@ class EnvServer:
         poller.register(self.workers_socket, zmq.POLLIN)
         poller.register(wake_read.fileno(), zmq.POLLIN)
         registered: set[int] = set()
+        wake_fd = wake_read.fileno()
+        next_scale = 0.0
         code = 0
         try:
             while True:
                 now = time.monotonic()
-                if self.draining_until is None:
-                    for worker in self.pool.scale(len(self.requests), now):
-                        self._send_op(worker.id, [p.OP_STOP, 0])
-                if self.pool.broken:
-                    code = 1
-                    logger.error(self._broken_message())
-                    break
-                for fd in self.pool.by_exit_fd.keys() - registered:
-                    poller.register(fd, zmq.POLLIN)
-                registered = set(self.pool.by_exit_fd)
+                # Scaling: at once when demand outgrows the live workers, else once a sweep interval
+                # (replacing the dead, retiring the idle) rather than on every turn of a busy loop.
+                if now >= next_scale or len(self.requests) > self.pool.grow_above:
+                    next_scale = now + SWEEP_INTERVAL
+                    if self.draining_until is None:
+                        for worker in self.pool.scale(len(self.requests), now):
+                            self._send_op(worker.id, [p.OP_STOP, 0])
+                    if self.pool.broken:
+                        code = 1
+                        logger.error(self._broken_message())
+                        break
+                    for fd in self.pool.by_exit_fd.keys() - registered:
+                        poller.register(fd, zmq.POLLIN)
+                    registered = set(self.pool.by_exit_fd)
                 self._flush()
                 if self.draining_until is not None and (not self.requests or now >= self.draining_until):
                     break
                 events = dict(poller.poll(self._poll_timeout_ms(now)))
-                if wake_read.fileno() in events and self._on_signals(wake_read):
+                if wake_fd in events and self._on_signals(wake_read):
                     break
                 if self.workers_socket in events:
                     self._read_workers()
-                for fd in [fd for fd in events if isinstance(fd, int) and fd in self.pool.by_exit_fd]:
-                    poller.unregister(fd)
-                    registered.discard(fd)
-                    self._on_worker_exit(self.pool.remove_exited(fd))
+                if len(events) > (self.clients in events) + (self.workers_socket in events):
+                    for fd in [fd for fd in events if isinstance(fd, int) and fd in self.pool.by_exit_fd]:
+                        poller.unregister(fd)
+                        registered.discard(fd)
+                        self._on_worker_exit(self.pool.remove_exited(fd))
+                        next_scale = 0.0  # replace it now
                 self._kill_overdue(time.monotonic())
                 self._dispatch_queue()
                 if self.clients in events:
