@@ -67,7 +67,7 @@ class Worker:
         self.done_frames: list[bytes] = []
 
     async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self.stopped: asyncio.Future[None] = loop.create_future()
         context = zmq.Context.instance()
         socket = context.socket(zmq.DEALER)
@@ -91,24 +91,58 @@ class Worker:
             self.pump.close(linger_ms=0)
 
     def _on_messages(self, batch: list[Frames]) -> None:
-        loop = asyncio.get_running_loop()
+        now = self.loop.time()
         for frames in batch:
             raws = iter(frames[1:])
             for op, token in p.decode(frames[0]):
                 if op == p.OP_RUN:
-                    self.running[token] = loop.create_task(self._run(token, next(raws)))
+                    self._start(token, next(raws), now)
                 elif op == p.OP_CANCEL and token in self.running:
                     self.running[token].cancel()
                 elif op == p.OP_STOP and not self.stopped.done():
                     self.stopped.set_result(None)
 
-    async def _run(self, token: int, raw: bytes) -> None:
+    def _start(self, token: int, raw: bytes, now: float) -> None:
+        """Answer a request with bad params at once; start a task for the rollout of any other."""
+        request = p.decode(raw)  # the server has checked the envelope
+        request_id, method = request["id"], request["method"]
         try:
-            frame = await self._answer(token, raw)
+            task, client, sampling, n = self._params(method, request.get("params", {}))
+        except Exception as e:  # bad params, a task the env cannot give, a client it cannot build
+            message = p.validation_message(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"
+            self._done(token, p.error_response(request_id, p.BAD_REQUEST, f"{method}: {message}"))
+            return
+        if self.config.timeout.rollout is not None:
+            self.deadlines[token] = now + self.config.timeout.rollout
+        self.running[token] = self.loop.create_task(self._run(token, request_id, task, client, sampling, n))
+
+    async def _run(self, token: int, request_id: str, task: Task, client: ModelClient, sampling: SamplingArgs, n: int | None) -> None:
+        REQUEST_ID.set(request_id)  # this task's context only
+        frame = None
+        try:
+            try:
+                traces = await self._rollouts(task, client, sampling, n)
+            except asyncio.CancelledError:
+                limit = self.config.timeout.rollout
+                if token not in self.timed_out:
+                    logger.info("cancelled")
+                    frame = p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
+                    return
+                logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
+                error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
+                traces = [Trace.from_error(task, error, is_truncated=True) for _ in range(n or 1)]
+            if n is None:
+                frame = p.ok_response(request_id, traces[0].to_wire())
+            else:
+                frame = p.ok_response(request_id, {"traces": [trace.to_wire() for trace in traces]})
         finally:
             del self.running[token]
             self.deadlines.pop(token, None)
             self.timed_out.discard(token)
+            if frame is not None:
+                self._done(token, frame)
+
+    def _done(self, token: int, frame: bytes) -> None:
         if not self.done_tokens:
             self.pump.wake()
         self.done_tokens.append(token)
@@ -120,31 +154,6 @@ class Worker:
             tokens, frames = self.done_tokens, self.done_frames
             self.done_tokens, self.done_frames = [], []
             self.pump.send([p.WORKER_DONE, p.encode(tokens), *frames])  # type: ignore[arg-type]
-
-    async def _answer(self, token: int, raw: bytes) -> bytes:
-        request = p.decode(raw)  # the server has checked the envelope
-        request_id, method = request["id"], request["method"]
-        REQUEST_ID.set(request_id)  # this task's context only
-        try:
-            task, client, sampling, n = self._params(method, request.get("params", {}))
-        except Exception as e:  # bad params, a task the env cannot give, a client it cannot build
-            message = p.validation_message(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"
-            return p.error_response(request_id, p.BAD_REQUEST, f"{method}: {message}")
-        limit = self.config.timeout.rollout
-        if limit is not None:
-            self.deadlines[token] = asyncio.get_running_loop().time() + limit
-        try:
-            traces = await self._rollouts(task, client, sampling, n)
-        except asyncio.CancelledError:
-            if token not in self.timed_out:
-                logger.info("cancelled")
-                return p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
-            logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
-            error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
-            traces = [Trace.from_error(task, error, is_truncated=True) for _ in range(n or 1)]
-        if n is not None:
-            return p.ok_response(request_id, {"traces": [trace.to_wire() for trace in traces]})
-        return p.ok_response(request_id, traces[0].to_wire())
 
     def _params(self, method: str, params: dict[str, Any]) -> tuple[Task, ModelClient, SamplingArgs, int | None]:
         """(task, model client, sampling args, n or None for run_rollout) of a request's params.
@@ -183,7 +192,7 @@ class Worker:
         return task, client, sampling, n
 
     async def _sweep(self) -> None:
-        """Cancel rollouts past their deadline; `_answer` turns those into timeout Traces."""
+        """Cancel rollouts past their deadline; `_run` turns those into timeout Traces."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(SWEEP_INTERVAL)
