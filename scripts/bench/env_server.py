@@ -2,10 +2,11 @@
 
 Prints round-trips/s and p50/p99 latency at 16 and 1,024 requests in flight through `EnvClient`
 -> `env-server` -> worker -> back, for the default (elastic) pool and a static 1-worker pool, then
-the same figures for a raw echo of the same bytes, and the ratios. Also the server's memory
+the same figures for a raw echo of the same bytes, and the ratios, and the CPU time each process
+(this client, the server, its workers; all threads) spent per round trip. Also the server's memory
 (server + workers RSS) after an offered load of 4x (capacity + queue).
 
-    uv run python scripts/bench/env_server.py [--seconds 4]
+    .venv/bin/python scripts/bench/env_server.py [--seconds 4] [--pools elastic static] [--in-flight 16 1024]
 
 This file is also the benchmark's environment (`env_server:load_environment`, imported by the
 server's processes with this folder on PYTHONPATH): no model, constant reward, ~1 KB task.
