@@ -1,0 +1,40 @@
+"""Groups too stale for the step being built are cancelled or dropped, counted and written out."""
+
+import asyncio
+import json
+from pathlib import Path
+
+from envrl.envs.model_client import ScriptedClientConfig
+from envrl.orchestrator.config import EnvConfig, OrchestratorConfig, SamplingConfig
+from envrl.orchestrator.envs import Env
+from envrl.orchestrator.loop import Group, Orchestrator
+from envrl.traces import Trace, WireTask
+
+
+def test_stale_groups_are_cancelled_counted_and_recorded(tmp_path: Path) -> None:
+    config = OrchestratorConfig(output_dir=tmp_path, max_async_level=1, group_size=2, batch_size=4, envs=[EnvConfig(id="x")])
+    env = Env(config.envs[0], split="train", client=ScriptedClientConfig(), sampling=SamplingConfig(), log_dir=tmp_path, ready_timeout=1)
+
+    def finished(idx: int) -> list[Trace]:
+        return [Trace(task=WireTask(idx=idx), reward=1.0) for _ in range(2)]
+
+    async def scenario() -> tuple[asyncio.Task[None], asyncio.Task[None], Orchestrator]:
+        orchestrator = Orchestrator(config)
+        orchestrator.ready = [Group(env, 0, 0, finished(0)), Group(env, 1, 2, finished(1))]
+        stale_task = asyncio.create_task(asyncio.sleep(60))
+        fresh_task = asyncio.create_task(asyncio.sleep(60))
+        orchestrator.inflight = {stale_task: (env, 5, 0), fresh_task: (env, 6, 2)}
+        orchestrator._drop_stale(step=3)  # step 3 may train on policies >= 2
+        await asyncio.sleep(0)
+        fresh_task.cancel()
+        return stale_task, fresh_task, orchestrator
+
+    stale_task, fresh_task, orchestrator = asyncio.run(scenario())
+    assert stale_task.cancelled()
+    assert [g.task_idx for g in orchestrator.ready] == [1]
+    assert not any(t.has_error for t in orchestrator.ready[0].traces)
+    assert list(orchestrator.inflight.values()) == [(env, 6, 2)]
+    assert orchestrator.counters["stale_groups"] == 2
+    lines = [json.loads(line) for line in (tmp_path / "rollouts" / "train.jsonl").read_text().splitlines()]
+    assert sorted((line["task"]["idx"], line["policy_step"]) for line in lines) == [(0, 0), (0, 0), (5, 0), (5, 0)]
+    assert {line["error"]["type"] for line in lines} == {"stale"}
