@@ -18,6 +18,7 @@ from typing import NoReturn
 from urllib.parse import urlsplit
 
 from loguru import logger
+from pydantic import BaseModel
 
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.inference.server import wait_until_serving
@@ -45,8 +46,8 @@ def dry_run_text(rl: RLConfig) -> str:
     return "\n".join(parts)
 
 
-def _process_configs(run: ResolvedRun) -> dict[str, object]:
-    configs: dict[str, object] = {"inference": run.inference, "trainer": run.trainer, "orchestrator": run.orchestrator}
+def _process_configs(run: ResolvedRun) -> dict[str, BaseModel]:
+    configs: dict[str, BaseModel] = {"inference": run.inference, "trainer": run.trainer, "orchestrator": run.orchestrator}
     for server in run.env_servers:
         configs[f"envs/{server.split}/{server.name}"] = server.config
     return configs
@@ -103,7 +104,7 @@ def _write_configs(out: Path, run: ResolvedRun) -> dict[str, Path]:
     for name, config in _process_configs(run).items():
         path = out / "configs" / f"{name}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(config_to_toml(config))  # type: ignore[arg-type]
+        path.write_text(config_to_toml(config))
         files[name] = path
     return files
 

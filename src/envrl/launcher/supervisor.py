@@ -17,7 +17,7 @@ import time
 
 from loguru import logger
 
-from envrl.process import Child, ChildFailed
+from envrl.process import Child
 
 
 class Supervisor:
@@ -78,5 +78,3 @@ def _kill_group(pgid: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
 
-
-__all__ = ["ChildFailed", "Supervisor"]

@@ -12,6 +12,7 @@ import asyncio
 import atexit
 import random
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Literal
 
@@ -119,7 +120,7 @@ class Env:
         )
         return [trace]
 
-    async def _with_retries(self, task_idx: int, call) -> list[Trace]:
+    async def _with_retries(self, task_idx: int, call: Callable[[], Awaitable[list[Trace]]]) -> list[Trace]:
         traces: list[Trace] = []
         for attempt in range(self.config.max_retries + 1):
             try:

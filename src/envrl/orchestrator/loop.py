@@ -24,8 +24,8 @@ from envrl.envs.model_client import TrainClientConfig
 from envrl.inference.client import InferenceClient
 from envrl.metrics import MetricsSink
 from envrl.orchestrator.advantage import group_advantages
-from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
-from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
+from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
+from envrl.orchestrator.envs import Env, EvalEnvs, Split, TrainEnvs
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics
@@ -96,7 +96,7 @@ class Orchestrator:
             await self.inference.aclose()
             self.metrics.close()
 
-    def _make_env(self, env_config, split) -> Env:
+    def _make_env(self, env_config: EnvConfig, split: Split) -> Env:
         model = self.config.model.name
         tokenizer = str(Path(model).resolve()) if Path(model).exists() else model
         client = TrainClientConfig(base_url=self.config.inference.base_url, model=model, tokenizer=tokenizer, retry=self.config.inference.retry)
