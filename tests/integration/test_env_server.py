@@ -191,7 +191,7 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
         "not msgpack": ([b"\xc1\xc1\xc1"], "bad_request", None),
         "not a map": ([pack([1, 2])], "bad_request", None),
         "id not a string": ([pack({"id": 5, "method": "health"})], "bad_request", None),
-        "two frames": ([pack({"id": "a", "method": "health"}), b"x"], "bad_request", None),
+        "two frames": ([pack({"id": "a", "method": "health"}), b"x"], "bad_request", "a"),
         "unknown method": ([pack({"id": "b", "method": "explode", "params": {}})], "unknown_method", "b"),
         "missing task_idx": ([pack({"id": "c", "method": "run_rollout", "params": {}})], "bad_request", "c"),
         "task out of range": ([pack({"id": "d", "method": "run_rollout", "params": {"task_idx": 99}})], "bad_request", "d"),

@@ -1,11 +1,14 @@
 """Run a synchronous function in a forked child that is killed at its deadline.
 
-Guarantee: `run_forked(fn, timeout)` returns `fn()`'s (picklable) result, re-raises its failure
+Guarantee: `run_forked(fn, timeout)` returns `fn()`'s result, re-raises its failure
 as `ForkedCallError`, or raises `TimeoutError` once `timeout` seconds have passed since the child
 started; in every case (cancellation included) the child is killed and reaped before it returns,
 so a CPU-bound function cannot outlive its deadline as a thread would. Waiting for one of the
 `os.cpu_count()` slots does not count against the deadline. A plain `os.fork` is used (not
-multiprocessing), so it also works inside daemonic worker processes.
+multiprocessing), so it also works inside daemonic worker processes. The child's answer comes
+back as msgpack, never pickle: a child that runs model-written code cannot make the parent run
+code by what it writes to the pipe. So the result must be msgpack data (numbers, str, bytes,
+lists, str-keyed maps; tuples come back as lists, numpy scalars as Python numbers).
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
-import pickle
 import signal
 import traceback
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+import msgpack
 
 _SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 _PR_SET_PDEATHSIG = 1
@@ -40,6 +44,13 @@ def _slots() -> asyncio.Semaphore:
     return _SLOTS[loop]
 
 
+def _plain(value: Any) -> Any:
+    """msgpack's fallback for types it does not know: numpy scalars and the like become Python numbers."""
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    raise TypeError(f"cannot send a {type(value).__name__} back from the forked child (use numbers, str, lists, maps)")
+
+
 def _child(fn: Callable[[], Any], fd: int) -> None:
     """Runs in the child: never returns, never runs the parent's cleanup code."""
     try:  # die with the parent, even when it is SIGKILLed
@@ -51,9 +62,10 @@ def _child(fn: Callable[[], Any], fd: int) -> None:
         signal.signal(sig, signal.SIG_DFL)
     try:
         try:
-            payload = pickle.dumps(("ok", fn()))
-        except BaseException as e:  # noqa: BLE001 - everything fn raises goes back to the parent
-            payload = pickle.dumps(("error", (type(e).__name__, str(e) or repr(e), "".join(traceback.format_exception(e)))))
+            payload = msgpack.packb(["ok", fn()], default=_plain)
+        except BaseException as e:  # noqa: BLE001 - everything fn raises (or an unsendable result) goes back to the parent
+            error = [type(e).__name__, str(e) or repr(e), "".join(traceback.format_exception(e))]
+            payload = msgpack.packb(["error", error])
         with os.fdopen(fd, "wb") as pipe:
             pipe.write(payload)
     finally:
@@ -104,7 +116,14 @@ async def run_forked(fn: Callable[[], Any], timeout: float) -> Any:
             os.close(read_fd)
     if not data:
         raise ForkedCallError("ChildDied", f"the child process died before answering (wait status {status})", "")
-    kind, value = pickle.loads(data)
+    try:
+        kind, value = msgpack.unpackb(data, raw=False)
+        if kind == "error":
+            type_name, message, child_traceback = (str(part) for part in value)
+    except Exception as e:  # noqa: BLE001 - whatever the child wrote, the parent only reads data
+        raise ForkedCallError("BadAnswer", f"the child's answer is not a msgpack [kind, value] pair ({type(e).__name__}: {e})", "") from None
     if kind == "error":
-        raise ForkedCallError(*value)
+        raise ForkedCallError(type_name, message, child_traceback)
+    if kind != "ok":
+        raise ForkedCallError("BadAnswer", f"the child's answer has kind {kind!r}, not 'ok' or 'error'", "")
     return value

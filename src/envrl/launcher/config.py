@@ -19,7 +19,7 @@ from envrl.inference.config import InferenceConfig
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
 from envrl.orchestrator.config import EnvConfig, OrchestratorConfig
-from envrl.serve.config import EnvServerConfig, EnvSpec
+from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
 from envrl.trainer.config import TrainerConfig
 
 SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb")
@@ -87,6 +87,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     orchestrator.inference.base_url = inference.base_url
 
     servers: list[EnvServerLaunch] = []
+    access = ModelAccessConfig(base_urls=[orchestrator.inference.base_url], tokenizers=[orchestrator.model.name])
     for split, envs, base in (
         ("train", orchestrator.envs, rl.env_server_base_port),
         ("eval", orchestrator.eval_envs, rl.env_server_base_port + EVAL_PORT_OFFSET),
@@ -94,10 +95,11 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
         for i, env in enumerate(envs):
             if env.address is None:
                 env.address = f"tcp://127.0.0.1:{base + i}"
-                servers.append(EnvServerLaunch(split=split, name=env.resolved_name, config=_server_config(env)))
+                servers.append(EnvServerLaunch(split=split, name=env.resolved_name, config=_server_config(env, access)))
     return ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
 
 
-def _server_config(env: EnvConfig) -> EnvServerConfig:
+def _server_config(env: EnvConfig, model_access: ModelAccessConfig) -> EnvServerConfig:
     assert env.address is not None
-    return EnvServerConfig(env=EnvSpec(id=env.id, args=env.args), address=env.address, pool=env.pool, timeout=env.timeout)
+    spec = EnvSpec(id=env.id, args=env.args)
+    return EnvServerConfig(env=spec, address=env.address, pool=env.pool, timeout=env.timeout, model_access=model_access)

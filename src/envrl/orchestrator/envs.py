@@ -22,7 +22,7 @@ from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingConfig
 from envrl.process import Child, config_argv, spawn_sidecar
 from envrl.serve.client import EnvClient, EnvServerError
-from envrl.serve.config import EnvServerConfig, EnvSpec
+from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
 from envrl.traces import Error, Trace, WireTask
 
 Split = Literal["train", "eval"]
@@ -87,6 +87,7 @@ class Env:
             address="tcp://127.0.0.1:0",
             pool=self.config.pool,
             timeout=self.config.timeout,
+            model_access=ModelAccessConfig.for_client(self.client_config),
         )
         argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
         return spawn_sidecar(argv, name=f"env server {self.name!r}", log_file=self.log_file, ready_timeout=self.ready_timeout)

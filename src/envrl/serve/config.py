@@ -1,7 +1,8 @@
 """Configuration of an env server: the environment, its address, worker pool, timeouts, limits.
 
 Guarantee: an `EnvServerConfig` that validates describes a server that can start: pool sizes are
-positive, and a non-loopback address comes with CURVE keys or an explicit `insecure = true`.
+positive, a non-loopback address comes with CURVE keys or an explicit `insecure = true`, and
+requests can make a worker reach only the model servers, API keys and tokenizers `model_access` names.
 `PoolConfig` and `EnvTimeoutConfig` are shared with the orchestrator's env configs.
 """
 
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from envrl.config import BaseConfig
+from envrl.envs.model_client import ClientConfig, TrainClientConfig
 from envrl.log import LogLevel
 
 
@@ -97,6 +99,70 @@ class CurveServerConfig(BaseConfig):
     """Directory of the `.key` (public) certificates of the clients allowed to connect."""
 
 
+class ModelAccessConfig(BaseConfig):
+    """What a request's `client` may make a worker reach or load. Whoever starts the server decides;
+    a request only picks among these (anything else is a `bad_request` naming this option).
+
+    The defaults allow no model server, no API key and no tokenizer: only `scripted` clients
+    without a tokenizer. Servers spawned by `rl` and `eval` allow exactly their run's client.
+    """
+
+    base_urls: list[str] = []
+    """Model server URLs a `train` or `eval` client may name as `base_url` (compared without a trailing '/')."""
+    api_key_envs: list[str] = []
+    """Environment variables an `eval` client may name as `api_key_env`: the worker sends that
+    variable's value as a bearer token to the client's `base_url`."""
+    tokenizers: list[str] = []
+    """Tokenizers a `train` client (its `tokenizer`, else its `model`) or a `scripted` client's
+    `tokenizer` may load: a hub name or path given here, or a local path that resolves to one
+    given here or lies inside a local directory given here."""
+
+    def problem(self, client: ClientConfig) -> str | None:
+        """What `client` asks for that this server does not allow, naming the field and the option; None if all is allowed."""
+        base_url = getattr(client, "base_url", None)
+        if base_url is not None and base_url.rstrip("/") not in {url.rstrip("/") for url in self.base_urls}:
+            return _refusal("base_url", base_url, "base_urls", self.base_urls)
+        api_key_env = getattr(client, "api_key_env", None)
+        if api_key_env is not None and api_key_env not in self.api_key_envs:
+            return _refusal("api_key_env", api_key_env, "api_key_envs", self.api_key_envs)
+        tokenizer = getattr(client, "tokenizer", None)
+        field = "tokenizer"
+        if tokenizer is None and isinstance(client, TrainClientConfig):
+            tokenizer, field = client.model, "model"  # a train client loads its model's tokenizer
+        if tokenizer is not None and not self._tokenizer_allowed(tokenizer):
+            return _refusal(field, tokenizer, "tokenizers", self.tokenizers)
+        return None
+
+    def _tokenizer_allowed(self, tokenizer: str) -> bool:
+        if tokenizer in self.tokenizers:
+            return True
+        path = Path(tokenizer)
+        if not path.exists():
+            return False
+        resolved = path.resolve()
+        return any(
+            resolved == allowed or resolved.is_relative_to(allowed)
+            for allowed in (Path(entry).resolve() for entry in self.tokenizers if Path(entry).exists())
+        )
+
+    @classmethod
+    def for_client(cls, client: ClientConfig) -> ModelAccessConfig:
+        """Allow exactly what `client` uses: for the servers a run spawns for its own client."""
+        tokenizer = getattr(client, "tokenizer", None) or (client.model if isinstance(client, TrainClientConfig) else None)
+        return cls(
+            base_urls=[url for url in [getattr(client, "base_url", None)] if url is not None],
+            api_key_envs=[name for name in [getattr(client, "api_key_env", None)] if name is not None],
+            tokenizers=[tokenizer] if tokenizer is not None else [],
+        )
+
+
+def _refusal(field: str, value: str, option: str, allowed: list[str]) -> str:
+    return (
+        f"params.client.{field} {value!r} is not allowed by this server (model_access.{option} = {allowed}); "
+        f"the server's owner can allow it with --model-access.{option.replace('_', '-')}"
+    )
+
+
 class EnvServerConfig(BaseConfig):
     env: EnvSpec
     address: str = "tcp://127.0.0.1:5000"
@@ -107,7 +173,21 @@ class EnvServerConfig(BaseConfig):
     max_queued: int = Field(4096, ge=0)
     """Requests that may wait for a free worker slot; beyond, requests get an `at_capacity` error."""
     max_frame_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    """Largest request frame accepted; larger ones get a `too_large` error."""
+    """Largest request frame accepted; larger ones get a `too_large` error. A frame over twice this
+    size is not even read: ZMQ drops the connection that sent it (its MAXMSGSIZE)."""
+    max_group_size: int = Field(1024, ge=1)
+    """Largest `n` of a `run_group` request; larger ones get a `bad_request`."""
+    max_reruns: int = Field(2, ge=0)
+    """Times a rollout whose worker died (crash, OOM, SIGKILL) is re-run on another worker before it
+    is answered with a `worker_died` error Trace."""
+    client_send_queue: int = Field(10_000, ge=1)
+    """Answers that may wait for one client that is not reading: this many in ZMQ's queue (SNDHWM)
+    and, once that is full, as many more held by the server."""
+    client_stall_timeout: float = Field(30.0, gt=0)
+    """Seconds a client's answers may stay blocked (its queue full); then the server drops it:
+    logs why, cancels its requests and discards their answers."""
+    model_access: ModelAccessConfig = ModelAccessConfig()
+    """Model servers, API key variables and tokenizers requests may use (default: none; see docs/protocol.md)."""
     drain_timeout: float = Field(30.0, ge=0)
     """On SIGTERM, seconds to let in-flight rollouts finish before they are answered `shutting_down`."""
     curve: CurveServerConfig | None = None

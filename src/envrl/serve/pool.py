@@ -8,6 +8,7 @@ workers. It holds no sockets: the server sends the ops the pool decides on.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,11 @@ from envrl.process import Child
 from envrl.serve.config import ElasticPoolConfig, StaticPoolConfig
 
 MAX_STARTUP_FAILURES = 3
-"""Workers in a row that die before ready: then the pool gives up (a broken env, not bad luck)."""
+"""Workers in a row that fail before ready: then the pool gives up (a broken env, not bad luck)."""
+OUTSIDE_KILLS = (-signal.SIGKILL, -signal.SIGTERM)
+"""Exit codes of a worker stopped from outside (an operator, a chaos test, the OOM killer): they say
+nothing about the environment, so they are not start-up failures. Exiting with an error or
+crashing (SIGSEGV, SIGABRT) is."""
 
 
 @dataclass(eq=False)
@@ -91,8 +96,8 @@ class WorkerPool:
         """Forget the worker whose exit fd fired; its `load` is the caller's to answer."""
         worker = self.by_exit_fd.pop(exit_fd)
         del self.workers[worker.id]
-        worker.child.wait()
-        if not worker.ready and not worker.retiring:
+        code = worker.child.wait()
+        if not worker.ready and not worker.retiring and code not in OUTSIDE_KILLS:
             self.startup_failures += 1
         worker.child.close()
         return worker

@@ -27,11 +27,13 @@ TOO_LARGE = "too_large"  # frame over the server's max_frame_bytes
 AT_CAPACITY = "at_capacity"  # every worker slot busy and the wait queue full: back off and retry
 CANCELLED = "cancelled"  # the request was cancelled by a `cancel` call
 SHUTTING_DOWN = "shutting_down"  # the server is draining (SIGTERM) and takes no new rollouts
-ERROR_TYPES = (BAD_REQUEST, UNKNOWN_METHOD, TOO_LARGE, AT_CAPACITY, CANCELLED, SHUTTING_DOWN)
+INTERNAL_ERROR = "internal_error"  # handling the request failed in the server (a bug: see its log)
+ERROR_TYPES = (BAD_REQUEST, UNKNOWN_METHOD, TOO_LARGE, AT_CAPACITY, CANCELLED, SHUTTING_DOWN, INTERNAL_ERROR)
 
 # Error Trace types (a run_* result whose trace has `error.type` set by the server, not the env).
 TIMEOUT = "timeout"  # the rollout ran past timeout.rollout
-WORKER_DIED = "worker_died"  # its worker process died twice while running it
+WORKER_DIED = "worker_died"  # its worker process died while running it, and again on each re-run
+UNENCODABLE = "unencodable_trace"  # the env returned a Trace msgpack cannot carry (a set, a datetime, ...)
 
 METHODS = ("health", "info", "run_rollout", "run_group", "cancel")
 REQUEST_KEYS = frozenset({"id", "method", "params"})
@@ -161,6 +163,14 @@ def parse_request(frame: bytes, max_frame_bytes: int) -> tuple[str, str, dict[st
     if method not in METHODS:
         raise ProtocolError(UNKNOWN_METHOD, f"unknown method {method!r}; methods: {', '.join(METHODS)}", request_id)
     return request_id, method, params
+
+
+def readable_id(frame: bytes, max_frame_bytes: int) -> str | None:
+    """The string `id` of a frame that holds a request map, if it has one (for errors about the rest)."""
+    try:
+        return parse_request(frame, max_frame_bytes)[0]
+    except ProtocolError as e:
+        return e.request_id
 
 
 def validation_message(error: Exception) -> str:

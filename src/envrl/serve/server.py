@@ -2,8 +2,9 @@
 
 Guarantee: every request gets exactly one response: health, info and cancel are answered by the
 broker itself; each rollout request by its worker (a Trace, an error Trace), or, when its worker
-dies, by a re-run on another worker (once) or a `worker_died` error Trace; a stuck worker is
-killed; a bad frame gets an error response and the server keeps serving.
+dies, by a re-run on another worker (up to `max_reruns` times) or a `worker_died` error Trace; a
+stuck worker is killed; a bad frame, or one whose handling fails unexpectedly, gets an error
+response and the server keeps serving. Params are checked (`ParamsChecker`) before any use.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from envrl.log import LogConfig, setup_logging
 from envrl.process import Child, config_argv, die_with_parent, report_ready, spawn
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
-from envrl.serve.pool import WorkerHandle, WorkerPool
+from envrl.serve.params import ParamsChecker
+from envrl.serve.pool import MAX_STARTUP_FAILURES, OUTSIDE_KILLS, WorkerHandle, WorkerPool
+from envrl.serve.sender import ClientSender
 from envrl.serve.worker import WorkerConfig
-from envrl.serve.zmqio import (
-    EVENTS, NOBLOCK, POLLIN, RCVMORE, SMALL_BATCH, SNDMORE, raw_get, raw_recv, raw_send, recv_batch, send_frames,
-)  # fmt: skip
+from envrl.serve.zmqio import EVENTS, NOBLOCK, POLLIN, RCVMORE, SMALL_BATCH, raw_get, raw_recv, recv_batch, send_frames
 from envrl.traces import Error, Trace
 
 MAX_BATCH = 4096
@@ -82,8 +83,13 @@ class EnvServer:
     def bind(self) -> str:
         """Bind the client socket (raises zmq.ZMQError) and the workers' socket; return the address."""
         self.clients = self.context.socket(zmq.ROUTER)
-        self.clients.setsockopt(zmq.SNDHWM, 0)  # a ROUTER drops what exceeds the HWM: never drop answers
+        # A full queue raises zmq.Again instead of dropping the answer; the sender holds it or drops the client.
+        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.clients.setsockopt(zmq.SNDHWM, self.config.client_send_queue)
+        self.clients.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.max_frame_bytes)  # up to 2x is answered too_large
         self.clients.setsockopt(zmq.LINGER, 1000)
+        config = self.config
+        self.sender = ClientSender(self.clients, config.client_send_queue, config.client_stall_timeout, self._on_client_dropped)
         if self.config.curve is not None:
             self._enable_curve(self.clients)
         address = self.config.address
@@ -117,6 +123,7 @@ class EnvServer:
     def _spawn_worker(self, worker_id: int) -> Child:
         spec = WorkerConfig(
             worker_id=worker_id, address=self.workers_address, env=self.config.env, timeout=self.config.timeout,
+            max_group_size=self.config.max_group_size, model_access=self.config.model_access,
             log_file=self.config.log_file, log_level=self.config.log_level,
         )  # fmt: skip
         child = spawn([sys.executable, "-m", "envrl.serve.worker", *config_argv(spec)], name=f"env worker {worker_id}")
@@ -129,6 +136,7 @@ class EnvServer:
         """Serve `env` until SIGTERM/SIGINT and a drain, or until workers cannot start; return the exit code."""
         self.env = env
         self.num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
+        self.checker = ParamsChecker(self.num_tasks, self.config.max_group_size, self.config.model_access)
         wake_read, wake_write = socket.socketpair()
         wake_read.setblocking(False)
         wake_write.setblocking(False)
@@ -174,7 +182,10 @@ class EnvServer:
                         registered.discard(fd)
                         self._on_worker_exit(self.pool.remove_exited(fd))
                         next_scale = 0.0  # replace it now
-                self._kill_overdue(time.monotonic())
+                now = time.monotonic()
+                self._kill_overdue(now)
+                if self.sender.waiting:
+                    self.sender.retry(now)
                 self._dispatch_queue()
                 if self.clients in events:
                     self._read_clients()
@@ -221,33 +232,55 @@ class EnvServer:
             except zmq.Again:
                 return
             frame = raw_recv(sock, NOBLOCK)  # a ROUTER puts the identity before at least one frame
+            self.sender.received_from(identity)
+            request_id = None
+            first_token = self.next_token
             try:
                 if raw_get(sock, RCVMORE):
                     extra = 1
                     while raw_get(sock, RCVMORE):
                         raw_recv(sock, NOBLOCK)
                         extra += 1
-                    raise p.ProtocolError(p.BAD_REQUEST, f"a message is one frame, got {extra + 1}")
-                self._on_request(identity, frame)
+                    request_id = p.readable_id(frame, self.config.max_frame_bytes)
+                    raise p.ProtocolError(p.BAD_REQUEST, f"a message is one frame, got {extra + 1}", request_id)
+                request_id, method, params = p.parse_request(frame, self.config.max_frame_bytes)
+                self._on_request(identity, request_id, method, params, frame)
             except p.ProtocolError as e:
                 self._answer(identity, p.error_response(e.request_id, e.type, e.message))
+            except Exception as e:  # a bug must cost one request, never the server
+                self._on_internal_error(identity, request_id, first_token, e)
             if count < SMALL_BATCH and not raw_get(sock, EVENTS) & POLLIN:
                 return  # cheaper than the zmq.Again that ends a read of an empty socket
 
-    def _on_request(self, identity: bytes, frame: bytes) -> None:
-        request_id, method, params = p.parse_request(frame, self.config.max_frame_bytes)
+    def _on_internal_error(self, identity: bytes, request_id: str | None, first_token: int, error: Exception) -> None:
+        """Answer a request whose handling raised unexpectedly `internal_error`, once: if it was
+        already accepted (its token is new), finish it (and cancel it in its worker)."""
+        logger.opt(exception=error).error(f"req={request_id}: handling it raised {type(error).__name__}: {error}; answered internal_error")
+        frame = p.error_response(request_id, p.INTERNAL_ERROR, f"the server failed on this request ({type(error).__name__}: {error})")
+        token = self.by_key.get((identity, request_id)) if request_id is not None else None
+        request = self.requests.get(token) if token is not None and token >= first_token else None
+        if request is None:
+            self._answer(identity, frame)
+            return
+        if request.worker is not None:
+            self._send_op(request.worker, [p.OP_CANCEL, request.token])
+        self._finish(request, frame)
+
+    def _on_client_dropped(self, identity: bytes) -> None:
+        for request in [r for r in self.requests.values() if r.identity == identity]:
+            self._cancel(identity, request.request_id)
+
+    def _on_request(self, identity: bytes, request_id: str, method: str, params: dict[str, Any], frame: bytes) -> None:
         if method == "health":
             status = "draining" if self.draining_until is not None else "ok" if self.pool.ready_workers else "starting"
             self._answer(identity, p.ok_response(request_id, {"status": status, "workers": self.pool.ready_workers}))
         elif method == "info":
             self._answer(identity, p.ok_response(request_id, self._info()))
         elif method == "cancel":
-            target = params.get("request_id")
-            if not isinstance(target, str):
-                raise p.ProtocolError(p.BAD_REQUEST, "cancel: params.request_id must be a string", request_id)
+            target = self.checker.cancel(params, request_id).request_id
             self._answer(identity, p.ok_response(request_id, {"cancelled": self._cancel(identity, target)}))
         else:
-            self._accept(identity, request_id, method, params, frame)
+            self._accept(identity, request_id, self.checker.rollout(method, params, request_id), frame)
 
     def _info(self) -> dict[str, Any]:
         return p.ServerInfo(
@@ -257,22 +290,13 @@ class EnvServer:
             queued=len(self.queue), max_queued=self.config.max_queued,
         ).model_dump()  # fmt: skip
 
-    def _accept(self, identity: bytes, request_id: str, method: str, params: dict[str, Any], frame: bytes) -> None:
-        def bad(message: str) -> p.ProtocolError:
-            return p.ProtocolError(p.BAD_REQUEST, f"{method}: {message}", request_id)
-
-        split, task_idx, n = params.get("split", "train"), params.get("task_idx"), params.get("n", 1)
-        if split not in self.num_tasks:
-            raise bad(f"params.split must be 'train' or 'eval', got {split!r}")
-        if type(task_idx) is not int or not 0 <= task_idx < self.num_tasks[split]:
-            raise bad(f"params.task_idx must be an integer in 0..{self.num_tasks[split] - 1} for split {split!r}, got {task_idx!r}")
-        if method == "run_group" and (type(n) is not int or n < 1):
-            raise bad(f"params.n must be a positive integer, got {n!r}")
+    def _accept(self, identity: bytes, request_id: str, params: p.RolloutParams, frame: bytes) -> None:
         if self.draining_until is not None:
             raise p.ProtocolError(p.SHUTTING_DOWN, "the server is shutting down and takes no new rollouts", request_id)
         key = (identity, request_id)
         if key in self.by_key:
-            raise bad(f"request id {request_id!r} is already in flight on this connection; ids must be unique")
+            message = f"request id {request_id!r} is already in flight on this connection; ids must be unique"
+            raise p.ProtocolError(p.BAD_REQUEST, message, request_id)
         worker = None if self.queue else self.pool.pick()
         if worker is None and len(self.queue) >= self.config.max_queued:
             raise p.ProtocolError(
@@ -281,7 +305,8 @@ class EnvServer:
                 request_id,
             )
         token, self.next_token = self.next_token, self.next_token + 1
-        self.requests[token] = Request(token, identity, request_id, frame, split, task_idx, n, method == "run_group")
+        n, group = (params.n, True) if isinstance(params, p.GroupParams) else (1, False)
+        self.requests[token] = Request(token, identity, request_id, frame, params.split, params.task_idx, n, group)
         self.by_key[key] = token
         if worker is None:
             self.queue.append(token)
@@ -302,8 +327,7 @@ class EnvServer:
         return True
 
     def _answer(self, identity: bytes, frame: bytes) -> None:
-        raw_send(self.clients, identity, NOBLOCK | SNDMORE)  # never blocks: SNDHWM 0, unknown peers dropped
-        raw_send(self.clients, frame, NOBLOCK)
+        self.sender.send(identity, frame)
 
     def _finish(self, request: Request, frame: bytes) -> None:
         """Answer `request` and forget it: it is never answered twice."""
@@ -366,27 +390,38 @@ class EnvServer:
             logger.info(f"worker {worker.id} retired ({how})")
             return
         if not worker.ready:
-            logger.error(f"worker {worker.id} (pid {worker.child.pid}) {how} before it was ready")
+            if worker.child.poll() in OUTSIDE_KILLS:
+                note = "; a kill from outside, not counted as a start-up failure"
+            else:
+                note = f" ({self.pool.startup_failures} in a row of {MAX_STARTUP_FAILURES} allowed)"
+            logger.error(f"worker {worker.id} (pid {worker.child.pid}) {how} before it was ready{note}")
             return
         rerun, failed = [], []
         for token in sorted(worker.load):
             request = self.requests[token]
             request.worker, request.deadline = None, None
-            if request.attempts == 0 and not request.cancel_requested and self.draining_until is None:
+            if request.attempts < self.config.max_reruns and not request.cancel_requested and self.draining_until is None:
                 request.attempts += 1
                 rerun.append(request)
             else:
                 failed.append(request)
         logger.warning(
             f"worker {worker.id} (pid {worker.child.pid}) {how} with {len(worker.load)} requests in flight: "
-            f"re-running {len(rerun)} once, answering {len(failed)} worker_died"
+            f"re-running {len(rerun)}, answering {len(failed)} worker_died"
         )
         for request in reversed(rerun):
             self.queue.appendleft(request.token)
         for request in failed:
             logger.warning(f"req={request.request_id}: answered worker_died")
-            message = f"env worker {worker.id} {how} while running this request (it had already been re-run once)"
+            message = f"env worker {worker.id} {how} while running this request ({self._why_not_rerun(request)})"
             self._finish(request, self._error_traces(request, Error(type=p.WORKER_DIED, message=message)))
+
+    def _why_not_rerun(self, request: Request) -> str:
+        if request.cancel_requested:
+            return "it was being cancelled"
+        if self.draining_until is not None:
+            return "the server is draining"
+        return f"it had been re-run {request.attempts} times already, max_reruns = {self.config.max_reruns}"
 
     def _set_deadline(self, request: Request, deadline: float) -> None:
         if request.deadline is None or deadline < request.deadline:

@@ -1,8 +1,9 @@
 """One env worker process: runs up to `multiplex` rollouts at once on an asyncio event loop.
 
 Guarantee: every run op the server sends is answered exactly once with a finished client-bound
-frame (a Trace; an error Trace when the env fails or runs past `timeout.rollout`; an error
-response for bad params or a cancel), and the worker dies with its server, even a SIGKILLed one.
+frame (a Trace; an error Trace when the env fails, runs past `timeout.rollout` or returns a Trace
+msgpack cannot carry; an error response for bad params or a cancel, even one that lands before
+the rollout started), and the worker dies with its server, even a SIGKILLed one.
 """
 
 from __future__ import annotations
@@ -12,27 +13,25 @@ import signal
 import sys
 from collections import OrderedDict
 from contextvars import ContextVar
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import zmq
 from loguru import logger
-from pydantic import ValidationError
 
 from envrl.config import BaseConfig, load_config
-from envrl.envs.model_client import ModelClient, SamplingArgs, build_client
+from envrl.envs.model_client import ClientConfig, ModelClient, SamplingArgs, build_client
 from envrl.envs.registry import load_environment
 from envrl.log import LogConfig, LogLevel, setup_logging
 from envrl.process import die_with_parent
 from envrl.serve import protocol as p
-from envrl.serve.config import EnvSpec, EnvTimeoutConfig
+from envrl.serve.config import EnvSpec, EnvTimeoutConfig, ModelAccessConfig
+from envrl.serve.params import ParamsChecker
 from envrl.serve.zmqio import Frames, SocketPump
 from envrl.traces import Error, Task, Trace
 
 MAX_CACHED_CLIENTS = 16
-MAX_CACHED_SAMPLINGS = 256
-ROLLOUT_KEYS = frozenset(p.RolloutParams.model_fields)
-GROUP_KEYS = frozenset(p.GroupParams.model_fields)
 SWEEP_INTERVAL = 0.1
 """Seconds between checks for rollouts past `timeout.rollout` (one sweep instead of a timer each)."""
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
@@ -47,6 +46,8 @@ class WorkerConfig(BaseConfig):
     """The server's pool socket (ipc://...)."""
     env: EnvSpec
     timeout: EnvTimeoutConfig
+    max_group_size: int
+    model_access: ModelAccessConfig
     log_file: Path | None = None
     log_level: LogLevel = "INFO"
 
@@ -59,10 +60,10 @@ class Worker:
         self.running: dict[int, asyncio.Task[None]] = {}
         self.deadlines: dict[int, float] = {}
         self.timed_out: set[int] = set()
-        self.clients: OrderedDict[str, ModelClient] = OrderedDict()
-        """Model clients by the repr of the `client` map that asked for them (least recently used first)."""
-        self.samplings: dict[str, SamplingArgs] = {}
-        """Validated sampling args by the repr of their `sampling` map."""
+        self.clients: OrderedDict[int, tuple[ClientConfig, ModelClient]] = OrderedDict()
+        """Model clients by the id of the config that asked for them (least recently used first)."""
+        num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
+        self.checker = ParamsChecker(num_tasks, config.max_group_size, config.model_access)
         self.done_tokens: list[int] = []
         self.done_frames: list[bytes] = []
 
@@ -86,7 +87,7 @@ class Worker:
             for task in self.running.values():
                 task.cancel()
             await asyncio.gather(*self.running.values(), return_exceptions=True)
-            for client in self.clients.values():
+            for _, client in self.clients.values():
                 await client.aclose()
             self.pump.close(linger_ms=0)
 
@@ -104,17 +105,28 @@ class Worker:
 
     def _start(self, token: int, raw: bytes, now: float) -> None:
         """Answer a request with bad params at once; start a task for the rollout of any other."""
-        request = p.decode(raw)  # the server has checked the envelope
-        request_id, method = request["id"], request["method"]
+        request_id = method = None
         try:
-            task, client, sampling, n = self._params(method, request.get("params", {}))
-        except Exception as e:  # bad params, a task the env cannot give, a client it cannot build
-            message = p.validation_message(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"
-            self._done(token, p.error_response(request_id, p.BAD_REQUEST, f"{method}: {message}"))
+            request = p.decode(raw)  # the server has checked the envelope and the params
+            request_id, method = request["id"], request["method"]
+            params = self.checker.rollout(method, request.get("params", {}), request_id)
+            task = self.env.get_task(params.split, params.task_idx)
+            n = params.n if isinstance(params, p.GroupParams) else None
+            sampling = params.sampling
+            # Each rollout gets its own copy: an env that changed the shared one would change its neighbours'.
+            sampling = sampling.model_copy() if params.seed is None else sampling.model_copy(update={"seed": params.seed})
+            client = self._client(params.client)
+        except p.ProtocolError as e:
+            self._done(token, p.error_response(request_id, e.type, e.message))
+            return
+        except Exception as e:  # a task the env cannot give, a client it cannot build
+            logger.opt(exception=e).warning(f"req={request_id}: cannot start it: {type(e).__name__}: {e}")
+            self._done(token, p.error_response(request_id, p.BAD_REQUEST, f"{method}: {type(e).__name__}: {e}"))
             return
         if self.config.timeout.rollout is not None:
             self.deadlines[token] = now + self.config.timeout.rollout
-        self.running[token] = self.loop.create_task(self._run(token, request_id, task, client, sampling, n))
+        job = self.running[token] = self.loop.create_task(self._run(token, request_id, task, client, sampling, n))
+        job.add_done_callback(partial(self._on_job_end, token, request_id, task, n))
 
     async def _run(self, token: int, request_id: str, task: Task, client: ModelClient, sampling: SamplingArgs, n: int | None) -> None:
         REQUEST_ID.set(request_id)  # this task's context only
@@ -123,24 +135,52 @@ class Worker:
             try:
                 traces = await self._rollouts(task, client, sampling, n)
             except asyncio.CancelledError:
-                limit = self.config.timeout.rollout
-                if token not in self.timed_out:
-                    logger.info("cancelled")
-                    frame = p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
-                    return
-                logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
-                error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
-                traces = [Trace.from_error(task, error, is_truncated=True) for _ in range(n or 1)]
-            if n is None:
-                frame = p.ok_response(request_id, traces[0].to_wire())
-            else:
-                frame = p.ok_response(request_id, {"traces": [trace.to_wire() for trace in traces]})
+                frame = self._stopped_frame(token, request_id, task, n)
+                return
+            frame = self._result_frame(request_id, task, traces, n)
         finally:
-            del self.running[token]
-            self.deadlines.pop(token, None)
-            self.timed_out.discard(token)
+            self._forget(token)
             if frame is not None:
                 self._done(token, frame)
+
+    def _on_job_end(self, token: int, request_id: str, task: Task, n: int | None, job: asyncio.Task[None]) -> None:
+        """A job cancelled before its body ran never reached `_run`'s answer: answer it here."""
+        if token in self.running:
+            self._forget(token)
+            self._done(token, self._stopped_frame(token, request_id, task, n))
+
+    def _forget(self, token: int) -> None:
+        del self.running[token]
+        self.deadlines.pop(token, None)
+        self.timed_out.discard(token)
+
+    def _stopped_frame(self, token: int, request_id: str, task: Task, n: int | None) -> bytes:
+        """The answer of a job that was cancelled: `cancelled`, or a timeout error Trace past its deadline."""
+        if token not in self.timed_out:
+            logger.info(f"req={request_id}: cancelled")
+            return p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
+        limit = self.config.timeout.rollout
+        logger.warning(f"req={request_id}: rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
+        error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
+        return self._result_frame(request_id, task, [Trace.from_error(task, error, is_truncated=True) for _ in range(n or 1)], n)
+
+    def _result_frame(self, request_id: str, task: Task, traces: list[Trace], n: int | None) -> bytes:
+        """The response carrying `traces`; a Trace msgpack cannot carry becomes an error Trace."""
+        wires = [trace.to_wire() for trace in traces]
+        try:
+            return p.ok_response(request_id, wires[0] if n is None else {"traces": wires})
+        except (TypeError, ValueError, OverflowError) as e:  # msgpack: an unsupported type, a non-str key, an int past 64 bits
+            logger.error(f"req={request_id}: the environment returned a Trace msgpack cannot carry ({type(e).__name__}: {e})")
+        for i, wire in enumerate(wires):
+            try:
+                p.encode(wire)
+            except (TypeError, ValueError, OverflowError) as e:
+                message = (
+                    f"the environment's Trace cannot be sent ({type(e).__name__}: {e}); Trace fields must be msgpack "
+                    "types: str-keyed maps, lists, str, bytes, int (64-bit), float, bool, None"
+                )
+                wires[i] = Trace.from_error(task, Error(type=p.UNENCODABLE, message=message)).to_wire()
+        return p.ok_response(request_id, wires[0] if n is None else {"traces": wires})
 
     def _done(self, token: int, frame: bytes) -> None:
         if not self.done_tokens:
@@ -154,42 +194,6 @@ class Worker:
             tokens, frames = self.done_tokens, self.done_frames
             self.done_tokens, self.done_frames = [], []
             self.pump.send([p.WORKER_DONE, p.encode(tokens), *frames])  # type: ignore[arg-type]
-
-    def _params(self, method: str, params: dict[str, Any]) -> tuple[Task, ModelClient, SamplingArgs, int | None]:
-        """(task, model client, sampling args, n or None for run_rollout) of a request's params.
-
-        Fast path: plain-typed scalars and `client`/`sampling` maps seen before (keyed by their
-        repr, which tells apart every msgpack value: 1, 1.0, True, "1") skip pydantic. Anything
-        else is validated in full, which raises the precise ValidationError for bad input.
-        """
-        group = method == "run_group"
-        try:
-            split, task_idx, seed = params.get("split", "train"), params["task_idx"], params.get("seed")
-            client_key, sampling_key = repr(params["client"]), repr(params["sampling"])
-            client, sampling = self.clients[client_key], self.samplings[sampling_key]
-            n = params["n"] if group else None
-            fast = (
-                type(task_idx) is int and task_idx >= 0 and (split == "train" or split == "eval")
-                and (seed is None or type(seed) is int) and (not group or (type(n) is int and n >= 1))
-                and params.keys() <= (GROUP_KEYS if group else ROLLOUT_KEYS)
-            )  # fmt: skip
-        except KeyError:
-            fast = False
-        if fast:
-            self.clients.move_to_end(client_key)
-        else:
-            kind = p.GroupParams if group else p.RolloutParams
-            valid = kind.model_validate(params)
-            split, task_idx, seed, n = valid.split, valid.task_idx, valid.seed, getattr(valid, "n", None)
-            client_key, sampling_key = repr(params["client"]), repr(params["sampling"])
-            client, sampling = self._client(client_key, valid.client), valid.sampling
-            if len(self.samplings) >= MAX_CACHED_SAMPLINGS:
-                self.samplings.clear()
-            self.samplings[sampling_key] = sampling
-        task = self.env.get_task(split, task_idx)
-        # Each rollout gets its own copy: an env that changed the shared one would change its neighbours'.
-        sampling = sampling.model_copy() if seed is None else sampling.model_copy(update={"seed": seed})
-        return task, client, sampling, n
 
     async def _sweep(self) -> None:
         """Cancel rollouts past their deadline; `_run` turns those into timeout Traces."""
@@ -212,17 +216,18 @@ class Worker:
             logger.error(f"the environment raised {type(e).__name__}: {e} instead of returning an error Trace")
             return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n or 1)]
 
-    def _client(self, key: str, config: Any) -> ModelClient:
-        """One client per distinct config map, reused across rollouts (it pools connections)."""
-        client = self.clients.get(key)
-        if client is None:
-            client = self.clients[key] = build_client(config)
+    def _client(self, config: ClientConfig) -> ModelClient:
+        """One client per distinct config, reused across rollouts (it pools connections)."""
+        key = id(config)  # the checker hands out one config object per distinct `client` map
+        entry = self.clients.get(key)
+        if entry is None:
+            entry = self.clients[key] = (config, build_client(config))  # holding `config` keeps its id unique
             if len(self.clients) > MAX_CACHED_CLIENTS:
-                _, old = self.clients.popitem(last=False)
+                _, (_, old) = self.clients.popitem(last=False)
                 asyncio.get_running_loop().create_task(old.aclose())
         else:
             self.clients.move_to_end(key)
-        return client
+        return entry[1]
 
 
 def _tag_request(record: Any) -> None:
