@@ -147,7 +147,11 @@ class Worker:
         """A job cancelled before its body ran never reached `_run`'s answer: answer it here."""
         if token in self.running:
             self._forget(token)
-            self._done(token, self._stopped_frame(token, request_id, task, n))
+            context = REQUEST_ID.set(request_id)
+            try:
+                self._done(token, self._stopped_frame(token, request_id, task, n))
+            finally:
+                REQUEST_ID.reset(context)
 
     def _forget(self, token: int) -> None:
         del self.running[token]
@@ -157,10 +161,10 @@ class Worker:
     def _stopped_frame(self, token: int, request_id: str, task: Task, n: int | None) -> bytes:
         """The answer of a job that was cancelled: `cancelled`, or a timeout error Trace past its deadline."""
         if token not in self.timed_out:
-            logger.info(f"req={request_id}: cancelled")
+            logger.info("cancelled")
             return p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
         limit = self.config.timeout.rollout
-        logger.warning(f"req={request_id}: rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
+        logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
         error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
         return self._result_frame(request_id, task, [Trace.from_error(task, error, is_truncated=True) for _ in range(n or 1)], n)
 
@@ -170,7 +174,7 @@ class Worker:
         try:
             return p.ok_response(request_id, wires[0] if n is None else {"traces": wires})
         except (TypeError, ValueError, OverflowError) as e:  # msgpack: an unsupported type, a non-str key, an int past 64 bits
-            logger.error(f"req={request_id}: the environment returned a Trace msgpack cannot carry ({type(e).__name__}: {e})")
+            logger.error(f"the environment returned a Trace msgpack cannot carry ({type(e).__name__}: {e})")
         for i, wire in enumerate(wires):
             try:
                 p.encode(wire)
