@@ -2,7 +2,8 @@
 
 Task i behaves as BEHAVIOURS[i]: a normal rollout, one that sleeps, one that raises out of
 run_rollout (breaking the never-raise contract), one that hangs, one that burns the CPU
-without ever yielding, and one that SIGKILLs its own worker process.
+without ever yielding, one that SIGKILLs its own worker process, and one that returns a Trace
+msgpack cannot carry (a set in its task).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import signal
 from typing import Any
 
 from envrl.envs import Environment, ModelClient, Rubric, SamplingArgs
-from envrl.traces import Task, Trace
+from envrl.traces import Task, Trace, WireTask
 
-BEHAVIOURS = ("ok", "sleep", "raise", "hang", "burn", "die")
-OK, SLEEP, RAISE, HANG, BURN, DIE = range(len(BEHAVIOURS))
+BEHAVIOURS = ("ok", "sleep", "raise", "hang", "burn", "die", "unencodable")
+OK, SLEEP, RAISE, HANG, BURN, DIE, UNENCODABLE = range(len(BEHAVIOURS))
 
 
 class BehaviourTask(Task):
@@ -48,6 +49,8 @@ class BadEnv(Environment):
                 pass
         elif task.behaviour == "die":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif task.behaviour == "unencodable":
+            return Trace(task=WireTask(idx=task.idx, tags={"a", "b"}), reward=1.0)
         return await super().run_rollout(task, client, sampling, scoring_timeout=scoring_timeout)
 
 

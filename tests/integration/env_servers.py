@@ -15,6 +15,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgpack
+import zmq
+
 from envrl.process import Child, spawn_sidecar
 
 HERE = Path(__file__).parent
@@ -90,3 +93,18 @@ def kill_worker(pid: int) -> None:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             if b"envrl.serve.worker" in f.read():
                 os.kill(pid, signal.SIGKILL)
+
+
+def raw_exchange(address: str, messages: list[list[bytes]]) -> list[dict[str, Any]]:
+    """Send raw multipart messages on a plain DEALER and return the decoded answers, in order."""
+    context = zmq.Context.instance()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+    dealer.connect(address)
+    try:
+        for frames in messages:
+            dealer.send_multipart(frames)
+        return [msgpack.unpackb(dealer.recv()) for _ in messages]
+    finally:
+        dealer.close()

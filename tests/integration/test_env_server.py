@@ -18,11 +18,10 @@ from typing import Any
 
 import msgpack
 import pytest
-import zmq
 
 from envrl.serve.client import EnvClient, EnvServerError
 from tests.integration.bad_envs import BEHAVIOURS, BURN, DIE, HANG, OK, RAISE, SLEEP
-from tests.integration.env_servers import SAMPLING, SCRIPTED, RunningServer, alive, running_env_server, wait_until
+from tests.integration.env_servers import SAMPLING, SCRIPTED, RunningServer, alive, raw_exchange, running_env_server, wait_until
 
 POOL = '{"type": "static", "num_workers": 2, "multiplex": 4}'
 CAPACITY, MAX_QUEUED = 8, 4
@@ -167,22 +166,8 @@ def test_request_that_kills_every_worker_is_answered_worker_died(server: Running
 
     trace = run(go())
     assert trace.error.type == "worker_died" and trace.task.idx == DIE
+    assert "re-run 2 times already, max_reruns = 2" in trace.error.message
     pool_back_to(server, 2)
-
-
-def raw_exchange(address: str, messages: list[list[bytes]]) -> list[dict[str, Any]]:
-    """Send raw multipart messages on a plain DEALER and return the decoded answers, in order."""
-    context = zmq.Context.instance()
-    dealer = context.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.setsockopt(zmq.RCVTIMEO, 10_000)
-    dealer.connect(address)
-    try:
-        for frames in messages:
-            dealer.send_multipart(frames)
-        return [msgpack.unpackb(dealer.recv()) for _ in messages]
-    finally:
-        dealer.close()
 
 
 def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: RunningServer) -> None:
@@ -201,6 +186,13 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
             "e",
         ),
         "oversized": ([pack({"id": "f", "method": "health", "params": {"pad": "x" * 70_000}})], "too_large", None),
+        "split a list": ([pack({"id": "h", "method": "run_rollout", "params": {"split": [1], "task_idx": 0}})], "bad_request", "h"),
+        "cancel id a map": ([pack({"id": "i", "method": "cancel", "params": {"request_id": {"a": 1}}})], "bad_request", "i"),
+        "n huge": (
+            [pack({"id": "j", "method": "run_group", "params": {"task_idx": 0, "n": 2**64 - 1, "client": SCRIPTED, "sampling": SAMPLING}})],
+            "bad_request",
+            "j",
+        ),
     }
     answers = raw_exchange(server.address, [frames for frames, _, _ in cases.values()])
     by_id = {a["id"]: a for a in answers if a["id"] is not None}
@@ -211,6 +203,7 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
             assert not answer["ok"] and answer["error"]["type"] == error_type, name
     assert sorted(a["error"]["type"] for a in anonymous) == sorted(t for _, t, i in cases.values() if i is None)
     assert "sampling.max_tokens" in by_id["e"]["error"]["message"]
+    assert "params.split" in by_id["h"]["error"]["message"] and "max_group_size" in by_id["j"]["error"]["message"]
     assert raw_exchange(server.address, [[pack({"id": "g", "method": "health"})]])[0]["result"]["status"] == "ok"
 
 

@@ -19,6 +19,7 @@ from pydantic import Discriminator, Field, Tag, model_validator
 from envrl.config import BaseConfig
 from envrl.envs.model_client import ClientConfig, TrainClientConfig
 from envrl.log import LogLevel
+from envrl.serve.zmqio import MAX_BATCH
 
 
 class StaticPoolConfig(BaseConfig):
@@ -180,9 +181,10 @@ class EnvServerConfig(BaseConfig):
     max_reruns: int = Field(2, ge=0)
     """Times a rollout whose worker died (crash, OOM, SIGKILL) is re-run on another worker before it
     is answered with a `worker_died` error Trace."""
-    client_send_queue: int = Field(10_000, ge=1)
+    client_send_queue: int = Field(10_000, ge=MAX_BATCH)
     """Answers that may wait for one client that is not reading: this many in ZMQ's queue (SNDHWM)
-    and, once that is full, as many more held by the server."""
+    and, once that is full, as many more held by the server. At least 4096, the requests the server
+    reads in one turn, so that a client that sends a burst and reads is never dropped."""
     client_stall_timeout: float = Field(30.0, gt=0)
     """Seconds a client's answers may stay blocked (its queue full); then the server drops it:
     logs why, cancels its requests and discards their answers."""

@@ -34,11 +34,9 @@ from envrl.serve.params import ParamsChecker
 from envrl.serve.pool import MAX_STARTUP_FAILURES, OUTSIDE_KILLS, WorkerHandle, WorkerPool
 from envrl.serve.sender import ClientSender
 from envrl.serve.worker import WorkerConfig
-from envrl.serve.zmqio import EVENTS, NOBLOCK, POLLIN, RCVMORE, SMALL_BATCH, raw_get, raw_recv, recv_batch, send_frames
+from envrl.serve.zmqio import EVENTS, MAX_BATCH, NOBLOCK, POLLIN, RCVMORE, SMALL_BATCH, raw_get, raw_recv, recv_batch, send_frames
 from envrl.traces import Error, Trace
 
-MAX_BATCH = 4096
-"""Most messages read from one socket per loop turn, so neither side starves the other."""
 WORKER_STOP_GRACE = 3.0
 SWEEP_INTERVAL = 0.1
 """Seconds between scans for overdue rollouts (one scan instead of a timer per request)."""

@@ -29,6 +29,8 @@ SNDMORE = int(zmq.SNDMORE)
 RCVMORE = int(zmq.RCVMORE)
 EVENTS = int(zmq.EVENTS)
 POLLIN = int(zmq.POLLIN)
+MAX_BATCH = 4096
+"""Most messages read from one socket per loop turn, so neither side starves the other."""
 SMALL_BATCH = 4
 """Messages read with an EVENTS check after each (~1.2 us); beyond, reads go on until zmq.Again (~3 us once)."""
 raw_send: Callable[..., Any] = _RawSocket.send
@@ -88,7 +90,7 @@ class SocketPump:
         socket: zmq.Socket[bytes],
         on_messages: Callable[[list[Any]], None],
         on_unsent: Callable[[Sequence[bytes]], None] | None = None,
-        max_batch: int = 4096,
+        max_batch: int = MAX_BATCH,
         *,
         single_frame: bool = False,
         on_flush: Callable[[], None] | None = None,
