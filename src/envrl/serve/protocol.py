@@ -46,11 +46,11 @@ class _Wire(BaseModel):
 class RolloutParams(_Wire):
     """`params` of `run_rollout`."""
 
-    task_idx: int = Field(ge=0)
+    task_idx: int = Field(ge=0, strict=True)
     split: Split = "train"
     client: ClientConfig
     sampling: SamplingArgs
-    seed: int | None = None
+    seed: int | None = Field(None, strict=True)
     """Overrides `sampling.seed` when given (a group derives its per-rollout seeds from it)."""
 
     def sampling_args(self) -> SamplingArgs:
@@ -62,7 +62,7 @@ class RolloutParams(_Wire):
 class GroupParams(RolloutParams):
     """`params` of `run_group`: n rollouts of one task, scored together."""
 
-    n: int = Field(ge=1)
+    n: int = Field(ge=1, strict=True)
 
 
 class CancelParams(_Wire):

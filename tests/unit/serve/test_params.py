@@ -1,0 +1,100 @@
+"""ParamsChecker and ModelAccessConfig: one set of rules for the server and its workers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
+from envrl.launcher.config import RLConfig, resolve_run
+from envrl.orchestrator.config import EnvConfig, OrchestratorConfig
+from envrl.serve import protocol as p
+from envrl.serve.config import ModelAccessConfig
+from envrl.serve.params import ParamsChecker
+
+SCRIPTED = {"type": "scripted", "replies": ["a"]}
+SAMPLING = {"max_tokens": 4}
+URL = "http://127.0.0.1:8000"
+
+
+def checker(**access: Any) -> ParamsChecker:
+    return ParamsChecker({"train": 3, "eval": 1}, max_group_size=8, model_access=ModelAccessConfig(**access))
+
+
+def refusal(check: ParamsChecker, method: str, params: Any) -> str:
+    with pytest.raises(p.ProtocolError) as raised:
+        check.rollout(method, params, "r1")
+    assert (raised.value.type, raised.value.request_id) == (p.BAD_REQUEST, "r1")
+    return raised.value.message
+
+
+def test_valid_params_come_back_typed_with_the_group_size() -> None:
+    group = checker().rollout("run_group", {"task_idx": 2, "n": 8, "client": SCRIPTED, "sampling": SAMPLING, "seed": 5}, "r")
+    assert isinstance(group, p.GroupParams) and (group.task_idx, group.n, group.seed) == (2, 8, 5)
+    assert isinstance(group.client, ScriptedClientConfig) and group.sampling.max_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("task_idx", [1]), ("task_idx", 1.5), ("task_idx", True), ("task_idx", 3), ("task_idx", 2**64 - 1), ("task_idx", -1),
+     ("split", [1]), ("split", {"a": 1}), ("split", "test"), ("seed", "1"), ("seed", math.nan), ("n", 0), ("n", 9),
+     ("n", 2**63), ("n", "2"), ("client", [SCRIPTED]), ("sampling", {"max_tokens": [4]}), ("bogus", 1)],
+)  # fmt: skip
+def test_every_wrong_field_is_refused_the_same_whether_or_not_its_client_was_seen_before(field: str, value: Any) -> None:
+    """The first call validates in full; the second takes the cached client/sampling path."""
+    check = checker()
+    good = {"task_idx": 0, "n": 2, "client": SCRIPTED, "sampling": SAMPLING}
+    check.rollout("run_group", good, "warm-up")
+    for fresh in (checker(), check):
+        message = refusal(fresh, "run_group", {**good, field: value})
+        assert f"params.{field}" in message or (field == "bogus" and "params.bogus" in message), message
+
+
+def test_a_task_index_out_of_range_names_the_split_and_its_range() -> None:
+    assert "0..0 for split 'eval', got 1" in refusal(checker(), "run_rollout", {"task_idx": 1, "split": "eval", "client": SCRIPTED, "sampling": SAMPLING})
+
+
+def test_cancel_params_are_checked_by_their_model() -> None:
+    assert checker().cancel({"request_id": "x"}, "r").request_id == "x"
+    with pytest.raises(p.ProtocolError) as raised:
+        checker().cancel({"request_id": ["x"]}, "r")
+    assert "params.request_id" in raised.value.message
+
+
+def test_by_default_only_scripted_clients_without_a_tokenizer_pass() -> None:
+    access = ModelAccessConfig()
+    assert access.problem(ScriptedClientConfig()) is None
+    assert "model_access.base_urls" in (access.problem(EvalClientConfig(base_url=URL, model="m")) or "")
+    assert "params.client.tokenizer" in (access.problem(ScriptedClientConfig(tokenizer="deps/models/tiny-chat")) or "")
+
+
+def test_allowed_urls_keys_and_tokenizers_pass_and_others_name_their_field() -> None:
+    access = ModelAccessConfig(base_urls=[URL + "/"], api_key_envs=["KEY"], tokenizers=["deps/models"])
+    assert access.problem(EvalClientConfig(base_url=URL, model="m", api_key_env="KEY")) is None
+    assert access.problem(TrainClientConfig(base_url=URL, model="deps/models/tiny-chat")) is None
+    assert access.problem(TrainClientConfig(base_url=URL, model="m", tokenizer=str(Path("deps/models/tiny-chat").resolve()))) is None
+    assert "api_key_env 'HOME'" in (access.problem(EvalClientConfig(base_url=URL, model="m", api_key_env="HOME")) or "")
+    assert "params.client.model 'gpt2'" in (access.problem(TrainClientConfig(base_url=URL, model="gpt2")) or "")
+    assert "params.client.tokenizer '/etc'" in (access.problem(ScriptedClientConfig(tokenizer="/etc")) or "")
+    assert "deps/models/../../etc" in (access.problem(ScriptedClientConfig(tokenizer="deps/models/../../etc")) or "")
+
+
+def test_a_server_spawned_for_a_client_allows_exactly_that_client() -> None:
+    client = EvalClientConfig(base_url=URL + "/v1", model="m", api_key_env="KEY")
+    access = ModelAccessConfig.for_client(client)
+    assert access.problem(client) is None
+    assert access.problem(client.model_copy(update={"api_key_env": "OTHER"})) is not None
+    assert access.problem(client.model_copy(update={"base_url": "http://203.0.113.9/v1"})) is not None
+
+
+def test_the_launchers_env_servers_allow_the_runs_inference_server_and_model() -> None:
+    orchestrator = OrchestratorConfig(envs=[EnvConfig(id="reverse-text")])
+    run = resolve_run(RLConfig(orchestrator=orchestrator))
+    model = run.orchestrator.model.name
+    # The client the orchestrator sends (orchestrator/loop.py `_make_env`): the tokenizer is the resolved model path.
+    client = TrainClientConfig(base_url=run.orchestrator.inference.base_url, model=model, tokenizer=str(Path(model).resolve()))
+    (server,) = run.env_servers
+    assert server.config.model_access.problem(client) is None
