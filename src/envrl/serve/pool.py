@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from loguru import logger
 
@@ -75,6 +76,12 @@ class WorkerPool:
     @property
     def broken(self) -> bool:
         return self.startup_failures >= MAX_STARTUP_FAILURES
+
+    def broken_message(self, env_id: str, log_file: Path | None) -> str:
+        return (
+            f"{self.startup_failures} env workers in a row failed before they were ready; environment "
+            f"{env_id!r} cannot start in a worker (see {log_file or 'the server stderr'} for their errors)"
+        )
 
     def add_worker(self) -> WorkerHandle:
         worker_id, self._next_id = self._next_id, self._next_id + 1

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
-from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
-import zmq.auth
 from loguru import logger
 
 from envrl.config import load_config
@@ -32,44 +28,27 @@ from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.params import ParamsChecker
 from envrl.serve.pool import MAX_STARTUP_FAILURES, OUTSIDE_KILLS, WorkerHandle, WorkerPool
+from envrl.serve.requests import Request, RequestBook
 from envrl.serve.sender import ClientSender
+from envrl.serve.sockets import bind_clients, bind_workers
 from envrl.serve.worker import WorkerConfig
-from envrl.serve.zmqio import EVENTS, MAX_BATCH, NOBLOCK, POLLIN, RCVMORE, SMALL_BATCH, raw_get, raw_recv, recv_batch, send_frames
-from envrl.traces import Error, Trace
+from envrl.serve.zmqio import (
+    EVENTS, MAX_BATCH, NOBLOCK, POLLIN, RCVMORE, SMALL_BATCH, StopSignals, raw_get, raw_recv, recv_batch, send_frames,
+)  # fmt: skip
+from envrl.traces import Error
 
 WORKER_STOP_GRACE = 3.0
 SWEEP_INTERVAL = 0.1
 """Seconds between scans for overdue rollouts (one scan instead of a timer per request)."""
 
 
-@dataclass(eq=False, slots=True)
-class Request:
-    """A rollout request the server has accepted and must answer exactly once."""
-
-    token: int
-    identity: bytes
-    request_id: str
-    raw: bytes
-    split: str
-    task_idx: int
-    n: int
-    group: bool
-    attempts: int = 0
-    worker: int | None = None
-    deadline: float | None = None
-    cancel_requested: bool = False
-
-
 class EnvServer:
     def __init__(self, config: EnvServerConfig, context: zmq.Context[zmq.Socket[bytes]]) -> None:
         self.config = config
         self.context = context
-        self.requests: dict[int, Request] = {}
-        self.by_key: dict[tuple[bytes, str], int] = {}
-        self.queue: deque[int] = deque()
+        self.requests = RequestBook()
         self.next_sweep = 0.0
         self.outbox: dict[int, tuple[list[list[Any]], list[bytes]]] = {}
-        self.next_token = 0
         self.draining_until: float | None = None
         self.reported = False
         self.tmpdir = tempfile.mkdtemp(prefix="envrl-env-server-")
@@ -79,44 +58,12 @@ class EnvServer:
     # -- sockets and processes ------------------------------------------------------------------
 
     def bind(self) -> str:
-        """Bind the client socket (raises zmq.ZMQError) and the workers' socket; return the address."""
-        self.clients = self.context.socket(zmq.ROUTER)
-        # A full queue raises zmq.Again instead of dropping the answer; the sender holds it or drops the client.
-        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.clients.setsockopt(zmq.SNDHWM, self.config.client_send_queue)
-        self.clients.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.max_frame_bytes)  # up to 2x is answered too_large
-        self.clients.setsockopt(zmq.LINGER, 1000)
+        """Bind the client socket (raises zmq.ZMQError, ValueError) and the workers' socket; return the address."""
         config = self.config
+        self.clients, self.address, self.authenticator = bind_clients(self.context, config)
         self.sender = ClientSender(self.clients, config.client_send_queue, config.client_stall_timeout, self._on_client_dropped)
-        if self.config.curve is not None:
-            self._enable_curve(self.clients)
-        address = self.config.address
-        if address.startswith("tcp://") and address.endswith(":0"):
-            address = address[:-2] + ":*"
-        self.clients.bind(address)
-        self.address = self.clients.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.workers_socket = self.context.socket(zmq.ROUTER)
-        self.workers_socket.setsockopt(zmq.SNDHWM, 0)
-        self.workers_socket.setsockopt(zmq.RCVHWM, 0)
-        self.workers_socket.setsockopt(zmq.LINGER, 0)
-        self.workers_address = f"ipc://{self.tmpdir}/workers"
-        self.workers_socket.bind(self.workers_address)
+        self.workers_socket, self.workers_address = bind_workers(self.context, self.tmpdir)
         return self.address
-
-    def _enable_curve(self, sock: zmq.Socket[bytes]) -> None:
-        curve = self.config.curve
-        assert curve is not None
-        if not curve.client_keys_dir.is_dir():
-            raise ValueError(f"curve.client_keys_dir {curve.client_keys_dir} is not a directory of client public keys")
-        public, secret = zmq.auth.load_certificate(curve.secret_key_file)
-        if secret is None:
-            raise ValueError(f"curve.secret_key_file {curve.secret_key_file} holds no secret key (use the .key_secret file)")
-        from zmq.auth.thread import ThreadAuthenticator
-
-        self.authenticator = ThreadAuthenticator(self.context)
-        self.authenticator.start()
-        self.authenticator.configure_curve(domain="*", location=str(curve.client_keys_dir))
-        sock.curve_secretkey, sock.curve_publickey, sock.curve_server = secret, public, True
 
     def _spawn_worker(self, worker_id: int) -> Child:
         spec = WorkerConfig(
@@ -135,18 +82,12 @@ class EnvServer:
         self.env = env
         self.num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
         self.checker = ParamsChecker(self.num_tasks, self.config.max_group_size, self.config.model_access)
-        wake_read, wake_write = socket.socketpair()
-        wake_read.setblocking(False)
-        wake_write.setblocking(False)
-        signal.set_wakeup_fd(wake_write.fileno())
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: None)  # the wakeup fd carries the signal number
+        signals = StopSignals()
         poller = zmq.Poller()
         poller.register(self.clients, zmq.POLLIN)
         poller.register(self.workers_socket, zmq.POLLIN)
-        poller.register(wake_read.fileno(), zmq.POLLIN)
+        poller.register(signals.fd, zmq.POLLIN)
         registered: set[int] = set()
-        wake_fd = wake_read.fileno()
         next_scale = 0.0
         code = 0
         try:
@@ -161,7 +102,7 @@ class EnvServer:
                             self._send_op(worker.id, [p.OP_STOP, 0])
                     if self.pool.broken:
                         code = 1
-                        logger.error(self._broken_message())
+                        logger.error(self.pool.broken_message(self.config.env.id, self.config.log_file))
                         break
                     for fd in self.pool.by_exit_fd.keys() - registered:
                         poller.register(fd, zmq.POLLIN)
@@ -170,7 +111,7 @@ class EnvServer:
                 if self.draining_until is not None and (not self.requests or now >= self.draining_until):
                     break
                 events = dict(poller.poll(self._poll_timeout_ms(now)))
-                if wake_fd in events and self._on_signals(wake_read):
+                if signals.fd in events and self._on_signals(signals.received()):
                     break
                 if self.workers_socket in events:
                     self._read_workers()
@@ -193,9 +134,7 @@ class EnvServer:
                     report_ready(self.address)
         finally:
             self._shut_down()
-            signal.set_wakeup_fd(-1)
-            wake_read.close()
-            wake_write.close()
+            signals.close()
         return code
 
     def _poll_timeout_ms(self, now: float) -> int:
@@ -204,20 +143,15 @@ class EnvServer:
             timeout = min(timeout, max(0.0, self.draining_until - now))
         return int(timeout * 1000) + 1
 
-    def _on_signals(self, wake_read: socket.socket) -> bool:
+    def _on_signals(self, signals: list[str]) -> bool:
         """Start draining on the first SIGTERM/SIGINT; return True (stop now) on a second one."""
-        try:
-            signals = wake_read.recv(64)
-        except BlockingIOError:
-            return False
         if not signals:
             return False
         if self.draining_until is not None:
             logger.warning("second stop signal: stopping without waiting for in-flight rollouts")
             return True
         self.draining_until = time.monotonic() + self.config.drain_timeout
-        name = signal.Signals(signals[0]).name
-        logger.info(f"{name}: draining {len(self.requests)} requests for up to {self.config.drain_timeout:g} s")
+        logger.info(f"{signals[0]}: draining {len(self.requests)} requests for up to {self.config.drain_timeout:g} s")
         return False
 
     # -- client side ------------------------------------------------------------------------------
@@ -232,7 +166,7 @@ class EnvServer:
             frame = raw_recv(sock, NOBLOCK)  # a ROUTER puts the identity before at least one frame
             self.sender.received_from(identity)
             request_id = None
-            first_token = self.next_token
+            first_token = self.requests.next_token
             try:
                 if raw_get(sock, RCVMORE):
                     extra = 1
@@ -255,9 +189,8 @@ class EnvServer:
         already accepted (its token is new), finish it (and cancel it in its worker)."""
         logger.opt(exception=error).error(f"req={request_id}: handling it raised {type(error).__name__}: {error}; answered internal_error")
         frame = p.error_response(request_id, p.INTERNAL_ERROR, f"the server failed on this request ({type(error).__name__}: {error})")
-        token = self.by_key.get((identity, request_id)) if request_id is not None else None
-        request = self.requests.get(token) if token is not None and token >= first_token else None
-        if request is None:
+        request = self.requests.find(identity, request_id) if request_id is not None else None
+        if request is None or request.token < first_token:
             self._answer(identity, frame)
             return
         if request.worker is not None:
@@ -265,7 +198,7 @@ class EnvServer:
         self._finish(request, frame)
 
     def _on_client_dropped(self, identity: bytes) -> None:
-        for request in [r for r in self.requests.values() if r.identity == identity]:
+        for request in self.requests.of_client(identity):
             self._cancel(identity, request.request_id)
 
     def _on_request(self, identity: bytes, request_id: str, method: str, params: dict[str, Any], frame: bytes) -> None:
@@ -285,35 +218,28 @@ class EnvServer:
             protocol_version=p.PROTOCOL_VERSION, env_id=self.env.env_id, num_tasks=self.num_tasks["train"],
             num_eval_tasks=self.num_tasks["eval"], group_scoring=self.env.group_scoring,
             workers=self.pool.ready_workers, in_flight=self.pool.in_flight, capacity=self.pool.capacity,
-            queued=len(self.queue), max_queued=self.config.max_queued,
+            queued=len(self.requests.queue), max_queued=self.config.max_queued,
         ).model_dump()  # fmt: skip
 
     def _accept(self, identity: bytes, request_id: str, params: p.RolloutParams, frame: bytes) -> None:
         if self.draining_until is not None:
             raise p.ProtocolError(p.SHUTTING_DOWN, "the server is shutting down and takes no new rollouts", request_id)
-        key = (identity, request_id)
-        if key in self.by_key:
+        if self.requests.find(identity, request_id) is not None:
             message = f"request id {request_id!r} is already in flight on this connection; ids must be unique"
             raise p.ProtocolError(p.BAD_REQUEST, message, request_id)
-        worker = None if self.queue else self.pool.pick()
-        if worker is None and len(self.queue) >= self.config.max_queued:
-            raise p.ProtocolError(
-                p.AT_CAPACITY,
-                f"{self.pool.in_flight} rollouts running and {len(self.queue)} queued (max_queued); back off and retry",
-                request_id,
-            )
-        token, self.next_token = self.next_token, self.next_token + 1
-        n, group = (params.n, True) if isinstance(params, p.GroupParams) else (1, False)
-        self.requests[token] = Request(token, identity, request_id, frame, params.split, params.task_idx, n, group)
-        self.by_key[key] = token
+        queued = len(self.requests.queue)
+        worker = None if queued else self.pool.pick()
+        if worker is None and queued >= self.config.max_queued:
+            message = f"{self.pool.in_flight} rollouts running and {queued} queued (max_queued); back off and retry"
+            raise p.ProtocolError(p.AT_CAPACITY, message, request_id)
+        request = self.requests.add(identity, request_id, frame, params)
         if worker is None:
-            self.queue.append(token)
+            self.requests.enqueue(request)
         else:
-            self._assign(self.requests[token], worker)
+            self._assign(request, worker)
 
     def _cancel(self, identity: bytes, request_id: str) -> bool:
-        token = self.by_key.get((identity, request_id))
-        request = self.requests.get(token) if token is not None else None
+        request = self.requests.find(identity, request_id)
         if request is None:
             return False
         if request.worker is None:  # still queued: answer now; the queue skips answered tokens
@@ -321,7 +247,7 @@ class EnvServer:
         elif not request.cancel_requested:
             request.cancel_requested = True
             self._send_op(request.worker, [p.OP_CANCEL, request.token])
-            self._set_deadline(request, time.monotonic() + self.config.timeout.kill_grace)
+            request.set_deadline(time.monotonic() + self.config.timeout.kill_grace)
         return True
 
     def _answer(self, identity: bytes, frame: bytes) -> None:
@@ -329,16 +255,9 @@ class EnvServer:
 
     def _finish(self, request: Request, frame: bytes) -> None:
         """Answer `request` and forget it: it is never answered twice."""
-        del self.requests[request.token]
-        del self.by_key[(request.identity, request.request_id)]
+        self.requests.remove(request)
         self.pool.release(request.worker, request.token)
         self._answer(request.identity, frame)
-
-    def _error_traces(self, request: Request, error: Error, **fields: Any) -> bytes:
-        task = self.env.get_task(request.split, request.task_idx)  # type: ignore[arg-type]
-        wire = Trace.from_error(task, error, **fields).to_wire()
-        result = {"traces": [wire] * request.n} if request.group else wire
-        return p.ok_response(request.request_id, result)
 
     # -- worker side ------------------------------------------------------------------------------
 
@@ -347,7 +266,7 @@ class EnvServer:
         self.pool.assign(worker, request.token)
         if self.config.timeout.rollout is not None:
             limit = self.config.timeout.rollout + self.config.timeout.kill_grace
-            self._set_deadline(request, time.monotonic() + limit)
+            request.set_deadline(time.monotonic() + limit)
         ops, raws = self.outbox.setdefault(worker.id, ([], []))
         ops.append([p.OP_RUN, request.token])
         raws.append(request.raw)
@@ -363,14 +282,12 @@ class EnvServer:
         self.outbox.clear()
 
     def _dispatch_queue(self) -> None:
-        while self.queue:
-            if self.queue[0] not in self.requests:  # answered while queued (cancelled)
-                self.queue.popleft()
-                continue
+        while (request := self.requests.peek_queued()) is not None:
             worker = self.pool.pick()
             if worker is None:
                 return
-            self._assign(self.requests[self.queue.popleft()], worker)
+            self.requests.pop_queued()
+            self._assign(request, worker)
 
     def _read_workers(self) -> None:
         for frames in recv_batch(self.workers_socket, MAX_BATCH):
@@ -378,7 +295,7 @@ class EnvServer:
                 self.pool.mark_ready(frames[0])
                 continue
             for token, frame in zip(p.decode(frames[2]), frames[3:]):
-                request = self.requests.get(token)
+                request = self.requests.by_token.get(token)
                 if request is not None:
                     self._finish(request, frame)
 
@@ -394,45 +311,24 @@ class EnvServer:
                 note = f" ({self.pool.startup_failures} in a row of {MAX_STARTUP_FAILURES} allowed)"
             logger.error(f"worker {worker.id} (pid {worker.child.pid}) {how} before it was ready{note}")
             return
-        rerun, failed = [], []
-        for token in sorted(worker.load):
-            request = self.requests[token]
-            request.worker, request.deadline = None, None
-            if request.attempts < self.config.max_reruns and not request.cancel_requested and self.draining_until is None:
-                request.attempts += 1
-                rerun.append(request)
-            else:
-                failed.append(request)
+        draining = self.draining_until is not None
+        rerun, failed = self.requests.after_worker_death(worker.load, self.config.max_reruns, draining)
         logger.warning(
             f"worker {worker.id} (pid {worker.child.pid}) {how} with {len(worker.load)} requests in flight: "
             f"re-running {len(rerun)}, answering {len(failed)} worker_died"
         )
-        for request in reversed(rerun):
-            self.queue.appendleft(request.token)
-        for request in failed:
+        for request, why in failed:
             logger.warning(f"req={request.request_id}: answered worker_died")
-            message = f"env worker {worker.id} {how} while running this request ({self._why_not_rerun(request)})"
-            self._finish(request, self._error_traces(request, Error(type=p.WORKER_DIED, message=message)))
-
-    def _why_not_rerun(self, request: Request) -> str:
-        if request.cancel_requested:
-            return "it was being cancelled"
-        if self.draining_until is not None:
-            return "the server is draining"
-        return f"it had been re-run {request.attempts} times already, max_reruns = {self.config.max_reruns}"
-
-    def _set_deadline(self, request: Request, deadline: float) -> None:
-        if request.deadline is None or deadline < request.deadline:
-            request.deadline = deadline
+            message = f"env worker {worker.id} {how} while running this request ({why})"
+            self._finish(request, request.error_answer(self.env, Error(type=p.WORKER_DIED, message=message)))
 
     def _kill_overdue(self, now: float) -> None:
         """A worker that let a rollout pass its deadline by kill_grace is stuck: kill and replace it."""
         if now < self.next_sweep:
             return
         self.next_sweep = now + SWEEP_INTERVAL
-        overdue = [r for r in self.requests.values() if r.worker is not None and r.deadline is not None and r.deadline <= now]
-        for request in overdue:
-            if request.token not in self.requests or request.worker is None:
+        for request in self.requests.overdue(now):
+            if request.token not in self.requests.by_token or request.worker is None:
                 continue  # answered when an earlier overdue request's worker was killed
             worker = self.pool.workers[request.worker]
             grace = self.config.timeout.kill_grace
@@ -442,7 +338,7 @@ class EnvServer:
             else:
                 what = f"did not finish request {request.request_id} within timeout.rollout + {grace:g} s"
                 message = f"the rollout ran past timeout.rollout = {self.config.timeout.rollout:g} s and its worker was stuck"
-                frame = self._error_traces(request, Error(type=p.TIMEOUT, message=message), is_truncated=True)
+                frame = request.error_answer(self.env, Error(type=p.TIMEOUT, message=message), is_truncated=True)
             logger.warning(f"req={request.request_id}: worker {worker.id} {what} (blocking code?); killing it")
             self._finish(request, frame)
             worker.kill_reason = f"was killed by the server (it {what})"
@@ -450,16 +346,9 @@ class EnvServer:
 
     # -- shutdown ---------------------------------------------------------------------------------
 
-    def _broken_message(self) -> str:
-        log = self.config.log_file or "the server's stderr"
-        return (
-            f"{self.pool.startup_failures} env workers in a row died before they were ready; "
-            f"environment {self.config.env.id!r} cannot start in a worker (see {log} for their errors)"
-        )
-
     def _shut_down(self) -> None:
         """Answer what is left, stop the workers (SIGKILL after a grace period) and close sockets."""
-        for request in list(self.requests.values()):
+        for request in list(self.requests.by_token.values()):
             self._finish(request, p.error_response(request.request_id, p.SHUTTING_DOWN, "the server stopped before this request finished"))
         for worker_id in self.pool.workers:
             self._send_op(worker_id, [p.OP_STOP, 0])

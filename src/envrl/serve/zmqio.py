@@ -16,6 +16,8 @@ it (~15 us) every time.
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -153,3 +155,31 @@ class SocketPump:
             self.wake()  # more may be waiting: let other callbacks run first
         if batch:
             self.on_messages(batch)
+
+
+class StopSignals:
+    """SIGTERM and SIGINT, delivered to a poll loop through a wakeup fd instead of interrupting it.
+
+    Register `fd` for POLLIN; when it fires, `received()` names the signals that arrived.
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = socket.socketpair()
+        self._read.setblocking(False)
+        self._write.setblocking(False)
+        self.fd = self._read.fileno()
+        signal.set_wakeup_fd(self._write.fileno())
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)  # the wakeup fd carries the signal number
+
+    def received(self) -> list[str]:
+        try:
+            numbers = self._read.recv(64)
+        except BlockingIOError:
+            return []
+        return [signal.Signals(number).name for number in numbers]
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(-1)
+        self._read.close()
+        self._write.close()
