@@ -60,8 +60,8 @@ class Worker:
         self.running: dict[int, asyncio.Task[None]] = {}
         self.deadlines: dict[int, float] = {}
         self.timed_out: set[int] = set()
-        self.clients: OrderedDict[int, tuple[ClientConfig, ModelClient]] = OrderedDict()
-        """Model clients by the id of the config that asked for them (least recently used first)."""
+        self.clients: OrderedDict[str, ModelClient] = OrderedDict()
+        """Model clients by the repr of the `client` map that asked for them (least recently used first)."""
         num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
         self.checker = ParamsChecker(num_tasks, config.max_group_size, config.model_access)
         self.done_tokens: list[int] = []
@@ -87,7 +87,7 @@ class Worker:
             for task in self.running.values():
                 task.cancel()
             await asyncio.gather(*self.running.values(), return_exceptions=True)
-            for _, client in self.clients.values():
+            for client in self.clients.values():
                 await client.aclose()
             self.pump.close(linger_ms=0)
 
@@ -109,13 +109,14 @@ class Worker:
         try:
             request = p.decode(raw)  # the server has checked the envelope and the params
             request_id, method = request["id"], request["method"]
-            params = self.checker.rollout(method, request.get("params", {}), request_id)
+            raw_params = request.get("params", {})
+            params = self.checker.rollout(method, raw_params, request_id)
             task = self.env.get_task(params.split, params.task_idx)
             n = params.n if isinstance(params, p.GroupParams) else None
             sampling = params.sampling
             # Each rollout gets its own copy: an env that changed the shared one would change its neighbours'.
             sampling = sampling.model_copy() if params.seed is None else sampling.model_copy(update={"seed": params.seed})
-            client = self._client(params.client)
+            client = self._client(repr(raw_params["client"]), params.client)
         except p.ProtocolError as e:
             self._done(token, p.error_response(request_id, e.type, e.message))
             return
@@ -220,18 +221,17 @@ class Worker:
             logger.error(f"the environment raised {type(e).__name__}: {e} instead of returning an error Trace")
             return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n or 1)]
 
-    def _client(self, config: ClientConfig) -> ModelClient:
-        """One client per distinct config, reused across rollouts (it pools connections)."""
-        key = id(config)  # the checker hands out one config object per distinct `client` map
-        entry = self.clients.get(key)
-        if entry is None:
-            entry = self.clients[key] = (config, build_client(config))  # holding `config` keeps its id unique
+    def _client(self, key: str, config: ClientConfig) -> ModelClient:
+        """One client per distinct `client` map (`key`: its repr), reused across rollouts (it pools connections)."""
+        client = self.clients.get(key)
+        if client is None:
+            client = self.clients[key] = build_client(config)
             if len(self.clients) > MAX_CACHED_CLIENTS:
-                _, (_, old) = self.clients.popitem(last=False)
+                _, old = self.clients.popitem(last=False)
                 asyncio.get_running_loop().create_task(old.aclose())
         else:
             self.clients.move_to_end(key)
-        return entry[1]
+        return client
 
 
 def _tag_request(record: Any) -> None:
