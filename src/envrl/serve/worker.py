@@ -113,15 +113,13 @@ class Worker:
             params = self.checker.rollout(method, raw_params, request_id)
             task = self.env.get_task(params.split, params.task_idx)
             n = params.n if isinstance(params, p.GroupParams) else None
-            sampling = params.sampling
-            # Each rollout gets its own copy: an env that changed the shared one would change its neighbours'.
-            sampling = sampling.model_copy() if params.seed is None else sampling.model_copy(update={"seed": params.seed})
+            sampling = params.sampling_args()  # validated from this request's map: no other rollout shares it
             client = self._client(repr(raw_params["client"]), params.client)
         except p.ProtocolError as e:
             self._done(token, p.error_response(request_id, e.type, e.message))
             return
         except Exception as e:  # a task the env cannot give, a client it cannot build
-            logger.opt(exception=e).warning(f"req={request_id}: cannot start it: {type(e).__name__}: {e}")
+            logger.warning(f"req={request_id}: cannot start it: {type(e).__name__}: {e}")
             self._done(token, p.error_response(request_id, p.BAD_REQUEST, f"{method}: {type(e).__name__}: {e}"))
             return
         if self.config.timeout.rollout is not None:
