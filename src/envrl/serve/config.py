@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from envrl.config import BaseConfig
 from envrl.envs.model_client import ClientConfig, TrainClientConfig
@@ -116,7 +116,13 @@ class ModelAccessConfig(BaseConfig):
     tokenizers: list[str] = []
     """Tokenizers a `train` client (its `tokenizer`, else its `model`) or a `scripted` client's
     `tokenizer` may load: a hub name or path given here, or a local path that resolves to one
-    given here or lies inside a local directory given here."""
+    given here or lies inside a local directory given here. Existing local paths are stored
+    absolute (resolved where the config is made), so a server started elsewhere allows the same."""
+
+    @field_validator("tokenizers")
+    @classmethod
+    def _local_paths_absolute(cls, tokenizers: list[str]) -> list[str]:
+        return [str(Path(entry).resolve()) if Path(entry).exists() else entry for entry in tokenizers]
 
     def problem(self, client: ClientConfig) -> str | None:
         """What `client` asks for that this server does not allow, naming the field and the option; None if all is allowed."""
@@ -141,10 +147,7 @@ class ModelAccessConfig(BaseConfig):
         if not path.exists():
             return False
         resolved = path.resolve()
-        return any(
-            resolved == allowed or resolved.is_relative_to(allowed)
-            for allowed in (Path(entry).resolve() for entry in self.tokenizers if Path(entry).exists())
-        )
+        return any(resolved.is_relative_to(entry) for entry in self.tokenizers if Path(entry).is_absolute())
 
     @classmethod
     def for_client(cls, client: ClientConfig) -> ModelAccessConfig:
