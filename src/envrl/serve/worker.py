@@ -137,6 +137,9 @@ class Worker:
                 frame = self._stopped_frame(token, request_id, task, n)
                 return
             frame = self._result_frame(request_id, task, traces, n)
+        except Exception as e:  # a bug here must still answer the request
+            logger.opt(exception=e).error(f"answering failed: {type(e).__name__}: {e}; answered internal_error")
+            frame = p.error_response(request_id, p.INTERNAL_ERROR, f"the env worker failed on this request ({type(e).__name__}: {e})")
         finally:
             self._forget(token)
             if frame is not None:
@@ -145,12 +148,13 @@ class Worker:
     def _on_job_end(self, token: int, request_id: str, task: Task, n: int | None, job: asyncio.Task[None]) -> None:
         """A job cancelled before its body ran never reached `_run`'s answer: answer it here."""
         if token in self.running:
-            self._forget(token)
             context = REQUEST_ID.set(request_id)
             try:
-                self._done(token, self._stopped_frame(token, request_id, task, n))
+                frame = self._stopped_frame(token, request_id, task, n)
             finally:
                 REQUEST_ID.reset(context)
+            self._forget(token)
+            self._done(token, frame)
 
     def _forget(self, token: int) -> None:
         del self.running[token]
