@@ -27,7 +27,7 @@ TOO_LARGE = "too_large"  # frame over the server's max_frame_bytes
 AT_CAPACITY = "at_capacity"  # every worker slot busy and the wait queue full: back off and retry
 CANCELLED = "cancelled"  # the request was cancelled by a `cancel` call
 SHUTTING_DOWN = "shutting_down"  # the server is draining (SIGTERM) and takes no new rollouts
-INTERNAL_ERROR = "internal_error"  # handling the request failed in the server (a bug: see its log)
+INTERNAL_ERROR = "internal_error"  # handling the request failed in the server or a worker (a bug: see the log)
 ERROR_TYPES = (BAD_REQUEST, UNKNOWN_METHOD, TOO_LARGE, AT_CAPACITY, CANCELLED, SHUTTING_DOWN, INTERNAL_ERROR)
 
 # Error Trace types (a run_* result whose trace has `error.type` set by the server, not the env).
