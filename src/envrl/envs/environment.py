@@ -16,6 +16,7 @@ from typing import Any, Literal
 from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
+from envrl.inference.client import ContextLengthError
 from envrl.traces import Branch, Error, Message, Task, Trace, Turn, WireTask
 
 Split = Literal["train", "eval"]
@@ -187,8 +188,16 @@ class Environment:
             if trace.num_turns >= self.max_turns:
                 state.stop("max_turns", truncated=True)
                 break
+            turn_sampling = self._turn_sampling(trace, sampling)
+            if turn_sampling is None:
+                state.stop("episode_tokens", truncated=True)
+                break
             previous = state.last_turn
-            response = await client.generate(list(state.messages), sampling, tools=self.tools(state), previous=previous)
+            try:
+                response = await client.generate(list(state.messages), turn_sampling, tools=self.tools(state), previous=previous)
+            except ContextLengthError:
+                state.stop("context_length", truncated=True)
+                break
             turn = Turn(
                 prompt=list(state.messages), response=response.message, tokens=response.tokens, finish_reason=response.finish_reason
             )
@@ -197,9 +206,20 @@ class Environment:
             trace.branches[-1].turns.append(turn)
             state.messages.append(response.message)
             if response.finish_reason == "length":
-                state.stop("max_tokens", truncated=True)
+                budget_hit = turn_sampling.max_tokens < sampling.max_tokens
+                state.stop("episode_tokens" if budget_hit else "max_tokens", truncated=True)
                 break
             state.messages.extend(await self.env_response(state))
+
+    @staticmethod
+    def _turn_sampling(trace: Trace, sampling: SamplingArgs) -> SamplingArgs | None:
+        """The next turn's sampling: `max_tokens` capped by the episode budget; None once it is spent."""
+        if sampling.max_episode_tokens is None:
+            return sampling
+        left = sampling.max_episode_tokens - trace.completion_len
+        if left <= 0:
+            return None
+        return sampling if left >= sampling.max_tokens else sampling.model_copy(update={"max_tokens": left})
 
     def _fail(self, state: RolloutState, exc: Exception) -> None:
         state.trace.error = Error.from_exception(exc)

@@ -29,6 +29,21 @@ class InferenceError(RuntimeError):
     """The inference server answered, but not with what the call needs."""
 
 
+class ContextLengthError(InferenceError):
+    """The prompt leaves no room for a single generated token in the server's context
+    (`max_model_len`): the rollout cannot go on, which is a truncation, not a failure."""
+
+
+CONTEXT_LENGTH_REFUSAL = "maximum context length"
+"""What vLLM's 400 answer says when a prompt is longer than its context."""
+
+
+def raise_for_context_length(error: HttpCallError, prompt_len: int | str) -> None:
+    """Re-raise a 400 refusal of a too-long prompt as ContextLengthError (anything else: return)."""
+    if error.status == 400 and CONTEXT_LENGTH_REFUSAL in str(error):
+        raise ContextLengthError(f"prompt of {prompt_len} tokens does not fit the served context: {error}") from None
+
+
 class InferenceClient:
     """Calls one inference server (`base_url` like "http://127.0.0.1:8000", without "/v1")."""
 
@@ -37,13 +52,31 @@ class InferenceClient:
         self.model = model
         self.retry = retry or RetryPolicy()
         self._http = httpx.AsyncClient()
+        self._max_model_len: int | None = None
+
+    async def max_model_len(self) -> int:
+        """The served context length (`GET /v1/models`, asked once)."""
+        if self._max_model_len is None:
+            url = f"{self.base_url}/v1/models"
+            body = await request_json(self._http, "GET", url, None, self.retry)
+            try:
+                self._max_model_len = int(next(m for m in body["data"] if m["id"] == self.model)["max_model_len"])
+            except (KeyError, StopIteration, TypeError, ValueError) as e:
+                raise InferenceError(f"GET {url}: no max_model_len for model {self.model!r} ({type(e).__name__}): {str(body)[:500]}") from None
+        return self._max_model_len
 
     async def generate(self, prompt_ids: list[int], sampling: dict[str, Any]) -> TokenCompletion:
         """Sample one completion for `prompt_ids`; `sampling` is passed to vLLM as is.
 
         `sampling` holds vLLM completion parameters (max_tokens, temperature, top_p, stop, seed,
-        ...); the token-in/token-out options are set here and cannot be overridden.
+        ...); the token-in/token-out options are set here and cannot be overridden. A prompt
+        that leaves no room in the served context raises ContextLengthError (vLLM itself caps
+        `max_tokens` to the room that is left, and then reports finish_reason "length").
         """
+        if len(prompt_ids) >= await self.max_model_len():
+            raise ContextLengthError(
+                f"prompt of {len(prompt_ids)} tokens leaves no room in the served context of {self._max_model_len} tokens"
+            )
         payload = {
             **sampling,
             "model": self.model,
@@ -54,7 +87,11 @@ class InferenceClient:
             "stream": False,
         }
         url = f"{self.base_url}/v1/completions"
-        body = await request_json(self._http, "POST", url, payload, self.retry)
+        try:
+            body = await request_json(self._http, "POST", url, payload, self.retry)
+        except HttpCallError as e:
+            raise_for_context_length(e, len(prompt_ids))
+            raise
         try:
             choice = body["choices"][0]
             completion_ids = choice["token_ids"]
@@ -102,4 +139,4 @@ class InferenceClient:
         await self._http.aclose()
 
 
-__all__ = ["HttpCallError", "InferenceClient", "InferenceError", "TokenCompletion"]
+__all__ = ["ContextLengthError", "HttpCallError", "InferenceClient", "InferenceError", "TokenCompletion"]

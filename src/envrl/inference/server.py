@@ -40,8 +40,12 @@ OWN_OPTIONS = {
     "host": "set inference.host instead",
     "port": "set inference.port instead",
     "worker_extension_cls": "envrl installs its own weight-reload extension there",
+    "logprobs_mode": "envrl serves processed_logprobs: the logprobs of the distribution that sampled",
 }
 WORKER_EXTENSION = "envrl.inference.worker.WeightReloadExtension"
+LOGPROBS_MODE = "processed_logprobs"
+"""vLLM returns the logprobs of the distribution it sampled from (after temperature and top-k/top-p
+and the logits processors), not of the raw logits: what the trainer's importance ratio needs."""
 
 
 UNIX_SOCKET_DIR_MAX = 64
@@ -119,7 +123,8 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
             hint = f"; did you mean 'inference.vllm.{close[0]}'?" if close else ""
             raise ConfigError(f"unknown vLLM option 'inference.vllm.{key}'{hint}")
     options = {**(CPU_DEFAULTS if on_cpu else {}), **config.vllm}
-    argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port), "--worker-extension-cls", WORKER_EXTENSION]
+    argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port),
+            "--worker-extension-cls", WORKER_EXTENSION, "--logprobs-mode", LOGPROBS_MODE]  # fmt: skip
     argv += option_argv(options)
     logger.info(f"vLLM options: {' '.join(argv)}")
     args = parser.parse_args(argv)

@@ -17,6 +17,7 @@ from envrl.http import RetryPolicy
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
 from envrl.orchestrator.advantage import AdvantageConfig
+from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.serve.config import ElasticPoolConfig, EnvTimeoutConfig, PoolConfig
 
 
@@ -24,11 +25,24 @@ class SamplingConfig(BaseConfig):
     """Sampling of every model call; an env's `sampling` table overrides single keys."""
 
     max_tokens: int = Field(128, ge=1)
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+    """> 0: the trainer scores tokens at this temperature (greedy decoding cannot be trained on)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    """Sample from the k most likely tokens only (0: all)."""
     stop: list[str] | None = None
+    max_episode_tokens: int | None = Field(None, ge=1)
+    """Most tokens generated over all turns of one rollout (None: only `max_tokens` per turn); an
+    exhausted budget ends the rollout as truncated (stop reason `episode_tokens`)."""
     extra: dict[str, Any] = {}
-    """Further vLLM sampling parameters, passed as they are (top_k, min_p, ...)."""
+    """Further vLLM sampling parameters, passed as they are (min_p, ...). Training rejects the
+    ones that change the sampling distribution in ways the trainer does not reproduce."""
+
+
+UNTRAINABLE_SAMPLING = ("min_p", "logit_bias", "min_tokens", "repetition_penalty", "presence_penalty",
+                        "frequency_penalty", "bad_words", "allowed_token_ids")  # fmt: skip
+"""vLLM sampling options that reshape the distribution tokens are drawn from; vLLM's logprobs
+include them but the trainer's do not, so every importance ratio would be off."""
 
 
 class EnvConfig(BaseConfig):
@@ -106,6 +120,13 @@ class OrchestratorConfig(BaseConfig):
     max_inflight: int = Field(64, ge=1)
     """Most rollouts in flight across all envs."""
     sampling: SamplingConfig = SamplingConfig()
+    seq_len: int | None = Field(None, ge=2)
+    """Most tokens of one training sample (None: no limit). Longer samples are handled per
+    `seq_len_policy`; counted per env (`train/<env>/seq_truncated`, `seq_dropped`). Keep it
+    <= trainer.max_tokens, or the trainer gives such samples a micro-batch of their own."""
+    seq_len_policy: SeqLenPolicy = "truncate"
+    """`truncate`: keep the first `seq_len` tokens (later tokens are not trained; a sample left
+    with nothing to train is dropped). `drop`: leave the sample out of the batch."""
     advantage: AdvantageConfig = AdvantageConfig()
     envs: list[EnvConfig] = Field(min_length=1)
     """Train environments."""
@@ -141,6 +162,13 @@ class OrchestratorConfig(BaseConfig):
         duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
         if duplicates:
             raise ValueError(f"two envs share the address {duplicates[0]}; each env server serves one env")
-        for env in [*self.envs, *self.eval_envs]:
+        for env in self.eval_envs:
             env.sampling_args(self.sampling)
+        for env in self.envs:
+            untrainable = sorted(set(env.sampling_args(self.sampling).extra) & set(UNTRAINABLE_SAMPLING))
+            if untrainable:
+                raise ValueError(
+                    f"env {env.resolved_name!r}: sampling.extra {untrainable} reshape the sampling distribution, "
+                    "which the trainer cannot reproduce (its importance ratios would be wrong); remove them"
+                )
         return self

@@ -17,6 +17,7 @@ import json
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,6 +32,7 @@ from envrl.log import LogConfig, setup_logging
 from envrl.orchestrator.config import EvalEnvConfig, SamplingConfig
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
+from envrl.orchestrator.seeds import rollout_seed
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics
 from envrl.process import ChildFailed, die_with_parent
 from envrl.traces import Trace
@@ -164,6 +166,8 @@ class Evaluation:
             for env in config.env
         ]
         self.records: dict[str, dict[Pair, Trace]] = {env.name: {} for env in self.envs}
+        self.attempts: dict[str, Counter[Pair]] = {}
+        """Per env, how often each pair was run before (lines in an earlier eval): a re-run draws a fresh seed."""
         self.grids: dict[str, Pair] = {}
 
     async def run(self) -> dict[str, dict[str, float]]:
@@ -201,6 +205,7 @@ class Evaluation:
             logger.warning(f"env {env.name!r} has {env.num_tasks} eval tasks; evaluating all of them instead of {n}")
             n = env.num_tasks
         self.grids[env.name] = (n, r)
+        self.attempts[env.name] = Counter()
         kept = self._read_earlier(env, n, r) if self.config.resume is not None else {}
         self.records[env.name] = kept
         missing = [(i, j) for i in range(n) for j in range(r) if (i, j) not in kept]
@@ -232,6 +237,7 @@ class Evaluation:
                     "resume with the earlier eval's -n and -r"
                 )
             latest[pair] = trace
+            self.attempts[env.name][pair] += 1
         kept = {pair: trace for pair, trace in latest.items() if not trace.has_error}
         errored = len(latest) - len(kept)
         logger.info(
@@ -250,7 +256,9 @@ class Evaluation:
                 while pending and (not inflight or used + len(pending[-1].rollouts) <= self.config.max_inflight):
                     unit = pending.pop()
                     seed = self._seed(unit.env, unit.task_idx, unit.rollouts[0])
-                    inflight[asyncio.create_task(unit.env.run_group(unit.task_idx, len(unit.rollouts), seed))] = unit
+                    attempt = max(self.attempts[unit.env.name].get((unit.task_idx, j), 0) for j in unit.rollouts)
+                    call = unit.env.run_group(unit.task_idx, len(unit.rollouts), seed, attempt)
+                    inflight[asyncio.create_task(call)] = unit
                     used += len(unit.rollouts)
                 done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -265,7 +273,7 @@ class Evaluation:
 
     def _seed(self, env: Env, task_idx: int, rollout: int) -> int:
         """Seed of rollout `rollout` of task `task_idx`; a group's rollouts take consecutive seeds."""
-        return (self.config.seed * 1_000_003 + task_idx * self.grids[env.name][1] + rollout) % 2**31
+        return rollout_seed(self.config.seed, task_idx * self.grids[env.name][1] + rollout)
 
     def _record(self, unit: Unit, traces: list[Trace]) -> None:
         name = unit.env.name

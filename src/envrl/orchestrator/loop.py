@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from collections import Counter
@@ -28,8 +29,9 @@ from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConf
 from envrl.orchestrator.envs import Env, EvalEnvs, Split, TrainEnvs
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
-from envrl.orchestrator.stats import pass_at_k, rollout_metrics
-from envrl.orchestrator.trajectories import TokenBackfill, trace_to_samples
+from envrl.orchestrator.seeds import rollout_seed
+from envrl.orchestrator.stats import pass_at_k, rollout_metrics, seq_len_note, why_unscored
+from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.layout import batch_dir
 from envrl.samples import TrainingSample, write_batch
 from envrl.traces import Error, Trace, WireTask
@@ -56,6 +58,8 @@ class Orchestrator:
         self.evals: set[asyncio.Task[None]] = set()
         self.dispatched = 0
         self.counters: Counter[str] = Counter()
+        self.seq_counts: dict[str, SeqLenCounts] = {}
+        """Per env, what `seq_len` did to the current step's samples."""
         self._backfill: TokenBackfill | None = None
 
     # -- set-up and tear-down ---------------------------------------------------------------------
@@ -153,7 +157,7 @@ class Orchestrator:
             rng = random.Random(f"{config.seed}/pick/{self.dispatched}")
             env = self.train_envs.pick(rng)
             task_idx = self.train_envs.next_task(env)
-            seed = (config.seed * 1_000_003 + self.dispatched * config.group_size) % 2**31
+            seed = rollout_seed(config.seed, self.dispatched * config.group_size)
             self.dispatched += 1
             task = asyncio.create_task(env.run_group(task_idx, config.group_size, seed))
             self.inflight[task] = (env, task_idx, self.policy.current)
@@ -188,18 +192,22 @@ class Orchestrator:
 
     def _to_samples(self, step: int, groups: list[Group]) -> list[TrainingSample]:
         samples: list[TrainingSample] = []
+        self.seq_counts = {group.env.name: SeqLenCounts() for group in groups}
         for group in groups:
             self._append_rollouts(self.output_dir / "rollouts" / "train.jsonl", step, group.env, group.policy_step, group.traces)
             good = [t for t in group.traces if not t.has_error and t.reward is not None]
-            self.counters["error_rollouts"] += len(group.traces) - len(good)
+            self.counters["error_rollouts"] += sum(t.has_error for t in group.traces)
+            self.counters["unscored_rollouts"] += sum(not t.has_error and t.reward is None for t in group.traces)
             advantages = group_advantages([t.reward for t in good if t.reward is not None], self.config.advantage)
             if advantages is None:
                 self.counters["dropped_groups"] += 1
                 continue
             for trace, advantage in zip(good, advantages):
-                samples += trace_to_samples(
-                    trace, advantage=advantage, env=group.env.name, policy_step=group.policy_step, backfill=self.backfill
+                made = trace_to_samples(
+                    trace, advantage=advantage, env=group.env.name, policy_step=group.policy_step,
+                    sampling=group.env.sampling, backfill=self.backfill,
                 )
+                samples += fit_seq_len(made, self.config.seq_len, self.config.seq_len_policy, self.seq_counts[group.env.name])
         return samples
 
     @property
@@ -226,11 +234,15 @@ class Orchestrator:
         for name, traces in traces_by_env.items():
             metrics.update(rollout_metrics(f"train/{name}", traces))
             metrics[f"train/{name}/share"] = len(traces) / max(total, 1)
+            counts = self.seq_counts[name]
+            metrics[f"train/{name}/seq_truncated"] = counts.truncated
+            metrics[f"train/{name}/seq_dropped"] = counts.dropped
+            metrics[f"train/{name}/seq_tokens_cut"] = counts.tokens_cut
         for key in [k for k in metrics if k.endswith("/staleness")]:
             metrics[key] = sum(metrics[key]) / len(metrics[key])
         all_traces = [t for traces in traces_by_env.values() for t in traces]
         good = [t.reward for t in all_traces if not t.has_error and t.reward is not None]
-        reward = sum(good) / len(good) if good else 0.0
+        reward = sum(good) / len(good) if good else math.nan
         metrics.update({
             "train/reward": reward,
             "train/error_rate": sum(t.has_error for t in all_traces) / max(total, 1),
@@ -246,7 +258,8 @@ class Orchestrator:
         self.metrics.log(step, metrics)
         shares = {name: len(t) / max(total, 1) for name, t in traces_by_env.items()}
         logger.info(
-            f"step {step}/{self.config.max_steps} | reward {reward:.3f} | errors {metrics['train/error_rate']:.0%} | "
+            f"step {step}/{self.config.max_steps} | reward {reward:.3f}{why_unscored(all_traces) if not good else ''} | "
+            f"errors {metrics['train/error_rate']:.0%}{seq_len_note(self.seq_counts)} | "
             f"policy {self.policy.current} | in-flight {metrics['inflight']} | {seconds:.1f} s "
             f"(waited {self.policy.waited:.1f} s) | shares {self._fmt_shares(shares)}"
         )

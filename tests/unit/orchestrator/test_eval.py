@@ -144,7 +144,7 @@ class CountingEnv:
         self.calls: list[int] = []
         self.seeds: list[int] = []
 
-    async def run_group(self, task_idx: int, n: int, seed: int) -> list[Trace]:
+    async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
         self.gauge.add(n)
         self.calls.append(n)
         self.seeds += [seed + i for i in range(n)]

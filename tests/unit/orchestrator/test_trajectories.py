@@ -5,12 +5,14 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
+from envrl.envs.model_client import SamplingArgs
 from envrl.orchestrator.trajectories import TokenBackfill, trace_to_samples
 from envrl.tiny_model import DEFAULT_DIR
 from envrl.traces import Branch, Trace, Turn, TurnTokens, WireTask
 
 USER = {"role": "user", "content": "hi"}
 REPLY = {"role": "assistant", "content": "yo"}
+SAMPLING = SamplingArgs(max_tokens=8, temperature=0.7, top_p=0.9, top_k=5)
 
 
 def turn(prompt_ids: list[int], completion_ids: list[int], logprobs: list[float] | None = None) -> Turn:
@@ -27,7 +29,7 @@ def trace(*branches: list[Turn]) -> Trace:
 
 
 def convert(t: Trace, **kwargs):
-    return trace_to_samples(t, advantage=0.5, env="e", policy_step=3, **kwargs)
+    return trace_to_samples(t, advantage=0.5, env="e", policy_step=3, sampling=SAMPLING, **kwargs)
 
 
 def test_single_turn_masks_prompt_and_trains_completion() -> None:
@@ -97,3 +99,8 @@ def test_backfilled_turns_extend_one_another(tokenizer) -> None:
     [sample] = convert(t, backfill=TokenBackfill(tokenizer))
     generated = tokenizer.decode([tok for tok, m in zip(sample.input_ids, sample.loss_mask) if m])
     assert generated == "yo<|im_end|>yo<|im_end|>"
+
+
+def test_samples_carry_the_sampling_parameters_of_their_rollouts():
+    (sample,) = convert(trace([turn([1, 2], [3, 4])]))
+    assert (sample.temperature, sample.top_p, sample.top_k) == (0.7, 0.9, 5)
