@@ -20,6 +20,7 @@ from envrl.metrics import WandbConfig
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig, SamplingConfig
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.loop import Orchestrator
+from envrl.orchestrator.seeds import attempt_seed
 from envrl.samples import read_batch
 from envrl.serve.config import StaticPoolConfig
 
@@ -116,7 +117,7 @@ def test_output_dir_of_an_earlier_run_needs_resume(tmp_path: Path, vllm_server) 
 
 
 @pytest.mark.parametrize(("max_retries", "expect_error"), [(1, False), (0, True)])
-def test_failed_rollouts_are_retried_up_to_max_retries(
+def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_retries: int, expect_error: bool
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
@@ -128,10 +129,12 @@ def test_failed_rollouts_are_retried_up_to_max_retries(
         env = Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingConfig(), log_dir=tmp_path, ready_timeout=120)
         try:
             await env.start()
-            return await env.run_group(task_idx=2, n=1, seed=0)
+            return await env.run_group(task_idx=2, n=1, seed=5)
         finally:
             await env.shutdown()
 
     [trace] = asyncio.run(run())
     assert trace.has_error is expect_error
-    assert len((markers / "task_2").read_text()) == 1 + max_retries
+    seeds = [int(line) for line in (markers / "task_2").read_text().splitlines()]
+    assert seeds == [attempt_seed(5, attempt) for attempt in range(1 + max_retries)]
+    assert len(set(seeds)) == len(seeds), "every attempt samples afresh"

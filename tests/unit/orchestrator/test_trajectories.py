@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from envrl.envs.model_client import SamplingArgs
-from envrl.orchestrator.trajectories import TokenBackfill, trace_to_samples
+from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.tiny_model import DEFAULT_DIR
 from envrl.traces import Branch, Trace, Turn, TurnTokens, WireTask
 
@@ -104,3 +104,24 @@ def test_backfilled_turns_extend_one_another(tokenizer) -> None:
 def test_samples_carry_the_sampling_parameters_of_their_rollouts():
     (sample,) = convert(trace([turn([1, 2], [3, 4])]))
     assert (sample.temperature, sample.top_p, sample.top_k) == (0.7, 0.9, 5)
+
+
+def long_samples():
+    # prompt 2 tokens, then 4 generated; prompt 5 tokens, then 1 generated
+    return convert(trace([turn([1, 2], [3, 4, 5, 6])], [turn([1, 2, 3, 4, 5], [6])]))
+
+
+def test_truncation_keeps_the_first_seq_len_tokens_and_drops_samples_left_with_nothing_to_train():
+    counts = SeqLenCounts()
+    fitted = fit_seq_len(long_samples(), 4, "truncate", counts)
+    assert [s.input_ids for s in fitted] == [[1, 2, 3, 4]]
+    assert fitted[0].loss_mask == [0, 0, 1, 1] and fitted[0].inference_logprobs == [0.0, 0.0, -0.1, -0.2]
+    assert (counts.samples, counts.truncated, counts.dropped, counts.tokens_cut) == (2, 1, 1, 2)
+
+
+def test_drop_leaves_long_samples_out_and_no_limit_keeps_everything():
+    counts = SeqLenCounts()
+    assert fit_seq_len(long_samples(), 5, "drop", counts) == []
+    assert (counts.truncated, counts.dropped) == (0, 2)
+    assert len(fit_seq_len(long_samples(), None, "drop", SeqLenCounts())) == 2
+    assert len(fit_seq_len(long_samples(), 6, "drop", SeqLenCounts())) == 2
