@@ -114,7 +114,10 @@ class Environment:
         """Per-rollout preparation before the first model call."""
 
     async def env_response(self, state: RolloutState) -> list[Message]:
-        """After each model turn: the env's reply messages, or `state.stop(...)`. Default: one turn."""
+        """After each model turn: the env's reply messages, or `state.stop(...)`. Default: one turn.
+
+        Messages returned together with `state.stop(...)` end the episode: they are stored in
+        `Trace.trailing_messages`."""
         state.stop("completed")
         return []
 
@@ -179,8 +182,18 @@ class Environment:
                 await self.setup(state)
             with state.trace.timing.measure("generation"):
                 await self._turns(state, client, sampling)
+            state.trace.trailing_messages = self._trailing(state)
         except Exception as e:  # noqa: BLE001 - never raise: the failure is the trace's error
             self._fail(state, e)
+
+    @staticmethod
+    def _trailing(state: RolloutState) -> list[Message]:
+        """The messages after the last model turn (all of them if the env rewrote the history)."""
+        last = state.last_turn
+        if last is None:
+            return []
+        seen = [*last.prompt, last.response]
+        return list(state.messages[len(seen) :] if state.messages[: len(seen)] == seen else state.messages)
 
     async def _turns(self, state: RolloutState, client: ModelClient, sampling: SamplingArgs) -> None:
         trace = state.trace
@@ -193,13 +206,15 @@ class Environment:
                 state.stop("episode_tokens", truncated=True)
                 break
             previous = state.last_turn
+            tools = self.tools(state)
             try:
-                response = await client.generate(list(state.messages), turn_sampling, tools=self.tools(state), previous=previous)
+                response = await client.generate(list(state.messages), turn_sampling, tools=tools, previous=previous)
             except ContextLengthError:
                 state.stop("context_length", truncated=True)
                 break
             turn = Turn(
-                prompt=list(state.messages), response=response.message, tokens=response.tokens, finish_reason=response.finish_reason
+                prompt=list(state.messages), response=response.message, tokens=response.tokens,
+                finish_reason=response.finish_reason, tools=tools,
             )
             if previous is None or not _extends(previous, turn):
                 trace.branches.append(Branch())
