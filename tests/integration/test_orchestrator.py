@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import shutil
 import threading
@@ -14,7 +15,7 @@ from statistics import fmean
 import pytest
 
 from envrl.config import ModelConfig
-from envrl.envs.model_client import ScriptedClientConfig
+from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
 from envrl.layout import batch_dir, weights_dir
 from envrl.metrics import WandbConfig
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig, SamplingConfig
@@ -138,3 +139,18 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
     seeds = [int(line) for line in (markers / "task_2").read_text().splitlines()]
     assert seeds == [attempt_seed(5, attempt) for attempt in range(1 + max_retries)]
     assert len(set(seeds)) == len(seeds), "every attempt samples afresh"
+
+
+def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: Path, vllm_server) -> None:
+    """`client = {type = "eval"}` on an env: token-less turns, back-filled with the student's template."""
+    chat = EvalClientConfig(base_url=f"{vllm_server.base_url}/v1", model=vllm_server.model)
+    env = EnvConfig(id="reverse-text", pool=POOL, client=chat)
+    config = orchestrator_config(tmp_path, vllm_server, max_steps=1, batch_size=4, envs=[env], eval_envs=[])
+    asyncio.run(Orchestrator(config).run())
+    rollouts = read_jsonl(config.output_dir / "rollouts" / "train.jsonl")
+    assert all(r["error"] is None and r["branches"][0]["turns"][0]["tokens"] is None for r in rollouts)
+    samples = read_batch(batch_dir(config.output_dir, 0))
+    assert len(samples) == 4
+    for sample in samples:
+        trained = [lp for lp, m in zip(sample.inference_logprobs, sample.loss_mask) if m]
+        assert trained and all(math.isnan(lp) for lp in trained), "back-filled tokens: behaviour logprob unknown"

@@ -46,7 +46,10 @@ class Environment:
         rubric: Rubric | None = None,
         system_prompt: str | None = None,
         max_turns: int = 1,
+        stop_on_length: bool = True,
     ) -> None:
+        """`stop_on_length=False`: a turn cut off by `max_tokens` does not end the rollout; the
+        env answers it like any other (the next prompt closes the cut turn with eos)."""
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         self._sources: dict[Split, TaskSource] = {"train": tasks, "eval": eval_tasks}
@@ -54,6 +57,7 @@ class Environment:
         self.rubric = rubric or Rubric()
         self.system_prompt = system_prompt
         self.max_turns = max_turns
+        self.stop_on_length = stop_on_length
         self.env_id = type(self).__name__
         """The id it was loaded by (set by `load_environment`)."""
 
@@ -222,8 +226,9 @@ class Environment:
             state.messages.append(response.message)
             if response.finish_reason == "length":
                 budget_hit = turn_sampling.max_tokens < sampling.max_tokens
-                state.stop("episode_tokens" if budget_hit else "max_tokens", truncated=True)
-                break
+                if budget_hit or self.stop_on_length:
+                    state.stop("episode_tokens" if budget_hit else "max_tokens", truncated=True)
+                    break
             state.messages.extend(await self.env_response(state))
 
     @staticmethod

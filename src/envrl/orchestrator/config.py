@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
-from envrl.envs.model_client import SamplingArgs
+from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.http import RetryPolicy
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
@@ -63,6 +63,11 @@ class EnvConfig(BaseConfig):
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     sampling: dict[str, Any] = {}
     """Overrides of the orchestrator's `sampling` keys for this env."""
+    client: ClientConfig | None = None
+    """The model this env's rollouts talk to; default: the train client of the run's inference
+    server. A chat client (`type = "eval"`, e.g. a teacher behind an OpenAI API) gives token-less
+    turns, which training back-fills with the student's chat template (their tokens count as
+    on-policy: importance ratio 1)."""
 
     @model_validator(mode="before")
     @classmethod

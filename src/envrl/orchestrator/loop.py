@@ -103,7 +103,9 @@ class Orchestrator:
     def _make_env(self, env_config: EnvConfig, split: Split) -> Env:
         model = self.config.model.name
         tokenizer = str(Path(model).resolve()) if Path(model).exists() else model
-        client = TrainClientConfig(base_url=self.config.inference.base_url, model=model, tokenizer=tokenizer, retry=self.config.inference.retry)
+        client = env_config.client or TrainClientConfig(
+            base_url=self.config.inference.base_url, model=model, tokenizer=tokenizer, retry=self.config.inference.retry
+        )
         return Env(
             env_config, split=split, client=client, sampling=self.config.sampling,
             log_dir=self.output_dir / "logs" / "envs" / split, ready_timeout=self.config.env_ready_timeout,
