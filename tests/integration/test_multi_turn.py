@@ -19,10 +19,10 @@ from envrl.http import RetryPolicy
 from envrl.inference.client import InferenceClient
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.layout import batch_dir
+from envrl.orchestrator.jsonl import parse_trace_line
 from envrl.orchestrator.loop import Orchestrator
 from envrl.samples import read_batch
 from envrl.tiny_model import DEFAULT_DIR
-from envrl.traces import Trace
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 
@@ -70,8 +70,8 @@ def run_multi_turn(out: Path, vllm_server: Any) -> None:
 def test_multi_turn_run_learns_and_trains_exactly_the_generated_tokens(tmp_path: Path, vllm_server: Any) -> None:
     out = tmp_path / "run"
     run_multi_turn(out, vllm_server)
-    lines = [json.loads(line) for line in (out / "rollouts" / "train.jsonl").read_text().splitlines()]
-    step0 = [Trace.model_validate({k: v for k, v in line.items() if k in Trace.model_fields}) for line in lines if line["step"] == 0]
+    lines = [parse_trace_line(line) for line in (out / "rollouts" / "train.jsonl").read_text().splitlines()]
+    step0 = [trace for fields, trace in lines if fields["step"] == 0]
     assert all(t.error is None and t.num_turns == 3 and len(t.branches) == 1 for t in step0)
     # Each sample is its rollout's last context: every generated token trained with its vLLM logprob,
     # every other token (system, user turns, template tokens closing a turn) masked.

@@ -47,11 +47,12 @@ def raise_for_context_length(error: HttpCallError, prompt_len: int | str) -> Non
 class InferenceClient:
     """Calls one inference server (`base_url` like "http://127.0.0.1:8000", without "/v1")."""
 
-    def __init__(self, base_url: str, model: str, retry: RetryPolicy | None = None) -> None:
+    def __init__(self, base_url: str, model: str, retry: RetryPolicy | None = None, reload_token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retry = retry or RetryPolicy()
         self._http = httpx.AsyncClient()
+        self._reload_http = httpx.AsyncClient(headers={"Authorization": f"Bearer {reload_token}"} if reload_token else None)
         self._max_model_len: int | None = None
 
     async def max_model_len(self) -> int:
@@ -124,19 +125,26 @@ class InferenceClient:
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
-    async def update_weights(self, path: str | Path) -> None:
-        """Make the server load the HF safetensors in `path`; returns once they serve.
+    async def update_weights(self, path: str | Path, step: int | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+        """Make the server load the HF safetensors in `path` (policy `step`); returns once they serve.
 
-        A bad path or a shape mismatch is raised as `HttpCallError` (status 400) with the
-        server's explanation; the server keeps serving its previous weights then.
+        With a `step`, retries are safe: the server loads a step once and answers a repeated
+        POST with its first answer. A bad path or a shape mismatch is raised as `HttpCallError`
+        (status 400) with the server's explanation; the server keeps serving its previous weights
+        then. `timeout_s` shortens the server's own deadline for this reload.
         """
         url = f"{self.base_url}/update_weights"
-        body = await request_json(self._http, "POST", url, {"path": str(Path(path).resolve())}, self.retry)
+        payload: dict[str, Any] = {"path": str(Path(path).resolve()), "step": step}
+        if timeout_s is not None:
+            payload["timeout_s"] = timeout_s
+        body = await request_json(self._reload_http, "POST", url, payload, self.retry)
         if not isinstance(body, dict) or body.get("status") != "ok":
             raise InferenceError(f"POST {url} for {path}: unexpected answer {str(body)[:500]}")
+        return body
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._reload_http.aclose()
 
 
 __all__ = ["ContextLengthError", "HttpCallError", "InferenceClient", "InferenceError", "TokenCompletion"]

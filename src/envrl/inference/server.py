@@ -24,7 +24,7 @@ from loguru import logger
 
 from envrl.config import ConfigError, load_config
 from envrl.inference.config import InferenceConfig
-from envrl.inference.reload import PLUGIN_NAME
+from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.log import LogConfig, setup_logging
 from envrl.process import Child, config_argv, die_with_parent, spawn
 
@@ -71,6 +71,7 @@ def vllm_environment(config: InferenceConfig) -> dict[str, str]:
     return {
         "VLLM_CONFIGURE_LOGGING": "0",
         LOG_ENV: config.log.model_dump_json(),
+        RELOAD_ENV: config.reload.model_dump_json(),
         "VLLM_PLUGINS": PLUGIN_NAME,
         "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
         "VLLM_CACHE_ROOT": str(work / "cache"),

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from envrl.config import BaseConfig, ModelConfig
 from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.http import RetryPolicy
+from envrl.inference.config import RELOAD_TOKEN_ENV
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
 from envrl.orchestrator.advantage import AdvantageConfig
@@ -108,6 +109,9 @@ class InferenceClientConfig(BaseConfig):
     ready_timeout: float = Field(600.0, gt=0)
     """Seconds to wait for the server to answer at start-up."""
     retry: RetryPolicy = RetryPolicy()
+    reload_token_env: str = RELOAD_TOKEN_ENV
+    """Environment variable with the server's `/update_weights` token, sent when set (a server
+    off loopback requires it; see inference.reload)."""
 
 
 class OrchestratorConfig(BaseConfig):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import random
 import time
 from collections import Counter
@@ -67,7 +68,10 @@ class Orchestrator:
     async def run(self) -> None:
         config = self.config
         start_step = self._load_state()
-        self.inference = InferenceClient(config.inference.base_url, model=config.model.name, retry=config.inference.retry)
+        self.inference = InferenceClient(
+            config.inference.base_url, model=config.model.name, retry=config.inference.retry,
+            reload_token=os.environ.get(config.inference.reload_token_env),
+        )
         self.metrics = MetricsSink(
             self.output_dir / "metrics.jsonl", config.wandb, process="orchestrator", output_dir=self.output_dir,
             config=config.model_dump(mode="json"),
