@@ -40,7 +40,7 @@ def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> Orchestrato
         max_inflight=16,
         sampling=SamplingConfig(max_tokens=12),
         envs=[EnvConfig(id="reverse-text", ratio=1.0, pool=POOL), EnvConfig(id="distinct-rank", ratio=1.0, pool=POOL)],
-        eval_envs=[EvalEnvConfig(id="learnable", num_examples=3, rollouts_per_example=2, at_start=True, pool=POOL)],
+        eval_envs=[EvalEnvConfig(id="learnable", num_examples=3, rollouts_per_example=2, at_start=True, at_end=False, pool=POOL)],
         inference={"base_url": vllm_server.base_url},
         wandb=WandbConfig(mode="disabled"),
     )

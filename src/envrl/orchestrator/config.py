@@ -101,6 +101,27 @@ class EvalEnvConfig(EnvConfig):
     """Also evaluate the initial policy, at step 0."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
+    pass_at: list[int] = []
+    """More k for pass@k (unbiased estimator), e.g. [4, 8]; pass@1 and pass@r (r =
+    rollouts_per_example) are always reported. Each k must be at most rollouts_per_example."""
+    at_end: bool = True
+    """Also evaluate the final policy after the last step (waiting for the trainer to publish it,
+    at most `weights_timeout`)."""
+
+    @model_validator(mode="after")
+    def _pass_at_fits(self) -> EvalEnvConfig:
+        check_pass_at(self)
+        return self
+
+
+def check_pass_at(env: EvalEnvConfig) -> None:
+    """pass@k needs k rollouts per task: every k of `pass_at` within 1..rollouts_per_example."""
+    bad = [k for k in env.pass_at if not 1 <= k <= env.rollouts_per_example]
+    if bad:
+        raise ValueError(
+            f"eval env {env.resolved_name!r}: pass_at {bad} outside 1..rollouts_per_example ({env.rollouts_per_example}); "
+            "raise rollouts_per_example or drop those k"
+        )
 
 
 class InferenceClientConfig(BaseConfig):

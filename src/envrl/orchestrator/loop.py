@@ -28,6 +28,7 @@ from envrl.metrics import MetricsSink
 from envrl.orchestrator.advantage import group_advantages
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.envs import Env, EvalEnvs, Split, TrainEnvs
+from envrl.orchestrator.evaluate import Unit, grid_units, run_units
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.seeds import rollout_seed
@@ -92,6 +93,7 @@ class Orchestrator:
             logger.info(f"target env shares: {self._fmt_shares(self.train_envs.shares())}")
             for step in range(start_step, config.max_steps):
                 await self._step(step)
+            await self._final_evals()
             if self.evals:
                 logger.info(f"waiting for {len(self.evals)} evaluation(s) to finish")
                 await asyncio.gather(*self.evals)
@@ -276,19 +278,40 @@ class Orchestrator:
 
     # -- evaluation -------------------------------------------------------------------------------
 
+    async def _final_evals(self) -> None:
+        """Evaluate the final policy (weights/step_<max_steps>) on the envs marked `at_end`."""
+        envs = [env for env in self.eval_envs.envs if isinstance(env.config, EvalEnvConfig) and env.config.at_end]
+        if not envs:
+            return
+        final = self.config.max_steps
+        logger.info(f"waiting for the final policy {final} to evaluate it on {[env.name for env in envs]}")
+        await self.policy.ensure(final + self.config.max_async_level)
+        await asyncio.gather(*(self._evaluate(env, final, self.policy.current) for env in envs))
+
     async def _evaluate(self, env: Env, step: int, policy_step: int) -> None:
+        """The `eval` command's runner on this env's first `num_examples` eval tasks, within max_inflight."""
         config = env.config
         assert isinstance(config, EvalEnvConfig)
         started = time.monotonic()
-        indices = range(min(config.num_examples, env.num_tasks))
-        seed = self.config.seed * 7919 + step
-        groups = await asyncio.gather(*(env.run_group(i, config.rollouts_per_example, seed + i * 1000) for i in indices))
+        n, r = min(config.num_examples, env.num_tasks), config.rollouts_per_example
+        results: dict[tuple[int, int], Trace] = {}
+
+        def seed(unit: Unit) -> tuple[int, int]:
+            return rollout_seed(self.config.seed, unit.task_idx * r + unit.rollouts[0]), 0
+
+        def done(unit: Unit, traces: list[Trace]) -> None:
+            results.update({(unit.task_idx, j): trace for j, trace in zip(unit.rollouts, traces, strict=True)})
+
+        units = grid_units(env, [(i, j) for i in range(n) for j in range(r)], r)
+        await run_units(units, self.config.max_inflight, seed, done)
+        groups = [[results[(i, j)] for j in range(r)] for i in range(n)]
         path = self.output_dir / "rollouts" / "eval" / f"step_{step}.jsonl"
         for group in groups:
             self._append_rollouts(path, step, env, policy_step, group)
         traces = [t for group in groups for t in group]
         metrics = rollout_metrics(f"eval/{env.name}", traces)
-        metrics.update({f"eval/{env.name}/{k}": v for k, v in pass_at_k(groups, config.pass_threshold).items()})
+        passes = pass_at_k(groups, config.pass_threshold, config.pass_at)
+        metrics.update({f"eval/{env.name}/{k}": v for k, v in passes.items()})
         metrics[f"eval/{env.name}/policy_step"] = policy_step
         self.metrics.log(step, metrics)
         logger.info(

@@ -62,11 +62,15 @@ def rollout_metrics(prefix: str, traces: Sequence[Trace]) -> dict[str, float]:
     return {f"{prefix}/{key}": value for key, value in metrics.items()}
 
 
-def pass_at_k(groups: Sequence[Sequence[Trace]], threshold: float) -> dict[str, float]:
-    """pass@1 (mean over rollouts) and pass@k (any rollout of a task) with reward >= threshold."""
-    passed = [[t.reward is not None and t.reward >= threshold for t in group] for group in groups if group]
-    k = max((len(g) for g in passed), default=1)
-    return {
-        "pass@1": _mean([float(x) for g in passed for x in g]),
-        f"pass@{k}": _mean([float(any(g)) for g in passed]),
-    }
+def pass_at_k(groups: Sequence[Sequence[Trace]], threshold: float, ks: Sequence[int] = ()) -> dict[str, float]:
+    """pass@k for k = 1, r (the rollouts per task) and each of `ks`: the unbiased estimator
+    1 - C(n - c, k) / C(n, k) per task (n rollouts, c of them with reward >= threshold), averaged
+    over tasks; tasks with fewer than k rollouts are left out of pass@k."""
+    passed = [sum(t.reward is not None and t.reward >= threshold for t in group) for group in groups if group]
+    sizes = [len(group) for group in groups if group]
+    r = max(sizes, default=1)
+    out = {}
+    for k in sorted({1, r, *ks}):
+        estimates = [1.0 - math.comb(n - c, k) / math.comb(n, k) for n, c in zip(sizes, passed) if n >= k]
+        out[f"pass@{k}"] = _mean(estimates)
+    return out
