@@ -154,3 +154,24 @@ def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: 
     for sample in samples:
         trained = [lp for lp, m in zip(sample.inference_logprobs, sample.loss_mask) if m]
         assert trained and all(math.isnan(lp) for lp in trained), "back-filled tokens: behaviour logprob unknown"
+
+
+def test_samples_past_seq_len_are_truncated_and_counted_per_env(tmp_path: Path, vllm_server) -> None:
+    env = EnvConfig(id="learnable", args={"turns": 3}, pool=POOL)
+    config = orchestrator_config(
+        tmp_path, vllm_server, max_steps=1, batch_size=8, envs=[env], eval_envs=[], seq_len=48,
+        sampling=SamplingConfig(max_tokens=8),
+    )  # fmt: skip
+    asyncio.run(Orchestrator(config).run())
+    rollouts = read_jsonl(config.output_dir / "rollouts" / "train.jsonl")
+    last_tokens = [r["branches"][0]["turns"][-1]["tokens"] for r in rollouts]
+    lengths = [len(t["prompt_ids"]) + len(t["completion_ids"]) for t in last_tokens]
+    samples = read_batch(batch_dir(config.output_dir, 0))
+    [metrics] = [m for m in read_jsonl(config.output_dir / "metrics.jsonl") if "train/reward" in m]
+    print(f"episodes of {min(lengths)}-{max(lengths)} tokens, seq_len 48: {metrics['train/learnable/seq_truncated']} of "
+          f"{len(rollouts)} samples truncated, {metrics['train/learnable/seq_dropped']} dropped, "
+          f"{metrics['train/learnable/seq_tokens_cut']} tokens cut")  # fmt: skip
+    assert min(lengths) > 48  # first prompts are 38-44 tokens: every sample keeps some generated tokens
+    assert len(samples) == len(rollouts) and all(len(s.input_ids) == 48 and any(s.loss_mask) for s in samples)
+    assert (metrics["train/learnable/seq_truncated"], metrics["train/learnable/seq_dropped"]) == (len(rollouts), 0)
+    assert metrics["train/learnable/seq_tokens_cut"] == sum(n - 48 for n in lengths)
