@@ -45,7 +45,7 @@ def run_multi_turn(out: Path, vllm_server: Any) -> None:
     overrides = [("output_dir", str(out)), ("model.name", vllm_server.model), ("wandb.mode", "disabled")]
     run = resolve_run(resolve_config(RLConfig, [CONFIG], overrides))
     run.orchestrator.inference.base_url = vllm_server.base_url
-    for env in run.orchestrator.envs:
+    for env in [*run.orchestrator.envs, *run.orchestrator.eval_envs]:
         env.address = None  # a sidecar env server, spawned by the orchestrator
     trainer = Trainer(run.trainer, init_runtime(run.trainer))
     failure: list[BaseException] = []
