@@ -77,7 +77,7 @@ class WeightReloadPlugin:
 
     async def update_weights(self, request: UpdateWeightsRequest, authorization: str | None = Header(None)) -> JSONResponse:
         token = self._config.token()
-        if token is not None and not hmac.compare_digest(authorization or "", f"Bearer {token}"):
+        if token is not None and not hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode()):
             logger.warning("weight reload refused: missing or wrong token")
             return JSONResponse({"error": f"/update_weights needs 'Authorization: Bearer <token>' (the token in {self._config.token_env})"}, status_code=401)
         path = Path(request.path).resolve()
