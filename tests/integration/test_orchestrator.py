@@ -39,7 +39,10 @@ def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> Orchestrato
         group_size=4,
         max_inflight=16,
         sampling=SamplingConfig(max_tokens=12),
-        envs=[EnvConfig(id="reverse-text", ratio=1.0, pool=POOL), EnvConfig(id="distinct-rank", ratio=1.0, pool=POOL)],
+        envs=[
+            EnvConfig(id="reverse-text", ratio=1.0, pool=POOL, sampling={"temperature": 0.7, "top_p": 0.9}),
+            EnvConfig(id="distinct-rank", ratio=1.0, pool=POOL),
+        ],
         eval_envs=[EvalEnvConfig(id="learnable", num_examples=3, rollouts_per_example=2, at_start=True, at_end=False, pool=POOL)],
         inference={"base_url": vllm_server.base_url},
         wandb=WandbConfig(mode="disabled"),
@@ -69,6 +72,8 @@ def test_standalone_run_writes_valid_batches_from_every_env(tmp_path: Path, vllm
             assert all(lp < 0 for lp in generated), "trained tokens carry the sampler's logprobs"
             assert sample.loss_mask[0] == 0, "the prompt is masked"
             assert sample.policy_step == 0
+            expected = (0.7, 0.9) if sample.env == "reverse-text" else (1.0, 1.0)
+            assert (sample.temperature, sample.top_p) == expected, "each env's sampling reaches the trainer"
 
     # distinct-rank is group-scored: its rewards are ranks within a group, averaging exactly 0.5
     groups: dict[tuple[int, int], list[float]] = {}
