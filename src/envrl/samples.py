@@ -35,6 +35,13 @@ class TrainingSample(BaseModel):
     task_idx: int
     policy_step: int
     """The trainer step whose weights generated this sample (for off-policy bookkeeping)."""
+    temperature: float = 1.0
+    """Sampling temperature of the generated tokens: the trainer divides its logits by it, so both
+    sides of the importance ratio are the distribution that sampled."""
+    top_p: float = 1.0
+    """Nucleus of the sampling distribution (1: none); the trainer truncates its own likewise."""
+    top_k: int = 0
+    """Top-k of the sampling distribution (0: none); the trainer truncates its own likewise."""
 
     @model_validator(mode="after")
     def _aligned(self) -> TrainingSample:
@@ -48,6 +55,11 @@ class TrainingSample(BaseModel):
             raise ValueError("loss_mask must hold only 0 and 1")
         if any(lp != 0.0 for lp, m in zip(self.inference_logprobs, self.loss_mask) if m == 0):
             raise ValueError("inference_logprobs must be 0 where loss_mask is 0")
+        if not (self.temperature > 0 and 0 < self.top_p <= 1 and self.top_k >= 0):
+            raise ValueError(
+                f"sampling of sample must have temperature > 0, 0 < top_p <= 1, top_k >= 0; "
+                f"got {self.temperature}, {self.top_p}, {self.top_k}"
+            )
         return self
 
 
@@ -55,9 +67,10 @@ class TrainingSample(BaseModel):
 # Batch files: the orchestrator -> trainer hand-off (format documented in docs/trainer.md)
 
 BATCH_FORMAT = "envrl-batch"
-BATCH_VERSION = 1
+BATCH_VERSION = 2
 BATCH_FILE = "batch.msgpack"
 _COLUMNS = (("input_ids", "i"), ("loss_mask", "B"), ("inference_logprobs", "d"))
+_PER_SAMPLE = ("advantage", "env", "task_idx", "policy_step", "temperature", "top_p", "top_k")
 
 
 class BatchError(ValueError):
@@ -95,10 +108,7 @@ def write_batch(output_dir: Path, step: int, samples: Sequence[TrainingSample]) 
         "step": step,
         "lengths": _to_bytes(lengths, "i"),
         **columns,
-        "advantage": [s.advantage for s in samples],
-        "env": [s.env for s in samples],
-        "task_idx": [s.task_idx for s in samples],
-        "policy_step": [s.policy_step for s in samples],
+        **{key: [getattr(s, key) for s in samples] for key in _PER_SAMPLE},
         "crc32": zlib.crc32(b"".join(columns.values())),
     }
     final = batch_dir(output_dir, step)
@@ -136,7 +146,7 @@ def _decode(payload: Any) -> list[TrainingSample]:
         raise ValueError("checksum mismatch in the token columns")
     lengths = _from_bytes(payload["lengths"], "i")
     values = {name: _from_bytes(columns[name], code) for name, code in _COLUMNS}
-    per_sample = [payload[key] for key in ("advantage", "env", "task_idx", "policy_step")]
+    per_sample = [payload[key] for key in _PER_SAMPLE]
     total = sum(lengths)
     if any(len(v) != total for v in values.values()) or any(len(v) != len(lengths) for v in per_sample):
         raise ValueError(f"column lengths disagree with the {len(lengths)} sample lengths ({total} tokens)")
@@ -148,10 +158,7 @@ def _decode(payload: Any) -> list[TrainingSample]:
                 input_ids=values["input_ids"][start:end],
                 loss_mask=values["loss_mask"][start:end],
                 inference_logprobs=values["inference_logprobs"][start:end],
-                advantage=float(payload["advantage"][i]),
-                env=payload["env"][i],
-                task_idx=payload["task_idx"][i],
-                policy_step=payload["policy_step"][i],
+                **{key: payload[key][i] for key in _PER_SAMPLE},
             )
         except ValidationError as e:
             error = e.errors()[0]

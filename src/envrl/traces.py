@@ -62,6 +62,8 @@ class Turn(StrictModel):
     tokens: TurnTokens | None = None
     """None for a model behind a plain chat API; back-filled from the chat template later."""
     finish_reason: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    """The tool schemas the model was shown in this call (None: no tools)."""
 
 
 class Branch(StrictModel):
@@ -125,7 +127,11 @@ class Trace(StrictModel):
     is_truncated: bool = False
     """The rollout was cut short (max tokens, max turns or a timeout) rather than finishing."""
     stop_reason: str | None = None
-    """Why the rollout ended: `completed`, `max_turns`, `max_tokens`, `tool_ended`, `error`, ..."""
+    """Why the rollout ended: `completed`, `max_turns`, `max_tokens`, `episode_tokens`,
+    `context_length`, `tool_ended`, `error`, ..."""
+    trailing_messages: list[Message] = Field(default_factory=list)
+    """Env and tool messages that came after the last model turn (the final "Correct!", the last
+    tool results): part of the episode, though no model call saw them."""
 
     @property
     def has_error(self) -> bool:

@@ -1,7 +1,8 @@
 """An environment whose rollouts fail until they have been tried `failures` times (per task).
 
-Loaded by the orchestrator tests as 'flaky_env:load_environment'; attempts are counted in files
-under `marker_dir`, so the count survives worker processes.
+Loaded by the orchestrator tests as 'flaky_env:load_environment'; attempts are recorded (one
+line each, holding the attempt's sampling seed) in files under `marker_dir`, so the count
+survives worker processes.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ class FlakyEnv(Environment):
     async def run_rollout(self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None) -> Trace:
         attempts = self.marker_dir / f"task_{task.idx}"
         with attempts.open("a") as f:
-            f.write("x")
-        if len(attempts.read_text()) <= self.failures:
-            raise RuntimeError(f"flaky failure {len(attempts.read_text())} of task {task.idx}")
+            f.write(f"{sampling.seed}\n")
+        tried = len(attempts.read_text().splitlines())
+        if tried <= self.failures:
+            raise RuntimeError(f"flaky failure {tried} of task {task.idx}")
         return await super().run_rollout(task, client, sampling, scoring_timeout=scoring_timeout)
 
 

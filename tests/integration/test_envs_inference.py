@@ -44,16 +44,19 @@ def test_train_client_turns_extend_token_by_token_and_match_the_policy(vllm_serv
         assert before.tokens.completion_ids[-1] == EOS and before.finish_reason == "stop"
         context = before.tokens.prompt_ids + before.tokens.completion_ids
         assert after.tokens.prompt_ids[: len(context)] == context
-    # The extended context is exactly what the server conditioned on: transformers recomputes its logprobs
-    # (vLLM reports raw logprobs, before min_tokens/logit_bias). One token more or less in the context
-    # (say the "\n" after <|im_end|>) shifts them by ~1e-2, far beyond the tolerance.
+    # The extended context is exactly what the server conditioned on: transformers recomputes its logprobs.
+    # vLLM reports the logprobs of the distribution that sampled: eos masked for the first min_tokens
+    # tokens, then its logit raised by the bias. One token more or less in the context (say the "\n"
+    # after <|im_end|>) shifts them by ~1e-2, far beyond the tolerance.
     last = trace.turns[-1].tokens
     model = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32).eval()
     ids = torch.tensor([last.prompt_ids + last.completion_ids])
     with torch.no_grad():
-        logprobs = torch.log_softmax(model(ids).logits[0, :-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
-    expected = logprobs[len(last.prompt_ids) - 1 :].tolist()
-    diffs = [abs(a - b) for a, b in zip(expected, last.completion_logprobs)]
+        logits = model(ids).logits[0, len(last.prompt_ids) - 1 : -1].clone()
+    logits[:, EOS] += 100.0
+    logits[:3, EOS] = float("-inf")
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(last.completion_ids)[:, None])[:, 0].tolist()
+    diffs = [abs(a - b) for a, b in zip(expected, last.completion_logprobs, strict=True)]
     assert max(diffs) < 1e-4, diffs
 
 

@@ -169,3 +169,52 @@ def test_request_in_flight_during_reload_finishes_on_the_old_weights(vllm_server
     assert done_before_reload_returned
     assert len(completion.completion_ids) == 1500
     assert max_abs_diff([completion], reference_logprobs(DEFAULT_DIR, [completion], [prompt])) < EXACT
+
+
+def test_a_repeated_reload_of_a_step_is_a_no_op_with_the_first_answer(vllm_server, tmp_path: Path) -> None:
+    new_dir = perturbed_copy(DEFAULT_DIR, tmp_path / "step_1")
+
+    async def reload_twice_at_once() -> list[dict]:
+        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
+        try:
+            # the second POST is a client's retry racing the first: it waits, then gets the same answer
+            both = list(await asyncio.gather(client.update_weights(new_dir, step=1), client.update_weights(new_dir, step=1)))
+            return [*both, await client.update_weights(new_dir, step=1)]
+        finally:
+            await client.aclose()
+
+    try:
+        answers = run(reload_twice_at_once())
+        completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+    finally:
+        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+    assert answers[0] == answers[1] == answers[2] and answers[0]["step"] == 1
+    assert max_abs_diff(completions, reference_logprobs(new_dir, completions)) < EXACT
+
+
+def test_a_reload_past_its_deadline_is_abandoned_and_generation_goes_on(vllm_server, tmp_path: Path) -> None:
+    new_dir = perturbed_copy(DEFAULT_DIR, tmp_path / "step_1")
+
+    async def reload_with_a_short_deadline() -> tuple[TokenCompletion, HttpCallError]:
+        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
+        try:
+            generation = asyncio.create_task(client.generate(PROMPTS[0], {"max_tokens": 1500, "ignore_eos": True, "seed": 7}))
+            deadline = time.monotonic() + 60.0
+            async with httpx.AsyncClient() as http:
+                while await running_requests(http, vllm_server.base_url) < 1:
+                    assert time.monotonic() < deadline and not generation.done(), "the generation was never seen running"
+                    await asyncio.sleep(0.05)
+            with pytest.raises(HttpCallError) as refused:
+                await client.update_weights(new_dir, step=1, timeout_s=0.2)
+            return await generation, refused.value
+        finally:
+            await client.aclose()
+
+    try:
+        completion, refused = run(reload_with_a_short_deadline())
+        after = run(generate_all(vllm_server.base_url, vllm_server.model))  # generation was resumed
+    finally:
+        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+    assert "did not finish within 0.2 s" in str(refused) and "HTTP 503" in str(refused)
+    assert len(completion.completion_ids) == 1500
+    assert max_abs_diff(after, reference_logprobs(DEFAULT_DIR, after)) < EXACT, "the old weights keep serving"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import shutil
 import threading
@@ -14,12 +15,13 @@ from statistics import fmean
 import pytest
 
 from envrl.config import ModelConfig
-from envrl.envs.model_client import ScriptedClientConfig
+from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
 from envrl.layout import batch_dir, weights_dir
 from envrl.metrics import WandbConfig
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig, SamplingConfig
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.loop import Orchestrator
+from envrl.orchestrator.seeds import attempt_seed
 from envrl.samples import read_batch
 from envrl.serve.config import StaticPoolConfig
 
@@ -37,8 +39,11 @@ def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> Orchestrato
         group_size=4,
         max_inflight=16,
         sampling=SamplingConfig(max_tokens=12),
-        envs=[EnvConfig(id="reverse-text", ratio=1.0, pool=POOL), EnvConfig(id="distinct-rank", ratio=1.0, pool=POOL)],
-        eval_envs=[EvalEnvConfig(id="learnable", num_examples=3, rollouts_per_example=2, at_start=True, pool=POOL)],
+        envs=[
+            EnvConfig(id="reverse-text", ratio=1.0, pool=POOL, sampling={"temperature": 0.7, "top_p": 0.9}),
+            EnvConfig(id="distinct-rank", ratio=1.0, pool=POOL),
+        ],
+        eval_envs=[EvalEnvConfig(id="learnable", num_examples=3, rollouts_per_example=2, at_start=True, at_end=False, pool=POOL)],
         inference={"base_url": vllm_server.base_url},
         wandb=WandbConfig(mode="disabled"),
     )
@@ -67,6 +72,8 @@ def test_standalone_run_writes_valid_batches_from_every_env(tmp_path: Path, vllm
             assert all(lp < 0 for lp in generated), "trained tokens carry the sampler's logprobs"
             assert sample.loss_mask[0] == 0, "the prompt is masked"
             assert sample.policy_step == 0
+            expected = (0.7, 0.9) if sample.env == "reverse-text" else (1.0, 1.0)
+            assert (sample.temperature, sample.top_p) == expected, "each env's sampling reaches the trainer"
 
     # distinct-rank is group-scored: its rewards are ranks within a group, averaging exactly 0.5
     groups: dict[tuple[int, int], list[float]] = {}
@@ -116,7 +123,7 @@ def test_output_dir_of_an_earlier_run_needs_resume(tmp_path: Path, vllm_server) 
 
 
 @pytest.mark.parametrize(("max_retries", "expect_error"), [(1, False), (0, True)])
-def test_failed_rollouts_are_retried_up_to_max_retries(
+def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_retries: int, expect_error: bool
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
@@ -128,10 +135,48 @@ def test_failed_rollouts_are_retried_up_to_max_retries(
         env = Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingConfig(), log_dir=tmp_path, ready_timeout=120)
         try:
             await env.start()
-            return await env.run_group(task_idx=2, n=1, seed=0)
+            return await env.run_group(task_idx=2, n=1, seed=5)
         finally:
             await env.shutdown()
 
     [trace] = asyncio.run(run())
     assert trace.has_error is expect_error
-    assert len((markers / "task_2").read_text()) == 1 + max_retries
+    seeds = [int(line) for line in (markers / "task_2").read_text().splitlines()]
+    assert seeds == [attempt_seed(5, attempt) for attempt in range(1 + max_retries)]
+    assert len(set(seeds)) == len(seeds), "every attempt samples afresh"
+
+
+def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: Path, vllm_server) -> None:
+    """`client = {type = "eval"}` on an env: token-less turns, back-filled with the student's template."""
+    chat = EvalClientConfig(base_url=f"{vllm_server.base_url}/v1", model=vllm_server.model)
+    env = EnvConfig(id="reverse-text", pool=POOL, client=chat)
+    config = orchestrator_config(tmp_path, vllm_server, max_steps=1, batch_size=4, envs=[env], eval_envs=[])
+    asyncio.run(Orchestrator(config).run())
+    rollouts = read_jsonl(config.output_dir / "rollouts" / "train.jsonl")
+    assert all(r["error"] is None and r["branches"][0]["turns"][0]["tokens"] is None for r in rollouts)
+    samples = read_batch(batch_dir(config.output_dir, 0))
+    assert len(samples) == 4
+    for sample in samples:
+        trained = [lp for lp, m in zip(sample.inference_logprobs, sample.loss_mask) if m]
+        assert trained and all(math.isnan(lp) for lp in trained), "back-filled tokens: behaviour logprob unknown"
+
+
+def test_samples_past_seq_len_are_truncated_and_counted_per_env(tmp_path: Path, vllm_server) -> None:
+    env = EnvConfig(id="learnable", args={"turns": 3}, pool=POOL)
+    config = orchestrator_config(
+        tmp_path, vllm_server, max_steps=1, batch_size=8, envs=[env], eval_envs=[], seq_len=48,
+        sampling=SamplingConfig(max_tokens=8),
+    )  # fmt: skip
+    asyncio.run(Orchestrator(config).run())
+    rollouts = read_jsonl(config.output_dir / "rollouts" / "train.jsonl")
+    last_tokens = [r["branches"][0]["turns"][-1]["tokens"] for r in rollouts]
+    lengths = [len(t["prompt_ids"]) + len(t["completion_ids"]) for t in last_tokens]
+    samples = read_batch(batch_dir(config.output_dir, 0))
+    [metrics] = [m for m in read_jsonl(config.output_dir / "metrics.jsonl") if "train/reward" in m]
+    print(f"episodes of {min(lengths)}-{max(lengths)} tokens, seq_len 48: {metrics['train/learnable/seq_truncated']} of "
+          f"{len(rollouts)} samples truncated, {metrics['train/learnable/seq_dropped']} dropped, "
+          f"{metrics['train/learnable/seq_tokens_cut']} tokens cut")  # fmt: skip
+    assert min(lengths) > 48  # first prompts are 38-44 tokens: every sample keeps some generated tokens
+    assert len(samples) == len(rollouts) and all(len(s.input_ids) == 48 and any(s.loss_mask) for s in samples)
+    assert (metrics["train/learnable/seq_truncated"], metrics["train/learnable/seq_dropped"]) == (len(rollouts), 0)
+    assert metrics["train/learnable/seq_tokens_cut"] == sum(n - 48 for n in lengths)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
+from envrl.inference.client import ContextLengthError
 from envrl.traces import Branch, Error, Message, Task, Trace, Turn, WireTask
 
 Split = Literal["train", "eval"]
@@ -45,7 +46,10 @@ class Environment:
         rubric: Rubric | None = None,
         system_prompt: str | None = None,
         max_turns: int = 1,
+        stop_on_length: bool = True,
     ) -> None:
+        """`stop_on_length=False`: a turn cut off by `max_tokens` does not end the rollout; the
+        env answers it like any other (the next prompt closes the cut turn with eos)."""
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         self._sources: dict[Split, TaskSource] = {"train": tasks, "eval": eval_tasks}
@@ -53,6 +57,7 @@ class Environment:
         self.rubric = rubric or Rubric()
         self.system_prompt = system_prompt
         self.max_turns = max_turns
+        self.stop_on_length = stop_on_length
         self.env_id = type(self).__name__
         """The id it was loaded by (set by `load_environment`)."""
 
@@ -113,7 +118,10 @@ class Environment:
         """Per-rollout preparation before the first model call."""
 
     async def env_response(self, state: RolloutState) -> list[Message]:
-        """After each model turn: the env's reply messages, or `state.stop(...)`. Default: one turn."""
+        """After each model turn: the env's reply messages, or `state.stop(...)`. Default: one turn.
+
+        Messages returned together with `state.stop(...)` end the episode: they are stored in
+        `Trace.trailing_messages`."""
         state.stop("completed")
         return []
 
@@ -178,8 +186,18 @@ class Environment:
                 await self.setup(state)
             with state.trace.timing.measure("generation"):
                 await self._turns(state, client, sampling)
+            state.trace.trailing_messages = self._trailing(state)
         except Exception as e:  # noqa: BLE001 - never raise: the failure is the trace's error
             self._fail(state, e)
+
+    @staticmethod
+    def _trailing(state: RolloutState) -> list[Message]:
+        """The messages after the last model turn (all of them if the env rewrote the history)."""
+        last = state.last_turn
+        if last is None:
+            return []
+        seen = [*last.prompt, last.response]
+        return list(state.messages[len(seen) :] if state.messages[: len(seen)] == seen else state.messages)
 
     async def _turns(self, state: RolloutState, client: ModelClient, sampling: SamplingArgs) -> None:
         trace = state.trace
@@ -187,19 +205,41 @@ class Environment:
             if trace.num_turns >= self.max_turns:
                 state.stop("max_turns", truncated=True)
                 break
+            turn_sampling = self._turn_sampling(trace, sampling)
+            if turn_sampling is None:
+                state.stop("episode_tokens", truncated=True)
+                break
             previous = state.last_turn
-            response = await client.generate(list(state.messages), sampling, tools=self.tools(state), previous=previous)
+            tools = self.tools(state)
+            try:
+                response = await client.generate(list(state.messages), turn_sampling, tools=tools, previous=previous)
+            except ContextLengthError:
+                state.stop("context_length", truncated=True)
+                break
             turn = Turn(
-                prompt=list(state.messages), response=response.message, tokens=response.tokens, finish_reason=response.finish_reason
+                prompt=list(state.messages), response=response.message, tokens=response.tokens,
+                finish_reason=response.finish_reason, tools=tools,
             )
             if previous is None or not _extends(previous, turn):
                 trace.branches.append(Branch())
             trace.branches[-1].turns.append(turn)
             state.messages.append(response.message)
             if response.finish_reason == "length":
-                state.stop("max_tokens", truncated=True)
-                break
+                budget_hit = turn_sampling.max_tokens < sampling.max_tokens
+                if budget_hit or self.stop_on_length:
+                    state.stop("episode_tokens" if budget_hit else "max_tokens", truncated=True)
+                    break
             state.messages.extend(await self.env_response(state))
+
+    @staticmethod
+    def _turn_sampling(trace: Trace, sampling: SamplingArgs) -> SamplingArgs | None:
+        """The next turn's sampling: `max_tokens` capped by the episode budget; None once it is spent."""
+        if sampling.max_episode_tokens is None:
+            return sampling
+        left = sampling.max_episode_tokens - trace.completion_len
+        if left <= 0:
+            return None
+        return sampling if left >= sampling.max_tokens else sampling.model_copy(update={"max_tokens": left})
 
     def _fail(self, state: RolloutState, exc: Exception) -> None:
         state.trace.error = Error.from_exception(exc)

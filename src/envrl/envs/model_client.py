@@ -16,10 +16,11 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envrl.envs.chat_tokens import chat_renderer
-from envrl.http import RetryPolicy, request_json
+from envrl.http import HttpCallError, RetryPolicy, request_json
+from envrl.inference.client import raise_for_context_length
 from envrl.traces import Message, Turn, TurnTokens
 
 
@@ -30,18 +31,33 @@ class _Plain(BaseModel):
 class SamplingArgs(_Plain):
     """Sampling parameters of one model call (one turn)."""
 
-    max_tokens: int
+    max_tokens: int = Field(ge=1)
     """Most tokens the model may generate in one turn."""
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = Field(1.0, gt=0)
+    """Softmax temperature (> 0: the trainer divides its logits by it; greedy decoding has no
+    logprobs to train on)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    """Sample from the k most likely tokens only (0: all)."""
     stop: list[str] | None = None
     seed: int | None = None
+    max_episode_tokens: int | None = Field(None, ge=1)
+    """Most tokens the model may generate over all turns of one rollout (None: no budget). Each
+    turn's `max_tokens` is capped by what is left; an exhausted budget ends the rollout as
+    truncated (stop reason `episode_tokens`)."""
     extra: dict[str, Any] = {}
-    """Passed to the server as-is (vLLM: top_k, min_p, repetition_penalty, ...)."""
+    """Passed to the server as-is (vLLM: min_p, repetition_penalty, ...)."""
+
+    @model_validator(mode="after")
+    def _no_shadowed_keys(self) -> SamplingArgs:
+        shadowed = sorted(set(self.extra) & set(type(self).model_fields))
+        if shadowed:
+            raise ValueError(f"sampling.extra sets {shadowed}: set them as sampling keys of their own")
+        return self
 
     def to_request(self) -> dict[str, Any]:
         """The parameters as the server's completion request fields."""
-        fields = self.model_dump(exclude={"extra"}, exclude_none=True)
+        fields = self.model_dump(exclude={"extra", "max_episode_tokens"}, exclude_none=True)
         return {**fields, **self.extra}
 
 
@@ -110,7 +126,11 @@ class ModelClient(ABC):
         tools: list[dict[str, Any]] | None = None,
         previous: Turn | None = None,
     ) -> ModelResponse:
-        """Answer `messages`. `previous` is the branch's last turn: token clients extend its tokens."""
+        """Answer `messages`. `previous` is the branch's last turn: token clients extend its tokens.
+
+        Raises `envrl.inference.client.ContextLengthError` when the prompt leaves no room in the
+        model's context (the rollout loop ends the rollout as truncated).
+        """
 
     async def aclose(self) -> None:
         """Release connections; the client is unusable afterwards."""
@@ -177,7 +197,11 @@ class EvalClient(ModelClient):
             payload |= {"logprobs": True, "return_token_ids": True}
         payload |= self.config.extra_body
         url = f"{self.config.base_url.rstrip('/')}/chat/completions"
-        body = await request_json(self.http, "POST", url, payload, self.config.retry)
+        try:
+            body = await request_json(self.http, "POST", url, payload, self.config.retry)
+        except HttpCallError as e:
+            raise_for_context_length(e, "?")
+            raise
         choice = body["choices"][0]
         raw = choice["message"]
         message: Message = {"role": "assistant", "content": raw.get("content") or ""}

@@ -3,7 +3,10 @@
 Guarantee: scoring never raises (cancellation aside). Each scored Trace gets `reward` = the
 weighted sum of its reward functions and one metric per function (zero-weight functions are
 metrics only), or, if any function fails, returns a non-finite value, or runs past the scoring
-timeout, an `error` and `reward = None`. With a timeout, sync functions run in a forked child
+timeout, an `error` and `reward = None`. A function that returns None does not apply to that
+rollout: it gets no metric and is left out of the weighted mean (the reward is the weighted sum
+over the functions that apply, scaled by total |weight| / their |weight|, so it equals the plain
+weighted sum when all apply); a rollout no weighted function applies to is an error (`no_reward`). With a timeout, sync functions run in a forked child
 that is killed at the deadline (a CPU-bound loop is really stopped) and the deadline counts only
 the functions' own running time, not the wait for a free CPU slot.
 """
@@ -24,9 +27,10 @@ from envrl.envs.state import RolloutState
 from envrl.traces import Error, Span
 
 RewardFn = Callable[..., Any]
-"""`fn(**asked) -> float` (or an awaitable of one). It names what it needs: see ROLLOUT_ARGS."""
+"""`fn(**asked) -> float | None` (or an awaitable of one; None: not applicable to this rollout).
+It names what it needs: see ROLLOUT_ARGS."""
 GroupRewardFn = Callable[..., Any]
-"""`fn(**asked) -> list[float]`, one value per rollout of the group. See GROUP_ARGS."""
+"""`fn(**asked) -> list[float | None]`, one value per rollout of the group. See GROUP_ARGS."""
 
 ROLLOUT_ARGS = ("task", "trace", "state", "completion", "messages", "prompt", "env")
 GROUP_ARGS = ("task", "traces", "states", "completions", "envs")
@@ -197,24 +201,37 @@ class Rubric:
         return [by_call[id(c)] for c in calls]
 
     def _assign(self, states: list[RolloutState], values: list[Any]) -> None:
+        """Each rollout's reward from its functions' values (None: not applicable to it)."""
         per_rollout = iter(values[: len(states) * len(self.rewards)])
-        totals = [0.0] * len(states)
-        for i, state in enumerate(states):
+        applicable: list[dict[str, tuple[float, float]]] = [{} for _ in states]
+        """Per rollout: function name -> (weight, value) of the functions that applied."""
+        for i in range(len(states)):
             for fn, weight in self.rewards.items():
-                value = _as_reward(_name(fn), next(per_rollout))
-                state.trace.metrics[_name(fn)] = value
-                totals[i] += weight * value
+                value = next(per_rollout)
+                if value is not None:
+                    applicable[i][_name(fn)] = (weight, _as_reward(_name(fn), value))
         for (fn, weight), group_values in zip(self.group_rewards.items(), values[len(states) * len(self.rewards) :]):
             name = _name(fn)
             if not isinstance(group_values, (list, tuple)) or len(group_values) != len(states):
                 raise ScoringError(
                     f"group reward function {name!r} must return one value per rollout ({len(states)}); got {group_values!r}"
                 )
-            for i, (state, value) in enumerate(zip(states, group_values)):
-                state.trace.metrics[name] = _as_reward(name, value)
-                totals[i] += weight * state.trace.metrics[name]
-        for state, total in zip(states, totals):
-            state.trace.reward = total
+            for i, value in enumerate(group_values):
+                if value is not None:
+                    applicable[i][name] = (weight, _as_reward(name, value))
+        all_weight = sum(abs(w) for w in [*self.rewards.values(), *self.group_rewards.values()])
+        for state, scored in zip(states, applicable):
+            weight = sum(abs(w) for w, _ in scored.values())
+            if (self.rewards or self.group_rewards) and (not scored or (all_weight > 0 and weight == 0)):
+                names = ", ".join(_name(fn) for fn in [*self.rewards, *self.group_rewards])
+                self._fail([state], Error(type="no_reward", message=(
+                    f"no weighted reward function applies to this rollout: ({names}) returned None "
+                    "(not applicable) or are metrics only (weight 0)"
+                )))  # fmt: skip
+                continue
+            state.trace.metrics.update({name: value for name, (_, value) in scored.items()})
+            total = sum(w * v for w, v in scored.values())
+            state.trace.reward = total * (all_weight / weight) if weight else total
 
     @staticmethod
     def _fail(states: list[RolloutState], error: Error) -> None:

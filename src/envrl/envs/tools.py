@@ -35,6 +35,8 @@ class ToolCallError(ValueError):
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+    id: str | None = None
+    """The call's id when the model gave one (structured `tool_calls`)."""
 
 
 def _doc_sections(doc: str) -> tuple[str, dict[str, str]]:
@@ -117,7 +119,10 @@ def parse_tool_calls(message: Message) -> list[ToolCall | ToolCallError]:
         calls = []
         for call in message["tool_calls"]:
             function = call.get("function") or call
-            calls.append(_tool_call({"name": function.get("name"), "arguments": _json_arguments(function.get("arguments", {}))}))
+            parsed = _tool_call({"name": function.get("name"), "arguments": _json_arguments(function.get("arguments", {}))})
+            if isinstance(parsed, ToolCall) and isinstance(call.get("id"), str):
+                parsed.id = call["id"]
+            calls.append(parsed)
         return calls
     text = message.get("content") or ""
     calls: list[ToolCall | ToolCallError] = []
@@ -176,8 +181,10 @@ class ToolEnvironment(Environment):
             state.stop("completed")
             return []
         replies = []
-        for call in calls:
-            replies.append({"role": "tool", "content": await self._run(state, call)})
+        for i, call in enumerate(calls):
+            # The model's own id, else one unique in the rollout: turn number and position.
+            call_id = call.id if isinstance(call, ToolCall) and call.id else f"call_{state.trace.num_turns}_{i}"
+            replies.append({"role": "tool", "tool_call_id": call_id, "content": await self._run(state, call)})
             if getattr(state.env, "done", False):
                 state.stop("tool_ended")
                 break

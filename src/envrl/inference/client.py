@@ -29,21 +29,55 @@ class InferenceError(RuntimeError):
     """The inference server answered, but not with what the call needs."""
 
 
+class ContextLengthError(InferenceError):
+    """The prompt leaves no room for a single generated token in the server's context
+    (`max_model_len`): the rollout cannot go on, which is a truncation, not a failure."""
+
+
+CONTEXT_LENGTH_REFUSAL = "maximum context length"
+"""What vLLM's 400 answer says when a prompt is longer than its context."""
+
+
+def raise_for_context_length(error: HttpCallError, prompt_len: int | str) -> None:
+    """Re-raise a 400 refusal of a too-long prompt as ContextLengthError (anything else: return)."""
+    if error.status == 400 and CONTEXT_LENGTH_REFUSAL in str(error):
+        raise ContextLengthError(f"prompt of {prompt_len} tokens does not fit the served context: {error}") from None
+
+
 class InferenceClient:
     """Calls one inference server (`base_url` like "http://127.0.0.1:8000", without "/v1")."""
 
-    def __init__(self, base_url: str, model: str, retry: RetryPolicy | None = None) -> None:
+    def __init__(self, base_url: str, model: str, retry: RetryPolicy | None = None, reload_token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retry = retry or RetryPolicy()
         self._http = httpx.AsyncClient()
+        self._reload_http = httpx.AsyncClient(headers={"Authorization": f"Bearer {reload_token}"} if reload_token else None)
+        self._max_model_len: int | None = None
+
+    async def max_model_len(self) -> int:
+        """The served context length (`GET /v1/models`, asked once)."""
+        if self._max_model_len is None:
+            url = f"{self.base_url}/v1/models"
+            body = await request_json(self._http, "GET", url, None, self.retry)
+            try:
+                self._max_model_len = int(next(m for m in body["data"] if m["id"] == self.model)["max_model_len"])
+            except (KeyError, StopIteration, TypeError, ValueError) as e:
+                raise InferenceError(f"GET {url}: no max_model_len for model {self.model!r} ({type(e).__name__}): {str(body)[:500]}") from None
+        return self._max_model_len
 
     async def generate(self, prompt_ids: list[int], sampling: dict[str, Any]) -> TokenCompletion:
         """Sample one completion for `prompt_ids`; `sampling` is passed to vLLM as is.
 
         `sampling` holds vLLM completion parameters (max_tokens, temperature, top_p, stop, seed,
-        ...); the token-in/token-out options are set here and cannot be overridden.
+        ...); the token-in/token-out options are set here and cannot be overridden. A prompt
+        that leaves no room in the served context raises ContextLengthError (vLLM itself caps
+        `max_tokens` to the room that is left, and then reports finish_reason "length").
         """
+        if len(prompt_ids) >= await self.max_model_len():
+            raise ContextLengthError(
+                f"prompt of {len(prompt_ids)} tokens leaves no room in the served context of {self._max_model_len} tokens"
+            )
         payload = {
             **sampling,
             "model": self.model,
@@ -54,7 +88,11 @@ class InferenceClient:
             "stream": False,
         }
         url = f"{self.base_url}/v1/completions"
-        body = await request_json(self._http, "POST", url, payload, self.retry)
+        try:
+            body = await request_json(self._http, "POST", url, payload, self.retry)
+        except HttpCallError as e:
+            raise_for_context_length(e, len(prompt_ids))
+            raise
         try:
             choice = body["choices"][0]
             completion_ids = choice["token_ids"]
@@ -87,19 +125,26 @@ class InferenceClient:
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
-    async def update_weights(self, path: str | Path) -> None:
-        """Make the server load the HF safetensors in `path`; returns once they serve.
+    async def update_weights(self, path: str | Path, step: int | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+        """Make the server load the HF safetensors in `path` (policy `step`); returns once they serve.
 
-        A bad path or a shape mismatch is raised as `HttpCallError` (status 400) with the
-        server's explanation; the server keeps serving its previous weights then.
+        With a `step`, retries are safe: the server loads a step once and answers a repeated
+        POST with its first answer. A bad path or a shape mismatch is raised as `HttpCallError`
+        (status 400) with the server's explanation; the server keeps serving its previous weights
+        then. `timeout_s` shortens the server's own deadline for this reload.
         """
         url = f"{self.base_url}/update_weights"
-        body = await request_json(self._http, "POST", url, {"path": str(Path(path).resolve())}, self.retry)
+        payload: dict[str, Any] = {"path": str(Path(path).resolve()), "step": step}
+        if timeout_s is not None:
+            payload["timeout_s"] = timeout_s
+        body = await request_json(self._reload_http, "POST", url, payload, self.retry)
         if not isinstance(body, dict) or body.get("status") != "ok":
             raise InferenceError(f"POST {url} for {path}: unexpected answer {str(body)[:500]}")
+        return body
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._reload_http.aclose()
 
 
-__all__ = ["HttpCallError", "InferenceClient", "InferenceError", "TokenCompletion"]
+__all__ = ["ContextLengthError", "HttpCallError", "InferenceClient", "InferenceError", "TokenCompletion"]

@@ -7,11 +7,46 @@ RPC sockets, temp files) lands under `<output_dir>/inference/`.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from envrl.config import BaseConfig, ModelConfig
 from envrl.log import LogConfig
+
+RELOAD_TOKEN_ENV = "ENVRL_RELOAD_TOKEN"
+"""Default environment variable holding the `/update_weights` token (tokens never go into configs)."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or name to bind) is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ReloadConfig(BaseConfig):
+    """`POST /update_weights`: its deadline and who may call it."""
+
+    timeout_s: float = Field(1800.0, gt=0)
+    """Server-side deadline of one reload: waiting for in-flight requests to finish, then loading.
+    Past it the reload is abandoned (the old weights keep serving if loading had not started)
+    and generation resumes; the caller gets an error saying which phase ran out."""
+    allow_remote: bool = False
+    """Required to bind `host` to a non-loopback address: anyone who reaches the server could
+    replace its weights, so `/update_weights` then demands the token in `token_env`."""
+    token_env: str = RELOAD_TOKEN_ENV
+    """Environment variable holding the token callers must send (`Authorization: Bearer ...`);
+    required when `host` is not loopback, checked also on loopback when it is set."""
+
+    def token(self) -> str | None:
+        return os.environ.get(self.token_env) or None
 
 
 class InferenceConfig(BaseConfig):
@@ -26,7 +61,24 @@ class InferenceConfig(BaseConfig):
     vllm: dict[str, Any] = {}
     """vLLM server/engine options, passed through as `--key value` (e.g. max_model_len = 2048,
     enforce_eager = true). On CPU, dtype = "float32" and enforce_eager = true are the defaults."""
+    reload: ReloadConfig = ReloadConfig()
     log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _reload_is_guarded(self) -> InferenceConfig:
+        if not is_loopback(self.host):
+            if not self.reload.allow_remote:
+                raise ValueError(
+                    f"inference.host = {self.host!r} is not loopback, so anyone reaching it could replace the weights "
+                    "through /update_weights; set inference.reload.allow_remote = true and a token in the environment "
+                    f"variable {self.reload.token_env} (inference.reload.token_env), or bind 127.0.0.1"
+                )
+            if self.reload.token() is None:
+                raise ValueError(
+                    f"inference.host = {self.host!r} is not loopback: /update_weights needs a token; set the environment "
+                    f"variable {self.reload.token_env} (inference.reload.token_env) for the server and the orchestrator"
+                )
+        return self
 
     @property
     def work_dir(self) -> Path:

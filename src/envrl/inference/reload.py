@@ -2,8 +2,12 @@
 
 Guarantee: a reload either completes (the response comes after the new weights serve every
 later request) or is refused with an error naming the problem while the previous weights keep
-serving. Reloads are serialised; requests in flight when one starts finish on the old weights
-(generation is paused in vLLM's "wait" mode), requests arriving meanwhile wait and run on the new.
+serving; whatever happens, generation is resumed before the response. Reloads are serialised
+and idempotent per policy step: a repeated POST of a step already loaded (a client retrying
+after a lost answer) changes nothing and gets the first answer again. Each reload has a
+server-side deadline (`inference.reload.timeout_s`). Requests in flight when one starts finish
+on the old weights (generation is paused in vLLM's "wait" mode), requests arriving meanwhile
+wait and run on the new. Off loopback, callers must send the token (`inference.reload`).
 
 Shipped to vLLM as an endpoint plugin (entry point group `vllm.endpoint_plugins`, enabled by
 `VLLM_PLUGINS=envrl`), so the server is vLLM's own OpenAI server with this one route added.
@@ -15,24 +19,33 @@ our worker extension (envrl.inference.worker) to keep tied output embeddings in 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import os
 import time
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Header
 from fastapi.responses import JSONResponse
 from loguru import logger
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from envrl.inference.config import ReloadConfig
 from envrl.inference.weights import Shapes, WeightsError, check_replacement, read_shapes
 
 PLUGIN_NAME = "envrl"
+RELOAD_ENV = "ENVRL_INFERENCE_RELOAD"
+"""Carries `inference.reload` (JSON) from the entry point to the plugin."""
 
 
 class UpdateWeightsRequest(BaseModel):
     path: str
     """Directory of HF safetensors with the served model's architecture."""
+    step: int | None = Field(None, ge=0)
+    """The policy step these weights are; a repeated POST of a loaded step is a no-op."""
+    timeout_s: float | None = Field(None, gt=0)
+    """A shorter deadline than the server's `inference.reload.timeout_s` for this call."""
 
 
 class WeightReloadPlugin:
@@ -46,6 +59,9 @@ class WeightReloadPlugin:
         self._served: Shapes = {}
         self._current = ""
         self._lock = asyncio.Lock()
+        self._config = ReloadConfig()
+        self._loaded: tuple[int, str, dict[str, Any]] | None = None
+        """(step, path, answer) of the last reload that completed with a step."""
 
     def attach_router(self, app: FastAPI) -> None:
         router = APIRouter()
@@ -56,37 +72,71 @@ class WeightReloadPlugin:
         self._engine = engine_client
         self._current = str(args.model)
         self._served = read_shapes(Path(args.model))
+        if raw := os.environ.get(RELOAD_ENV):
+            self._config = ReloadConfig.model_validate_json(raw)
 
-    async def update_weights(self, request: UpdateWeightsRequest) -> JSONResponse:
+    async def update_weights(self, request: UpdateWeightsRequest, authorization: str | None = Header(None)) -> JSONResponse:
+        token = self._config.token()
+        if token is not None and not hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode()):
+            logger.warning("weight reload refused: missing or wrong token")
+            return JSONResponse({"error": f"/update_weights needs 'Authorization: Bearer <token>' (the token in {self._config.token_env})"}, status_code=401)
         path = Path(request.path).resolve()
+        deadline = min(self._config.timeout_s, request.timeout_s or self._config.timeout_s)
         async with self._lock:
+            if self._loaded is not None and request.step is not None and self._loaded[0] == request.step:
+                step, loaded_path, answer = self._loaded
+                if loaded_path != str(path):
+                    return JSONResponse({"error": f"policy step {step} was loaded from {loaded_path}, not {path}"}, status_code=409)
+                logger.info(f"weight reload of step {step} asked again: already serving it")
+                return JSONResponse(answer)
             start = time.perf_counter()
             try:
                 await asyncio.to_thread(check_replacement, path, self._served)
             except WeightsError as e:
                 logger.warning(f"weight reload refused: {e}")
                 return JSONResponse({"error": str(e)}, status_code=400)
-            await self._engine.pause_generation(mode="wait", clear_cache=True)
-            try:
-                failure = await self._load(path)
-                if failure is None:
-                    self._current = str(path)
-                else:
-                    restore_failure = await self._load(self._current)
-                    status = 400 if restore_failure is None else 500
-                    failure += (
-                        f"; the previous weights from {self._current} are restored and serving"
-                        if restore_failure is None
-                        else f"; restoring the previous weights failed too ({restore_failure}): restart the server"
-                    )
-            finally:
-                await self._engine.resume_generation()
+            failure, status = await self._reload(path, deadline)
         if failure is not None:
             logger.error(failure)
             return JSONResponse({"error": failure}, status_code=status)
         seconds = time.perf_counter() - start
+        answer = {"status": "ok", "path": str(path), "step": request.step, "seconds": seconds}
+        if request.step is not None:
+            self._loaded = (request.step, str(path), answer)
         logger.info(f"weights reloaded from {path} in {seconds:.2f}s")
-        return JSONResponse({"status": "ok", "path": str(path), "seconds": seconds})
+        return JSONResponse(answer)
+
+    async def _reload(self, path: Path, deadline: float) -> tuple[str | None, int]:
+        """Pause, load `path` (restoring the old weights if that fails), always resume; (failure, status)."""
+        started = time.monotonic()
+        try:
+            try:
+                await asyncio.wait_for(self._engine.pause_generation(mode="wait", clear_cache=True), deadline)
+            except TimeoutError:
+                return (
+                    f"requests in flight did not finish within {deadline:g} s (inference.reload.timeout_s); "
+                    f"reload of {path} abandoned, the previous weights from {self._current} keep serving; retry later",
+                    503,
+                )
+            left = max(deadline - (time.monotonic() - started), 1e-3)
+            try:
+                failure = await asyncio.wait_for(self._load(path), left)
+            except TimeoutError:
+                return (
+                    f"loading {path} did not finish within the {deadline:g} s deadline (inference.reload.timeout_s); "
+                    "which weights serve is unknown: restart the server",
+                    500,
+                )
+            if failure is None:
+                self._current = str(path)
+                self._loaded = None
+                return None, 200
+            restore_failure = await self._load(self._current)
+            if restore_failure is None:
+                return f"{failure}; the previous weights from {self._current} are restored and serving", 400
+            return f"{failure}; restoring the previous weights failed too ({restore_failure}): restart the server", 500
+        finally:
+            await self._engine.resume_generation()
 
     async def _load(self, path: Path | str) -> str | None:
         """Reload in place from `path` on every worker; the failure text, or None."""

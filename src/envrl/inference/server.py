@@ -24,7 +24,7 @@ from loguru import logger
 
 from envrl.config import ConfigError, load_config
 from envrl.inference.config import InferenceConfig
-from envrl.inference.reload import PLUGIN_NAME
+from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.log import LogConfig, setup_logging
 from envrl.process import Child, config_argv, die_with_parent, spawn
 
@@ -40,8 +40,12 @@ OWN_OPTIONS = {
     "host": "set inference.host instead",
     "port": "set inference.port instead",
     "worker_extension_cls": "envrl installs its own weight-reload extension there",
+    "logprobs_mode": "envrl serves processed_logprobs: the logprobs of the distribution that sampled",
 }
 WORKER_EXTENSION = "envrl.inference.worker.WeightReloadExtension"
+LOGPROBS_MODE = "processed_logprobs"
+"""vLLM returns the logprobs of the distribution it sampled from (after temperature and top-k/top-p
+and the logits processors), not of the raw logits: what the trainer's importance ratio needs."""
 
 
 UNIX_SOCKET_DIR_MAX = 64
@@ -67,6 +71,7 @@ def vllm_environment(config: InferenceConfig) -> dict[str, str]:
     return {
         "VLLM_CONFIGURE_LOGGING": "0",
         LOG_ENV: config.log.model_dump_json(),
+        RELOAD_ENV: config.reload.model_dump_json(),
         "VLLM_PLUGINS": PLUGIN_NAME,
         "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
         "VLLM_CACHE_ROOT": str(work / "cache"),
@@ -119,7 +124,8 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
             hint = f"; did you mean 'inference.vllm.{close[0]}'?" if close else ""
             raise ConfigError(f"unknown vLLM option 'inference.vllm.{key}'{hint}")
     options = {**(CPU_DEFAULTS if on_cpu else {}), **config.vllm}
-    argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port), "--worker-extension-cls", WORKER_EXTENSION]
+    argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port),
+            "--worker-extension-cls", WORKER_EXTENSION, "--logprobs-mode", LOGPROBS_MODE]  # fmt: skip
     argv += option_argv(options)
     logger.info(f"vLLM options: {' '.join(argv)}")
     args = parser.parse_args(argv)

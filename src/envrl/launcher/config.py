@@ -83,7 +83,6 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     assert isinstance(trainer, TrainerConfig) and isinstance(orchestrator, OrchestratorConfig)
     assert isinstance(inference, InferenceConfig)
     trainer.resume = orchestrator.resume = rl.resume
-    trainer.loss.temperature = orchestrator.sampling.temperature
     orchestrator.inference.base_url = inference.base_url
 
     servers: list[EnvServerLaunch] = []

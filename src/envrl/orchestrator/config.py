@@ -12,11 +12,13 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
-from envrl.envs.model_client import SamplingArgs
+from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.http import RetryPolicy
+from envrl.inference.config import RELOAD_TOKEN_ENV
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
 from envrl.orchestrator.advantage import AdvantageConfig
+from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.serve.config import ElasticPoolConfig, EnvTimeoutConfig, PoolConfig
 
 
@@ -24,11 +26,24 @@ class SamplingConfig(BaseConfig):
     """Sampling of every model call; an env's `sampling` table overrides single keys."""
 
     max_tokens: int = Field(128, ge=1)
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+    """> 0: the trainer scores tokens at this temperature (greedy decoding cannot be trained on)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    """Sample from the k most likely tokens only (0: all)."""
     stop: list[str] | None = None
+    max_episode_tokens: int | None = Field(None, ge=1)
+    """Most tokens generated over all turns of one rollout (None: only `max_tokens` per turn); an
+    exhausted budget ends the rollout as truncated (stop reason `episode_tokens`)."""
     extra: dict[str, Any] = {}
-    """Further vLLM sampling parameters, passed as they are (top_k, min_p, ...)."""
+    """Further vLLM sampling parameters, passed as they are (min_p, ...). Training rejects the
+    ones that change the sampling distribution in ways the trainer does not reproduce."""
+
+
+UNTRAINABLE_SAMPLING = ("min_p", "logit_bias", "min_tokens", "repetition_penalty", "presence_penalty",
+                        "frequency_penalty", "bad_words", "allowed_token_ids")  # fmt: skip
+"""vLLM sampling options that reshape the distribution tokens are drawn from; vLLM's logprobs
+include them but the trainer's do not, so every importance ratio would be off."""
 
 
 class EnvConfig(BaseConfig):
@@ -49,6 +64,11 @@ class EnvConfig(BaseConfig):
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     sampling: dict[str, Any] = {}
     """Overrides of the orchestrator's `sampling` keys for this env."""
+    client: ClientConfig | None = None
+    """The model this env's rollouts talk to; default: the train client of the run's inference
+    server. A chat client (`type = "eval"`, e.g. a teacher behind an OpenAI API) gives token-less
+    turns, which training back-fills with the student's chat template (their tokens count as
+    on-policy: importance ratio 1)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -81,6 +101,27 @@ class EvalEnvConfig(EnvConfig):
     """Also evaluate the initial policy, at step 0."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
+    pass_at: list[int] = []
+    """More k for pass@k (unbiased estimator), e.g. [4, 8]; pass@1 and pass@r (r =
+    rollouts_per_example) are always reported. Each k must be at most rollouts_per_example."""
+    at_end: bool = True
+    """Also evaluate the final policy after the last step (waiting for the trainer to publish it,
+    at most `weights_timeout`)."""
+
+    @model_validator(mode="after")
+    def _pass_at_fits(self) -> EvalEnvConfig:
+        check_pass_at(self)
+        return self
+
+
+def check_pass_at(env: EvalEnvConfig) -> None:
+    """pass@k needs k rollouts per task: every k of `pass_at` within 1..rollouts_per_example."""
+    bad = [k for k in env.pass_at if not 1 <= k <= env.rollouts_per_example]
+    if bad:
+        raise ValueError(
+            f"eval env {env.resolved_name!r}: pass_at {bad} outside 1..rollouts_per_example ({env.rollouts_per_example}); "
+            "raise rollouts_per_example or drop those k"
+        )
 
 
 class InferenceClientConfig(BaseConfig):
@@ -89,6 +130,9 @@ class InferenceClientConfig(BaseConfig):
     ready_timeout: float = Field(600.0, gt=0)
     """Seconds to wait for the server to answer at start-up."""
     retry: RetryPolicy = RetryPolicy()
+    reload_token_env: str = RELOAD_TOKEN_ENV
+    """Environment variable with the server's `/update_weights` token, sent when set (a server
+    off loopback requires it; see inference.reload)."""
 
 
 class OrchestratorConfig(BaseConfig):
@@ -106,6 +150,13 @@ class OrchestratorConfig(BaseConfig):
     max_inflight: int = Field(64, ge=1)
     """Most rollouts in flight across all envs."""
     sampling: SamplingConfig = SamplingConfig()
+    seq_len: int | None = Field(None, ge=2)
+    """Most tokens of one training sample (None: no limit). Longer samples are handled per
+    `seq_len_policy`; counted per env (`train/<env>/seq_truncated`, `seq_dropped`). Keep it
+    <= trainer.max_tokens, or the trainer gives such samples a micro-batch of their own."""
+    seq_len_policy: SeqLenPolicy = "truncate"
+    """`truncate`: keep the first `seq_len` tokens (later tokens are not trained; a sample left
+    with nothing to train is dropped). `drop`: leave the sample out of the batch."""
     advantage: AdvantageConfig = AdvantageConfig()
     envs: list[EnvConfig] = Field(min_length=1)
     """Train environments."""
@@ -141,6 +192,13 @@ class OrchestratorConfig(BaseConfig):
         duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
         if duplicates:
             raise ValueError(f"two envs share the address {duplicates[0]}; each env server serves one env")
-        for env in [*self.envs, *self.eval_envs]:
+        for env in self.eval_envs:
             env.sampling_args(self.sampling)
+        for env in self.envs:
+            untrainable = sorted(set(env.sampling_args(self.sampling).extra) & set(UNTRAINABLE_SAMPLING))
+            if untrainable:
+                raise ValueError(
+                    f"env {env.resolved_name!r}: sampling.extra {untrainable} reshape the sampling distribution, "
+                    "which the trainer cannot reproduce (its importance ratios would be wrong); remove them"
+                )
         return self

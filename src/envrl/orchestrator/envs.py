@@ -20,6 +20,7 @@ from loguru import logger
 
 from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingConfig
+from envrl.orchestrator.seeds import attempt_seed
 from envrl.process import Child, config_argv, spawn_sidecar
 from envrl.serve.client import EnvClient, EnvServerError
 from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
@@ -101,11 +102,17 @@ class Env:
             await asyncio.to_thread(child.stop, 10.0)
             atexit.unregister(child.stop)
 
-    async def run_group(self, task_idx: int, n: int, seed: int) -> list[Trace]:
-        """`n` rollouts of one task: one group call for group-scored envs, else `n` rollout calls."""
+    async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
+        """`n` rollouts of one task: one group call for group-scored envs, else `n` rollout calls.
+
+        Rollout i samples with seed `seed + i`; retries (and `attempt` > 0: callers re-running
+        rollouts that failed before) sample with salted seeds (`attempt_seed`).
+        """
         if self.group_scoring:
-            return await self._with_retries(task_idx, lambda: self._call_group(task_idx, n, seed))
-        singles = [self._with_retries(task_idx, lambda i=i: self._call_one(task_idx, seed + i)) for i in range(n)]
+            return await self._with_retries(task_idx, attempt, lambda a: self._call_group(task_idx, n, attempt_seed(seed, a)))
+        singles = [
+            self._with_retries(task_idx, attempt, lambda a, i=i: self._call_one(task_idx, attempt_seed(seed + i, a))) for i in range(n)
+        ]
         return [trace for traces in await asyncio.gather(*singles) for trace in traces]
 
     async def _call_group(self, task_idx: int, n: int, seed: int) -> list[Trace]:
@@ -121,11 +128,11 @@ class Env:
         )
         return [trace]
 
-    async def _with_retries(self, task_idx: int, call: Callable[[], Awaitable[list[Trace]]]) -> list[Trace]:
+    async def _with_retries(self, task_idx: int, first_attempt: int, call: Callable[[int], Awaitable[list[Trace]]]) -> list[Trace]:
         traces: list[Trace] = []
         for attempt in range(self.config.max_retries + 1):
             try:
-                traces = await call()
+                traces = await call(first_attempt + attempt)
             except EnvServerError as e:
                 traces = [Trace.from_error(WireTask(idx=task_idx), Error(type=e.type, message=str(e)))]
             if not any(t.has_error for t in traces):

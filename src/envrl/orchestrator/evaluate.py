@@ -17,6 +17,8 @@ import json
 import signal
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,9 +30,10 @@ from envrl.atomic import atomic_write_text
 from envrl.config import BaseConfig, ModelConfig, load_config
 from envrl.envs.model_client import ClientConfig, EvalClientConfig
 from envrl.log import LogConfig, setup_logging
-from envrl.orchestrator.config import EvalEnvConfig, SamplingConfig
+from envrl.orchestrator.config import EvalEnvConfig, SamplingConfig, check_pass_at
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
+from envrl.orchestrator.seeds import rollout_seed
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics
 from envrl.process import ChildFailed, die_with_parent
 from envrl.traces import Trace
@@ -113,6 +116,7 @@ class EvalConfig(BaseConfig):
                 env.num_examples = self.num_examples
             if self.rollouts_per_example is not None:
                 env.rollouts_per_example = self.rollouts_per_example
+            check_pass_at(env)
         if self.resume is not None:
             self.output_dir = self.resume
         return self
@@ -128,6 +132,42 @@ class Unit:
     env: Env
     task_idx: int
     rollouts: list[int]
+
+
+def grid_units(env: Env, pairs: list[Pair], r: int) -> list[Unit]:
+    """The calls that run `pairs` of `env`'s grid: one per pair, or whole tasks if group-scored."""
+    if env.group_scoring:
+        return [Unit(env, i, list(range(r))) for i in sorted({i for i, _ in pairs})]
+    return [Unit(env, i, [j]) for i, j in pairs]
+
+
+async def run_units(
+    units: list[Unit],
+    max_inflight: int,
+    seed: Callable[[Unit], tuple[int, int]],
+    on_done: Callable[[Unit, list[Trace]], None],
+) -> None:
+    """Run `units` in order with at most `max_inflight` rollouts in flight (a unit bigger than that
+    runs alone); `seed(unit)` gives its first rollout's seed and attempt number, `on_done` gets
+    each unit's traces as it finishes. Cancelling this cancels what is in flight."""
+    pending = list(reversed(units))
+    inflight: dict[asyncio.Task[list[Trace]], Unit] = {}
+    try:
+        while pending or inflight:
+            used = sum(len(u.rollouts) for u in inflight.values())
+            while pending and (not inflight or used + len(pending[-1].rollouts) <= max_inflight):
+                unit = pending.pop()
+                first_seed, attempt = seed(unit)
+                call = unit.env.run_group(unit.task_idx, len(unit.rollouts), first_seed, attempt)
+                inflight[asyncio.create_task(call)] = unit
+                used += len(unit.rollouts)
+            done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                on_done(inflight.pop(task), task.result())
+    finally:
+        for task in inflight:
+            task.cancel()
+        await asyncio.gather(*inflight, return_exceptions=True)
 
 
 class Progress:
@@ -164,6 +204,8 @@ class Evaluation:
             for env in config.env
         ]
         self.records: dict[str, dict[Pair, Trace]] = {env.name: {} for env in self.envs}
+        self.attempts: dict[str, Counter[Pair]] = {}
+        """Per env, how often each pair was run before (lines in an earlier eval): a re-run draws a fresh seed."""
         self.grids: dict[str, Pair] = {}
 
     async def run(self) -> dict[str, dict[str, float]]:
@@ -201,12 +243,10 @@ class Evaluation:
             logger.warning(f"env {env.name!r} has {env.num_tasks} eval tasks; evaluating all of them instead of {n}")
             n = env.num_tasks
         self.grids[env.name] = (n, r)
+        self.attempts[env.name] = Counter()
         kept = self._read_earlier(env, n, r) if self.config.resume is not None else {}
         self.records[env.name] = kept
-        missing = [(i, j) for i in range(n) for j in range(r) if (i, j) not in kept]
-        if env.group_scoring:
-            return [Unit(env, i, list(range(r))) for i in sorted({i for i, _ in missing})]
-        return [Unit(env, i, [j]) for i, j in missing]
+        return grid_units(env, [(i, j) for i in range(n) for j in range(r) if (i, j) not in kept], r)
 
     def _read_earlier(self, env: Env, n: int, r: int) -> dict[Pair, Trace]:
         """The successful rollouts of an earlier eval of `env` (the later line of a pair wins)."""
@@ -232,6 +272,7 @@ class Evaluation:
                     "resume with the earlier eval's -n and -r"
                 )
             latest[pair] = trace
+            self.attempts[env.name][pair] += 1
         kept = {pair: trace for pair, trace in latest.items() if not trace.has_error}
         errored = len(latest) - len(kept)
         logger.info(
@@ -242,30 +283,20 @@ class Evaluation:
 
     async def _run_units(self, units: list[Unit]) -> None:
         progress = Progress(sum(len(u.rollouts) for u in units))
-        pending = list(reversed(units))
-        inflight: dict[asyncio.Task[list[Trace]], Unit] = {}
-        try:
-            while pending or inflight:
-                used = sum(len(u.rollouts) for u in inflight.values())
-                while pending and (not inflight or used + len(pending[-1].rollouts) <= self.config.max_inflight):
-                    unit = pending.pop()
-                    seed = self._seed(unit.env, unit.task_idx, unit.rollouts[0])
-                    inflight[asyncio.create_task(unit.env.run_group(unit.task_idx, len(unit.rollouts), seed))] = unit
-                    used += len(unit.rollouts)
-                done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    unit = inflight.pop(task)
-                    traces = task.result()
-                    self._record(unit, traces)
-                    progress.add(traces)
-        finally:
-            for task in inflight:
-                task.cancel()
-            await asyncio.gather(*inflight, return_exceptions=True)
+
+        def seed(unit: Unit) -> tuple[int, int]:
+            attempt = max(self.attempts[unit.env.name].get((unit.task_idx, j), 0) for j in unit.rollouts)
+            return self._seed(unit.env, unit.task_idx, unit.rollouts[0]), attempt
+
+        def done(unit: Unit, traces: list[Trace]) -> None:
+            self._record(unit, traces)
+            progress.add(traces)
+
+        await run_units(units, self.config.max_inflight, seed, done)
 
     def _seed(self, env: Env, task_idx: int, rollout: int) -> int:
         """Seed of rollout `rollout` of task `task_idx`; a group's rollouts take consecutive seeds."""
-        return (self.config.seed * 1_000_003 + task_idx * self.grids[env.name][1] + rollout) % 2**31
+        return rollout_seed(self.config.seed, task_idx * self.grids[env.name][1] + rollout)
 
     def _record(self, unit: Unit, traces: list[Trace]) -> None:
         name = unit.env.name
@@ -286,7 +317,8 @@ class Evaluation:
         atomic_write_text(self.config.results_file(env.name), "".join(lines))
         traces = [t for group in groups for t in group]
         metrics = {key.removeprefix(f"{env.name}/"): value for key, value in rollout_metrics(env.name, traces).items()}
-        return {**metrics, "tasks": float(n), "rollouts_per_example": float(r), **pass_at_k(groups, config.pass_threshold)}
+        passes = pass_at_k(groups, config.pass_threshold, config.pass_at)
+        return {**metrics, "tasks": float(n), "rollouts_per_example": float(r), **passes}
 
 
 def format_summary(summary: dict[str, dict[str, float]]) -> str:

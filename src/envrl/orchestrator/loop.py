@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import os
 import random
 import time
 from collections import Counter
@@ -26,10 +28,12 @@ from envrl.metrics import MetricsSink
 from envrl.orchestrator.advantage import group_advantages
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.envs import Env, EvalEnvs, Split, TrainEnvs
+from envrl.orchestrator.evaluate import Unit, grid_units, run_units
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
-from envrl.orchestrator.stats import pass_at_k, rollout_metrics
-from envrl.orchestrator.trajectories import TokenBackfill, trace_to_samples
+from envrl.orchestrator.seeds import rollout_seed
+from envrl.orchestrator.stats import pass_at_k, rollout_metrics, seq_len_note, why_unscored
+from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.layout import batch_dir
 from envrl.samples import TrainingSample, write_batch
 from envrl.traces import Error, Trace, WireTask
@@ -56,6 +60,8 @@ class Orchestrator:
         self.evals: set[asyncio.Task[None]] = set()
         self.dispatched = 0
         self.counters: Counter[str] = Counter()
+        self.seq_counts: dict[str, SeqLenCounts] = {}
+        """Per env, what `seq_len` did to the current step's samples."""
         self._backfill: TokenBackfill | None = None
 
     # -- set-up and tear-down ---------------------------------------------------------------------
@@ -63,7 +69,10 @@ class Orchestrator:
     async def run(self) -> None:
         config = self.config
         start_step = self._load_state()
-        self.inference = InferenceClient(config.inference.base_url, model=config.model.name, retry=config.inference.retry)
+        self.inference = InferenceClient(
+            config.inference.base_url, model=config.model.name, retry=config.inference.retry,
+            reload_token=os.environ.get(config.inference.reload_token_env),
+        )
         self.metrics = MetricsSink(
             self.output_dir / "metrics.jsonl", config.wandb, process="orchestrator", output_dir=self.output_dir,
             config=config.model_dump(mode="json"),
@@ -84,6 +93,7 @@ class Orchestrator:
             logger.info(f"target env shares: {self._fmt_shares(self.train_envs.shares())}")
             for step in range(start_step, config.max_steps):
                 await self._step(step)
+            await self._final_evals()
             if self.evals:
                 logger.info(f"waiting for {len(self.evals)} evaluation(s) to finish")
                 await asyncio.gather(*self.evals)
@@ -99,7 +109,9 @@ class Orchestrator:
     def _make_env(self, env_config: EnvConfig, split: Split) -> Env:
         model = self.config.model.name
         tokenizer = str(Path(model).resolve()) if Path(model).exists() else model
-        client = TrainClientConfig(base_url=self.config.inference.base_url, model=model, tokenizer=tokenizer, retry=self.config.inference.retry)
+        client = env_config.client or TrainClientConfig(
+            base_url=self.config.inference.base_url, model=model, tokenizer=tokenizer, retry=self.config.inference.retry
+        )
         return Env(
             env_config, split=split, client=client, sampling=self.config.sampling,
             log_dir=self.output_dir / "logs" / "envs" / split, ready_timeout=self.config.env_ready_timeout,
@@ -153,7 +165,7 @@ class Orchestrator:
             rng = random.Random(f"{config.seed}/pick/{self.dispatched}")
             env = self.train_envs.pick(rng)
             task_idx = self.train_envs.next_task(env)
-            seed = (config.seed * 1_000_003 + self.dispatched * config.group_size) % 2**31
+            seed = rollout_seed(config.seed, self.dispatched * config.group_size)
             self.dispatched += 1
             task = asyncio.create_task(env.run_group(task_idx, config.group_size, seed))
             self.inflight[task] = (env, task_idx, self.policy.current)
@@ -188,18 +200,22 @@ class Orchestrator:
 
     def _to_samples(self, step: int, groups: list[Group]) -> list[TrainingSample]:
         samples: list[TrainingSample] = []
+        self.seq_counts = {group.env.name: SeqLenCounts() for group in groups}
         for group in groups:
             self._append_rollouts(self.output_dir / "rollouts" / "train.jsonl", step, group.env, group.policy_step, group.traces)
             good = [t for t in group.traces if not t.has_error and t.reward is not None]
-            self.counters["error_rollouts"] += len(group.traces) - len(good)
+            self.counters["error_rollouts"] += sum(t.has_error for t in group.traces)
+            self.counters["unscored_rollouts"] += sum(not t.has_error and t.reward is None for t in group.traces)
             advantages = group_advantages([t.reward for t in good if t.reward is not None], self.config.advantage)
             if advantages is None:
                 self.counters["dropped_groups"] += 1
                 continue
             for trace, advantage in zip(good, advantages):
-                samples += trace_to_samples(
-                    trace, advantage=advantage, env=group.env.name, policy_step=group.policy_step, backfill=self.backfill
+                made = trace_to_samples(
+                    trace, advantage=advantage, env=group.env.name, policy_step=group.policy_step,
+                    sampling=group.env.sampling, backfill=self.backfill,
                 )
+                samples += fit_seq_len(made, self.config.seq_len, self.config.seq_len_policy, self.seq_counts[group.env.name])
         return samples
 
     @property
@@ -226,11 +242,15 @@ class Orchestrator:
         for name, traces in traces_by_env.items():
             metrics.update(rollout_metrics(f"train/{name}", traces))
             metrics[f"train/{name}/share"] = len(traces) / max(total, 1)
+            counts = self.seq_counts[name]
+            metrics[f"train/{name}/seq_truncated"] = counts.truncated
+            metrics[f"train/{name}/seq_dropped"] = counts.dropped
+            metrics[f"train/{name}/seq_tokens_cut"] = counts.tokens_cut
         for key in [k for k in metrics if k.endswith("/staleness")]:
             metrics[key] = sum(metrics[key]) / len(metrics[key])
         all_traces = [t for traces in traces_by_env.values() for t in traces]
         good = [t.reward for t in all_traces if not t.has_error and t.reward is not None]
-        reward = sum(good) / len(good) if good else 0.0
+        reward = sum(good) / len(good) if good else math.nan
         metrics.update({
             "train/reward": reward,
             "train/error_rate": sum(t.has_error for t in all_traces) / max(total, 1),
@@ -246,7 +266,8 @@ class Orchestrator:
         self.metrics.log(step, metrics)
         shares = {name: len(t) / max(total, 1) for name, t in traces_by_env.items()}
         logger.info(
-            f"step {step}/{self.config.max_steps} | reward {reward:.3f} | errors {metrics['train/error_rate']:.0%} | "
+            f"step {step}/{self.config.max_steps} | reward {reward:.3f}{why_unscored(all_traces) if not good else ''} | "
+            f"errors {metrics['train/error_rate']:.0%}{seq_len_note(self.seq_counts)} | "
             f"policy {self.policy.current} | in-flight {metrics['inflight']} | {seconds:.1f} s "
             f"(waited {self.policy.waited:.1f} s) | shares {self._fmt_shares(shares)}"
         )
@@ -257,19 +278,40 @@ class Orchestrator:
 
     # -- evaluation -------------------------------------------------------------------------------
 
+    async def _final_evals(self) -> None:
+        """Evaluate the final policy (weights/step_<max_steps>) on the envs marked `at_end`."""
+        envs = [env for env in self.eval_envs.envs if isinstance(env.config, EvalEnvConfig) and env.config.at_end]
+        if not envs:
+            return
+        final = self.config.max_steps
+        logger.info(f"waiting for the final policy {final} to evaluate it on {[env.name for env in envs]}")
+        await self.policy.ensure(final + self.config.max_async_level)
+        await asyncio.gather(*(self._evaluate(env, final, self.policy.current) for env in envs))
+
     async def _evaluate(self, env: Env, step: int, policy_step: int) -> None:
+        """The `eval` command's runner on this env's first `num_examples` eval tasks, within max_inflight."""
         config = env.config
         assert isinstance(config, EvalEnvConfig)
         started = time.monotonic()
-        indices = range(min(config.num_examples, env.num_tasks))
-        seed = self.config.seed * 7919 + step
-        groups = await asyncio.gather(*(env.run_group(i, config.rollouts_per_example, seed + i * 1000) for i in indices))
+        n, r = min(config.num_examples, env.num_tasks), config.rollouts_per_example
+        results: dict[tuple[int, int], Trace] = {}
+
+        def seed(unit: Unit) -> tuple[int, int]:
+            return rollout_seed(self.config.seed, unit.task_idx * r + unit.rollouts[0]), 0
+
+        def done(unit: Unit, traces: list[Trace]) -> None:
+            results.update({(unit.task_idx, j): trace for j, trace in zip(unit.rollouts, traces, strict=True)})
+
+        units = grid_units(env, [(i, j) for i in range(n) for j in range(r)], r)
+        await run_units(units, self.config.max_inflight, seed, done)
+        groups = [[results[(i, j)] for j in range(r)] for i in range(n)]
         path = self.output_dir / "rollouts" / "eval" / f"step_{step}.jsonl"
         for group in groups:
             self._append_rollouts(path, step, env, policy_step, group)
         traces = [t for group in groups for t in group]
         metrics = rollout_metrics(f"eval/{env.name}", traces)
-        metrics.update({f"eval/{env.name}/{k}": v for k, v in pass_at_k(groups, config.pass_threshold).items()})
+        passes = pass_at_k(groups, config.pass_threshold, config.pass_at)
+        metrics.update({f"eval/{env.name}/{k}": v for k, v in passes.items()})
         metrics[f"eval/{env.name}/policy_step"] = policy_step
         self.metrics.log(step, metrics)
         logger.info(

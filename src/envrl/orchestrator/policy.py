@@ -70,7 +70,7 @@ class PolicyTracker:
     async def _load(self, step: int) -> None:
         path = weights_dir(self.output_dir, step)
         start = time.monotonic()
-        await self.inference.update_weights(path)
+        await self.inference.update_weights(path, step=step)
         logger.info(f"inference now serves policy {step} (reload took {time.monotonic() - start:.1f} s)")
         self.current = step
         for old in published_steps(self.output_dir / "weights"):

@@ -6,9 +6,12 @@ length statistics are over the rollouts without errors only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from statistics import fmean
 
+from envrl.orchestrator.trajectories import SeqLenCounts
 from envrl.traces import Trace
 
 
@@ -16,14 +19,35 @@ def _mean(values: Sequence[float]) -> float:
     return fmean(values) if values else 0.0
 
 
+def why_unscored(traces: Sequence[Trace]) -> str:
+    """Why none of `traces` has a reward, for a log line: the error types and the unscored count."""
+    if not traces:
+        return " (no rollouts)"
+    errors = Counter(t.error.type for t in traces if t.error is not None)
+    unscored = sum(t.error is None and t.reward is None for t in traces)
+    parts = [f"{n} {kind}" for kind, n in errors.most_common()] + ([f"{unscored} without reward"] if unscored else [])
+    return f" (no scored rollout: {', '.join(parts)})"
+
+
+def seq_len_note(counts: Mapping[str, SeqLenCounts]) -> str:
+    """`| seq_len: env truncated 3, dropped 1` for the envs whose samples `seq_len` changed."""
+    changed = [f"{name} truncated {c.truncated}, dropped {c.dropped}" for name, c in counts.items() if c.truncated or c.dropped]
+    return f" | seq_len: {'; '.join(changed)}" if changed else ""
+
+
 def rollout_metrics(prefix: str, traces: Sequence[Trace]) -> dict[str, float]:
-    """Reward, error/truncation rates, lengths and timings of one env's rollouts under `prefix/`."""
+    """Reward, error/truncation rates, lengths and timings of one env's rollouts under `prefix/`.
+
+    `reward` is NaN when no rollout was scored (a mean of nothing is not 0).
+    """
     good = [t for t in traces if not t.has_error and t.reward is not None]
     n = max(len(traces), 1)
+    rewards = [t.reward for t in good if t.reward is not None]
     metrics = {
         "rollouts": float(len(traces)),
-        "reward": _mean([t.reward for t in good if t.reward is not None]),
+        "reward": fmean(rewards) if rewards else math.nan,
         "error_rate": sum(t.has_error for t in traces) / n,
+        "unscored_rate": sum(not t.has_error and t.reward is None for t in traces) / n,
         "truncation_rate": sum(t.is_truncated for t in traces) / n,
         "completion_len": _mean([float(t.completion_len) for t in good]),
         "total_tokens": _mean([float(t.total_tokens) for t in good]),
@@ -38,11 +62,15 @@ def rollout_metrics(prefix: str, traces: Sequence[Trace]) -> dict[str, float]:
     return {f"{prefix}/{key}": value for key, value in metrics.items()}
 
 
-def pass_at_k(groups: Sequence[Sequence[Trace]], threshold: float) -> dict[str, float]:
-    """pass@1 (mean over rollouts) and pass@k (any rollout of a task) with reward >= threshold."""
-    passed = [[t.reward is not None and t.reward >= threshold for t in group] for group in groups if group]
-    k = max((len(g) for g in passed), default=1)
-    return {
-        "pass@1": _mean([float(x) for g in passed for x in g]),
-        f"pass@{k}": _mean([float(any(g)) for g in passed]),
-    }
+def pass_at_k(groups: Sequence[Sequence[Trace]], threshold: float, ks: Sequence[int] = ()) -> dict[str, float]:
+    """pass@k for k = 1, r (the rollouts per task) and each of `ks`: the unbiased estimator
+    1 - C(n - c, k) / C(n, k) per task (n rollouts, c of them with reward >= threshold), averaged
+    over tasks; tasks with fewer than k rollouts are left out of pass@k."""
+    passed = [sum(t.reward is not None and t.reward >= threshold for t in group) for group in groups if group]
+    sizes = [len(group) for group in groups if group]
+    r = max(sizes, default=1)
+    out = {}
+    for k in sorted({1, r, *ks}):
+        estimates = [1.0 - math.comb(n - c, k) / math.comb(n, k) for n, c in zip(sizes, passed) if n >= k]
+        out[f"pass@{k}"] = _mean(estimates)
+    return out

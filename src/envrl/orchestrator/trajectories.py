@@ -9,8 +9,10 @@ a new sample: tokens are never spliced or re-tokenised to make them fit.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
+from envrl.envs.model_client import SamplingArgs
 from envrl.samples import TrainingSample
 from envrl.traces import Trace, Turn, TurnTokens
 
@@ -80,9 +82,13 @@ def trace_to_samples(
     advantage: float,
     env: str,
     policy_step: int,
+    sampling: SamplingArgs,
     backfill: TokenBackfill | None = None,
 ) -> list[TrainingSample]:
     """One sample per branch (more if a branch's turns stop extending one another).
+
+    `sampling` is what the env's rollouts were sampled with: its temperature, top_p and top_k go
+    into every sample, so the trainer scores the tokens under the distribution that sampled them.
 
     Raises ValueError for a token-less turn when no `backfill` is given. Samples with no
     generated token are left out: they would train nothing.
@@ -110,7 +116,50 @@ def trace_to_samples(
             env=env,
             task_idx=trace.task.idx,
             policy_step=policy_step,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
         )
         for b in builders
         if any(b.loss_mask)
     ]
+
+
+SeqLenPolicy = Literal["truncate", "drop"]
+
+
+@dataclass
+class SeqLenCounts:
+    """What `fit_seq_len` did to one env's samples."""
+
+    samples: int = 0
+    truncated: int = 0
+    """Kept, cut to `seq_len` tokens."""
+    dropped: int = 0
+    """Left out: longer than `seq_len` under `drop`, or nothing trainable left after the cut."""
+    tokens_cut: int = 0
+    """Tokens removed by truncation (trained tokens among them are lost to the loss)."""
+
+
+def fit_seq_len(
+    samples: list[TrainingSample], seq_len: int | None, policy: SeqLenPolicy, counts: SeqLenCounts
+) -> list[TrainingSample]:
+    """Samples no longer than `seq_len` tokens: longer ones cut (tokens past it leave the sample,
+    so none of them is trained) or dropped, per `policy`; `counts` adds up what happened."""
+    counts.samples += len(samples)
+    if seq_len is None:
+        return samples
+    fitted = []
+    for sample in samples:
+        excess = len(sample.input_ids) - seq_len
+        if excess <= 0:
+            fitted.append(sample)
+            continue
+        if policy == "truncate" and any(sample.loss_mask[1:seq_len]):
+            counts.truncated += 1
+            counts.tokens_cut += excess
+            cut = {key: getattr(sample, key)[:seq_len] for key in ("input_ids", "loss_mask", "inference_logprobs")}
+            fitted.append(sample.model_copy(update=cut))
+        else:
+            counts.dropped += 1
+    return fitted

@@ -56,8 +56,6 @@ class LossConfig(BaseConfig):
     each sample's token mean."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty (k3 estimator) pulling the trainer towards the inference policy."""
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature of the rollouts; logits are divided by it before the log-softmax."""
 
     @model_validator(mode="after")
     def _ordered(self) -> LossConfig:
@@ -88,7 +86,7 @@ class TrainerConfig(BaseConfig):
     seed: int = 0
     """Seed of the torch RNGs (restored from checkpoints on resume)."""
     max_tokens: int = Field(4096, ge=1)
-    """Token budget of one packed micro-batch; a longer sample is an error."""
+    """Token budget of one packed micro-batch; a longer sample gets a micro-batch of its own."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype: auto = bfloat16 on GPU (fp32 master weights), float32 on CPU."""
     attn_implementation: str = "sdpa"

@@ -209,7 +209,7 @@ class Trainer:
     def _forward_backward(self, mb: MicroBatch) -> torch.Tensor:
         """Loss and backward on one micro-batch; returns its sums in `SUMS` order."""
         logits = packed_logits(self.model, mb)
-        logprobs, entropy = token_logprobs(logits, mb.input_ids[0], self.config.loss.temperature)
+        logprobs, entropy = token_logprobs(logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
         loss, stats = policy_loss(
             logprobs, mb.inference_logprobs, mb.advantages, mb.loss_mask, mb.weights, self.config.loss
         )

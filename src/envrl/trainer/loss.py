@@ -13,19 +13,53 @@ import torch.nn.functional as F
 from envrl.trainer.config import LossConfig
 
 def token_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability of each token given the ones before it, and the entropy of that prediction.
+    """Log-probability of each token under the distribution that sampled it, and its entropy.
 
-    `logits` is [T, V] for tokens `input_ids` [T]; position t is scored by the logits at t - 1,
-    so position 0 (which nothing predicts) gets logprob 0 and entropy 0. The entropy is detached.
+    `logits` is [T, V] for tokens `input_ids` [T]; position t is scored by the logits at t - 1
+    divided by `temperature[t]` ([T]: each token's own sampling temperature), truncated like vLLM
+    where `top_k[t]` > 0 or `top_p[t]` < 1 (top-k first, then the nucleus of what is left; the
+    kept tokens renormalised). Position 0 (which nothing predicts) gets logprob 0 and entropy 0.
+    The entropy, of the temperature-scaled distribution before truncation, is detached.
     """
-    logp_all = F.log_softmax(logits[:-1].float() / temperature, dim=-1)
+    scaled = logits[:-1].float() / temperature[1:].unsqueeze(-1)
+    logp_all = F.log_softmax(scaled, dim=-1)
     picked = logp_all.gather(-1, input_ids[1:].unsqueeze(-1)).squeeze(-1)
+    if top_p is not None and top_k is not None:
+        truncated = (top_p[1:] < 1) | (top_k[1:] > 0)
+        if truncated.any():
+            rows = truncated.nonzero().squeeze(-1)
+            kept = _kept_tokens(scaled[rows].detach(), top_p[1:][rows], top_k[1:][rows])
+            log_mass = torch.logsumexp(logp_all[rows].masked_fill(~kept, float("-inf")), dim=-1)
+            picked = picked.index_put((rows,), picked[rows] - log_mass)
     with torch.no_grad():
         entropy = -(logp_all.exp() * logp_all).sum(-1)
     zero = picked.new_zeros(1)
     return torch.cat([zero, picked]), torch.cat([zero, entropy])
+
+
+def _kept_tokens(scaled: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """[R, V] bool: the tokens vLLM's top-k/top-p sampler keeps for each row of scaled logits.
+
+    The same rule as vLLM's sampler: sort ascending, drop all below the k-th largest value (ties
+    kept), then drop the tokens whose cumulative probability (of what is left) is <= 1 - p,
+    always keeping the most likely one.
+    """
+    sorted_logits, order = scaled.sort(dim=-1)
+    vocab = scaled.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab).long()
+    kth_largest = sorted_logits.gather(-1, (vocab - k).unsqueeze(-1))
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_largest, float("-inf"))
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    dropped = cumulative <= (1 - top_p).unsqueeze(-1)
+    dropped[:, -1] = False
+    dropped |= sorted_logits == float("-inf")
+    return torch.zeros_like(dropped).scatter(-1, order, ~dropped)
 
 
 def policy_loss(

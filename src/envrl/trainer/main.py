@@ -19,10 +19,9 @@ from envrl.process import die_with_parent
 from envrl.samples import BatchError
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer, TrainingError
-from envrl.trainer.packing import PackingError
 from envrl.trainer.parallel import init_runtime, shutdown
 
-EXPECTED_FAILURES = (TrainingError, BatchError, PackingError, FileNotFoundError)
+EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from loguru import logger
 from torch import nn
 
 from envrl.samples import TrainingSample
@@ -30,6 +31,10 @@ class MicroBatch:
     advantages: torch.Tensor
     weights: torch.Tensor
     """Per-token normalisation (1/N loss tokens, or 1/(samples * sample's loss tokens))."""
+    temperature: torch.Tensor
+    """Per-token sampling temperature (its sample's); top_p and top_k likewise."""
+    top_p: torch.Tensor
+    top_k: torch.Tensor
     num_samples: int
 
     @property
@@ -41,17 +46,14 @@ class MicroBatch:
         return MicroBatch(**moved, num_samples=self.num_samples)
 
 
-class PackingError(ValueError):
-    """A sample that cannot be packed; the message says which and how to fix it."""
-
-
 def _trainable(sample: TrainingSample) -> int:
     """Loss tokens the trainer can score (a sample's first token has no prediction)."""
     return sum(sample.loss_mask[1:])
 
 
 def bins_first_fit(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices grouped into bins of total length <= max_tokens (first-fit decreasing, stable)."""
+    """Indices grouped into bins of total length <= max_tokens (first-fit decreasing, stable);
+    an index longer than max_tokens gets a bin of its own."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
     room: list[int] = []
@@ -73,14 +75,20 @@ def pack(
     normalize: Literal["token", "sequence"],
     where: str = "the batch",
 ) -> list[MicroBatch]:
-    """Pack the samples that have loss tokens; samples without any are left out (no gradient)."""
+    """Pack the samples that have loss tokens; samples without any are left out (no gradient).
+
+    A sample longer than `max_tokens` is trained in a row of its own (with a warning): the
+    budget is a packing target, and the orchestrator's `seq_len` is what bounds a sample.
+    """
     kept = [s for s in samples if _trainable(s) > 0]
-    for i, s in enumerate(samples):
-        if len(s.input_ids) > max_tokens:
-            raise PackingError(
-                f"sample {i} of {where} (env {s.env!r}, task {s.task_idx}) has {len(s.input_ids)} tokens, "
-                f"more than trainer.max_tokens = {max_tokens}; raise max_tokens or cap the rollout length"
-            )
+    oversize = [(i, s) for i, s in enumerate(samples) if len(s.input_ids) > max_tokens]
+    if oversize:
+        i, s = max(oversize, key=lambda item: len(item[1].input_ids))
+        logger.warning(
+            f"{len(oversize)} sample(s) of {where} exceed trainer.max_tokens = {max_tokens} and get a micro-batch "
+            f"of their own (longest: sample {i}, env {s.env!r}, task {s.task_idx}, {len(s.input_ids)} tokens); "
+            "set orchestrator.seq_len <= trainer.max_tokens to bound them"
+        )
     total_tokens = sum(_trainable(s) for s in kept)
     weight_of = {
         "token": lambda s: 1.0 / total_tokens,
@@ -98,6 +106,9 @@ def pack(
                 inference_logprobs=torch.tensor([lp for s in rows for lp in s.inference_logprobs], dtype=torch.float32),
                 advantages=torch.tensor([s.advantage for s in rows for _ in s.input_ids], dtype=torch.float32),
                 weights=torch.tensor([weight_of(s) for s in rows for _ in s.input_ids], dtype=torch.float32),
+                temperature=torch.tensor([s.temperature for s in rows for _ in s.input_ids], dtype=torch.float32),
+                top_p=torch.tensor([s.top_p for s in rows for _ in s.input_ids], dtype=torch.float32),
+                top_k=torch.tensor([s.top_k for s in rows for _ in s.input_ids], dtype=torch.long),
                 num_samples=len(rows),
             )
         )
@@ -123,6 +134,9 @@ def inert_micro_batch(pad_token_id: int) -> MicroBatch:
         inference_logprobs=torch.zeros(1),
         advantages=torch.zeros(1),
         weights=torch.zeros(1),
+        temperature=torch.ones(1),
+        top_p=torch.ones(1),
+        top_k=torch.zeros(1, dtype=torch.long),
         num_samples=0,
     )
 

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from envrl.envs import Environment, ModelClient, ModelResponse, RolloutState, Rubric, SamplingArgs, ScriptedClient, ScriptedClientConfig
-from envrl.traces import Message, Task, Trace
+from envrl.traces import Message, Task, Trace, TurnTokens
 from tests.unit.envs.helpers import TINY_CHAT
 
 SAMPLING = SamplingArgs(max_tokens=16)
@@ -181,3 +181,25 @@ def test_tasks_are_built_lazily_and_checked_for_their_index() -> None:
         env.num_tasks("train")
     with pytest.raises(IndexError, match="valid indices are 0..2"):
         env.get_task("eval", 3)
+
+
+class FiveTokens(ModelClient):
+    """Answers with five tokens, or `max_tokens` of them (finish_reason "length") if fewer; records max_tokens."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    async def generate(self, messages: list[Message], sampling: SamplingArgs, **kwargs: Any) -> ModelResponse:
+        self.asked.append(sampling.max_tokens)
+        n = min(5, sampling.max_tokens)
+        tokens = TurnTokens(prompt_ids=[1] * (10 * len(self.asked)), completion_ids=[7] * n, completion_logprobs=[-1.0] * n)
+        return ModelResponse(message={"role": "assistant", "content": "x"}, tokens=tokens, finish_reason="stop" if n == 5 else "length")
+
+
+@pytest.mark.parametrize(("budget", "asked", "generated"), [(12, [12, 7, 2], 12), (10, [10, 5], 10)])
+def test_the_episode_token_budget_caps_turns_and_ends_the_rollout_as_truncated(budget: int, asked: list[int], generated: int) -> None:
+    env = Nagging(tasks=TASKS, max_turns=10)
+    client = FiveTokens()
+    trace = asyncio.run(env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=16, max_episode_tokens=budget)))
+    assert trace.error is None and client.asked == asked and trace.completion_len == generated
+    assert (trace.stop_reason, trace.is_truncated) == ("episode_tokens", True)

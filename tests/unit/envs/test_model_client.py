@@ -31,17 +31,26 @@ FAST_RETRY = RetryPolicy(max_retries=2, backoff=0.01, timeout=10.0)
 
 
 class Recorder:
-    """A loopback HTTP server answering each POST with `handle(path, body)`; keeps the bodies."""
+    """A loopback HTTP server answering each POST with `handle(path, body)`; keeps the bodies.
+
+    `GET /v1/models` says it serves TINY_CHAT with a context of `max_model_len` tokens.
+    """
 
     def __init__(self, handle: Handler) -> None:
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.max_model_len = 2048
         recorder = self
 
         class _Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server hook name
+                self._answer(200, {"data": [{"id": TINY_CHAT, "max_model_len": recorder.max_model_len}]})
+
             def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 recorder.requests.append((self.path, body))
-                status, answer = handle(self.path, body)
+                self._answer(*handle(self.path, body))
+
+            def _answer(self, status: int, answer: dict[str, Any]) -> None:
                 data = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -101,8 +110,15 @@ def test_client_configs_round_trip_as_a_tagged_union() -> None:
 
 
 def test_sampling_args_become_request_fields_with_extras_passed_through() -> None:
-    args = SamplingArgs(max_tokens=8, temperature=0.7, seed=3, extra={"top_k": 5})
-    assert args.to_request() == {"max_tokens": 8, "temperature": 0.7, "top_p": 1.0, "seed": 3, "top_k": 5}
+    args = SamplingArgs(max_tokens=8, temperature=0.7, seed=3, top_k=5, extra={"min_p": 0.1})
+    assert args.to_request() == {"max_tokens": 8, "temperature": 0.7, "top_p": 1.0, "top_k": 5, "seed": 3, "min_p": 0.1}
+
+
+def test_sampling_args_refuse_a_zero_temperature_and_extras_that_shadow_their_keys() -> None:
+    with pytest.raises(ValueError, match="greater than 0"):
+        SamplingArgs(max_tokens=8, temperature=0.0)
+    with pytest.raises(ValueError, match=r"sampling.extra sets \['top_k'\]"):
+        SamplingArgs(max_tokens=8, extra={"top_k": 5})
 
 
 def test_build_client_makes_the_configured_kind() -> None:
@@ -141,6 +157,31 @@ def test_train_client_sends_token_prompts_that_extend_across_turns(serve: Callab
     assert turn.response == {"role": "assistant", "content": "42"}
 
 
+def test_a_prompt_that_outgrows_the_context_ends_the_rollout_as_truncated(serve: Callable[[Handler], Recorder]) -> None:
+    renderer = chat_renderer(TINY_CHAT)
+    reply = renderer.encode("42") + [renderer.eos_id]
+
+    def completions(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        choice = {"token_ids": reply, "logprobs": {"token_logprobs": [-0.5] * len(reply)}, "finish_reason": "stop"}
+        return 200, {"choices": [choice]}
+
+    server = serve(completions)
+    env = TwoTurns(tasks=[PromptTask(idx=0, prompt="Guess.")], max_turns=3)
+    first_prompt = renderer.render([{"role": "user", "content": "Guess."}], None, generation_prompt=True)
+    server.max_model_len = len(first_prompt) + len(reply) + 2  # room for turn 1, not for turn 2's prompt
+
+    async def main() -> Any:
+        client = build_client(TrainClientConfig(base_url=server.url, model=TINY_CHAT, retry=FAST_RETRY))
+        try:
+            return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4))
+        finally:
+            await client.aclose()
+
+    trace = asyncio.run(main())
+    assert trace.error is None and trace.num_turns == 1 and len(server.requests) == 1
+    assert (trace.stop_reason, trace.is_truncated) == ("context_length", True)
+
+
 def test_train_client_rejects_logprobs_that_do_not_match_the_tokens(serve: Callable[[Handler], Recorder]) -> None:
     server = serve(lambda path, body: (200, {"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]}))
     env = Environment(tasks=[PromptTask(idx=0, prompt="Hi")])
@@ -166,7 +207,7 @@ def test_eval_client_speaks_openai_chat_and_retries_server_errors(serve: Callabl
         config = EvalClientConfig(base_url=f"{server.url}/v1", model="judge", retry=FAST_RETRY, extra_body={"top_k": 2})
         client = build_client(config)
         try:
-            return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4, temperature=0.0))
+            return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4, temperature=0.5))
         finally:
             await client.aclose()
 
@@ -177,7 +218,7 @@ def test_eval_client_speaks_openai_chat_and_retries_server_errors(serve: Callabl
     path, body = server.requests[-1]
     assert path == "/v1/chat/completions"
     assert body["messages"] == [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "reverse hello"}]
-    assert (body["model"], body["max_tokens"], body["temperature"], body["top_k"]) == ("judge", 4, 0.0, 2)
+    assert (body["model"], body["max_tokens"], body["temperature"], body["top_k"]) == ("judge", 4, 0.5, 2)
 
 
 def test_eval_client_returns_tokens_when_asked_and_the_server_gives_them(serve: Callable[[Handler], Recorder]) -> None:

@@ -49,6 +49,37 @@ def test_reward_is_the_weighted_sum_and_zero_weight_functions_are_metrics() -> N
     assert trace.timing.scoring is not None
 
 
+def not_for_cats(word: str) -> float | None:
+    return None if word == "cat" else 1.0
+
+
+def test_a_function_returning_none_is_left_out_of_the_weighted_mean() -> None:
+    trace = run_one(Rubric({exact: 1.0, not_for_cats: 3.0, length: 0.0}), reply="dog")
+    # exact 0.0 (w 1) and length (metric) apply, not_for_cats does not: mean over the applicable
+    # weighted ones is 0.0, scaled back to the rubric's total weight 4
+    assert trace.error is None and trace.reward == 0.0
+    assert trace.metrics == {"exact": 0.0, "length": 3.0}
+    trace = run_one(Rubric({exact: 1.0, not_for_cats: 3.0}), reply="cat")
+    assert trace.reward == 4.0 * 1.0 and "not_for_cats" not in trace.metrics
+
+
+def test_a_rollout_no_weighted_function_applies_to_is_an_error() -> None:
+    trace = run_one(Rubric({not_for_cats: 1.0, length: 0.0}))
+    assert trace.reward is None and trace.error.type == "no_reward"
+    assert "not_for_cats" in trace.error.message
+
+
+def test_group_functions_may_skip_single_rollouts() -> None:
+    def first_only(completions: list[str]) -> list[float | None]:
+        return [1.0] + [None] * (len(completions) - 1)
+
+    env = env_with(Rubric({exact: 1.0}, group={first_only: 1.0}))
+    client = ScriptedClient(ScriptedClientConfig(replies=["cat"]))
+    traces = asyncio.run(env.run_group(env.get_task("train", 0), client, SAMPLING, 3))
+    assert [t.reward for t in traces] == [2.0, 2.0, 2.0]
+    assert [("first_only" in t.metrics) for t in traces] == [True, False, False]
+
+
 def test_asking_for_an_unknown_argument_is_an_error_trace_naming_the_choices() -> None:
     def wants_gold(gold: str) -> float:
         return 1.0

@@ -154,3 +154,14 @@ def test_structured_openai_tool_calls_are_parsed_too() -> None:
     assert (parsed.name, parsed.arguments) == ("add", {"amount": 3})
     [bad] = parse_tool_calls({"role": "assistant", "tool_calls": [{"function": {"name": "add", "arguments": "{oops"}}]})
     assert "must be a JSON object" in str(bad)
+
+
+def test_tool_replies_carry_call_ids_turns_record_the_schemas_and_the_last_replies_are_kept() -> None:
+    trace = run(call("add", amount=2), call("add", amount=3) + call("submit"), "never reached")
+    [reply] = [m for m in trace.turns[1].prompt if m["role"] == "tool"]
+    assert reply["tool_call_id"] == "call_1_0"
+    assert [(m["tool_call_id"], m["content"]) for m in trace.trailing_messages][0] == ("call_2_0", "5")
+    assert [m["tool_call_id"] for m in trace.trailing_messages] == ["call_2_0", "call_2_1"]
+    assert all(turn.tools == [tool.schema for tool in tools_of(Counter).values()] for turn in trace.turns)
+    [parsed] = parse_tool_calls({"role": "assistant", "tool_calls": [{"id": "abc", "function": {"name": "add", "arguments": {}}}]})
+    assert parsed.id == "abc"

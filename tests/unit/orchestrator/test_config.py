@@ -55,3 +55,19 @@ def test_unknown_env_sampling_key_is_an_error_naming_the_env() -> None:
 def test_typo_in_a_pool_without_type_names_the_key() -> None:
     with pytest.raises(ConfigError, match=r"'envs\[0\]\.pool\.max_wrkers'.*did you mean 'envs\[0\]\.pool\.max_workers'"):
         resolve(envs=[{"id": "a", "pool": {"max_wrkers": 3}}])
+
+
+@pytest.mark.parametrize("where", ["run", "env"])
+def test_a_zero_temperature_is_an_error_wherever_it_is_set(where: str) -> None:
+    overrides: dict[str, object] = {"envs": [{"id": "a", "sampling": {"temperature": 0.0} if where == "env" else {}}]}
+    if where == "run":
+        overrides["sampling"] = {"temperature": 0.0}
+    with pytest.raises(ConfigError, match="greater than 0"):
+        resolve(**overrides)
+
+
+def test_sampling_options_the_trainer_cannot_reproduce_are_refused_for_train_envs_only() -> None:
+    with pytest.raises(ConfigError, match=r"env 'a': sampling.extra \['min_p'\] reshape the sampling distribution"):
+        resolve(envs=[{"id": "a", "sampling": {"extra": {"min_p": 0.1}}}])
+    config = resolve(envs=[{"id": "a"}], eval_envs=[{"id": "b", "sampling": {"extra": {"min_p": 0.1}}}])
+    assert config.eval_envs[0].sampling_args(config.sampling).extra == {"min_p": 0.1}

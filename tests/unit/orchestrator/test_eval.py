@@ -101,6 +101,16 @@ def test_resume_reruns_missing_errored_and_unreadable_pairs_and_the_later_line_w
     assert planned(tmp_path, group_scoring=False, rows=rows) == [(1, [1]), (2, [1])]
 
 
+def test_a_rerun_pair_samples_with_a_fresh_seed_after_each_earlier_attempt(tmp_path: Path) -> None:
+    c = config(tmp_path, "--env.id", "e", "-n", "2", "-r", "1", "--resume", str(tmp_path))
+    write_results(c.results_file("e"), "e", [(0, errored(0)), (0, errored(0)), (0, good(1))])
+    evaluation = Evaluation(c)
+    env = evaluation.envs[0]
+    env.num_tasks, env.group_scoring = 10, False
+    assert [(u.task_idx, u.rollouts) for u in evaluation._plan(env)] == [(0, [0])]
+    assert evaluation.attempts["e"][(0, 0)] == 2, "run twice before: the re-run is attempt 2, salted by attempt_seed"
+
+
 def test_group_scored_envs_rerun_whole_tasks(tmp_path: Path) -> None:
     rows: list[tuple[int, Trace] | str] = [(0, good(0)), (1, good(0)), (0, good(1)), (1, errored(1))]
     assert planned(tmp_path, group_scoring=True, rows=rows) == [(1, [0, 1]), (2, [0, 1])]
@@ -144,7 +154,7 @@ class CountingEnv:
         self.calls: list[int] = []
         self.seeds: list[int] = []
 
-    async def run_group(self, task_idx: int, n: int, seed: int) -> list[Trace]:
+    async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
         self.gauge.add(n)
         self.calls.append(n)
         self.seeds += [seed + i for i in range(n)]

@@ -5,12 +5,14 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from envrl.orchestrator.trajectories import TokenBackfill, trace_to_samples
+from envrl.envs.model_client import SamplingArgs
+from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.tiny_model import DEFAULT_DIR
 from envrl.traces import Branch, Trace, Turn, TurnTokens, WireTask
 
 USER = {"role": "user", "content": "hi"}
 REPLY = {"role": "assistant", "content": "yo"}
+SAMPLING = SamplingArgs(max_tokens=8, temperature=0.7, top_p=0.9, top_k=5)
 
 
 def turn(prompt_ids: list[int], completion_ids: list[int], logprobs: list[float] | None = None) -> Turn:
@@ -27,7 +29,7 @@ def trace(*branches: list[Turn]) -> Trace:
 
 
 def convert(t: Trace, **kwargs):
-    return trace_to_samples(t, advantage=0.5, env="e", policy_step=3, **kwargs)
+    return trace_to_samples(t, advantage=0.5, env="e", policy_step=3, sampling=SAMPLING, **kwargs)
 
 
 def test_single_turn_masks_prompt_and_trains_completion() -> None:
@@ -97,3 +99,29 @@ def test_backfilled_turns_extend_one_another(tokenizer) -> None:
     [sample] = convert(t, backfill=TokenBackfill(tokenizer))
     generated = tokenizer.decode([tok for tok, m in zip(sample.input_ids, sample.loss_mask) if m])
     assert generated == "yo<|im_end|>yo<|im_end|>"
+
+
+def test_samples_carry_the_sampling_parameters_of_their_rollouts():
+    (sample,) = convert(trace([turn([1, 2], [3, 4])]))
+    assert (sample.temperature, sample.top_p, sample.top_k) == (0.7, 0.9, 5)
+
+
+def long_samples():
+    # prompt 2 tokens, then 4 generated; prompt 5 tokens, then 1 generated
+    return convert(trace([turn([1, 2], [3, 4, 5, 6])], [turn([1, 2, 3, 4, 5], [6])]))
+
+
+def test_truncation_keeps_the_first_seq_len_tokens_and_drops_samples_left_with_nothing_to_train():
+    counts = SeqLenCounts()
+    fitted = fit_seq_len(long_samples(), 4, "truncate", counts)
+    assert [s.input_ids for s in fitted] == [[1, 2, 3, 4]]
+    assert fitted[0].loss_mask == [0, 0, 1, 1] and fitted[0].inference_logprobs == [0.0, 0.0, -0.1, -0.2]
+    assert (counts.samples, counts.truncated, counts.dropped, counts.tokens_cut) == (2, 1, 1, 2)
+
+
+def test_drop_leaves_long_samples_out_and_no_limit_keeps_everything():
+    counts = SeqLenCounts()
+    assert fit_seq_len(long_samples(), 5, "drop", counts) == []
+    assert (counts.truncated, counts.dropped) == (0, 2)
+    assert len(fit_seq_len(long_samples(), None, "drop", SeqLenCounts())) == 2
+    assert len(fit_seq_len(long_samples(), 6, "drop", SeqLenCounts())) == 2

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from envrl.trainer.config import LossConfig
@@ -83,7 +84,7 @@ def test_mismatch_kl_statistic_is_the_k3_sum_over_trained_tokens():
 
 def test_token_logprobs_score_each_token_with_the_previous_position():
     logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0], [5.0, 5.0]])
-    logprobs, entropy = token_logprobs(logits, torch.tensor([1, 0, 1]), temperature=1.0)
+    logprobs, entropy = token_logprobs(logits, torch.tensor([1, 0, 1]), torch.ones(3))
     assert logprobs[0].item() == 0.0 and entropy[0].item() == 0.0
     assert math.isclose(logprobs[1].item(), math.log(0.5), rel_tol=1e-6)
     assert math.isclose(logprobs[2].item(), math.log(0.25), rel_tol=1e-6)
@@ -91,11 +92,32 @@ def test_token_logprobs_score_each_token_with_the_previous_position():
     assert math.isclose(entropy[2].item(), -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)), rel_tol=1e-6)
 
 
-def test_temperature_divides_the_logits():
-    logits = torch.tensor([[math.log(9.0), 0.0], [0.0, 0.0]])
-    logprobs, _ = token_logprobs(logits, torch.tensor([0, 0]), temperature=2.0)
-    # logits / 2 = [log 3, 0] -> p(token 0) = 3/4
+def test_each_token_is_scored_at_its_own_sampling_temperature():
+    logits = torch.tensor([[math.log(9.0), 0.0], [math.log(9.0), 0.0], [0.0, 0.0]])
+    logprobs, _ = token_logprobs(logits, torch.tensor([0, 0, 0]), torch.tensor([1.0, 2.0, 0.5]))
+    # token 1 at T = 2: logits / 2 = [log 3, 0] -> 3/4; token 2 at T = 0.5: [2 log 9, 0] -> 81/82
     assert math.isclose(logprobs[1].item(), math.log(0.75), rel_tol=1e-6)
+    assert math.isclose(logprobs[2].item(), math.log(81 / 82), rel_tol=1e-6)
+
+
+def test_top_k_and_top_p_renormalise_over_the_tokens_vllm_keeps():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = torch.stack([probs.log()] * 4)
+    ids = torch.tensor([0, 1, 1, 1])
+    ones = torch.ones(4)
+    # row 1: top_k = 2 keeps {0.5, 0.3}; row 2: top_p = 0.75 keeps 0.5 + 0.3 (cumulative from the
+    # least likely: 0.05, 0.2 <= 0.25 dropped, 0.35 kept); row 3: no truncation
+    logprobs, _ = token_logprobs(logits, ids, ones, torch.tensor([1.0, 1.0, 0.75, 1.0]), torch.tensor([0, 2, 0, 0]))
+    assert logprobs[1:].tolist() == pytest.approx([math.log(0.3 / 0.8), math.log(0.3 / 0.8), math.log(0.3)], rel=1e-5)
+
+
+def test_truncated_logprobs_have_finite_gradients_through_the_normaliser():
+    logits = torch.tensor([[2.0, 1.0, -1.0], [0.0, 0.0, 0.0]], requires_grad=True)
+    logprobs, _ = token_logprobs(logits, torch.tensor([0, 1]), torch.ones(2), torch.tensor([1.0, 1.0]), torch.tensor([0, 2]))
+    logprobs.sum().backward()
+    p = torch.softmax(torch.tensor([2.0, 1.0]), dim=0)
+    # d/dz log(p_1 / (p_0 + p_1)) = onehot(1) - renormalised p over the kept {0, 1}, 0 for the dropped token
+    assert logits.grad[0].tolist() == pytest.approx([-p[0].item(), 1 - p[1].item(), 0.0], abs=1e-6)
 
 
 def test_unknown_inference_logprob_counts_as_on_policy():

