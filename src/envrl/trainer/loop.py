@@ -94,7 +94,10 @@ class Trainer:
         if step is None and config.resume:
             found = list_checkpoints(config.output_dir)
             if not found:
-                logger.warning(f"--resume: no checkpoint under {config.output_dir / 'checkpoints'}; starting at step 0")
+                logger.warning(
+                    f"--resume: no checkpoint under {config.output_dir / 'checkpoints'} (ckpt.interval = {config.ckpt.interval}); "
+                    "training again from the initial model on the published batches from step 0"
+                )
                 return 0
             step = found[-1]
         if step is None:
@@ -104,6 +107,7 @@ class Trainer:
 
     def run(self) -> None:
         config = self.config
+        start = self.start_step()
         if self.runtime.is_main:
             self.metrics = MetricsSink(
                 config.output_dir / "metrics.jsonl",
@@ -111,9 +115,10 @@ class Trainer:
                 process="trainer",
                 output_dir=config.output_dir,
                 config=config.model_dump(mode="json"),
+                resume_step=start if config.resume else None,
             )
         try:
-            for step in range(self.start_step(), config.max_steps):
+            for step in range(start, config.max_steps):
                 self.run_step(step)
         finally:
             if self.metrics is not None:
