@@ -72,8 +72,8 @@ class RestartBudget:
     def exhausted(self) -> str:
         """Why no restart is left, for the error that ends the run."""
         return (
-            f"died {self.policy.max_restarts + 1} times within {self.policy.window_s:g} s "
-            f"(restarts.max_restarts = {self.policy.max_restarts}, restarts.window_s = {self.policy.window_s:g}); giving up"
+            f"it was already restarted {self.policy.max_restarts} time(s) within {self.policy.window_s:g} s "
+            f"(restarts.max_restarts = {self.policy.max_restarts}, restarts.window_s = {self.policy.window_s:g}): giving up"
         )
 
 

@@ -76,6 +76,11 @@ class Env:
             raise RuntimeError(f"env {self.name!r} is not started")
         return self._client.address
 
+    @property
+    def server_pid(self) -> int | None:
+        """The pid of the sidecar server this Env spawned (None for an external address)."""
+        return None if self._child is None else self._child.pid
+
     async def start(self) -> None:
         """Connect to the configured address, or spawn a sidecar server first; then read its info."""
         address = self.config.address
@@ -103,7 +108,7 @@ class Env:
             timeout=self.config.timeout,
         )
         argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
-        return spawn_sidecar(argv, name=f"env server {self.name!r}", log_file=self.log_file, ready_timeout=self.ready_timeout)
+        return spawn_sidecar(argv, name=f"{self.split} env server {self.name!r}", log_file=self.log_file, ready_timeout=self.ready_timeout)
 
     async def shutdown(self) -> None:
         if self._back is not None:
@@ -184,7 +189,7 @@ class Env:
         assert child is not None
         delay = self._restarts.next_delay()
         if delay is None:
-            raise EnvUnavailable(str(child.failure(self._restarts.exhausted())))
+            raise EnvUnavailable(str(child.failure(f"{child.describe_exit()}, and {self._restarts.exhausted()}")))
         atexit.unregister(child.stop)
         child.close()
         logger.warning(
