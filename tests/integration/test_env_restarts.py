@@ -1,10 +1,15 @@
-"""A sidecar env server SIGKILLed mid-rollout is restarted on its address and the lost rollouts run again."""
+"""A dead env server is restarted on its address (by the orchestrator for its sidecars, by the
+launcher for the servers it runs) and the rollouts lost with it run again."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import sys
+import threading
+import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,9 +17,11 @@ import pytest
 from envrl.envs.model_client import ScriptedClientConfig
 from envrl.orchestrator.config import EnvConfig, SamplingConfig
 from envrl.orchestrator.envs import Env, EnvUnavailable
-from envrl.process import RestartPolicy
+from envrl.launcher.supervisor import Supervisor
+from envrl.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
 from envrl.serve.client import EnvClient
-from envrl.serve.config import StaticPoolConfig
+from envrl.serve.config import EnvServerConfig, EnvSpec, StaticPoolConfig
+from scripts.chaos.harness import free_port
 
 HERE = Path(__file__).parent
 SLEEP_TASK = 1  # bad_envs: task 1 sleeps `sleep` seconds, then scores 1.0
@@ -76,3 +83,36 @@ def test_a_sidecar_out_of_restarts_fails_naming_the_server(tmp_path: Path) -> No
 
     with pytest.raises(EnvUnavailable, match=r"train env server 'bad_envs:load_environment'.*SIGKILL.*giving up"):
         asyncio.run(run())
+
+
+def test_the_launcher_restarts_a_dead_env_server_on_its_address_until_its_budget_is_spent(tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    server = EnvServerConfig(env=EnvSpec(id="bad_envs:load_environment"), address=address, pool=StaticPoolConfig(num_workers=1))
+    argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
+    start = partial(spawn_sidecar, argv, name="train env server 'bad'", log_file=tmp_path / "bad.log")
+    supervisor = Supervisor(grace=5.0)
+    supervisor.add(start()[0], respawn=lambda: start()[0], restarts=RestartPolicy(max_restarts=1, backoff_s=0.1))
+    answered: list[int] = []
+
+    def kill_twice() -> None:
+        first = supervisor.children[0].pid
+        os.kill(first, signal.SIGKILL)
+        while supervisor.children[0].pid == first:
+            time.sleep(0.05)
+
+        async def workers() -> int:
+            async with EnvClient(address) as client:
+                return (await client.wait_until_ready(60)).workers
+
+        answered.append(asyncio.run(workers()))  # the restarted server, on the same address
+        os.kill(supervisor.children[0].pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_twice)
+    killer.start()
+    try:
+        with pytest.raises(ChildFailed, match=r"train env server 'bad'.*SIGKILL.*restarts.max_restarts = 1"):
+            supervisor.watch(until={"trainer"})
+    finally:
+        killer.join()
+        supervisor.stop_all()
+    assert answered == [1] and supervisor.restarts() == {"train env server 'bad'": 1}

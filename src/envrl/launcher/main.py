@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         _check_ports(run)
         _start(run, config_files, logs, supervisor)
         supervisor.watch(until={"trainer", "orchestrator"})
-        _summary(rl)
+        _summary(rl, supervisor.restarts())
     except ChildFailed as e:
         logger.error(f"run failed: {e}")
         code = 1
@@ -158,7 +158,7 @@ def _restart_sidecar(argv: list[str], name: str, log_file: Path) -> Child:
     return child
 
 
-def _summary(rl: RLConfig) -> None:
+def _summary(rl: RLConfig, restarts: dict[str, int]) -> None:
     rewards: list[float] = []
     metrics_file = rl.output_dir / "metrics.jsonl"
     if metrics_file.exists():
@@ -168,8 +168,9 @@ def _summary(rl: RLConfig) -> None:
                 rewards.append(record["train/reward"])
     reward = f"{rewards[0]:.3f} -> {rewards[-1]:.3f}" if rewards else "n/a"
     out = rl.output_dir
+    restarted = ", ".join(f"{name} {n}x" for name, n in restarts.items()) or "none"
     logger.success(
-        f"run finished: {len(rewards)} steps, reward {reward}\n"
+        f"run finished: {len(rewards)} steps, reward {reward}, restarts: {restarted}\n"
         f"  output dir: {out}\n  logs:       {out / 'logs'}\n  rollouts:   {out / 'rollouts'}\n"
         f"  weights:    {out / 'weights'}\n  metrics:    {metrics_file}"
     )
