@@ -73,6 +73,20 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         raise
 
 
+def write_failure(path: Path, error: BaseException) -> str:
+    """What went wrong writing `path`, with the free space of its filesystem (a full disk often
+    surfaces as an error that names neither: torch's writers raise RuntimeError)."""
+    existing = next((p for p in [path, *path.parents] if p.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    detail = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+    hint = "; the disk is full: free space, then resume the run (--resume)" if free < FULL_BELOW else ""
+    return f"writing {path} failed ({type(error).__name__}: {detail}); {free / 2**20:.1f} MiB free on its filesystem{hint}"
+
+
+FULL_BELOW = 64 * 2**20
+"""Free bytes under which `write_failure` calls the disk full."""
+
+
 def write_file(path: Path, data: bytes) -> None:
     """Write and fsync `data` to `path`; an OSError (a full disk) names the file it failed on."""
     try:

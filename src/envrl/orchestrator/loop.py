@@ -21,6 +21,7 @@ from typing import Any
 
 from loguru import logger
 
+from envrl.atomic import write_failure
 from envrl.envs.model_client import TrainClientConfig
 from envrl.inference.client import InferenceClient
 from envrl.metrics import MetricsSink
@@ -229,7 +230,10 @@ class Orchestrator:
     # -- outputs ----------------------------------------------------------------------------------
 
     def _append_rollouts(self, path: Path, step: int, env: Env, policy_step: int, traces: list[Trace]) -> None:
-        append_lines(path, (trace_line(t, step=step, env=env.name, policy_step=policy_step) for t in traces))
+        try:
+            append_lines(path, (trace_line(t, step=step, env=env.name, policy_step=policy_step) for t in traces))
+        except OSError as e:  # a full disk: name the file (a resume drops the cut line)
+            raise OSError(e.errno, write_failure(path, e), str(path)) from e
 
     def _report(self, step: int, groups: list[Group], samples: list[TrainingSample], seconds: float) -> None:
         metrics: dict[str, Any] = {}

@@ -18,7 +18,8 @@ from loguru import logger
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.metrics import MetricsSink
-from envrl.layout import batch_dir, weights_dir
+from envrl.atomic import write_failure
+from envrl.layout import batch_dir, checkpoint_dir, weights_dir
 from envrl.samples import TrainingSample, read_batch
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from envrl.trainer.config import OptimConfig, TrainerConfig
@@ -132,14 +133,17 @@ class Trainer:
         samples = read_batch(path)
         stats = self.train_on(step, samples, where=str(path))
         start = time.perf_counter()
-        publish_weights(
-            self.model, self.tokenizer, weights_dir(config.output_dir, step + 1), self.runtime, self.base_config
-        )
         done = step + 1
-        if config.ckpt.interval and (done % config.ckpt.interval == 0 or done == config.max_steps):
-            save_checkpoint(
-                config.output_dir, done, self.model, self.optimizer, self.scheduler, self.runtime, config.ckpt.keep
-            )
+        target = weights_dir(config.output_dir, done)
+        try:
+            publish_weights(self.model, self.tokenizer, target, self.runtime, self.base_config)
+            if config.ckpt.interval and (done % config.ckpt.interval == 0 or done == config.max_steps):
+                target = checkpoint_dir(config.output_dir, done)
+                save_checkpoint(
+                    config.output_dir, done, self.model, self.optimizer, self.scheduler, self.runtime, config.ckpt.keep
+                )
+        except Exception as e:  # a full disk: OSError, or RuntimeError out of torch's writers
+            raise TrainingError(f"step {step}: {write_failure(target, e)}") from e
         stats.update(wait_time_s=waited, publish_time_s=time.perf_counter() - start)
         if self.metrics is not None:
             self.metrics.log(step, {f"trainer/{k}": v for k, v in stats.items()})
