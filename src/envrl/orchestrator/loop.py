@@ -127,13 +127,13 @@ class Orchestrator:
         self.dispatched = state.dispatched
         self.counters.update(state.counters)
         self.requeued = list(state.pending)
-        self.counters["requeued_rollouts"] += len(state.pending) * self.config.group_size
         logger.info(f"resuming at step {state.step + 1} after the batch of step {state.step}; {len(state.pending)} pending group(s) dispatched again")
         return state.step + 1
 
     def _publish(self, step: int, samples: list[TrainingSample]) -> None:
         """Batch `step` and the state after it, in one rename: the commit point of the step."""
-        pending = [PendingGroup(env=g.env.name, task_idx=g.task_idx, seed=g.seed) for g in [*self.inflight.values(), *self.ready]]
+        groups = [*self.inflight.values(), *self.ready]
+        pending = [*(PendingGroup(env=g.env.name, task_idx=g.task_idx, seed=g.seed) for g in groups), *self.requeued]
         state = OrchestratorState(
             step=step, positions=self.train_envs.positions, dispatched=self.dispatched, counters=dict(self.counters), pending=pending
         )
@@ -164,6 +164,7 @@ class Orchestrator:
             if self.requeued:
                 redo = self.requeued.pop(0)
                 env, task_idx, seed = self.train_envs.by_name(redo.env), redo.task_idx, redo.seed
+                self.counters["requeued_rollouts"] += config.group_size  # its first dispatch died with the crashed run
             else:
                 env = self.train_envs.pick(random.Random(f"{config.seed}/pick/{self.dispatched}"))
                 task_idx = self.train_envs.next_task(env)

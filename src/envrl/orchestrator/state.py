@@ -40,7 +40,8 @@ class OrchestratorState(BaseModel):
     counters: dict[str, int]
     """The `counters/...` metrics so far (rollouts dispatched, retried, requeued, ...)."""
     pending: list[PendingGroup]
-    """Groups in flight or finished but unused when the batch was published."""
+    """Groups in flight, finished but unused, or requeued but not yet dispatched again when the
+    batch was published."""
 
 
 def train_rollouts_file(output_dir: Path) -> Path:
