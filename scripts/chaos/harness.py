@@ -10,6 +10,7 @@ behind, whatever happens to the caller (every descendant carries the run's marke
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import fmean
+
+from envrl.serve.client import EnvClient, EnvServerError
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "debug" / "cpu_smoke.toml"
@@ -66,6 +69,27 @@ def marked_pids(marker: str) -> list[int]:
     return pids
 
 
+def child_pids(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+async def _wait_busy(address: str, timeout: float) -> bool:
+    """True once the env server at `address` reports a rollout in flight (False: not within `timeout`)."""
+    deadline = time.monotonic() + timeout
+    async with EnvClient(address) as client:
+        while time.monotonic() < deadline:
+            try:
+                if (await client.info(timeout=1.0)).in_flight > 0:
+                    return True
+            except EnvServerError:
+                pass  # restarting, or busy being killed
+            await asyncio.sleep(0.02)
+    return False
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -107,6 +131,22 @@ class RlRun:
         if not pids:
             return None
         pid = rng.choice(pids)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        return pid
+
+    def kill_busy_worker(self, rng: random.Random, timeout: float = 5.0) -> int | None:
+        """SIGKILL a random worker of the train env server while it runs rollouts; its pid, or
+        None if the server ran none within `timeout` (or had no worker to kill)."""
+        if not asyncio.run(_wait_busy(f"tcp://127.0.0.1:{self.ports[1]}", timeout)):
+            return None
+        servers = self.pids("configs/envs/train/")
+        workers = [pid for server in servers for pid in child_pids(server) if WORKER in cmdline(pid)]
+        if not workers:
+            return None
+        pid = rng.choice(workers)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -1,6 +1,9 @@
 """Chaos: SIGKILL a random env worker every few seconds through a whole smoke run.
 
-    uv run --no-sync python -m scripts.chaos.worker_kills [--interval 4] [--out DIR]
+    uv run --no-sync python -m scripts.chaos.worker_kills [--interval 2] [--out DIR]
+
+Each kill waits until the train env server has rollouts in flight, so it loses work (a kill of
+an idle worker tests nothing but the pool's restart).
 
 Prints one table row (scripts/chaos/harness.py); the run must finish, lose nothing and learn.
 """
@@ -13,12 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.chaos.harness import WORKER, RlRun, account, check_unique_lines, report
+from scripts.chaos.harness import RlRun, account, check_unique_lines, report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--interval", type=float, default=4.0, help="seconds between kills")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between kills")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -28,7 +31,7 @@ def main() -> None:
     with RlRun(out) as run:
         run.wait_until("the first batch", lambda: run.steps_done() >= 1)
         while run.proc.poll() is None:
-            kills += run.kill_one(WORKER, rng) is not None
+            kills += run.kill_busy_worker(rng) is not None
             time.sleep(args.interval)
         code = run.finish()
     if code != 0:

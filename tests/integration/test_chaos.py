@@ -23,7 +23,7 @@ from envrl.samples import BATCH_FILE, write_batch
 from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.synthetic import synthetic_samples
 from scripts.chaos.corrupt_batch import flip_byte_in_column
-from scripts.chaos.harness import WORKER, RlRun, account, check_unique_lines, resume
+from scripts.chaos.harness import RlRun, account, check_unique_lines, resume
 from tests.integration.commands import run_to_completion
 
 TRAINER = str(Path(sys.executable).parent / "trainer")
@@ -41,8 +41,8 @@ def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_
         stop, worker_kills = threading.Event(), []
 
         def kill_workers() -> None:
-            while not stop.wait(3.0):
-                worker_kills.append(run.kill_one(WORKER, rng))
+            while not stop.wait(1.0):
+                worker_kills.append(run.kill_busy_worker(rng, timeout=2.0))
 
         killer = threading.Thread(target=kill_workers)
         killer.start()
@@ -65,7 +65,6 @@ def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_
     row = account(out, "ci", "workers, env server, orchestrator + trainer")
     assert row.lost == 0 and row.retried > 0, row
     check_unique_lines(out)
-    assert trainer_steps(out) == sorted(trainer_steps(out)) or sorted(trainer_steps(out)) == list(range(steps))
     assert sorted(trainer_steps(out)) == list(range(steps))
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert sorted(m["step"] for m in records if "train/reward" in m) == list(range(steps))
