@@ -9,6 +9,7 @@ is enabled. A sink opened with `resume_step=k` first drops its process's lines f
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -92,7 +93,8 @@ class MetricsSink:
                 self._fd = self._open()
             line = (json.dumps(record) + "\n").encode()
             try:
-                os.write(self._fd, line)
+                if os.write(self._fd, line) < len(line):  # a short write: the disk filled up under it
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             except OSError as e:
                 raise OSError(e.errno, f"{e.strerror} (appending a metrics line)", str(self.path)) from e
         if self._run is not None:
