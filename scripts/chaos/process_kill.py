@@ -27,9 +27,9 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="chaos-")) / f"{args.target}-kill"
     rng = random.Random(args.seed)
-    delay = rng.uniform(0, 60)
+    at, delay = rng.randint(2, 35), rng.uniform(0, 2)  # a random moment of a 40-step run (~1-5 s a step)
     with RlRun(out) as run:
-        run.wait_until("the first batch", lambda: run.steps_done() >= 1)
+        run.wait_until(f"batch {at}", lambda: run.steps_done() >= at)
         time.sleep(delay)
         killed = run.kill_one(TARGETS[args.target], rng)
         assert killed is not None, f"no {args.target} process to kill (the run finished first?)"
@@ -42,7 +42,7 @@ def main() -> None:
     if code != 0:
         raise SystemExit(f"rl --resume exited {code}:\n{resumed.tail()}")
     check_unique_lines(out)
-    report(account(out, f"{args.target} kill + resume", f"{args.target} SIGKILLed {delay:.0f} s after batch 0 (stopped at batch {stopped_at})"))
+    report(account(out, f"{args.target} kill + resume", f"{args.target} SIGKILLed {delay:.1f} s after batch {at} (published up to batch {stopped_at - 1})"))
 
 
 if __name__ == "__main__":
