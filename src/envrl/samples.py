@@ -59,8 +59,9 @@ BATCH_VERSION = 2
 BATCH_FILE = "batch.msgpack"
 _TOKEN_COLUMNS = {"input_ids": "i", "loss_mask": "B", "inference_logprobs": "d"}
 """Per-token columns: packed little-endian arrays, all samples concatenated, cut by `lengths`."""
-_SAMPLE_COLUMNS = ("advantage", "env", "task_idx", "policy_step")
-"""Per-sample columns: one msgpack list each."""
+_SAMPLE_COLUMNS = tuple(name for name in TrainingSample.model_fields if name not in _TOKEN_COLUMNS)
+"""Per-sample columns, one msgpack list each: every other field of `TrainingSample`, so a field
+added later is written, read and checksummed without an edit here."""
 
 
 class BatchError(ValueError):
