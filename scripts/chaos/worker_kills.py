@@ -1,6 +1,6 @@
 """Chaos: SIGKILL a random env worker every few seconds through a whole smoke run.
 
-    uv run --no-sync python -m scripts.chaos.worker_kills [--interval 2] [--out DIR]
+    uv run --no-sync python -m scripts.chaos.worker_kills [--interval 5] [--out DIR]
 
 Each kill waits until the train env server has rollouts in flight, so it loses work (a kill of
 an idle worker tests nothing but the pool's restart).
@@ -21,7 +21,7 @@ from scripts.chaos.harness import RlRun, account, check_unique_lines, report
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between kills")
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between kills")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
