@@ -41,8 +41,8 @@ def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_
         stop, worker_kills = threading.Event(), []
 
         def kill_workers() -> None:
-            while not stop.wait(1.0):
-                worker_kills.append(run.kill_busy_worker(rng, timeout=2.0))
+            while not stop.wait(4.0):
+                worker_kills.append(run.kill_busy_worker(rng, timeout=3.0))
 
         killer = threading.Thread(target=kill_workers)
         killer.start()
