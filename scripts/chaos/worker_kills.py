@@ -3,7 +3,9 @@
     uv run --no-sync python -m scripts.chaos.worker_kills [--interval 5] [--out DIR]
 
 Each kill waits until the train env server has rollouts in flight, so it loses work (a kill of
-an idle worker tests nothing but the pool's restart).
+an idle worker tests nothing but the pool's restart). The env server re-runs a dead worker's
+rollouts once by itself (invisible to the orchestrator, so not in `retried`); the row's faults
+column counts those re-runs from the server's log.
 
 Prints one table row (scripts/chaos/harness.py); the run must finish, lose nothing and learn.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +40,9 @@ def main() -> None:
     if code != 0:
         raise SystemExit(f"rl exited {code}:\n{run.tail()}")
     check_unique_lines(out)
-    report(account(out, "worker kills", f"{kills} worker SIGKILLs"))
+    log = (out / "logs" / "envs" / "train" / "learnable.log").read_text()
+    rerun = sum(int(m) for m in re.findall(r"re-running (\d+) once", log))
+    report(account(out, "worker kills", f"{kills} worker SIGKILLs; {rerun} rollouts re-run inside the env server"))
 
 
 if __name__ == "__main__":
