@@ -1,6 +1,6 @@
 """Chaos: the output dir sits on a small tmpfs that fills up mid-run; free it, then `rl --resume`.
 
-    uv run --no-sync python -m scripts.chaos.disk_full [--size 64m] [--at-step 5] [--dir DIR]
+    uv run --no-sync python -m scripts.chaos.disk_full [--size 1g] [--at-step 5] [--dir DIR]
 
 Needs root (mount -t tmpfs). Once `--at-step` batches are published, a filler file takes every
 free byte (and keeps taking what is freed) until the run stops; the run must exit 1 with an error
@@ -62,7 +62,7 @@ def check_complete(out: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="64m", help="tmpfs size")
+    parser.add_argument("--size", default="1g", help="tmpfs size (vLLM keeps ~150 MiB of compile caches in the run dir)")
     parser.add_argument("--at-step", type=int, default=5, help="fill the disk once this many batches are published")
     parser.add_argument("--dir", type=Path, default=None, help="where to mount the tmpfs (default: a new temp dir)")
     args = parser.parse_args()
