@@ -101,9 +101,14 @@ class MetricsSink:
             self._run.log(dict(values), step=step)
 
     def close(self) -> None:
+        """Finish the wandb run and close the file; a wandb run that cannot be finished (a full
+        disk) is logged, not raised, so it never hides the error that ended the process."""
         if self._run is not None:
-            self._run.finish()
-            self._run = None
+            run, self._run = self._run, None
+            try:
+                run.finish()
+            except OSError as e:
+                logger.warning(f"wandb run {run.name!r} could not be finished ({e}); {self.path} is complete")
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
