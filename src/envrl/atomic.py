@@ -3,15 +3,20 @@
 Guarantee: a directory published through `atomic_dir` appears under its final name only after
 every file in it is written and fsynced; the rename is the completion marker, so a reader that
 sees `step_<n>/` never sees half of it, and a crash leaves only a hidden `.tmp` sibling behind.
+A JSON-lines file rewritten by `filter_lines` is replaced in one rename under an exclusive lock,
+so a crash leaves the old or the new file, and appenders holding `shared_lock` lose no line.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def fsync_tree(root: Path) -> None:
@@ -68,13 +73,84 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         raise
 
 
+def write_failure(path: Path, error: BaseException) -> str:
+    """What went wrong writing `path`, with the free space of its filesystem (a full disk often
+    surfaces as an error that names neither: torch's writers raise RuntimeError)."""
+    existing = next((p for p in [path, *path.parents] if p.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    detail = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+    hint = "; the disk is full: free space, then resume the run (--resume)" if free < FULL_BELOW else ""
+    return f"writing {path} failed ({type(error).__name__}: {detail}); {free / 2**20:.1f} MiB free on its filesystem{hint}"
+
+
+FULL_BELOW = 64 * 2**20
+"""Free bytes under which `write_failure` calls the disk full."""
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write and fsync `data` to `path`; an OSError (a full disk) names the file it failed on."""
+    try:
+        with path.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise OSError(e.errno, f"{e.strerror} (writing {len(data)} bytes)", str(path)) from e
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Replace the file `path` with `text` so that readers see the old or the new content, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(path)
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        write_file(tmp, text.encode())
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _lock_file(path: Path) -> Path:
+    return path.parent / f".{path.name}.lock"
+
+
+@contextmanager
+def shared_lock(path: Path) -> Iterator[None]:
+    """Held by an appender of the JSON-lines file `path` while it writes (many may hold it at once)."""
+    with _locked(path, fcntl.LOCK_SH):
+        yield
+
+
+@contextmanager
+def _locked(path: Path, how: int) -> Iterator[None]:
+    fd = os.open(_lock_file(path), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, how)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def filter_lines(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
+    """Drop the JSON lines of `path` that `keep` rejects, and lines that are not JSON objects (cut
+    short by a crash or a full disk); return how many were dropped. The file is rewritten beside
+    and renamed over, so a crash leaves the old or the new file; appenders that re-open the path
+    after taking `shared_lock` (as `MetricsSink` does) append to the new one."""
+    if not path.exists():
+        return 0
+    with _locked(path, fcntl.LOCK_EX):
+        kept, dropped = [], 0
+        for line in path.read_text(errors="replace").splitlines(keepends=True):
+            try:
+                record = json.loads(line)
+                good = isinstance(record, dict) and line.endswith("\n") and keep(record)
+            except ValueError:
+                good = False
+            if good:
+                kept.append(line)
+            else:
+                dropped += 1
+        if dropped:
+            atomic_write_text(path, "".join(kept))
+        return dropped

@@ -1,12 +1,15 @@
 """The one metrics sink: `metrics.jsonl` plus wandb, used by every process that logs metrics.
 
-Guarantee: each `log(step, values)` call appends exactly one JSON line (`step`, `time`, then the
-values) with a single `write` to a file opened for appending, so several processes may share one
-`metrics.jsonl` without interleaving; the same values go to wandb when it is enabled.
+Guarantee: each `log(step, values)` call appends exactly one JSON line (`step`, `time`,
+`process`, then the values) with a single `write` to a file opened for appending, so several
+processes may share one `metrics.jsonl` without interleaving; the same values go to wandb when it
+is enabled. A sink opened with `resume_step=k` first drops its process's lines for steps >= k
+(they will be logged again), so a resumed run has one line per process and step.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -16,6 +19,7 @@ from typing import Any, Literal
 
 from loguru import logger
 
+from envrl.atomic import filter_lines, shared_lock
 from envrl.config import BaseConfig
 
 
@@ -50,10 +54,16 @@ class MetricsSink:
         process: str,
         output_dir: Path,
         config: dict[str, Any] | None = None,
+        resume_step: int | None = None,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.path = path
+        self.process = process
+        if resume_step is not None:
+            dropped = filter_lines(path, lambda r: r.get("process") != process or r.get("step", -1) < resume_step)
+            if dropped:
+                logger.info(f"{path}: dropped {dropped} {process} line(s) of steps >= {resume_step} (logged again after the resume)")
+        self._fd = self._open()
         self._run = None
         if wandb.mode != "disabled":
             import wandb as wandb_lib  # imported here: it costs a second and only some runs want it
@@ -72,16 +82,33 @@ class MetricsSink:
             )
             logger.info(f"wandb run {self._run.name!r} ({wandb.mode}) under {wandb_dir}")
 
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
     def log(self, step: int, values: dict[str, float | int | str]) -> None:
-        record = {"step": step, "time": round(time.time(), 3), **{k: _json_value(v) for k, v in values.items()}}
-        os.write(self._fd, (json.dumps(record) + "\n").encode())
+        record = {"step": step, "time": round(time.time(), 3), "process": self.process, **{k: _json_value(v) for k, v in values.items()}}
+        with shared_lock(self.path):
+            if not self.path.exists() or os.stat(self.path).st_ino != os.fstat(self._fd).st_ino:
+                os.close(self._fd)  # another process's resume rewrote the file: append to the new one
+                self._fd = self._open()
+            line = (json.dumps(record) + "\n").encode()
+            try:
+                if os.write(self._fd, line) < len(line):  # a short write: the disk filled up under it
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            except OSError as e:
+                raise OSError(e.errno, f"{e.strerror} (appending a metrics line)", str(self.path)) from e
         if self._run is not None:
             self._run.log(dict(values), step=step)
 
     def close(self) -> None:
+        """Finish the wandb run and close the file; a wandb run that cannot be finished (a full
+        disk) is logged, not raised, so it never hides the error that ended the process."""
         if self._run is not None:
-            self._run.finish()
-            self._run = None
+            run, self._run = self._run, None
+            try:
+                run.finish()
+            except OSError as e:
+                logger.warning(f"wandb run {run.name!r} could not be finished ({e}); {self.path} is complete")
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

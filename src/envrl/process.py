@@ -3,7 +3,8 @@
 Guarantee: a child started with `spawn` dies with its parent (parent-death signal plus a
 watchdog thread, once it calls `die_with_parent`), its exit is observable at once through a
 pollable fd, and a sidecar that dies or stalls before reporting ready raises `ChildFailed`
-naming it, its exit status and the tail of its log.
+naming it, its exit status and the tail of its log. A `RestartBudget` allows at most
+`max_restarts` restarts within any `window_s` seconds, each after a doubling backoff.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from envrl.config import BaseConfig
 
 PARENT_PID_ENV = "ENVRL_PARENT_PID"
 """Set by `spawn` in the child's environment: the pid the child must not outlive."""
@@ -31,6 +34,47 @@ READY_PREFIX = "envrl-ready "
 """Prefix of the one stdout line (and pipe line) a sidecar writes when it is ready."""
 
 _PR_SET_PDEATHSIG = 1
+
+
+class RestartPolicy(BaseConfig):
+    """How a server that dies is restarted (on its address) before the run gives up on it."""
+
+    max_restarts: int = Field(3, ge=0)
+    """Restarts allowed within any `window_s` seconds; one more death fails the run (0: never restart)."""
+    window_s: float = Field(600.0, gt=0)
+    """The sliding window `max_restarts` counts over."""
+    backoff_s: float = Field(1.0, ge=0)
+    """Wait before the first restart in a window; doubled for each further one."""
+    max_backoff_s: float = Field(30.0, ge=0)
+    """Longest wait before a restart."""
+
+
+class RestartBudget:
+    """The restarts left to one server under a `RestartPolicy`."""
+
+    def __init__(self, policy: RestartPolicy) -> None:
+        self.policy = policy
+        self._times: list[float] = []
+        self.total = 0
+        """Restarts granted so far, over the whole run."""
+
+    def next_delay(self) -> float | None:
+        """Seconds to wait before the next restart, or None when the window's budget is spent."""
+        now = time.monotonic()
+        self._times = [t for t in self._times if now - t < self.policy.window_s]
+        if len(self._times) >= self.policy.max_restarts:
+            return None
+        delay = min(self.policy.backoff_s * 2 ** len(self._times), self.policy.max_backoff_s)
+        self._times.append(now)
+        self.total += 1
+        return delay
+
+    def exhausted(self) -> str:
+        """Why no restart is left, for the error that ends the run."""
+        return (
+            f"it was already restarted {self.policy.max_restarts} time(s) within {self.policy.window_s:g} s "
+            f"(restarts.max_restarts = {self.policy.max_restarts}, restarts.window_s = {self.policy.window_s:g}): giving up"
+        )
 
 
 class ChildFailed(RuntimeError):

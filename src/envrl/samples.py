@@ -11,14 +11,14 @@ from __future__ import annotations
 import sys
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from envrl.atomic import atomic_dir
+from envrl.atomic import atomic_dir, write_file
 from envrl.layout import batch_dir
 
 
@@ -69,8 +69,11 @@ class TrainingSample(BaseModel):
 BATCH_FORMAT = "envrl-batch"
 BATCH_VERSION = 2
 BATCH_FILE = "batch.msgpack"
-_COLUMNS = (("input_ids", "i"), ("loss_mask", "B"), ("inference_logprobs", "d"))
-_PER_SAMPLE = ("advantage", "env", "task_idx", "policy_step", "temperature", "top_p", "top_k")
+_TOKEN_COLUMNS = {"input_ids": "i", "loss_mask": "B", "inference_logprobs": "d"}
+"""Per-token columns: packed little-endian arrays, all samples concatenated, cut by `lengths`."""
+_SAMPLE_COLUMNS = tuple(name for name in TrainingSample.model_fields if name not in _TOKEN_COLUMNS)
+"""Per-sample columns, one msgpack list each: every other field of `TrainingSample`, so a field
+added later is written, read and checksummed without an edit here."""
 
 
 class BatchError(ValueError):
@@ -92,28 +95,32 @@ def _from_bytes(data: bytes, typecode: str) -> list[Any]:
     return arr.tolist()
 
 
-def write_batch(output_dir: Path, step: int, samples: Sequence[TrainingSample]) -> Path:
+def write_batch(
+    output_dir: Path, step: int, samples: Sequence[TrainingSample], extra: Mapping[str, bytes] | None = None
+) -> Path:
     """Write step `step`'s samples atomically to `batch_dir(output_dir, step)` and return it.
 
-    The directory appears only when complete (temp dir, fsync, rename); writing a step twice is
-    a FileExistsError, since the trainer may already have read the first one.
+    The directory appears only when complete (temp dir, fsync, rename), with the `extra` files
+    (name -> content) beside the batch file: what must be published in the same rename (the
+    orchestrator's state). Writing a step twice is a FileExistsError, since the trainer may
+    already have read the first one. Every column is its own msgpack blob with its own CRC32,
+    so a flipped byte is reported by column, whatever columns a later version adds.
     """
-    lengths = [len(s.input_ids) for s in samples]
-    columns = {
-        name: _to_bytes([v for s in samples for v in getattr(s, name)], code) for name, code in _COLUMNS
-    }
+    columns: dict[str, Any] = {name: _to_bytes([v for s in samples for v in getattr(s, name)], code) for name, code in _TOKEN_COLUMNS.items()}
+    columns["lengths"] = _to_bytes([len(s.input_ids) for s in samples], "i")
+    columns.update({name: [getattr(s, name) for s in samples] for name in _SAMPLE_COLUMNS})
+    blobs = {name: msgpack.packb(value, use_bin_type=True) for name, value in columns.items()}
     payload = {
         "format": BATCH_FORMAT,
         "version": BATCH_VERSION,
         "step": step,
-        "lengths": _to_bytes(lengths, "i"),
-        **columns,
-        **{key: [getattr(s, key) for s in samples] for key in _PER_SAMPLE},
-        "crc32": zlib.crc32(b"".join(columns.values())),
+        "columns": blobs,
+        "crc32": {name: zlib.crc32(blob) for name, blob in blobs.items()},
     }
     final = batch_dir(output_dir, step)
     with atomic_dir(final) as tmp:
-        (tmp / BATCH_FILE).write_bytes(msgpack.packb(payload, use_bin_type=True))
+        for name, content in {BATCH_FILE: msgpack.packb(payload, use_bin_type=True), **(extra or {})}.items():
+            write_file(tmp / name, content)
     return final
 
 
@@ -130,10 +137,11 @@ def read_batch(path: Path) -> list[TrainingSample]:
         return _decode(payload)
     except (KeyError, TypeError, ValueError) as e:
         detail = f"missing field {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
-        raise BatchError(f"batch file {file} is corrupt or incomplete: {detail}") from None
+        raise BatchError(f"batch file {file} is corrupt or incomplete: {detail}; it was not trained on") from None
 
 
-def _decode(payload: Any) -> list[TrainingSample]:
+def _columns(payload: Any) -> dict[str, Any]:
+    """The unpacked columns of a batch payload, each checked against its own CRC32 first."""
     if not isinstance(payload, dict):
         raise ValueError(f"expected a msgpack map, got {type(payload).__name__}")
     if payload.get("format") != BATCH_FORMAT or payload.get("version") != BATCH_VERSION:
@@ -141,24 +149,31 @@ def _decode(payload: Any) -> list[TrainingSample]:
             f"expected format {BATCH_FORMAT!r} version {BATCH_VERSION}, "
             f"got {payload.get('format')!r} version {payload.get('version')!r}"
         )
-    columns = {name: payload[name] for name, _ in _COLUMNS}
-    if zlib.crc32(b"".join(columns.values())) != payload["crc32"]:
-        raise ValueError("checksum mismatch in the token columns")
-    lengths = _from_bytes(payload["lengths"], "i")
-    values = {name: _from_bytes(columns[name], code) for name, code in _COLUMNS}
-    per_sample = [payload[key] for key in _PER_SAMPLE]
+    blobs, checksums = payload["columns"], payload["crc32"]
+    wanted = {*_TOKEN_COLUMNS, "lengths", *_SAMPLE_COLUMNS}
+    if set(blobs) != set(checksums) or not wanted <= set(blobs):
+        raise ValueError(f"columns {sorted(blobs)} with checksums for {sorted(checksums)}; expected {sorted(wanted)}")
+    for name, blob in blobs.items():
+        if not isinstance(blob, bytes) or zlib.crc32(blob) != checksums[name]:
+            raise ValueError(f"checksum mismatch in column {name!r}")
+    return {name: msgpack.unpackb(blob, raw=False) for name, blob in blobs.items()}
+
+
+def _decode(payload: Any) -> list[TrainingSample]:
+    columns = _columns(payload)
+    lengths = _from_bytes(columns["lengths"], "i")
+    values = {name: _from_bytes(columns[name], code) for name, code in _TOKEN_COLUMNS.items()}
+    per_sample = {name: columns[name] for name in _SAMPLE_COLUMNS}
     total = sum(lengths)
-    if any(len(v) != total for v in values.values()) or any(len(v) != len(lengths) for v in per_sample):
+    if any(len(v) != total for v in values.values()) or any(len(v) != len(lengths) for v in per_sample.values()):
         raise ValueError(f"column lengths disagree with the {len(lengths)} sample lengths ({total} tokens)")
     samples, start = [], 0
     for i, n in enumerate(lengths):
         end = start + n
         try:
             sample = TrainingSample(
-                input_ids=values["input_ids"][start:end],
-                loss_mask=values["loss_mask"][start:end],
-                inference_logprobs=values["inference_logprobs"][start:end],
-                **{key: payload[key][i] for key in _PER_SAMPLE},
+                **{name: values[name][start:end] for name in _TOKEN_COLUMNS},
+                **{name: column[i] for name, column in per_sample.items()},
             )
         except ValidationError as e:
             error = e.errors()[0]

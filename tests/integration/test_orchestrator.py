@@ -87,7 +87,9 @@ def test_standalone_run_writes_valid_batches_from_every_env(tmp_path: Path, vllm
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics if "train/reward" in m] == [0, 1]
     assert any("eval/learnable/pass@2" in m for m in metrics)
-    assert json.loads((out / "checkpoints" / "orchestrator.json").read_text())["step"] == config.max_steps
+    state = json.loads((batch_dir(out, config.max_steps - 1) / "orchestrator.json").read_text())
+    assert state["step"] == config.max_steps - 1 and state["pending"] == []
+    assert state["counters"]["dispatched_rollouts"] == len(rollouts)
 
 
 def test_on_policy_run_waits_for_the_trainer_and_reloads_its_weights(tmp_path: Path, vllm_server) -> None:

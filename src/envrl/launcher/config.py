@@ -19,6 +19,7 @@ from envrl.inference.config import InferenceConfig
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
 from envrl.orchestrator.config import EnvConfig, OrchestratorConfig
+from envrl.process import RestartPolicy
 from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
 from envrl.trainer.config import TrainerConfig
 
@@ -57,6 +58,8 @@ class EnvServerLaunch(BaseModel):
     split: str
     name: str
     config: EnvServerConfig
+    restarts: RestartPolicy
+    """How the launcher restarts it when it dies (the env's `restarts`)."""
 
 
 class ResolvedRun(BaseModel):
@@ -94,7 +97,9 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
         for i, env in enumerate(envs):
             if env.address is None:
                 env.address = f"tcp://127.0.0.1:{base + i}"
-                servers.append(EnvServerLaunch(split=split, name=env.resolved_name, config=_server_config(env, access)))
+                servers.append(
+                    EnvServerLaunch(split=split, name=env.resolved_name, config=_server_config(env, access), restarts=env.restarts)
+                )
     return ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
 
 

@@ -2,14 +2,17 @@
 
 Guarantee: every process this command starts is stopped before it returns, whatever happens
 (a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
-itself is SIGKILLed). Exit code: 0 when trainer and orchestrator finished, 1 when a process
-failed (it is named, with the tail of its log), 2 for a bad config, 130 on Ctrl-C.
+itself is SIGKILLed). An env server that dies is restarted on its address (`restarts` of its
+env); any other death ends the run, which `--resume` continues. Exit code: 0 when trainer and
+orchestrator finished, 1 when a process failed (it is named, with the tail of its log), 2 for a
+bad config, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 import signal
 import socket
 import sys
@@ -25,7 +28,7 @@ from envrl.inference.server import wait_until_serving
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
-from envrl.process import ChildFailed, spawn, spawn_sidecar
+from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
 
 INFERENCE_READY_TIMEOUT = 900.0
 
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         _check_ports(run)
         _start(run, config_files, logs, supervisor)
         supervisor.watch(until={"trainer", "orchestrator"})
-        _summary(rl)
+        _summary(rl, supervisor.restarts())
     except ChildFailed as e:
         logger.error(f"run failed: {e}")
         code = 1
@@ -137,10 +140,10 @@ def _start(run: ResolvedRun, files: dict[str, Path], logs: Path, supervisor: Sup
     for server in run.env_servers:
         key = f"envs/{server.split}/{server.name}"
         log_file = logs / "envs" / server.split / f"{server.name}.log"
-        child, address = spawn_sidecar(
-            [python, "-m", "envrl.serve.server", "--config", str(files[key])], name=f"{server.split} env server {server.name!r}", log_file=log_file
-        )
-        supervisor.add(child)
+        argv = [python, "-m", "envrl.serve.server", "--config", str(files[key])]
+        name = f"{server.split} env server {server.name!r}"
+        child, address = spawn_sidecar(argv, name=name, log_file=log_file)
+        supervisor.add(child, respawn=partial(_restart_sidecar, argv, name, log_file), restarts=server.restarts)
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
     wait_until_serving(inference, run.inference.base_url, INFERENCE_READY_TIMEOUT, also_check=supervisor.check)
     supervisor.add(spawn([python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])], name="trainer", log_file=logs / "trainer.log"))
@@ -148,7 +151,14 @@ def _start(run: ResolvedRun, files: dict[str, Path], logs: Path, supervisor: Sup
     logger.info(f"trainer and orchestrator started; logs in {logs}")
 
 
-def _summary(rl: RLConfig) -> None:
+def _restart_sidecar(argv: list[str], name: str, log_file: Path) -> Child:
+    """The same server again: its config names its fixed address, so clients reconnect to it."""
+    child, address = spawn_sidecar(argv, name=name, log_file=log_file)
+    logger.info(f"{name} serving at {address} again")
+    return child
+
+
+def _summary(rl: RLConfig, restarts: dict[str, int]) -> None:
     rewards: list[float] = []
     metrics_file = rl.output_dir / "metrics.jsonl"
     if metrics_file.exists():
@@ -158,8 +168,9 @@ def _summary(rl: RLConfig) -> None:
                 rewards.append(record["train/reward"])
     reward = f"{rewards[0]:.3f} -> {rewards[-1]:.3f}" if rewards else "n/a"
     out = rl.output_dir
+    restarted = ", ".join(f"{name} {n}x" for name, n in restarts.items()) or "none"
     logger.success(
-        f"run finished: {len(rewards)} steps, reward {reward}\n"
+        f"run finished: {len(rewards)} steps, reward {reward}, restarts: {restarted}\n"
         f"  output dir: {out}\n  logs:       {out / 'logs'}\n  rollouts:   {out / 'rollouts'}\n"
         f"  weights:    {out / 'weights'}\n  metrics:    {metrics_file}"
     )

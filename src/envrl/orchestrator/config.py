@@ -17,6 +17,7 @@ from envrl.http import RetryPolicy
 from envrl.inference.config import RELOAD_TOKEN_ENV
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
+from envrl.process import RestartPolicy
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.serve.config import ElasticPoolConfig, EnvTimeoutConfig, PoolConfig
@@ -61,6 +62,12 @@ class EnvConfig(BaseConfig):
     """Worker pool of a spawned sidecar server."""
     max_retries: int = Field(2, ge=0)
     """Re-runs of a rollout that came back with an error before it counts as failed."""
+    reconnect_timeout: float = Field(300.0, gt=0)
+    """Seconds to wait for a lost env server (connection dropped, or silent) to answer again before
+    the orchestrator fails; rollouts lost with it are re-run once it is back."""
+    restarts: RestartPolicy = RestartPolicy()
+    """Restarts of this env's server (on its address) when it dies: by the launcher under `rl`, by
+    the orchestrator for a sidecar it spawned; an external `address` is not restarted by envrl."""
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     sampling: dict[str, Any] = {}
     """Overrides of the orchestrator's `sampling` keys for this env."""

@@ -1,9 +1,12 @@
 """The orchestrator's view of its environments: one env server each, spawned or external.
 
-Guarantee: a rollout call on an `Env` always returns Traces (re-run up to `max_retries` times
-while they come back with errors; a server that stays unreachable becomes error Traces, never an
-exception), and a sidecar server an `Env` spawned is stopped by `shutdown()` or, at the latest,
-at interpreter exit. The orchestrator never imports environment code: it only talks to servers.
+Guarantee: a rollout call on an `Env` returns one Trace per rollout asked for: re-run up to
+`max_retries` times while they come back with errors, and re-run without limit (each counted in
+`retried_rollouts`) when the server was lost, once it answers again; a sidecar server that died
+is restarted on its address (`restarts`). Only a server that is not back within
+`reconnect_timeout` (or a sidecar out of restarts) raises `EnvUnavailable`. A sidecar server an
+`Env` spawned is stopped by `shutdown()` or, at the latest, at interpreter exit. The orchestrator
+never imports environment code: it only talks to servers.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import atexit
 import random
 import sys
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Literal
@@ -21,8 +25,8 @@ from loguru import logger
 from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingConfig
 from envrl.orchestrator.seeds import attempt_seed
-from envrl.process import Child, config_argv, spawn_sidecar
-from envrl.serve.client import EnvClient, EnvServerError
+from envrl.process import Child, RestartBudget, config_argv, spawn_sidecar
+from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
 from envrl.traces import Error, Trace, WireTask
 
@@ -30,6 +34,10 @@ Split = Literal["train", "eval"]
 
 CLIENT_SLACK = 30.0
 """Seconds a client waits beyond the server's own rollout deadline before giving up on a call."""
+
+
+class EnvUnavailable(RuntimeError):
+    """An env server that did not come back (the message names it, its address and the config key)."""
 
 
 class Env:
@@ -44,6 +52,7 @@ class Env:
         sampling: SamplingConfig,
         log_dir: Path,
         ready_timeout: float,
+        counters: Counter[str] | None = None,
     ) -> None:
         self.config = config
         self.name = config.resolved_name
@@ -54,8 +63,13 @@ class Env:
         self.ready_timeout = ready_timeout
         self.num_tasks = 0
         self.group_scoring = False
+        self.counters: Counter[str] = Counter() if counters is None else counters
+        """`retried_rollouts`, `env_server_losses`, `env_server_restarts` of this env (shared by the caller)."""
         self._child: Child | None = None
         self._client: EnvClient | None = None
+        self._restarts = RestartBudget(config.restarts)
+        self._back: asyncio.Task[None] | None = None
+        """The one wait for a lost server to answer again, shared by every call that lost it."""
 
     @property
     def address(self) -> str:
@@ -63,11 +77,16 @@ class Env:
             raise RuntimeError(f"env {self.name!r} is not started")
         return self._client.address
 
+    @property
+    def server_pid(self) -> int | None:
+        """The pid of the sidecar server this Env spawned (None for an external address)."""
+        return None if self._child is None else self._child.pid
+
     async def start(self) -> None:
         """Connect to the configured address, or spawn a sidecar server first; then read its info."""
         address = self.config.address
         if address is None:
-            self._child, address = await asyncio.to_thread(self._spawn)
+            self._child, address = await asyncio.to_thread(self._spawn, "tcp://127.0.0.1:0")
             atexit.register(self._child.stop, 5.0)
             logger.info(f"{self.split} env {self.name!r}: spawned env server at {address} (log: {self.log_file})")
         timeout = self.config.timeout.rollout
@@ -82,18 +101,21 @@ class Env:
             f"{'group' if self.group_scoring else 'per-rollout'} scoring, {info.workers} workers"
         )
 
-    def _spawn(self) -> tuple[Child, str]:
+    def _spawn(self, address: str) -> tuple[Child, str]:
         server = EnvServerConfig(
             env=EnvSpec(id=self.config.id, args=self.config.args),
-            address="tcp://127.0.0.1:0",
+            address=address,
             pool=self.config.pool,
             timeout=self.config.timeout,
             model_access=ModelAccessConfig.for_client(self.client_config),
         )
         argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
-        return spawn_sidecar(argv, name=f"env server {self.name!r}", log_file=self.log_file, ready_timeout=self.ready_timeout)
+        return spawn_sidecar(argv, name=f"{self.split} env server {self.name!r}", log_file=self.log_file, ready_timeout=self.ready_timeout)
 
     async def shutdown(self) -> None:
+        if self._back is not None:
+            self._back.cancel()
+            await asyncio.gather(self._back, return_exceptions=True)
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -109,9 +131,10 @@ class Env:
         rollouts that failed before) sample with salted seeds (`attempt_seed`).
         """
         if self.group_scoring:
-            return await self._with_retries(task_idx, attempt, lambda a: self._call_group(task_idx, n, attempt_seed(seed, a)))
+            return await self._with_retries(task_idx, n, attempt, lambda a: self._call_group(task_idx, n, attempt_seed(seed, a)))
         singles = [
-            self._with_retries(task_idx, attempt, lambda a, i=i: self._call_one(task_idx, attempt_seed(seed + i, a))) for i in range(n)
+            self._with_retries(task_idx, 1, attempt, lambda a, i=i: self._call_one(task_idx, attempt_seed(seed + i, a)))
+            for i in range(n)
         ]
         return [trace for traces in await asyncio.gather(*singles) for trace in traces]
 
@@ -128,19 +151,67 @@ class Env:
         )
         return [trace]
 
-    async def _with_retries(self, task_idx: int, first_attempt: int, call: Callable[[int], Awaitable[list[Trace]]]) -> list[Trace]:
-        traces: list[Trace] = []
-        for attempt in range(self.config.max_retries + 1):
+    async def _with_retries(
+        self, task_idx: int, n: int, first_attempt: int, call: Callable[[int], Awaitable[list[Trace]]]
+    ) -> list[Trace]:
+        """`call(attempt)` (n rollouts) until it has no error Trace or `max_retries` re-runs are spent
+        (each re-run samples with a salted seed); a call lost with its server is re-run with the same
+        seed once the server is back, outside that budget."""
+        attempt = 0
+        while True:
             try:
                 traces = await call(first_attempt + attempt)
             except EnvServerError as e:
-                traces = [Trace.from_error(WireTask(idx=task_idx), Error(type=e.type, message=str(e)))]
-            if not any(t.has_error for t in traces):
+                if e.type == UNAVAILABLE:
+                    self.counters["retried_rollouts"] += n
+                    await self._wait_until_back()
+                    continue
+                traces = [Trace.from_error(WireTask(idx=task_idx), Error(type=e.type, message=str(e))) for _ in range(n)]
+            if attempt == self.config.max_retries or not any(t.has_error for t in traces):
                 return traces
-            if attempt < self.config.max_retries:
-                first = next(t.error for t in traces if t.error is not None)
-                logger.debug(f"env {self.name!r} task {task_idx}: retry {attempt + 1} after {first.type}: {first.message[:200]}")
-        return traces
+            attempt += 1
+            self.counters["retried_rollouts"] += n
+            first = next(t.error for t in traces if t.error is not None)
+            logger.debug(f"env {self.name!r} task {task_idx}: retry {attempt} after {first.type}: {first.message[:200]}")
+
+    async def _wait_until_back(self) -> None:
+        if self._back is None or self._back.done():
+            self.counters["env_server_losses"] += 1
+            self._back = asyncio.create_task(self._reconnect())
+        await asyncio.shield(self._back)  # a cancelled rollout must not cancel everybody's wait
+
+    async def _reconnect(self) -> None:
+        """Restart a dead sidecar on its address; wait for the server to answer health again."""
+        assert self._client is not None
+        address, timeout = self._client.address, self.config.reconnect_timeout
+        if self._child is not None and await asyncio.to_thread(self._child.wait, 1.0) is not None:
+            await self._restart_sidecar(address)
+        logger.warning(f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout)")
+        try:
+            await self._client.wait_until_ready(timeout)
+        except EnvServerError as e:
+            raise EnvUnavailable(
+                f"{self.split} env {self.name!r}: the env server at {address} did not answer again within {timeout:g} s "
+                f"({e}); restart it, or raise envs.reconnect_timeout"
+            ) from None
+        logger.info(f"{self.split} env {self.name!r}: the server at {address} answers again; lost rollouts are re-run")
+
+    async def _restart_sidecar(self, address: str) -> None:
+        child = self._child
+        assert child is not None
+        delay = self._restarts.next_delay()
+        if delay is None:
+            raise EnvUnavailable(str(child.failure(f"{child.describe_exit()}, and {self._restarts.exhausted()}")))
+        atexit.unregister(child.stop)
+        child.close()
+        logger.warning(
+            f"{self.split} env server {self.name!r} (pid {child.pid}) {child.describe_exit()}; restarting it on {address} "
+            f"in {delay:g} s (restart {self._restarts.total}; log: {self.log_file})"
+        )
+        await asyncio.sleep(delay)
+        self._child, _ = await asyncio.to_thread(self._spawn, address)
+        atexit.register(self._child.stop, 5.0)
+        self.counters["env_server_restarts"] += 1
 
 
 class TrainEnvs:
@@ -158,6 +229,13 @@ class TrainEnvs:
         weights = {env.name: env.config.ratio if env.config.ratio is not None else float(env.num_tasks) for env in self.envs}
         total = sum(weights.values())
         return {name: w / total for name, w in weights.items()}
+
+    def by_name(self, name: str) -> Env:
+        """The train env called `name` (resumed pending groups name their env)."""
+        for env in self.envs:
+            if env.name == name:
+                return env
+        raise KeyError(f"the resumed run has a train env {name!r} this config lacks (train envs: {[e.name for e in self.envs]})")
 
     def pick(self, rng: random.Random) -> Env:
         shares = self.shares()

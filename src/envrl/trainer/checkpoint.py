@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from loguru import logger
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -67,13 +68,19 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier(runtime)
-    model_state, optim_state = get_state_dict(model, optimizer)
-    with _single_process_ok():
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp, no_dist=not runtime.sharded)
-    torch.save(_rng_state(), tmp / _rng_file(runtime.rank))
-    if runtime.is_main:
-        meta = {"step": step, "scheduler": scheduler.state_dict(), "world_size": runtime.world_size}
-        torch.save(meta, tmp / TRAINER_STATE)
+    try:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        with _single_process_ok():
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp, no_dist=not runtime.sharded)
+        torch.save(_rng_state(), tmp / _rng_file(runtime.rank))
+        if runtime.is_main:
+            meta = {"step": step, "scheduler": scheduler.state_dict(), "world_size": runtime.world_size}
+            torch.save(meta, tmp / TRAINER_STATE)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # never published; frees what a full disk let us write
+        if isinstance(e, CheckpointException):  # a BaseException: callers catching Exception would miss it
+            raise RuntimeError(f"torch.distributed.checkpoint failed: {str(e).strip().splitlines()[-1]}") from e
+        raise
     barrier(runtime)
     if runtime.is_main:
         if final.exists():  # left by a run that went further before this one resumed from earlier

@@ -65,8 +65,10 @@ class LossConfig(BaseConfig):
 
 
 class CheckpointConfig(BaseConfig):
-    interval: int = Field(0, ge=0)
-    """Save model + optimizer + scheduler + RNG every this many steps (0: never)."""
+    interval: int = Field(10, ge=0)
+    """Save model + optimizer + scheduler + RNG every this many steps, and after the last one.
+    A resume restarts the trainer from the newest checkpoint and trains the published batches
+    after it again, so this bounds the steps retrained (0: never; a resume retrains from step 0)."""
     keep: int = Field(2, ge=1)
     """Keep the newest this many checkpoints; older ones are deleted after a save succeeds."""
     resume_step: int | None = Field(None, ge=0)

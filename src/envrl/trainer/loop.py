@@ -18,7 +18,8 @@ from loguru import logger
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.metrics import MetricsSink
-from envrl.layout import batch_dir, weights_dir
+from envrl.atomic import write_failure
+from envrl.layout import batch_dir, checkpoint_dir, weights_dir
 from envrl.samples import TrainingSample, read_batch
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from envrl.trainer.config import OptimConfig, TrainerConfig
@@ -94,7 +95,10 @@ class Trainer:
         if step is None and config.resume:
             found = list_checkpoints(config.output_dir)
             if not found:
-                logger.warning(f"--resume: no checkpoint under {config.output_dir / 'checkpoints'}; starting at step 0")
+                logger.warning(
+                    f"--resume: no checkpoint under {config.output_dir / 'checkpoints'} (ckpt.interval = {config.ckpt.interval}); "
+                    "training again from the initial model on the published batches from step 0"
+                )
                 return 0
             step = found[-1]
         if step is None:
@@ -104,6 +108,7 @@ class Trainer:
 
     def run(self) -> None:
         config = self.config
+        start = self.start_step()
         if self.runtime.is_main:
             self.metrics = MetricsSink(
                 config.output_dir / "metrics.jsonl",
@@ -111,9 +116,10 @@ class Trainer:
                 process="trainer",
                 output_dir=config.output_dir,
                 config=config.model_dump(mode="json"),
+                resume_step=start if config.resume else None,
             )
         try:
-            for step in range(self.start_step(), config.max_steps):
+            for step in range(start, config.max_steps):
                 self.run_step(step)
         finally:
             if self.metrics is not None:
@@ -127,14 +133,17 @@ class Trainer:
         samples = read_batch(path)
         stats = self.train_on(step, samples, where=str(path))
         start = time.perf_counter()
-        publish_weights(
-            self.model, self.tokenizer, weights_dir(config.output_dir, step + 1), self.runtime, self.base_config
-        )
         done = step + 1
-        if config.ckpt.interval and (done % config.ckpt.interval == 0 or done == config.max_steps):
-            save_checkpoint(
-                config.output_dir, done, self.model, self.optimizer, self.scheduler, self.runtime, config.ckpt.keep
-            )
+        target = weights_dir(config.output_dir, done)
+        try:
+            publish_weights(self.model, self.tokenizer, target, self.runtime, self.base_config)
+            if config.ckpt.interval and (done % config.ckpt.interval == 0 or done == config.max_steps):
+                target = checkpoint_dir(config.output_dir, done)
+                save_checkpoint(
+                    config.output_dir, done, self.model, self.optimizer, self.scheduler, self.runtime, config.ckpt.keep
+                )
+        except Exception as e:  # a full disk: OSError, or RuntimeError out of torch's writers
+            raise TrainingError(f"step {step}: {write_failure(target, e)}") from e
         stats.update(wait_time_s=waited, publish_time_s=time.perf_counter() - start)
         if self.metrics is not None:
             self.metrics.log(step, {f"trainer/{k}": v for k, v in stats.items()})

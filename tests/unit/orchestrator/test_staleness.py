@@ -20,10 +20,11 @@ def test_stale_groups_are_cancelled_counted_and_recorded(tmp_path: Path) -> None
 
     async def scenario() -> tuple[asyncio.Task[None], asyncio.Task[None], Orchestrator]:
         orchestrator = Orchestrator(config)
-        orchestrator.ready = [Group(env, 0, 0, finished(0)), Group(env, 1, 2, finished(1))]
+        orchestrator.ready = [Group(env, 0, 0, 0, finished(0)), Group(env, 1, 0, 2, finished(1))]
         stale_task = asyncio.create_task(asyncio.sleep(60))
         fresh_task = asyncio.create_task(asyncio.sleep(60))
-        orchestrator.inflight = {stale_task: (env, 5, 0), fresh_task: (env, 6, 2)}
+        fresh = Group(env, 6, 0, 2, [])
+        orchestrator.inflight = {stale_task: Group(env, 5, 0, 0, []), fresh_task: fresh}
         orchestrator._drop_stale(step=3)  # step 3 may train on policies >= 2
         await asyncio.sleep(0)
         fresh_task.cancel()
@@ -33,7 +34,7 @@ def test_stale_groups_are_cancelled_counted_and_recorded(tmp_path: Path) -> None
     assert stale_task.cancelled()
     assert [g.task_idx for g in orchestrator.ready] == [1]
     assert not any(t.has_error for t in orchestrator.ready[0].traces)
-    assert list(orchestrator.inflight.values()) == [(env, 6, 2)]
+    assert [(g.task_idx, g.policy_step) for g in orchestrator.inflight.values()] == [(6, 2)]
     assert orchestrator.counters["stale_groups"] == 2
     lines = [json.loads(line) for line in (tmp_path / "rollouts" / "train.jsonl").read_text().splitlines()]
     assert sorted((line["task"]["idx"], line["policy_step"]) for line in lines) == [(0, 0), (0, 0), (5, 0), (5, 0)]

@@ -1,4 +1,6 @@
-"""The orchestrator -> trainer batch files: exact round trip, atomic, corruption named by path."""
+"""The orchestrator -> trainer batch files: exact round trip, atomic, corruption named by path and column."""
+
+import zlib
 
 import msgpack
 import pytest
@@ -54,24 +56,46 @@ def test_truncated_batch_file_is_reported_with_its_path(tmp_path):
         read_batch(path)
 
 
-def test_flipped_token_bytes_fail_the_checksum(tmp_path):
+COLUMNS = ["input_ids", "loss_mask", "inference_logprobs", "lengths", "advantage", "env", "task_idx", "policy_step", "temperature", "top_p", "top_k"]
+
+
+@pytest.mark.parametrize("column", COLUMNS)
+def test_a_flipped_byte_in_any_column_is_named_by_column(tmp_path, column):
     path = write_batch(tmp_path, 0, synthetic_samples(4))
     payload = msgpack.unpackb((path / BATCH_FILE).read_bytes())
-    ids = bytearray(payload["input_ids"])
-    ids[5] ^= 0xFF
-    payload["input_ids"] = bytes(ids)
+    assert sorted(payload["columns"]) == sorted(COLUMNS)
+    blob = bytearray(payload["columns"][column])
+    blob[len(blob) // 2] ^= 0x01
+    payload["columns"][column] = bytes(blob)
     (path / BATCH_FILE).write_bytes(msgpack.packb(payload))
-    with pytest.raises(BatchError, match="checksum mismatch"):
+    with pytest.raises(BatchError, match=f"{path / BATCH_FILE}.*checksum mismatch in column '{column}'"):
+        read_batch(path)
+
+
+def test_a_column_without_a_checksum_is_refused(tmp_path):
+    path = write_batch(tmp_path, 0, synthetic_samples(2))
+    payload = msgpack.unpackb((path / BATCH_FILE).read_bytes())
+    payload["columns"]["future_column"] = msgpack.packb([1.0, 1.0])
+    (path / BATCH_FILE).write_bytes(msgpack.packb(payload))
+    with pytest.raises(BatchError, match="future_column"):
         read_batch(path)
 
 
 def test_invalid_sample_in_a_batch_names_the_sample(tmp_path):
     path = write_batch(tmp_path, 0, synthetic_samples(3))
     payload = msgpack.unpackb((path / BATCH_FILE).read_bytes())
-    payload["task_idx"][2] = "seven"
+    task_idx = msgpack.unpackb(payload["columns"]["task_idx"])
+    task_idx[2] = "seven"
+    payload["columns"]["task_idx"] = msgpack.packb(task_idx)
+    payload["crc32"]["task_idx"] = zlib.crc32(payload["columns"]["task_idx"])
     (path / BATCH_FILE).write_bytes(msgpack.packb(payload))
     with pytest.raises(BatchError, match=r"sample 2: task_idx"):
         read_batch(path)
+
+
+def test_extra_files_are_published_with_the_batch(tmp_path):
+    path = write_batch(tmp_path, 3, synthetic_samples(2), extra={"orchestrator.json": b"{}"})
+    assert sorted(p.name for p in path.iterdir()) == sorted([BATCH_FILE, "orchestrator.json"])
 
 
 def test_missing_batch_file_is_reported_with_its_path(tmp_path):

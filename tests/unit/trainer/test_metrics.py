@@ -35,3 +35,22 @@ def test_offline_wandb_run_is_written_under_the_output_dir(tmp_path, monkeypatch
     sink.close()
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_a_resumed_sink_drops_its_own_lines_of_later_steps_and_a_cut_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    trainer = MetricsSink(path, WandbConfig(mode="disabled"), process="trainer", output_dir=tmp_path)
+    orchestrator = MetricsSink(path, WandbConfig(mode="disabled"), process="orchestrator", output_dir=tmp_path)
+    for step in range(4):
+        trainer.log(step, {"trainer/loss": step})
+        orchestrator.log(step, {"train/reward": step})
+    with path.open("a") as f:
+        f.write('{"step": 4, "process": "orchestr')  # a crash mid-write
+    resumed = MetricsSink(path, WandbConfig(mode="disabled"), process="trainer", output_dir=tmp_path, resume_step=2)
+    resumed.log(2, {"trainer/loss": 2.5})
+    orchestrator.log(4, {"train/reward": 4})  # opened before the rewrite: still lands in the file
+    for sink in (trainer, orchestrator, resumed):
+        sink.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["process"], r["step"]) for r in lines if r["process"] == "trainer"] == [("trainer", 0), ("trainer", 1), ("trainer", 2)]
+    assert [r["step"] for r in lines if r["process"] == "orchestrator"] == [0, 1, 2, 3, 4]

@@ -1,0 +1,78 @@
+"""The orchestrator's state, published inside each batch directory, and resuming from it.
+
+Guarantee: `rollouts/step_<n>/orchestrator.json` is written in the same rename as batch n, so
+"batch n is published" and "the orchestrator's state after step n is saved" are one fact; a
+resume continues at the step after the newest batch, re-dispatches the groups that were in
+flight or finished but unused (`pending`), and first drops what the crashed run wrote for later
+steps (`rollouts/train.jsonl` lines, eval files; its `metrics.jsonl` lines go through
+`MetricsSink(resume_step=...)`), so every file holds each step once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loguru import logger
+from pydantic import BaseModel
+
+from envrl.atomic import filter_lines
+from envrl.layout import batch_dir, published_steps
+
+STATE_FILE = "orchestrator.json"
+"""The state's file name inside a batch directory."""
+
+
+class PendingGroup(BaseModel):
+    """A group dispatched but not in a published batch: re-run (same task, same seed) on resume."""
+
+    env: str
+    task_idx: int
+    seed: int
+
+
+class OrchestratorState(BaseModel):
+    step: int
+    """The step whose batch this state was published with; a resume starts at `step + 1`."""
+    positions: dict[str, int]
+    """Tasks drawn so far per train env (with the seed, the whole sampling state)."""
+    dispatched: int
+    """Groups drawn so far (seeds and env picks are derived from it)."""
+    counters: dict[str, int]
+    """The `counters/...` metrics so far (rollouts dispatched, retried, requeued, ...)."""
+    pending: list[PendingGroup]
+    """Groups in flight, finished but unused, or requeued but not yet dispatched again when the
+    batch was published."""
+
+
+def train_rollouts_file(output_dir: Path) -> Path:
+    return Path(output_dir) / "rollouts" / "train.jsonl"
+
+
+def eval_rollouts_file(output_dir: Path, step: int) -> Path:
+    return Path(output_dir) / "rollouts" / "eval" / f"step_{step}.jsonl"
+
+
+def state_bytes(state: OrchestratorState) -> dict[str, bytes]:
+    """The file(s) to publish beside the batch (`write_batch(..., extra=...)`)."""
+    return {STATE_FILE: state.model_dump_json(indent=1).encode()}
+
+
+def load_resume_state(output_dir: Path) -> OrchestratorState | None:
+    """The state published with the newest batch (None: no batch yet), after dropping every
+    output line of the steps after it."""
+    steps = published_steps(Path(output_dir) / "rollouts")
+    state = None
+    if steps:
+        file = batch_dir(output_dir, steps[-1]) / STATE_FILE
+        if not file.is_file():
+            raise RuntimeError(f"{file} is missing: {batch_dir(output_dir, steps[-1])} was not written by this version's orchestrator")
+        state = OrchestratorState.model_validate_json(file.read_text())
+    last = state.step if state is not None else -1
+    dropped = filter_lines(train_rollouts_file(output_dir), lambda r: r.get("step", last + 1) <= last)
+    if dropped:
+        logger.info(f"{train_rollouts_file(output_dir)}: dropped {dropped} line(s) of steps after {last} (rolled out again now)")
+    for file in sorted((Path(output_dir) / "rollouts" / "eval").glob("step_*.jsonl")):
+        if int(file.stem.removeprefix("step_")) > last:
+            file.unlink()
+            logger.info(f"removed {file}: evaluated after the last published batch (evaluated again if due)")
+    return state

@@ -1,0 +1,118 @@
+"""A dead env server is restarted on its address (by the orchestrator for its sidecars, by the
+launcher for the servers it runs) and the rollouts lost with it run again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from envrl.envs.model_client import ScriptedClientConfig
+from envrl.orchestrator.config import EnvConfig, SamplingConfig
+from envrl.orchestrator.envs import Env, EnvUnavailable
+from envrl.launcher.supervisor import Supervisor
+from envrl.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
+from envrl.serve.client import EnvClient
+from envrl.serve.config import EnvServerConfig, EnvSpec, StaticPoolConfig
+from scripts.chaos.harness import free_port
+
+HERE = Path(__file__).parent
+SLEEP_TASK = 1  # bad_envs: task 1 sleeps `sleep` seconds, then scores 1.0
+
+
+@pytest.fixture(autouse=True)
+def _bad_envs_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+
+
+def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> Env:
+    config = EnvConfig(
+        id="bad_envs:load_environment", args={"sleep": 2.0}, pool=StaticPoolConfig(num_workers=1), restarts=restarts, reconnect_timeout=60
+    )
+    return Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingConfig(), log_dir=tmp_path, ready_timeout=120)
+
+
+async def kill_server_once_running(env: Env) -> int:
+    """SIGKILL the sidecar as soon as it reports a rollout in flight; return the pid killed."""
+    async with EnvClient(env.address) as probe:
+        while (await probe.info()).in_flight == 0:
+            await asyncio.sleep(0.05)
+    pid = env.server_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_a_killed_sidecar_is_restarted_and_its_rollouts_rerun(tmp_path: Path) -> None:
+    env = sleeping_env(tmp_path, RestartPolicy(max_restarts=1, backoff_s=0.1))
+
+    async def run() -> tuple[list, int]:
+        await env.start()
+        try:
+            group = asyncio.create_task(env.run_group(SLEEP_TASK, n=2, seed=0))
+            killed = await kill_server_once_running(env)
+            return await group, killed
+        finally:
+            await env.shutdown()
+
+    traces, killed = asyncio.run(run())
+    assert [t.reward for t in traces] == [1.0, 1.0] and not any(t.has_error for t in traces)
+    assert env.counters["retried_rollouts"] == 2
+    assert env.counters["env_server_restarts"] == 1 and env.counters["env_server_losses"] == 1
+    assert killed != env.server_pid
+
+
+def test_a_sidecar_out_of_restarts_fails_naming_the_server(tmp_path: Path) -> None:
+    env = sleeping_env(tmp_path, RestartPolicy(max_restarts=0))
+
+    async def run() -> None:
+        await env.start()
+        try:
+            group = asyncio.create_task(env.run_group(SLEEP_TASK, n=1, seed=0))
+            await kill_server_once_running(env)
+            await group
+        finally:
+            await env.shutdown()
+
+    with pytest.raises(EnvUnavailable, match=r"train env server 'bad_envs:load_environment'.*SIGKILL.*giving up"):
+        asyncio.run(run())
+
+
+def test_the_launcher_restarts_a_dead_env_server_on_its_address_until_its_budget_is_spent(tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    server = EnvServerConfig(env=EnvSpec(id="bad_envs:load_environment"), address=address, pool=StaticPoolConfig(num_workers=1))
+    argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
+    start = partial(spawn_sidecar, argv, name="train env server 'bad'", log_file=tmp_path / "bad.log")
+    supervisor = Supervisor(grace=5.0)
+    supervisor.add(start()[0], respawn=lambda: start()[0], restarts=RestartPolicy(max_restarts=1, backoff_s=0.1))
+    answered: list[int] = []
+
+    def kill_twice() -> None:
+        first = supervisor.children[0].pid
+        os.kill(first, signal.SIGKILL)
+        while supervisor.children[0].pid == first:
+            time.sleep(0.05)
+
+        async def workers() -> int:
+            async with EnvClient(address) as client:
+                return (await client.wait_until_ready(60)).workers
+
+        answered.append(asyncio.run(workers()))  # the restarted server, on the same address
+        os.kill(supervisor.children[0].pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_twice)
+    killer.start()
+    try:
+        with pytest.raises(ChildFailed, match=r"train env server 'bad'.*SIGKILL.*restarts.max_restarts = 1"):
+            supervisor.watch(until={"trainer"})
+    finally:
+        killer.join()
+        supervisor.stop_all()
+    assert answered == [1] and supervisor.restarts() == {"train env server 'bad'": 1}
