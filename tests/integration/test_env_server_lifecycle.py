@@ -6,12 +6,16 @@ import asyncio
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq.auth
 
+from envrl.envs.model_client import ScriptedClientConfig
+from envrl.orchestrator.config import EnvConfig, SamplingConfig
+from envrl.orchestrator.envs import Env
 from envrl.process import ChildFailed, spawn_sidecar
 from envrl.serve.client import EnvClient, EnvServerError
 from envrl.serve.config import CurveClientConfig
@@ -83,28 +87,61 @@ def test_a_non_loopback_address_without_curve_keys_is_refused(tmp_path: Path) ->
     assert result.returncode == 2 and "reachable from other hosts" in result.stderr and "--insecure" in result.stderr
 
 
-def test_curve_admits_clients_with_listed_keys_and_refuses_others(tmp_path: Path) -> None:
+@dataclass
+class CurveKeys:
+    server: str
+    """The server's `--curve` option: its secret key and the directory of admitted client keys."""
+    client: CurveClientConfig
+    """An admitted client's keys."""
+    stranger: CurveClientConfig
+    """Keys of a client the server does not list."""
+
+
+def make_curve_keys(tmp_path: Path) -> CurveKeys:
     keys, allowed, strangers = tmp_path / "keys", tmp_path / "allowed", tmp_path / "strangers"
     for folder in (keys, allowed, strangers):
         folder.mkdir()
     server_public, server_secret = zmq.auth.create_certificates(keys, "server")
     _, client_secret = zmq.auth.create_certificates(allowed, "client")
     _, stranger_secret = zmq.auth.create_certificates(strangers, "stranger")
-    curve = f'{{"secret_key_file": "{server_secret}", "client_keys_dir": "{allowed}"}}'
-    with running_env_server(tmp_path, "--curve", curve) as server:
+    return CurveKeys(
+        server=f'{{"secret_key_file": "{server_secret}", "client_keys_dir": "{allowed}"}}',
+        client=CurveClientConfig(server_public_key_file=Path(server_public), secret_key_file=Path(client_secret)),
+        stranger=CurveClientConfig(server_public_key_file=Path(server_public), secret_key_file=Path(stranger_secret)),
+    )
+
+
+def test_curve_admits_clients_with_listed_keys_and_refuses_others(tmp_path: Path) -> None:
+    keys = make_curve_keys(tmp_path)
+    with running_env_server(tmp_path, "--curve", keys.server) as server:
 
         async def go() -> None:
-            good = CurveClientConfig(server_public_key_file=Path(server_public), secret_key_file=Path(client_secret))
-            async with EnvClient(server.address, curve=good) as client:
+            async with EnvClient(server.address, curve=keys.client) as client:
                 await client.wait_until_ready(20)
                 assert (await rollout(client, OK)).reward == 1.0
-            unknown = CurveClientConfig(server_public_key_file=Path(server_public), secret_key_file=Path(stranger_secret))
-            for curve_config in (None, unknown):
+            for curve_config in (None, keys.stranger):
                 async with EnvClient(server.address, curve=curve_config) as client:
                     with pytest.raises(EnvServerError):
                         await client.wait_until_ready(1.5)
 
         run(go())
+
+
+def test_the_orchestrators_env_config_carries_curve_keys_to_an_external_server(tmp_path: Path) -> None:
+    keys = make_curve_keys(tmp_path)
+    with running_env_server(tmp_path, "--curve", keys.server) as server:
+        config = EnvConfig(id="bad_envs:load_environment", address=server.address, curve=keys.client)
+        env = Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingConfig(max_tokens=8),
+                  log_dir=tmp_path, ready_timeout=20)  # fmt: skip
+
+        async def go() -> list[Any]:
+            await env.start()
+            try:
+                return await env.run_group(OK, n=2, seed=0)
+            finally:
+                await env.shutdown()
+
+        assert [trace.reward for trace in run(go())] == [1.0, 1.0]
 
 
 def test_elastic_pool_grows_under_load_and_retires_idle_workers(tmp_path: Path) -> None:

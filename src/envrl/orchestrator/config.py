@@ -20,7 +20,7 @@ from envrl.metrics import WandbConfig
 from envrl.process import RestartPolicy
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.trajectories import SeqLenPolicy
-from envrl.serve.config import ElasticPoolConfig, EnvTimeoutConfig, PoolConfig
+from envrl.serve.config import CurveClientConfig, ElasticPoolConfig, EnvTimeoutConfig, PoolConfig, is_loopback
 
 
 class SamplingConfig(BaseConfig):
@@ -58,6 +58,12 @@ class EnvConfig(BaseConfig):
     """Share of train rollouts (relative); set on every train env or on none (then: by task count)."""
     address: str | None = None
     """An env server already running there (external); without it a sidecar server is spawned."""
+    curve: CurveClientConfig | None = None
+    """CURVE keys for an external server off loopback (`server_public_key_file`, `secret_key_file`):
+    the server authenticates this client and the traffic is encrypted (docs/protocol.md)."""
+    insecure: bool = False
+    """Connect to a non-loopback `address` without CURVE (plain TCP: anyone on the path reads and
+    injects rollouts); only for networks you trust."""
     pool: PoolConfig = ElasticPoolConfig()
     """Worker pool of a spawned sidecar server."""
     max_retries: int = Field(2, ge=0)
@@ -85,6 +91,15 @@ class EnvConfig(BaseConfig):
             data = dict(data)
             data["pool"] = {"type": "static", "num_workers": data.pop("num_workers")}
         return data
+
+    @model_validator(mode="after")
+    def _remote_needs_curve(self) -> EnvConfig:
+        if self.address is not None and not is_loopback(self.address) and self.curve is None and not self.insecure:
+            raise ValueError(
+                f"env {self.resolved_name!r}: address {self.address} is not on loopback; give its CURVE keys "
+                "(curve.server_public_key_file, curve.secret_key_file) or set insecure = true"
+            )
+        return self
 
     @property
     def resolved_name(self) -> str:

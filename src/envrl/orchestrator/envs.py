@@ -90,7 +90,11 @@ class Env:
             atexit.register(self._child.stop, 5.0)
             logger.info(f"{self.split} env {self.name!r}: spawned env server at {address} (log: {self.log_file})")
         timeout = self.config.timeout.rollout
-        self._client = EnvClient(address, timeout=None if timeout is None else timeout + self.config.timeout.kill_grace + CLIENT_SLACK)
+        self._client = EnvClient(
+            address,
+            timeout=None if timeout is None else timeout + self.config.timeout.kill_grace + CLIENT_SLACK,
+            curve=self.config.curve,
+        )
         info = await self._client.wait_until_ready(self.ready_timeout)
         self.num_tasks = info.num_tasks if self.split == "train" else info.num_eval_tasks
         self.group_scoring = info.group_scoring

@@ -71,3 +71,11 @@ def test_sampling_options_the_trainer_cannot_reproduce_are_refused_for_train_env
         resolve(envs=[{"id": "a", "sampling": {"extra": {"min_p": 0.1}}}])
     config = resolve(envs=[{"id": "a"}], eval_envs=[{"id": "b", "sampling": {"extra": {"min_p": 0.1}}}])
     assert config.eval_envs[0].sampling_args(config.sampling).extra == {"min_p": 0.1}
+
+
+def test_a_remote_env_address_needs_curve_keys_or_insecure(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"tcp://10.0.0.7:5000 is not on loopback; give its CURVE keys"):
+        resolve(envs=[{"id": "a", "address": "tcp://10.0.0.7:5000"}])
+    keys = {"server_public_key_file": str(tmp_path / "server.key"), "secret_key_file": str(tmp_path / "client.key_secret")}
+    assert resolve(envs=[{"id": "a", "address": "tcp://10.0.0.7:5000", "curve": keys}]).envs[0].curve is not None
+    assert resolve(envs=[{"id": "a", "address": "tcp://10.0.0.7:5000", "insecure": True}]).envs[0].insecure
