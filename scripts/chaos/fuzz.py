@@ -269,18 +269,20 @@ async def _serves(address: str) -> bool:
 
 
 @contextmanager
-def started_server(max_frame_bytes: int) -> Iterator[str]:
-    """A reverse-text env server on a free port, stopped on exit (saying so if it had died)."""
+def started_server(*args: str, name: str = "fuzzed env-server") -> Iterator[tuple[str, int]]:
+    """A reverse-text env server on a free port with options `args` (defaults: 1 static worker,
+    scoring in a thread): its (address, pid); stopped on exit (saying so if it had died)."""
     from envrl.process import spawn_sidecar
 
     argv = [
         sys.executable, "-m", "envrl.serve.server", "--env.id", "reverse-text", "--address", "tcp://127.0.0.1:0",
-        "--pool", '{"type": "static", "num_workers": 1}', "--max-frame-bytes", str(max_frame_bytes),
+        "--pool", '{"type": "static", "num_workers": 1}',
         "--timeout", '{"rollout": 5, "scoring": null}',  # scoring in a thread: no fork per rollout
+        *args,
     ]  # fmt: skip
-    child, address = spawn_sidecar(argv, name="fuzzed env-server", ready_timeout=120)
+    child, address = spawn_sidecar(argv, name=name, ready_timeout=120)
     try:
-        yield address
+        yield address, child.pid
     finally:
         code = child.poll()
         child.stop(grace=10)
@@ -296,7 +298,8 @@ def main() -> None:
     parser.add_argument("--max-frame-bytes", type=int, default=65536)
     parser.add_argument("--window", type=int, default=2000, help="most answers owed before sending waits")
     args = parser.parse_args()
-    with nullcontext(args.address) if args.address else started_server(args.max_frame_bytes) as address:
+    server = nullcontext((args.address, None)) if args.address else started_server("--max-frame-bytes", str(args.max_frame_bytes))
+    with server as (address, _):
         report = fuzz(address, args.frames, args.seed, args.max_frame_bytes, args.window, progress_every=10_000)
     print(report.summary(), flush=True)
     if report.missing or report.extra or not report.alive:
