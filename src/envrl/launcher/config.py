@@ -87,6 +87,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     assert isinstance(inference, InferenceConfig)
     trainer.resume = orchestrator.resume = rl.resume
     orchestrator.inference.base_url = inference.base_url
+    orchestrator.inference.reload_token_env = inference.reload.token_env
 
     servers: list[EnvServerLaunch] = []
     access = ModelAccessConfig(base_urls=[orchestrator.inference.base_url], tokenizers=[orchestrator.model.name])
@@ -97,8 +98,10 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
         for i, env in enumerate(envs):
             if env.address is None:
                 env.address = f"tcp://127.0.0.1:{base + i}"
+                # An env with its own client (a chat teacher, say) may use that client and nothing else.
+                allowed = access if env.client is None else ModelAccessConfig.for_client(env.client)
                 servers.append(
-                    EnvServerLaunch(split=split, name=env.resolved_name, config=_server_config(env, access), restarts=env.restarts)
+                    EnvServerLaunch(split=split, name=env.resolved_name, config=_server_config(env, allowed), restarts=env.restarts)
                 )
     return ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
+from envrl.inference.config import InferenceConfig, ReloadConfig
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.orchestrator.config import EnvConfig, OrchestratorConfig
 from envrl.serve import protocol as p
@@ -98,3 +99,17 @@ def test_the_launchers_env_servers_allow_the_runs_inference_server_and_model() -
     client = TrainClientConfig(base_url=run.orchestrator.inference.base_url, model=model, tokenizer=str(Path(model).resolve()))
     (server,) = run.env_servers
     assert server.config.model_access.problem(client) is None
+
+
+def test_the_launchers_env_server_for_an_env_with_its_own_client_allows_that_client() -> None:
+    teacher = EvalClientConfig(base_url="https://api.example.com/v1", model="teacher", api_key_env="TEACHER_KEY")
+    orchestrator = OrchestratorConfig(envs=[EnvConfig(id="reverse-text"), EnvConfig(id="reverse-text", name="taught", client=teacher)])
+    plain, taught = resolve_run(RLConfig(orchestrator=orchestrator)).env_servers
+    assert taught.config.model_access.problem(teacher) is None
+    assert plain.config.model_access.problem(teacher) is not None
+
+
+def test_the_orchestrator_reads_the_reload_token_from_the_variable_the_inference_server_uses() -> None:
+    inference = InferenceConfig(reload=ReloadConfig(token_env="MY_RELOAD_TOKEN"))
+    run = resolve_run(RLConfig(orchestrator=OrchestratorConfig(envs=[EnvConfig(id="reverse-text")]), inference=inference))
+    assert run.orchestrator.inference.reload_token_env == "MY_RELOAD_TOKEN"
