@@ -285,8 +285,9 @@ class Evaluation:
         progress = Progress(sum(len(u.rollouts) for u in units))
 
         def seed(unit: Unit) -> tuple[int, int]:
-            attempt = max(self.attempts[unit.env.name].get((unit.task_idx, j), 0) for j in unit.rollouts)
-            return self._seed(unit.env, unit.task_idx, unit.rollouts[0]), attempt
+            # Each earlier line spent attempts 0..max_retries of its run: start past all of them.
+            runs = max(self.attempts[unit.env.name].get((unit.task_idx, j), 0) for j in unit.rollouts)
+            return self._seed(unit.env, unit.task_idx, unit.rollouts[0]), runs * (unit.env.config.max_retries + 1)
 
         def done(unit: Unit, traces: list[Trace]) -> None:
             self._record(unit, traces)

@@ -153,8 +153,10 @@ class CountingEnv:
         self.gauge = gauge
         self.calls: list[int] = []
         self.seeds: list[int] = []
+        self.attempts: dict[int, int] = {}
 
     async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
+        self.attempts[task_idx] = attempt
         self.gauge.add(n)
         self.calls.append(n)
         self.seeds += [seed + i for i in range(n)]
@@ -190,3 +192,13 @@ def test_summary_table_has_one_row_per_env_and_dashes_for_unknown_tokens() -> No
     assert header.split()[:7] == ["env", "tasks", "r", "reward", "errors", "pass@1", "pass@r"]
     assert first.split() == ["reverse-text", "4", "2", "0.500", "25.0%", "0.500", "0.750", "-", "-"]
     assert second.split()[-2:] == ["12.0", "40.0"]
+
+
+def test_a_rerun_starts_past_every_attempt_its_earlier_runs_spent_on_retries(tmp_path: Path) -> None:
+    evaluation = Evaluation(config(tmp_path, "--env.id", "single"))
+    env = CountingEnv("single", group_scoring=False, gauge=Gauge())
+    evaluation.envs, evaluation.records = [env], {env.name: {}}  # type: ignore[list-item]
+    units = [u for u in evaluation._plan(env) if u.task_idx < 2 and u.rollouts == [0]]  # type: ignore[arg-type]
+    evaluation.attempts[env.name][(0, 0)] = 2  # two earlier lines, each after attempts 0..max_retries
+    asyncio.run(evaluation._run_units(units))
+    assert env.attempts == {0: 2 * (env.config.max_retries + 1), 1: 0}
