@@ -33,9 +33,9 @@ class SamplingArgs(_Plain):
 
     max_tokens: int = Field(ge=1)
     """Most tokens the model may generate in one turn."""
-    temperature: float = Field(1.0, gt=0)
-    """Softmax temperature (> 0: the trainer divides its logits by it; greedy decoding has no
-    logprobs to train on)."""
+    temperature: float = Field(1.0, ge=0)
+    """Softmax temperature; 0 is greedy decoding (evaluation only: the orchestrator refuses it for
+    train envs, since the trainer divides its logits by the temperature)."""
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     """Sample from the k most likely tokens only (0: all)."""
@@ -58,6 +58,8 @@ class SamplingArgs(_Plain):
     def to_request(self) -> dict[str, Any]:
         """The parameters as the server's completion request fields."""
         fields = self.model_dump(exclude={"extra", "max_episode_tokens"}, exclude_none=True)
+        if not self.top_k:
+            del fields["top_k"]  # 0 means all tokens; OpenAI-style chat APIs do not know the field
         return {**fields, **self.extra}
 
 

@@ -27,8 +27,9 @@ class SamplingConfig(BaseConfig):
     """Sampling of every model call; an env's `sampling` table overrides single keys."""
 
     max_tokens: int = Field(128, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    """> 0: the trainer scores tokens at this temperature (greedy decoding cannot be trained on)."""
+    temperature: float = Field(1.0, ge=0)
+    """The trainer scores tokens at this temperature, so train envs need > 0; 0 (greedy) is for
+    eval envs and the `eval` command only."""
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     """Sample from the k most likely tokens only (0: all)."""
@@ -217,7 +218,13 @@ class OrchestratorConfig(BaseConfig):
         for env in self.eval_envs:
             env.sampling_args(self.sampling)
         for env in self.envs:
-            untrainable = sorted(set(env.sampling_args(self.sampling).extra) & set(UNTRAINABLE_SAMPLING))
+            sampling = env.sampling_args(self.sampling)
+            if sampling.temperature == 0:
+                raise ValueError(
+                    f"train env {env.resolved_name!r}: sampling.temperature is 0 (greedy): greedy tokens have no "
+                    "sampling distribution to train on; use a temperature > 0 (greedy is for eval envs)"
+                )
+            untrainable = sorted(set(sampling.extra) & set(UNTRAINABLE_SAMPLING))
             if untrainable:
                 raise ValueError(
                     f"env {env.resolved_name!r}: sampling.extra {untrainable} reshape the sampling distribution, "

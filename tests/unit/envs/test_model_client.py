@@ -112,11 +112,12 @@ def test_client_configs_round_trip_as_a_tagged_union() -> None:
 def test_sampling_args_become_request_fields_with_extras_passed_through() -> None:
     args = SamplingArgs(max_tokens=8, temperature=0.7, seed=3, top_k=5, extra={"min_p": 0.1})
     assert args.to_request() == {"max_tokens": 8, "temperature": 0.7, "top_p": 1.0, "top_k": 5, "seed": 3, "min_p": 0.1}
+    assert "top_k" not in SamplingArgs(max_tokens=8).to_request(), "0 (all tokens) is left to the server's default"
 
 
-def test_sampling_args_refuse_a_zero_temperature_and_extras_that_shadow_their_keys() -> None:
-    with pytest.raises(ValueError, match="greater than 0"):
-        SamplingArgs(max_tokens=8, temperature=0.0)
+def test_sampling_args_refuse_a_negative_temperature_and_extras_that_shadow_their_keys() -> None:
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        SamplingArgs(max_tokens=8, temperature=-0.5)
     with pytest.raises(ValueError, match=r"sampling.extra sets \['top_k'\]"):
         SamplingArgs(max_tokens=8, extra={"top_k": 5})
 

@@ -58,12 +58,17 @@ def test_typo_in_a_pool_without_type_names_the_key() -> None:
 
 
 @pytest.mark.parametrize("where", ["run", "env"])
-def test_a_zero_temperature_is_an_error_wherever_it_is_set(where: str) -> None:
+def test_a_zero_temperature_is_an_error_for_train_envs_wherever_it_is_set(where: str) -> None:
     overrides: dict[str, object] = {"envs": [{"id": "a", "sampling": {"temperature": 0.0} if where == "env" else {}}]}
     if where == "run":
         overrides["sampling"] = {"temperature": 0.0}
-    with pytest.raises(ConfigError, match="greater than 0"):
+    with pytest.raises(ConfigError, match=r"train env 'a': sampling.temperature is 0 \(greedy\)"):
         resolve(**overrides)
+
+
+def test_an_eval_env_may_decode_greedily() -> None:
+    config = resolve(envs=[{"id": "a"}], eval_envs=[{"id": "b", "sampling": {"temperature": 0.0}}])
+    assert config.eval_envs[0].sampling_args(config.sampling).temperature == 0.0
 
 
 def test_sampling_options_the_trainer_cannot_reproduce_are_refused_for_train_envs_only() -> None:
