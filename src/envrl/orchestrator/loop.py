@@ -61,6 +61,8 @@ class Orchestrator:
         self.inflight: dict[asyncio.Task[list[Trace]], Group] = {}
         self.ready: list[Group] = []
         self.evals: set[asyncio.Task[None]] = set()
+        self.eval_failure: BaseException | None = None
+        """The first exception of a background eval; the next step raises it."""
         self.dispatched = 0
         self.counters: Counter[str] = Counter()
         """`counters/...` metrics; rollouts dispatched, retried (by the envs), requeued, ..."""
@@ -103,6 +105,8 @@ class Orchestrator:
             if self.evals:
                 logger.info(f"waiting for {len(self.evals)} evaluation(s) to finish")
                 await asyncio.gather(*self.evals)
+            if self.eval_failure is not None:
+                raise self.eval_failure
             logger.success(f"wrote batches for steps {start_step}..{config.max_steps - 1} to {self.output_dir / 'rollouts'}")
         finally:
             for task in [*self.inflight, *self.evals]:
@@ -153,14 +157,22 @@ class Orchestrator:
 
     # -- one step ---------------------------------------------------------------------------------
 
+    def _eval_done(self, task: asyncio.Task[None]) -> None:
+        """Forget a finished background eval, keeping its failure for the loop to raise."""
+        self.evals.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.eval_failure is None:
+            self.eval_failure = task.exception()
+
     async def _step(self, step: int) -> None:
+        if self.eval_failure is not None:
+            raise self.eval_failure  # an eval env server that stayed down, say: the run must not go on blind
         started = time.monotonic()
         await self.policy.ensure(step)
         self._drop_stale(step)
         for env in self.eval_envs.due(step):
             task = asyncio.create_task(self._evaluate(env, step, self.policy.current))
             self.evals.add(task)
-            task.add_done_callback(self.evals.discard)
+            task.add_done_callback(self._eval_done)
         groups = await self._collect(step)
         samples = self._to_samples(step, groups)
         self._report(step, groups, samples, time.monotonic() - started)

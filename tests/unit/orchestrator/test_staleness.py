@@ -1,8 +1,11 @@
-"""Groups too stale for the step being built are cancelled or dropped, counted and written out."""
+"""Groups too stale for the step being built are cancelled or dropped, counted and written out;
+a background eval that fails stops the loop."""
 
 import asyncio
 import json
 from pathlib import Path
+
+import pytest
 
 from envrl.envs.model_client import ScriptedClientConfig
 from envrl.orchestrator.config import EnvConfig, OrchestratorConfig, SamplingConfig
@@ -39,3 +42,24 @@ def test_stale_groups_are_cancelled_counted_and_recorded(tmp_path: Path) -> None
     lines = [json.loads(line) for line in (tmp_path / "rollouts" / "train.jsonl").read_text().splitlines()]
     assert sorted((line["task"]["idx"], line["policy_step"]) for line in lines) == [(0, 0), (0, 0), (5, 0), (5, 0)]
     assert {line["error"]["type"] for line in lines} == {"stale"}
+
+
+def test_a_background_eval_that_fails_stops_the_next_step(tmp_path: Path) -> None:
+    """An eval runs beside training; its failure (an eval env server that stayed down) must not vanish."""
+    config = OrchestratorConfig(output_dir=tmp_path, envs=[EnvConfig(id="x")])
+
+    async def scenario() -> None:
+        orchestrator = Orchestrator(config)
+
+        async def failing_eval() -> None:
+            raise RuntimeError("eval env 'e': the env server did not answer again")
+
+        task = asyncio.create_task(failing_eval())
+        orchestrator.evals.add(task)
+        task.add_done_callback(orchestrator._eval_done)
+        await asyncio.gather(task, return_exceptions=True)
+        assert not orchestrator.evals
+        await orchestrator._step(1)
+
+    with pytest.raises(RuntimeError, match="did not answer again"):
+        asyncio.run(scenario())
