@@ -171,7 +171,8 @@ class OrchestratorConfig(BaseConfig):
     group_size: int = Field(4, ge=1)
     """Rollouts per task; advantages are relative to the group."""
     max_inflight: int = Field(64, ge=1)
-    """Most rollouts in flight across all envs."""
+    """Most train rollouts in flight across all train envs; each running eval is bounded by the
+    same number on its own (evals run beside training)."""
     sampling: SamplingConfig = SamplingConfig()
     seq_len: int | None = Field(None, ge=2)
     """Most tokens of one training sample (None: no limit). Longer samples are handled per

@@ -5,7 +5,8 @@ Guarantee: `rollouts/step_<n>/orchestrator.json` is written in the same rename a
 resume continues at the step after the newest batch, re-dispatches the groups that were in
 flight or finished but unused (`pending`), and first drops what the crashed run wrote for later
 steps (`rollouts/train.jsonl` lines, eval files; its `metrics.jsonl` lines go through
-`MetricsSink(resume_step=...)`), so every file holds each step once.
+`MetricsSink(resume_step=...)`), so every file holds each step once (an interval eval still
+running at the crash, for a published step, is the exception: it is not redone; docs/running.md).
 """
 
 from __future__ import annotations
