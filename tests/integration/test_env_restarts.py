@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -83,6 +84,41 @@ def test_a_sidecar_out_of_restarts_fails_naming_the_server(tmp_path: Path) -> No
 
     with pytest.raises(EnvUnavailable, match=r"train env server 'bad_envs:load_environment'.*SIGKILL.*giving up"):
         asyncio.run(run())
+
+
+async def take_port_once_free(port: int) -> socket.socket:
+    """Listen on `port` as soon as the killed server's sockets are gone (well before its restart binds)."""
+    for _ in range(500):
+        try:
+            return socket.create_server(("127.0.0.1", port))
+        except OSError:
+            await asyncio.sleep(0.01)
+    raise RuntimeError(f"port {port} never came free")
+
+
+def test_a_sidecar_restart_that_cannot_start_uses_a_restart_and_the_next_one_succeeds(tmp_path: Path) -> None:
+    """The port is taken by another process when the first restart binds; freed for the second."""
+    env = sleeping_env(tmp_path, RestartPolicy(max_restarts=2, backoff_s=0.2))
+
+    async def run() -> list:
+        await env.start()
+        try:
+            port = int(env.address.rsplit(":", 1)[1])
+            group = asyncio.create_task(env.run_group(SLEEP_TASK, n=1, seed=0))
+            await kill_server_once_running(env)
+            squatter = await take_port_once_free(port)
+            try:
+                while env._restarts.total < 2 and not group.done():  # the first restart fails on the taken port
+                    await asyncio.sleep(0.02)
+            finally:
+                squatter.close()
+            return await group
+        finally:
+            await env.shutdown()
+
+    traces = asyncio.run(run())
+    assert [t.reward for t in traces] == [1.0]
+    assert env.counters["env_server_restarts"] == 1
 
 
 def test_the_launcher_restarts_a_dead_env_server_on_its_address_until_its_budget_is_spent(tmp_path: Path) -> None:
