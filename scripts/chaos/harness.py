@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from statistics import fmean
 
@@ -200,8 +200,23 @@ def resume(previous: RlRun, *overrides: str) -> RlRun:
 # -- accounting ----------------------------------------------------------------------------------
 
 
+class TableRow:
+    """A dataclass printed as one row of a markdown table (floats to `DIGITS` places)."""
+
+    DIGITS = 3
+
+    @classmethod
+    def header(cls) -> str:
+        names = [f.name for f in fields(cls)]
+        return "| " + " | ".join(names) + " |\n|" + "---|" * len(names)
+
+    def line(self) -> str:
+        cells = [f"{v:.{self.DIGITS}f}" if isinstance(v, float) else str(v) for v in asdict(self).values()]
+        return "| " + " | ".join(cells) + " |"
+
+
 @dataclass
-class Row:
+class Row(TableRow):
     scenario: str
     faults: str
     steps: int
@@ -222,14 +237,6 @@ class Row:
     reward_first5: float
     reward_last5: float
     final_reward: float
-
-    @staticmethod
-    def header() -> str:
-        return "| " + " | ".join(Row.__dataclass_fields__) + " |\n|" + "---|" * len(Row.__dataclass_fields__)
-
-    def line(self) -> str:
-        cells = [f"{v:.3f}" if isinstance(v, float) else str(v) for v in asdict(self).values()]
-        return "| " + " | ".join(cells) + " |"
 
 
 def account(out: Path, scenario: str, faults: str) -> Row:

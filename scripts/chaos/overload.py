@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
@@ -30,14 +30,14 @@ import zmq
 
 from envrl.serve.client import EnvClient, EnvServerError
 from scripts.chaos.fuzz import SAMPLING, SCRIPTED, started_server
-from scripts.chaos.harness import child_pids
+from scripts.chaos.harness import TableRow, child_pids
 
 DROPPED = "does not read its answers"
 """What the server logs when it drops a client whose answers pile up (serve/sender.py)."""
 
 
 @dataclass
-class OverloadRow:
+class OverloadRow(TableRow):
     seconds: float
     capacity: int
     """Rollouts the pool runs at once (workers x multiplex)."""
@@ -58,13 +58,7 @@ class OverloadRow:
     rss_end_mib: float
     """Resident memory of the server process (its workers apart)."""
 
-    @staticmethod
-    def header() -> str:
-        return "| " + " | ".join(OverloadRow.__dataclass_fields__) + " |\n|" + "---|" * len(OverloadRow.__dataclass_fields__)
-
-    def line(self) -> str:
-        cells = [f"{v:.1f}" if isinstance(v, float) else str(v) for v in asdict(self).values()]
-        return "| " + " | ".join(cells) + " |"
+    DIGITS = 1
 
 
 def rss_mib(pid: int) -> float:
