@@ -23,7 +23,7 @@ from envrl.envs import (
 from envrl.envs.chat_tokens import chat_renderer
 from envrl.envs.model_client import EvalClient, TrainClient
 from envrl.http import RetryPolicy
-from envrl.traces import Message, Task
+from envrl.traces import Message, Task, Trace
 from tests.unit.envs.helpers import TINY_CHAT
 
 Handler = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
@@ -128,6 +128,19 @@ def test_build_client_makes_the_configured_kind() -> None:
     assert isinstance(build_client(EvalClientConfig(base_url="http://x/v1", model="m")), EvalClient)
 
 
+def train_rollout(env: Environment, server: Recorder, sampling: SamplingArgs) -> Trace:
+    """Train task 0 of `env` rolled out by a train client against the fake server."""
+
+    async def main() -> Trace:
+        client = build_client(TrainClientConfig(base_url=server.url, model=TINY_CHAT, retry=FAST_RETRY))
+        try:
+            return await env.run_rollout(env.get_task("train", 0), client, sampling)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
 def test_train_client_sends_token_prompts_that_extend_across_turns(serve: Callable[[Handler], Recorder]) -> None:
     renderer = chat_renderer(TINY_CHAT)
     reply = renderer.encode("42") + [renderer.eos_id]
@@ -139,14 +152,7 @@ def test_train_client_sends_token_prompts_that_extend_across_turns(serve: Callab
     server = serve(completions)
     env = TwoTurns(tasks=[PromptTask(idx=0, prompt="Guess.")], max_turns=3)
 
-    async def main() -> Any:
-        client = build_client(TrainClientConfig(base_url=server.url, model=TINY_CHAT, retry=FAST_RETRY))
-        try:
-            return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4, seed=1))
-        finally:
-            await client.aclose()
-
-    trace = asyncio.run(main())
+    trace = train_rollout(env, server, SamplingArgs(max_tokens=4, seed=1))
     assert trace.error is None and trace.num_turns == 2 and len(trace.branches) == 1
     (path1, first), (path2, second) = server.requests
     assert path1 == path2 == "/v1/completions"
@@ -171,14 +177,7 @@ def test_a_prompt_that_outgrows_the_context_ends_the_rollout_as_truncated(serve:
     first_prompt = renderer.render([{"role": "user", "content": "Guess."}], None, generation_prompt=True)
     server.max_model_len = len(first_prompt) + len(reply) + 2  # room for turn 1, not for turn 2's prompt
 
-    async def main() -> Any:
-        client = build_client(TrainClientConfig(base_url=server.url, model=TINY_CHAT, retry=FAST_RETRY))
-        try:
-            return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4))
-        finally:
-            await client.aclose()
-
-    trace = asyncio.run(main())
+    trace = train_rollout(env, server, SamplingArgs(max_tokens=4))
     assert trace.error is None and trace.num_turns == 1 and len(server.requests) == 1
     assert (trace.stop_reason, trace.is_truncated) == ("context_length", True)
 
@@ -187,14 +186,7 @@ def test_train_client_rejects_logprobs_that_do_not_match_the_tokens(serve: Calla
     server = serve(lambda path, body: (200, {"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]}))
     env = Environment(tasks=[PromptTask(idx=0, prompt="Hi")])
 
-    async def main() -> Any:
-        client = build_client(TrainClientConfig(base_url=server.url, model=TINY_CHAT, retry=FAST_RETRY))
-        try:
-            return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4))
-        finally:
-            await client.aclose()
-
-    trace = asyncio.run(main())
+    trace = train_rollout(env, server, SamplingArgs(max_tokens=4))
     assert trace.has_error and "logprob" in trace.error.message
 
 
