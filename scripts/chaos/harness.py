@@ -90,6 +90,18 @@ async def _wait_busy(address: str, timeout: float) -> bool:
     return False
 
 
+def kill_random(pids: list[int], rng: random.Random) -> int | None:
+    """SIGKILL one of `pids` at random; its pid, or None if there was none (or it had just exited)."""
+    if not pids:
+        return None
+    pid = rng.choice(pids)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -127,15 +139,7 @@ class RlRun:
 
     def kill_one(self, part: str, rng: random.Random) -> int | None:
         """SIGKILL one random process whose command line contains `part`; its pid, or None."""
-        pids = self.pids(part)
-        if not pids:
-            return None
-        pid = rng.choice(pids)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return None
-        return pid
+        return kill_random(self.pids(part), rng)
 
     def kill_busy_worker(self, rng: random.Random, timeout: float = 5.0) -> int | None:
         """SIGKILL a random worker of the train env server while it runs rollouts; its pid, or
@@ -143,15 +147,7 @@ class RlRun:
         if not asyncio.run(_wait_busy(f"tcp://127.0.0.1:{self.ports[1]}", timeout)):
             return None
         servers = self.pids("configs/envs/train/")
-        workers = [pid for server in servers for pid in child_pids(server) if WORKER in cmdline(pid)]
-        if not workers:
-            return None
-        pid = rng.choice(workers)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return None
-        return pid
+        return kill_random([pid for server in servers for pid in child_pids(server) if WORKER in cmdline(pid)], rng)
 
     def wait_until(self, what: str, done: Callable[[], bool], timeout: float = 900.0, poll: float = 0.5) -> None:
         """Poll `done` until true; RuntimeError (with the console tail) if rl exits or time runs out."""
