@@ -44,7 +44,9 @@ def load_environment(num_tasks: int = 64) -> Any:
             super().__init__(tasks=tasks)
             self.wire = [WireTask.model_validate(t.model_dump()) for t in tasks]
 
-        async def run_rollout(self, task: Task, client: Any, sampling: Any, *, scoring_timeout: float | None = None) -> Trace:
+        async def run_rollout(
+            self, task: Task, client: Any, sampling: Any, *, scoring_timeout: float | None = None
+        ) -> Trace:
             return Trace(task=self.wire[task.idx], reward=1.0, stop_reason="completed")
 
     return ConstantEnv()
@@ -80,7 +82,11 @@ class CpuMeter:
 
     def _read(self) -> dict[str, float]:
         workers = children(self.server)
-        return {"client": time.process_time(), "server": cpu_seconds(self.server), "workers": sum(map(cpu_seconds, workers))}
+        return {
+            "client": time.process_time(),
+            "server": cpu_seconds(self.server),
+            "workers": sum(map(cpu_seconds, workers)),
+        }
 
     def start(self) -> None:
         self.before = self._read()
@@ -131,7 +137,9 @@ while True:
 """
 
 
-def measure_echo(address: str, server_pid: int, request: dict[str, Any], in_flight: int, seconds: float) -> dict[str, float]:
+def measure_echo(
+    address: str, server_pid: int, request: dict[str, Any], in_flight: int, seconds: float
+) -> dict[str, float]:
     import msgpack
     import zmq
 
@@ -230,11 +238,26 @@ def main() -> None:
     rows: list[tuple[str, int, dict[str, float]]] = []
     memory: list[str] = []
     for name, pool_args in pools.items():
-        argv = [server_bin, "--env.id", "env_server:load_environment", "--address", "tcp://127.0.0.1:0", "--log-level", "WARNING", *pool_args]
+        argv = [
+            server_bin,
+            "--env.id",
+            "env_server:load_environment",
+            "--address",
+            "tcp://127.0.0.1:0",
+            "--log-level",
+            "WARNING",
+            *pool_args,
+        ]
         child, address = spawn_sidecar(argv, name="bench env-server", env=env, ready_timeout=120)
         try:
             for in_flight in args.in_flight:
-                rows.append((f"env-server, {name}", in_flight, asyncio.run(measure_env_server(address, child.pid, in_flight, args.seconds))))
+                rows.append(
+                    (
+                        f"env-server, {name}",
+                        in_flight,
+                        asyncio.run(measure_env_server(address, child.pid, in_flight, args.seconds)),
+                    )
+                )
             info = asyncio.run(_info(address))
             offered = 4 * (info.capacity + info.max_queued)
             before = rss_mb(child.pid)
@@ -251,8 +274,19 @@ def main() -> None:
     from envrl.traces import Trace
 
     reply = {"ok": True, "result": Trace(task=trace, reward=1.0, stop_reason="completed").to_wire()}
-    request = {"method": "run_rollout", "params": {"task_idx": 0, "split": "train", "client": {"type": "scripted"}, "sampling": {"max_tokens": 1}, "seed": None}}
-    echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, msgpack.packb(reply).hex()], stdout=subprocess.PIPE, text=True)
+    request = {
+        "method": "run_rollout",
+        "params": {
+            "task_idx": 0,
+            "split": "train",
+            "client": {"type": "scripted"},
+            "sampling": {"max_tokens": 1},
+            "seed": None,
+        },
+    }
+    echo = subprocess.Popen(
+        [sys.executable, "-c", ECHO_SERVER, msgpack.packb(reply).hex()], stdout=subprocess.PIPE, text=True
+    )
     try:
         echo_address = f"tcp://127.0.0.1:{echo.stdout.readline().strip()}"  # type: ignore[union-attr]
         echo_rows = {n: measure_echo(echo_address, echo.pid, request, n, args.seconds) for n in args.in_flight}
@@ -260,13 +294,19 @@ def main() -> None:
         echo.kill()
         echo.wait()
 
-    print(f"\nresponse frame {len(p.ok_response('x', reply['result']))} bytes; {os.cpu_count()} CPUs; {args.seconds:g} s per figure\n")
-    print(f"{'path':38} {'in flight':>9} {'rt/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'rt/s vs echo':>13} {'p99 vs echo':>12}"
-          f"   CPU us/rt: {'client':>6} {'server':>6} {'workers':>7}")
+    print(
+        f"\nresponse frame {len(p.ok_response('x', reply['result']))} bytes; {os.cpu_count()} CPUs; {args.seconds:g} s per figure\n"
+    )
+    print(
+        f"{'path':38} {'in flight':>9} {'rt/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'rt/s vs echo':>13} {'p99 vs echo':>12}"
+        f"   CPU us/rt: {'client':>6} {'server':>6} {'workers':>7}"
+    )
     for name, n, r in [*rows, *(("raw pyzmq echo (reference)", n, r) for n, r in echo_rows.items())]:
         ref = echo_rows[n]
-        print(f"{name:38} {n:>9} {r['rps']:>9.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['rps'] / ref['rps']:>12.0%} {r['p99'] / ref['p99']:>11.2f}x"
-              f"              {r['us_client']:>6.1f} {r['us_server']:>6.1f} {r['us_workers']:>7.1f}")
+        print(
+            f"{name:38} {n:>9} {r['rps']:>9.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['rps'] / ref['rps']:>12.0%} {r['p99'] / ref['p99']:>11.2f}x"
+            f"              {r['us_client']:>6.1f} {r['us_server']:>6.1f} {r['us_workers']:>7.1f}"
+        )
     print("\nmemory under overload:")
     for line in memory:
         print(f"  {line}")

@@ -22,6 +22,7 @@ import transformers
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from envrl.config import BaseConfig, load_config, resolve_config
+from envrl.layout import weights_dir
 from envrl.log import LogConfig, setup_logging
 from envrl.samples import read_batch, write_batch
 from envrl.tiny_model import DEFAULT_DIR
@@ -29,7 +30,6 @@ from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime, shutdown
 from envrl.trainer.synthetic import synthetic_samples
-from envrl.layout import weights_dir
 from envrl.trainer.weights import publish_weights
 
 

@@ -63,7 +63,9 @@ def main() -> None:
     named = f"{file}" in log and f"column '{column}'" in log
     untouched = target not in trained_steps(out) and not (out / "weights" / f"step_{target + 1}").exists()
     if code != 1 or not named or not untouched:
-        raise SystemExit(f"expected exit 1, the file and column named, step {target} untrained; got exit {code}:\n{run.tail()}")
+        raise SystemExit(
+            f"expected exit 1, the file and column named, step {target} untrained; got exit {code}:\n{run.tail()}"
+        )
     print(next(line for line in log.splitlines() if "column" in line))
     report(account(out, "corrupt batch", f"byte {offset} of {file.name} (column {column}) of step {target} flipped"))
 

@@ -61,16 +61,22 @@ def check_complete(out: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="1g", help="tmpfs size (vLLM keeps ~150 MiB of compile caches in the run dir)")
+    parser.add_argument(
+        "--size", default="1g", help="tmpfs size (vLLM keeps ~150 MiB of compile caches in the run dir)"
+    )
     parser.add_argument("--at-step", type=int, default=5, help="fill the disk once this many batches are published")
     parser.add_argument("--dir", type=Path, default=None, help="where to mount the tmpfs (default: a new temp dir)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="chaos-disk-"))
     mount = args.dir or base / "tmpfs"
     mount.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.size}", "tmpfs", str(mount)], capture_output=True, text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={args.size}", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if result.returncode != 0:
-        raise SystemExit(f"mount -t tmpfs failed ({result.stderr.strip()}); this scenario needs root and mount permission")
+        raise SystemExit(
+            f"mount -t tmpfs failed ({result.stderr.strip()}); this scenario needs root and mount permission"
+        )
     try:
         out = mount / "run"
         (base / "logs").mkdir()
@@ -86,10 +92,14 @@ def main() -> None:
         stop.set()
         filler.join()
         logs = "\n".join(p.read_text(errors="replace") for p in (base / "logs").rglob("*.log"))
-        errors = [line for line in logs.splitlines() if "No space left on device" in line and re.search(r"'/[^']+'", line)]
+        errors = [
+            line for line in logs.splitlines() if "No space left on device" in line and re.search(r"'/[^']+'", line)
+        ]
         problems = check_complete(out)
         if code != 1 or not errors or problems:
-            raise SystemExit(f"expected exit 1, an ENOSPC error naming a file, nothing half-published; got exit {code}, {problems}:\n{run.tail()}")
+            raise SystemExit(
+                f"expected exit 1, an ENOSPC error naming a file, nothing half-published; got exit {code}, {problems}:\n{run.tail()}"
+            )
         print(f"error: {errors[0].strip()[:300]}")
         os.remove(mount / "filler")
         with resume(run) as resumed:
@@ -97,7 +107,13 @@ def main() -> None:
         if code != 0:
             raise SystemExit(f"rl --resume exited {code}:\n{resumed.tail()}")
         check_unique_lines(out)
-        report(account(out, "disk full + resume", f"tmpfs {args.size} filled at batch {args.at_step} (stopped at batch {stopped_at})"))
+        report(
+            account(
+                out,
+                "disk full + resume",
+                f"tmpfs {args.size} filled at batch {args.at_step} (stopped at batch {stopped_at})",
+            )
+        )
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 

@@ -138,7 +138,11 @@ class FrameMaker:
 
     def envelope_confused(self) -> Any:
         rng = self.rng
-        message: dict[Any, Any] = {"id": self.new_id(), "method": rng.choice(["health", "run_rollout", "cancel"]), "params": {}}
+        message: dict[Any, Any] = {
+            "id": self.new_id(),
+            "method": rng.choice(["health", "run_rollout", "cancel"]),
+            "params": {},
+        }
         key = rng.choice(["id", "method", "params", "extra"])
         message[key] = rng.choice(NASTY)
         if rng.random() < 0.2:
@@ -180,7 +184,9 @@ class FrameMaker:
             params["client"] = rng.choice(BAD_CLIENTS)
         elif how < 0.92:
             sampling = dict(SAMPLING)
-            sampling[rng.choice(["max_tokens", "temperature", "top_p", "stop", "seed", "extra", "bogus"])] = rng.choice(NASTY)
+            sampling[rng.choice(["max_tokens", "temperature", "top_p", "stop", "seed", "extra", "bogus"])] = rng.choice(
+                NASTY
+            )
             params["sampling"] = sampling
         else:
             params["task_idx"] = rng.choice([self.num_tasks, 2**63 - 1, 2**64 - 1, -(2**63), -1])
@@ -213,7 +219,9 @@ def fuzz(address: str, frames: int, seed: int = 0, max_frame_bytes: int = 65536,
                 sock.send_multipart(message)
                 report.frames += 1
                 if progress_every and report.frames % progress_every == 0:
-                    print(f"{report.frames} frames sent, {report.frames - owed} settled, {owed} answers owed", flush=True)
+                    print(
+                        f"{report.frames} frames sent, {report.frames - owed} settled, {owed} answers owed", flush=True
+                    )
             elif not sock.poll(100):
                 if time.monotonic() - last_answer > answer_timeout:
                     break
@@ -298,12 +306,18 @@ def main() -> None:
     parser.add_argument("--max-frame-bytes", type=int, default=65536)
     parser.add_argument("--window", type=int, default=2000, help="most answers owed before sending waits")
     args = parser.parse_args()
-    server = nullcontext((args.address, None)) if args.address else started_server("--max-frame-bytes", str(args.max_frame_bytes))
+    server = (
+        nullcontext((args.address, None))
+        if args.address
+        else started_server("--max-frame-bytes", str(args.max_frame_bytes))
+    )
     with server as (address, _):
         report = fuzz(address, args.frames, args.seed, args.max_frame_bytes, args.window, progress_every=10_000)
     print(report.summary(), flush=True)
     if report.missing or report.extra or not report.alive:
-        print(f"FAILED: missing {report.missing[:20]}, extra {report.extra[:20]}, alive {report.alive}", file=sys.stderr)
+        print(
+            f"FAILED: missing {report.missing[:20]}, extra {report.extra[:20]}, alive {report.alive}", file=sys.stderr
+        )
         raise SystemExit(1)
 
 

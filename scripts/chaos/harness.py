@@ -11,6 +11,7 @@ behind, whatever happens to the caller (every descendant carries the run's marke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -179,10 +180,8 @@ class RlRun:
                 self.proc.kill()
                 self.proc.wait()
         for pid in marked_pids(self.marker):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def tail(self, chars: int = 3000) -> str:
         return self.console.read_text(errors="replace")[-chars:] if self.console.exists() else ""
@@ -273,7 +272,9 @@ def _group_size(out: Path) -> int:
 def check_unique_lines(out: Path) -> None:
     """AssertionError if a step is logged twice by one process, or train.jsonl has a step's rollouts twice."""
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    keys = [(m["process"], m["step"], tuple(sorted(k for k in m if k not in ("step", "time", "process")))) for m in metrics]
+    keys = [
+        (m["process"], m["step"], tuple(sorted(k for k in m if k not in ("step", "time", "process")))) for m in metrics
+    ]
     duplicates = {k[:2] for k in keys if keys.count(k) > 1}
     assert not duplicates, f"metrics.jsonl logs these (process, step) twice: {sorted(duplicates)}"
     lines = [json.loads(line) for line in (out / "rollouts" / "train.jsonl").read_text().splitlines()]

@@ -42,7 +42,13 @@ def main() -> None:
     if code != 0:
         raise SystemExit(f"rl --resume exited {code}:\n{resumed.tail()}")
     check_unique_lines(out)
-    report(account(out, f"{args.target} kill + resume", f"{args.target} SIGKILLed {delay:.1f} s after batch {at} (published up to batch {stopped_at - 1})"))
+    report(
+        account(
+            out,
+            f"{args.target} kill + resume",
+            f"{args.target} SIGKILLed {delay:.1f} s after batch {at} (published up to batch {stopped_at - 1})",
+        )
+    )
 
 
 if __name__ == "__main__":

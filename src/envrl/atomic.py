@@ -80,7 +80,9 @@ def write_failure(path: Path, error: BaseException) -> str:
     free = shutil.disk_usage(existing).free
     detail = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
     hint = "; the disk is full: free space, then resume the run (--resume)" if free < FULL_BELOW else ""
-    return f"writing {path} failed ({type(error).__name__}: {detail}); {free / 2**20:.1f} MiB free on its filesystem{hint}"
+    return (
+        f"writing {path} failed ({type(error).__name__}: {detail}); {free / 2**20:.1f} MiB free on its filesystem{hint}"
+    )
 
 
 FULL_BELOW = 64 * 2**20

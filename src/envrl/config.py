@@ -353,7 +353,9 @@ def config_help(cls: type[BaseModel], prog: str) -> str:
             if len(sub) == 1 and len(_unwrap(field.annotation)) == 1:
                 walk(sub[0], f"{prefix}{name}.")
                 continue
-            default = "" if field.is_required() else f" [default: {_short(field.get_default(call_default_factory=True))}]"
+            default = (
+                "" if field.is_required() else f" [default: {_short(field.get_default(call_default_factory=True))}]"
+            )
             description = (field.description or "").replace("\n", " ")
             short = "".join(f", -{flag}" for flag, target in shorts if target.replace("_", "-") == key)
             lines.append(f"  --{key}{short}  {description}{default}")

@@ -59,6 +59,8 @@ async def request_json(
             last_failure = f"HTTP {response.status_code}: {response.text[:500]}"
             continue
         if response.status_code >= 400:
-            raise HttpCallError(f"{method} {url} was refused: HTTP {response.status_code}: {response.text[:2000]}", response.status_code)
+            raise HttpCallError(
+                f"{method} {url} was refused: HTTP {response.status_code}: {response.text[:2000]}", response.status_code
+            )
         return response.json()
     raise HttpCallError(f"{method} {url} failed after {policy.max_retries + 1} attempts; last: {last_failure}")

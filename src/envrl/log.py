@@ -24,10 +24,7 @@ THIRD_PARTY_LOGGERS = ("vllm", "transformers", "urllib3", "zmq", "asyncio", "htt
 CHATTY_LOGGERS = ("httpx", "httpcore")
 """Log every request at INFO; we keep their warnings only."""
 
-CONSOLE_FORMAT = (
-    "<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> "
-    "<cyan>{extra[process]}</cyan> {message}"
-)
+CONSOLE_FORMAT = "<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> <cyan>{extra[process]}</cyan> {message}"
 FILE_FORMAT = "{time:YYYY-MM-DD HH:mm:ss.SSS} {level: <7} {extra[process]} {name}:{line} {message}"
 
 

@@ -62,7 +62,9 @@ class MetricsSink:
         if resume_step is not None:
             dropped = filter_lines(path, lambda r: r.get("process") != process or r.get("step", -1) < resume_step)
             if dropped:
-                logger.info(f"{path}: dropped {dropped} {process} line(s) of steps >= {resume_step} (logged again after the resume)")
+                logger.info(
+                    f"{path}: dropped {dropped} {process} line(s) of steps >= {resume_step} (logged again after the resume)"
+                )
         self._fd = self._open()
         self._run = None
         if wandb.mode != "disabled":
@@ -86,7 +88,12 @@ class MetricsSink:
         return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def log(self, step: int, values: dict[str, float | int | str]) -> None:
-        record = {"step": step, "time": round(time.time(), 3), "process": self.process, **{k: _json_value(v) for k, v in values.items()}}
+        record = {
+            "step": step,
+            "time": round(time.time(), 3),
+            "process": self.process,
+            **{k: _json_value(v) for k, v in values.items()},
+        }
         with shared_lock(self.path):
             if not self.path.exists() or os.stat(self.path).st_ino != os.fstat(self._fd).st_ino:
                 os.close(self._fd)  # another process's resume rewrote the file: append to the new one

@@ -9,6 +9,7 @@ naming it, its exit status and the tail of its log. A `RestartBudget` allows at 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -118,7 +119,9 @@ class Child:
     def failure(self, what: str) -> ChildFailed:
         """A ChildFailed saying `what` happened to this child (`describe_exit()` helps), with its log tail."""
         tail = self.log_tail()
-        where = f"; last lines of {self.log_file}:\n{tail}" if tail else f" (log: {self.log_file or 'inherited stderr'})"
+        where = (
+            f"; last lines of {self.log_file}:\n{tail}" if tail else f" (log: {self.log_file or 'inherited stderr'})"
+        )
         return ChildFailed(f"{self.name} (pid {self.pid}) {what}{where}")
 
     def wait(self, timeout: float | None = None) -> int | None:
@@ -134,10 +137,8 @@ class Child:
     def stop(self, grace: float = 10.0, sig: int = signal.SIGTERM) -> int:
         """Send `sig`, wait up to `grace` seconds, then SIGKILL; return the exit code."""
         if self.popen.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.popen.send_signal(sig)
-            except ProcessLookupError:
-                pass
             if self.wait(grace) is None:
                 self.popen.kill()
         code = self.popen.wait()
@@ -283,4 +284,3 @@ def config_argv(config: BaseModel) -> list[str]:
         if value is not None:
             argv += [f"--{key}", value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))]
     return argv
-

@@ -53,7 +53,7 @@ class TrainingSample(BaseModel):
             )
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError("loss_mask must hold only 0 and 1")
-        if any(lp != 0.0 for lp, m in zip(self.inference_logprobs, self.loss_mask) if m == 0):
+        if any(lp != 0.0 for lp, m in zip(self.inference_logprobs, self.loss_mask, strict=True) if m == 0):
             raise ValueError("inference_logprobs must be 0 where loss_mask is 0")
         if not (self.temperature > 0 and 0 < self.top_p <= 1 and self.top_k >= 0):
             raise ValueError(
@@ -106,7 +106,9 @@ def write_batch(
     already have read the first one. Every column is its own msgpack blob with its own CRC32,
     so a flipped byte is reported by column, whatever columns a later version adds.
     """
-    columns: dict[str, Any] = {name: _to_bytes([v for s in samples for v in getattr(s, name)], code) for name, code in _TOKEN_COLUMNS.items()}
+    columns: dict[str, Any] = {
+        name: _to_bytes([v for s in samples for v in getattr(s, name)], code) for name, code in _TOKEN_COLUMNS.items()
+    }
     columns["lengths"] = _to_bytes([len(s.input_ids) for s in samples], "i")
     columns.update({name: [getattr(s, name) for s in samples] for name in _SAMPLE_COLUMNS})
     blobs = {name: msgpack.packb(value, use_bin_type=True) for name, value in columns.items()}

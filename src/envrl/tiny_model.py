@@ -30,7 +30,7 @@ CHAT_TEMPLATE = (
     "{%- if messages and messages[0].role == 'system' -%}"
     "{{- messages[0].content + '\\n\\n' -}}{%- set ns.first = 1 -%}"
     "{%- endif -%}"
-    "{{- 'You can call tools. To call one, write <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call>.\\n"
+    '{{- \'You can call tools. To call one, write <tool_call>{"name": NAME, "arguments": {...}}</tool_call>.\\n'
     "Tools:\\n' -}}"
     "{%- for tool in tools -%}"
     "{{- (tool.function if tool.function is defined else tool) | tojson + '\\n' -}}"
@@ -50,14 +50,103 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
-_WORDS = (
-    "the a an and or not to of in on at for with from by is are was be it this that you i we they "
-    "what which who how why when where yes no true false reverse text string word letter number "
-    "answer question please write say repeat copy sort count add sum total guess higher lower "
-    "correct wrong right left up down first last next value key store get set call tool result "
-    "error done start end game score reward task step turn user assistant system function name "
-    "arguments json list dict null"
-).split()
+_WORDS = [
+    "the",
+    "a",
+    "an",
+    "and",
+    "or",
+    "not",
+    "to",
+    "of",
+    "in",
+    "on",
+    "at",
+    "for",
+    "with",
+    "from",
+    "by",
+    "is",
+    "are",
+    "was",
+    "be",
+    "it",
+    "this",
+    "that",
+    "you",
+    "i",
+    "we",
+    "they",
+    "what",
+    "which",
+    "who",
+    "how",
+    "why",
+    "when",
+    "where",
+    "yes",
+    "no",
+    "true",
+    "false",
+    "reverse",
+    "text",
+    "string",
+    "word",
+    "letter",
+    "number",
+    "answer",
+    "question",
+    "please",
+    "write",
+    "say",
+    "repeat",
+    "copy",
+    "sort",
+    "count",
+    "add",
+    "sum",
+    "total",
+    "guess",
+    "higher",
+    "lower",
+    "correct",
+    "wrong",
+    "right",
+    "left",
+    "up",
+    "down",
+    "first",
+    "last",
+    "next",
+    "value",
+    "key",
+    "store",
+    "get",
+    "set",
+    "call",
+    "tool",
+    "result",
+    "error",
+    "done",
+    "start",
+    "end",
+    "game",
+    "score",
+    "reward",
+    "task",
+    "step",
+    "turn",
+    "user",
+    "assistant",
+    "system",
+    "function",
+    "name",
+    "arguments",
+    "json",
+    "list",
+    "dict",
+    "null",
+]
 
 
 def _training_corpus() -> list[str]:

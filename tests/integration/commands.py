@@ -10,7 +10,9 @@ from collections.abc import Sequence
 
 def run_to_completion(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """Run `argv` (stdout and stderr together); its whole process group is killed if it outlives `timeout`."""
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:

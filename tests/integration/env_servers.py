@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import zmq
@@ -73,10 +74,14 @@ def server_env() -> dict[str, str]:
 
 
 @contextmanager
-def running_env_server(tmp: Path, *args: str, env_id: str = BAD_ENV, ready_timeout: float = 60.0) -> Iterator[RunningServer]:
+def running_env_server(
+    tmp: Path, *args: str, env_id: str = BAD_ENV, ready_timeout: float = 60.0
+) -> Iterator[RunningServer]:
     log = tmp / "env-server.log"
     argv = [ENV_SERVER, "--env.id", env_id, "--address", "tcp://127.0.0.1:0", "--log-file", str(log), *args]
-    child, address = spawn_sidecar(argv, name="env-server", log_file=tmp / "env-server.out", env=server_env(), ready_timeout=ready_timeout)
+    child, address = spawn_sidecar(
+        argv, name="env-server", log_file=tmp / "env-server.out", env=server_env(), ready_timeout=ready_timeout
+    )
     server = RunningServer(child, address, log)
     try:
         yield server
@@ -89,10 +94,9 @@ def running_env_server(tmp: Path, *args: str, env_id: str = BAD_ENV, ready_timeo
 
 def kill_worker(pid: int) -> None:
     """SIGKILL `pid` if it is still an env worker (a recycled pid is left alone)."""
-    with suppress(FileNotFoundError, ProcessLookupError):
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"envrl.serve.worker" in f.read():
-                os.kill(pid, signal.SIGKILL)
+    with suppress(FileNotFoundError, ProcessLookupError), open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"envrl.serve.worker" in f.read():
+            os.kill(pid, signal.SIGKILL)
 
 
 def raw_exchange(address: str, messages: list[list[bytes]]) -> list[dict[str, Any]]:

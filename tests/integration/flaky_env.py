@@ -27,7 +27,9 @@ class FlakyEnv(Environment):
         self.marker_dir = marker_dir
         self.failures = failures
 
-    async def run_rollout(self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None) -> Trace:
+    async def run_rollout(
+        self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None
+    ) -> Trace:
         attempts = self.marker_dir / f"task_{task.idx}"
         with attempts.open("a") as f:
             f.write(f"{sampling.seed}\n")

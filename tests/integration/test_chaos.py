@@ -63,7 +63,9 @@ def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_
             os.kill(rng.choice(pids), signal.SIGKILL)
         assert run.finish(300) == 1, run.tail()
     assert any(worker_kills)
-    assert "train env server 'learnable'" in (out / "logs" / "launcher.log").read_text() and "restarted" in run.tail(100_000)
+    assert "train env server 'learnable'" in (out / "logs" / "launcher.log").read_text() and "restarted" in run.tail(
+        100_000
+    )
 
     with resume(run, "--max-steps", str(steps), "--trainer.ckpt.interval", "2") as resumed:
         assert resumed.finish(900) == 0, resumed.tail()
@@ -100,7 +102,9 @@ def test_a_corrupt_column_stops_the_trainer_naming_file_and_column_before_traini
 def tmpfs(tmp_path: Path):
     mount = tmp_path / "tmpfs"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}); scripts/chaos/disk_full.py needs root")
     try:
@@ -109,7 +113,9 @@ def tmpfs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_full_disk_stops_the_trainer_naming_the_file_and_a_resume_finishes_once_freed(tmp_path: Path, tmpfs: Path) -> None:
+def test_a_full_disk_stops_the_trainer_naming_the_file_and_a_resume_finishes_once_freed(
+    tmp_path: Path, tmpfs: Path
+) -> None:
     out = tmpfs / "run"
     for step in range(4):
         write_batch(out, step, synthetic_samples(4, policy_step=step, seed=1))

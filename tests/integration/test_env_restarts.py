@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from envrl.envs.model_client import ScriptedClientConfig
+from envrl.launcher.supervisor import Supervisor
 from envrl.orchestrator.config import EnvConfig, SamplingConfig
 from envrl.orchestrator.envs import Env, EnvUnavailable
-from envrl.launcher.supervisor import Supervisor
 from envrl.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
 from envrl.serve.client import EnvClient
 from envrl.serve.config import EnvServerConfig, EnvSpec, StaticPoolConfig
@@ -35,9 +35,20 @@ def _bad_envs_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> Env:
     config = EnvConfig(
-        id="bad_envs:load_environment", args={"sleep": 2.0}, pool=StaticPoolConfig(num_workers=1), restarts=restarts, reconnect_timeout=60
+        id="bad_envs:load_environment",
+        args={"sleep": 2.0},
+        pool=StaticPoolConfig(num_workers=1),
+        restarts=restarts,
+        reconnect_timeout=60,
     )
-    return Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingConfig(), log_dir=tmp_path, ready_timeout=120)
+    return Env(
+        config,
+        split="train",
+        client=ScriptedClientConfig(replies=["hi"]),
+        sampling=SamplingConfig(),
+        log_dir=tmp_path,
+        ready_timeout=120,
+    )
 
 
 async def kill_server_once_running(env: Env) -> int:
@@ -123,7 +134,9 @@ def test_a_sidecar_restart_that_cannot_start_uses_a_restart_and_the_next_one_suc
 
 def test_the_launcher_restarts_a_dead_env_server_on_its_address_until_its_budget_is_spent(tmp_path: Path) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
-    server = EnvServerConfig(env=EnvSpec(id="bad_envs:load_environment"), address=address, pool=StaticPoolConfig(num_workers=1))
+    server = EnvServerConfig(
+        env=EnvSpec(id="bad_envs:load_environment"), address=address, pool=StaticPoolConfig(num_workers=1)
+    )
     argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
     start = partial(spawn_sidecar, argv, name="train env server 'bad'", log_file=tmp_path / "bad.log")
     supervisor = Supervisor(grace=5.0)

@@ -21,7 +21,15 @@ import pytest
 
 from envrl.serve.client import EnvClient, EnvServerError
 from tests.integration.bad_envs import BEHAVIOURS, BURN, DIE, HANG, OK, RAISE, SLEEP
-from tests.integration.env_servers import SAMPLING, SCRIPTED, RunningServer, alive, raw_exchange, running_env_server, wait_until
+from tests.integration.env_servers import (
+    SAMPLING,
+    SCRIPTED,
+    RunningServer,
+    alive,
+    raw_exchange,
+    running_env_server,
+    wait_until,
+)
 
 POOL = '{"type": "static", "num_workers": 2, "multiplex": 4}'
 CAPACITY, MAX_QUEUED = 8, 4
@@ -48,7 +56,9 @@ def pool_back_to(server: RunningServer, workers: int) -> None:
         async with EnvClient(server.address) as client:
             return (await client.info()).workers
 
-    wait_until(lambda: run(ready_workers()) == workers and len(server.workers()) == workers, 20, f"{workers} workers ready")
+    wait_until(
+        lambda: run(ready_workers()) == workers and len(server.workers()) == workers, 20, f"{workers} workers ready"
+    )
 
 
 def test_health_and_info_describe_the_server(server: RunningServer) -> None:
@@ -179,17 +189,37 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
         "two frames": ([pack({"id": "a", "method": "health"}), b"x"], "bad_request", "a"),
         "unknown method": ([pack({"id": "b", "method": "explode", "params": {}})], "unknown_method", "b"),
         "missing task_idx": ([pack({"id": "c", "method": "run_rollout", "params": {}})], "bad_request", "c"),
-        "task out of range": ([pack({"id": "d", "method": "run_rollout", "params": {"task_idx": 99}})], "bad_request", "d"),
+        "task out of range": (
+            [pack({"id": "d", "method": "run_rollout", "params": {"task_idx": 99}})],
+            "bad_request",
+            "d",
+        ),
         "bad sampling": (
             [pack({"id": "e", "method": "run_rollout", "params": {"task_idx": 0, "client": SCRIPTED, "sampling": {}}})],
             "bad_request",
             "e",
         ),
         "oversized": ([pack({"id": "f", "method": "health", "params": {"pad": "x" * 70_000}})], "too_large", None),
-        "split a list": ([pack({"id": "h", "method": "run_rollout", "params": {"split": [1], "task_idx": 0}})], "bad_request", "h"),
-        "cancel id a map": ([pack({"id": "i", "method": "cancel", "params": {"request_id": {"a": 1}}})], "bad_request", "i"),
+        "split a list": (
+            [pack({"id": "h", "method": "run_rollout", "params": {"split": [1], "task_idx": 0}})],
+            "bad_request",
+            "h",
+        ),
+        "cancel id a map": (
+            [pack({"id": "i", "method": "cancel", "params": {"request_id": {"a": 1}}})],
+            "bad_request",
+            "i",
+        ),
         "n huge": (
-            [pack({"id": "j", "method": "run_group", "params": {"task_idx": 0, "n": 2**64 - 1, "client": SCRIPTED, "sampling": SAMPLING}})],
+            [
+                pack(
+                    {
+                        "id": "j",
+                        "method": "run_group",
+                        "params": {"task_idx": 0, "n": 2**64 - 1, "client": SCRIPTED, "sampling": SAMPLING},
+                    }
+                )
+            ],
             "bad_request",
             "j",
         ),
@@ -216,7 +246,9 @@ def test_requests_beyond_capacity_and_queue_get_at_capacity(server: RunningServe
     assert len(answers) - len(rejected) == CAPACITY + MAX_QUEUED
 
 
-def test_a_server_that_dies_fails_pending_calls_fast_takes_its_workers_along_and_is_reconnected_to(tmp_path: Path) -> None:
+def test_a_server_that_dies_fails_pending_calls_fast_takes_its_workers_along_and_is_reconnected_to(
+    tmp_path: Path,
+) -> None:
     with ExitStack() as stack:
         server = stack.enter_context(running_env_server(tmp_path / "first", "--pool", POOL))
         wait_until(lambda: len(server.workers()) == 2, 10, "two workers")

@@ -21,7 +21,14 @@ import zmq
 
 from envrl.serve.client import EnvClient
 from tests.integration.bad_envs import HANG, OK, SLEEP, UNENCODABLE
-from tests.integration.env_servers import SAMPLING, SCRIPTED, RunningServer, raw_exchange, running_env_server, wait_until
+from tests.integration.env_servers import (
+    SAMPLING,
+    SCRIPTED,
+    RunningServer,
+    raw_exchange,
+    running_env_server,
+    wait_until,
+)
 
 ALLOWED_URL = "http://127.0.0.1:9/v1"
 NO_RETRY = {"max_retries": 0, "timeout": 5.0}
@@ -77,7 +84,11 @@ def test_a_trace_msgpack_cannot_carry_comes_back_as_an_error_trace(server: Runni
     ("client", "field", "option"),
     [
         ({"type": "eval", "base_url": "http://203.0.113.9/v1", "model": "m"}, "base_url", "--model-access.base-urls"),
-        ({"type": "eval", "base_url": ALLOWED_URL, "model": "m", "api_key_env": "HOME"}, "api_key_env", "--model-access.api-key-envs"),
+        (
+            {"type": "eval", "base_url": ALLOWED_URL, "model": "m", "api_key_env": "HOME"},
+            "api_key_env",
+            "--model-access.api-key-envs",
+        ),
         ({"type": "train", "base_url": ALLOWED_URL, "model": "gpt2"}, "model", "--model-access.tokenizers"),
         ({"type": "scripted", "tokenizer": "/etc"}, "tokenizer", "--model-access.tokenizers"),
     ],
@@ -93,9 +104,18 @@ def test_a_client_asking_for_what_the_server_does_not_allow_is_refused_naming_fi
 def test_an_allowed_endpoint_and_key_variable_reach_the_worker(server: RunningServer) -> None:
     """Allowed: the worker builds the client (the key variable is unset there, so building fails,
     which proves the request got past the allowlist) or calls the closed port (an error Trace)."""
-    keyed = {"type": "eval", "base_url": ALLOWED_URL, "model": "m", "api_key_env": "ENVRL_TEST_ALLOWED_KEY", "retry": NO_RETRY}
+    keyed = {
+        "type": "eval",
+        "base_url": ALLOWED_URL,
+        "model": "m",
+        "api_key_env": "ENVRL_TEST_ALLOWED_KEY",
+        "retry": NO_RETRY,
+    }
     plain = {"type": "eval", "base_url": ALLOWED_URL, "model": "m", "retry": NO_RETRY}
-    answers = {a["id"]: a for a in raw_exchange(server.address, [rollout_request("k", OK, keyed), rollout_request("p", OK, plain)])}
+    answers = {
+        a["id"]: a
+        for a in raw_exchange(server.address, [rollout_request("k", OK, keyed), rollout_request("p", OK, plain)])
+    }
     assert "ENVRL_TEST_ALLOWED_KEY (api_key_env) is not set" in answers["k"]["error"]["message"]
     assert answers["p"]["ok"] and answers["p"]["result"]["error"] is not None
 
@@ -108,7 +128,9 @@ def test_a_client_that_stops_reading_is_dropped_and_its_requests_cancelled(serve
     stalled.connect(server.address)
     try:
         stalled.send_multipart(rollout_request("stalled-hang", HANG))
-        for i in range(20_000):  # 5 MB of `info` answers: 2 x 4096 queued, ~400 KB of socket buffers, the rest overflows
+        for i in range(
+            20_000
+        ):  # 5 MB of `info` answers: 2 x 4096 queued, ~400 KB of socket buffers, the rest overflows
             stalled.send_multipart(request(f"i{i}", "info"))
         wait_until(lambda: "does not read its answers" in server.log_file.read_text(), 30, "the stalled client dropped")
 

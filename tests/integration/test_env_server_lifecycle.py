@@ -20,7 +20,15 @@ from envrl.process import ChildFailed, spawn_sidecar
 from envrl.serve.client import EnvClient, EnvServerError
 from envrl.serve.config import CurveClientConfig
 from tests.integration.bad_envs import OK, SLEEP
-from tests.integration.env_servers import ENV_SERVER, SAMPLING, SCRIPTED, alive, running_env_server, server_env, wait_until
+from tests.integration.env_servers import (
+    ENV_SERVER,
+    SAMPLING,
+    SCRIPTED,
+    alive,
+    running_env_server,
+    server_env,
+    wait_until,
+)
 
 
 def run(coro: Any, timeout: float = 60.0) -> Any:
@@ -32,7 +40,9 @@ async def rollout(client: EnvClient, task_idx: int) -> Any:
 
 
 def test_sigterm_drains_in_flight_rollouts_then_exits_0_quietly(tmp_path: Path) -> None:
-    with running_env_server(tmp_path, "--pool", '{"type": "static", "num_workers": 1}', "--env.args", '{"sleep": 1.0}') as server:
+    with running_env_server(
+        tmp_path, "--pool", '{"type": "static", "num_workers": 1}', "--env.args", '{"sleep": 1.0}'
+    ) as server:
         workers = server.workers()
 
         async def go() -> None:
@@ -67,7 +77,9 @@ def test_a_taken_port_is_one_clear_error_line_and_a_nonzero_exit(tmp_path: Path)
 def test_a_sidecar_that_dies_before_ready_is_named_with_its_log_tail(tmp_path: Path) -> None:
     argv = [ENV_SERVER, "--env.id", "no-such-env", "--address", "tcp://127.0.0.1:0"]
     with pytest.raises(ChildFailed) as failed:
-        spawn_sidecar(argv, name="env-server no-such-env", log_file=tmp_path / "out.log", env=server_env(), ready_timeout=60)
+        spawn_sidecar(
+            argv, name="env-server no-such-env", log_file=tmp_path / "out.log", env=server_env(), ready_timeout=60
+        )
     message = str(failed.value)
     assert "env-server no-such-env" in message and "exited with code 1 before reporting ready" in message
     assert "no environment 'no-such-env' is installed" in message
@@ -82,7 +94,10 @@ def test_a_sidecar_that_never_reports_is_killed_at_its_ready_timeout(tmp_path: P
 
 def test_a_non_loopback_address_without_curve_keys_is_refused(tmp_path: Path) -> None:
     result = subprocess.run(
-        [ENV_SERVER, "--env.id", "reverse-text", "--address", "tcp://0.0.0.0:0"], capture_output=True, text=True, timeout=60
+        [ENV_SERVER, "--env.id", "reverse-text", "--address", "tcp://0.0.0.0:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2 and "reachable from other hosts" in result.stderr and "--insecure" in result.stderr
 

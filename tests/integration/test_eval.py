@@ -67,13 +67,21 @@ def test_resume_reruns_only_missing_errored_and_unreadable_rollouts(tmp_path: Pa
     assert first.returncode == 0, first.stderr
     results = out / "eval" / "learnable.jsonl"
     lines = results.read_text().splitlines(keepends=True)
-    errored = json.loads(lines[2]) | {"reward": None, "error": {"type": "timeout", "message": "too slow", "traceback": None}}
+    errored = json.loads(lines[2]) | {
+        "reward": None,
+        "error": {"type": "timeout", "message": "too slow", "traceback": None},
+    }
     edited = [lines[0], lines[1], json.dumps(errored) + "\n", lines[4][:40] + "\n", lines[5]]  # (1, 1) deleted
     results.write_text("".join(edited))
 
-    again = run_eval(out, "--env.id", "learnable", "-n", "3", "-r", "2", "--resume", str(out), *ONE_WORKER, *scripted("999"))
+    again = run_eval(
+        out, "--env.id", "learnable", "-n", "3", "-r", "2", "--resume", str(out), *ONE_WORKER, *scripted("999")
+    )
     assert again.returncode == 0, again.stderr
-    assert "kept 3 of 6 rollouts" in again.stderr and "re-running 1 errored and 2 missing (1 unreadable lines)" in again.stderr
+    assert (
+        "kept 3 of 6 rollouts" in again.stderr
+        and "re-running 1 errored and 2 missing (1 unreadable lines)" in again.stderr
+    )
     rerun = {(task, rollout) for task, rollout, _, reply in read_results(results) if reply == "999"}
     assert rerun == {(1, 0), (1, 1), (2, 0)}
     final = results.read_text().splitlines(keepends=True)
@@ -135,8 +143,19 @@ def test_eval_against_vllm_over_the_openai_chat_api(tmp_path: Path, vllm_server)
     out = tmp_path / "out"
     client = {"base_url": f"{vllm_server.base_url}/v1", "model": vllm_server.model, "return_tokens": True}
     done = run_eval(
-        out, "--env.id", "reverse-text", "-n", "2", "-r", "2", "--sampling.max-tokens", "8", *ONE_WORKER,
-        "--client", json.dumps(client), timeout=300,
+        out,
+        "--env.id",
+        "reverse-text",
+        "-n",
+        "2",
+        "-r",
+        "2",
+        "--sampling.max-tokens",
+        "8",
+        *ONE_WORKER,
+        "--client",
+        json.dumps(client),
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     summary = json.loads((out / "eval" / "summary.json").read_text())["reverse-text"]

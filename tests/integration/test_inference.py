@@ -36,7 +36,11 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 async def generate_all(base_url: str, model: str) -> list[TokenCompletion]:
     client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=120.0))
     try:
-        return list(await asyncio.gather(*(client.generate(p, {**SAMPLING, "seed": SAMPLING["seed"] + i}) for i, p in enumerate(PROMPTS))))
+        return list(
+            await asyncio.gather(
+                *(client.generate(p, {**SAMPLING, "seed": SAMPLING["seed"] + i}) for i, p in enumerate(PROMPTS))
+            )
+        )
     finally:
         await client.aclose()
 
@@ -49,7 +53,9 @@ async def update_weights(base_url: str, model: str, path: Path) -> None:
         await client.aclose()
 
 
-def reference_logprobs(weights_dir: Path, completions: list[TokenCompletion], prompts: list[list[int]] = PROMPTS) -> list[list[float]]:
+def reference_logprobs(
+    weights_dir: Path, completions: list[TokenCompletion], prompts: list[list[int]] = PROMPTS
+) -> list[list[float]]:
     """Logprobs of the sampled tokens recomputed by a transformers float32 forward pass."""
     model = AutoModelForCausalLM.from_pretrained(weights_dir, dtype=torch.float32).eval()
     out = []
@@ -64,7 +70,9 @@ def reference_logprobs(weights_dir: Path, completions: list[TokenCompletion], pr
 
 
 def max_abs_diff(served: list[TokenCompletion], reference: list[list[float]]) -> float:
-    return max(abs(a - b) for c, ref in zip(served, reference) for a, b in zip(c.logprobs, ref, strict=True))
+    return max(
+        abs(a - b) for c, ref in zip(served, reference, strict=True) for a, b in zip(c.logprobs, ref, strict=True)
+    )
 
 
 def perturbed_copy(src: Path, dst: Path, scale: float = 0.05) -> Path:
@@ -137,10 +145,11 @@ def test_wait_until_ready_times_out_naming_the_server() -> None:
         run(wait())
 
 
-
 async def running_requests(http: httpx.AsyncClient, base_url: str) -> float:
     metrics = (await http.get(f"{base_url}/metrics", timeout=10.0)).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{")
+    )
 
 
 def test_request_in_flight_during_reload_finishes_on_the_old_weights(vllm_server, tmp_path: Path) -> None:
@@ -150,11 +159,15 @@ def test_request_in_flight_during_reload_finishes_on_the_old_weights(vllm_server
     async def generate_while_reloading() -> tuple[TokenCompletion, bool]:
         client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
         try:
-            generation = asyncio.create_task(client.generate(prompt, {"max_tokens": 1500, "ignore_eos": True, "seed": 7}))
+            generation = asyncio.create_task(
+                client.generate(prompt, {"max_tokens": 1500, "ignore_eos": True, "seed": 7})
+            )
             deadline = time.monotonic() + 60.0
             async with httpx.AsyncClient() as http:
                 while await running_requests(http, vllm_server.base_url) < 1:
-                    assert time.monotonic() < deadline and not generation.done(), "the generation was never seen running"
+                    assert time.monotonic() < deadline and not generation.done(), (
+                        "the generation was never seen running"
+                    )
                     await asyncio.sleep(0.05)
             await client.update_weights(new_dir)
             done_before_reload_returned = generation.done()
@@ -178,7 +191,9 @@ def test_a_repeated_reload_of_a_step_is_a_no_op_with_the_first_answer(vllm_serve
         client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
         try:
             # the second POST is a client's retry racing the first: it waits, then gets the same answer
-            both = list(await asyncio.gather(client.update_weights(new_dir, step=1), client.update_weights(new_dir, step=1)))
+            both = list(
+                await asyncio.gather(client.update_weights(new_dir, step=1), client.update_weights(new_dir, step=1))
+            )
             return [*both, await client.update_weights(new_dir, step=1)]
         finally:
             await client.aclose()
@@ -198,11 +213,15 @@ def test_a_reload_past_its_deadline_is_abandoned_and_generation_goes_on(vllm_ser
     async def reload_with_a_short_deadline() -> tuple[TokenCompletion, HttpCallError]:
         client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
         try:
-            generation = asyncio.create_task(client.generate(PROMPTS[0], {"max_tokens": 1500, "ignore_eos": True, "seed": 7}))
+            generation = asyncio.create_task(
+                client.generate(PROMPTS[0], {"max_tokens": 1500, "ignore_eos": True, "seed": 7})
+            )
             deadline = time.monotonic() + 60.0
             async with httpx.AsyncClient() as http:
                 while await running_requests(http, vllm_server.base_url) < 1:
-                    assert time.monotonic() < deadline and not generation.done(), "the generation was never seen running"
+                    assert time.monotonic() < deadline and not generation.done(), (
+                        "the generation was never seen running"
+                    )
                     await asyncio.sleep(0.05)
             with pytest.raises(HttpCallError) as refused:
                 await client.update_weights(new_dir, step=1, timeout_s=0.2)

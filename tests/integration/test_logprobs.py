@@ -47,7 +47,13 @@ def trainer_mismatch_kl(completions: list[TokenCompletion], temperature: float, 
             input_ids=prompt + c.completion_ids,
             loss_mask=[0] * len(prompt) + [1] * len(c.completion_ids),
             inference_logprobs=[0.0] * len(prompt) + c.logprobs,
-            advantage=1.0, env="e", task_idx=i, policy_step=0, temperature=temperature, top_p=top_p, top_k=top_k,
+            advantage=1.0,
+            env="e",
+            task_idx=i,
+            policy_step=0,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
         )  # fmt: skip
         for i, (prompt, c) in enumerate(zip(PROMPTS, completions, strict=True))
     ]
@@ -56,7 +62,9 @@ def trainer_mismatch_kl(completions: list[TokenCompletion], temperature: float, 
     with torch.no_grad():
         for mb in pack(samples, max_tokens=4096, normalize="token"):
             logprobs, _ = token_logprobs(packed_logits(model, mb), mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
-            _, stats = policy_loss(logprobs, mb.inference_logprobs, mb.advantages, mb.loss_mask, mb.weights, LossConfig())
+            _, stats = policy_loss(
+                logprobs, mb.inference_logprobs, mb.advantages, mb.loss_mask, mb.weights, LossConfig()
+            )
             kl += stats["mismatch_kl"].item()
             tokens += stats["loss_tokens"].item()
     return kl / tokens

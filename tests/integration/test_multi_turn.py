@@ -80,14 +80,22 @@ def test_multi_turn_run_learns_and_trains_exactly_the_generated_tokens(tmp_path:
     for sample, trace in zip(samples, step0, strict=True):
         last = trace.turns[-1].tokens
         assert sample.input_ids == last.prompt_ids + last.completion_ids
-        trained = [(t, lp) for t, m, lp in zip(sample.input_ids, sample.loss_mask, sample.inference_logprobs) if m]
-        generated = [(t, lp) for turn in trace.turns for t, lp in zip(turn.tokens.completion_ids, turn.tokens.completion_logprobs)]
+        trained = [
+            (t, lp) for t, m, lp in zip(sample.input_ids, sample.loss_mask, sample.inference_logprobs, strict=True) if m
+        ]
+        generated = [
+            (t, lp)
+            for turn in trace.turns
+            for t, lp in zip(turn.tokens.completion_ids, turn.tokens.completion_logprobs, strict=True)
+        ]
         assert trained == generated
         position = 0
         for turn in trace.turns:  # the generated tokens sit right after each turn's prompt
             start = len(turn.tokens.prompt_ids)
             assert sum(sample.loss_mask[position:start]) == 0
-            assert sample.loss_mask[start : start + len(turn.tokens.completion_ids)] == [1] * len(turn.tokens.completion_ids)
+            assert sample.loss_mask[start : start + len(turn.tokens.completion_ids)] == [1] * len(
+                turn.tokens.completion_ids
+            )
             position = start + len(turn.tokens.completion_ids)
 
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -99,6 +107,12 @@ def test_multi_turn_run_learns_and_trains_exactly_the_generated_tokens(tmp_path:
     # the final policy is evaluated once the trainer has published it, pass@k by the unbiased estimator
     [final] = [m for m in metrics if "eval/learnable-eval/reward" in m]
     assert final["step"] == 30 and final["eval/learnable-eval/policy_step"] == 30
-    assert 0.0 <= final["eval/learnable-eval/pass@1"] <= final["eval/learnable-eval/pass@2"] <= final["eval/learnable-eval/pass@4"] <= 1.0
+    assert (
+        0.0
+        <= final["eval/learnable-eval/pass@1"]
+        <= final["eval/learnable-eval/pass@2"]
+        <= final["eval/learnable-eval/pass@4"]
+        <= 1.0
+    )
     print(f"final eval: reward {final['eval/learnable-eval/reward']:.3f}, pass@1/2/4 "
           f"{[round(final[f'eval/learnable-eval/pass@{k}'], 3) for k in (1, 2, 4)]}")  # fmt: skip

@@ -43,7 +43,11 @@ def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> Orchestrato
             EnvConfig(id="reverse-text", ratio=1.0, pool=POOL, sampling={"temperature": 0.7, "top_p": 0.9}),
             EnvConfig(id="distinct-rank", ratio=1.0, pool=POOL),
         ],
-        eval_envs=[EvalEnvConfig(id="learnable", num_examples=3, rollouts_per_example=2, at_start=True, at_end=False, pool=POOL)],
+        eval_envs=[
+            EvalEnvConfig(
+                id="learnable", num_examples=3, rollouts_per_example=2, at_start=True, at_end=False, pool=POOL
+            )
+        ],
         inference={"base_url": vllm_server.base_url},
         wandb=WandbConfig(mode="disabled"),
     )
@@ -67,7 +71,7 @@ def test_standalone_run_writes_valid_batches_from_every_env(tmp_path: Path, vllm
         samples = read_batch(batch_dir(out, step))
         assert len(samples) == sum(r["step"] == step for r in rollouts)
         for sample in samples:
-            generated = [lp for lp, m in zip(sample.inference_logprobs, sample.loss_mask) if m]
+            generated = [lp for lp, m in zip(sample.inference_logprobs, sample.loss_mask, strict=True) if m]
             assert 0 < len(generated) <= config.sampling.max_tokens
             assert all(lp < 0 for lp in generated), "trained tokens carry the sampler's logprobs"
             assert sample.loss_mask[0] == 0, "the prompt is masked"
@@ -94,7 +98,9 @@ def test_standalone_run_writes_valid_batches_from_every_env(tmp_path: Path, vllm
 
 def test_on_policy_run_waits_for_the_trainer_and_reloads_its_weights(tmp_path: Path, vllm_server) -> None:
     """max_async_level 0: batch 1 must come from policy 1, published only after batch 0 exists."""
-    config = orchestrator_config(tmp_path, vllm_server, max_async_level=0, envs=[EnvConfig(id="reverse-text", pool=POOL)], eval_envs=[])
+    config = orchestrator_config(
+        tmp_path, vllm_server, max_async_level=0, envs=[EnvConfig(id="reverse-text", pool=POOL)], eval_envs=[]
+    )
     out = config.output_dir
 
     def stand_in_trainer() -> None:
@@ -131,10 +137,22 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     markers = tmp_path / "markers"
     markers.mkdir()
-    config = EnvConfig(id="flaky_env:load_environment", args={"marker_dir": str(markers), "failures": 1}, pool=POOL, max_retries=max_retries)
+    config = EnvConfig(
+        id="flaky_env:load_environment",
+        args={"marker_dir": str(markers), "failures": 1},
+        pool=POOL,
+        max_retries=max_retries,
+    )
 
     async def run() -> list:
-        env = Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingConfig(), log_dir=tmp_path, ready_timeout=120)
+        env = Env(
+            config,
+            split="train",
+            client=ScriptedClientConfig(replies=["hi"]),
+            sampling=SamplingConfig(),
+            log_dir=tmp_path,
+            ready_timeout=120,
+        )
         try:
             await env.start()
             return await env.run_group(task_idx=2, n=1, seed=5)
@@ -159,7 +177,7 @@ def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: 
     samples = read_batch(batch_dir(config.output_dir, 0))
     assert len(samples) == 4
     for sample in samples:
-        trained = [lp for lp, m in zip(sample.inference_logprobs, sample.loss_mask) if m]
+        trained = [lp for lp, m in zip(sample.inference_logprobs, sample.loss_mask, strict=True) if m]
         assert trained and all(math.isnan(lp) for lp in trained), "back-filled tokens: behaviour logprob unknown"
 
 

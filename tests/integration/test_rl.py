@@ -117,7 +117,9 @@ def test_children_die_when_rl_itself_is_killed(tmp_path: Path) -> None:
             assert proc.poll() is None, finish(proc, 10)[1][-3000:]
             assert time.monotonic() < deadline, "the run never started its orchestrator"
             time.sleep(0.5)
-        assert len(marked_pids(marker)) > 5  # rl, inference (+ vLLM engine), env servers (+ workers), trainer, orchestrator
+        assert (
+            len(marked_pids(marker)) > 5
+        )  # rl, inference (+ vLLM engine), env servers (+ workers), trainer, orchestrator
         proc.kill()
         proc.wait()
         survivors = wait_no_survivors(marker, timeout=30)

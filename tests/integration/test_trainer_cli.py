@@ -14,7 +14,6 @@ from envrl.layout import batch_dir
 from envrl.samples import BATCH_FILE, write_batch
 from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.synthetic import synthetic_samples
-
 from tests.integration.commands import run_to_completion
 
 TRAINER = str(Path(sys.executable).parent / "trainer")

@@ -27,7 +27,6 @@ from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 from envrl.trainer.synthetic import synthetic_samples
-
 from tests.integration.commands import run_to_completion
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -65,12 +64,14 @@ def test_two_sharded_ranks_match_one_process(tmp_path):
     Trainer(config, init_runtime(config)).run()
 
     cli = [f"--{key}={value}" for key, value in {**ARGS, "output-dir": str(two), "ckpt.interval": "2"}.items()]
-    proc = run_to_completion([TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "envrl.trainer", *cli], TIMEOUT_S)
+    proc = run_to_completion(
+        [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "envrl.trainer", *cli], TIMEOUT_S
+    )
     assert proc.returncode == 0, proc.stdout
 
     single_metrics, sharded_metrics = metric_lines(one), metric_lines(two)
     assert [m["step"] for m in sharded_metrics] == [m["step"] for m in single_metrics] == [0, 1]
-    for want, got in zip(single_metrics, sharded_metrics):
+    for want, got in zip(single_metrics, sharded_metrics, strict=True):
         for key in COMPARED_METRICS:
             assert got[key] == pytest.approx(want[key], rel=METRIC_RTOL), (want["step"], key)
 

@@ -1,10 +1,10 @@
 """The config loader: merge order, overrides, unions, and one-line errors with exit code 2."""
 
+import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
-import tomllib
 from pydantic import Field, field_validator
 
 from envrl.config import BaseConfig, ConfigError, load_config, resolve_config
@@ -113,7 +113,9 @@ def test_unknown_key_names_dotted_key_file_and_closest_key(tmp_path: Path, capsy
     assert "did you mean 'trainer.optim.lr'" in err
 
 
-def test_unknown_key_inside_union_member_suggests_that_members_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_key_inside_union_member_suggests_that_members_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a = write(tmp_path, "a.toml", "[[envs]]\nid = 'x'\npool = {type = 'static', num_wrkers = 3}\n")
     err = load_error(capsys, ["--config", str(a)])
     assert "'envs[0].pool.num_wrkers'" in err and "did you mean 'envs[0].pool.num_workers'" in err
@@ -190,7 +192,6 @@ def test_resolve_config_raises_config_error_without_exiting() -> None:
         resolve_config(RunConfig, overrides=[("bogus", "1")])
 
 
-
 def test_union_without_type_key_asks_for_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = write(tmp_path, "a.toml", "[[envs]]\nid = 'x'\npool = {num_workers = 3}\n")
     err = load_error(capsys, ["--config", str(a)])
@@ -230,7 +231,9 @@ class OneOrManyConfig(BaseConfig):
         return [value] if isinstance(value, dict) else value
 
 
-def test_a_single_table_for_a_list_of_tables_is_typed_and_checked_as_an_item(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_single_table_for_a_list_of_tables_is_typed_and_checked_as_an_item(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     config = load_config(OneOrManyConfig, ["--envs.id", "123", "--envs.args", '{"n": 1}'], prog="test")
     assert config.envs[0].id == "123" and config.envs[0].args == {"n": 1}
     with pytest.raises(SystemExit):

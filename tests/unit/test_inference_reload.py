@@ -23,7 +23,9 @@ def test_a_non_loopback_host_needs_the_explicit_opt_in_and_a_token(monkeypatch: 
     with pytest.raises(ConfigError, match="needs a token; set the environment variable ENVRL_RELOAD_TOKEN"):
         resolve_config(InferenceConfig, overrides=[("host", "0.0.0.0"), ("reload.allow_remote", "true")])
     monkeypatch.setenv("ENVRL_RELOAD_TOKEN", "s3cret")
-    assert resolve_config(InferenceConfig, overrides=[("host", "0.0.0.0"), ("reload.allow-remote", "true")]).reload.allow_remote
+    assert resolve_config(
+        InferenceConfig, overrides=[("host", "0.0.0.0"), ("reload.allow-remote", "true")]
+    ).reload.allow_remote
 
 
 def test_with_a_token_set_the_route_refuses_callers_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

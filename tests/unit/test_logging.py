@@ -36,7 +36,9 @@ def test_library_handlers_are_replaced_by_interception(log_file: Path) -> None:
     own_handler_output: list[str] = []
     library = logging.getLogger("transformers")
     library.propagate = False
-    library.addHandler(logging.StreamHandler(type("S", (), {"write": own_handler_output.append, "flush": lambda: None})()))
+    library.addHandler(
+        logging.StreamHandler(type("S", (), {"write": own_handler_output.append, "flush": lambda: None})())
+    )
     setup_logging(LogConfig(level="INFO", file=log_file), process="trainer")
     library.warning("from transformers")
     assert "from transformers" in read(log_file)

@@ -72,17 +72,26 @@ def test_chat_template_without_tools(tokenizer) -> None:
 def test_chat_template_renders_tools_and_tool_calls(tokenizer) -> None:
     messages = [
         {"role": "user", "content": "1+2?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}],
+        },
         {"role": "tool", "content": "3"},
     ]
     text = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False)
     assert text.startswith("<|im_start|>system\n") and '"name": "add"' in text and "Add two integers." in text
-    assert '<|im_start|>assistant\n<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>\n' in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>\n'
+        in text
+    )
     assert text.endswith("<|im_start|>tool\n3<|im_end|>\n")
     assert tokenizer.convert_ids_to_tokens(tokenizer.encode("<tool_call>")) == ["<tool_call>"]
 
 
 def test_chat_template_accepts_openai_string_arguments(tokenizer) -> None:
-    messages = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "add", "arguments": '{"a": 1}'}}]}]
+    messages = [
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "add", "arguments": '{"a": 1}'}}]}
+    ]
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     assert '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>' in text

@@ -22,7 +22,11 @@ def two_branch_trace() -> Trace:
         finish_reason="stop",
     )
     second = Turn(
-        prompt=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "?"}],
+        prompt=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo"},
+            {"role": "user", "content": "?"},
+        ],
         response={"role": "assistant", "content": "ok", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
         tokens=TurnTokens(prompt_ids=[1, 2, 3, 4, 5, 6, 7], completion_ids=[8], completion_logprobs=[-float("inf")]),
         finish_reason="length",
@@ -44,7 +48,9 @@ def assert_same(a: Trace, b: Trace) -> None:
     """Equal, with nan == nan (which plain == would deny)."""
     assert math.isnan(b.metrics["nan_metric"])
     assert a.model_copy(update={"metrics": {}}) == b.model_copy(update={"metrics": {}})
-    assert {k: v for k, v in a.metrics.items() if k != "nan_metric"} == {k: v for k, v in b.metrics.items() if k != "nan_metric"}
+    assert {k: v for k, v in a.metrics.items() if k != "nan_metric"} == {
+        k: v for k, v in b.metrics.items() if k != "nan_metric"
+    }
 
 
 def test_trace_round_trips_through_msgpack() -> None:

@@ -42,22 +42,33 @@ def main() -> None:
     for step in range(args.steps):
         t0 = time.time()
         optimizer.zero_grad()
-        rewards_all, losses, n_tokens = [], [], 0
+        rewards_all, n_tokens = [], 0
         batch = []
         for _ in range(args.tasks_per_step):
             task = env.get_task("train", rng.randrange(env.num_tasks("train")))
             prompt = renderer.render(env.prompt(task), None, generation_prompt=True)
             ids = torch.tensor([prompt] * args.group_size)
             with torch.no_grad():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                                     max_new_tokens=args.max_tokens, eos_token_id=eos, pad_token_id=pad)
-            completions = out[:, len(prompt):]
+                out = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    max_new_tokens=args.max_tokens,
+                    eos_token_id=eos,
+                    pad_token_id=pad,
+                )
+            completions = out[:, len(prompt) :]
             mask = torch.ones_like(completions, dtype=torch.float32)
             for row in range(completions.shape[0]):  # tokens after the first eos are padding
                 hits = (completions[row] == eos).nonzero()
                 if len(hits):
                     mask[row, hits[0, 0] + 1 :] = 0
-            texts = [renderer.decode([t for t, m in zip(c.tolist(), mk.tolist()) if m]) for c, mk in zip(completions, mask)]
+            texts = [
+                renderer.decode([t for t, m in zip(c.tolist(), mk.tolist(), strict=True) if m])
+                for c, mk in zip(completions, mask, strict=True)
+            ]
             rewards = torch.tensor([reward_fn(completion=t) for t in texts])
             batch.append((out, len(prompt), mask, rewards - rewards.mean()))
             rewards_all += rewards.tolist()

@@ -47,7 +47,9 @@ class ChatRenderer:
         """The visible text of a completion: special tokens such as eos are dropped."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None, previous: Turn | None) -> list[int]:
+    def prompt_ids(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None, previous: Turn | None
+    ) -> list[int]:
         """Prompt ids for `messages`, extending `previous` (the branch's last turn) where it can."""
         extended = self.extend(messages, tools, previous) if previous is not None else None
         return extended if extended is not None else self.render(messages, tools, generation_prompt=True)

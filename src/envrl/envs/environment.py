@@ -159,7 +159,7 @@ class Environment:
         try:
             seeds = [None if sampling.seed is None else sampling.seed + i for i in range(n)]
             seeded = [sampling.model_copy(update={"seed": seed}) for seed in seeds]
-            await asyncio.gather(*(self._generate(s, client, args) for s, args in zip(states, seeded)))
+            await asyncio.gather(*(self._generate(s, client, args) for s, args in zip(states, seeded, strict=True)))
             if self.group_scoring:
                 await self.rubric.score_group(states, scoring_timeout)
             else:
@@ -217,8 +217,11 @@ class Environment:
                 state.stop("context_length", truncated=True)
                 break
             turn = Turn(
-                prompt=list(state.messages), response=response.message, tokens=response.tokens,
-                finish_reason=response.finish_reason, tools=tools,
+                prompt=list(state.messages),
+                response=response.message,
+                tokens=response.tokens,
+                finish_reason=response.finish_reason,
+                tools=tools,
             )
             if previous is None or not _extends(previous, turn):
                 trace.branches.append(Branch())

@@ -14,6 +14,7 @@ lists, str-keyed maps; tuples come back as lists, numpy scalars as Python number
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import signal
@@ -53,10 +54,8 @@ def _plain(value: Any) -> Any:
 
 def _child(fn: Callable[[], Any], fd: int) -> None:
     """Runs in the child: never returns, never runs the parent's cleanup code."""
-    try:  # die with the parent, even when it is SIGKILLed
+    with contextlib.suppress(OSError, AttributeError):  # die with the parent, even when it is SIGKILLed
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
     signal.set_wakeup_fd(-1)  # signals to the child must not wake the parent's event loop
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
@@ -77,7 +76,7 @@ async def _read_to_eof(fd: int) -> bytes:
     chunks: list[bytes] = []
     while True:
         ready = loop.create_future()
-        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        loop.add_reader(fd, lambda fut=ready: fut.done() or fut.set_result(None))
         try:
             await ready
         finally:
@@ -90,10 +89,8 @@ async def _read_to_eof(fd: int) -> bytes:
 
 def _kill_and_reap(pid: int) -> int | None:
     """Exit status of the child (None if someone else reaped it)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     try:
         return os.waitpid(pid, 0)[1]
     except ChildProcessError:
@@ -121,7 +118,9 @@ async def run_forked(fn: Callable[[], Any], timeout: float) -> Any:
         if kind == "error":
             type_name, message, child_traceback = (str(part) for part in value)
     except Exception as e:  # noqa: BLE001 - whatever the child wrote, the parent only reads data
-        raise ForkedCallError("BadAnswer", f"the child's answer is not a msgpack [kind, value] pair ({type(e).__name__}: {e})", "") from None
+        raise ForkedCallError(
+            "BadAnswer", f"the child's answer is not a msgpack [kind, value] pair ({type(e).__name__}: {e})", ""
+        ) from None
     if kind == "error":
         raise ForkedCallError(type_name, message, child_traceback)
     if kind != "ok":

@@ -134,7 +134,7 @@ class ModelClient(ABC):
         model's context (the rollout loop ends the rollout as truncated).
         """
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - a client without connections has nothing to release
         """Release connections; the client is unusable afterwards."""
 
 
@@ -209,13 +209,17 @@ class EvalClient(ModelClient):
         message: Message = {"role": "assistant", "content": raw.get("content") or ""}
         if raw.get("tool_calls"):
             message["tool_calls"] = raw["tool_calls"]
-        return ModelResponse(message=message, tokens=self._tokens(body, choice), finish_reason=choice.get("finish_reason"))
+        return ModelResponse(
+            message=message, tokens=self._tokens(body, choice), finish_reason=choice.get("finish_reason")
+        )
 
     def _tokens(self, body: dict[str, Any], choice: dict[str, Any]) -> TurnTokens | None:
         if not self.config.return_tokens or "token_ids" not in choice or "prompt_token_ids" not in body:
             return None
         logprobs = [entry["logprob"] for entry in (choice.get("logprobs") or {}).get("content") or []]
-        return TurnTokens(prompt_ids=body["prompt_token_ids"], completion_ids=choice["token_ids"], completion_logprobs=logprobs)
+        return TurnTokens(
+            prompt_ids=body["prompt_token_ids"], completion_ids=choice["token_ids"], completion_logprobs=logprobs
+        )
 
     async def aclose(self) -> None:
         await self.http.aclose()

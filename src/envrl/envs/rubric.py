@@ -53,7 +53,7 @@ class _Call:
 
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(getattr(self.fn, "__call__", None))
+        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(getattr(self.fn, "__call__", None))  # noqa: B004 - async __call__
 
     def run_sync(self) -> Any:
         try:
@@ -197,7 +197,9 @@ class Rubric:
             return list(await (gathered if timeout is None else asyncio.wait_for(gathered, timeout)))
 
         sync_values, async_values = await asyncio.gather(sync_part(), async_part())
-        by_call = dict(zip(map(id, sync_calls), sync_values)) | dict(zip(map(id, async_calls), async_values))
+        by_call = dict(zip(map(id, sync_calls), sync_values, strict=True)) | dict(
+            zip(map(id, async_calls), async_values, strict=True)
+        )
         return [by_call[id(c)] for c in calls]
 
     def _assign(self, states: list[RolloutState], values: list[Any]) -> None:
@@ -210,7 +212,9 @@ class Rubric:
                 value = next(per_rollout)
                 if value is not None:
                     applicable[i][_name(fn)] = (weight, _as_reward(_name(fn), value))
-        for (fn, weight), group_values in zip(self.group_rewards.items(), values[len(states) * len(self.rewards) :]):
+        for (fn, weight), group_values in zip(
+            self.group_rewards.items(), values[len(states) * len(self.rewards) :], strict=True
+        ):
             name = _name(fn)
             if not isinstance(group_values, (list, tuple)) or len(group_values) != len(states):
                 raise ScoringError(
@@ -220,7 +224,7 @@ class Rubric:
                 if value is not None:
                     applicable[i][name] = (weight, _as_reward(name, value))
         all_weight = sum(abs(w) for w in [*self.rewards.values(), *self.group_rewards.values()])
-        for state, scored in zip(states, applicable):
+        for state, scored in zip(states, applicable, strict=True):
             weight = sum(abs(w) for w, _ in scored.values())
             if (self.rewards or self.group_rewards) and (not scored or (all_weight > 0 and weight == 0)):
                 names = ", ".join(_name(fn) for fn in [*self.rewards, *self.group_rewards])

@@ -89,7 +89,10 @@ class Tool:
         for arg, text in arg_docs.items():
             if arg in parameters.get("properties", {}):
                 parameters["properties"][arg]["description"] = text
-        self.schema = {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+        self.schema = {
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters},
+        }
 
     async def call(self, instance: Any, arguments: dict[str, Any]) -> str:
         try:
@@ -119,7 +122,9 @@ def parse_tool_calls(message: Message) -> list[ToolCall | ToolCallError]:
         calls = []
         for call in message["tool_calls"]:
             function = call.get("function") or call
-            parsed = _tool_call({"name": function.get("name"), "arguments": _json_arguments(function.get("arguments", {}))})
+            parsed = _tool_call(
+                {"name": function.get("name"), "arguments": _json_arguments(function.get("arguments", {}))}
+            )
             if isinstance(parsed, ToolCall) and isinstance(call.get("id"), str):
                 parsed.id = call["id"]
             calls.append(parsed)
@@ -130,7 +135,9 @@ def parse_tool_calls(message: Message) -> list[ToolCall | ToolCallError]:
         try:
             calls.append(_tool_call(json.loads(body)))
         except json.JSONDecodeError as e:
-            calls.append(ToolCallError(f"the tool call is not valid JSON ({e.msg} at character {e.pos}): {body.strip()[:200]}"))
+            calls.append(
+                ToolCallError(f"the tool call is not valid JSON ({e.msg} at character {e.pos}): {body.strip()[:200]}")
+            )
     if text.count("<tool_call>") > len(_TOOL_CALL.findall(text)):
         calls.append(ToolCallError("a <tool_call> was opened but not closed with </tool_call>"))
     return calls
@@ -157,7 +164,9 @@ def _tool_call(data: Any) -> ToolCall | ToolCallError:
 class ToolEnvironment(Environment):
     """A multi-turn env whose model calls the tools of `tool_class`; reward functions get `env`."""
 
-    def __init__(self, *, tool_class: type, factory: Callable[[], Any] | None = None, max_turns: int = 8, **kwargs: Any) -> None:
+    def __init__(
+        self, *, tool_class: type, factory: Callable[[], Any] | None = None, max_turns: int = 8, **kwargs: Any
+    ) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
         self.tool_class = tool_class
         self.factory = factory or tool_class

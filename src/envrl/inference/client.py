@@ -47,12 +47,16 @@ def raise_for_context_length(error: HttpCallError, prompt_len: int | str) -> Non
 class InferenceClient:
     """Calls one inference server (`base_url` like "http://127.0.0.1:8000", without "/v1")."""
 
-    def __init__(self, base_url: str, model: str, retry: RetryPolicy | None = None, reload_token: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, model: str, retry: RetryPolicy | None = None, reload_token: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retry = retry or RetryPolicy()
         self._http = httpx.AsyncClient()
-        self._reload_http = httpx.AsyncClient(headers={"Authorization": f"Bearer {reload_token}"} if reload_token else None)
+        self._reload_http = httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {reload_token}"} if reload_token else None
+        )
         self._max_model_len: int | None = None
 
     async def max_model_len(self) -> int:
@@ -63,7 +67,9 @@ class InferenceClient:
             try:
                 self._max_model_len = int(next(m for m in body["data"] if m["id"] == self.model)["max_model_len"])
             except (KeyError, StopIteration, TypeError, ValueError) as e:
-                raise InferenceError(f"GET {url}: no max_model_len for model {self.model!r} ({type(e).__name__}): {str(body)[:500]}") from None
+                raise InferenceError(
+                    f"GET {url}: no max_model_len for model {self.model!r} ({type(e).__name__}): {str(body)[:500]}"
+                ) from None
         return self._max_model_len
 
     async def generate(self, prompt_ids: list[int], sampling: dict[str, Any]) -> TokenCompletion:
@@ -99,13 +105,17 @@ class InferenceClient:
             logprobs = choice["logprobs"]["token_logprobs"]
             finish_reason = choice["finish_reason"]
         except (KeyError, IndexError, TypeError) as e:
-            raise InferenceError(f"POST {url}: unexpected response shape ({type(e).__name__}: {e}): {str(body)[:500]}") from None
+            raise InferenceError(
+                f"POST {url}: unexpected response shape ({type(e).__name__}: {e}): {str(body)[:500]}"
+            ) from None
         if completion_ids is None or logprobs is None or len(completion_ids) != len(logprobs):
             raise InferenceError(
                 f"POST {url}: got {len(completion_ids or [])} completion token ids but "
                 f"{len(logprobs or [])} logprobs; the server must return one logprob per token"
             )
-        return TokenCompletion(completion_ids=completion_ids, logprobs=logprobs, finish_reason=finish_reason or "unknown")
+        return TokenCompletion(
+            completion_ids=completion_ids, logprobs=logprobs, finish_reason=finish_reason or "unknown"
+        )
 
     async def wait_until_ready(self, timeout: float) -> None:
         """Poll `GET /health` until the server answers 200; raise TimeoutError after `timeout` s."""
@@ -115,7 +125,9 @@ class InferenceClient:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"inference server at {self.base_url} not ready after {timeout:.0f}s (last: {last}); check its log")
+                raise TimeoutError(
+                    f"inference server at {self.base_url} not ready after {timeout:.0f}s (last: {last}); check its log"
+                )
             try:
                 response = await self._http.get(url, timeout=min(5.0, remaining))
                 if response.status_code == 200:
@@ -125,7 +137,9 @@ class InferenceClient:
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
-    async def update_weights(self, path: str | Path, step: int | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+    async def update_weights(
+        self, path: str | Path, step: int | None = None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """Make the server load the HF safetensors in `path` (policy `step`); returns once they serve.
 
         With a `step`, retries are safe: the server loads a step once and answers a repeated

@@ -75,18 +75,27 @@ class WeightReloadPlugin:
         if raw := os.environ.get(RELOAD_ENV):
             self._config = ReloadConfig.model_validate_json(raw)
 
-    async def update_weights(self, request: UpdateWeightsRequest, authorization: str | None = Header(None)) -> JSONResponse:
+    async def update_weights(
+        self, request: UpdateWeightsRequest, authorization: str | None = Header(None)
+    ) -> JSONResponse:
         token = self._config.token()
         if token is not None and not hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode()):
             logger.warning("weight reload refused: missing or wrong token")
-            return JSONResponse({"error": f"/update_weights needs 'Authorization: Bearer <token>' (the token in {self._config.token_env})"}, status_code=401)
+            return JSONResponse(
+                {
+                    "error": f"/update_weights needs 'Authorization: Bearer <token>' (the token in {self._config.token_env})"
+                },
+                status_code=401,
+            )
         path = Path(request.path).resolve()
         deadline = min(self._config.timeout_s, request.timeout_s or self._config.timeout_s)
         async with self._lock:
             if self._loaded is not None and request.step is not None and self._loaded[0] == request.step:
                 step, loaded_path, answer = self._loaded
                 if loaded_path != str(path):
-                    return JSONResponse({"error": f"policy step {step} was loaded from {loaded_path}, not {path}"}, status_code=409)
+                    return JSONResponse(
+                        {"error": f"policy step {step} was loaded from {loaded_path}, not {path}"}, status_code=409
+                    )
                 logger.info(f"weight reload of step {step} asked again: already serving it")
                 return JSONResponse(answer)
             start = time.perf_counter()

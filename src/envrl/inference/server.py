@@ -156,7 +156,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def spawn_server(config: InferenceConfig, *, log_file: Path) -> Child:
     """Spawn `inference` for `config` (stdout and stderr to `log_file`); see `wait_until_serving`."""
-    return spawn([sys.executable, "-m", "envrl.inference.server", *config_argv(config)], name="inference", log_file=log_file)
+    return spawn(
+        [sys.executable, "-m", "envrl.inference.server", *config_argv(config)], name="inference", log_file=log_file
+    )
 
 
 def wait_until_serving(
@@ -197,6 +199,7 @@ def start(config: InferenceConfig, *, log_file: Path, ready_timeout: float) -> C
         child.stop(grace=10.0)
         raise
     return child
+
 
 if __name__ == "__main__":
     main()

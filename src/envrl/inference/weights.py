@@ -28,7 +28,9 @@ def read_shapes(directory: Path) -> Shapes:
         raise WeightsError(f"weights directory {directory} does not exist (or is not a directory)")
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        raise WeightsError(f"no *.safetensors files in {directory}; expected HF safetensors weights written by the trainer")
+        raise WeightsError(
+            f"no *.safetensors files in {directory}; expected HF safetensors weights written by the trainer"
+        )
     shapes: Shapes = {}
     for file in files:
         for name, shape in _header_shapes(file).items():

@@ -101,7 +101,9 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
                 # An env with its own client (a chat teacher, say) may use that client and nothing else.
                 allowed = access if env.client is None else ModelAccessConfig.for_client(env.client)
                 servers.append(
-                    EnvServerLaunch(split=split, name=env.resolved_name, config=_server_config(env, allowed), restarts=env.restarts)
+                    EnvServerLaunch(
+                        split=split, name=env.resolved_name, config=_server_config(env, allowed), restarts=env.restarts
+                    )
                 )
     return ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from functools import partial
 import signal
 import socket
 import sys
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -50,7 +50,11 @@ def dry_run_text(rl: RLConfig) -> str:
 
 
 def _process_configs(run: ResolvedRun) -> dict[str, BaseModel]:
-    configs: dict[str, BaseModel] = {"inference": run.inference, "trainer": run.trainer, "orchestrator": run.orchestrator}
+    configs: dict[str, BaseModel] = {
+        "inference": run.inference,
+        "trainer": run.trainer,
+        "orchestrator": run.orchestrator,
+    }
     for server in run.env_servers:
         configs[f"envs/{server.split}/{server.name}"] = server.config
     return configs
@@ -98,7 +102,9 @@ def _prepare_output_dir(rl: RLConfig) -> None:
         if rl.clean:
             shutil.rmtree(out)
         elif not rl.resume:
-            raise ConfigError(f"output_dir {out} holds an earlier run: pass --resume to continue it or --clean to start over")
+            raise ConfigError(
+                f"output_dir {out} holds an earlier run: pass --resume to continue it or --clean to start over"
+            )
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -128,14 +134,20 @@ def _check_ports(run: ResolvedRun) -> None:
             except OSError:
                 busy.append(f"{host}:{port} ({user})")
     if busy:
-        raise RuntimeError(f"ports already in use: {', '.join(busy)}; stop what holds them or change inference.port / env_server_base_port")
+        raise RuntimeError(
+            f"ports already in use: {', '.join(busy)}; stop what holds them or change inference.port / env_server_base_port"
+        )
 
 
 def _start(run: ResolvedRun, files: dict[str, Path], logs: Path, supervisor: Supervisor) -> None:
     python = sys.executable
     logger.info("starting inference server (vLLM; about a minute on CPU)")
     inference = supervisor.add(
-        spawn([python, "-m", "envrl.inference.server", "--config", str(files["inference"])], name="inference", log_file=logs / "inference.log")
+        spawn(
+            [python, "-m", "envrl.inference.server", "--config", str(files["inference"])],
+            name="inference",
+            log_file=logs / "inference.log",
+        )
     )
     for server in run.env_servers:
         key = f"envs/{server.split}/{server.name}"
@@ -146,8 +158,20 @@ def _start(run: ResolvedRun, files: dict[str, Path], logs: Path, supervisor: Sup
         supervisor.add(child, respawn=partial(_restart_sidecar, argv, name, log_file), restarts=server.restarts)
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
     wait_until_serving(inference, run.inference.base_url, INFERENCE_READY_TIMEOUT, also_check=supervisor.check)
-    supervisor.add(spawn([python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])], name="trainer", log_file=logs / "trainer.log"))
-    supervisor.add(spawn([python, "-m", "envrl.orchestrator.main", "--config", str(files["orchestrator"])], name="orchestrator", log_file=logs / "orchestrator.log"))
+    supervisor.add(
+        spawn(
+            [python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])],
+            name="trainer",
+            log_file=logs / "trainer.log",
+        )
+    )
+    supervisor.add(
+        spawn(
+            [python, "-m", "envrl.orchestrator.main", "--config", str(files["orchestrator"])],
+            name="orchestrator",
+            log_file=logs / "orchestrator.log",
+        )
+    )
     logger.info(f"trainer and orchestrator started; logs in {logs}")
 
 

@@ -11,6 +11,7 @@ after the grace period.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -37,7 +38,9 @@ class Supervisor:
         self.children: list[Child] = []
         self._respawn: dict[str, _Respawn] = {}
 
-    def add(self, child: Child, respawn: Callable[[], Child] | None = None, restarts: RestartPolicy | None = None) -> Child:
+    def add(
+        self, child: Child, respawn: Callable[[], Child] | None = None, restarts: RestartPolicy | None = None
+    ) -> Child:
         """Watch `child`; with `respawn` and `restarts`, restart it when it dies (see `watch`)."""
         self.children.append(child)
         if respawn is not None and restarts is not None:
@@ -116,8 +119,5 @@ class Supervisor:
 
 def _kill_group(pgid: int) -> None:
     """SIGKILL whatever is left of a child's process group (grandchildren it failed to stop)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-

@@ -17,9 +17,9 @@ from envrl.http import RetryPolicy
 from envrl.inference.config import RELOAD_TOKEN_ENV
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
-from envrl.process import RestartPolicy
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.trajectories import SeqLenPolicy
+from envrl.process import RestartPolicy
 from envrl.serve.config import CurveClientConfig, ElasticPoolConfig, EnvTimeoutConfig, PoolConfig, is_loopback
 
 
@@ -200,7 +200,9 @@ class OrchestratorConfig(BaseConfig):
     @model_validator(mode="after")
     def _consistent(self) -> OrchestratorConfig:
         if self.max_inflight < self.group_size:
-            raise ValueError(f"max_inflight ({self.max_inflight}) must hold at least one group (group_size {self.group_size})")
+            raise ValueError(
+                f"max_inflight ({self.max_inflight}) must hold at least one group (group_size {self.group_size})"
+            )
         if self.batch_size % self.group_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
         ratios = [env.ratio is not None for env in self.envs]

@@ -114,7 +114,12 @@ class Env:
             model_access=ModelAccessConfig.for_client(self.client_config),
         )
         argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
-        return spawn_sidecar(argv, name=f"{self.split} env server {self.name!r}", log_file=self.log_file, ready_timeout=self.ready_timeout)
+        return spawn_sidecar(
+            argv,
+            name=f"{self.split} env server {self.name!r}",
+            log_file=self.log_file,
+            ready_timeout=self.ready_timeout,
+        )
 
     async def shutdown(self) -> None:
         if self._back is not None:
@@ -135,7 +140,9 @@ class Env:
         rollouts that failed before) sample with salted seeds (`attempt_seed`).
         """
         if self.group_scoring:
-            return await self._with_retries(task_idx, n, attempt, lambda a: self._call_group(task_idx, n, attempt_seed(seed, a)))
+            return await self._with_retries(
+                task_idx, n, attempt, lambda a: self._call_group(task_idx, n, attempt_seed(seed, a))
+            )
         singles = [
             self._with_retries(task_idx, 1, attempt, lambda a, i=i: self._call_one(task_idx, attempt_seed(seed + i, a)))
             for i in range(n)
@@ -170,13 +177,17 @@ class Env:
                     self.counters["retried_rollouts"] += n
                     await self._wait_until_back()
                     continue
-                traces = [Trace.from_error(WireTask(idx=task_idx), Error(type=e.type, message=str(e))) for _ in range(n)]
+                traces = [
+                    Trace.from_error(WireTask(idx=task_idx), Error(type=e.type, message=str(e))) for _ in range(n)
+                ]
             if attempt == self.config.max_retries or not any(t.has_error for t in traces):
                 return traces
             attempt += 1
             self.counters["retried_rollouts"] += n
             first = next(t.error for t in traces if t.error is not None)
-            logger.debug(f"env {self.name!r} task {task_idx}: retry {attempt} after {first.type}: {first.message[:200]}")
+            logger.debug(
+                f"env {self.name!r} task {task_idx}: retry {attempt} after {first.type}: {first.message[:200]}"
+            )
 
     async def _wait_until_back(self) -> None:
         if self._back is None or self._back.done():
@@ -190,7 +201,9 @@ class Env:
         address, timeout = self._client.address, self.config.reconnect_timeout
         if self._child is not None and await asyncio.to_thread(self._child.wait, 1.0) is not None:
             await self._restart_sidecar(address)
-        logger.warning(f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout)")
+        logger.warning(
+            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout)"
+        )
         try:
             await self._client.wait_until_ready(timeout)
         except EnvServerError as e:
@@ -239,7 +252,9 @@ class TrainEnvs:
 
     def shares(self) -> dict[str, float]:
         """Target share of rollouts per env: configured ratios, or task counts if none are set."""
-        weights = {env.name: env.config.ratio if env.config.ratio is not None else float(env.num_tasks) for env in self.envs}
+        weights = {
+            env.name: env.config.ratio if env.config.ratio is not None else float(env.num_tasks) for env in self.envs
+        }
         total = sum(weights.values())
         return {name: w / total for name, w in weights.items()}
 
@@ -248,7 +263,9 @@ class TrainEnvs:
         for env in self.envs:
             if env.name == name:
                 return env
-        raise KeyError(f"the resumed run has a train env {name!r} this config lacks (train envs: {[e.name for e in self.envs]})")
+        raise KeyError(
+            f"the resumed run has a train env {name!r} this config lacks (train envs: {[e.name for e in self.envs]})"
+        )
 
     def pick(self, rng: random.Random) -> Env:
         shares = self.shares()

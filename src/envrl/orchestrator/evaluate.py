@@ -198,8 +198,12 @@ class Evaluation:
         self.config = config
         self.envs = [
             Env(
-                env, split="eval", client=config.client, sampling=config.sampling,
-                log_dir=config.output_dir / "logs" / "envs" / "eval", ready_timeout=config.env_ready_timeout,
+                env,
+                split="eval",
+                client=config.client,
+                sampling=config.sampling,
+                log_dir=config.output_dir / "logs" / "envs" / "eval",
+                ready_timeout=config.env_ready_timeout,
             )
             for env in config.env
         ]
@@ -225,7 +229,9 @@ class Evaluation:
     def _check_earlier_results(self) -> None:
         config = self.config
         if config.resume is not None and not (config.resume / "eval").is_dir():
-            raise EvalInputError(f"--resume {config.resume}: no earlier eval there ({config.resume / 'eval'} does not exist)")
+            raise EvalInputError(
+                f"--resume {config.resume}: no earlier eval there ({config.resume / 'eval'} does not exist)"
+            )
         if config.resume is None:
             for env in self.envs:
                 if config.results_file(env.name).exists():
@@ -261,7 +267,9 @@ class Evaluation:
                 fields, trace = parse_trace_line(line)
                 pair = (trace.task.idx, fields["rollout"])
                 if fields.get("env") != env.name or not isinstance(pair[1], int):
-                    raise ValueError(f"not a rollout line of env {env.name!r} (env {fields.get('env')!r}, rollout {pair[1]!r})")
+                    raise ValueError(
+                        f"not a rollout line of env {env.name!r} (env {fields.get('env')!r}, rollout {pair[1]!r})"
+                    )
             except (ValueError, KeyError) as e:
                 unreadable += 1
                 logger.warning(f"{path}:{lineno}: skipped, its rollout will be re-run: {e}")
@@ -332,12 +340,22 @@ def format_summary(summary: dict[str, dict[str, float]]) -> str:
     for name, m in summary.items():
         r = int(m["rollouts_per_example"])
         tokens = [f"{m[key]:.1f}" if m[key] else "-" for key in ("completion_len", "total_tokens")]
-        rows.append([
-            name, f"{m['tasks']:.0f}", str(r), f"{m['reward']:.3f}", f"{m['error_rate']:.1%}",
-            f"{m['pass@1']:.3f}", f"{m[f'pass@{r}']:.3f}", *tokens,
-        ])
+        rows.append(
+            [
+                name,
+                f"{m['tasks']:.0f}",
+                str(r),
+                f"{m['reward']:.3f}",
+                f"{m['error_rate']:.1%}",
+                f"{m['pass@1']:.3f}",
+                f"{m[f'pass@{r}']:.3f}",
+                *tokens,
+            ]
+        )
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows])
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
+    )
 
 
 async def _run(config: EvalConfig) -> dict[str, dict[str, float]]:
@@ -360,7 +378,9 @@ def main(argv: list[str] | None = None) -> None:
         logger.error(f"eval failed: {e}")
         sys.exit(1)
     except (KeyboardInterrupt, asyncio.CancelledError):
-        logger.warning(f"eval stopped by a signal; finished rollouts are in {config.output_dir / 'eval'}: add --resume {config.output_dir}")
+        logger.warning(
+            f"eval stopped by a signal; finished rollouts are in {config.output_dir / 'eval'}: add --resume {config.output_dir}"
+        )
         sys.exit(130)
     except Exception as e:
         logger.opt(exception=e).error(f"eval failed: {e}")

@@ -26,6 +26,7 @@ from loguru import logger
 from envrl.atomic import write_failure
 from envrl.envs.model_client import TrainClientConfig
 from envrl.inference.client import InferenceClient
+from envrl.layout import published_steps
 from envrl.metrics import MetricsSink
 from envrl.orchestrator.advantage import group_advantages
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
@@ -34,10 +35,15 @@ from envrl.orchestrator.evaluate import Unit, grid_units, run_units
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.seeds import rollout_seed
-from envrl.orchestrator.state import OrchestratorState, PendingGroup, load_resume_state, state_bytes, train_rollouts_file
+from envrl.orchestrator.state import (
+    OrchestratorState,
+    PendingGroup,
+    load_resume_state,
+    state_bytes,
+    train_rollouts_file,
+)
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics, seq_len_note, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
-from envrl.layout import published_steps
 from envrl.samples import TrainingSample, write_batch
 from envrl.traces import Error, Trace, WireTask
 
@@ -78,12 +84,18 @@ class Orchestrator:
         config = self.config
         start_step = self._load_state()
         self.inference = InferenceClient(
-            config.inference.base_url, model=config.model.name, retry=config.inference.retry,
+            config.inference.base_url,
+            model=config.model.name,
+            retry=config.inference.retry,
             reload_token=os.environ.get(config.inference.reload_token_env),
         )
         self.metrics = MetricsSink(
-            self.output_dir / "metrics.jsonl", config.wandb, process="orchestrator", output_dir=self.output_dir,
-            config=config.model_dump(mode="json"), resume_step=start_step if config.resume else None,
+            self.output_dir / "metrics.jsonl",
+            config.wandb,
+            process="orchestrator",
+            output_dir=self.output_dir,
+            config=config.model_dump(mode="json"),
+            resume_step=start_step if config.resume else None,
         )
         train = [self._make_env(env, "train") for env in config.envs]
         evals = [self._make_env(env, "eval") for env in config.eval_envs]
@@ -95,8 +107,11 @@ class Orchestrator:
             self.train_envs.positions.update(self._positions)
             self.eval_envs = EvalEnvs(evals)
             self.policy = PolicyTracker(
-                self.inference, self.output_dir, max_async_level=config.max_async_level,
-                timeout=config.weights_timeout, keep=config.keep_weights,
+                self.inference,
+                self.output_dir,
+                max_async_level=config.max_async_level,
+                timeout=config.weights_timeout,
+                keep=config.keep_weights,
             )
             logger.info(f"target env shares: {self._fmt_shares(self.train_envs.shares())}")
             for step in range(start_step, config.max_steps):
@@ -107,7 +122,9 @@ class Orchestrator:
                 await asyncio.gather(*self.evals)
             if self.eval_failure is not None:
                 raise self.eval_failure
-            logger.success(f"wrote batches for steps {start_step}..{config.max_steps - 1} to {self.output_dir / 'rollouts'}")
+            logger.success(
+                f"wrote batches for steps {start_step}..{config.max_steps - 1} to {self.output_dir / 'rollouts'}"
+            )
         finally:
             for task in [*self.inflight, *self.evals]:
                 task.cancel()
@@ -123,8 +140,12 @@ class Orchestrator:
             base_url=self.config.inference.base_url, model=model, tokenizer=tokenizer, retry=self.config.inference.retry
         )
         return Env(
-            env_config, split=split, client=client, sampling=self.config.sampling,
-            log_dir=self.output_dir / "logs" / "envs" / split, ready_timeout=self.config.env_ready_timeout,
+            env_config,
+            split=split,
+            client=client,
+            sampling=self.config.sampling,
+            log_dir=self.output_dir / "logs" / "envs" / split,
+            ready_timeout=self.config.env_ready_timeout,
             counters=self.counters if split == "train" else Counter(),
         )
 
@@ -133,7 +154,9 @@ class Orchestrator:
         self._positions: dict[str, int] = {}
         if not self.config.resume:
             if published_steps(self.output_dir / "rollouts"):
-                raise RuntimeError(f"{self.output_dir} already holds batches of an earlier run; resume it (--resume) or pick a new output_dir")
+                raise RuntimeError(
+                    f"{self.output_dir} already holds batches of an earlier run; resume it (--resume) or pick a new output_dir"
+                )
             return 0
         state = load_resume_state(self.output_dir)
         if state is None:
@@ -143,7 +166,9 @@ class Orchestrator:
         self.dispatched = state.dispatched
         self.counters.update(state.counters)
         self.requeued = list(state.pending)
-        logger.info(f"resuming at step {state.step + 1} after the batch of step {state.step}; {len(state.pending)} pending group(s) dispatched again")
+        logger.info(
+            f"resuming at step {state.step + 1} after the batch of step {state.step}; {len(state.pending)} pending group(s) dispatched again"
+        )
         return state.step + 1
 
     def _publish(self, step: int, samples: list[TrainingSample]) -> None:
@@ -151,7 +176,11 @@ class Orchestrator:
         groups = [*self.inflight.values(), *self.ready]
         pending = [*(PendingGroup(env=g.env.name, task_idx=g.task_idx, seed=g.seed) for g in groups), *self.requeued]
         state = OrchestratorState(
-            step=step, positions=self.train_envs.positions, dispatched=self.dispatched, counters=dict(self.counters), pending=pending
+            step=step,
+            positions=self.train_envs.positions,
+            dispatched=self.dispatched,
+            counters=dict(self.counters),
+            pending=pending,
         )
         write_batch(self.output_dir, step, samples, extra=state_bytes(state))
 
@@ -220,8 +249,12 @@ class Orchestrator:
                 del self.inflight[task]
                 stale.append(group)
         for group in stale:
-            error = Error(type="stale", message=f"generated by policy {group.policy_step}; step {step} needs >= {oldest}")
-            traces = group.traces or [Trace.from_error(WireTask(idx=group.task_idx), error) for _ in range(self.config.group_size)]
+            error = Error(
+                type="stale", message=f"generated by policy {group.policy_step}; step {step} needs >= {oldest}"
+            )
+            traces = group.traces or [
+                Trace.from_error(WireTask(idx=group.task_idx), error) for _ in range(self.config.group_size)
+            ]
             for trace in traces:
                 trace.error = error
             self._append_rollouts(train_rollouts_file(self.output_dir), step, group.env, group.policy_step, traces)
@@ -231,7 +264,9 @@ class Orchestrator:
         samples: list[TrainingSample] = []
         self.seq_counts = {group.env.name: SeqLenCounts() for group in groups}
         for group in groups:
-            self._append_rollouts(train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces)
+            self._append_rollouts(
+                train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces
+            )
             good = [t for t in group.traces if not t.has_error and t.reward is not None]
             self.counters["error_rollouts"] += sum(t.has_error for t in group.traces)
             self.counters["unscored_rollouts"] += sum(not t.has_error and t.reward is None for t in group.traces)
@@ -239,12 +274,18 @@ class Orchestrator:
             if advantages is None:
                 self.counters["dropped_groups"] += 1
                 continue
-            for trace, advantage in zip(good, advantages):
+            for trace, advantage in zip(good, advantages, strict=True):
                 made = trace_to_samples(
-                    trace, advantage=advantage, env=group.env.name, policy_step=group.policy_step,
-                    sampling=group.env.sampling, backfill=self.backfill,
+                    trace,
+                    advantage=advantage,
+                    env=group.env.name,
+                    policy_step=group.policy_step,
+                    sampling=group.env.sampling,
+                    backfill=self.backfill,
                 )
-                samples += fit_seq_len(made, self.config.seq_len, self.config.seq_len_policy, self.seq_counts[group.env.name])
+                samples += fit_seq_len(
+                    made, self.config.seq_len, self.config.seq_len_policy, self.seq_counts[group.env.name]
+                )
         return samples
 
     @property
@@ -283,18 +324,20 @@ class Orchestrator:
         all_traces = [t for traces in traces_by_env.values() for t in traces]
         good = [t.reward for t in all_traces if not t.has_error and t.reward is not None]
         reward = sum(good) / len(good) if good else math.nan
-        metrics.update({
-            "train/reward": reward,
-            "train/error_rate": sum(t.has_error for t in all_traces) / max(total, 1),
-            "train/samples": len(samples),
-            "train/trained_tokens": sum(sum(s.loss_mask) for s in samples),
-            "perf/step_time": seconds,
-            "perf/rollouts_per_s": total / seconds if seconds > 0 else 0.0,
-            "perf/wait_for_trainer": self.policy.waited,
-            "policy_step": self.policy.current,
-            "inflight": len(self.inflight) * self.config.group_size,
-            **{f"counters/{k}": v for k, v in self.counters.items()},
-        })
+        metrics.update(
+            {
+                "train/reward": reward,
+                "train/error_rate": sum(t.has_error for t in all_traces) / max(total, 1),
+                "train/samples": len(samples),
+                "train/trained_tokens": sum(sum(s.loss_mask) for s in samples),
+                "perf/step_time": seconds,
+                "perf/rollouts_per_s": total / seconds if seconds > 0 else 0.0,
+                "perf/wait_for_trainer": self.policy.waited,
+                "policy_step": self.policy.current,
+                "inflight": len(self.inflight) * self.config.group_size,
+                **{f"counters/{k}": v for k, v in self.counters.items()},
+            }
+        )
         self.metrics.log(step, metrics)
         shares = {name: len(t) / max(total, 1) for name, t in traces_by_env.items()}
         logger.info(

@@ -14,9 +14,9 @@ from loguru import logger
 
 from envrl.config import load_config
 from envrl.log import setup_logging
-from envrl.process import die_with_parent
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
+from envrl.process import die_with_parent
 
 
 async def _run(config: OrchestratorConfig) -> None:

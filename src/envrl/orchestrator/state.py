@@ -66,12 +66,16 @@ def load_resume_state(output_dir: Path) -> OrchestratorState | None:
     if steps:
         file = batch_dir(output_dir, steps[-1]) / STATE_FILE
         if not file.is_file():
-            raise RuntimeError(f"{file} is missing: {batch_dir(output_dir, steps[-1])} was not written by this version's orchestrator")
+            raise RuntimeError(
+                f"{file} is missing: {batch_dir(output_dir, steps[-1])} was not written by this version's orchestrator"
+            )
         state = OrchestratorState.model_validate_json(file.read_text())
     last = state.step if state is not None else -1
     dropped = filter_lines(train_rollouts_file(output_dir), lambda r: r.get("step", last + 1) <= last)
     if dropped:
-        logger.info(f"{train_rollouts_file(output_dir)}: dropped {dropped} line(s) of steps after {last} (rolled out again now)")
+        logger.info(
+            f"{train_rollouts_file(output_dir)}: dropped {dropped} line(s) of steps after {last} (rolled out again now)"
+        )
     for file in sorted((Path(output_dir) / "rollouts" / "eval").glob("step_*.jsonl")):
         if int(file.stem.removeprefix("step_")) > last:
             file.unlink()

@@ -31,7 +31,9 @@ def why_unscored(traces: Sequence[Trace]) -> str:
 
 def seq_len_note(counts: Mapping[str, SeqLenCounts]) -> str:
     """`| seq_len: env truncated 3, dropped 1` for the envs whose samples `seq_len` changed."""
-    changed = [f"{name} truncated {c.truncated}, dropped {c.dropped}" for name, c in counts.items() if c.truncated or c.dropped]
+    changed = [
+        f"{name} truncated {c.truncated}, dropped {c.dropped}" for name, c in counts.items() if c.truncated or c.dropped
+    ]
     return f" | seq_len: {'; '.join(changed)}" if changed else ""
 
 
@@ -71,6 +73,6 @@ def pass_at_k(groups: Sequence[Sequence[Trace]], threshold: float, ks: Sequence[
     r = max(sizes, default=1)
     out = {}
     for k in sorted({1, r, *ks}):
-        estimates = [1.0 - math.comb(n - c, k) / math.comb(n, k) for n, c in zip(sizes, passed) if n >= k]
+        estimates = [1.0 - math.comb(n - c, k) / math.comb(n, k) for n, c in zip(sizes, passed, strict=True) if n >= k]
         out[f"pass@{k}"] = _mean(estimates)
     return out

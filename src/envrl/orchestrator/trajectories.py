@@ -47,13 +47,15 @@ class TokenBackfill:
         )
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
-        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        rendered = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
         return list(self.tokenizer.encode(rendered, add_special_tokens=False))
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -101,7 +103,9 @@ def trace_to_samples(
             tokens = turn.tokens
             if tokens is None:
                 if backfill is None:
-                    raise ValueError(f"task {trace.task.idx} of env {env!r} has a turn without tokens and no back-fill tokenizer")
+                    raise ValueError(
+                        f"task {trace.task.idx} of env {env!r} has a turn without tokens and no back-fill tokenizer"
+                    )
                 tokens = backfill(turn)
             if not builder.extends(tokens.prompt_ids):
                 builder = _SampleBuilder()

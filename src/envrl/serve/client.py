@@ -92,7 +92,9 @@ class EnvClient:
             server_public, _ = zmq.auth.load_certificate(self.curve.server_public_key_file)
             public, secret = zmq.auth.load_certificate(self.curve.secret_key_file)
             if secret is None:
-                raise ValueError(f"curve.secret_key_file {self.curve.secret_key_file} holds no secret key (use the .key_secret file)")
+                raise ValueError(
+                    f"curve.secret_key_file {self.curve.secret_key_file} holds no secret key (use the .key_secret file)"
+                )
             socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = server_public, public, secret
         monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         socket.connect(self.address)
@@ -186,7 +188,13 @@ class EnvClient:
     # -- plumbing ---------------------------------------------------------------------------------
 
     async def _call(
-        self, method: str, params: dict[str, Any], timeout: float | None, *, check_down: bool = True, request_id: str | None = None
+        self,
+        method: str,
+        params: dict[str, Any],
+        timeout: float | None,
+        *,
+        check_down: bool = True,
+        request_id: str | None = None,
     ) -> Any:
         self._start()
         deadline = None if timeout is None else self._loop.time() + timeout
@@ -224,7 +232,9 @@ class EnvClient:
         """ZMQ had no connection to queue a request on (refused, or between reconnects): fail it."""
         future = self._pending.get(p.decode(frames[0])["id"])
         if future is not None and not future.done():
-            future.set_exception(EnvServerError(UNAVAILABLE, "not connected to the server (it refused us or is gone)", self.address))
+            future.set_exception(
+                EnvServerError(UNAVAILABLE, "not connected to the server (it refused us or is gone)", self.address)
+            )
 
     def _send_cancel(self, rid: str, method: str) -> None:
         if method.startswith("run_") and not self._pump.socket.closed:
@@ -261,7 +271,9 @@ class EnvClient:
             self._expire(now)
             silent = now - self._last_heard
             if silent >= self.dead_after and self._down is None:
-                self._mark_down(f"no answer for {silent:.1f} s, not even to health probes ({len(self._pending)} pending requests failed)")
+                self._mark_down(
+                    f"no answer for {silent:.1f} s, not even to health probes ({len(self._pending)} pending requests failed)"
+                )
             if silent >= self.health_interval and now - last_probe >= self.health_interval:
                 last_probe = now
                 self._send({"id": f"{self._prefix}-h{next(self._ids)}", "method": "health", "params": {}})
@@ -272,7 +284,9 @@ class EnvClient:
                 del self._deadlines[rid]
                 future = self._pending.get(rid)
                 if future is not None and not future.done():
-                    future.set_exception(EnvServerError(TIMEOUT, f"{method} got no answer within {timeout:g} s", self.address, rid))
+                    future.set_exception(
+                        EnvServerError(TIMEOUT, f"{method} got no answer within {timeout:g} s", self.address, rid)
+                    )
                     self._send_cancel(rid, method)
 
     def _mark_down(self, reason: str) -> None:
@@ -290,7 +304,11 @@ class EnvClient:
 
 
 def _rollout_params(
-    task_idx: int, client: ClientConfig | dict[str, Any], sampling: SamplingArgs | dict[str, Any], split: str, seed: int | None
+    task_idx: int,
+    client: ClientConfig | dict[str, Any],
+    sampling: SamplingArgs | dict[str, Any],
+    split: str,
+    seed: int | None,
 ) -> dict[str, Any]:
     dump = lambda v: v.model_dump(mode="json") if isinstance(v, BaseModel) else v  # noqa: E731
     return {"task_idx": task_idx, "split": split, "client": dump(client), "sampling": dump(sampling), "seed": seed}

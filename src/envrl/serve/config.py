@@ -152,7 +152,9 @@ class ModelAccessConfig(BaseConfig):
     @classmethod
     def for_client(cls, client: ClientConfig) -> ModelAccessConfig:
         """Allow exactly what `client` uses: for the servers a run spawns for its own client."""
-        tokenizer = getattr(client, "tokenizer", None) or (client.model if isinstance(client, TrainClientConfig) else None)
+        tokenizer = getattr(client, "tokenizer", None) or (
+            client.model if isinstance(client, TrainClientConfig) else None
+        )
         return cls(
             base_urls=[url for url in [getattr(client, "base_url", None)] if url is not None],
             api_key_envs=[name for name in [getattr(client, "api_key_env", None)] if name is not None],

@@ -113,9 +113,9 @@ class WorkerPool:
         """The least-loaded ready worker with a free slot, if any."""
         best: WorkerHandle | None = None
         for worker in self.workers.values():
-            if worker.ready and not worker.retiring and len(worker.load) < self.config.multiplex:
-                if best is None or len(worker.load) < len(best.load):
-                    best = worker
+            free = worker.ready and not worker.retiring and len(worker.load) < self.config.multiplex
+            if free and (best is None or len(worker.load) < len(best.load)):
+                best = worker
         return best
 
     def assign(self, worker: WorkerHandle, token: int) -> None:

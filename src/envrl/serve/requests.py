@@ -60,7 +60,9 @@ class RequestBook:
         """Book a request (the caller checked `find` first: ids are unique per client)."""
         token, self.next_token = self.next_token, self.next_token + 1
         n, group = (params.n, True) if isinstance(params, p.GroupParams) else (1, False)
-        request = self.by_token[token] = Request(token, identity, request_id, raw, params.split, params.task_idx, n, group)
+        request = self.by_token[token] = Request(
+            token, identity, request_id, raw, params.split, params.task_idx, n, group
+        )
         self.by_key[identity, request_id] = token
         return request
 
@@ -77,7 +79,9 @@ class RequestBook:
 
     def overdue(self, now: float) -> list[Request]:
         """Running requests past their deadline."""
-        return [r for r in self.by_token.values() if r.worker is not None and r.deadline is not None and r.deadline <= now]
+        return [
+            r for r in self.by_token.values() if r.worker is not None and r.deadline is not None and r.deadline <= now
+        ]
 
     def enqueue(self, request: Request, first: bool = False) -> None:
         if first:
@@ -113,7 +117,9 @@ class RequestBook:
             elif draining:
                 failed.append((request, "the server is draining"))
             elif request.attempts >= max_reruns:
-                failed.append((request, f"it had been re-run {request.attempts} times already, max_reruns = {max_reruns}"))
+                failed.append(
+                    (request, f"it had been re-run {request.attempts} times already, max_reruns = {max_reruns}")
+                )
             else:
                 request.attempts += 1
                 rerun.append(request)

@@ -21,7 +21,9 @@ from envrl.serve.zmqio import NOBLOCK, SNDMORE, raw_send
 
 
 class ClientSender:
-    def __init__(self, sock: zmq.Socket[bytes], limit: int, stall_timeout: float, on_dropped: Callable[[bytes], None]) -> None:
+    def __init__(
+        self, sock: zmq.Socket[bytes], limit: int, stall_timeout: float, on_dropped: Callable[[bytes], None]
+    ) -> None:
         """`sock` is a ROUTER with ROUTER_MANDATORY set and SNDHWM = `limit`."""
         self.sock = sock
         self.limit = limit

@@ -33,7 +33,17 @@ from envrl.serve.sender import ClientSender
 from envrl.serve.sockets import bind_clients, bind_workers
 from envrl.serve.worker import WorkerConfig
 from envrl.serve.zmqio import (
-    EVENTS, MAX_BATCH, NOBLOCK, POLLIN, RCVMORE, SMALL_BATCH, StopSignals, raw_get, raw_recv, recv_batch, send_frames,
+    EVENTS,
+    MAX_BATCH,
+    NOBLOCK,
+    POLLIN,
+    RCVMORE,
+    SMALL_BATCH,
+    StopSignals,
+    raw_get,
+    raw_recv,
+    recv_batch,
+    send_frames,
 )  # fmt: skip
 from envrl.traces import Error
 
@@ -61,7 +71,9 @@ class EnvServer:
         """Bind the client socket (raises zmq.ZMQError, ValueError) and the workers' socket; return the address."""
         config = self.config
         self.clients, self.address, self.authenticator = bind_clients(self.context, config)
-        self.sender = ClientSender(self.clients, config.client_send_queue, config.client_stall_timeout, self._on_client_dropped)
+        self.sender = ClientSender(
+            self.clients, config.client_send_queue, config.client_stall_timeout, self._on_client_dropped
+        )
         self.workers_socket, self.workers_address = bind_workers(self.context, self.tmpdir)
         return self.address
 
@@ -130,7 +142,9 @@ class EnvServer:
                     self._read_clients()
                 if not self.reported and self.pool.ready_workers >= self.pool.config.min_workers:
                     self.reported = True
-                    logger.info(f"serving {self.env.env_id!r} on {self.address} ({self.pool.ready_workers} workers ready)")
+                    logger.info(
+                        f"serving {self.env.env_id!r} on {self.address} ({self.pool.ready_workers} workers ready)"
+                    )
                     report_ready(self.address)
         finally:
             self._shut_down()
@@ -187,8 +201,12 @@ class EnvServer:
     def _on_internal_error(self, identity: bytes, request_id: str | None, first_token: int, error: Exception) -> None:
         """Answer a request whose handling raised unexpectedly `internal_error`, once: if it was
         already accepted (its token is new), finish it (and cancel it in its worker)."""
-        logger.opt(exception=error).error(f"req={request_id}: handling it raised {type(error).__name__}: {error}; answered internal_error")
-        frame = p.error_response(request_id, p.INTERNAL_ERROR, f"the server failed on this request ({type(error).__name__}: {error})")
+        logger.opt(exception=error).error(
+            f"req={request_id}: handling it raised {type(error).__name__}: {error}; answered internal_error"
+        )
+        frame = p.error_response(
+            request_id, p.INTERNAL_ERROR, f"the server failed on this request ({type(error).__name__}: {error})"
+        )
         request = self.requests.find(identity, request_id) if request_id is not None else None
         if request is None or request.token < first_token:
             self._answer(identity, frame)
@@ -294,7 +312,7 @@ class EnvServer:
             if frames[1] == p.WORKER_READY:
                 self.pool.mark_ready(frames[0])
                 continue
-            for token, frame in zip(p.decode(frames[2]), frames[3:]):
+            for token, frame in zip(p.decode(frames[2]), frames[3:], strict=False):
                 request = self.requests.by_token.get(token)
                 if request is not None:
                     self._finish(request, frame)
@@ -337,7 +355,9 @@ class EnvServer:
                 frame = p.error_response(request.request_id, p.CANCELLED, f"request {request.request_id} was cancelled")
             else:
                 what = f"did not finish request {request.request_id} within timeout.rollout + {grace:g} s"
-                message = f"the rollout ran past timeout.rollout = {self.config.timeout.rollout:g} s and its worker was stuck"
+                message = (
+                    f"the rollout ran past timeout.rollout = {self.config.timeout.rollout:g} s and its worker was stuck"
+                )
                 frame = request.error_answer(self.env, Error(type=p.TIMEOUT, message=message), is_truncated=True)
             logger.warning(f"req={request.request_id}: worker {worker.id} {what} (blocking code?); killing it")
             self._finish(request, frame)
@@ -349,7 +369,12 @@ class EnvServer:
     def _shut_down(self) -> None:
         """Answer what is left, stop the workers (SIGKILL after a grace period) and close sockets."""
         for request in list(self.requests.by_token.values()):
-            self._finish(request, p.error_response(request.request_id, p.SHUTTING_DOWN, "the server stopped before this request finished"))
+            self._finish(
+                request,
+                p.error_response(
+                    request.request_id, p.SHUTTING_DOWN, "the server stopped before this request finished"
+                ),
+            )
         for worker_id in self.pool.workers:
             self._send_op(worker_id, [p.OP_STOP, 0])
         self._flush()

@@ -17,7 +17,9 @@ import zmq.auth
 from envrl.serve.config import CurveServerConfig, EnvServerConfig
 
 
-def bind_clients(context: zmq.Context[zmq.Socket[bytes]], config: EnvServerConfig) -> tuple[zmq.Socket[bytes], str, Any]:
+def bind_clients(
+    context: zmq.Context[zmq.Socket[bytes]], config: EnvServerConfig
+) -> tuple[zmq.Socket[bytes], str, Any]:
     """(socket, bound address, CURVE authenticator thread or None); raises zmq.ZMQError or ValueError."""
     sock = context.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -56,7 +58,9 @@ def _enable_curve(context: zmq.Context[zmq.Socket[bytes]], sock: zmq.Socket[byte
         raise ValueError(f"curve.client_keys_dir {curve.client_keys_dir} is not a directory of client public keys")
     public, secret = zmq.auth.load_certificate(curve.secret_key_file)
     if secret is None:
-        raise ValueError(f"curve.secret_key_file {curve.secret_key_file} holds no secret key (use the .key_secret file)")
+        raise ValueError(
+            f"curve.secret_key_file {curve.secret_key_file} holds no secret key (use the .key_secret file)"
+        )
     from zmq.auth.thread import ThreadAuthenticator
 
     authenticator = ThreadAuthenticator(context)

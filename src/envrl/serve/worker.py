@@ -127,7 +127,9 @@ class Worker:
         job = self.running[token] = self.loop.create_task(self._run(token, request_id, task, client, sampling, n))
         job.add_done_callback(partial(self._on_job_end, token, request_id, task, n))
 
-    async def _run(self, token: int, request_id: str, task: Task, client: ModelClient, sampling: SamplingArgs, n: int | None) -> None:
+    async def _run(
+        self, token: int, request_id: str, task: Task, client: ModelClient, sampling: SamplingArgs, n: int | None
+    ) -> None:
         REQUEST_ID.set(request_id)  # this task's context only
         frame = None
         try:
@@ -139,7 +141,9 @@ class Worker:
             frame = self._result_frame(request_id, task, traces, n)
         except Exception as e:  # a bug here must still answer the request
             logger.opt(exception=e).error(f"answering failed: {type(e).__name__}: {e}; answered internal_error")
-            frame = p.error_response(request_id, p.INTERNAL_ERROR, f"the env worker failed on this request ({type(e).__name__}: {e})")
+            frame = p.error_response(
+                request_id, p.INTERNAL_ERROR, f"the env worker failed on this request ({type(e).__name__}: {e})"
+            )
         finally:
             self._forget(token)
             if frame is not None:
@@ -169,14 +173,20 @@ class Worker:
         limit = self.config.timeout.rollout
         logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
         error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
-        return self._result_frame(request_id, task, [Trace.from_error(task, error, is_truncated=True) for _ in range(n or 1)], n)
+        return self._result_frame(
+            request_id, task, [Trace.from_error(task, error, is_truncated=True) for _ in range(n or 1)], n
+        )
 
     def _result_frame(self, request_id: str, task: Task, traces: list[Trace], n: int | None) -> bytes:
         """The response carrying `traces`; a Trace msgpack cannot carry becomes an error Trace."""
         wires = [trace.to_wire() for trace in traces]
         try:
             return p.ok_response(request_id, wires[0] if n is None else {"traces": wires})
-        except (TypeError, ValueError, OverflowError) as e:  # msgpack: an unsupported type, a non-str key, an int past 64 bits
+        except (
+            TypeError,
+            ValueError,
+            OverflowError,
+        ) as e:  # msgpack: an unsupported type, a non-str key, an int past 64 bits
             logger.error(f"the environment returned a Trace msgpack cannot carry ({type(e).__name__}: {e})")
         for i, wire in enumerate(wires):
             try:

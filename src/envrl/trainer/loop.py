@@ -17,9 +17,9 @@ import torch
 from loguru import logger
 from transformers import AutoConfig, AutoTokenizer
 
-from envrl.metrics import MetricsSink
 from envrl.atomic import write_failure
 from envrl.layout import batch_dir, checkpoint_dir, weights_dir
+from envrl.metrics import MetricsSink
 from envrl.samples import TrainingSample, read_batch
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from envrl.trainer.config import OptimConfig, TrainerConfig
@@ -180,7 +180,7 @@ class Trainer:
         for micro_batch in mine:
             sums += self._forward_backward(micro_batch.to(runtime.device))
         all_reduce_sum(sums, runtime)
-        totals = dict(zip(SUMS, sums.tolist()))
+        totals = dict(zip(SUMS, sums.tolist(), strict=True))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.optim.max_grad_norm)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):

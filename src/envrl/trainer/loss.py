@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from envrl.trainer.config import LossConfig
 
+
 def token_logprobs(
     logits: torch.Tensor,
     input_ids: torch.Tensor,

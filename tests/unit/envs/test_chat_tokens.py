@@ -5,7 +5,12 @@ from envrl.traces import Turn, TurnTokens
 from tests.unit.envs.helpers import TINY_CHAT
 
 RENDERER = chat_renderer(TINY_CHAT)
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "add", "description": "Add.", "parameters": {"type": "object", "properties": {}}},
+    }
+]
 
 
 def first_turn(reply: str, stopped: bool = True, tools: list | None = None) -> Turn:
@@ -30,7 +35,10 @@ def test_next_prompt_extends_previous_prompt_and_completion() -> None:
     before = turn.tokens.prompt_ids + turn.tokens.completion_ids
     assert ids[: len(before)] == before
     # What the model never emitted (the "\n" after <|im_end|>) is bridged; the rest is the new message.
-    assert RENDERER.tokenizer.decode(ids[len(before) :]) == "\n<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        RENDERER.tokenizer.decode(ids[len(before) :])
+        == "\n<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n"
+    )
     # With this template, extending is exactly what a fresh render of the whole chat gives.
     assert ids == RENDERER.render(messages, None, generation_prompt=True)
 
@@ -38,7 +46,9 @@ def test_next_prompt_extends_previous_prompt_and_completion() -> None:
 def test_earlier_completion_tokens_are_kept_even_when_retokenising_would_differ() -> None:
     turn = first_turn("3 4 5")
     odd = [RENDERER.encode(c)[0] for c in "345"]  # "3","4","5" as single-character tokens: not how encode splits " 4"
-    turn.tokens = TurnTokens(prompt_ids=turn.tokens.prompt_ids, completion_ids=[*odd, RENDERER.eos_id], completion_logprobs=[-1.0] * 4)
+    turn.tokens = TurnTokens(
+        prompt_ids=turn.tokens.prompt_ids, completion_ids=[*odd, RENDERER.eos_id], completion_logprobs=[-1.0] * 4
+    )
     turn.response = {"role": "assistant", "content": "345"}
     ids = RENDERER.prompt_ids([*turn.prompt, turn.response, {"role": "user", "content": "again"}], None, turn)
     assert ids[: len(turn.tokens.prompt_ids) + 4] == turn.tokens.prompt_ids + turn.tokens.completion_ids
@@ -56,7 +66,10 @@ def test_tool_prompts_extend_too() -> None:
     turn = first_turn('<tool_call>{"name": "add", "arguments": {}}</tool_call>', tools=TOOLS)
     messages = [*turn.prompt, turn.response, {"role": "tool", "content": "7"}]
     ids = RENDERER.prompt_ids(messages, TOOLS, turn)
-    assert ids[: len(turn.tokens.prompt_ids) + len(turn.tokens.completion_ids)] == turn.tokens.prompt_ids + turn.tokens.completion_ids
+    assert (
+        ids[: len(turn.tokens.prompt_ids) + len(turn.tokens.completion_ids)]
+        == turn.tokens.prompt_ids + turn.tokens.completion_ids
+    )
     assert ids == RENDERER.render(messages, TOOLS, generation_prompt=True)
 
 

@@ -1,11 +1,21 @@
 """The rollout loop: turns and tokens recorded, stop conditions, branches, failures as error Traces."""
 
 import asyncio
+from itertools import pairwise
 from typing import Any
 
 import pytest
 
-from envrl.envs import Environment, ModelClient, ModelResponse, RolloutState, Rubric, SamplingArgs, ScriptedClient, ScriptedClientConfig
+from envrl.envs import (
+    Environment,
+    ModelClient,
+    ModelResponse,
+    RolloutState,
+    Rubric,
+    SamplingArgs,
+    ScriptedClient,
+    ScriptedClientConfig,
+)
 from envrl.traces import Message, Task, Trace, TurnTokens
 from tests.unit.envs.helpers import TINY_CHAT
 
@@ -40,7 +50,9 @@ class Compacting(Nagging):
 
 
 def scripted(*replies: str, tokens: bool = True, **config: Any) -> ScriptedClient:
-    return ScriptedClient(ScriptedClientConfig(replies=list(replies), tokenizer=TINY_CHAT if tokens else None, **config))
+    return ScriptedClient(
+        ScriptedClientConfig(replies=list(replies), tokenizer=TINY_CHAT if tokens else None, **config)
+    )
 
 
 def run(env: Environment, client: ModelClient, **kwargs: Any) -> Trace:
@@ -62,7 +74,7 @@ def test_single_turn_rollout_records_the_turn_tokens_and_timing() -> None:
 def test_multi_turn_turns_extend_one_branch_token_by_token() -> None:
     trace = run(Nagging(tasks=TASKS, max_turns=5), scripted("no", "still no", "done"))
     assert trace.stop_reason == "completed" and trace.num_turns == 3 and len(trace.branches) == 1
-    for before, after in zip(trace.turns, trace.turns[1:]):
+    for before, after in pairwise(trace.turns):
         context = before.tokens.prompt_ids + before.tokens.completion_ids
         assert after.tokens.prompt_ids[: len(context)] == context
         assert after.prompt == [*before.prompt, before.response, {"role": "user", "content": "again"}]
@@ -86,8 +98,12 @@ def test_a_turn_that_cannot_extend_the_branch_starts_a_new_one() -> None:
 
 
 def test_token_less_turns_branch_by_messages() -> None:
-    assert [len(b.turns) for b in run(Nagging(tasks=TASKS, max_turns=5), scripted("no", "done", tokens=False)).branches] == [2]
-    assert [len(b.turns) for b in run(Compacting(tasks=TASKS, max_turns=5), scripted("no", "done", tokens=False)).branches] == [1, 1]
+    assert [
+        len(b.turns) for b in run(Nagging(tasks=TASKS, max_turns=5), scripted("no", "done", tokens=False)).branches
+    ] == [2]
+    assert [
+        len(b.turns) for b in run(Compacting(tasks=TASKS, max_turns=5), scripted("no", "done", tokens=False)).branches
+    ] == [1, 1]
 
 
 class Broken(Environment):
@@ -145,7 +161,9 @@ def test_run_group_gives_each_rollout_its_own_seed() -> None:
             return ModelResponse(message={"role": "assistant", "content": "x"})
 
     env = Environment(tasks=TASKS)
-    traces = asyncio.run(env.run_group(env.get_task("train", 2), SeedRecorder(), SAMPLING.model_copy(update={"seed": 10}), 3))
+    traces = asyncio.run(
+        env.run_group(env.get_task("train", 2), SeedRecorder(), SAMPLING.model_copy(update={"seed": 10}), 3)
+    )
     assert sorted(seen) == [10, 11, 12] and len(traces) == 3 and all(t.task.idx == 2 for t in traces)
 
 
@@ -158,7 +176,9 @@ def test_cancelling_a_rollout_propagates_and_still_cleans_up() -> None:
 
     async def main() -> None:
         env = Tracked(tasks=TASKS)
-        rollout = asyncio.create_task(env.run_rollout(env.get_task("train", 0), scripted("x", tokens=False, delay=30.0), SAMPLING))
+        rollout = asyncio.create_task(
+            env.run_rollout(env.get_task("train", 0), scripted("x", tokens=False, delay=30.0), SAMPLING)
+        )
         await asyncio.sleep(0.05)
         rollout.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -192,14 +212,22 @@ class FiveTokens(ModelClient):
     async def generate(self, messages: list[Message], sampling: SamplingArgs, **kwargs: Any) -> ModelResponse:
         self.asked.append(sampling.max_tokens)
         n = min(5, sampling.max_tokens)
-        tokens = TurnTokens(prompt_ids=[1] * (10 * len(self.asked)), completion_ids=[7] * n, completion_logprobs=[-1.0] * n)
-        return ModelResponse(message={"role": "assistant", "content": "x"}, tokens=tokens, finish_reason="stop" if n == 5 else "length")
+        tokens = TurnTokens(
+            prompt_ids=[1] * (10 * len(self.asked)), completion_ids=[7] * n, completion_logprobs=[-1.0] * n
+        )
+        return ModelResponse(
+            message={"role": "assistant", "content": "x"}, tokens=tokens, finish_reason="stop" if n == 5 else "length"
+        )
 
 
 @pytest.mark.parametrize(("budget", "asked", "generated"), [(12, [12, 7, 2], 12), (10, [10, 5], 10)])
-def test_the_episode_token_budget_caps_turns_and_ends_the_rollout_as_truncated(budget: int, asked: list[int], generated: int) -> None:
+def test_the_episode_token_budget_caps_turns_and_ends_the_rollout_as_truncated(
+    budget: int, asked: list[int], generated: int
+) -> None:
     env = Nagging(tasks=TASKS, max_turns=10)
     client = FiveTokens()
-    trace = asyncio.run(env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=16, max_episode_tokens=budget)))
+    trace = asyncio.run(
+        env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=16, max_episode_tokens=budget))
+    )
     assert trace.error is None and client.asked == asked and trace.completion_len == generated
     assert (trace.stop_reason, trace.is_truncated) == ("episode_tokens", True)

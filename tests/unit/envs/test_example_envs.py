@@ -29,7 +29,9 @@ def group(env: Environment, idx: int, replies: list[str]) -> list[Trace]:
 def test_reverse_text_rewards_the_reversal_and_partial_overlap() -> None:
     env = load_environment("reverse-text")
     text = env.get_task("train", 3).text
-    right, partial, wrong, empty = (rollout(env, 3, [r]).reward for r in (f" {text[::-1]}\n", text[::-1][: len(text) // 2], "0123", ""))
+    right, partial, wrong, empty = (
+        rollout(env, 3, [r]).reward for r in (f" {text[::-1]}\n", text[::-1][: len(text) // 2], "0123", "")
+    )
     assert right == 1.0 and 0.4 < partial < 1.0 and wrong == 0.0 and empty == 0.0
     assert rollout(env, 3, [text]).reward < 1.0  # not reversed
 

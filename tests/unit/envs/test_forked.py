@@ -47,7 +47,11 @@ def test_a_failure_in_the_child_comes_back_with_its_type_and_traceback() -> None
 
     with pytest.raises(ForkedCallError) as raised:
         forked(fail)
-    assert raised.value.type_name == "ValueError" and str(raised.value) == "no luck" and "fail" in raised.value.child_traceback
+    assert (
+        raised.value.type_name == "ValueError"
+        and str(raised.value) == "no luck"
+        and "fail" in raised.value.child_traceback
+    )
 
 
 def test_a_pickle_written_by_the_child_is_not_unpickled(tmp_path: Path) -> None:

@@ -146,7 +146,12 @@ def test_train_client_sends_token_prompts_that_extend_across_turns(serve: Callab
     reply = renderer.encode("42") + [renderer.eos_id]
 
     def completions(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        choice = {"token_ids": reply, "logprobs": {"token_logprobs": [-0.5] * len(reply)}, "finish_reason": "stop", "text": "42"}
+        choice = {
+            "token_ids": reply,
+            "logprobs": {"token_logprobs": [-0.5] * len(reply)},
+            "finish_reason": "stop",
+            "text": "42",
+        }
         return 200, {"choices": [choice]}
 
     server = serve(completions)
@@ -183,7 +188,12 @@ def test_a_prompt_that_outgrows_the_context_ends_the_rollout_as_truncated(serve:
 
 
 def test_train_client_rejects_logprobs_that_do_not_match_the_tokens(serve: Callable[[Handler], Recorder]) -> None:
-    server = serve(lambda path, body: (200, {"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]}))
+    server = serve(
+        lambda path, body: (
+            200,
+            {"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]},
+        )
+    )
     env = Environment(tasks=[PromptTask(idx=0, prompt="Hi")])
 
     trace = train_rollout(env, server, SamplingArgs(max_tokens=4))
@@ -210,7 +220,10 @@ def test_eval_client_speaks_openai_chat_and_retries_server_errors(serve: Callabl
     assert len(server.requests) == 2
     path, body = server.requests[-1]
     assert path == "/v1/chat/completions"
-    assert body["messages"] == [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "reverse hello"}]
+    assert body["messages"] == [
+        {"role": "system", "content": "Be exact."},
+        {"role": "user", "content": "reverse hello"},
+    ]
     assert (body["model"], body["max_tokens"], body["temperature"], body["top_k"]) == ("judge", 4, 0.5, 2)
 
 
@@ -222,7 +235,9 @@ def test_eval_client_returns_tokens_when_asked_and_the_server_gives_them(serve: 
     env = Environment(tasks=[PromptTask(idx=0, prompt="p")])
 
     async def main() -> Any:
-        client = build_client(EvalClientConfig(base_url=f"{server.url}/v1", model="m", return_tokens=True, retry=FAST_RETRY))
+        client = build_client(
+            EvalClientConfig(base_url=f"{server.url}/v1", model="m", return_tokens=True, retry=FAST_RETRY)
+        )
         try:
             return await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=4))
         finally:

@@ -96,7 +96,11 @@ def test_a_raising_reward_function_becomes_an_error_trace(timeout: float | None)
 
     trace = run_one(Rubric({exact: 1.0, broken: 1.0}), timeout=timeout)
     assert trace.reward is None and trace.stop_reason == "error"
-    assert trace.error.type == "reward_error" and "broken" in trace.error.message and "no reward today" in trace.error.message
+    assert (
+        trace.error.type == "reward_error"
+        and "broken" in trace.error.message
+        and "no reward today" in trace.error.message
+    )
     assert "ZeroDivisionError" in trace.error.traceback
 
 

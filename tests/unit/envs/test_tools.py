@@ -72,7 +72,9 @@ def run(*replies: str, max_turns: int = 6) -> Trace:
     tasks = [GoalTask(idx=0, prompt="reach 5", goal=5)]
     env = ToolEnvironment(tool_class=Counter, tasks=tasks, rubric=Rubric({reached_goal: 1.0}), max_turns=max_turns)
     client = ScriptedClient(ScriptedClientConfig(replies=list(replies), tokenizer=TINY_CHAT))
-    return asyncio.run(env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=32), scoring_timeout=5.0))
+    return asyncio.run(
+        env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=32), scoring_timeout=5.0)
+    )
 
 
 def tool_replies(trace: Trace) -> list[str]:
@@ -163,5 +165,7 @@ def test_tool_replies_carry_call_ids_turns_record_the_schemas_and_the_last_repli
     assert [(m["tool_call_id"], m["content"]) for m in trace.trailing_messages][0] == ("call_2_0", "5")
     assert [m["tool_call_id"] for m in trace.trailing_messages] == ["call_2_0", "call_2_1"]
     assert all(turn.tools == [tool.schema for tool in tools_of(Counter).values()] for turn in trace.turns)
-    [parsed] = parse_tool_calls({"role": "assistant", "tool_calls": [{"id": "abc", "function": {"name": "add", "arguments": {}}}]})
+    [parsed] = parse_tool_calls(
+        {"role": "assistant", "tool_calls": [{"id": "abc", "function": {"name": "add", "arguments": {}}}]}
+    )
     assert parsed.id == "abc"

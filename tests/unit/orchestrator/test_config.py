@@ -53,7 +53,9 @@ def test_unknown_env_sampling_key_is_an_error_naming_the_env() -> None:
 
 
 def test_typo_in_a_pool_without_type_names_the_key() -> None:
-    with pytest.raises(ConfigError, match=r"'envs\[0\]\.pool\.max_wrkers'.*did you mean 'envs\[0\]\.pool\.max_workers'"):
+    with pytest.raises(
+        ConfigError, match=r"'envs\[0\]\.pool\.max_wrkers'.*did you mean 'envs\[0\]\.pool\.max_workers'"
+    ):
         resolve(envs=[{"id": "a", "pool": {"max_wrkers": 3}}])
 
 
@@ -81,6 +83,9 @@ def test_sampling_options_the_trainer_cannot_reproduce_are_refused_for_train_env
 def test_a_remote_env_address_needs_curve_keys_or_insecure(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"tcp://10.0.0.7:5000 is not on loopback; give its CURVE keys"):
         resolve(envs=[{"id": "a", "address": "tcp://10.0.0.7:5000"}])
-    keys = {"server_public_key_file": str(tmp_path / "server.key"), "secret_key_file": str(tmp_path / "client.key_secret")}
+    keys = {
+        "server_public_key_file": str(tmp_path / "server.key"),
+        "secret_key_file": str(tmp_path / "client.key_secret"),
+    }
     assert resolve(envs=[{"id": "a", "address": "tcp://10.0.0.7:5000", "curve": keys}]).envs[0].curve is not None
     assert resolve(envs=[{"id": "a", "address": "tcp://10.0.0.7:5000", "insecure": True}]).envs[0].insecure

@@ -10,7 +10,7 @@ import pytest
 from envrl.config import load_config
 from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.config import EvalEnvConfig
-from envrl.orchestrator.evaluate import EvalConfig, Evaluation, EvalInputError, format_summary
+from envrl.orchestrator.evaluate import EvalConfig, EvalInputError, Evaluation, format_summary
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
 from envrl.traces import Error, Trace, WireTask
 
@@ -28,7 +28,19 @@ def errored(task: int) -> Trace:
 
 
 def test_short_flags_and_a_single_env_table(tmp_path: Path) -> None:
-    c = config(tmp_path, "--env.id", "reverse-text", "-n", "20", "-r", "3", "--client.base-url", "http://h:1/v1", "--client.model", "m")
+    c = config(
+        tmp_path,
+        "--env.id",
+        "reverse-text",
+        "-n",
+        "20",
+        "-r",
+        "3",
+        "--client.base-url",
+        "http://h:1/v1",
+        "--client.model",
+        "m",
+    )
     assert [(e.id, e.num_examples, e.rollouts_per_example) for e in c.env] == [("reverse-text", 20, 3)]
     assert c.client == EvalClientConfig(base_url="http://h:1/v1", model="m")
 
@@ -67,7 +79,9 @@ def test_resume_writes_into_the_earlier_output_dir(tmp_path: Path) -> None:
         (["-n", "3"], "missing required config key 'env'"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_code_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_one_line_and_exit_code_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
         load_config(EvalConfig, argv, prog="eval")
     err = capsys.readouterr().err
@@ -76,7 +90,9 @@ def test_bad_input_is_one_line_and_exit_code_2(argv: list[str], message: str, ca
 
 def write_results(path: Path, env: str, rows: list[tuple[int, Trace] | str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(row if isinstance(row, str) else trace_line(row[1], env=env, rollout=row[0]) for row in rows))
+    path.write_text(
+        "".join(row if isinstance(row, str) else trace_line(row[1], env=env, rollout=row[0]) for row in rows)
+    )
 
 
 def planned(tmp_path: Path, *, group_scoring: bool, rows: list[tuple[int, Trace] | str]) -> list[tuple[int, list[int]]]:
@@ -91,10 +107,13 @@ def planned(tmp_path: Path, *, group_scoring: bool, rows: list[tuple[int, Trace]
 
 def test_resume_reruns_missing_errored_and_unreadable_pairs_and_the_later_line_wins(tmp_path: Path) -> None:
     rows: list[tuple[int, Trace] | str] = [
-        (0, good(0)), (1, good(0)),            # task 0 complete
-        (0, errored(1)), (0, good(1)),         # errored, then a later success: kept
-        (1, good(1)), (1, errored(1)),         # a success, then a later error: re-run
-        (0, good(2)),                          # task 2 rollout 1 missing
+        (0, good(0)),
+        (1, good(0)),  # task 0 complete
+        (0, errored(1)),
+        (0, good(1)),  # errored, then a later success: kept
+        (1, good(1)),
+        (1, errored(1)),  # a success, then a later error: re-run
+        (0, good(2)),  # task 2 rollout 1 missing
         trace_line(good(2), env="other", rollout=1),  # another env's line is not this env's rollout
         '{"env": "e", "rollout": 0, "task": {"idx": 2}, "rew',  # cut short by a crash
     ]
@@ -168,7 +187,10 @@ class CountingEnv:
 def test_rollouts_in_flight_stay_within_max_inflight_and_results_land_in_grid_order(tmp_path: Path) -> None:
     evaluation = Evaluation(config(tmp_path, "--env.id", "single", "--max-inflight", "4"))
     gauge = Gauge()
-    envs = [CountingEnv("single", group_scoring=False, gauge=gauge), CountingEnv("grouped", group_scoring=True, gauge=gauge)]
+    envs = [
+        CountingEnv("single", group_scoring=False, gauge=gauge),
+        CountingEnv("grouped", group_scoring=True, gauge=gauge),
+    ]
     evaluation.envs = envs  # type: ignore[assignment]
     evaluation.records = {env.name: {} for env in envs}
     units = [u for env in envs for u in evaluation._plan(env)]  # type: ignore[arg-type]
@@ -185,8 +207,16 @@ def test_rollouts_in_flight_stay_within_max_inflight_and_results_land_in_grid_or
 
 
 def test_summary_table_has_one_row_per_env_and_dashes_for_unknown_tokens() -> None:
-    m = {"tasks": 4.0, "rollouts_per_example": 2.0, "reward": 0.5, "error_rate": 0.25, "pass@1": 0.5, "pass@2": 0.75,
-         "completion_len": 0.0, "total_tokens": 0.0}
+    m = {
+        "tasks": 4.0,
+        "rollouts_per_example": 2.0,
+        "reward": 0.5,
+        "error_rate": 0.25,
+        "pass@1": 0.5,
+        "pass@2": 0.75,
+        "completion_len": 0.0,
+        "total_tokens": 0.0,
+    }
     table = format_summary({"reverse-text": m, "learnable": {**m, "completion_len": 12.0, "total_tokens": 40.0}})
     header, first, second = table.splitlines()
     assert header.split()[:7] == ["env", "tasks", "r", "reward", "errors", "pass@1", "pass@r"]

@@ -15,8 +15,17 @@ from envrl.traces import Trace, WireTask
 
 
 def test_stale_groups_are_cancelled_counted_and_recorded(tmp_path: Path) -> None:
-    config = OrchestratorConfig(output_dir=tmp_path, max_async_level=1, group_size=2, batch_size=4, envs=[EnvConfig(id="x")])
-    env = Env(config.envs[0], split="train", client=ScriptedClientConfig(), sampling=SamplingConfig(), log_dir=tmp_path, ready_timeout=1)
+    config = OrchestratorConfig(
+        output_dir=tmp_path, max_async_level=1, group_size=2, batch_size=4, envs=[EnvConfig(id="x")]
+    )
+    env = Env(
+        config.envs[0],
+        split="train",
+        client=ScriptedClientConfig(),
+        sampling=SamplingConfig(),
+        log_dir=tmp_path,
+        ready_timeout=1,
+    )
 
     def finished(idx: int) -> list[Trace]:
         return [Trace(task=WireTask(idx=idx), reward=1.0) for _ in range(2)]

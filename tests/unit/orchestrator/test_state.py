@@ -9,7 +9,14 @@ from envrl.orchestrator.config import EnvConfig, OrchestratorConfig, SamplingCon
 from envrl.orchestrator.envs import Env, TrainEnvs
 from envrl.orchestrator.loop import Orchestrator
 from envrl.orchestrator.policy import PolicyTracker
-from envrl.orchestrator.state import OrchestratorState, PendingGroup, eval_rollouts_file, load_resume_state, state_bytes, train_rollouts_file
+from envrl.orchestrator.state import (
+    OrchestratorState,
+    PendingGroup,
+    eval_rollouts_file,
+    load_resume_state,
+    state_bytes,
+    train_rollouts_file,
+)
 from envrl.process import RestartBudget, RestartPolicy
 from envrl.samples import write_batch
 from envrl.trainer.synthetic import synthetic_samples
@@ -17,7 +24,10 @@ from envrl.trainer.synthetic import synthetic_samples
 
 def state(step: int) -> OrchestratorState:
     return OrchestratorState(
-        step=step, positions={"a": 8 * (step + 1)}, dispatched=2 * (step + 1), counters={"dispatched_rollouts": 8},
+        step=step,
+        positions={"a": 8 * (step + 1)},
+        dispatched=2 * (step + 1),
+        counters={"dispatched_rollouts": 8},
         pending=[PendingGroup(env="a", task_idx=3, seed=11)],
     )
 
@@ -53,14 +63,25 @@ def test_restart_budget_doubles_its_backoff_and_runs_out():
 
 
 def test_requeued_groups_are_dispatched_first_with_their_seed_and_stay_pending_until_then(tmp_path):
-    config = OrchestratorConfig(output_dir=tmp_path, group_size=2, batch_size=4, max_inflight=4, max_steps=5, envs=[EnvConfig(id="x")])
-    env = Env(config.envs[0], split="train", client=ScriptedClientConfig(), sampling=SamplingConfig(), log_dir=tmp_path, ready_timeout=1)
+    config = OrchestratorConfig(
+        output_dir=tmp_path, group_size=2, batch_size=4, max_inflight=4, max_steps=5, envs=[EnvConfig(id="x")]
+    )
+    env = Env(
+        config.envs[0],
+        split="train",
+        client=ScriptedClientConfig(),
+        sampling=SamplingConfig(),
+        log_dir=tmp_path,
+        ready_timeout=1,
+    )
     env.num_tasks = 8
 
     async def scenario() -> tuple[list[tuple[int, int]], OrchestratorState]:
         orchestrator = Orchestrator(config)
         orchestrator.train_envs = TrainEnvs([env], seed=0)
-        orchestrator.policy = PolicyTracker(InferenceClient("http://127.0.0.1:9", model="m"), tmp_path, max_async_level=1, timeout=1, keep=2)
+        orchestrator.policy = PolicyTracker(
+            InferenceClient("http://127.0.0.1:9", model="m"), tmp_path, max_async_level=1, timeout=1, keep=2
+        )
         orchestrator.requeued = [PendingGroup(env="x", task_idx=t, seed=100 + t) for t in (3, 5, 7)]
         orchestrator._dispatch(step=0)  # room for two groups: two of the three requeued ones
         dispatched = [(g.task_idx, g.seed) for g in orchestrator.inflight.values()]
@@ -68,7 +89,9 @@ def test_requeued_groups_are_dispatched_first_with_their_seed_and_stay_pending_u
         for task in orchestrator.inflight:
             task.cancel()
         await asyncio.gather(*orchestrator.inflight, return_exceptions=True)
-        return dispatched, OrchestratorState.model_validate_json((tmp_path / "rollouts" / "step_0" / "orchestrator.json").read_text())
+        return dispatched, OrchestratorState.model_validate_json(
+            (tmp_path / "rollouts" / "step_0" / "orchestrator.json").read_text()
+        )
 
     dispatched, published = asyncio.run(scenario())
     assert dispatched == [(3, 103), (5, 105)]

@@ -41,7 +41,11 @@ def test_pass_at_k_is_the_unbiased_estimator_averaged_over_tasks():
     groups = [group(1, 4), group(0, 4), group(4, 4)]
     out = pass_at_k(groups, threshold=1.0, ks=[2])
     # per task 1 - C(n-c, k)/C(n, k): c=1 -> k=1: 1/4, k=2: 1 - 3/6 = 1/2, k=4: 1; c=0 -> 0; c=4 -> 1
-    assert out == {"pass@1": pytest.approx((0.25 + 0 + 1) / 3), "pass@2": pytest.approx((0.5 + 0 + 1) / 3), "pass@4": pytest.approx(2 / 3)}
+    assert out == {
+        "pass@1": pytest.approx((0.25 + 0 + 1) / 3),
+        "pass@2": pytest.approx((0.5 + 0 + 1) / 3),
+        "pass@4": pytest.approx(2 / 3),
+    }
 
 
 def test_pass_at_must_fit_the_rollouts_per_task():

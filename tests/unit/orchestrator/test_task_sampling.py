@@ -59,5 +59,11 @@ def test_eval_envs_are_due_on_their_interval_and_at_start_if_asked() -> None:
     every_three = make_env("three", 5, config_cls=EvalEnvConfig, interval=3)
     evals = EvalEnvs([every_two, every_three])
     assert [[e.name for e in evals.due(step)] for step in range(7)] == [
-        ["two"], [], ["two"], ["three"], ["two"], [], ["two", "three"]
+        ["two"],
+        [],
+        ["two"],
+        ["three"],
+        ["two"],
+        [],
+        ["two", "three"],
     ]

@@ -83,11 +83,11 @@ def test_backfill_splits_rendered_chat_at_the_generation_prompt(tokenizer) -> No
     [sample] = convert(t, backfill=TokenBackfill(tokenizer))
     prompt = tokenizer.apply_chat_template([USER], add_generation_prompt=True, tokenize=False)
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    generated = [tok for tok, m in zip(sample.input_ids, sample.loss_mask) if m]
+    generated = [tok for tok, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
     assert sample.input_ids[: len(prompt_ids)] == prompt_ids
     assert sample.loss_mask[: len(prompt_ids)] == [0] * len(prompt_ids)
     assert tokenizer.decode(generated) == '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call><|im_end|>'
-    assert all(math.isnan(lp) for lp, m in zip(sample.inference_logprobs, sample.loss_mask) if m)
+    assert all(math.isnan(lp) for lp, m in zip(sample.inference_logprobs, sample.loss_mask, strict=True) if m)
 
 
 def test_backfilled_turns_extend_one_another(tokenizer) -> None:
@@ -97,7 +97,7 @@ def test_backfilled_turns_extend_one_another(tokenizer) -> None:
         branches=[Branch(turns=[Turn(prompt=[USER], response=REPLY), Turn(prompt=second_prompt, response=REPLY)])],
     )
     [sample] = convert(t, backfill=TokenBackfill(tokenizer))
-    generated = tokenizer.decode([tok for tok, m in zip(sample.input_ids, sample.loss_mask) if m])
+    generated = tokenizer.decode([tok for tok, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
     assert generated == "yo<|im_end|>yo<|im_end|>"
 
 

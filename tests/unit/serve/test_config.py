@@ -2,9 +2,8 @@
 
 import pytest
 
-from envrl.config import ConfigError, resolve_config
+from envrl.config import ConfigError, _split_argv, resolve_config
 from envrl.process import config_argv
-from envrl.config import _split_argv
 from envrl.serve.config import ElasticPoolConfig, EnvServerConfig, StaticPoolConfig, is_loopback
 
 
@@ -28,14 +27,18 @@ def test_loopback_addresses_are_recognised(address: str, loopback: bool) -> None
 
 def test_default_pool_is_elastic_and_static_is_chosen_by_type() -> None:
     assert isinstance(EnvServerConfig(env={"id": "x"}).pool, ElasticPoolConfig)
-    config = resolve_config(EnvServerConfig, overrides=[("env.id", "x"), ("pool.type", "static"), ("pool.num-workers", "3")])
+    config = resolve_config(
+        EnvServerConfig, overrides=[("env.id", "x"), ("pool.type", "static"), ("pool.num-workers", "3")]
+    )
     assert isinstance(config.pool, StaticPoolConfig) and config.pool.max_workers == 3
 
 
 def test_exposed_address_needs_curve_keys_or_insecure() -> None:
     with pytest.raises(ConfigError, match="curve.secret_key_file.*--insecure"):
         resolve_config(EnvServerConfig, overrides=[("env.id", "x"), ("address", "tcp://0.0.0.0:5000")])
-    config = resolve_config(EnvServerConfig, overrides=[("env.id", "x"), ("address", "tcp://0.0.0.0:5000"), ("insecure", None)])
+    config = resolve_config(
+        EnvServerConfig, overrides=[("env.id", "x"), ("address", "tcp://0.0.0.0:5000"), ("insecure", None)]
+    )
     assert config.insecure
 
 

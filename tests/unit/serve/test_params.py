@@ -33,7 +33,9 @@ def refusal(check: ParamsChecker, method: str, params: Any) -> str:
 
 
 def test_valid_params_come_back_typed_with_the_group_size() -> None:
-    group = checker().rollout("run_group", {"task_idx": 2, "n": 8, "client": SCRIPTED, "sampling": SAMPLING, "seed": 5}, "r")
+    group = checker().rollout(
+        "run_group", {"task_idx": 2, "n": 8, "client": SCRIPTED, "sampling": SAMPLING, "seed": 5}, "r"
+    )
     assert isinstance(group, p.GroupParams) and (group.task_idx, group.n, group.seed) == (2, 8, 5)
     assert isinstance(group.client, ScriptedClientConfig) and group.sampling.max_tokens == 4
 
@@ -44,7 +46,9 @@ def test_valid_params_come_back_typed_with_the_group_size() -> None:
      ("split", [1]), ("split", {"a": 1}), ("split", "test"), ("seed", "1"), ("seed", math.nan), ("n", 0), ("n", 9),
      ("n", 2**63), ("n", "2"), ("client", [SCRIPTED]), ("sampling", {"max_tokens": [4]}), ("bogus", 1)],
 )  # fmt: skip
-def test_every_wrong_field_is_refused_the_same_whether_or_not_its_client_was_seen_before(field: str, value: Any) -> None:
+def test_every_wrong_field_is_refused_the_same_whether_or_not_its_client_was_seen_before(
+    field: str, value: Any
+) -> None:
     """The first call validates in full; the second takes the cached client/sampling path."""
     check = checker()
     good = {"task_idx": 0, "n": 2, "client": SCRIPTED, "sampling": SAMPLING}
@@ -55,7 +59,9 @@ def test_every_wrong_field_is_refused_the_same_whether_or_not_its_client_was_see
 
 
 def test_a_task_index_out_of_range_names_the_split_and_its_range() -> None:
-    assert "0..0 for split 'eval', got 1" in refusal(checker(), "run_rollout", {"task_idx": 1, "split": "eval", "client": SCRIPTED, "sampling": SAMPLING})
+    assert "0..0 for split 'eval', got 1" in refusal(
+        checker(), "run_rollout", {"task_idx": 1, "split": "eval", "client": SCRIPTED, "sampling": SAMPLING}
+    )
 
 
 def test_cancel_params_are_checked_by_their_model() -> None:
@@ -76,7 +82,12 @@ def test_allowed_urls_keys_and_tokenizers_pass_and_others_name_their_field() -> 
     access = ModelAccessConfig(base_urls=[URL + "/"], api_key_envs=["KEY"], tokenizers=["deps/models"])
     assert access.problem(EvalClientConfig(base_url=URL, model="m", api_key_env="KEY")) is None
     assert access.problem(TrainClientConfig(base_url=URL, model="deps/models/tiny-chat")) is None
-    assert access.problem(TrainClientConfig(base_url=URL, model="m", tokenizer=str(Path("deps/models/tiny-chat").resolve()))) is None
+    assert (
+        access.problem(
+            TrainClientConfig(base_url=URL, model="m", tokenizer=str(Path("deps/models/tiny-chat").resolve()))
+        )
+        is None
+    )
     assert "api_key_env 'HOME'" in (access.problem(EvalClientConfig(base_url=URL, model="m", api_key_env="HOME")) or "")
     assert "params.client.model 'gpt2'" in (access.problem(TrainClientConfig(base_url=URL, model="gpt2")) or "")
     assert "params.client.tokenizer '/etc'" in (access.problem(ScriptedClientConfig(tokenizer="/etc")) or "")
@@ -96,14 +107,18 @@ def test_the_launchers_env_servers_allow_the_runs_inference_server_and_model() -
     run = resolve_run(RLConfig(orchestrator=orchestrator))
     model = run.orchestrator.model.name
     # The client the orchestrator sends (orchestrator/loop.py `_make_env`): the tokenizer is the resolved model path.
-    client = TrainClientConfig(base_url=run.orchestrator.inference.base_url, model=model, tokenizer=str(Path(model).resolve()))
+    client = TrainClientConfig(
+        base_url=run.orchestrator.inference.base_url, model=model, tokenizer=str(Path(model).resolve())
+    )
     (server,) = run.env_servers
     assert server.config.model_access.problem(client) is None
 
 
 def test_the_launchers_env_server_for_an_env_with_its_own_client_allows_that_client() -> None:
     teacher = EvalClientConfig(base_url="https://api.example.com/v1", model="teacher", api_key_env="TEACHER_KEY")
-    orchestrator = OrchestratorConfig(envs=[EnvConfig(id="reverse-text"), EnvConfig(id="reverse-text", name="taught", client=teacher)])
+    orchestrator = OrchestratorConfig(
+        envs=[EnvConfig(id="reverse-text"), EnvConfig(id="reverse-text", name="taught", client=teacher)]
+    )
     plain, taught = resolve_run(RLConfig(orchestrator=orchestrator)).env_servers
     assert taught.config.model_access.problem(teacher) is None
     assert plain.config.model_access.problem(teacher) is not None
@@ -111,5 +126,7 @@ def test_the_launchers_env_server_for_an_env_with_its_own_client_allows_that_cli
 
 def test_the_orchestrator_reads_the_reload_token_from_the_variable_the_inference_server_uses() -> None:
     inference = InferenceConfig(reload=ReloadConfig(token_env="MY_RELOAD_TOKEN"))
-    run = resolve_run(RLConfig(orchestrator=OrchestratorConfig(envs=[EnvConfig(id="reverse-text")]), inference=inference))
+    run = resolve_run(
+        RLConfig(orchestrator=OrchestratorConfig(envs=[EnvConfig(id="reverse-text")]), inference=inference)
+    )
     assert run.orchestrator.inference.reload_token_env == "MY_RELOAD_TOKEN"

@@ -33,7 +33,9 @@ def test_a_well_formed_request_parses_and_params_default_to_empty() -> None:
         (msgpack.packb({"id": "d", "method": "reboot"}), p.UNKNOWN_METHOD, "d"),
     ],
 )
-def test_malformed_requests_raise_typed_errors_keeping_the_id_when_readable(frame: bytes, error_type: str, request_id: str | None) -> None:
+def test_malformed_requests_raise_typed_errors_keeping_the_id_when_readable(
+    frame: bytes, error_type: str, request_id: str | None
+) -> None:
     error = error_of(frame)
     assert (error.type, error.request_id) == (error_type, request_id)
 

@@ -15,7 +15,11 @@ def test_batch_round_trips_exactly(tmp_path):
     samples = synthetic_samples(5, seed=3, policy_step=2)
     n = len(samples[0].input_ids)  # floats that float32 could not hold must survive too
     samples[0] = samples[0].model_copy(
-        update={"loss_mask": [0] + [1] * (n - 1), "inference_logprobs": [0.0] + [-0.1 / 3] * (n - 1), "advantage": 1 / 3}
+        update={
+            "loss_mask": [0] + [1] * (n - 1),
+            "inference_logprobs": [0.0] + [-0.1 / 3] * (n - 1),
+            "advantage": 1 / 3,
+        }
     )
     path = write_batch(tmp_path, 2, samples)
     assert path == tmp_path / "rollouts" / "step_2" == batch_dir(tmp_path, 2)
@@ -41,10 +45,9 @@ def test_writing_a_step_twice_is_refused(tmp_path):
 
 def test_a_write_that_fails_midway_publishes_nothing(tmp_path):
     final = tmp_path / "rollouts" / "step_0"
-    with pytest.raises(OSError, match="disk full"):
-        with atomic_dir(final) as tmp:
-            (tmp / BATCH_FILE).write_bytes(b"half")
-            raise OSError("disk full")
+    with pytest.raises(OSError, match="disk full"), atomic_dir(final) as tmp:
+        (tmp / BATCH_FILE).write_bytes(b"half")
+        raise OSError("disk full")
     assert list((tmp_path / "rollouts").iterdir()) == []
 
 
@@ -56,7 +59,19 @@ def test_truncated_batch_file_is_reported_with_its_path(tmp_path):
         read_batch(path)
 
 
-COLUMNS = ["input_ids", "loss_mask", "inference_logprobs", "lengths", "advantage", "env", "task_idx", "policy_step", "temperature", "top_p", "top_k"]
+COLUMNS = [
+    "input_ids",
+    "loss_mask",
+    "inference_logprobs",
+    "lengths",
+    "advantage",
+    "env",
+    "task_idx",
+    "policy_step",
+    "temperature",
+    "top_p",
+    "top_k",
+]
 
 
 @pytest.mark.parametrize("column", COLUMNS)

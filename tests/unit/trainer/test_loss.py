@@ -28,7 +28,7 @@ def test_plain_importance_weighted_policy_gradient():
     per_token = [-E(0.5) * 2, -E(-0.5) * 1, E(0.5) * 1, E(-0.5) * 0.5]
     assert math.isclose(loss, 0.25 * sum(per_token), rel_tol=1e-6)
     # d(-r A w)/d logp = -r A w: the importance-weighted policy gradient.
-    assert all(math.isclose(g, 0.25 * t, rel_tol=1e-6) for g, t in zip(grad, per_token))
+    assert all(math.isclose(g, 0.25 * t, rel_tol=1e-6) for g, t in zip(grad, per_token, strict=True))
     assert stats["clipped"].item() == 0
 
 
@@ -64,7 +64,7 @@ def test_kl_penalty_adds_k3_towards_the_inference_policy():
     loss, grad, _ = run(config, [0.5, -0.5, 0.5, -0.5])
     k3 = [E(-lr) - 1 + lr for lr in (0.5, -0.5, 0.5, -0.5)]
     pg = [-E(0.5) * 2, -E(-0.5) * 1, E(0.5) * 1, E(-0.5) * 0.5]
-    assert math.isclose(loss, 0.25 * sum(p + 0.1 * k for p, k in zip(pg, k3)), rel_tol=1e-6)
+    assert math.isclose(loss, 0.25 * sum(p + 0.1 * k for p, k in zip(pg, k3, strict=True)), rel_tol=1e-6)
     # d k3 / d lr = 1 - exp(-lr): pushes logp down where it is above the inference logp.
     assert math.isclose(grad[0], 0.25 * (pg[0] + 0.1 * (1 - E(-0.5))), rel_tol=1e-6)
 
@@ -113,7 +113,9 @@ def test_top_k_and_top_p_renormalise_over_the_tokens_vllm_keeps():
 
 def test_truncated_logprobs_have_finite_gradients_through_the_normaliser():
     logits = torch.tensor([[2.0, 1.0, -1.0], [0.0, 0.0, 0.0]], requires_grad=True)
-    logprobs, _ = token_logprobs(logits, torch.tensor([0, 1]), torch.ones(2), torch.tensor([1.0, 1.0]), torch.tensor([0, 2]))
+    logprobs, _ = token_logprobs(
+        logits, torch.tensor([0, 1]), torch.ones(2), torch.tensor([1.0, 1.0]), torch.tensor([0, 2])
+    )
     logprobs.sum().backward()
     p = torch.softmax(torch.tensor([2.0, 1.0]), dim=0)
     # d/dz log(p_1 / (p_0 + p_1)) = onehot(1) - renormalised p over the kept {0, 1}, 0 for the dropped token
@@ -127,6 +129,9 @@ def test_unknown_inference_logprob_counts_as_on_policy():
     loss, stats = policy_loss(logprobs, inference, ADVANTAGES, ALL, WEIGHTS, LossConfig(ppo_clip=False))
     loss.backward()
     assert math.isclose(loss.item(), 0.25 * (-E(-0.5) * 2 - 1.0 * 1 + E(0.5) * 1 + 1.0 * 0.5), abs_tol=1e-6)
-    assert [math.isclose(g, 0.25 * -a, rel_tol=1e-6) for g, a in zip(logprobs.grad.tolist()[1::2], ADVANTAGES.tolist()[1::2])] == [True, True]
+    assert [
+        math.isclose(g, 0.25 * -a, rel_tol=1e-6)
+        for g, a in zip(logprobs.grad.tolist()[1::2], ADVANTAGES.tolist()[1::2], strict=True)
+    ] == [True, True]
     expected_kl = sum(E(-d) - 1 + d for d in (-0.5, 0.5))
     assert math.isclose(stats["mismatch_kl"].item(), expected_kl, rel_tol=1e-5)

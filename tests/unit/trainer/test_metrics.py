@@ -52,5 +52,9 @@ def test_a_resumed_sink_drops_its_own_lines_of_later_steps_and_a_cut_line(tmp_pa
     for sink in (trainer, orchestrator, resumed):
         sink.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(r["process"], r["step"]) for r in lines if r["process"] == "trainer"] == [("trainer", 0), ("trainer", 1), ("trainer", 2)]
+    assert [(r["process"], r["step"]) for r in lines if r["process"] == "trainer"] == [
+        ("trainer", 0),
+        ("trainer", 1),
+        ("trainer", 2),
+    ]
     assert [r["step"] for r in lines if r["process"] == "orchestrator"] == [0, 1, 2, 3, 4]

@@ -1,5 +1,7 @@
 """Packing: every sample exactly once, no attention across samples, batch-wide normalisation."""
 
+from itertools import pairwise
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -61,7 +63,9 @@ def test_samples_without_loss_tokens_are_left_out():
 
 
 def test_a_sample_longer_than_the_budget_gets_a_micro_batch_of_its_own():
-    micro_batches = pack([sample(1, 2), sample(4, 8), sample(2, 2)], max_tokens=10, normalize="token", where="rollouts/step_3")
+    micro_batches = pack(
+        [sample(1, 2), sample(4, 8), sample(2, 2)], max_tokens=10, normalize="token", where="rollouts/step_3"
+    )
     assert sorted(mb.num_tokens for mb in micro_batches) == [7, 12]
     assert sum(mb.num_samples for mb in micro_batches) == 3
 
@@ -92,6 +96,6 @@ def test_packed_forward_matches_separate_forwards(attn_implementation):
     with torch.no_grad():
         packed = packed_logits(model, mb)
         starts = (mb.position_ids[0] == 0).nonzero().flatten().tolist() + [mb.num_tokens]
-        for start, end in zip(starts, starts[1:]):
+        for start, end in pairwise(starts):
             alone = model(input_ids=mb.input_ids[:, start:end]).logits[0]
             assert torch.allclose(packed[start:end], alone, atol=1e-5)

@@ -2,6 +2,7 @@
 
 import json
 import math
+from itertools import pairwise
 
 import pytest
 import torch
@@ -53,7 +54,7 @@ def test_loss_goes_down_on_a_fixed_batch(tmp_path):
     trainer = make_trainer(tmp_path, **{"loss.ppo_clip": False})
     samples = synthetic_samples(6, seed=4)
     losses = [trainer.train_on(0, samples, where="fixed")["loss"] for _ in range(5)]
-    assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
+    assert all(later < earlier for earlier, later in pairwise(losses)), losses
 
 
 def test_published_weights_reload_in_transformers_with_the_base_tensor_names(tmp_path):
@@ -65,8 +66,13 @@ def test_published_weights_reload_in_transformers_with_the_base_tensor_names(tmp
     reloaded = AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32)
     trained = trainer.model.state_dict()
     assert all(torch.equal(tensor, trained[name]) for name, tensor in reloaded.state_dict().items())
-    assert not torch.equal(reloaded.model.norm.weight, load_file(DEFAULT_DIR / "model.safetensors")["model.norm.weight"])
-    assert AutoTokenizer.from_pretrained(published).chat_template == AutoTokenizer.from_pretrained(DEFAULT_DIR).chat_template
+    assert not torch.equal(
+        reloaded.model.norm.weight, load_file(DEFAULT_DIR / "model.safetensors")["model.norm.weight"]
+    )
+    assert (
+        AutoTokenizer.from_pretrained(published).chat_template
+        == AutoTokenizer.from_pretrained(DEFAULT_DIR).chat_template
+    )
     assert not list((tmp_path / "weights").glob(".*"))  # no temp dirs left behind
 
 

@@ -12,7 +12,7 @@ import random
 from envrl.envs import Environment, Rubric
 from envrl.traces import Task
 
-TOPICS = "the sea, a game, the moon, a tool, a letter, the number seven, a short trip, rain".split(", ")
+TOPICS = ["the sea", "a game", "the moon", "a tool", "a letter", "the number seven", "a short trip", "rain"]
 
 
 class TopicTask(Task):

@@ -12,7 +12,7 @@ import random
 from envrl.envs import Rubric, ToolEnvironment
 from envrl.traces import Message, Task
 
-WORDS = "apple pear plum fig kiwi lime lemon mango grape melon".split()
+WORDS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "lemon", "mango", "grape", "melon"]
 SYSTEM_PROMPT = "You manage a key-value store through tools. Do what the user asks, then call finish."
 
 
@@ -79,7 +79,10 @@ class KeyValueEnv(ToolEnvironment):
     def prompt(self, task: Task) -> list[Message]:
         assert isinstance(task, StoreTask)
         wanted = ", ".join(f"{k}={v}" for k, v in task.entries.items())
-        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"Store these entries: {wanted}."}]
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"Store these entries: {wanted}."},
+        ]
 
 
 def make_tasks(count: int, seed: int, max_entries: int) -> list[StoreTask]:
