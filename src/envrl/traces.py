@@ -12,12 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Message = dict[str, Any]
 """An OpenAI-style chat message: `role`, `content`, optional `tool_calls` / `tool_call_id`."""
+
+Split = Literal["train", "eval"]
+"""Which task list a task comes from; eval tasks never feed training."""
 
 
 class StrictModel(BaseModel):

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
 from envrl.inference.client import ContextLengthError
-from envrl.traces import Branch, Error, Message, Task, Trace, Turn, WireTask
+from envrl.traces import Branch, Error, Message, Split, Task, Trace, Turn, WireTask
 
-Split = Literal["train", "eval"]
 TaskSource = Sequence[Task] | Callable[[], Iterable[Task]]
 """A list of tasks, or a function that builds them (from a seed, no downloads) on first use."""
 

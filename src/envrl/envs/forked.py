@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import traceback
@@ -25,8 +24,9 @@ from typing import Any
 
 import msgpack
 
+from envrl.process import set_parent_death_signal
+
 _SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
-_PR_SET_PDEATHSIG = 1
 
 
 class ForkedCallError(RuntimeError):
@@ -54,8 +54,7 @@ def _plain(value: Any) -> Any:
 
 def _child(fn: Callable[[], Any], fd: int) -> None:
     """Runs in the child: never returns, never runs the parent's cleanup code."""
-    with contextlib.suppress(OSError, AttributeError):  # die with the parent, even when it is SIGKILLed
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    set_parent_death_signal(signal.SIGKILL)  # die with the parent, even when it is SIGKILLed
     signal.set_wakeup_fd(-1)  # signals to the child must not wake the parent's event loop
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)

@@ -7,7 +7,6 @@ RPC sockets, temp files) lands under `<output_dir>/inference/`.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from pathlib import Path
 from typing import Any
@@ -16,19 +15,10 @@ from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
 from envrl.log import LogConfig
+from envrl.net import is_loopback_host
 
 RELOAD_TOKEN_ENV = "ENVRL_RELOAD_TOKEN"
 """Default environment variable holding the `/update_weights` token (tokens never go into configs)."""
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (an address or name to bind) is reachable only from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class ReloadConfig(BaseConfig):
@@ -66,7 +56,7 @@ class InferenceConfig(BaseConfig):
 
     @model_validator(mode="after")
     def _reload_is_guarded(self) -> InferenceConfig:
-        if not is_loopback(self.host):
+        if not is_loopback_host(self.host):
             if not self.reload.allow_remote:
                 raise ValueError(
                     f"inference.host = {self.host!r} is not loopback, so anyone reaching it could replace the weights "

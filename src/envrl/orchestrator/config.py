@@ -17,10 +17,11 @@ from envrl.http import RetryPolicy
 from envrl.inference.config import RELOAD_TOKEN_ENV
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
+from envrl.net import is_loopback
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.process import RestartPolicy
-from envrl.serve.config import CurveClientConfig, ElasticPoolConfig, EnvTimeoutConfig, PoolConfig, is_loopback
+from envrl.serve.config import CurveClientConfig, ElasticPoolConfig, EnvTimeoutConfig, PoolConfig
 
 
 class SamplingConfig(BaseConfig):

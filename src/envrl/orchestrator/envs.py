@@ -18,7 +18,6 @@ import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal
 
 from loguru import logger
 
@@ -28,9 +27,7 @@ from envrl.orchestrator.seeds import attempt_seed
 from envrl.process import Child, ChildFailed, RestartBudget, config_argv, spawn_sidecar
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
-from envrl.traces import Error, Trace, WireTask
-
-Split = Literal["train", "eval"]
+from envrl.traces import Error, Split, Trace, WireTask
 
 CLIENT_SLACK = 30.0
 """Seconds a client waits beyond the server's own rollout deadline before giving up on a call."""

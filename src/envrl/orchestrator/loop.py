@@ -30,7 +30,7 @@ from envrl.layout import published_steps
 from envrl.metrics import MetricsSink
 from envrl.orchestrator.advantage import group_advantages
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
-from envrl.orchestrator.envs import Env, EvalEnvs, Split, TrainEnvs
+from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
 from envrl.orchestrator.evaluate import Unit, grid_units, run_units
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
@@ -45,7 +45,7 @@ from envrl.orchestrator.state import (
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics, seq_len_note, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.samples import TrainingSample, write_batch
-from envrl.traces import Error, Trace, WireTask
+from envrl.traces import Error, Split, Trace, WireTask
 
 
 @dataclass

@@ -8,17 +8,16 @@ requests can make a worker reach only the model servers, API keys and tokenizers
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from envrl.config import BaseConfig
 from envrl.envs.model_client import ClientConfig, TrainClientConfig
 from envrl.log import LogLevel
+from envrl.net import is_loopback
 from envrl.serve.zmqio import MAX_BATCH
 
 
@@ -214,20 +213,6 @@ class EnvServerConfig(BaseConfig):
                 "(curve.secret_key_file, curve.client_keys_dir; see docs/protocol.md) or pass --insecure"
             )
         return self
-
-
-def is_loopback(address: str) -> bool:
-    """True for ipc://, inproc:// and tcp:// addresses on 127.0.0.0/8, ::1 or localhost."""
-    parts = urlsplit(address)
-    if parts.scheme in ("ipc", "inproc"):
-        return True
-    host = (parts.hostname or "").strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # '*', an interface name or a DNS name: assume it is exposed
 
 
 class CurveClientConfig(BaseConfig):

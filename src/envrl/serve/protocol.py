@@ -14,11 +14,10 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field
 
 from envrl.envs.model_client import ClientConfig, SamplingArgs
-from envrl.traces import Trace
+from envrl.traces import Split, Trace
 
 PROTOCOL_VERSION = 1
 
-Split = Literal["train", "eval"]
 
 # Error types of protocol v1 (the `error.type` of a response with ok = false).
 BAD_REQUEST = "bad_request"  # not msgpack, not a map, a missing or mistyped field, a bad task index

@@ -3,8 +3,9 @@
 import pytest
 
 from envrl.config import ConfigError, _split_argv, resolve_config
+from envrl.net import is_loopback
 from envrl.process import config_argv
-from envrl.serve.config import ElasticPoolConfig, EnvServerConfig, StaticPoolConfig, is_loopback
+from envrl.serve.config import ElasticPoolConfig, EnvServerConfig, StaticPoolConfig
 
 
 @pytest.mark.parametrize(

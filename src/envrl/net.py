@@ -1,0 +1,28 @@
+"""Which hosts and addresses only this machine can reach.
+
+Guarantee: anything that is not provably loopback (a wildcard, an interface name, a DNS name
+other than localhost) counts as exposed, so security checks fail closed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (an IP address or name to bind or connect to) is reachable only from here."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback(address: str) -> bool:
+    """True for ipc://, inproc:// and tcp:// addresses on 127.0.0.0/8, ::1 or localhost."""
+    parts = urlsplit(address)
+    if parts.scheme in ("ipc", "inproc"):
+        return True
+    return is_loopback_host(parts.hostname or "")
