@@ -9,22 +9,69 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from envrl.traces import Split
+
 _STEP_DIR = re.compile(r"step_(\d+)")
+
+
+def logs_dir(output_dir: Path) -> Path:
+    """One log file per process: `<output_dir>/logs/`."""
+    return Path(output_dir) / "logs"
+
+
+def env_log_dir(output_dir: Path, split: Split) -> Path:
+    """Env server logs, one `<env>.log` per server: `<output_dir>/logs/envs/<split>/`."""
+    return logs_dir(output_dir) / "envs" / split
+
+
+def configs_dir(output_dir: Path) -> Path:
+    """Each process's resolved config as TOML: `<output_dir>/configs/`."""
+    return Path(output_dir) / "configs"
+
+
+def metrics_file(output_dir: Path) -> Path:
+    """Trainer and orchestrator metrics, one JSON object per line: `<output_dir>/metrics.jsonl`."""
+    return Path(output_dir) / "metrics.jsonl"
+
+
+def rollouts_root(output_dir: Path) -> Path:
+    """Batches (`step_<n>/`) and rollout logs: `<output_dir>/rollouts/`."""
+    return Path(output_dir) / "rollouts"
+
+
+def train_rollouts_file(output_dir: Path) -> Path:
+    """Every train Trace as a JSON line: `<output_dir>/rollouts/train.jsonl`."""
+    return rollouts_root(output_dir) / "train.jsonl"
+
+
+def eval_rollouts_file(output_dir: Path, step: int) -> Path:
+    """Every Trace of the evals at `step`: `<output_dir>/rollouts/eval/step_<step>.jsonl`."""
+    return rollouts_root(output_dir) / "eval" / f"step_{step}.jsonl"
+
+
+def weights_root(output_dir: Path) -> Path:
+    """Published policies, one `step_<n>/` each: `<output_dir>/weights/`."""
+    return Path(output_dir) / "weights"
+
+
+def checkpoints_root(output_dir: Path) -> Path:
+    """Trainer states, one `step_<n>/` each: `<output_dir>/checkpoints/`."""
+    return Path(output_dir) / "checkpoints"
 
 
 def batch_dir(output_dir: Path, step: int) -> Path:
     """Where trainer step `step` reads its samples: `<output_dir>/rollouts/step_<step>/`."""
-    return Path(output_dir) / "rollouts" / f"step_{step}"
+    return rollouts_root(output_dir) / f"step_{step}"
 
 
 def checkpoint_dir(output_dir: Path, step: int) -> Path:
     """The trainer's full state after `step` completed steps: `<output_dir>/checkpoints/step_<step>/`."""
-    return Path(output_dir) / "checkpoints" / f"step_{step}"
+    return checkpoints_root(output_dir) / f"step_{step}"
 
 
 def weights_dir(output_dir: Path, step: int) -> Path:
     """Where policy `step` is published: `<output_dir>/weights/step_<step>/`."""
-    return Path(output_dir) / "weights" / f"step_{step}"
+    return weights_root(output_dir) / f"step_{step}"
 
 
 def published_steps(root: Path) -> list[int]:
