@@ -1,10 +1,13 @@
-"""End-to-end throughput of the CPU smoke run, on-policy (max_async_level 0) vs async (2).
+"""envrl end to end vs the single-process floor, on the same work.
 
-    uv run --no-sync python scripts/bench/e2e.py [--steps 30] [--levels 0 2]
+    uv run --no-sync python scripts/bench/e2e.py [--steps 20] [--levels 0 2] [--prompts 8] [--group 8] [--max-tokens 32]
 
-Runs `rl` on configs/debug/cpu_smoke.toml once per level (start-up excluded from the numbers)
-and prints steps/s and where the time of a step goes: the orchestrator's generation (mean
-rollout), its wait for the trainer, and the trainer's compute and its wait for batches.
+Runs `rl` on configs/debug/cpu_smoke.toml reshaped to `prompts × group` completions of at most
+`max-tokens` tokens per step, once per async level, then scripts/bench/floor.py's single-process
+GRPO loop on the same shape, and prints one table: start-up phases (from launching `rl` to the
+first published batch and the first trained step), envrl's median step time and its split
+(generation per rollout, the orchestrator's wait for the trainer, trainer compute and its wait for
+batches), the floor's median step, their ratio, and the speed-up of async over on-policy.
 """
 
 from __future__ import annotations
@@ -14,52 +17,80 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
+from itertools import pairwise
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, median
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from floor import run_floor  # noqa: E402 - a sibling script, not a package
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(level: int, steps: int, out: Path) -> dict[str, float]:
+def run_envrl(level: int, steps: int, prompts: int, group: int, max_tokens: int, out: Path) -> dict[str, float]:
+    """One `rl` run; its start-up phases and median step split, from `metrics.jsonl`."""
     argv = [
         sys.executable, "-m", "envrl.launcher.main", "--config", str(ROOT / "configs/debug/cpu_smoke.toml"),
         "--output-dir", str(out), "--max-async-level", str(level), "--max-steps", str(steps),
-        "--wandb.mode", "disabled", "--clean",
+        "--orchestrator.batch-size", str(prompts * group), "--orchestrator.group-size", str(group),
+        "--orchestrator.max-inflight", str(2 * prompts * group),
+        "--orchestrator.sampling.max-tokens", str(max_tokens), "--wandb.mode", "disabled", "--clean",
     ]  # fmt: skip
+    launched = time.time()
     subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     orch = [r for r in records if "perf/step_time" in r]
     trainer = [r for r in records if "trainer/step_time_s" in r]
-    wall = trainer[-1]["time"] - orch[0]["time"] + orch[0]["perf/step_time"]
+    steady = slice(2, None) if steps > 4 else slice(None)  # the first steps include warm-up
+    trained = [r["time"] for r in trainer]
     return {
-        "steps/s": steps / wall,
-        "wall s": wall,
-        "generation s/rollout": fmean(v for r in orch for k, v in r.items() if k.endswith("/time_generation")),
-        "orch waits for trainer s/step": fmean(r["perf/wait_for_trainer"] for r in orch),
-        "trainer compute s/step": fmean(r["trainer/step_time_s"] for r in trainer),
-        "trainer waits for batch s/step": fmean(r["trainer/wait_time_s"] for r in trainer),
-        "reward last 5": fmean(r["train/reward"] for r in orch[-5:]),
+        "start-up: first batch s": orch[0]["time"] - launched,
+        "start-up: first trained step s": trained[0] - launched,
+        "median step s": median([b - a for a, b in pairwise(trained)][steady]),
+        "generation s/rollout": fmean(v for r in orch[steady] for k, v in r.items() if k.endswith("/time_generation")),
+        "orch waits for trainer s/step": fmean(r["perf/wait_for_trainer"] for r in orch[steady]),
+        "trainer compute s/step": fmean(r["trainer/step_time_s"] for r in trainer[steady]),
+        "trainer waits for batch s/step": fmean(r["trainer/wait_time_s"] for r in trainer[steady]),
+        "reward first 3 -> last 3": fmean(r["train/reward"] for r in orch[-3:])
+        - fmean(r["train/reward"] for r in orch[:3]),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--floor-steps", type=int, default=10)
     args = parser.parse_args()
-    results = {}
+    shape = (args.prompts, args.group, args.max_tokens)
+    results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="envrl-bench-") as tmp:
         for level in args.levels:
-            print(f"running max_async_level={level} for {args.steps} steps ...", flush=True)
-            results[level] = run(level, args.steps, Path(tmp) / f"async{level}")
-    keys = list(next(iter(results.values())))
-    print("\n| metric | " + " | ".join(f"async {level}" for level in results) + " |")
+            print(f"envrl: max_async_level={level}, {args.steps} steps of {shape} ...", flush=True)
+            results[f"envrl async {level}"] = run_envrl(level, args.steps, *shape, Path(tmp) / f"async{level}")
+    print(f"floor: {args.floor_steps} single-process steps of {shape} ...", flush=True)
+    floor = run_floor(args.floor_steps, *shape)[1:]
+    floor_step = median(s.total_s for s in floor)
+    results["floor (1 process)"] = {
+        "median step s": floor_step,
+        "generation s/rollout": median(s.generation_s for s in floor) / (args.prompts * args.group),
+        "trainer compute s/step": median(s.training_s for s in floor),
+    }
+    keys = list(dict.fromkeys(k for r in results.values() for k in r))
+    print("\n| metric | " + " | ".join(results) + " |")
     print("|---|" + "---|" * len(results))
     for key in keys:
-        print(f"| {key} | " + " | ".join(f"{r[key]:.3f}" for r in results.values()) + " |")
-    if len(results) == 2:
-        a, b = results.values()
-        print(f"\nspeed-up async {args.levels[1]} vs {args.levels[0]}: {b['steps/s'] / a['steps/s']:.2f}x")
+        print(f"| {key} | " + " | ".join(f"{r[key]:.3f}" if key in r else "" for r in results.values()) + " |")
+    for level in args.levels:
+        envrl_step = results[f"envrl async {level}"]["median step s"]
+        print(f"envrl async {level} / floor: {envrl_step / floor_step:.2f}x the floor's step time")
+    if len(args.levels) == 2:
+        a, b = (results[f"envrl async {level}"]["median step s"] for level in args.levels)
+        print(f"speed-up async {args.levels[1]} vs {args.levels[0]}: {a / b:.2f}x")
 
 
 if __name__ == "__main__":
