@@ -1,0 +1,190 @@
+"""What the report reads from a run directory: metric series, and each step's rollouts joined
+with the training samples they became.
+
+Guarantee: only files the run publishes are read, each with its owner's reader (`metrics.jsonl`
+line by line, `rollouts/train.jsonl` through `parse_trace_line`, batches through the trainer's
+`read_batch`); a line cut by a crash is skipped, never fatal, so a report can be made while the
+run goes on. Every sample of a batch is attached to exactly one rollout, the one it was made from
+(same env, task, policy and first tokens), in the order the orchestrator made them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+from pydantic import BaseModel
+
+from envrl.layout import batch_dir, configs_dir, metrics_file, published_steps, train_rollouts_file, weights_root
+from envrl.orchestrator.jsonl import parse_trace_line
+from envrl.samples import BatchError, TrainingSample, read_batch
+from envrl.traces import Trace
+
+Record = dict[str, Any]
+
+
+class Rollout(BaseModel):
+    """One train rollout of a step as the trace browser shows it."""
+
+    fields: dict[str, Any]
+    """The bookkeeping of its `train.jsonl` line: `step`, `env`, `policy_step`."""
+    trace: Trace
+    samples: list[TrainingSample] = []
+    """The training samples made from it (none for an errored, unscored or dropped rollout)."""
+
+    @property
+    def env(self) -> str:
+        return str(self.fields.get("env", "?"))
+
+
+def read_metrics(output_dir: Path) -> list[Record]:
+    """Every complete metrics line of the run, in file order."""
+    path = metrics_file(output_dir)
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            logger.warning(f"{path}:{number}: not a JSON line (cut by a crash?); skipped")
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records
+
+
+def as_float(value: Any) -> float:
+    """A metric value as a float; NaN for what JSON could not hold (`"nan"`) or is not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def series(records: list[Record], key: str) -> tuple[list[int], list[float]]:
+    """Steps and values of `key`, the last line winning when a step was logged twice."""
+    by_step = {r["step"]: as_float(r[key]) for r in records if key in r}
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def env_names(records: list[Record], prefix: str) -> list[str]:
+    """Env names appearing as `<prefix>/<env>/reward` keys, sorted."""
+    return sorted({k.split("/")[1] for r in records for k in r if k.startswith(f"{prefix}/") and k.count("/") == 2})
+
+
+def read_train_rollouts(output_dir: Path) -> dict[int, list[Rollout]]:
+    """The train rollouts of every step, in the order the orchestrator wrote them."""
+    path = train_rollouts_file(output_dir)
+    by_step: dict[int, list[Rollout]] = defaultdict(list)
+    if not path.exists():
+        return {}
+    with path.open() as f:
+        for number, line in enumerate(f, 1):
+            if not line.endswith("\n"):
+                break  # being appended right now
+            try:
+                fields, trace = parse_trace_line(line)
+            except ValueError as e:
+                logger.warning(f"{path}:{number}: {e}; skipped")
+                continue
+            by_step[int(fields.get("step", -1))].append(Rollout(fields=fields, trace=trace))
+    return dict(by_step)
+
+
+def _first_tokens(trace: Trace, branch: int) -> list[int] | None:
+    """The tokens a sample of this branch starts with: its first turn's prompt and completion."""
+    for turn in trace.branches[branch].turns:
+        if turn.tokens is not None:
+            return turn.tokens.prompt_ids + turn.tokens.completion_ids
+    return None
+
+
+def _made_from(sample: TrainingSample, rollout: Rollout) -> bool:
+    trace = rollout.trace
+    if (sample.env, sample.task_idx, sample.policy_step) != (
+        rollout.env,
+        trace.task.idx,
+        rollout.fields.get("policy_step"),
+    ):
+        return False
+    for branch in range(len(trace.branches)):
+        start = _first_tokens(trace, branch)
+        n = min(len(start), len(sample.input_ids)) if start is not None else 0
+        if start is None or sample.input_ids[:n] == start[:n]:
+            return True
+    return False
+
+
+def attach_samples(rollouts: list[Rollout], samples: list[TrainingSample], where: str) -> None:
+    """Give each rollout the samples made from it. The orchestrator makes samples rollout by
+    rollout in `train.jsonl` order, skipping the ones that train on nothing, so one forward walk
+    pairs them; a sample no rollout explains is reported and left out."""
+    i = 0
+    for index, sample in enumerate(samples):
+        j = i
+        while j < len(rollouts) and not _made_from(sample, rollouts[j]):
+            j += 1
+        if j == len(rollouts):
+            logger.warning(
+                f"{where}: sample {index} (env {sample.env!r}, task {sample.task_idx}) matches no rollout "
+                "of train.jsonl at this step; it is left out of the trace browser"
+            )
+            continue
+        rollouts[j].samples.append(sample)
+        i = j
+
+
+def step_rollouts(output_dir: Path, step: int, rollouts: list[Rollout]) -> list[Rollout]:
+    """`rollouts` (one step's, from `read_train_rollouts`) with their samples from the batch of
+    `step`; without samples while the batch is not published yet."""
+    path = batch_dir(output_dir, step)
+    if path.is_dir():
+        try:
+            attach_samples(rollouts, read_batch(path), str(path))
+        except BatchError as e:
+            logger.warning(f"{e}; step {step} is shown without tokens")
+    return rollouts
+
+
+def tokenizer_source(output_dir: Path) -> str | None:
+    """Where the run's tokenizer lives: the newest published weights (they carry it), else the
+    model named in the run's orchestrator config."""
+    root = weights_root(output_dir)
+    for step in reversed(published_steps(root)):
+        candidate = root / f"step_{step}"
+        if (candidate / "tokenizer_config.json").exists():
+            return str(candidate)
+    config = configs_dir(output_dir) / "orchestrator.toml"
+    if config.exists():
+        import tomllib
+
+        name = tomllib.loads(config.read_text()).get("model", {}).get("name")
+        return str(name) if name else None
+    return None
+
+
+class Detokenizer:
+    """Token ids as text, one id at a time (cached): what each coloured token in the page shows."""
+
+    def __init__(self, source: str | None) -> None:
+        self._tokenizer: Any = None
+        self._cache: dict[int, str] = {}
+        if source is not None:
+            from transformers import AutoTokenizer
+
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(source)
+            except (OSError, ValueError) as e:
+                logger.warning(f"tokenizer at {source} could not be loaded ({e}); tokens are shown as ids")
+
+    def __call__(self, token_id: int) -> str:
+        if token_id not in self._cache:
+            text = self._tokenizer.decode([token_id]) if self._tokenizer is not None else None
+            self._cache[token_id] = text if text else f"<{token_id}>"
+        return self._cache[token_id]
