@@ -25,6 +25,10 @@ from envrl.layout import metrics_file
 
 Record = dict[str, Any]
 
+SINCE_SLACK_S = 1.0
+"""Lines up to this much older than the console's start still count as this run's: metrics times
+are rounded to the millisecond, and an earlier run's lines are minutes older (vLLM's start-up)."""
+
 
 class MetricsTail:
     """New complete lines of a JSON-lines file since the last `read()`; starts over (from byte 0)
@@ -188,12 +192,13 @@ class RunConsole:
         self.clock = clock
         self.started = clock()
         self.tail = MetricsTail(metrics_file(output_dir))
-        self.board = ProgressBoard(total_steps, since=self.started)
+        self.board = ProgressBoard(total_steps, since=self.started - SINCE_SLACK_S)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.started = self.board.since = self.clock()
+        self.started = self.clock()
+        self.board.since = self.started - SINCE_SLACK_S
         self._thread = threading.Thread(target=self._run, name="rl-console", daemon=True)
         self._thread.start()
 

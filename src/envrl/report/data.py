@@ -97,47 +97,52 @@ def read_train_rollouts(output_dir: Path) -> dict[int, list[Rollout]]:
     return dict(by_step)
 
 
-def _first_tokens(trace: Trace, branch: int) -> list[int] | None:
-    """The tokens a sample of this branch starts with: its first turn's prompt and completion."""
-    for turn in trace.branches[branch].turns:
-        if turn.tokens is not None:
-            return turn.tokens.prompt_ids + turn.tokens.completion_ids
-    return None
+def _turn_starts(trace: Trace) -> list[list[int] | None]:
+    """What a sample made from this trace can start with, in the order samples are made: each
+    turn's prompt and completion, branch by branch (None for a token-less turn: anything)."""
+    return [
+        turn.tokens.prompt_ids + turn.tokens.completion_ids if turn.tokens is not None else None
+        for branch in trace.branches
+        for turn in branch.turns
+    ]
 
 
-def _made_from(sample: TrainingSample, rollout: Rollout) -> bool:
-    trace = rollout.trace
-    if (sample.env, sample.task_idx, sample.policy_step) != (
-        rollout.env,
-        trace.task.idx,
-        rollout.fields.get("policy_step"),
-    ):
-        return False
-    for branch in range(len(trace.branches)):
-        start = _first_tokens(trace, branch)
-        n = min(len(start), len(sample.input_ids)) if start is not None else 0
-        if start is None or sample.input_ids[:n] == start[:n]:
-            return True
-    return False
+def _starts_with(ids: list[int], start: list[int] | None) -> bool:
+    """`ids` begins with `start` (compared as far as both go: `seq_len` may have cut the sample)."""
+    if start is None:
+        return True
+    n = min(len(start), len(ids))
+    return ids[:n] == start[:n]
 
 
 def attach_samples(rollouts: list[Rollout], samples: list[TrainingSample], where: str) -> None:
     """Give each rollout the samples made from it. The orchestrator makes samples rollout by
-    rollout in `train.jsonl` order, skipping the ones that train on nothing, so one forward walk
-    pairs them; a sample no rollout explains is reported and left out."""
+    rollout in `train.jsonl` order (turn by turn within one), skipping rollouts that train on
+    nothing, so one forward walk pairs them: a sample goes to the first rollout at or after the
+    previous sample's whose env, task, policy and a not yet used turn's tokens it starts with.
+    A sample no rollout explains is reported and left out."""
+    starts = [_turn_starts(r.trace) for r in rollouts]
+    used = [0] * len(rollouts)
     i = 0
     for index, sample in enumerate(samples):
-        j = i
-        while j < len(rollouts) and not _made_from(sample, rollouts[j]):
-            j += 1
-        if j == len(rollouts):
+        for j in range(i, len(rollouts)):
+            rollout = rollouts[j]
+            if (sample.env, sample.task_idx, sample.policy_step) != (
+                rollout.env,
+                rollout.trace.task.idx,
+                rollout.fields.get("policy_step"),
+            ):
+                continue
+            k = next((k for k in range(used[j], len(starts[j])) if _starts_with(sample.input_ids, starts[j][k])), None)
+            if k is not None:
+                rollout.samples.append(sample)
+                used[j], i = k + 1, j
+                break
+        else:
             logger.warning(
                 f"{where}: sample {index} (env {sample.env!r}, task {sample.task_idx}) matches no rollout "
                 "of train.jsonl at this step; it is left out of the trace browser"
             )
-            continue
-        rollouts[j].samples.append(sample)
-        i = j
 
 
 def step_rollouts(output_dir: Path, step: int, rollouts: list[Rollout]) -> list[Rollout]:

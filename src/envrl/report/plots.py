@@ -82,6 +82,18 @@ def _time_split(ax: Axes, records: list[Record]) -> bool:
     return True
 
 
+def _throughput(ax: Axes, records: list[Record]) -> bool:
+    """Trainer tokens/s on the left axis, rollouts/s (orchestrator) on a right one: scales apart."""
+    drawn = _lines(ax, records, {"trainer/tokens_per_s": "trainer tokens/s"}, "-o")
+    ax.set_ylabel("tokens/s")
+    right = ax.twinx()
+    if _lines(right, records, {"perf/rollouts_per_s": "rollouts/s (right axis)"}, "s--C1"):
+        right.set_ylabel("rollouts/s")
+        right.legend(fontsize=7, loc="upper right")
+        drawn = True
+    return drawn
+
+
 PLOTS = [
     Plot(
         "reward",
@@ -124,18 +136,10 @@ PLOTS = [
     Plot(
         "throughput",
         "Throughput",
-        _keys(_fixed({"trainer/tokens_per_s": "trainer tokens/s", "perf/rollouts_per_s": "rollouts/s (x100)"})),
+        _throughput,
     ),
     Plot("time_split", "Where each step's wall time went", _time_split),
 ]
-
-
-def _scale_rollouts(records: list[Record]) -> list[Record]:
-    """rollouts/s drawn x100 so that it shares an axis with tokens/s."""
-    return [
-        {**r, "perf/rollouts_per_s": as_float(r["perf/rollouts_per_s"]) * 100} if "perf/rollouts_per_s" in r else r
-        for r in records
-    ]
 
 
 def write_plots(records: list[Record], out: Path) -> list[tuple[str, str]]:
@@ -144,8 +148,7 @@ def write_plots(records: list[Record], out: Path) -> list[tuple[str, str]]:
     for plot in PLOTS:
         fig, ax = plt.subplots(figsize=(7, 3.6), dpi=90)
         try:
-            data = _scale_rollouts(records) if plot.name == "throughput" else records
-            if plot.draw(ax, data):
+            if plot.draw(ax, records):
                 ax.set_xlabel("step")
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=7, loc="best")
