@@ -78,4 +78,5 @@ def run_smoke(out: Path) -> SmokeRun:
     with rl_process(out) as (proc, marker):
         code, console = finish(proc, timeout=1500)
         survivors = wait_no_survivors(marker)
+    (out.parent / "rl-console.txt").write_text(console)  # beside the run dir, for a failure's post-mortem
     return SmokeRun(out, code, console, survivors)
