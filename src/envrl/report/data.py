@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -78,23 +79,39 @@ def env_names(records: list[Record], prefix: str) -> list[str]:
     return sorted({k.split("/")[1] for r in records for k in r if k.startswith(f"{prefix}/") and k.count("/") == 2})
 
 
-def read_train_rollouts(output_dir: Path) -> dict[int, list[Rollout]]:
-    """The train rollouts of every step, in the order the orchestrator wrote them."""
+_STEP_PREFIX = re.compile(r'\{"step": (-?\d+),')
+"""How every `train.jsonl` line starts (`trace_line` writes the bookkeeping fields first): lets a
+report group lines by step without parsing the steps it does not rewrite."""
+
+
+def train_lines(output_dir: Path) -> dict[int, list[str]]:
+    """The complete `rollouts/train.jsonl` lines of every step, in the order they were written."""
     path = train_rollouts_file(output_dir)
-    by_step: dict[int, list[Rollout]] = defaultdict(list)
+    by_step: dict[int, list[str]] = defaultdict(list)
     if not path.exists():
         return {}
     with path.open() as f:
         for number, line in enumerate(f, 1):
             if not line.endswith("\n"):
                 break  # being appended right now
-            try:
-                fields, trace = parse_trace_line(line)
-            except ValueError as e:
-                logger.warning(f"{path}:{number}: {e}; skipped")
-                continue
-            by_step[int(fields.get("step", -1))].append(Rollout(fields=fields, trace=trace))
+            if match := _STEP_PREFIX.match(line):
+                by_step[int(match.group(1))].append(line)
+            else:
+                logger.warning(f"{path}:{number}: not a rollout line of trace_line's (no leading step); skipped")
     return dict(by_step)
+
+
+def parse_rollouts(lines: list[str], where: str) -> list[Rollout]:
+    """The rollouts of `lines` (one step's, from `train_lines`); a bad line is logged and skipped."""
+    rollouts = []
+    for line in lines:
+        try:
+            fields, trace = parse_trace_line(line)
+        except ValueError as e:
+            logger.warning(f"{where}: a rollout line that is not one ({e}); skipped")
+            continue
+        rollouts.append(Rollout(fields=fields, trace=trace))
+    return rollouts
 
 
 def _turn_starts(trace: Trace) -> list[list[int] | None]:
@@ -146,7 +163,7 @@ def attach_samples(rollouts: list[Rollout], samples: list[TrainingSample], where
 
 
 def step_rollouts(output_dir: Path, step: int, rollouts: list[Rollout]) -> list[Rollout]:
-    """`rollouts` (one step's, from `read_train_rollouts`) with their samples from the batch of
+    """`rollouts` (one step's, from `parse_rollouts`) with their samples from the batch of
     `step`; without samples while the batch is not published yet."""
     path = batch_dir(output_dir, step)
     if path.is_dir():

@@ -9,14 +9,17 @@ OUTPUT_DIR is not a run directory.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
 from envrl.atomic import atomic_write_text
-from envrl.report.data import Detokenizer, read_metrics, read_train_rollouts, step_rollouts, tokenizer_source
+from envrl.layout import train_rollouts_file
+from envrl.report.data import Detokenizer, parse_rollouts, read_metrics, step_rollouts, tokenizer_source, train_lines
 from envrl.report.page import fingerprint, step_summary, write_index, write_step
 from envrl.report.plots import write_plots
 
@@ -37,30 +40,40 @@ def write_report(output_dir: Path) -> Path:
     started = time.monotonic()
     out = report_dir(output_dir)
     plots = write_plots(read_metrics(output_dir), out / "plots")
-    manifest_path = out / "steps" / "manifest.txt"
-    written = (
-        dict(line.split(" ", 1) for line in manifest_path.read_text().splitlines()) if manifest_path.exists() else {}
-    )
+    manifest_path = out / "steps" / "manifest.json"
+    manifest = _read_manifest(manifest_path)
     detok: Detokenizer | None = None
     summaries, fresh = [], 0
-    for step, rollouts in sorted(read_train_rollouts(output_dir).items()):
-        step_rollouts(output_dir, step, rollouts)
-        mark = fingerprint(output_dir, step, rollouts)
-        path = out / "steps" / f"step_{step}.js"
-        if written.get(str(step)) != mark or not path.exists():
+    for step, lines in sorted(train_lines(output_dir).items()):
+        mark, path = fingerprint(output_dir, step, lines), out / "steps" / f"step_{step}.js"
+        entry = manifest.get(str(step))
+        if entry is None or entry.get("mark") != mark or not path.exists():
+            rollouts = step_rollouts(
+                output_dir, step, parse_rollouts(lines, f"{train_rollouts_file(output_dir)}, step {step}")
+            )
             detok = detok or Detokenizer(tokenizer_source(output_dir))
             write_step(path, step, rollouts, detok)
-            written[str(step)] = mark
+            entry = manifest[str(step)] = {"mark": mark, "summary": step_summary(step, rollouts)}
             fresh += 1
-        summaries.append(step_summary(step, rollouts))
-    if summaries:
-        atomic_write_text(manifest_path, "".join(f"{k} {v}\n" for k, v in written.items()))
+        summaries.append(entry["summary"])
+    if fresh:
+        atomic_write_text(manifest_path, json.dumps(manifest))
     index = write_index(out, output_dir.resolve().name, plots, summaries)
     logger.info(
         f"report of {output_dir}: {len(plots)} plots, {len(summaries)} steps ({fresh} written anew) "
         f"in {time.monotonic() - started:.1f} s -> {index}"
     )
     return index
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """What each step file was made from and its index line; empty (all steps rewritten) when
+    missing or unreadable."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def write_report_at_end(output_dir: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import zlib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -85,10 +86,11 @@ def rollout_view(rollout: Rollout, detok: Detokenizer, vocab: dict[int, str]) ->
     }
 
 
-def fingerprint(output_dir: Path, step: int, rollouts: list[Rollout]) -> str:
-    """Changes whenever the step's rollout lines or its batch do."""
+def fingerprint(output_dir: Path, step: int, lines: list[str]) -> str:
+    """Changes whenever the step's rollout lines or its batch do (a resume rewrites both)."""
     batch = batch_dir(output_dir, step)
-    return f"{len(rollouts)}:{batch.stat().st_mtime_ns if batch.is_dir() else 'no-batch'}"
+    crc = zlib.crc32("".join(lines).encode())
+    return f"{len(lines)}:{crc:08x}:{batch.stat().st_mtime_ns if batch.is_dir() else 'no-batch'}"
 
 
 def write_step(path: Path, step: int, rollouts: list[Rollout], detok: Detokenizer) -> None:
