@@ -55,7 +55,7 @@ def test_trace_browser_lists_the_steps_rollouts_with_the_batch_masks(smoke_run: 
         for plot in PLOTS:
             img = re.search(rf'<img src="plots/{plot.name}.png"[^>]*>', dom)
             assert img and re.search(r'data-loaded="[1-9]\d*"', img.group(0)), f"plot {plot.name} did not load"
-        assert len(re.findall(r'<tr class="rollout', dom)) == len(samples)
+        assert len(re.findall(r'<tr class="rollout train', dom)) == len(samples)
         detail = re.search(rf'<div id="rollout-detail" data-step="{step}" data-index="{rollout}">.*', dom, re.S)
         assert detail, f"the page did not show rollout {rollout} of step {step}"
         tokens = re.findall(r'<span class="tok (?:trained|masked)" data-mask="(\d)" title="id (\d+)', detail.group(0))

@@ -20,10 +20,18 @@ from typing import Any
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl.layout import batch_dir, configs_dir, metrics_file, published_steps, train_rollouts_file, weights_root
+from envrl.layout import (
+    batch_dir,
+    configs_dir,
+    eval_rollouts_file,
+    metrics_file,
+    published_steps,
+    train_rollouts_file,
+    weights_root,
+)
 from envrl.orchestrator.jsonl import parse_trace_line
 from envrl.samples import BatchError, TrainingSample, read_batch
-from envrl.traces import Trace
+from envrl.traces import Split, Trace
 
 Record = dict[str, Any]
 
@@ -31,6 +39,7 @@ Record = dict[str, Any]
 class Rollout(BaseModel):
     """One train rollout of a step as the trace browser shows it."""
 
+    split: Split = "train"
     fields: dict[str, Any]
     """The bookkeeping of its `train.jsonl` line: `step`, `env`, `policy_step`."""
     trace: Trace
@@ -80,16 +89,12 @@ def env_names(records: list[Record], prefix: str) -> list[str]:
 
 
 _STEP_PREFIX = re.compile(r'\{"step": (-?\d+),')
-"""How every `train.jsonl` line starts (`trace_line` writes the bookkeeping fields first): lets a
+"""How every rollouts line starts (`trace_line` writes the bookkeeping fields first): lets a
 report group lines by step without parsing the steps it does not rewrite."""
 
 
-def train_lines(output_dir: Path) -> dict[int, list[str]]:
-    """The complete `rollouts/train.jsonl` lines of every step, in the order they were written."""
-    path = train_rollouts_file(output_dir)
-    by_step: dict[int, list[str]] = defaultdict(list)
-    if not path.exists():
-        return {}
+def _lines_by_step(path: Path, by_step: dict[int, list[str]]) -> None:
+    """Add the complete lines of a rollouts file (`trace_line`'s) to `by_step`, by their step."""
     with path.open() as f:
         for number, line in enumerate(f, 1):
             if not line.endswith("\n"):
@@ -98,11 +103,29 @@ def train_lines(output_dir: Path) -> dict[int, list[str]]:
                 by_step[int(match.group(1))].append(line)
             else:
                 logger.warning(f"{path}:{number}: not a rollout line of trace_line's (no leading step); skipped")
+
+
+def train_lines(output_dir: Path) -> dict[int, list[str]]:
+    """The complete `rollouts/train.jsonl` lines of every step, in the order they were written."""
+    by_step: dict[int, list[str]] = defaultdict(list)
+    path = train_rollouts_file(output_dir)
+    if path.exists():
+        _lines_by_step(path, by_step)
     return dict(by_step)
 
 
-def parse_rollouts(lines: list[str], where: str) -> list[Rollout]:
-    """The rollouts of `lines` (one step's, from `train_lines`); a bad line is logged and skipped."""
+def eval_lines(output_dir: Path) -> dict[int, list[str]]:
+    """The complete lines of every `rollouts/eval/step_<n>.jsonl`, by step."""
+    by_step: dict[int, list[str]] = defaultdict(list)
+    root = eval_rollouts_file(output_dir, 0).parent
+    for path in sorted(root.glob("step_*.jsonl")) if root.is_dir() else []:
+        _lines_by_step(path, by_step)
+    return dict(by_step)
+
+
+def parse_rollouts(lines: list[str], where: str, split: Split = "train") -> list[Rollout]:
+    """The rollouts of `lines` (one step's, from `train_lines` or `eval_lines`); a bad line is
+    logged and skipped."""
     rollouts = []
     for line in lines:
         try:
@@ -110,7 +133,7 @@ def parse_rollouts(lines: list[str], where: str) -> list[Rollout]:
         except ValueError as e:
             logger.warning(f"{where}: a rollout line that is not one ({e}); skipped")
             continue
-        rollouts.append(Rollout(fields=fields, trace=trace))
+        rollouts.append(Rollout(fields=fields, trace=trace, split=split))
     return rollouts
 
 

@@ -18,8 +18,15 @@ from typing import Any
 from loguru import logger
 
 from envrl.atomic import atomic_write_text
-from envrl.layout import train_rollouts_file
-from envrl.report.data import Detokenizer, parse_rollouts, read_metrics, step_rollouts, tokenizer_source, train_lines
+from envrl.report.data import (
+    Detokenizer,
+    eval_lines,
+    parse_rollouts,
+    read_metrics,
+    step_rollouts,
+    tokenizer_source,
+    train_lines,
+)
 from envrl.report.page import fingerprint, step_summary, write_index, write_step
 from envrl.report.plots import write_plots
 
@@ -44,12 +51,15 @@ def write_report(output_dir: Path) -> Path:
     manifest = _read_manifest(manifest_path)
     detok: Detokenizer | None = None
     summaries, fresh = [], 0
-    for step, lines in sorted(train_lines(output_dir).items()):
-        mark, path = fingerprint(output_dir, step, lines), out / "steps" / f"step_{step}.js"
+    train, evals = train_lines(output_dir), eval_lines(output_dir)
+    for step in sorted({*train, *evals}):
+        lines, eval_ = train.get(step, []), evals.get(step, [])
+        mark, path = fingerprint(output_dir, step, lines + eval_), out / "steps" / f"step_{step}.js"
         entry = manifest.get(str(step))
         if entry is None or entry.get("mark") != mark or not path.exists():
-            rollouts = step_rollouts(
-                output_dir, step, parse_rollouts(lines, f"{train_rollouts_file(output_dir)}, step {step}")
+            where = f"{output_dir}/rollouts, step {step}"
+            rollouts = step_rollouts(output_dir, step, parse_rollouts(lines, where)) + parse_rollouts(
+                eval_, where, split="eval"
             )
             detok = detok or Detokenizer(tokenizer_source(output_dir))
             write_step(path, step, rollouts, detok)

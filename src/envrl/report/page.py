@@ -71,6 +71,7 @@ def rollout_view(rollout: Rollout, detok: Detokenizer, vocab: dict[int, str]) ->
         if (span := getattr(trace.timing, phase)) is not None
     }
     return {
+        "split": rollout.split,
         "env": rollout.env,
         "task": trace.task.idx,
         "policy_step": rollout.fields.get("policy_step"),
@@ -108,7 +109,8 @@ def step_summary(step: int, rollouts: list[Rollout]) -> dict[str, Any]:
     return {
         "step": step,
         "envs": envs,
-        "rollouts": len(rollouts),
+        "rollouts": sum(r.split == "train" for r in rollouts),
+        "eval": sum(r.split == "eval" for r in rollouts),
         "samples": sum(len(r.samples) for r in rollouts),
         "errors": sum(r.trace.has_error for r in rollouts),
     }
