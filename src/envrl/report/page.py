@@ -21,6 +21,8 @@ from envrl.atomic import atomic_write_text
 from envrl.layout import batch_dir
 from envrl.report.data import Detokenizer, Rollout
 
+STEP_FORMAT = 2
+"""Version of the step files' content: a report made by a newer envrl rewrites older ones."""
 STEP_FUNCTION = "envrlStep"
 """What a step file calls with its data: `envrlStep({...});`."""
 
@@ -91,7 +93,7 @@ def fingerprint(output_dir: Path, step: int, lines: list[str]) -> str:
     """Changes whenever the step's rollout lines or its batch do (a resume rewrites both)."""
     batch = batch_dir(output_dir, step)
     crc = zlib.crc32("".join(lines).encode())
-    return f"{len(lines)}:{crc:08x}:{batch.stat().st_mtime_ns if batch.is_dir() else 'no-batch'}"
+    return f"v{STEP_FORMAT}:{len(lines)}:{crc:08x}:{batch.stat().st_mtime_ns if batch.is_dir() else 'no-batch'}"
 
 
 def write_step(path: Path, step: int, rollouts: list[Rollout], detok: Detokenizer) -> None:
