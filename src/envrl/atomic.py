@@ -100,12 +100,12 @@ def write_file(path: Path, data: bytes) -> None:
         raise OSError(e.errno, f"{e.strerror} (writing {len(data)} bytes)", str(path)) from e
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str | bytes) -> None:
     """Replace the file `path` with `text` so that readers see the old or the new content, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(path)
     try:
-        write_file(tmp, text.encode())
+        write_file(tmp, text.encode() if isinstance(text, str) else text)
     except OSError:
         tmp.unlink(missing_ok=True)
         raise

@@ -7,69 +7,21 @@ inherit; "nothing left running" means no process with that marker exists once `r
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
+import re
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from statistics import fmean
 
 import pytest
 
-from scripts.chaos.harness import MARKER, ROOT, SMOKE, free_base_port, free_port, marked_pids
+from scripts.chaos.harness import marked_pids
+from tests.integration.smoke import SmokeRun, finish, metrics, rl_process, wait_no_survivors
 
 
-@contextmanager
-def rl_process(out: Path, *overrides: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """Start `rl` on the smoke config in `out`; on exit make sure it and all it started are gone."""
-    marker = uuid.uuid4().hex
-    argv = [
-        sys.executable, "-m", "envrl.launcher.main", "--config", str(SMOKE),
-        "--output-dir", str(out), "--inference.port", str(free_port()),
-        "--env-server-base-port", str(free_base_port()), *overrides,
-    ]  # fmt: skip
-    env = {**os.environ, MARKER: marker, "WANDB_MODE": "offline"}
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        yield proc, marker
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for pid in marked_pids(marker):
-            os.kill(pid, signal.SIGKILL)
-
-
-def finish(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, out.decode(errors="replace")
-
-
-def wait_no_survivors(marker: str, timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while (left := marked_pids(marker)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
-
-
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_smoke_run_learns_and_leaves_nothing_running(tmp_path: Path) -> None:
-    out = tmp_path / "smoke"
-    with rl_process(out) as (proc, marker):
-        code, console = finish(proc, timeout=1500)
-        assert code == 0, console[-3000:]
-        assert not wait_no_survivors(marker), "processes of the run survived it"
+def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: SmokeRun) -> None:
+    out, code, console = smoke_run.out, smoke_run.code, smoke_run.console
+    assert code == 0, console[-3000:]
+    assert not smoke_run.survivors, "processes of the run survived it"
 
     rewards = [m["train/reward"] for m in metrics(out) if "train/reward" in m]
     assert len(rewards) == 40
@@ -88,6 +40,16 @@ def test_smoke_run_learns_and_leaves_nothing_running(tmp_path: Path) -> None:
     ]  # fmt: skip
     missing = [path for path in expected if not (out / path).exists()]
     assert not missing
+
+
+def test_smoke_run_console_prints_a_line_for_every_step(smoke_run: SmokeRun) -> None:
+    assert smoke_run.code == 0, smoke_run.console[-3000:]
+    lines = re.findall(
+        r"^step (\d+) \((\d+)/40\) \| reward learnable \S+ \| eval .* \| ETA \S+$", smoke_run.console, re.M
+    )
+    assert [(int(step), int(done)) for step, done in lines] == [(s, s + 1) for s in range(40)], smoke_run.console[
+        -3000:
+    ]
 
 
 @pytest.mark.parametrize("steps", [(3, 6)])

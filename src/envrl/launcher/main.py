@@ -26,9 +26,11 @@ from pydantic import BaseModel
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.inference.server import wait_until_serving
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
+from envrl.launcher.console import RunConsole
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
+from envrl.report.main import write_report_at_end
 
 INFERENCE_READY_TIMEOUT = 900.0
 
@@ -74,12 +76,16 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     supervisor = Supervisor(grace=rl.shutdown_grace)
+    console = RunConsole(rl.output_dir, rl.max_steps)
     code = 0
     try:
         _check_ports(run)
         _start(run, config_files, logs, supervisor)
+        console.start()
         supervisor.watch(until={"trainer", "orchestrator"})
+        console.stop()
         _summary(rl, supervisor.restarts())
+        write_report_at_end(rl.output_dir)
     except ChildFailed as e:
         logger.error(f"run failed: {e}")
         code = 1
@@ -92,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        console.stop()
         supervisor.stop_all()
     raise SystemExit(code)
 

@@ -1,0 +1,237 @@
+"""The `rl` console: one line per trained step, read from the run's `metrics.jsonl`.
+
+Guarantee: every trainer step whose metrics line is written while the console runs (and before
+its final drain in `stop()`) is printed exactly once, in step order of arrival, even when a resume
+rewrites `metrics.jsonl` under it; the console only reads the file, so it can never slow down or
+break the processes that write it. On a terminal a transient status line (elapsed, ETA) is kept
+below the step lines; elsewhere only the step lines are written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from loguru import logger
+
+from envrl.layout import metrics_file
+
+Record = dict[str, Any]
+
+SINCE_SLACK_S = 1.0
+"""Lines up to this much older than the console's start still count as this run's: metrics times
+are rounded to the millisecond, and an earlier run's lines are minutes older (vLLM's start-up)."""
+
+
+class MetricsTail:
+    """New complete lines of a JSON-lines file since the last `read()`; starts over (from byte 0)
+    when the file is replaced or shrinks, as a resume's rewrite does."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._inode: int | None = None
+        self._offset = 0
+        self._partial = b""
+
+    def read(self) -> list[Record]:
+        try:
+            with self.path.open("rb") as f:
+                stat = os.fstat(f.fileno())
+                if stat.st_ino != self._inode or stat.st_size < self._offset:
+                    self._inode, self._offset, self._partial = stat.st_ino, 0, b""
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        records = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a crash; the writer's resume drops it
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+
+def _num(value: Any) -> float:
+    """A metric as a float: NaN for what is missing or not a number (`"nan"` strings included)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _fmt(value: float, spec: str = ".3f") -> str:
+    return "n/a" if math.isnan(value) else format(value, spec)
+
+
+def duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m`: short enough for a status column."""
+    if math.isnan(seconds) or seconds < 0:
+        return "?"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _per_env(record: Record, prefix: str, key: str) -> dict[str, float]:
+    """`{env: value}` of the `<prefix>/<env>/<key>` entries of one metrics line."""
+    out = {}
+    for name, value in record.items():
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == prefix and parts[2] == key:
+            out[parts[1]] = _num(value)
+    return out
+
+
+class ProgressBoard:
+    """Turns metrics lines (trainer and orchestrator, in any order) into one text line per
+    trained step: the trainer's line for step n ends step n, and the orchestrator's line for
+    step n (the batch's rewards) is always written before it."""
+
+    def __init__(self, total_steps: int, since: float = 0.0, eta_window: int = 10) -> None:
+        self.total = total_steps
+        self.since = since
+        """Lines older than this (epoch seconds) belong to an earlier `rl` and are not printed."""
+        self.eta_window = eta_window
+        self._orchestrator: dict[int, Record] = {}
+        self._evals: dict[str, tuple[int, float]] = {}
+        self._printed: set[int] = set()
+        self._walls: list[float] = []
+        self._last_end: float | None = None
+
+    def feed(self, record: Record) -> str | None:
+        """The step line this record completes, or None."""
+        step, process = record.get("step"), record.get("process")
+        if not isinstance(step, int):
+            return None
+        if process == "orchestrator":
+            if any(k.startswith("train/") for k in record):
+                self._orchestrator[step] = record
+            for env, reward in _per_env(record, "eval", "reward").items():
+                self._evals[env] = (step, reward)
+            return None
+        if process != "trainer" or step in self._printed or _num(record.get("time")) < self.since:
+            return None
+        self._printed.add(step)
+        return self._line(step, record, self._orchestrator.pop(step, {}))
+
+    def eta(self, now: float | None = None) -> float:
+        """Seconds left, from the mean wall time of the last steps (NaN before the first step)."""
+        if not self._walls:
+            return math.nan
+        done = max(self._printed) + 1
+        recent = self._walls[-self.eta_window :]
+        left = sum(recent) / len(recent) * max(self.total - done, 0)
+        if now is not None and self._last_end is not None:
+            left = max(left - (now - self._last_end), 0.0)
+        return left
+
+    def _wall(self, trainer: Record) -> float:
+        """Wall time of this step: since the previous step's trainer line, or (for the first one
+        seen) the trainer's own wait + compute + publish."""
+        end = _num(trainer.get("time"))
+        if self._last_end is not None:
+            wall = end - self._last_end
+        else:
+            wall = sum(_num(trainer.get(f"trainer/{k}")) for k in ("wait_time_s", "step_time_s", "publish_time_s"))
+        self._last_end = end
+        return wall
+
+    def _line(self, step: int, trainer: Record, orchestrator: Record) -> str:
+        wall = self._wall(trainer)
+        if not math.isnan(wall):
+            self._walls.append(wall)
+        rewards = _per_env(orchestrator, "train", "reward")
+        reward = ", ".join(f"{env} {_fmt(r)}" for env, r in rewards.items()) or "n/a"
+        evals = ", ".join(f"{env} {_fmt(r)} @{at}" for env, (at, r) in self._evals.items()) or "none yet"
+        gen = [v for v in _per_env(orchestrator, "train", "time_generation").values() if not math.isnan(v)]
+        split = (
+            f"{_fmt(wall, '.1f')} s (wait batch {_fmt(_num(trainer.get('trainer/wait_time_s')), '.1f')}, "
+            f"train {_fmt(_num(trainer.get('trainer/step_time_s')), '.1f')}, "
+            f"publish {_fmt(_num(trainer.get('trainer/publish_time_s')), '.1f')}"
+            + (f", gen {sum(gen) / len(gen):.1f}/rollout" if gen else "")
+            + ")"
+        )
+        errors = _num(orchestrator.get("train/error_rate"))
+        inflight = orchestrator.get("inflight", "n/a")
+        return (
+            f"step {step} ({step + 1}/{self.total}) | reward {reward} | eval {evals} | {split} | in-flight {inflight} | "
+            f"lag {_fmt(_num(trainer.get('trainer/staleness_mean')), '.2f')} | "
+            f"errors {_fmt(errors * 100, '.0f')}% | ETA {duration(self.eta())}"
+        )
+
+
+class RunConsole:
+    """Follows `<output_dir>/metrics.jsonl` in a thread and prints a line per step to `stream`."""
+
+    def __init__(
+        self,
+        output_dir: Path,
+        total_steps: int,
+        stream: TextIO | None = None,
+        poll_s: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty()
+        self.poll_s = poll_s
+        self.clock = clock
+        self.started = clock()
+        self.tail = MetricsTail(metrics_file(output_dir))
+        self.board = ProgressBoard(total_steps, since=self.started - SINCE_SLACK_S)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.started = self.clock()
+        self.board.since = self.started - SINCE_SLACK_S
+        self._thread = threading.Thread(target=self._run, name="rl-console", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Print what is left in the file and end the thread (idempotent)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        self.poll()
+        if self.live:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception as e:  # never let a display bug end or hide the run
+                logger.warning(f"rl console: {e!r} reading {self.tail.path}; step lines stop here")
+                return
+
+    def poll(self) -> None:
+        lines = [line for record in self.tail.read() if (line := self.board.feed(record)) is not None]
+        if self.live:
+            self.stream.write("\r\033[K")
+        for line in lines:
+            self.stream.write(line + "\n")
+        if self.live:
+            now = self.clock()
+            self.stream.write(
+                f"running {duration(now - self.started)} | ETA {duration(self.board.eta(now))} "
+                f"| {self.board.total} steps"
+            )
+        self.stream.flush()

@@ -1,0 +1,112 @@
+"""`python -m envrl.report OUTPUT_DIR` (and `rl report OUTPUT_DIR`): write `<output_dir>/report/`.
+
+Guarantee: the report only reads the run directory (safe while the run goes on) and writes only
+under `<output_dir>/report/`, every file in one rename and the index last, so `index.html` is
+always a complete page whose plots and step files exist. Exit code 0 when written, 2 when
+OUTPUT_DIR is not a run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from envrl.atomic import atomic_write_text
+from envrl.report.data import (
+    Detokenizer,
+    eval_lines,
+    parse_rollouts,
+    read_metrics,
+    step_rollouts,
+    tokenizer_source,
+    train_lines,
+)
+from envrl.report.page import fingerprint, step_summary, write_index, write_step
+from envrl.report.plots import write_plots
+
+
+def report_dir(output_dir: Path) -> Path:
+    """Where the report goes: `<output_dir>/report/`."""
+    return Path(output_dir) / "report"
+
+
+def write_report(output_dir: Path) -> Path:
+    """Write (or bring up to date) the report of the run in `output_dir`; returns its index.html."""
+    output_dir = Path(output_dir)
+    if not (output_dir / "metrics.jsonl").exists() and not (output_dir / "rollouts").is_dir():
+        raise FileNotFoundError(
+            f"{output_dir} holds no metrics.jsonl and no rollouts/: not a run directory (or the run has not "
+            "reached its first step yet); pass the output_dir of an `rl` or `orchestrator` run"
+        )
+    started = time.monotonic()
+    out = report_dir(output_dir)
+    plots = write_plots(read_metrics(output_dir), out / "plots")
+    manifest_path = out / "steps" / "manifest.json"
+    manifest = _read_manifest(manifest_path)
+    detok: Detokenizer | None = None
+    summaries, fresh = [], 0
+    train, evals = train_lines(output_dir), eval_lines(output_dir)
+    for step in sorted({*train, *evals}):
+        lines, eval_ = train.get(step, []), evals.get(step, [])
+        mark, path = fingerprint(output_dir, step, lines + eval_), out / "steps" / f"step_{step}.js"
+        entry = manifest.get(str(step))
+        if entry is None or entry.get("mark") != mark or not path.exists():
+            where = f"{output_dir}/rollouts, step {step}"
+            rollouts = step_rollouts(output_dir, step, parse_rollouts(lines, where)) + parse_rollouts(
+                eval_, where, split="eval"
+            )
+            detok = detok or Detokenizer(tokenizer_source(output_dir))
+            write_step(path, step, rollouts, detok)
+            entry = manifest[str(step)] = {"mark": mark, "summary": step_summary(step, rollouts)}
+            fresh += 1
+        summaries.append(entry["summary"])
+    if fresh:
+        atomic_write_text(manifest_path, json.dumps(manifest))
+    index = write_index(out, output_dir.resolve().name, plots, summaries)
+    logger.info(
+        f"report of {output_dir}: {len(plots)} plots, {len(summaries)} steps ({fresh} written anew) "
+        f"in {time.monotonic() - started:.1f} s -> {index}"
+    )
+    return index
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """What each step file was made from and its index line; empty (all steps rewritten) when
+    missing or unreadable."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def write_report_at_end(output_dir: Path) -> None:
+    """The report at the end of an `rl` run: a failure is logged, never raised, so it cannot
+    change the run's exit code."""
+    try:
+        write_report(output_dir)
+    except Exception as e:
+        logger.opt(exception=e).warning(f"the report of {output_dir} could not be written: {e}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="rl report", description="Write <OUTPUT_DIR>/report/: plots and a trace browser (open index.html)."
+    )
+    parser.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="the run directory (output_dir)")
+    args = parser.parse_args(argv)
+    from envrl.log import LogConfig, setup_logging
+
+    setup_logging(LogConfig(), process="report")
+    try:
+        index = write_report(args.output_dir)
+    except FileNotFoundError as e:
+        print(f"rl report: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"open file://{index.resolve()}")

@@ -1,0 +1,131 @@
+"""The report page: `index.html` with the plots and a trace browser, and one
+`steps/step_<n>.js` per step that the browser loads when that step is picked.
+
+Guarantee: the page needs no server and no network (it works from file://); a step file is
+written before the index that lists it, each file in one rename, so a page opened while a report
+is being rewritten finds every step it lists. A step file is rewritten only when what it is made
+of changed (its rollout lines or its batch), so a report of a long run costs the new steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import zlib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from envrl.atomic import atomic_write_text
+from envrl.layout import batch_dir
+from envrl.report.data import Detokenizer, Rollout
+
+STEP_FORMAT = 2
+"""Version of the step files' content: a report made by a newer envrl rewrites older ones."""
+STEP_FUNCTION = "envrlStep"
+"""What a step file calls with its data: `envrlStep({...});`."""
+
+
+def _js(value: Any) -> str:
+    """`value` as a JavaScript literal (NaN and Infinity are JS globals; `</` cannot end a script)."""
+    return json.dumps(value, separators=(",", ":")).replace("</", "<\\/")
+
+
+def _message(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    shown = {"role": message.get("role", "?"), "content": content if isinstance(content, str) else _js(content)}
+    if message.get("tool_calls"):
+        shown["tool_calls"] = _js(message["tool_calls"])
+    return shown
+
+
+def _logprob(value: float, trained: int) -> float | None:
+    return round(value, 4) if trained and math.isfinite(value) else None
+
+
+def rollout_view(rollout: Rollout, detok: Detokenizer, vocab: dict[int, str]) -> dict[str, Any]:
+    """What the trace browser shows of one rollout; token texts go to the step's shared `vocab`."""
+    trace = rollout.trace
+    branches = []
+    for branch in trace.branches:
+        if branch.turns:
+            last = branch.turns[-1]
+            branches.append([_message(m) for m in [*last.prompt, last.response]])
+    samples = []
+    for sample in rollout.samples:
+        for token in sample.input_ids:
+            if token not in vocab:
+                vocab[token] = detok(token)
+        samples.append(
+            {
+                "ids": sample.input_ids,
+                "mask": sample.loss_mask,
+                "logprobs": [
+                    _logprob(lp, m) for lp, m in zip(sample.inference_logprobs, sample.loss_mask, strict=True)
+                ],
+                "advantage": sample.advantage,
+            }
+        )
+    timing = {
+        phase: round(span.duration, 3)
+        for phase in ("setup", "generation", "scoring")
+        if (span := getattr(trace.timing, phase)) is not None
+    }
+    return {
+        "split": rollout.split,
+        "env": rollout.env,
+        "task": trace.task.idx,
+        "policy_step": rollout.fields.get("policy_step"),
+        "reward": trace.reward,
+        "metrics": trace.metrics,
+        "stop_reason": trace.stop_reason,
+        "truncated": trace.is_truncated,
+        "error": trace.error.model_dump() if trace.error else None,
+        "timing": timing,
+        "branches": branches,
+        "trailing": [_message(m) for m in trace.trailing_messages],
+        "samples": samples,
+    }
+
+
+def fingerprint(output_dir: Path, step: int, lines: list[str]) -> str:
+    """Changes whenever the step's rollout lines or its batch do (a resume rewrites both)."""
+    batch = batch_dir(output_dir, step)
+    crc = zlib.crc32("".join(lines).encode())
+    return f"v{STEP_FORMAT}:{len(lines)}:{crc:08x}:{batch.stat().st_mtime_ns if batch.is_dir() else 'no-batch'}"
+
+
+def write_step(path: Path, step: int, rollouts: list[Rollout], detok: Detokenizer) -> None:
+    vocab: dict[int, str] = {}
+    views = [rollout_view(r, detok, vocab) for r in rollouts]
+    payload = {"step": step, "vocab": {str(k): v for k, v in vocab.items()}, "rollouts": views}
+    atomic_write_text(path, f"{STEP_FUNCTION}({_js(payload)});\n")
+
+
+def step_summary(step: int, rollouts: list[Rollout]) -> dict[str, Any]:
+    """The index's line for a step: its envs and how many rollouts each, samples, errors."""
+    envs: dict[str, int] = {}
+    for rollout in rollouts:
+        envs[rollout.env] = envs.get(rollout.env, 0) + 1
+    return {
+        "step": step,
+        "envs": envs,
+        "rollouts": sum(r.split == "train" for r in rollouts),
+        "eval": sum(r.split == "eval" for r in rollouts),
+        "samples": sum(len(r.samples) for r in rollouts),
+        "errors": sum(r.trace.has_error for r in rollouts),
+    }
+
+
+def write_index(report: Path, run_name: str, plots: list[tuple[str, str]], steps: list[dict[str, Any]]) -> Path:
+    template = resources.files("envrl.report").joinpath("index.html").read_text()
+    index = {
+        "run": run_name,
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "plots": [{"file": f"plots/{name}", "title": title} for name, title in plots],
+        "steps": steps,
+    }
+    path = report / "index.html"
+    atomic_write_text(path, template.replace("/*INDEX*/null", _js(index)))
+    return path

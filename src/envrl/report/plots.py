@@ -1,0 +1,165 @@
+"""The report's PNG plots, drawn with matplotlib's Agg backend from `metrics.jsonl` lines.
+
+Guarantee: every plot in `PLOTS` is written (an empty one says "no data yet"), each file replaced
+in one rename, so a page opened during a run shows the old or the new image, never half of one.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from matplotlib.axes import Axes  # noqa: E402
+
+from envrl.atomic import atomic_write_text  # noqa: E402
+from envrl.report.data import Record, as_float, env_names, series  # noqa: E402
+
+TIME_SPLIT = {
+    "trainer/wait_time_s": "trainer waits for the batch (rollouts, scoring, batching)",
+    "trainer/step_time_s": "training (forward, backward, optimizer)",
+    "trainer/publish_time_s": "weight publish (+ checkpoint)",
+}
+"""The parts of a step's wall time the metrics carry today, bottom to top of the stacked chart."""
+
+
+@dataclass(frozen=True)
+class Plot:
+    name: str
+    title: str
+    draw: Callable[[Axes, list[Record]], bool]
+    """Draws on the axes; False when there was nothing to draw."""
+
+
+def _lines(ax: Axes, records: list[Record], keys: dict[str, str], style: str = "-") -> bool:
+    drawn = False
+    for key, label in keys.items():
+        steps, values = series(records, key)
+        if steps:
+            ax.plot(steps, values, style, label=label, markersize=4)
+            drawn = True
+    return drawn
+
+
+def _keys(*builders: Callable[[list[Record]], dict[str, str]]) -> Callable[[Axes, list[Record]], bool]:
+    def draw(ax: Axes, records: list[Record]) -> bool:
+        keys = {k: v for build in builders for k, v in build(records).items()}
+        return _lines(ax, records, keys, "-o" if len(records) < 60 else "-")
+
+    return draw
+
+
+def _fixed(keys: dict[str, str]) -> Callable[[list[Record]], dict[str, str]]:
+    return lambda records: keys
+
+
+def _labelled(prefix: str, metric: str, label: str) -> Callable[[list[Record]], dict[str, str]]:
+    """`{<prefix>/<env>/<metric>: "<label> <env>"}` for every env of the run."""
+    return lambda records: {f"{prefix}/{env}/{metric}": f"{label} {env}" for env in env_names(records, prefix)}
+
+
+def _time_split(ax: Axes, records: list[Record]) -> bool:
+    """Stacked bars of the parts of each step, plus what the parts leave of its wall time."""
+    trainer = {r["step"]: r for r in records if r.get("process") == "trainer"}
+    steps = sorted(trainer)
+    if not steps:
+        return False
+    bottom = [0.0] * len(steps)
+    for key, label in TIME_SPLIT.items():
+        values = [0.0 if math.isnan(v := as_float(trainer[s].get(key))) else v for s in steps]
+        ax.bar(steps, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ends = [as_float(trainer[s].get("time")) for s in steps]
+    other = [max(ends[i] - ends[i - 1] - bottom[i], 0.0) if i else 0.0 for i in range(len(steps))]
+    ax.bar(steps, other, bottom=bottom, label="unaccounted (wall time between trainer steps minus the above)")
+    ax.set_ylabel("seconds")
+    return True
+
+
+def _throughput(ax: Axes, records: list[Record]) -> bool:
+    """Trainer tokens/s on the left axis, rollouts/s (orchestrator) on a right one: scales apart."""
+    drawn = _lines(ax, records, {"trainer/tokens_per_s": "trainer tokens/s"}, "-o")
+    ax.set_ylabel("tokens/s")
+    right = ax.twinx()
+    if _lines(right, records, {"perf/rollouts_per_s": "rollouts/s (right axis)"}, "s--C1"):
+        right.set_ylabel("rollouts/s")
+        right.legend(fontsize=7, loc="upper right")
+        drawn = True
+    return drawn
+
+
+PLOTS = [
+    Plot(
+        "reward",
+        "Reward per env (train: batch mean; eval: mean over eval tasks)",
+        lambda ax, r: (
+            _keys(_labelled("train", "reward", "train"))(ax, r)
+            | _lines(ax, r, _labelled("eval", "reward", "eval")(r), "s--")
+        ),
+    ),
+    Plot("mismatch_kl", "Trainer/inference mismatch KL", _keys(_fixed({"trainer/mismatch_kl": "mismatch KL"}))),
+    Plot("entropy", "Entropy of trained tokens", _keys(_fixed({"trainer/entropy": "entropy"}))),
+    Plot("grad_norm", "Gradient norm (before clipping)", _keys(_fixed({"trainer/grad_norm": "grad norm"}))),
+    Plot(
+        "clip_frac",
+        "Clipped and masked token fractions",
+        _keys(_fixed({"trainer/clip_frac": "clip fraction", "trainer/mask_frac": "mask fraction"})),
+    ),
+    Plot(
+        "lengths",
+        "Lengths (tokens, mean per rollout)",
+        _keys(_labelled("train", "completion_len", "completion"), _labelled("train", "total_tokens", "total")),
+    ),
+    Plot(
+        "rates",
+        "Truncation and error rates",
+        _keys(
+            _labelled("train", "truncation_rate", "truncated"),
+            _labelled("train", "error_rate", "errors"),
+            _fixed({"train/error_rate": "errors (all envs)"}),
+        ),
+    ),
+    Plot(
+        "staleness",
+        "Staleness (trainer step minus the policy step that sampled)",
+        _keys(
+            _fixed({"trainer/staleness_mean": "mean over samples", "trainer/staleness_max": "max over samples"}),
+            _labelled("train", "staleness", "mean over groups,"),
+        ),
+    ),
+    Plot(
+        "throughput",
+        "Throughput",
+        _throughput,
+    ),
+    Plot("time_split", "Where each step's wall time went", _time_split),
+]
+
+
+def write_plots(records: list[Record], out: Path) -> list[tuple[str, str]]:
+    """Draw every plot into `out/<name>.png`; returns (file name, title) in page order."""
+    written = []
+    for plot in PLOTS:
+        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=90)
+        try:
+            if plot.draw(ax, records):
+                ax.set_xlabel("step")
+                ax.grid(alpha=0.3)
+                ax.legend(fontsize=7, loc="best")
+            else:
+                ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(plot.title, fontsize=10)
+            fig.tight_layout()
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format="png")
+        finally:
+            plt.close(fig)
+        atomic_write_text(out / f"{plot.name}.png", buffer.getvalue())
+        written.append((f"{plot.name}.png", plot.title))
+    return written

@@ -1,0 +1,82 @@
+"""`rl` runs on the CPU smoke config for the integration tests, and the one 40-step smoke run
+that test_rl.py and test_report.py share (started once per session, under the heavy lock the
+caller holds).
+
+Every `rl` run here carries a unique marker in its environment, which all of its descendants
+inherit; "nothing left running" means no process with that marker exists once `rl` is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from scripts.chaos.harness import MARKER, ROOT, SMOKE, free_base_port, free_port, marked_pids
+
+
+@contextmanager
+def rl_process(out: Path, *overrides: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """Start `rl` on the smoke config in `out`; on exit make sure it and all it started are gone."""
+    marker = uuid.uuid4().hex
+    argv = [
+        sys.executable, "-m", "envrl.launcher.main", "--config", str(SMOKE),
+        "--output-dir", str(out), "--inference.port", str(free_port()),
+        "--env-server-base-port", str(free_base_port()), *overrides,
+    ]  # fmt: skip
+    env = {**os.environ, MARKER: marker, "WANDB_MODE": "offline"}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        yield proc, marker
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for pid in marked_pids(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out.decode(errors="replace")
+
+
+def wait_no_survivors(marker: str, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := marked_pids(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    out: Path
+    code: int
+    console: str
+    """Everything `rl` printed (stdout and stderr, not a TTY)."""
+    survivors: list[int]
+    """Marked processes still alive 10 s after `rl` exited (should be none)."""
+
+
+def run_smoke(out: Path) -> SmokeRun:
+    """The whole smoke config (40 steps) in `out`, to its end."""
+    with rl_process(out) as (proc, marker):
+        code, console = finish(proc, timeout=1500)
+        survivors = wait_no_survivors(marker)
+    (out.parent / "rl-console.txt").write_text(console)  # beside the run dir, for a failure's post-mortem
+    return SmokeRun(out, code, console, survivors)

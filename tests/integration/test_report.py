@@ -1,0 +1,76 @@
+"""The report of the shared smoke run (written by `rl` at its end), opened in a real headless
+chromium from file://: the plots load, and the trace browser lists the step's rollouts with the
+masks and tokens of the batch files.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from html import unescape
+from pathlib import Path
+
+import pytest
+from matplotlib.image import imread
+
+from envrl.layout import batch_dir, train_rollouts_file
+from envrl.report.plots import PLOTS
+from envrl.samples import read_batch
+from tests.integration.smoke import SmokeRun
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install -y chromium; .ci/run does)")
+
+
+def chromium(tmp_path: Path, url: str, *flags: str) -> str:
+    """Run headless chromium on `url` until its scripts settle; its stdout."""
+    argv = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=10000", "--window-size=1400,2400", *flags, url,
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def page(smoke_run: SmokeRun, step: int, rollout: int) -> str:
+    return f"{(smoke_run.out / 'report' / 'index.html').resolve().as_uri()}#step={step}&rollout={rollout}"
+
+
+def rollout_lines(out: Path, step: int) -> int:
+    return sum(f'"step": {step},' in line for line in train_rollouts_file(out).read_text().splitlines())
+
+
+def test_trace_browser_lists_the_steps_rollouts_with_the_batch_masks(smoke_run: SmokeRun, tmp_path: Path) -> None:
+    assert smoke_run.code == 0, smoke_run.console[-3000:]
+    # A step whose every rollout became one sample: then rollout i is the batch's sample i.
+    step = next(
+        s for s in range(39, -1, -1) if len(read_batch(batch_dir(smoke_run.out, s))) == rollout_lines(smoke_run.out, s)
+    )
+    samples = read_batch(batch_dir(smoke_run.out, step))
+    for rollout in (0, len(samples) - 1):
+        dom = chromium(tmp_path, page(smoke_run, step, rollout), "--dump-dom")
+
+        for plot in PLOTS:
+            img = re.search(rf'<img src="plots/{plot.name}.png"[^>]*>', dom)
+            assert img and re.search(r'data-loaded="[1-9]\d*"', img.group(0)), f"plot {plot.name} did not load"
+        assert len(re.findall(r'<tr class="rollout train', dom)) == len(samples)
+        detail = re.search(rf'<div id="rollout-detail" data-step="{step}" data-index="{rollout}">.*', dom, re.S)
+        assert detail, f"the page did not show rollout {rollout} of step {step}"
+        tokens = re.findall(r'<span class="tok (?:trained|masked)" data-mask="(\d)" title="id (\d+)', detail.group(0))
+        assert [int(m) for m, _ in tokens] == samples[rollout].loss_mask
+        assert [int(i) for _, i in tokens] == samples[rollout].input_ids
+        assert "messages" in unescape(detail.group(0))
+
+
+def test_screenshot_shows_the_plots(smoke_run: SmokeRun, tmp_path: Path) -> None:
+    assert smoke_run.code == 0, smoke_run.console[-3000:]
+    shot = tmp_path / "report.png"
+    chromium(tmp_path, page(smoke_run, 39, 0), f"--screenshot={shot}")
+
+    pixels = imread(shot)[:, :, :3]
+    # matplotlib's first line colour (C0, #1f77b4) is nowhere on the page but in the plots
+    blue = (abs(pixels[:, :, 0] - 0x1F / 255) < 0.05) & (abs(pixels[:, :, 1] - 0x77 / 255) < 0.05)
+    blue &= abs(pixels[:, :, 2] - 0xB4 / 255) < 0.05
+    assert blue.sum() > 2000, f"only {blue.sum()} plot-blue pixels: the plots are not on the screenshot"

@@ -1,0 +1,93 @@
+"""The `rl` console: a line per trained step, read from a real metrics.jsonl as it grows."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from pathlib import Path
+
+from envrl.launcher.console import RunConsole
+from envrl.metrics import MetricsSink, WandbConfig
+
+
+def sink(out: Path, process: str, resume_step: int | None = None) -> MetricsSink:
+    return MetricsSink(
+        out / "metrics.jsonl", WandbConfig(mode="disabled"), process=process, output_dir=out, resume_step=resume_step
+    )
+
+
+def log_step(orchestrator: MetricsSink, trainer: MetricsSink, step: int) -> None:
+    orchestrator.log(
+        step,
+        {
+            "train/learnable/reward": 0.25,
+            "train/learnable/time_generation": 0.5,
+            "train/error_rate": 0.5,
+            "inflight": 8,
+        },
+    )
+    trainer.log(
+        step, {"trainer/wait_time_s": 1.0, "trainer/step_time_s": 2.0, "trainer/publish_time_s": 0.5,
+               "trainer/staleness_mean": 1.0},
+    )  # fmt: skip
+
+
+def step_lines(stream: io.StringIO) -> list[str]:
+    return [line for line in stream.getvalue().splitlines() if line.startswith("step ")]
+
+
+def test_every_step_gets_one_line_with_its_numbers(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    console = RunConsole(tmp_path, total_steps=3, stream=stream)
+    orchestrator, trainer = sink(tmp_path, "orchestrator"), sink(tmp_path, "trainer")
+    orchestrator.log(0, {"eval/learnable-eval/reward": 0.125})
+    for step in range(3):
+        log_step(orchestrator, trainer, step)
+        if step == 1:
+            console.poll()  # lines are picked up as they come, and never twice
+    console.poll()
+
+    lines = step_lines(stream)
+    assert [line.split(" |")[0] for line in lines] == ["step 0 (1/3)", "step 1 (2/3)", "step 2 (3/3)"]
+    assert "reward learnable 0.250" in lines[0] and "eval learnable-eval 0.125 @0" in lines[0]
+    assert "(wait batch 1.0, train 2.0, publish 0.5, gen 0.5/rollout)" in lines[0]
+    assert "in-flight 8" in lines[0] and "lag 1.00" in lines[0] and "errors 50%" in lines[0]
+    assert lines[-1].endswith("ETA 0s")
+    assert re.search(r"ETA \d", lines[0])
+
+
+def test_earlier_runs_lines_are_skipped_and_a_resume_rewrite_prints_each_step_once(tmp_path: Path) -> None:
+    earlier = time.time() - 600
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "time": earlier, "process": p, "trainer/step_time_s": 1.0}) + "\n"
+            for s in range(3)
+            for p in ("orchestrator", "trainer")
+        )
+    )
+    stream = io.StringIO()
+    console = RunConsole(tmp_path, total_steps=4, stream=stream)
+    console.poll()
+    assert step_lines(stream) == []
+
+    orchestrator, trainer = sink(tmp_path, "orchestrator", resume_step=2), sink(tmp_path, "trainer", resume_step=2)
+    for step in (2, 3):
+        log_step(orchestrator, trainer, step)
+    console.poll()
+
+    assert [line.split(" |")[0] for line in step_lines(stream)] == ["step 2 (3/4)", "step 3 (4/4)"]
+
+
+def test_started_console_drains_the_file_when_stopped(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    console = RunConsole(tmp_path, total_steps=2, stream=stream, poll_s=3600)
+    console.start()
+    orchestrator, trainer = sink(tmp_path, "orchestrator"), sink(tmp_path, "trainer")
+    for step in range(2):
+        log_step(orchestrator, trainer, step)
+    console.stop()
+    console.stop()
+
+    assert len(step_lines(stream)) == 2

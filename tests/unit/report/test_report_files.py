@@ -1,0 +1,95 @@
+"""`envrl.report` on a small real run directory: the files a browser loads, without a browser."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from envrl.layout import eval_rollouts_file
+from envrl.orchestrator.jsonl import append_lines, trace_line
+from envrl.report.main import main, write_report
+from envrl.report.page import STEP_FUNCTION
+from envrl.report.plots import PLOTS
+from tests.unit.report.runs import TINY_MODEL, samples_of, trace, write_config, write_metrics, write_step
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def step_data(report: Path, step: int) -> dict:
+    text = (report / "steps" / f"step_{step}.js").read_text()
+    assert text.startswith(f"{STEP_FUNCTION}(") and text.endswith(");\n")
+    return json.loads(text[len(STEP_FUNCTION) + 1 : -3])
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    write_config(tmp_path)
+    write_metrics(tmp_path, 2)
+    write_step(tmp_path, 0, [trace(1, [300, 301, 2]), trace(1, error="timeout")], samples_of(trace(1, [300, 301, 2])))
+    write_step(tmp_path, 1, [trace(2, [302, 2]), trace(3, [303, 2])], samples_of(trace(2, [302, 2])))
+    return tmp_path
+
+
+def test_report_has_every_plot_and_a_step_file_per_step(run_dir: Path) -> None:
+    index = write_report(run_dir)
+    report = index.parent
+
+    html = index.read_text()
+    for plot in PLOTS:
+        assert (report / "plots" / f"{plot.name}.png").read_bytes().startswith(PNG_MAGIC)
+        assert f"plots/{plot.name}.png" in html
+    assert '"step":0' in html and '"step":1' in html
+    assert "/*INDEX*/null" not in html
+
+
+def test_step_file_holds_each_rollouts_tokens_masks_logprobs_and_errors(run_dir: Path) -> None:
+    report = write_report(run_dir).parent
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
+
+    step0 = step_data(report, 0)
+    [sample] = samples_of(trace(1, [300, 301, 2]))
+    [good, failed] = step0["rollouts"]
+    assert good["samples"][0]["ids"] == sample.input_ids
+    assert good["samples"][0]["mask"] == sample.loss_mask == [0, 0, 1, 1, 1]
+    assert good["samples"][0]["logprobs"] == [None, None, -0.25, -0.5, -0.75]
+    assert good["reward"] == 0.5 and good["metrics"] == {"digit_fraction": 0.5}
+    assert {int(k): v for k, v in step0["vocab"].items()} == {t: tokenizer.decode([t]) for t in sample.input_ids}
+    assert failed["samples"] == [] and failed["error"]["type"] == "timeout" and failed["error"]["traceback"] == "tb"
+    assert [len(r["samples"]) for r in step_data(report, 1)["rollouts"]] == [1, 0]
+
+
+def test_unchanged_steps_are_not_written_again(run_dir: Path) -> None:
+    report = write_report(run_dir).parent
+    before = (report / "steps" / "step_0.js").stat().st_mtime_ns
+    write_step(run_dir, 2, [trace(4, [304, 2])], samples_of(trace(4, [304, 2])))
+
+    write_report(run_dir)
+
+    assert (report / "steps" / "step_0.js").stat().st_mtime_ns == before
+    assert step_data(report, 2)["rollouts"][0]["task"] == 4
+
+
+def test_eval_rollouts_are_listed_with_their_step(run_dir: Path) -> None:
+    evaluated = [trace(5, [305, 2], reward=1.0), trace(6, [306, 2], reward=0.0)]
+    append_lines(
+        eval_rollouts_file(run_dir, 2), (trace_line(t, step=2, env="learnable-eval", policy_step=2) for t in evaluated)
+    )
+
+    report = write_report(run_dir).parent
+
+    rollouts = step_data(report, 2)["rollouts"]
+    assert [(r["split"], r["env"], r["task"], r["reward"], r["samples"]) for r in rollouts] == [
+        ("eval", "learnable-eval", 5, 1.0, []),
+        ("eval", "learnable-eval", 6, 0.0, []),
+    ]
+    assert '"step":2,"envs":{"learnable-eval":2},"rollouts":0,"eval":2' in (report / "index.html").read_text()
+
+
+def test_report_of_a_directory_that_is_no_run_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "not a run directory" in capsys.readouterr().err
