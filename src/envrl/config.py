@@ -318,7 +318,7 @@ def config_to_toml(config: BaseModel) -> str:
     return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
 
 
-def config_help(cls: type[BaseModel], prog: str) -> str:
+def config_help(cls: type[BaseModel], prog: str, epilog: str = "") -> str:
     lines = [
         f"usage: {prog} [--config FILE.toml ...] [--section.key VALUE ...] [--dry-run]",
         "",
@@ -345,7 +345,7 @@ def config_help(cls: type[BaseModel], prog: str) -> str:
             lines.append(f"  --{key}{short}  {description}{default}")
 
     walk(cls, "")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", epilog] if epilog else lines)
 
 
 def _short(value: Any) -> str:
@@ -360,17 +360,18 @@ def load_config(
     *,
     prog: str,
     dry_run: Callable[[C], str] = config_to_toml,
+    epilog: str = "",
 ) -> C:
     """Entry-point helper: parse argv into `cls`, print one-line errors and exit 2 on bad input.
 
     `--help` prints every key with its description; `--dry-run` prints `dry_run(config)` (the
-    resolved config as TOML unless the entry point resolves more) and exits 0.
+    resolved config as TOML unless the entry point resolves more) and exits 0; `epilog` ends the help.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = _split_argv(argv, cls.cli_aliases)
         if args.help:
-            print(config_help(cls, prog))
+            print(config_help(cls, prog, epilog))
             raise SystemExit(0)
         config = resolve_config(cls, args.config_files, args.overrides)
         if args.dry_run:
