@@ -10,13 +10,16 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from envrl.envs.chat_tokens import chat_renderer
 from envrl.envs.registry import load_environment
-from envrl.tiny_model import DEFAULT_DIR
+
+DEFAULT_DIR = Path(__file__).resolve().parents[3] / "deps" / "models" / "tiny-chat"
+"""The tiny model (scripts/tiny_model.py builds it); a path, as this script runs outside the repo's packages."""
 
 
 def main() -> None:
