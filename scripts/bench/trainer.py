@@ -1,8 +1,8 @@
 """Trainer throughput on synthetic batches: tokens/s, step time and peak memory, as a table.
 
-    .venv/bin/python scripts/bench/trainer.py                       # tiny model, CPU
-    .venv/bin/python scripts/bench/trainer.py --model qwen3-0.6b     # GPU only (random weights)
-    torchrun --nproc-per-node 8 scripts/bench/trainer.py --model qwen3-0.6b
+    .venv/bin/python -m scripts.bench.trainer                        # tiny model, CPU
+    .venv/bin/python -m scripts.bench.trainer --model qwen3-0.6b     # GPU only (random weights)
+    torchrun --nproc-per-node 8 -m scripts.bench.trainer --model qwen3-0.6b
 
 Times `Trainer.train_on` (pack, forward/backward over micro-batches, optimizer step) after
 warm-up steps, plus writing/reading the batch file and publishing the weights once.
@@ -25,12 +25,12 @@ from envrl.config import BaseConfig, load_config, resolve_config
 from envrl.layout import weights_dir
 from envrl.log import LogConfig, setup_logging
 from envrl.samples import read_batch, write_batch
-from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime, shutdown
-from envrl.trainer.synthetic import synthetic_samples
 from envrl.trainer.weights import publish_weights
+from scripts.bench.synthetic import synthetic_samples
+from scripts.tiny_model import DEFAULT_DIR
 
 
 class BenchConfig(BaseConfig):
@@ -75,7 +75,7 @@ def qwen3_shaped(directory: Path) -> Path:
 
 
 def main() -> None:
-    bench = load_config(BenchConfig, prog="scripts/bench/trainer.py")
+    bench = load_config(BenchConfig, prog="python -m scripts.bench.trainer")
     setup_logging(LogConfig(level="WARNING"), process="bench")
     transformers.utils.logging.disable_progress_bar()
     if bench.model == "qwen3-0.6b" and not torch.cuda.is_available():

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 import tomli_w
-from pydantic import BaseModel, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 Key = tuple[str | int, ...]
 C = TypeVar("C", bound="BaseConfig")
@@ -28,34 +27,19 @@ C = TypeVar("C", bound="BaseConfig")
 CLI_SOURCE = "the command line"
 
 
-class BaseConfig(BaseSettings):
+class BaseConfig(BaseModel):
     """Base of every config model: unknown keys are errors, field docstrings are the help text.
 
-    Values come only from the loader below (TOML files and CLI overrides); environment variables
-    and dotenv files are deliberately not read, so the resolved config is exactly what
-    `--dry-run` prints.
+    A plain pydantic model, not a pydantic-settings one: values come only from the loader below
+    (TOML files and CLI overrides), never from environment variables or dotenv files, so the
+    resolved config is exactly what `--dry-run` prints. docs/config.md says why the loader does
+    its own argv parsing.
     """
 
-    model_config = SettingsConfigDict(
-        extra="forbid",
-        use_attribute_docstrings=True,
-        validate_default=True,
-        nested_model_default_partial_update=False,
-    )
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
 
     cli_aliases: ClassVar[dict[str, str]] = {}
     """Short flags of an entry point's config: {"n": "num-examples"} makes `-n 20` mean `--num-examples 20`."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
 
 
 class ConfigError(Exception):
@@ -334,7 +318,7 @@ def config_to_toml(config: BaseModel) -> str:
     return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
 
 
-def config_help(cls: type[BaseModel], prog: str) -> str:
+def config_help(cls: type[BaseModel], prog: str, epilog: str = "") -> str:
     lines = [
         f"usage: {prog} [--config FILE.toml ...] [--section.key VALUE ...] [--dry-run]",
         "",
@@ -361,7 +345,7 @@ def config_help(cls: type[BaseModel], prog: str) -> str:
             lines.append(f"  --{key}{short}  {description}{default}")
 
     walk(cls, "")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", epilog] if epilog else lines)
 
 
 def _short(value: Any) -> str:
@@ -376,17 +360,18 @@ def load_config(
     *,
     prog: str,
     dry_run: Callable[[C], str] = config_to_toml,
+    epilog: str = "",
 ) -> C:
     """Entry-point helper: parse argv into `cls`, print one-line errors and exit 2 on bad input.
 
     `--help` prints every key with its description; `--dry-run` prints `dry_run(config)` (the
-    resolved config as TOML unless the entry point resolves more) and exits 0.
+    resolved config as TOML unless the entry point resolves more) and exits 0; `epilog` ends the help.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = _split_argv(argv, cls.cli_aliases)
         if args.help:
-            print(config_help(cls, prog))
+            print(config_help(cls, prog, epilog))
             raise SystemExit(0)
         config = resolve_config(cls, args.config_files, args.overrides)
         if args.dry_run:

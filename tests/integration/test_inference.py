@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.http import HttpCallError, RetryPolicy
 from envrl.inference.client import InferenceClient, TokenCompletion
-from envrl.tiny_model import DEFAULT_DIR
+from scripts.tiny_model import DEFAULT_DIR
 
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900]]
 SAMPLING = {"max_tokens": 24, "temperature": 1.0, "seed": 1234}

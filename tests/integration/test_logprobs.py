@@ -18,10 +18,10 @@ from transformers import AutoModelForCausalLM
 from envrl.http import RetryPolicy
 from envrl.inference.client import InferenceClient, TokenCompletion
 from envrl.samples import TrainingSample
-from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.config import LossConfig
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import pack, packed_logits
+from scripts.tiny_model import DEFAULT_DIR
 
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900], [1, 64, 65]]
 MAX_KL = 1e-3

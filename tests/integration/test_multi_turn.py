@@ -22,9 +22,9 @@ from envrl.layout import batch_dir
 from envrl.orchestrator.jsonl import parse_trace_line
 from envrl.orchestrator.loop import Orchestrator
 from envrl.samples import read_batch
-from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
+from scripts.tiny_model import DEFAULT_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "debug" / "multi_turn.toml"

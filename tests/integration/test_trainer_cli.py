@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from envrl.layout import batch_dir
 from envrl.samples import BATCH_FILE, write_batch
-from envrl.tiny_model import DEFAULT_DIR
-from envrl.trainer.synthetic import synthetic_samples
+from scripts.bench.synthetic import synthetic_samples
+from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
 
 TRAINER = str(Path(sys.executable).parent / "trainer")

@@ -22,11 +22,11 @@ from safetensors.torch import load_file
 
 from envrl.config import resolve_config
 from envrl.samples import write_batch
-from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
-from envrl.trainer.synthetic import synthetic_samples
+from scripts.bench.synthetic import synthetic_samples
+from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envrl.tiny_model import DEFAULT_DIR, build_tiny_model
+from scripts.tiny_model import DEFAULT_DIR, build_tiny_model
 
 TOOLS = [
     {

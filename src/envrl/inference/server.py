@@ -1,4 +1,5 @@
-"""`inference`: vLLM's own OpenAI-compatible server, plus `POST /update_weights`.
+"""`inference`: vLLM's own OpenAI-compatible server, plus `POST /update_weights`; the process is
+run by `envrl.inference.main`, and spawned and awaited through `start` here.
 
 Guarantee: the process serves `model.name` on `host:port` with exactly the engine options of
 `inference.vllm` (over the CPU defaults when vLLM runs on CPU), logs vLLM's records through
@@ -15,18 +16,18 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 from loguru import logger
 
-from envrl.config import ConfigError, load_config
+from envrl.config import ConfigError
 from envrl.inference.config import InferenceConfig
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.log import LogConfig, setup_logging
-from envrl.process import Child, config_argv, die_with_parent, spawn
+from envrl.process import Child, config_argv, spawn
 
 CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True}
 """Engine options that make vLLM-CPU start fast and match a float32 trainer; `inference.vllm` wins."""
@@ -133,31 +134,10 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    config = load_config(InferenceConfig, argv, prog="inference")
-    setup_logging(config.log, process="inference")
-    die_with_parent()
-    env = vllm_environment(config)
-    for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
-        os.makedirs(env[name], exist_ok=True)
-    os.environ.update(env)  # before vLLM is imported: some of its modules read these at import
-
-    import uvloop
-    from vllm.entrypoints.launchers.api_server.entry import run_server
-    from vllm.platforms import current_platform
-
-    try:
-        args = vllm_args(config, on_cpu=current_platform.is_cpu())
-    except ConfigError as e:
-        print(f"inference: config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    uvloop.run(run_server(args))
-
-
 def spawn_server(config: InferenceConfig, *, log_file: Path) -> Child:
     """Spawn `inference` for `config` (stdout and stderr to `log_file`); see `wait_until_serving`."""
     return spawn(
-        [sys.executable, "-m", "envrl.inference.server", *config_argv(config)], name="inference", log_file=log_file
+        [sys.executable, "-m", "envrl.inference.main", *config_argv(config)], name="inference", log_file=log_file
     )
 
 
@@ -199,7 +179,3 @@ def start(config: InferenceConfig, *, log_file: Path, ready_timeout: float) -> C
         child.stop(grace=10.0)
         raise
     return child
-
-
-if __name__ == "__main__":
-    main()

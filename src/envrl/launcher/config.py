@@ -5,12 +5,13 @@ Guarantee: `resolve_run` is the only place where values flow between sections: s
 section, env servers get their fixed ports and log files, and every process gets the addresses
 of the others. (Log files are not in the configs: the launcher sends each process's output to
 `<output_dir>/logs/`.) A shared key set inside a section is an error, so nobody has to
-guess which of two values wins.
+guess which of two values wins; so are two processes of the run on one TCP port.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +19,7 @@ from envrl.config import BaseConfig, ConfigError, ModelConfig
 from envrl.inference.config import InferenceConfig
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
+from envrl.net import is_loopback_host
 from envrl.orchestrator.config import EnvConfig, OrchestratorConfig
 from envrl.process import RestartPolicy
 from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
@@ -25,6 +27,7 @@ from envrl.trainer.config import TrainerConfig
 
 SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb")
 EVAL_PORT_OFFSET = 1000
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 class RLConfig(BaseConfig):
@@ -68,6 +71,14 @@ class ResolvedRun(BaseModel):
     inference: InferenceConfig
     env_servers: list[EnvServerLaunch]
 
+    def spawned_ports(self) -> list[tuple[str, int, str]]:
+        """(host, port, who) of every server the launcher starts: inference, then env servers."""
+        ports = [(self.inference.host, self.inference.port, "inference")]
+        for server in self.env_servers:
+            parts = urlsplit(server.config.address)
+            ports.append((parts.hostname or "127.0.0.1", parts.port or 0, f"{server.split} env {server.name!r}"))
+        return ports
+
 
 def resolve_run(rl: RLConfig) -> ResolvedRun:
     """Each process's complete config for this run (see the module docstring)."""
@@ -90,22 +101,49 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     orchestrator.inference.reload_token_env = inference.reload.token_env
 
     servers: list[EnvServerLaunch] = []
+    external: list[tuple[str, int, str]] = []
     access = ModelAccessConfig(base_urls=[orchestrator.inference.base_url], tokenizers=[orchestrator.model.name])
     for split, envs, base in (
         ("train", orchestrator.envs, rl.env_server_base_port),
         ("eval", orchestrator.eval_envs, rl.env_server_base_port + EVAL_PORT_OFFSET),
     ):
         for i, env in enumerate(envs):
-            if env.address is None:
-                env.address = f"tcp://127.0.0.1:{base + i}"
-                # An env with its own client (a chat teacher, say) may use that client and nothing else.
-                allowed = access if env.client is None else ModelAccessConfig.for_client(env.client)
-                servers.append(
-                    EnvServerLaunch(
-                        split=split, name=env.resolved_name, config=_server_config(env, allowed), restarts=env.restarts
+            if env.address is not None:
+                parts = urlsplit(env.address)
+                if parts.scheme == "tcp" and parts.port is not None:
+                    external.append(
+                        (parts.hostname or "", parts.port, f"{split} env {env.resolved_name!r} (its address)")
                     )
+                continue
+            env.address = f"tcp://127.0.0.1:{base + i}"
+            # An env with its own client (a chat teacher, say) may use that client and nothing else.
+            allowed = access if env.client is None else ModelAccessConfig.for_client(env.client)
+            servers.append(
+                EnvServerLaunch(
+                    split=split, name=env.resolved_name, config=_server_config(env, allowed), restarts=env.restarts
                 )
-    return ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
+            )
+    run = ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
+    _check_no_shared_port([*run.spawned_ports(), *external])
+    return run
+
+
+def _check_no_shared_port(users: list[tuple[str, int, str]]) -> None:
+    """Two processes of the run on one port: one would fail to bind, or talk to the wrong server."""
+    for i, (host, port, who) in enumerate(users):
+        for other_host, other_port, other in users[:i]:
+            if port == other_port and _same_host(host, other_host):
+                raise ConfigError(
+                    f"{other} and {who} would both use port {port}: change env_server_base_port, "
+                    "inference.port or the env's address"
+                )
+
+
+def _same_host(a: str, b: str) -> bool:
+    """Whether binds on `a` and `b` can collide (a wildcard bind takes the port on every interface)."""
+    if a in WILDCARD_HOSTS or b in WILDCARD_HOSTS:
+        return True
+    return a == b or (is_loopback_host(a) and is_loopback_host(b) and "localhost" in (a, b))
 
 
 def _server_config(env: EnvConfig, model_access: ModelAccessConfig) -> EnvServerConfig:

@@ -1,4 +1,5 @@
-"""`rl --config x.toml`: start and supervise a whole training run on one machine.
+"""`rl --config x.toml`: start and supervise a whole training run on one machine; `rl eval ...`
+and the other `COMMANDS` run the command of that name instead.
 
 Guarantee: every process this command starts is stopped before it returns, whatever happens
 (a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
@@ -10,19 +11,22 @@ bad config, 130 on Ctrl-C.
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import json
 import shutil
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import NoReturn
-from urllib.parse import urlsplit
 
 from loguru import logger
 from pydantic import BaseModel
 
+from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.inference.server import wait_until_serving
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
@@ -33,6 +37,13 @@ from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
 from envrl.report.main import write_report_at_end
 
 INFERENCE_READY_TIMEOUT = 900.0
+
+COMMANDS: dict[str, str] = {
+    "eval": "envrl.orchestrator.evaluate",
+    "report": "envrl.report.main",
+}
+"""`rl NAME ARGS...` runs `main(ARGS)` of the module: a user command that does not collide with the
+shell (`eval` is a builtin). Adding a command is one line here."""
 
 
 class Interrupted(Exception):
@@ -62,15 +73,35 @@ def _process_configs(run: ResolvedRun) -> dict[str, BaseModel]:
     return configs
 
 
-def main(argv: list[str] | None = None) -> None:
-    rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text)
+def main(argv: Sequence[str] | None = None) -> None:
+    """`rl COMMAND ...` runs that command; anything else (options only) is a training run."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and not argv[0].startswith("-"):
+        command = argv[0]
+        if command not in COMMANDS:
+            close = difflib.get_close_matches(command, list(COMMANDS), n=1)
+            hint = f"did you mean 'rl {close[0]}'? " if close else ""
+            print(
+                f"rl: unknown command {command!r}: {hint}commands: {', '.join(COMMANDS)}; a run is `rl --config FILE.toml`",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
+        importlib.import_module(COMMANDS[command]).main(argv[1:])
+        return
+    run_training(argv)
+
+
+def run_training(argv: Sequence[str]) -> None:
+    """Resolve, start and supervise one training run; exits with the code in the module docstring."""
+    epilog = "Commands: " + ", ".join(f"rl {name} --help" for name in COMMANDS)
+    rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text, epilog=epilog)
     try:
         run = resolve_run(rl)
         _prepare_output_dir(rl)
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    logs = rl.output_dir / "logs"
+    logs = layout.logs_dir(rl.output_dir)
     setup_logging(rl.log.model_copy(update={"file": logs / "launcher.log"}), process="rl")
     config_files = _write_configs(rl.output_dir, run)
     signal.signal(signal.SIGINT, _raise_interrupted)
@@ -80,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     try:
         _check_ports(run)
-        _start(run, config_files, logs, supervisor)
+        _start(run, config_files, rl.output_dir, supervisor)
         console.start()
         supervisor.watch(until={"trainer", "orchestrator"})
         console.stop()
@@ -118,7 +149,7 @@ def _prepare_output_dir(rl: RLConfig) -> None:
 def _write_configs(out: Path, run: ResolvedRun) -> dict[str, Path]:
     files = {}
     for name, config in _process_configs(run).items():
-        path = out / "configs" / f"{name}.toml"
+        path = layout.configs_dir(out) / f"{name}.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config_to_toml(config))
         files[name] = path
@@ -127,12 +158,8 @@ def _write_configs(out: Path, run: ResolvedRun) -> dict[str, Path]:
 
 def _check_ports(run: ResolvedRun) -> None:
     """Fail before spawning anything if a fixed port is taken, naming the port and its user."""
-    wanted = [(run.inference.host, run.inference.port, "inference")]
-    for server in run.env_servers:
-        parts = urlsplit(server.config.address)
-        wanted.append((parts.hostname or "127.0.0.1", parts.port or 0, f"{server.split} env {server.name!r}"))
     busy = []
-    for host, port, user in wanted:
+    for host, port, user in run.spawned_ports():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             # as the servers do: connections of a run that just ended (TIME_WAIT) do not block the port
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -146,19 +173,20 @@ def _check_ports(run: ResolvedRun) -> None:
         )
 
 
-def _start(run: ResolvedRun, files: dict[str, Path], logs: Path, supervisor: Supervisor) -> None:
+def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supervisor) -> None:
     python = sys.executable
+    logs = layout.logs_dir(out)
     logger.info("starting inference server (vLLM; about a minute on CPU)")
     inference = supervisor.add(
         spawn(
-            [python, "-m", "envrl.inference.server", "--config", str(files["inference"])],
+            [python, "-m", "envrl.inference.main", "--config", str(files["inference"])],
             name="inference",
             log_file=logs / "inference.log",
         )
     )
     for server in run.env_servers:
         key = f"envs/{server.split}/{server.name}"
-        log_file = logs / "envs" / server.split / f"{server.name}.log"
+        log_file = layout.env_log_dir(out, server.split) / f"{server.name}.log"
         argv = [python, "-m", "envrl.serve.server", "--config", str(files[key])]
         name = f"{server.split} env server {server.name!r}"
         child, address = spawn_sidecar(argv, name=name, log_file=log_file)
@@ -191,7 +219,7 @@ def _restart_sidecar(argv: list[str], name: str, log_file: Path) -> Child:
 
 def _summary(rl: RLConfig, restarts: dict[str, int]) -> None:
     rewards: list[float] = []
-    metrics_file = rl.output_dir / "metrics.jsonl"
+    metrics_file = layout.metrics_file(rl.output_dir)
     if metrics_file.exists():
         for line in metrics_file.read_text().splitlines():
             record = json.loads(line)
@@ -202,8 +230,8 @@ def _summary(rl: RLConfig, restarts: dict[str, int]) -> None:
     restarted = ", ".join(f"{name} {n}x" for name, n in restarts.items()) or "none"
     logger.success(
         f"run finished: {len(rewards)} steps, reward {reward}, restarts: {restarted}\n"
-        f"  output dir: {out}\n  logs:       {out / 'logs'}\n  rollouts:   {out / 'rollouts'}\n"
-        f"  weights:    {out / 'weights'}\n  metrics:    {metrics_file}"
+        f"  output dir: {out}\n  logs:       {layout.logs_dir(out)}\n  rollouts:   {layout.rollouts_root(out)}\n"
+        f"  weights:    {layout.weights_root(out)}\n  metrics:    {metrics_file}"
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from loguru import logger
 
+from envrl import layout
 from envrl.atomic import atomic_write_text
 from envrl.report.data import (
     Detokenizer,
@@ -31,11 +32,6 @@ from envrl.report.page import fingerprint, step_summary, write_index, write_step
 from envrl.report.plots import write_plots
 
 
-def report_dir(output_dir: Path) -> Path:
-    """Where the report goes: `<output_dir>/report/`."""
-    return Path(output_dir) / "report"
-
-
 def write_report(output_dir: Path) -> Path:
     """Write (or bring up to date) the report of the run in `output_dir`; returns its index.html."""
     output_dir = Path(output_dir)
@@ -45,7 +41,7 @@ def write_report(output_dir: Path) -> Path:
             "reached its first step yet); pass the output_dir of an `rl` or `orchestrator` run"
         )
     started = time.monotonic()
-    out = report_dir(output_dir)
+    out = layout.report_dir(output_dir)
     plots = write_plots(read_metrics(output_dir), out / "plots")
     manifest_path = out / "steps" / "manifest.json"
     manifest = _read_manifest(manifest_path)

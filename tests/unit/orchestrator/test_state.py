@@ -19,7 +19,7 @@ from envrl.orchestrator.state import (
 )
 from envrl.process import RestartBudget, RestartPolicy
 from envrl.samples import write_batch
-from envrl.trainer.synthetic import synthetic_samples
+from scripts.bench.synthetic import synthetic_samples
 
 
 def state(step: int) -> OrchestratorState:

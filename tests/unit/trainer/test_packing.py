@@ -7,9 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from envrl.samples import TrainingSample
-from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.packing import bins_first_fit, pack, packed_logits, shard
-from envrl.trainer.synthetic import synthetic_samples
+from scripts.bench.synthetic import synthetic_samples
+from scripts.tiny_model import DEFAULT_DIR
 
 
 def sample(prompt: int, completion: int, first_id: int = 5) -> TrainingSample:

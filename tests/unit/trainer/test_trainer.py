@@ -13,13 +13,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from envrl.config import resolve_config
 from envrl.layout import batch_dir
 from envrl.samples import BATCH_FILE, BatchError, write_batch
-from envrl.tiny_model import DEFAULT_DIR
 from envrl.trainer.checkpoint import list_checkpoints
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.loop import Trainer, TrainingError, lr_factor
 from envrl.trainer.parallel import init_runtime
-from envrl.trainer.synthetic import synthetic_samples
 from envrl.trainer.weights import publish_weights
+from scripts.bench.synthetic import synthetic_samples
+from scripts.tiny_model import DEFAULT_DIR
 
 
 def make_trainer(tmp_path, **overrides) -> Trainer:

@@ -6,7 +6,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from envrl.inference.server import option_argv
 from envrl.inference.weights import WeightsError, check_replacement, read_shapes
 
 SERVED = {"embed.weight": (10, 4), "layer.weight": (4, 4), "norm.weight": (4,)}
@@ -54,12 +53,3 @@ def test_shape_mismatch_and_missing_and_extra_tensors_are_all_named(tmp_path: Pa
     assert "missing tensors norm.weight" in message
     assert "unexpected tensors extra.bias" in message
     assert "shape mismatch: embed.weight [11, 4] (served: [10, 4])" in message
-
-
-def test_engine_options_become_vllm_flags() -> None:
-    argv = option_argv({"max_model_len": 512, "enforce_eager": True, "enable_prefix_caching": False,
-                        "override_generation_config": {"temperature": 1.0}, "served_model_name": ["a", "b"]})  # fmt: skip
-    assert argv == [
-        "--max-model-len", "512", "--enforce-eager", "--no-enable-prefix-caching",
-        "--override-generation-config", '{"temperature": 1.0}', "--served-model-name", "a", "b",
-    ]  # fmt: skip

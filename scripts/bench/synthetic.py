@@ -1,4 +1,4 @@
-"""Made-up training samples for benchmarks and tests (never used by a real run).
+"""Made-up training samples for benchmarks and tests (never used by a real run, so not in the package).
 
 Guarantee: `synthetic_samples` is a pure function of its arguments: the same call gives the same
 valid samples (prompt tokens masked out, completion tokens with plausible negative logprobs,

@@ -1,5 +1,7 @@
 """A tiny chat model built offline, for debug runs and tests (no model hub needed).
 
+    python scripts/tiny_model.py [--out DIR] [--seed N]     # default: rebuild deps/models/tiny-chat
+
 Guarantee: `build_tiny_model(out, seed)` writes the same bytes for the same seed: a Llama causal
 LM (hidden 64, 2 layers, head_dim 32 because vLLM on CPU rejects smaller heads) and a byte-level
 BPE tokenizer trained on a fixed in-code corpus, with a ChatML chat template that renders tools
@@ -8,6 +10,7 @@ and tool calls. The result is a plain HF directory for transformers and vLLM ali
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 from pathlib import Path
@@ -16,7 +19,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "deps" / "models" / "tiny-chat"
+DEFAULT_DIR = Path(__file__).resolve().parents[1] / "deps" / "models" / "tiny-chat"
 """Where the repo ships the default build (seed 0); configs point `model.name` here."""
 
 PAD, BOS_TURN, EOS = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -211,5 +214,19 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(out_dir)
     build_model(tokenizer, seed).save_pretrained(out_dir, safe_serialization=True)
-    (out_dir / "envrl_build.json").write_text(json.dumps({"builder": "envrl.tiny_model", "seed": seed}) + "\n")
+    (out_dir / "envrl_build.json").write_text(json.dumps({"builder": "scripts/tiny_model.py", "seed": seed}) + "\n")
     return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Build the tiny offline chat model (same seed, same bytes).")
+    parser.add_argument("--out", type=Path, default=DEFAULT_DIR, help=f"output directory (default: {DEFAULT_DIR})")
+    parser.add_argument("--seed", type=int, default=0, help="weight-initialisation seed (default: 0)")
+    args = parser.parse_args()
+    out = build_tiny_model(args.out, args.seed)
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"wrote tiny model (seed {args.seed}) to {out} ({size / 1e6:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()

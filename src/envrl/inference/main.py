@@ -1,0 +1,43 @@
+"""`inference --config x.toml`: serve `model.name` with vLLM plus `POST /update_weights`.
+
+Guarantee: the process serves on `host:port` with exactly the engine options `vllm_args` builds,
+keeps every file vLLM writes under `<output_dir>/inference/` (its environment is set before vLLM
+is imported), dies with its parent, and exits 2 on a config error (unknown vLLM options included).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from envrl.config import ConfigError, load_config
+from envrl.inference.config import InferenceConfig
+from envrl.inference.server import vllm_args, vllm_environment
+from envrl.log import setup_logging
+from envrl.process import die_with_parent
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load_config(InferenceConfig, argv, prog="inference")
+    setup_logging(config.log, process="inference")
+    die_with_parent()
+    env = vllm_environment(config)
+    for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
+        os.makedirs(env[name], exist_ok=True)
+    os.environ.update(env)  # before vLLM is imported: some of its modules read these at import
+
+    import uvloop
+    from vllm.entrypoints.launchers.api_server.entry import run_server
+    from vllm.platforms import current_platform
+
+    try:
+        args = vllm_args(config, on_cpu=current_platform.is_cpu())
+    except ConfigError as e:
+        print(f"inference: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    uvloop.run(run_server(args))
+
+
+if __name__ == "__main__":
+    main()
