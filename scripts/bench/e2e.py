@@ -1,6 +1,6 @@
 """envrl end to end vs the single-process floor, on the same work.
 
-    uv run --no-sync python scripts/bench/e2e.py [--steps 20] [--levels 0 2] [--prompts 8] [--group 8] [--max-tokens 32]
+    uv run --no-sync python -m scripts.bench.e2e [--steps 20] [--levels 0 2] [--prompts 8] [--group 8] [--max-tokens 32]
 
 Runs `rl` on configs/debug/cpu_smoke.toml reshaped to `prompts × group` completions of at most
 `max-tokens` tokens per step, once per async level, then scripts/bench/floor.py's single-process
@@ -22,8 +22,7 @@ from itertools import pairwise
 from pathlib import Path
 from statistics import fmean, median
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from floor import run_floor  # noqa: E402 - a sibling script, not a package
+from scripts.bench.floor import run_floor
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """The single-process floor: plain GRPO on the tiny model in one process, no vLLM, no servers.
 
-    uv run --no-sync python scripts/bench/floor.py [--steps 20] [--prompts 8] [--group 8] [--max-tokens 32]
+    uv run --no-sync python -m scripts.bench.floor [--steps 20] [--prompts 8] [--group 8] [--max-tokens 32]
 
 Each step samples `prompts` tasks of `learnable`, generates `group` completions per prompt with
 transformers' `generate` (fp32, temperature 1), scores them with the env's own reward, and takes
@@ -17,7 +17,6 @@ import argparse
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import fmean, median
 
 import torch
@@ -25,8 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.envs.chat_tokens import chat_renderer
 from envrl.envs.registry import load_environment
-
-TINY_MODEL = Path(__file__).resolve().parents[2] / "deps" / "models" / "tiny-chat"
+from scripts.tiny_model import DEFAULT_DIR as TINY_MODEL
 
 
 @dataclass
