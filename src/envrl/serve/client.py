@@ -69,7 +69,7 @@ class EnvClient:
         self.max_backoff = max_backoff
         self._ids = itertools.count()
         self._prefix = secrets.token_hex(3)
-        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[str, asyncio.Future[p.Response]] = {}
         self._deadlines: dict[str, tuple[float, str, float]] = {}
         """Request id -> (deadline, method, timeout) of calls that have one."""
         self._down: str | None = None
@@ -142,7 +142,9 @@ class EnvClient:
         request_id: str | None = None,
     ) -> Trace:
         """One rollout of task `task_idx`; env failures come back as a Trace with `error` set."""
-        params = _rollout_params(task_idx, client, sampling, split, seed)
+        params = _rollout_params(
+            p.RolloutParams, task_idx=task_idx, client=client, sampling=sampling, split=split, seed=seed
+        )
         result = await self._call("run_rollout", params, timeout or self.timeout, request_id=request_id)
         return Trace.from_wire(result)
 
@@ -159,13 +161,16 @@ class EnvClient:
         request_id: str | None = None,
     ) -> list[Trace]:
         """`n` rollouts of one task, scored together (rollout i samples with seed + i)."""
-        params = {**_rollout_params(task_idx, client, sampling, split, seed), "n": n}
+        params = _rollout_params(
+            p.GroupParams, task_idx=task_idx, n=n, client=client, sampling=sampling, split=split, seed=seed
+        )
         result = await self._call("run_group", params, timeout or self.timeout, request_id=request_id)
-        return [Trace.from_wire(trace) for trace in result["traces"]]
+        return p.GroupResult.model_validate(result).traces
 
     async def cancel(self, request_id: str, timeout: float = 5.0) -> bool:
         """Cancel an earlier request of this client; True if it was still queued or running."""
-        return bool((await self._call("cancel", {"request_id": request_id}, timeout))["cancelled"])
+        params = p.CancelParams(request_id=request_id).model_dump()
+        return p.CancelResult.model_validate(await self._call("cancel", params, timeout)).cancelled
 
     async def wait_until_ready(self, timeout: float) -> p.ServerInfo:
         """Wait until the server answers health with `ok` (a worker is ready); return its info."""
@@ -189,7 +194,7 @@ class EnvClient:
 
     async def _call(
         self,
-        method: str,
+        method: p.Method,
         params: dict[str, Any],
         timeout: float | None,
         *,
@@ -203,12 +208,12 @@ class EnvClient:
             if check_down and self._down is not None:
                 raise EnvServerError(UNAVAILABLE, self._down, self.address)
             rid = request_id or f"{self._prefix}-{next(self._ids)}"
-            future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+            future: asyncio.Future[p.Response] = self._loop.create_future()
             self._pending[rid] = future
             if deadline is not None:
                 self._deadlines[rid] = (deadline, method, timeout)  # type: ignore[assignment]
             try:
-                self._send({"id": rid, "method": method, "params": params})
+                self._send(p.RequestMessage(id=rid, method=method, params=params))
                 response = await future
             except asyncio.CancelledError:
                 self._send_cancel(rid, method)
@@ -216,21 +221,21 @@ class EnvClient:
             finally:
                 self._pending.pop(rid, None)
                 self._deadlines.pop(rid, None)
-            if response["ok"]:
-                return response["result"]
-            error = response["error"]
-            if error["type"] == p.AT_CAPACITY and (deadline is None or self._loop.time() + backoff < deadline):
+            if isinstance(response, p.OkResponse):
+                return response.result
+            error = response.error
+            if error.type == p.AT_CAPACITY and (deadline is None or self._loop.time() + backoff < deadline):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.max_backoff)
                 continue
-            raise EnvServerError(error["type"], error["message"], self.address, rid)
+            raise EnvServerError(error.type, error.message, self.address, rid)
 
-    def _send(self, message: dict[str, Any]) -> None:
-        self._pump.send([p.encode(message)])
+    def _send(self, message: p.RequestMessage) -> None:
+        self._pump.send([p.encode(message.model_dump())])
 
     def _on_unsent(self, frames: Sequence[bytes]) -> None:
         """ZMQ had no connection to queue a request on (refused, or between reconnects): fail it."""
-        future = self._pending.get(p.decode(frames[0])["id"])
+        future = self._pending.get(p.RequestMessage.model_validate(p.decode(frames[0])).id)
         if future is not None and not future.done():
             future.set_exception(
                 EnvServerError(UNAVAILABLE, "not connected to the server (it refused us or is gone)", self.address)
@@ -238,25 +243,26 @@ class EnvClient:
 
     def _send_cancel(self, rid: str, method: str) -> None:
         if method.startswith("run_") and not self._pump.socket.closed:
-            self._send({"id": f"{self._prefix}-{next(self._ids)}", "method": "cancel", "params": {"request_id": rid}})
+            params = p.CancelParams(request_id=rid).model_dump()
+            self._send(p.RequestMessage(id=f"{self._prefix}-{next(self._ids)}", method="cancel", params=params))
 
     def _on_messages(self, batch: list[bytes]) -> None:
         self._last_heard = self._loop.time()
         if self._down is not None:
             logger.info(f"env server {self.address} answers again")
             self._down = None
-        pending, decode = self._pending, p.decode
+        pending, decode = self._pending, p.decode_response
         for frame in batch:
             try:
                 response = decode(frame)
-                future = pending.get(response["id"])
             except Exception as e:
                 logger.warning(f"env server {self.address} sent an unreadable frame ({type(e).__name__}: {e}); dropped")
                 continue
+            future = pending.get(response.id) if response.id is not None else None
             if future is not None and not future.done():
                 future.set_result(response)
-            elif response.get("ok") is False and response.get("id") is None:
-                logger.warning(f"env server {self.address} reported a protocol error: {response.get('error')}")
+            elif isinstance(response, p.ErrorResponse) and response.id is None:
+                logger.warning(f"env server {self.address} reported a protocol error: {response.error}")
 
     def _on_disconnect(self, batch: list[Frames]) -> None:
         self._mark_down(f"the connection to the server dropped ({len(self._pending)} pending requests failed)")
@@ -276,7 +282,7 @@ class EnvClient:
                 )
             if silent >= self.health_interval and now - last_probe >= self.health_interval:
                 last_probe = now
-                self._send({"id": f"{self._prefix}-h{next(self._ids)}", "method": "health", "params": {}})
+                self._send(p.RequestMessage(id=f"{self._prefix}-h{next(self._ids)}", method="health"))
 
     def _expire(self, now: float) -> None:
         for rid, (deadline, method, timeout) in list(self._deadlines.items()):
@@ -304,11 +310,13 @@ class EnvClient:
 
 
 def _rollout_params(
-    task_idx: int,
+    model: type[p.RolloutParams],
     client: ClientConfig | dict[str, Any],
     sampling: SamplingArgs | dict[str, Any],
-    split: str,
-    seed: int | None,
+    **fields: Any,
 ) -> dict[str, Any]:
+    """The params map of a rollout request, built through its protocol model (`RolloutParams`,
+    `GroupParams`): a malformed one raises pydantic's ValidationError here, before it is sent.
+    `client` and `sampling` go through their wire maps, so any model that dumps to one will do."""
     dump = lambda v: v.model_dump(mode="json") if isinstance(v, BaseModel) else v  # noqa: E731
-    return {"task_idx": task_idx, "split": split, "client": dump(client), "sampling": dump(sampling), "seed": seed}
+    return model.model_validate({**fields, "client": dump(client), "sampling": dump(sampling)}).model_dump(mode="json")

@@ -31,7 +31,6 @@ class WorkerProcesses:
         config = self.config
         spec = WorkerConfig(
             worker_id=worker_id, address=self.pool_address, env=config.env, timeout=config.timeout,
-            max_group_size=config.max_group_size, model_access=config.model_access,
             log_file=config.log_file, log_level=config.log_level,
         )  # fmt: skip
         argv = [sys.executable, "-m", "envrl.serve.worker", *config_argv(spec)]

@@ -184,8 +184,9 @@ class EnvServer:
                         extra += 1
                     request_id = p.readable_id(frame, self.config.max_frame_bytes)
                     raise p.ProtocolError(p.BAD_REQUEST, f"a message is one frame, got {extra + 1}", request_id)
-                request_id, method, params = p.parse_request(frame, self.config.max_frame_bytes)
-                self._on_request(identity, request_id, method, params, frame)
+                message = p.parse_request(frame, self.config.max_frame_bytes)
+                request_id = message.id
+                self._on_request(identity, message, frame)
             except p.ProtocolError as e:
                 self._answer(identity, p.error_response(e.request_id, e.type, e.message))
             except Exception as e:  # a bug must cost one request, never the server
@@ -214,25 +215,31 @@ class EnvServer:
         for request in self.requests.of_client(identity):
             self._cancel(identity, request.request_id)
 
-    def _on_request(self, identity: bytes, request_id: str, method: str, params: dict[str, Any], frame: bytes) -> None:
+    def _on_request(self, identity: bytes, message: p.RequestMessage, frame: bytes) -> None:
+        """Answer health, info and cancel here; check a rollout request's params and accept it."""
+        request_id, method, params = message.id, message.method, message.params
         if method == "health":
-            status = "draining" if self.draining_until is not None else "ok" if self.pool.ready_workers else "starting"
-            self._answer(identity, p.ok_response(request_id, {"status": status, "workers": self.pool.ready_workers}))
+            self._answer(identity, p.ok_response(request_id, self._health()))
         elif method == "info":
             self._answer(identity, p.ok_response(request_id, self._info()))
         elif method == "cancel":
             target = self.checker.cancel(params, request_id).request_id
-            self._answer(identity, p.ok_response(request_id, {"cancelled": self._cancel(identity, target)}))
+            self._answer(identity, p.ok_response(request_id, p.CancelResult(cancelled=self._cancel(identity, target))))
         else:
             self._accept(identity, request_id, self.checker.rollout(method, params, request_id), frame)
 
-    def _info(self) -> dict[str, Any]:
+    def _health(self) -> p.HealthResult:
+        workers = self.pool.ready_workers
+        status = "draining" if self.draining_until is not None else "ok" if workers else "starting"
+        return p.HealthResult(status=status, workers=workers)
+
+    def _info(self) -> p.ServerInfo:
         return p.ServerInfo(
             protocol_version=p.PROTOCOL_VERSION, env_id=self.env.env_id, num_tasks=self.num_tasks["train"],
             num_eval_tasks=self.num_tasks["eval"], group_scoring=self.env.group_scoring,
             workers=self.pool.ready_workers, in_flight=self.pool.in_flight, capacity=self.pool.capacity,
             queued=len(self.requests.queue), max_queued=self.config.max_queued,
-        ).model_dump()  # fmt: skip
+        )  # fmt: skip
 
     def _accept(self, identity: bytes, request_id: str, params: p.RolloutParams, frame: bytes) -> None:
         if self.draining_until is not None:
