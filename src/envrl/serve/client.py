@@ -20,7 +20,13 @@ import zmq.auth
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl.envs.model_client import ClientConfig, SamplingArgs
+from envrl.envs.model_client import (
+    ClientConfig,
+    EvalClientConfig,
+    SamplingArgs,
+    ScriptedClientConfig,
+    TrainClientConfig,
+)
 from envrl.serve import protocol as p
 from envrl.serve.config import CurveClientConfig
 from envrl.serve.zmqio import Frames, SocketPump
@@ -309,6 +315,10 @@ class EnvClient:
         self._pending.clear()
 
 
+CLIENT_CONFIGS = (TrainClientConfig, EvalClientConfig, ScriptedClientConfig)
+"""The members of `ClientConfig`: passed to the params model as they are (no dump and re-validation)."""
+
+
 def _rollout_params(
     model: type[p.RolloutParams],
     client: ClientConfig | dict[str, Any],
@@ -317,6 +327,8 @@ def _rollout_params(
 ) -> dict[str, Any]:
     """The params map of a rollout request, built through its protocol model (`RolloutParams`,
     `GroupParams`): a malformed one raises pydantic's ValidationError here, before it is sent.
-    `client` and `sampling` go through their wire maps, so any model that dumps to one will do."""
+    `client` and `sampling` may also be maps, or other models that dump to valid ones."""
     dump = lambda v: v.model_dump(mode="json") if isinstance(v, BaseModel) else v  # noqa: E731
-    return model.model_validate({**fields, "client": dump(client), "sampling": dump(sampling)}).model_dump(mode="json")
+    client = client if isinstance(client, CLIENT_CONFIGS) else dump(client)
+    sampling = sampling if isinstance(sampling, SamplingArgs) else dump(sampling)
+    return model(**fields, client=client, sampling=sampling).model_dump(mode="json")

@@ -282,6 +282,7 @@ class EnvServer:
     # -- worker side ------------------------------------------------------------------------------
 
     def _assign(self, request: Request, worker: WorkerHandle) -> None:
+        """Give `request` to `worker`: a `run` op and the client's frame, sent at the next `_flush`."""
         request.worker = worker.id
         self.pool.assign(worker, request.token)
         if self.config.timeout.rollout is not None:
@@ -295,6 +296,8 @@ class EnvServer:
         self.outbox.setdefault(worker_id, ([], []))[0].append(op)
 
     def _flush(self) -> None:
+        """Send each worker its ops of this loop turn as one message: [identity, ops, frame, ...]
+        (serve/worker.py `_on_messages` reads it)."""
         for worker_id, (ops, raws) in self.outbox.items():
             worker = self.pool.workers.get(worker_id)
             if worker is not None:
@@ -302,6 +305,7 @@ class EnvServer:
         self.outbox.clear()
 
     def _dispatch_queue(self) -> None:
+        """Assign queued requests, oldest first (re-runs first), while a worker has a free slot."""
         while (request := self.requests.peek_queued()) is not None:
             worker = self.pool.pick()
             if worker is None:
@@ -310,6 +314,8 @@ class EnvServer:
             self._assign(request, worker)
 
     def _read_workers(self) -> None:
+        """A worker's `ready`, or its finished answers ([done, tokens, frame, ...]): forward each
+        to its client (`_finish`); answers to requests already answered are dropped."""
         for frames in recv_batch(self.sockets.workers, MAX_BATCH):
             if frames[1] == p.WORKER_READY:
                 self.pool.mark_ready(frames[0])

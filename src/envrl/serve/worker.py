@@ -52,10 +52,11 @@ class WorkerConfig(BaseConfig):
 
 
 class Worker:
+    """Runs the requests its server assigns it; construct it inside its event loop."""
+
     def __init__(self, config: WorkerConfig, env: Any) -> None:
         self.config = config
         self.env = env
-        self.tag = f"env-worker[{config.worker_id}]"
         self.running: dict[int, asyncio.Task[None]] = {}
         self.deadlines: dict[int, float] = {}
         self.timed_out: set[int] = set()
@@ -63,20 +64,22 @@ class Worker:
         """Model clients by the repr of the `client` map that asked for them (least recently used first)."""
         self.done_tokens: list[int] = []
         self.done_frames: list[bytes] = []
-
-    async def serve(self) -> None:
-        self.loop = loop = asyncio.get_running_loop()
-        self.stopped: asyncio.Future[None] = loop.create_future()
-        context = zmq.Context.instance()
-        socket = context.socket(zmq.DEALER)
+        """Answers finished since the last `_flush`, and their tokens."""
+        self.loop = asyncio.get_running_loop()
+        self.stopped: asyncio.Future[None] = self.loop.create_future()
+        """Set by the server's `stop` op."""
+        socket = zmq.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
-        socket.setsockopt(zmq.IDENTITY, str(self.config.worker_id).encode())
-        socket.connect(self.config.address)
+        socket.setsockopt(zmq.IDENTITY, str(config.worker_id).encode())
+        socket.connect(config.address)
         self.pump = SocketPump(socket, self._on_messages, on_flush=self._flush)
+
+    async def serve(self) -> None:
+        """Tell the server we are ready, run what it sends until it says `stop`, then clean up."""
         self.pump.send([p.WORKER_READY])
         logger.info(f"ready: {type(self.env).__name__} from {self.config.env.id!r}")
-        sweeper = loop.create_task(self._sweep())
+        sweeper = self.loop.create_task(self._sweep())
         try:
             await self.stopped
         finally:
@@ -89,6 +92,8 @@ class Worker:
             self.pump.close(linger_ms=0)
 
     def _on_messages(self, batch: list[Frames]) -> None:
+        """The server's ops (sent by its `_flush`): `run` a request (its client frame follows the
+        header), `cancel` one, `stop`."""
         now = self.loop.time()
         for frames in batch:
             raws = iter(frames[1:])
@@ -240,6 +245,10 @@ def _sendable(task: Task, trace: Trace) -> Trace:
         return Trace.from_error(task, Error(type=p.UNENCODABLE, message=message))
 
 
+async def _serve(config: WorkerConfig, env: Any) -> None:
+    await Worker(config, env).serve()
+
+
 def _tag_request(record: Any) -> None:
     request_id = REQUEST_ID.get()
     if request_id is not None:
@@ -257,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
         sys.exit(1)
-    asyncio.run(Worker(config, env).serve())
+    asyncio.run(_serve(config, env))
 
 
 if __name__ == "__main__":
