@@ -1,7 +1,7 @@
 """`EnvClient`: the async client of one env server (one DEALER socket, many requests in flight).
 
 Guarantee: every call ends: with its result, with `EnvServerError` when the server answered an
-error, or when its deadline passes (`timeout`), or when the server is found dead (its connection
+error or something that is no protocol response (`bad_response`), or when its deadline passes (`timeout`), or when the server is found dead (its connection
 drops, or it answers nothing, not even health probes, for `dead_after` seconds; then every
 pending call fails at once and new calls fail fast until it answers again). `at_capacity` answers
 are retried with backoff within the call's deadline. Cancelling a call sends `cancel`.
@@ -36,12 +36,14 @@ UNAVAILABLE = "unavailable"
 """EnvServerError type: the server is dead or unreachable (client-side; never sent by a server)."""
 TIMEOUT = "timeout"
 """EnvServerError type: the call's own deadline passed (client-side)."""
+BAD_RESPONSE = "bad_response"
+"""EnvServerError type: the server's answer is not a protocol v1 response (client-side)."""
 TICK = 0.1
 """Seconds between checks of call deadlines and server silence (one sweep, not a timer per call)."""
 
 
 class EnvServerError(RuntimeError):
-    """A call that failed; `type` is a protocol error type, `unavailable` or `timeout`."""
+    """A call that failed; `type` is a protocol error type, `unavailable`, `timeout` or `bad_response`."""
 
     def __init__(self, type: str, message: str, address: str, request_id: str | None = None) -> None:
         where = f"env server {address}" + (f" request {request_id}" if request_id else "")
@@ -262,13 +264,31 @@ class EnvClient:
             try:
                 response = decode(frame)
             except Exception as e:
-                logger.warning(f"env server {self.address} sent an unreadable frame ({type(e).__name__}: {e}); dropped")
+                self._on_bad_response(frame, e)
                 continue
             future = pending.get(response.id) if response.id is not None else None
             if future is not None and not future.done():
                 future.set_result(response)
             elif isinstance(response, p.ErrorResponse) and response.id is None:
                 logger.warning(f"env server {self.address} reported a protocol error: {response.error}")
+
+    def _on_bad_response(self, frame: bytes, error: Exception) -> None:
+        """Fail the call a frame that is no protocol v1 response answers, if its id can be read;
+        else drop it. Either way it is logged."""
+        what = f"{type(error).__name__}: {error}".splitlines()[0]
+        try:
+            request_id = p.decode(frame).get("id")
+            future = self._pending.get(request_id) if isinstance(request_id, str) else None
+        except Exception:
+            future = None
+        if future is None or future.done():
+            logger.warning(f"env server {self.address} sent an unreadable frame ({what}); dropped")
+            return
+        message = (
+            f"the server's answer is not a protocol v{p.PROTOCOL_VERSION} response ({what}); is it another version?"
+        )
+        logger.warning(f"env server {self.address} request {request_id}: {message}")
+        future.set_exception(EnvServerError(BAD_RESPONSE, message, self.address, request_id))
 
     def _on_disconnect(self, batch: list[Frames]) -> None:
         self._mark_down(f"the connection to the server dropped ({len(self._pending)} pending requests failed)")
