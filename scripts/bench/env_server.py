@@ -295,7 +295,7 @@ def main() -> None:
         echo.wait()
 
     print(
-        f"\nresponse frame {len(p.ok_response('x', reply['result']))} bytes; {os.cpu_count()} CPUs; {args.seconds:g} s per figure\n"
+        f"\nresponse frame {len(p.ok_response('x', Trace.from_wire(reply['result'])))} bytes; {os.cpu_count()} CPUs; {args.seconds:g} s per figure\n"
     )
     print(
         f"{'path':38} {'in flight':>9} {'rt/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'rt/s vs echo':>13} {'p99 vs echo':>12}"

@@ -283,7 +283,7 @@ def started_server(*args: str, name: str = "fuzzed env-server") -> Iterator[tupl
     from envrl.process import spawn_sidecar
 
     argv = [
-        sys.executable, "-m", "envrl.serve.server", "--env.id", "reverse-text", "--address", "tcp://127.0.0.1:0",
+        sys.executable, "-m", "envrl.serve.main", "--env.id", "reverse-text", "--address", "tcp://127.0.0.1:0",
         "--pool", '{"type": "static", "num_workers": 1}',
         "--timeout", '{"rollout": 5, "scoring": null}',  # scoring in a thread: no fork per rollout
         *args,

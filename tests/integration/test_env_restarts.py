@@ -137,7 +137,7 @@ def test_the_launcher_restarts_a_dead_env_server_on_its_address_until_its_budget
     server = EnvServerConfig(
         env=EnvSpec(id="bad_envs:load_environment"), address=address, pool=StaticPoolConfig(num_workers=1)
     )
-    argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
+    argv = [sys.executable, "-m", "envrl.serve.main", *config_argv(server)]
     start = partial(spawn_sidecar, argv, name="train env server 'bad'", log_file=tmp_path / "bad.log")
     supervisor = Supervisor(grace=5.0)
     supervisor.add(start()[0], respawn=lambda: start()[0], restarts=RestartPolicy(max_restarts=1, backoff_s=0.1))

@@ -110,7 +110,7 @@ class Env:
             timeout=self.config.timeout,
             model_access=ModelAccessConfig.for_client(self.client_config),
         )
-        argv = [sys.executable, "-m", "envrl.serve.server", *config_argv(server)]
+        argv = [sys.executable, "-m", "envrl.serve.main", *config_argv(server)]
         return spawn_sidecar(
             argv,
             name=f"{self.split} env server {self.name!r}",

@@ -1,7 +1,7 @@
 """`EnvClient`: the async client of one env server (one DEALER socket, many requests in flight).
 
 Guarantee: every call ends: with its result, with `EnvServerError` when the server answered an
-error, or when its deadline passes (`timeout`), or when the server is found dead (its connection
+error or something that is no protocol response (`bad_response`), or when its deadline passes (`timeout`), or when the server is found dead (its connection
 drops, or it answers nothing, not even health probes, for `dead_after` seconds; then every
 pending call fails at once and new calls fail fast until it answers again). `at_capacity` answers
 are retried with backoff within the call's deadline. Cancelling a call sends `cancel`.
@@ -20,7 +20,13 @@ import zmq.auth
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl.envs.model_client import ClientConfig, SamplingArgs
+from envrl.envs.model_client import (
+    ClientConfig,
+    EvalClientConfig,
+    SamplingArgs,
+    ScriptedClientConfig,
+    TrainClientConfig,
+)
 from envrl.serve import protocol as p
 from envrl.serve.config import CurveClientConfig
 from envrl.serve.zmqio import Frames, SocketPump
@@ -30,12 +36,14 @@ UNAVAILABLE = "unavailable"
 """EnvServerError type: the server is dead or unreachable (client-side; never sent by a server)."""
 TIMEOUT = "timeout"
 """EnvServerError type: the call's own deadline passed (client-side)."""
+BAD_RESPONSE = "bad_response"
+"""EnvServerError type: the server's answer is not a protocol v1 response (client-side)."""
 TICK = 0.1
 """Seconds between checks of call deadlines and server silence (one sweep, not a timer per call)."""
 
 
 class EnvServerError(RuntimeError):
-    """A call that failed; `type` is a protocol error type, `unavailable` or `timeout`."""
+    """A call that failed; `type` is a protocol error type, `unavailable`, `timeout` or `bad_response`."""
 
     def __init__(self, type: str, message: str, address: str, request_id: str | None = None) -> None:
         where = f"env server {address}" + (f" request {request_id}" if request_id else "")
@@ -69,7 +77,7 @@ class EnvClient:
         self.max_backoff = max_backoff
         self._ids = itertools.count()
         self._prefix = secrets.token_hex(3)
-        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[str, asyncio.Future[p.Response]] = {}
         self._deadlines: dict[str, tuple[float, str, float]] = {}
         """Request id -> (deadline, method, timeout) of calls that have one."""
         self._down: str | None = None
@@ -142,7 +150,9 @@ class EnvClient:
         request_id: str | None = None,
     ) -> Trace:
         """One rollout of task `task_idx`; env failures come back as a Trace with `error` set."""
-        params = _rollout_params(task_idx, client, sampling, split, seed)
+        params = _rollout_params(
+            p.RolloutParams, task_idx=task_idx, client=client, sampling=sampling, split=split, seed=seed
+        )
         result = await self._call("run_rollout", params, timeout or self.timeout, request_id=request_id)
         return Trace.from_wire(result)
 
@@ -159,13 +169,16 @@ class EnvClient:
         request_id: str | None = None,
     ) -> list[Trace]:
         """`n` rollouts of one task, scored together (rollout i samples with seed + i)."""
-        params = {**_rollout_params(task_idx, client, sampling, split, seed), "n": n}
+        params = _rollout_params(
+            p.GroupParams, task_idx=task_idx, n=n, client=client, sampling=sampling, split=split, seed=seed
+        )
         result = await self._call("run_group", params, timeout or self.timeout, request_id=request_id)
-        return [Trace.from_wire(trace) for trace in result["traces"]]
+        return p.GroupResult.model_validate(result).traces
 
     async def cancel(self, request_id: str, timeout: float = 5.0) -> bool:
         """Cancel an earlier request of this client; True if it was still queued or running."""
-        return bool((await self._call("cancel", {"request_id": request_id}, timeout))["cancelled"])
+        params = p.CancelParams(request_id=request_id).model_dump()
+        return p.CancelResult.model_validate(await self._call("cancel", params, timeout)).cancelled
 
     async def wait_until_ready(self, timeout: float) -> p.ServerInfo:
         """Wait until the server answers health with `ok` (a worker is ready); return its info."""
@@ -189,7 +202,7 @@ class EnvClient:
 
     async def _call(
         self,
-        method: str,
+        method: p.Method,
         params: dict[str, Any],
         timeout: float | None,
         *,
@@ -203,12 +216,12 @@ class EnvClient:
             if check_down and self._down is not None:
                 raise EnvServerError(UNAVAILABLE, self._down, self.address)
             rid = request_id or f"{self._prefix}-{next(self._ids)}"
-            future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+            future: asyncio.Future[p.Response] = self._loop.create_future()
             self._pending[rid] = future
             if deadline is not None:
                 self._deadlines[rid] = (deadline, method, timeout)  # type: ignore[assignment]
             try:
-                self._send({"id": rid, "method": method, "params": params})
+                self._send(p.RequestMessage(id=rid, method=method, params=params))
                 response = await future
             except asyncio.CancelledError:
                 self._send_cancel(rid, method)
@@ -216,21 +229,21 @@ class EnvClient:
             finally:
                 self._pending.pop(rid, None)
                 self._deadlines.pop(rid, None)
-            if response["ok"]:
-                return response["result"]
-            error = response["error"]
-            if error["type"] == p.AT_CAPACITY and (deadline is None or self._loop.time() + backoff < deadline):
+            if isinstance(response, p.OkResponse):
+                return response.result
+            error = response.error
+            if error.type == p.AT_CAPACITY and (deadline is None or self._loop.time() + backoff < deadline):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.max_backoff)
                 continue
-            raise EnvServerError(error["type"], error["message"], self.address, rid)
+            raise EnvServerError(error.type, error.message, self.address, rid)
 
-    def _send(self, message: dict[str, Any]) -> None:
-        self._pump.send([p.encode(message)])
+    def _send(self, message: p.RequestMessage) -> None:
+        self._pump.send([p.encode(message.model_dump())])
 
     def _on_unsent(self, frames: Sequence[bytes]) -> None:
         """ZMQ had no connection to queue a request on (refused, or between reconnects): fail it."""
-        future = self._pending.get(p.decode(frames[0])["id"])
+        future = self._pending.get(p.RequestMessage.model_validate(p.decode(frames[0])).id)
         if future is not None and not future.done():
             future.set_exception(
                 EnvServerError(UNAVAILABLE, "not connected to the server (it refused us or is gone)", self.address)
@@ -238,25 +251,44 @@ class EnvClient:
 
     def _send_cancel(self, rid: str, method: str) -> None:
         if method.startswith("run_") and not self._pump.socket.closed:
-            self._send({"id": f"{self._prefix}-{next(self._ids)}", "method": "cancel", "params": {"request_id": rid}})
+            params = p.CancelParams(request_id=rid).model_dump()
+            self._send(p.RequestMessage(id=f"{self._prefix}-{next(self._ids)}", method="cancel", params=params))
 
     def _on_messages(self, batch: list[bytes]) -> None:
         self._last_heard = self._loop.time()
         if self._down is not None:
             logger.info(f"env server {self.address} answers again")
             self._down = None
-        pending, decode = self._pending, p.decode
+        pending, decode = self._pending, p.decode_response
         for frame in batch:
             try:
                 response = decode(frame)
-                future = pending.get(response["id"])
             except Exception as e:
-                logger.warning(f"env server {self.address} sent an unreadable frame ({type(e).__name__}: {e}); dropped")
+                self._on_bad_response(frame, e)
                 continue
+            future = pending.get(response.id) if response.id is not None else None
             if future is not None and not future.done():
                 future.set_result(response)
-            elif response.get("ok") is False and response.get("id") is None:
-                logger.warning(f"env server {self.address} reported a protocol error: {response.get('error')}")
+            elif isinstance(response, p.ErrorResponse) and response.id is None:
+                logger.warning(f"env server {self.address} reported a protocol error: {response.error}")
+
+    def _on_bad_response(self, frame: bytes, error: Exception) -> None:
+        """Fail the call a frame that is no protocol v1 response answers, if its id can be read;
+        else drop it. Either way it is logged."""
+        what = f"{type(error).__name__}: {error}".splitlines()[0]
+        try:
+            request_id = p.decode(frame).get("id")
+            future = self._pending.get(request_id) if isinstance(request_id, str) else None
+        except Exception:
+            future = None
+        if future is None or future.done():
+            logger.warning(f"env server {self.address} sent an unreadable frame ({what}); dropped")
+            return
+        message = (
+            f"the server's answer is not a protocol v{p.PROTOCOL_VERSION} response ({what}); is it another version?"
+        )
+        logger.warning(f"env server {self.address} request {request_id}: {message}")
+        future.set_exception(EnvServerError(BAD_RESPONSE, message, self.address, request_id))
 
     def _on_disconnect(self, batch: list[Frames]) -> None:
         self._mark_down(f"the connection to the server dropped ({len(self._pending)} pending requests failed)")
@@ -276,7 +308,7 @@ class EnvClient:
                 )
             if silent >= self.health_interval and now - last_probe >= self.health_interval:
                 last_probe = now
-                self._send({"id": f"{self._prefix}-h{next(self._ids)}", "method": "health", "params": {}})
+                self._send(p.RequestMessage(id=f"{self._prefix}-h{next(self._ids)}", method="health"))
 
     def _expire(self, now: float) -> None:
         for rid, (deadline, method, timeout) in list(self._deadlines.items()):
@@ -303,12 +335,20 @@ class EnvClient:
         self._pending.clear()
 
 
+CLIENT_CONFIGS = (TrainClientConfig, EvalClientConfig, ScriptedClientConfig)
+"""The members of `ClientConfig`: passed to the params model as they are (no dump and re-validation)."""
+
+
 def _rollout_params(
-    task_idx: int,
+    model: type[p.RolloutParams],
     client: ClientConfig | dict[str, Any],
     sampling: SamplingArgs | dict[str, Any],
-    split: str,
-    seed: int | None,
+    **fields: Any,
 ) -> dict[str, Any]:
+    """The params map of a rollout request, built through its protocol model (`RolloutParams`,
+    `GroupParams`): a malformed one raises pydantic's ValidationError here, before it is sent.
+    `client` and `sampling` may also be maps, or other models that dump to valid ones."""
     dump = lambda v: v.model_dump(mode="json") if isinstance(v, BaseModel) else v  # noqa: E731
-    return {"task_idx": task_idx, "split": split, "client": dump(client), "sampling": dump(sampling), "seed": seed}
+    client = client if isinstance(client, CLIENT_CONFIGS) else dump(client)
+    sampling = sampling if isinstance(sampling, SamplingArgs) else dump(sampling)
+    return model(**fields, client=client, sampling=sampling).model_dump(mode="json")

@@ -3,8 +3,9 @@
 Guarantee: `ParamsChecker.rollout` returns params only when the method's model (`RolloutParams`,
 `GroupParams`) accepts them, `task_idx` is in range for its split, `n` is at most `max_group_size`
 and the client asks for nothing `model_access` does not allow; anything else raises
-`ProtocolError(bad_request)` naming the field. The server and its workers both use it, so the
-rules live here once; whatever a frame holds, it raises nothing else.
+`ProtocolError(bad_request)` naming the field. The server checks every request here, once, before
+it reaches a worker (workers trust what the server forwards), so the rules live here once;
+whatever a frame holds, it raises nothing else.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class ParamsChecker:
         """The params of a `run_rollout` (a RolloutParams) or `run_group` (a GroupParams) request.
         Full validation costs ~4 µs (pydantic-core), no more than a hand-written fast path did."""
         try:
-            valid = (p.GroupParams if method == "run_group" else p.RolloutParams).model_validate(params)
+            valid = p.ROLLOUT_PARAMS[method].model_validate(params)
         except ValidationError as e:
             raise p.ProtocolError(p.BAD_REQUEST, f"{method}: {p.validation_message(e)}", request_id) from None
         key = repr(params["client"])

@@ -1,8 +1,11 @@
-"""The env server's worker processes: which exist, which are ready, how loaded, when to grow or shrink.
+"""The env server's worker pool, as decisions: which workers exist, which are ready, how loaded,
+when to grow or shrink.
 
-Guarantee: the pool never has more than `max_workers` processes, keeps `min_workers` alive
-(replacing the dead), never gives a worker more than `multiplex` requests, and retires only idle
-workers. It holds no sockets: the server sends the ops the pool decides on.
+Guarantee: the pool never holds more than `max_workers` live workers, keeps `min_workers` alive
+(`scale` replaces the dead), never gives a worker more than `multiplex` requests, and retires only
+idle workers. It holds no processes and no sockets: the server starts a process for each worker
+`scale` adds (`WorkerProcesses`) and sends the ops the pool decides on, so a test can drive every
+decision here without spawning anything.
 """
 
 from __future__ import annotations
@@ -10,13 +13,11 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from loguru import logger
 
-from envrl.process import Child
 from envrl.serve.config import ElasticPoolConfig, StaticPoolConfig
 
 MAX_STARTUP_FAILURES = 3
@@ -29,8 +30,9 @@ crashing (SIGSEGV, SIGABRT) is."""
 
 @dataclass(eq=False)
 class WorkerHandle:
+    """What the server knows of one worker: its state and the requests it runs (not its process)."""
+
     id: int
-    child: Child
     ready: bool = False
     retiring: bool = False
     kill_reason: str | None = None
@@ -45,12 +47,19 @@ class WorkerHandle:
         self.identity = str(self.id).encode()
 
 
+@dataclass(frozen=True)
+class ScalePlan:
+    """What one `scale` decided: workers added (the caller starts their processes) and workers
+    marked retiring (the caller sends them `stop`)."""
+
+    started: list[WorkerHandle]
+    retired: list[WorkerHandle]
+
+
 class WorkerPool:
-    def __init__(self, config: StaticPoolConfig | ElasticPoolConfig, spawn: Callable[[int], Child]) -> None:
+    def __init__(self, config: StaticPoolConfig | ElasticPoolConfig) -> None:
         self.config = config
-        self.spawn = spawn
         self.workers: dict[int, WorkerHandle] = {}
-        self.by_exit_fd: dict[int, WorkerHandle] = {}
         self.startup_failures = 0
         self._next_id = 0
         self.grow_above: float = 0.0
@@ -83,12 +92,12 @@ class WorkerPool:
             f"{env_id!r} cannot start in a worker (see {log_file or 'the server stderr'} for their errors)"
         )
 
-    def add_worker(self) -> WorkerHandle:
+    # -- membership -------------------------------------------------------------------------------
+
+    def add(self) -> WorkerHandle:
+        """A new worker, starting (not ready); ids are never reused."""
         worker_id, self._next_id = self._next_id, self._next_id + 1
-        worker = WorkerHandle(worker_id, self.spawn(worker_id))
-        self.workers[worker_id] = worker
-        self.by_exit_fd[worker.child.exit_fd] = worker
-        logger.info(f"worker {worker_id} starting (pid {worker.child.pid})")
+        worker = self.workers[worker_id] = WorkerHandle(worker_id)
         return worker
 
     def mark_ready(self, identity: bytes) -> None:
@@ -99,15 +108,15 @@ class WorkerPool:
             self.startup_failures = 0
             logger.info(f"worker {worker.id} ready ({self.ready_workers} ready)")
 
-    def remove_exited(self, exit_fd: int) -> WorkerHandle:
-        """Forget the worker whose exit fd fired; its `load` is the caller's to answer."""
-        worker = self.by_exit_fd.pop(exit_fd)
-        del self.workers[worker.id]
-        code = worker.child.wait()
-        if not worker.ready and not worker.retiring and code not in OUTSIDE_KILLS:
+    def remove(self, worker_id: int, exit_code: int | None) -> WorkerHandle:
+        """Forget a worker whose process exited with `exit_code`; its `load` is the caller's to
+        answer. One that dies before ready, on its own, counts as a start-up failure."""
+        worker = self.workers.pop(worker_id)
+        if not worker.ready and not worker.retiring and exit_code not in OUTSIDE_KILLS:
             self.startup_failures += 1
-        worker.child.close()
         return worker
+
+    # -- load -------------------------------------------------------------------------------------
 
     def pick(self) -> WorkerHandle | None:
         """The least-loaded ready worker with a free slot, if any."""
@@ -128,32 +137,47 @@ class WorkerPool:
             if not worker.load:
                 worker.idle_since = time.monotonic()
 
-    def scale(self, demand: int, now: float) -> list[WorkerHandle]:
-        """Start workers for `demand` (running + queued requests); return idle workers to retire.
+    # -- size -------------------------------------------------------------------------------------
+
+    def scale(self, demand: int, now: float) -> ScalePlan:
+        """Add workers for `demand` (running + queued requests) and mark idle ones retiring.
 
         Sets `grow_above`: until demand exceeds it, calling again before idle workers could retire
-        changes nothing.
+        changes nothing. A broken pool (start-up failures) decides nothing.
         """
         if self.broken:
-            return []
+            return ScalePlan([], [])
         live = self.live
-        wanted = self.config.min_workers
-        if isinstance(self.config, ElasticPoolConfig):
-            per_worker = self.config.grow_at * self.config.multiplex
-            wanted = max(wanted, math.ceil(demand / per_worker) if demand else 0)
-        wanted = min(wanted, self.config.max_workers)
-        for _ in range(wanted - len(live)):
-            self.add_worker()
-        retire: list[WorkerHandle] = []
-        if isinstance(self.config, ElasticPoolConfig) and len(live) > wanted:
-            idle = [w for w in live if w.ready and not w.load and now - w.idle_since > self.config.idle_timeout]
-            retire = idle[: len(live) - max(wanted, self.config.min_workers)]
-            for worker in retire:
-                worker.retiring = True
-                logger.info(f"worker {worker.id} retiring after {now - worker.idle_since:.0f} s idle")
-        live_now = len(live) - len(retire) + max(0, wanted - len(live))
-        if isinstance(self.config, ElasticPoolConfig) and live_now < self.config.max_workers:
-            self.grow_above = live_now * per_worker
+        wanted = min(self._wanted(demand), self.config.max_workers)
+        started = [self.add() for _ in range(wanted - len(live))]
+        retired = self._retire_idle(live, wanted, now)
+        self._set_grow_above(len(live) + len(started) - len(retired))
+        return ScalePlan(started, retired)
+
+    def _wanted(self, demand: int) -> int:
+        if not isinstance(self.config, ElasticPoolConfig):
+            return self.config.min_workers
+        return max(self.config.min_workers, math.ceil(demand / self._per_worker(self.config)))
+
+    def _retire_idle(self, live: list[WorkerHandle], wanted: int, now: float) -> list[WorkerHandle]:
+        """Mark retiring the workers above `wanted` that have been idle past `idle_timeout`."""
+        if not isinstance(self.config, ElasticPoolConfig) or len(live) <= wanted:
+            return []
+        timeout = self.config.idle_timeout
+        idle = [w for w in live if w.ready and not w.load and now - w.idle_since > timeout]
+        retired = idle[: len(live) - wanted]
+        for worker in retired:
+            worker.retiring = True
+            logger.info(f"worker {worker.id} retiring after {now - worker.idle_since:.0f} s idle")
+        return retired
+
+    def _set_grow_above(self, live: int) -> None:
+        if isinstance(self.config, ElasticPoolConfig) and live < self.config.max_workers:
+            self.grow_above = live * self._per_worker(self.config)
         else:
             self.grow_above = math.inf
-        return retire
+
+    @staticmethod
+    def _per_worker(config: ElasticPoolConfig) -> float:
+        """Requests per live worker above which the pool grows."""
+        return config.grow_at * config.multiplex

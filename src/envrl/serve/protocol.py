@@ -1,17 +1,18 @@
 """Env server wire protocol, version 1: every type and frame that crosses the server's sockets.
 
 Guarantee: each client message is ONE ZMQ frame holding one msgpack map, a request
-`{id, method, params}` or a response `{id, ok, result | error}`; anything else a client sends is
+(`RequestMessage`) or a response (`OkResponse`, `ErrorResponse`); both sides build these models
+and dump them to send, and validate what they receive into them. Anything else a client sends is
 answered with a typed error, never a dead server. docs/protocol.md is the prose version of this
 module; the last section (server <-> worker framing) is internal and not part of the protocol.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.traces import Split, Trace
@@ -19,27 +20,42 @@ from envrl.traces import Split, Trace
 PROTOCOL_VERSION = 1
 
 
-# Error types of protocol v1 (the `error.type` of a response with ok = false).
-BAD_REQUEST = "bad_request"  # not msgpack, not a map, a missing or mistyped field, a bad task index
-UNKNOWN_METHOD = "unknown_method"
-TOO_LARGE = "too_large"  # frame over the server's max_frame_bytes
-AT_CAPACITY = "at_capacity"  # every worker slot busy and the wait queue full: back off and retry
-CANCELLED = "cancelled"  # the request was cancelled by a `cancel` call
-SHUTTING_DOWN = "shutting_down"  # the server is draining (SIGTERM) and takes no new rollouts
-INTERNAL_ERROR = "internal_error"  # handling the request failed in the server or a worker (a bug: see the log)
-ERROR_TYPES = (BAD_REQUEST, UNKNOWN_METHOD, TOO_LARGE, AT_CAPACITY, CANCELLED, SHUTTING_DOWN, INTERNAL_ERROR)
+ErrorType = Literal[
+    "bad_request", "unknown_method", "too_large", "at_capacity", "cancelled", "shutting_down", "internal_error"
+]
+"""The `error.type` of a response with ok = false, in protocol v1."""
+BAD_REQUEST: ErrorType = "bad_request"  # not msgpack, not a map, a missing or mistyped field, a bad task index
+UNKNOWN_METHOD: ErrorType = "unknown_method"
+TOO_LARGE: ErrorType = "too_large"  # frame over the server's max_frame_bytes
+AT_CAPACITY: ErrorType = "at_capacity"  # every worker slot busy and the wait queue full: back off and retry
+CANCELLED: ErrorType = "cancelled"  # the request was cancelled by a `cancel` call
+SHUTTING_DOWN: ErrorType = "shutting_down"  # the server is draining (SIGTERM) and takes no new rollouts
+INTERNAL_ERROR: ErrorType = "internal_error"  # handling it failed in the server or a worker (a bug: see the log)
 
 # Error Trace types (a run_* result whose trace has `error.type` set by the server, not the env).
 TIMEOUT = "timeout"  # the rollout ran past timeout.rollout
 WORKER_DIED = "worker_died"  # its worker process died while running it, and again on each re-run
 UNENCODABLE = "unencodable_trace"  # the env returned a Trace msgpack cannot carry (a set, a datetime, ...)
 
-METHODS = ("health", "info", "run_rollout", "run_group", "cancel")
-REQUEST_KEYS = frozenset({"id", "method", "params"})
+Method = Literal["health", "info", "run_rollout", "run_group", "cancel"]
+METHODS: tuple[Method, ...] = get_args(Method)
 
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class RequestMessage(_Wire):
+    """A request frame's map."""
+
+    id: str
+    """Chosen by the client; unique among its connection's requests in flight."""
+    method: Method
+    params: dict[str, Any] = {}
+    """Checked per method (`RolloutParams`, `GroupParams`, `CancelParams`) by `ParamsChecker`."""
+
+
+REQUEST_KEYS = frozenset(RequestMessage.model_fields)
 
 
 class RolloutParams(_Wire):
@@ -62,6 +78,10 @@ class GroupParams(RolloutParams):
     """`params` of `run_group`: n rollouts of one task, scored together."""
 
     n: int = Field(ge=1, strict=True)
+
+
+ROLLOUT_PARAMS: dict[str, type[RolloutParams]] = {"run_rollout": RolloutParams, "run_group": GroupParams}
+"""The params model of each rollout method."""
 
 
 class CancelParams(_Wire):
@@ -99,18 +119,43 @@ class CancelResult(_Wire):
 
 
 class GroupResult(_Wire):
+    """The result of `run_group` (that of `run_rollout` is a `Trace`)."""
+
     traces: list[Trace]
 
 
+Result = Trace | GroupResult | HealthResult | ServerInfo | CancelResult
+
+
+class OkResponse(_Wire):
+    id: str
+    ok: Literal[True] = True
+    result: Any
+    """The method's result model (`Result`) as a map; the caller validates it into its method's
+    model, so the envelope decodes without knowing the method."""
+
+
 class ErrorInfo(_Wire):
-    type: str
+    type: ErrorType
     message: str
+    """What was wrong, where, and what to do about it."""
+
+
+class ErrorResponse(_Wire):
+    id: str | None
+    """None when the request's id could not be read."""
+    ok: Literal[False] = False
+    error: ErrorInfo
+
+
+Response = OkResponse | ErrorResponse
+_RESPONSE: TypeAdapter[Response] = TypeAdapter(Response)
 
 
 class ProtocolError(Exception):
     """A request the server cannot take; answered as an error response with `type`."""
 
-    def __init__(self, type: str, message: str, request_id: str | None = None) -> None:
+    def __init__(self, type: ErrorType, message: str, request_id: str | None = None) -> None:
         super().__init__(message)
         self.type = type
         self.message = message
@@ -130,16 +175,21 @@ def decode(frame: bytes) -> Any:
     return msgpack.unpackb(frame, raw=False)
 
 
-def ok_response(request_id: str, result: Any) -> bytes:
-    return encode({"id": request_id, "ok": True, "result": result})
+def ok_response(request_id: str, result: Result) -> bytes:
+    return encode(OkResponse(id=request_id, result=result).model_dump())
 
 
-def error_response(request_id: str | None, type: str, message: str) -> bytes:
-    return encode({"id": request_id, "ok": False, "error": {"type": type, "message": message}})
+def error_response(request_id: str | None, type: ErrorType, message: str) -> bytes:
+    return encode(ErrorResponse(id=request_id, error=ErrorInfo(type=type, message=message)).model_dump())
 
 
-def parse_request(frame: bytes, max_frame_bytes: int) -> tuple[str, str, dict[str, Any]]:
-    """(id, method, params) of a request frame, or ProtocolError saying what is wrong with it."""
+def decode_response(frame: bytes) -> Response:
+    """The response in a frame; raises (msgpack or pydantic errors) when it holds none."""
+    return _RESPONSE.validate_python(decode(frame))
+
+
+def parse_request(frame: bytes, max_frame_bytes: int) -> RequestMessage:
+    """The request in a frame, or ProtocolError saying what is wrong with it."""
     if len(frame) > max_frame_bytes:
         raise ProtocolError(TOO_LARGE, f"frame of {len(frame)} bytes is over the server's limit of {max_frame_bytes}")
     try:
@@ -161,13 +211,13 @@ def parse_request(frame: bytes, max_frame_bytes: int) -> tuple[str, str, dict[st
         raise ProtocolError(BAD_REQUEST, f"unknown request keys {extra}; a request has id, method, params", request_id)
     if method not in METHODS:
         raise ProtocolError(UNKNOWN_METHOD, f"unknown method {method!r}; methods: {', '.join(METHODS)}", request_id)
-    return request_id, method, params
+    return RequestMessage.model_validate(message)
 
 
 def readable_id(frame: bytes, max_frame_bytes: int) -> str | None:
     """The string `id` of a frame that holds a request map, if it has one (for errors about the rest)."""
     try:
-        return parse_request(frame, max_frame_bytes)[0]
+        return parse_request(frame, max_frame_bytes).id
     except ProtocolError as e:
         return e.request_id
 

@@ -37,8 +37,8 @@ class Request:
 
     def error_answer(self, env: Environment, error: Error, **fields: Any) -> bytes:
         """The response that answers this request with `error` Traces (n of them for a group)."""
-        wire = Trace.from_error(env.get_task(self.split, self.task_idx), error, **fields).to_wire()  # type: ignore[arg-type]
-        return p.ok_response(self.request_id, {"traces": [wire] * self.n} if self.group else wire)
+        trace = Trace.from_error(env.get_task(self.split, self.task_idx), error, **fields)  # type: ignore[arg-type]
+        return p.ok_response(self.request_id, p.GroupResult(traces=[trace] * self.n) if self.group else trace)
 
     def set_deadline(self, deadline: float) -> None:
         """Keep the earlier of the two deadlines."""

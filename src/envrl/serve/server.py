@@ -4,34 +4,33 @@ Guarantee: every request gets exactly one response: health, info and cancel are 
 broker itself; each rollout request by its worker (a Trace, an error Trace), or, when its worker
 dies, by a re-run on another worker (up to `max_reruns` times) or a `worker_died` error Trace; a
 stuck worker is killed; a bad frame, or one whose handling fails unexpectedly, gets an error
-response and the server keeps serving. Params are checked (`ParamsChecker`) before any use.
+response and the server keeps serving. Params are checked (`ParamsChecker`) here, once, before
+any use: a worker runs only requests the server accepted.
+
+The hop to a worker: `_read_clients` -> `_on_request` -> `_accept` books the request and either
+`_assign`s it to the least-loaded worker (`WorkerPool.pick`) or queues it; `_flush` sends the
+worker a `run` op with the client's frame as it arrived; the worker (serve/worker.py) runs the
+rollout and sends back the finished response frame, which `_read_workers` -> `_finish` forwards.
 """
 
 from __future__ import annotations
 
-import shutil
-import signal
-import sys
-import tempfile
 import time
 from typing import Any
 
 import zmq
 from loguru import logger
 
-from envrl.config import load_config
 from envrl.envs.environment import Environment
-from envrl.envs.registry import load_environment
-from envrl.log import LogConfig, setup_logging
-from envrl.process import Child, config_argv, die_with_parent, report_ready, spawn
+from envrl.process import Child, report_ready
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.params import ParamsChecker
 from envrl.serve.pool import MAX_STARTUP_FAILURES, OUTSIDE_KILLS, WorkerHandle, WorkerPool
+from envrl.serve.processes import WorkerProcesses
 from envrl.serve.requests import Request, RequestBook
 from envrl.serve.sender import ClientSender
-from envrl.serve.sockets import bind_clients, bind_workers
-from envrl.serve.worker import WorkerConfig
+from envrl.serve.sockets import ServerSockets
 from envrl.serve.zmqio import (
     EVENTS,
     MAX_BATCH,
@@ -53,103 +52,83 @@ SWEEP_INTERVAL = 0.1
 
 
 class EnvServer:
-    def __init__(self, config: EnvServerConfig, context: zmq.Context[zmq.Socket[bytes]]) -> None:
+    """Serves one environment on bound `sockets`; `serve()` runs the loop, `close()` releases all."""
+
+    def __init__(self, config: EnvServerConfig, sockets: ServerSockets, env: Environment) -> None:
         self.config = config
-        self.context = context
+        self.sockets = sockets
+        self.env = env
+        self.num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
+        self.checker = ParamsChecker(self.num_tasks, config.max_group_size, config.model_access)
         self.requests = RequestBook()
-        self.next_sweep = 0.0
+        self.pool = WorkerPool(config.pool)
+        self.processes = WorkerProcesses(config, sockets.workers_address)
+        self.sender = ClientSender(
+            sockets.clients, config.client_send_queue, config.client_stall_timeout, self._on_client_dropped
+        )
         self.outbox: dict[int, tuple[list[list[Any]], list[bytes]]] = {}
+        """Per worker id, the ops and request frames to send it at the next `_flush`."""
+        self.poller = zmq.Poller()
+        self.poller.register(sockets.clients, zmq.POLLIN)
+        self.poller.register(sockets.workers, zmq.POLLIN)
         self.draining_until: float | None = None
         self.reported = False
-        self.tmpdir = tempfile.mkdtemp(prefix="envrl-env-server-")
-        self.pool = WorkerPool(config.pool, self._spawn_worker)
-        self.address = ""
-
-    # -- sockets and processes ------------------------------------------------------------------
-
-    def bind(self) -> str:
-        """Bind the client socket (raises zmq.ZMQError, ValueError) and the workers' socket; return the address."""
-        config = self.config
-        self.clients, self.address, self.authenticator = bind_clients(self.context, config)
-        self.sender = ClientSender(
-            self.clients, config.client_send_queue, config.client_stall_timeout, self._on_client_dropped
-        )
-        self.workers_socket, self.workers_address = bind_workers(self.context, self.tmpdir)
-        return self.address
-
-    def _spawn_worker(self, worker_id: int) -> Child:
-        spec = WorkerConfig(
-            worker_id=worker_id, address=self.workers_address, env=self.config.env, timeout=self.config.timeout,
-            max_group_size=self.config.max_group_size, model_access=self.config.model_access,
-            log_file=self.config.log_file, log_level=self.config.log_level,
-        )  # fmt: skip
-        child = spawn([sys.executable, "-m", "envrl.serve.worker", *config_argv(spec)], name=f"env worker {worker_id}")
-        child.log_file = self.config.log_file
-        return child
+        self.next_sweep = 0.0
+        self.next_scale = 0.0
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def serve(self, env: Environment) -> int:
-        """Serve `env` until SIGTERM/SIGINT and a drain, or until workers cannot start; return the exit code."""
-        self.env = env
-        self.num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
-        self.checker = ParamsChecker(self.num_tasks, self.config.max_group_size, self.config.model_access)
+    def serve(self) -> int:
+        """Serve until SIGTERM/SIGINT and a drain, or until workers cannot start; return the exit code."""
         signals = StopSignals()
-        poller = zmq.Poller()
-        poller.register(self.clients, zmq.POLLIN)
-        poller.register(self.workers_socket, zmq.POLLIN)
-        poller.register(signals.fd, zmq.POLLIN)
-        registered: set[int] = set()
-        next_scale = 0.0
-        code = 0
+        self.poller.register(signals.fd, zmq.POLLIN)
         try:
             while True:
                 now = time.monotonic()
-                # Scaling: at once when demand outgrows the live workers, else once a sweep interval
-                # (replacing the dead, retiring the idle) rather than on every turn of a busy loop.
-                if now >= next_scale or len(self.requests) > self.pool.grow_above:
-                    next_scale = now + SWEEP_INTERVAL
-                    if self.draining_until is None:
-                        for worker in self.pool.scale(len(self.requests), now):
-                            self._send_op(worker.id, [p.OP_STOP, 0])
-                    if self.pool.broken:
-                        code = 1
-                        logger.error(self.pool.broken_message(self.config.env.id, self.config.log_file))
-                        break
-                    for fd in self.pool.by_exit_fd.keys() - registered:
-                        poller.register(fd, zmq.POLLIN)
-                    registered = set(self.pool.by_exit_fd)
+                if self._scale_due(now) and not self._scale(now):
+                    return 1
                 self._flush()
-                if self.draining_until is not None and (not self.requests or now >= self.draining_until):
-                    break
-                events = dict(poller.poll(self._poll_timeout_ms(now)))
+                if self._drained(now):
+                    return 0
+                events = dict(self.poller.poll(self._poll_timeout_ms(now)))
                 if signals.fd in events and self._on_signals(signals.received()):
-                    break
-                if self.workers_socket in events:
+                    return 0
+                if self.sockets.workers in events:
                     self._read_workers()
-                if len(events) > (self.clients in events) + (self.workers_socket in events):
-                    for fd in [fd for fd in events if isinstance(fd, int) and fd in self.pool.by_exit_fd]:
-                        poller.unregister(fd)
-                        registered.discard(fd)
-                        self._on_worker_exit(self.pool.remove_exited(fd))
-                        next_scale = 0.0  # replace it now
+                self._reap_exited(events)
                 now = time.monotonic()
                 self._kill_overdue(now)
                 if self.sender.waiting:
                     self.sender.retry(now)
                 self._dispatch_queue()
-                if self.clients in events:
+                if self.sockets.clients in events:
                     self._read_clients()
-                if not self.reported and self.pool.ready_workers >= self.pool.config.min_workers:
-                    self.reported = True
-                    logger.info(
-                        f"serving {self.env.env_id!r} on {self.address} ({self.pool.ready_workers} workers ready)"
-                    )
-                    report_ready(self.address)
+                self._report_ready_once()
         finally:
             self._shut_down()
             signals.close()
-        return code
+
+    def _scale_due(self, now: float) -> bool:
+        """At once when demand outgrows the live workers, else once a sweep interval (replacing
+        the dead, retiring the idle) rather than on every turn of a busy loop."""
+        return now >= self.next_scale or len(self.requests) > self.pool.grow_above
+
+    def _scale(self, now: float) -> bool:
+        """Start and retire workers as the pool decides; False when workers cannot start at all."""
+        self.next_scale = now + SWEEP_INTERVAL
+        if self.draining_until is None:
+            plan = self.pool.scale(len(self.requests), now)
+            for worker in plan.started:
+                self.poller.register(self.processes.start(worker.id), zmq.POLLIN)
+            for worker in plan.retired:
+                self._send_op(worker.id, [p.OP_STOP, 0])
+        if self.pool.broken:
+            logger.error(self.pool.broken_message(self.config.env.id, self.config.log_file))
+            return False
+        return True
+
+    def _drained(self, now: float) -> bool:
+        return self.draining_until is not None and (not self.requests or now >= self.draining_until)
 
     def _poll_timeout_ms(self, now: float) -> int:
         timeout = SWEEP_INTERVAL  # deadlines, elastic scaling and drain checks need a turn now and then
@@ -168,10 +147,26 @@ class EnvServer:
         logger.info(f"{signals[0]}: draining {len(self.requests)} requests for up to {self.config.drain_timeout:g} s")
         return False
 
+    def _reap_exited(self, events: dict[Any, int]) -> None:
+        """Handle each worker process whose exit fd fired, and replace it at the next turn."""
+        for fd in [fd for fd in events if isinstance(fd, int) and fd in self.processes.by_exit_fd]:
+            self.poller.unregister(fd)
+            worker_id, child = self.processes.reap(fd)
+            self._on_worker_exit(self.pool.remove(worker_id, child.poll()), child)
+            self.next_scale = 0.0
+
+    def _report_ready_once(self) -> None:
+        """Tell the parent (the sidecar pipe) our address once `min_workers` are ready."""
+        if not self.reported and self.pool.ready_workers >= self.pool.config.min_workers:
+            self.reported = True
+            workers = self.pool.ready_workers
+            logger.info(f"serving {self.env.env_id!r} on {self.sockets.address} ({workers} workers ready)")
+            report_ready(self.sockets.address)
+
     # -- client side ------------------------------------------------------------------------------
 
     def _read_clients(self) -> None:
-        sock = self.clients
+        sock = self.sockets.clients
         for count in range(1, MAX_BATCH + 1):
             try:
                 identity = raw_recv(sock, NOBLOCK)
@@ -189,8 +184,9 @@ class EnvServer:
                         extra += 1
                     request_id = p.readable_id(frame, self.config.max_frame_bytes)
                     raise p.ProtocolError(p.BAD_REQUEST, f"a message is one frame, got {extra + 1}", request_id)
-                request_id, method, params = p.parse_request(frame, self.config.max_frame_bytes)
-                self._on_request(identity, request_id, method, params, frame)
+                message = p.parse_request(frame, self.config.max_frame_bytes)
+                request_id = message.id
+                self._on_request(identity, message, frame)
             except p.ProtocolError as e:
                 self._answer(identity, p.error_response(e.request_id, e.type, e.message))
             except Exception as e:  # a bug must cost one request, never the server
@@ -219,25 +215,31 @@ class EnvServer:
         for request in self.requests.of_client(identity):
             self._cancel(identity, request.request_id)
 
-    def _on_request(self, identity: bytes, request_id: str, method: str, params: dict[str, Any], frame: bytes) -> None:
+    def _on_request(self, identity: bytes, message: p.RequestMessage, frame: bytes) -> None:
+        """Answer health, info and cancel here; check a rollout request's params and accept it."""
+        request_id, method, params = message.id, message.method, message.params
         if method == "health":
-            status = "draining" if self.draining_until is not None else "ok" if self.pool.ready_workers else "starting"
-            self._answer(identity, p.ok_response(request_id, {"status": status, "workers": self.pool.ready_workers}))
+            self._answer(identity, p.ok_response(request_id, self._health()))
         elif method == "info":
             self._answer(identity, p.ok_response(request_id, self._info()))
         elif method == "cancel":
             target = self.checker.cancel(params, request_id).request_id
-            self._answer(identity, p.ok_response(request_id, {"cancelled": self._cancel(identity, target)}))
+            self._answer(identity, p.ok_response(request_id, p.CancelResult(cancelled=self._cancel(identity, target))))
         else:
             self._accept(identity, request_id, self.checker.rollout(method, params, request_id), frame)
 
-    def _info(self) -> dict[str, Any]:
+    def _health(self) -> p.HealthResult:
+        workers = self.pool.ready_workers
+        status = "draining" if self.draining_until is not None else "ok" if workers else "starting"
+        return p.HealthResult(status=status, workers=workers)
+
+    def _info(self) -> p.ServerInfo:
         return p.ServerInfo(
             protocol_version=p.PROTOCOL_VERSION, env_id=self.env.env_id, num_tasks=self.num_tasks["train"],
             num_eval_tasks=self.num_tasks["eval"], group_scoring=self.env.group_scoring,
             workers=self.pool.ready_workers, in_flight=self.pool.in_flight, capacity=self.pool.capacity,
             queued=len(self.requests.queue), max_queued=self.config.max_queued,
-        ).model_dump()  # fmt: skip
+        )  # fmt: skip
 
     def _accept(self, identity: bytes, request_id: str, params: p.RolloutParams, frame: bytes) -> None:
         if self.draining_until is not None:
@@ -280,6 +282,7 @@ class EnvServer:
     # -- worker side ------------------------------------------------------------------------------
 
     def _assign(self, request: Request, worker: WorkerHandle) -> None:
+        """Give `request` to `worker`: a `run` op and the client's frame, sent at the next `_flush`."""
         request.worker = worker.id
         self.pool.assign(worker, request.token)
         if self.config.timeout.rollout is not None:
@@ -293,13 +296,16 @@ class EnvServer:
         self.outbox.setdefault(worker_id, ([], []))[0].append(op)
 
     def _flush(self) -> None:
+        """Send each worker its ops of this loop turn as one message: [identity, ops, frame, ...]
+        (serve/worker.py `_on_messages` reads it)."""
         for worker_id, (ops, raws) in self.outbox.items():
             worker = self.pool.workers.get(worker_id)
             if worker is not None:
-                send_frames(self.workers_socket, [worker.identity, p.encode(ops), *raws])
+                send_frames(self.sockets.workers, [worker.identity, p.encode(ops), *raws])
         self.outbox.clear()
 
     def _dispatch_queue(self) -> None:
+        """Assign queued requests, oldest first (re-runs first), while a worker has a free slot."""
         while (request := self.requests.peek_queued()) is not None:
             worker = self.pool.pick()
             if worker is None:
@@ -308,7 +314,9 @@ class EnvServer:
             self._assign(request, worker)
 
     def _read_workers(self) -> None:
-        for frames in recv_batch(self.workers_socket, MAX_BATCH):
+        """A worker's `ready`, or its finished answers ([done, tokens, frame, ...]): forward each
+        to its client (`_finish`); answers to requests already answered are dropped."""
+        for frames in recv_batch(self.sockets.workers, MAX_BATCH):
             if frames[1] == p.WORKER_READY:
                 self.pool.mark_ready(frames[0])
                 continue
@@ -317,22 +325,23 @@ class EnvServer:
                 if request is not None:
                     self._finish(request, frame)
 
-    def _on_worker_exit(self, worker: WorkerHandle) -> None:
-        how = worker.kill_reason or worker.child.describe_exit()
+    def _on_worker_exit(self, worker: WorkerHandle, child: Child) -> None:
+        """Log a worker's death; re-run or answer `worker_died` the requests it was running."""
+        how = worker.kill_reason or child.describe_exit()
         if worker.retiring and not worker.load:
             logger.info(f"worker {worker.id} retired ({how})")
             return
         if not worker.ready:
-            if worker.child.poll() in OUTSIDE_KILLS:
+            if child.poll() in OUTSIDE_KILLS:
                 note = "; a kill from outside, not counted as a start-up failure"
             else:
                 note = f" ({self.pool.startup_failures} in a row of {MAX_STARTUP_FAILURES} allowed)"
-            logger.error(f"worker {worker.id} (pid {worker.child.pid}) {how} before it was ready{note}")
+            logger.error(f"worker {worker.id} (pid {child.pid}) {how} before it was ready{note}")
             return
         draining = self.draining_until is not None
         rerun, failed = self.requests.after_worker_death(worker.load, self.config.max_reruns, draining)
         logger.warning(
-            f"worker {worker.id} (pid {worker.child.pid}) {how} with {len(worker.load)} requests in flight: "
+            f"worker {worker.id} (pid {child.pid}) {how} with {len(worker.load)} requests in flight: "
             f"re-running {len(rerun)}, answering {len(failed)} worker_died"
         )
         for request, why in failed:
@@ -362,64 +371,21 @@ class EnvServer:
             logger.warning(f"req={request.request_id}: worker {worker.id} {what} (blocking code?); killing it")
             self._finish(request, frame)
             worker.kill_reason = f"was killed by the server (it {what})"
-            worker.child.kill()
+            self.processes.kill(worker.id)
 
     # -- shutdown ---------------------------------------------------------------------------------
 
     def _shut_down(self) -> None:
         """Answer what is left, stop the workers (SIGKILL after a grace period) and close sockets."""
         for request in list(self.requests.by_token.values()):
-            self._finish(
-                request,
-                p.error_response(
-                    request.request_id, p.SHUTTING_DOWN, "the server stopped before this request finished"
-                ),
-            )
+            message = "the server stopped before this request finished"
+            self._finish(request, p.error_response(request.request_id, p.SHUTTING_DOWN, message))
         for worker_id in self.pool.workers:
             self._send_op(worker_id, [p.OP_STOP, 0])
         self._flush()
-        deadline = time.monotonic() + WORKER_STOP_GRACE
-        for worker in list(self.pool.workers.values()):
-            if worker.child.wait(max(0.0, deadline - time.monotonic())) is None:
-                logger.warning(f"worker {worker.id} did not stop within {WORKER_STOP_GRACE:g} s; killing it")
-                worker.child.kill()
-            worker.child.stop(grace=1.0)
+        self.processes.stop_all(WORKER_STOP_GRACE)
         self.close()
 
     def close(self) -> None:
-        for sock in (getattr(self, "clients", None), getattr(self, "workers_socket", None)):
-            if sock is not None:
-                sock.close()
-        if getattr(self, "authenticator", None) is not None:
-            self.authenticator.stop()
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> None:
-    config = load_config(EnvServerConfig, argv, prog="env-server")
-    die_with_parent(signal.SIGTERM)
-    setup_logging(LogConfig(level=config.log_level, file=config.log_file), process="env-server")
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    server = EnvServer(config, context)
-    try:
-        server.bind()  # first, so a taken port fails fast
-    except (zmq.ZMQError, ValueError, OSError) as e:
-        in_use = getattr(e, "errno", None) == zmq.EADDRINUSE
-        reason = "the port is already in use; pick another --address or stop what holds it" if in_use else str(e)
-        print(f"env-server: cannot bind {config.address}: {reason}", file=sys.stderr)
-        server.close()
-        raise SystemExit(1) from None
-    try:
-        env = load_environment(config.env.id, **config.env.args)
-    except Exception as e:
-        logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
-        server.close()
-        raise SystemExit(1) from None
-    code = server.serve(env)
-    context.destroy(linger=0)
-    logger.info(f"stopped (exit code {code})")
-    raise SystemExit(code)
-
-
-if __name__ == "__main__":
-    main()
+        """Release the sockets and the ipc directory (idempotent)."""
+        self.sockets.close()

@@ -1,7 +1,9 @@
 """The env server's two sockets: the clients' ROUTER and the workers' ipc ROUTER.
 
-Guarantee: the client socket queues at most `client_send_queue` answers per client in ZMQ, and a
-full queue raises zmq.Again instead of dropping an answer (ROUTER_MANDATORY; the server's
+Guarantee: `ServerSockets.bind` returns both sockets bound or raises with nothing left open, and
+`close` releases everything (sockets, CURVE authenticator, the ipc directory), once, however often
+it is called. The client socket queues at most `client_send_queue` answers per client in ZMQ,
+and a full queue raises zmq.Again instead of dropping an answer (ROUTER_MANDATORY; the server's
 `ClientSender` decides what then); it drops any connection that sends a frame over twice
 `max_frame_bytes` before buffering it (smaller oversized frames are read and answered `too_large`);
 with `curve` it admits only clients whose public keys are in `curve.client_keys_dir`.
@@ -9,12 +11,57 @@ with `curve` it admits only clients whose public keys are in `curve.client_keys_
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 import zmq.auth
 
 from envrl.serve.config import CurveServerConfig, EnvServerConfig
+
+
+@dataclass(eq=False)
+class ServerSockets:
+    clients: zmq.Socket[bytes]
+    """The ROUTER clients connect to."""
+    address: str
+    """Where `clients` is bound (a port 0 resolved)."""
+    workers: zmq.Socket[bytes]
+    """The ROUTER the server's worker processes connect to."""
+    workers_address: str
+    authenticator: Any
+    """The CURVE authenticator thread, or None."""
+    tmpdir: str
+    """Holds the workers' ipc socket."""
+
+    @classmethod
+    def bind(cls, context: zmq.Context[zmq.Socket[bytes]], config: EnvServerConfig) -> ServerSockets:
+        """Bind both sockets; raises zmq.ZMQError (a taken port: errno EADDRINUSE) or ValueError (bad CURVE keys)."""
+        tmpdir = tempfile.mkdtemp(prefix="envrl-env-server-")
+        try:
+            clients, address, authenticator = bind_clients(context, config)
+        except BaseException:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            raise
+        try:
+            workers, workers_address = bind_workers(context, tmpdir)
+        except BaseException:
+            clients.close()
+            if authenticator is not None:
+                authenticator.stop()
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            raise
+        return cls(clients, address, workers, workers_address, authenticator, tmpdir)
+
+    def close(self) -> None:
+        self.clients.close()
+        self.workers.close()
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def bind_clients(

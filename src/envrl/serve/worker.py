@@ -2,8 +2,8 @@
 
 Guarantee: every run op the server sends is answered exactly once with a finished client-bound
 frame (a Trace; an error Trace when the env fails, runs past `timeout.rollout` or returns a Trace
-msgpack cannot carry; an error response for bad params or a cancel, even one that lands before
-the rollout started), and the worker dies with its server, even a SIGKILLed one.
+msgpack cannot carry; an error response when its task or model client cannot be had, or for a
+cancel, even one that lands before the rollout started), and the worker dies with its server, even a SIGKILLed one.
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ from envrl.envs.registry import load_environment
 from envrl.log import LogConfig, LogLevel, setup_logging
 from envrl.process import die_with_parent
 from envrl.serve import protocol as p
-from envrl.serve.config import EnvSpec, EnvTimeoutConfig, ModelAccessConfig
-from envrl.serve.params import ParamsChecker
+from envrl.serve.config import EnvSpec, EnvTimeoutConfig
 from envrl.serve.zmqio import Frames, SocketPump
 from envrl.traces import Error, Task, Trace
 
 MAX_CACHED_CLIENTS = 16
 SWEEP_INTERVAL = 0.1
 """Seconds between checks for rollouts past `timeout.rollout` (one sweep instead of a timer each)."""
+UNENCODABLE_ERRORS = (TypeError, ValueError, OverflowError)
+"""What msgpack raises for a value it cannot carry: an unsupported type, a non-str key, an int past 64 bits."""
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 """The request a rollout task serves: tags every log line the task (or the env in it) writes."""
 
@@ -46,40 +47,39 @@ class WorkerConfig(BaseConfig):
     """The server's pool socket (ipc://...)."""
     env: EnvSpec
     timeout: EnvTimeoutConfig
-    max_group_size: int
-    model_access: ModelAccessConfig
     log_file: Path | None = None
     log_level: LogLevel = "INFO"
 
 
 class Worker:
+    """Runs the requests its server assigns it; construct it inside its event loop."""
+
     def __init__(self, config: WorkerConfig, env: Any) -> None:
         self.config = config
         self.env = env
-        self.tag = f"env-worker[{config.worker_id}]"
         self.running: dict[int, asyncio.Task[None]] = {}
         self.deadlines: dict[int, float] = {}
         self.timed_out: set[int] = set()
         self.clients: OrderedDict[str, ModelClient] = OrderedDict()
         """Model clients by the repr of the `client` map that asked for them (least recently used first)."""
-        num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
-        self.checker = ParamsChecker(num_tasks, config.max_group_size, config.model_access)
         self.done_tokens: list[int] = []
         self.done_frames: list[bytes] = []
-
-    async def serve(self) -> None:
-        self.loop = loop = asyncio.get_running_loop()
-        self.stopped: asyncio.Future[None] = loop.create_future()
-        context = zmq.Context.instance()
-        socket = context.socket(zmq.DEALER)
+        """Answers finished since the last `_flush`, and their tokens."""
+        self.loop = asyncio.get_running_loop()
+        self.stopped: asyncio.Future[None] = self.loop.create_future()
+        """Set by the server's `stop` op."""
+        socket = zmq.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
-        socket.setsockopt(zmq.IDENTITY, str(self.config.worker_id).encode())
-        socket.connect(self.config.address)
+        socket.setsockopt(zmq.IDENTITY, str(config.worker_id).encode())
+        socket.connect(config.address)
         self.pump = SocketPump(socket, self._on_messages, on_flush=self._flush)
+
+    async def serve(self) -> None:
+        """Tell the server we are ready, run what it sends until it says `stop`, then clean up."""
         self.pump.send([p.WORKER_READY])
         logger.info(f"ready: {type(self.env).__name__} from {self.config.env.id!r}")
-        sweeper = loop.create_task(self._sweep())
+        sweeper = self.loop.create_task(self._sweep())
         try:
             await self.stopped
         finally:
@@ -92,6 +92,8 @@ class Worker:
             self.pump.close(linger_ms=0)
 
     def _on_messages(self, batch: list[Frames]) -> None:
+        """The server's ops (sent by its `_flush`): `run` a request (its client frame follows the
+        header), `cancel` one, `stop`."""
         now = self.loop.time()
         for frames in batch:
             raws = iter(frames[1:])
@@ -104,20 +106,17 @@ class Worker:
                     self.stopped.set_result(None)
 
     def _start(self, token: int, raw: bytes, now: float) -> None:
-        """Answer a request with bad params at once; start a task for the rollout of any other."""
+        """Start a task for the rollout of a request the server accepted (it checked the envelope
+        and the params: `ParamsChecker`); answer at once one whose task or client cannot be had."""
         request_id = method = None
         try:
-            request = p.decode(raw)  # the server has checked the envelope and the params
-            request_id, method = request["id"], request["method"]
-            raw_params = request.get("params", {})
-            params = self.checker.rollout(method, raw_params, request_id)
+            request = p.RequestMessage.model_validate(p.decode(raw))
+            request_id, method = request.id, request.method
+            params = p.ROLLOUT_PARAMS[method].model_validate(request.params)
             task = self.env.get_task(params.split, params.task_idx)
             n = params.n if isinstance(params, p.GroupParams) else None
             sampling = params.sampling_args()  # validated from this request's map: no other rollout shares it
-            client = self._client(repr(raw_params["client"]), params.client)
-        except p.ProtocolError as e:
-            self._done(token, p.error_response(request_id, e.type, e.message))
-            return
+            client = self._client(repr(request.params["client"]), params.client)
         except Exception as e:  # a task the env cannot give, a client it cannot build
             logger.warning(f"req={request_id}: cannot start it: {type(e).__name__}: {e}")
             self._done(token, p.error_response(request_id, p.BAD_REQUEST, f"{method}: {type(e).__name__}: {e}"))
@@ -179,25 +178,12 @@ class Worker:
 
     def _result_frame(self, request_id: str, task: Task, traces: list[Trace], n: int | None) -> bytes:
         """The response carrying `traces`; a Trace msgpack cannot carry becomes an error Trace."""
-        wires = [trace.to_wire() for trace in traces]
         try:
-            return p.ok_response(request_id, wires[0] if n is None else {"traces": wires})
-        except (
-            TypeError,
-            ValueError,
-            OverflowError,
-        ) as e:  # msgpack: an unsupported type, a non-str key, an int past 64 bits
+            return p.ok_response(request_id, traces[0] if n is None else p.GroupResult(traces=traces))
+        except UNENCODABLE_ERRORS as e:
             logger.error(f"the environment returned a Trace msgpack cannot carry ({type(e).__name__}: {e})")
-        for i, wire in enumerate(wires):
-            try:
-                p.encode(wire)
-            except (TypeError, ValueError, OverflowError) as e:
-                message = (
-                    f"the environment's Trace cannot be sent ({type(e).__name__}: {e}); Trace fields must be msgpack "
-                    "types: str-keyed maps, lists, str, bytes, int (64-bit), float, bool, None"
-                )
-                wires[i] = Trace.from_error(task, Error(type=p.UNENCODABLE, message=message)).to_wire()
-        return p.ok_response(request_id, wires[0] if n is None else {"traces": wires})
+        traces = [_sendable(task, trace) for trace in traces]
+        return p.ok_response(request_id, traces[0] if n is None else p.GroupResult(traces=traces))
 
     def _done(self, token: int, frame: bytes) -> None:
         if not self.done_tokens:
@@ -246,6 +232,23 @@ class Worker:
         return client
 
 
+def _sendable(task: Task, trace: Trace) -> Trace:
+    """`trace`, or an `unencodable_trace` error Trace in its place when msgpack cannot carry it."""
+    try:
+        p.encode(trace.to_wire())
+        return trace
+    except UNENCODABLE_ERRORS as e:
+        message = (
+            f"the environment's Trace cannot be sent ({type(e).__name__}: {e}); Trace fields must be msgpack "
+            "types: str-keyed maps, lists, str, bytes, int (64-bit), float, bool, None"
+        )
+        return Trace.from_error(task, Error(type=p.UNENCODABLE, message=message))
+
+
+async def _serve(config: WorkerConfig, env: Any) -> None:
+    await Worker(config, env).serve()
+
+
 def _tag_request(record: Any) -> None:
     request_id = REQUEST_ID.get()
     if request_id is not None:
@@ -263,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
         sys.exit(1)
-    asyncio.run(Worker(config, env).serve())
+    asyncio.run(_serve(config, env))
 
 
 if __name__ == "__main__":

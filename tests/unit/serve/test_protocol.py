@@ -1,12 +1,15 @@
-"""Request parsing: every way a frame can be wrong maps to one typed error, with the id when known."""
+"""Request parsing: every way a frame can be wrong maps to one typed error, with the id when known;
+responses built and read through the protocol's models."""
 
 import msgpack
 import pytest
+from pydantic import ValidationError
 
 from envrl.serve import protocol as p
+from envrl.traces import Error, Trace, WireTask
 
 
-def parse(message: object, limit: int = 1 << 20) -> tuple[str, str, dict]:
+def parse(message: object, limit: int = 1 << 20) -> p.RequestMessage:
     return p.parse_request(msgpack.packb(message), limit)
 
 
@@ -17,8 +20,9 @@ def error_of(frame: bytes, limit: int = 1 << 20) -> p.ProtocolError:
 
 
 def test_a_well_formed_request_parses_and_params_default_to_empty() -> None:
-    assert parse({"id": "1", "method": "health"}) == ("1", "health", {})
-    assert parse({"id": "2", "method": "cancel", "params": {"request_id": "1"}}) == ("2", "cancel", {"request_id": "1"})
+    assert parse({"id": "1", "method": "health"}) == p.RequestMessage(id="1", method="health", params={})
+    cancel = parse({"id": "2", "method": "cancel", "params": {"request_id": "1"}})
+    assert (cancel.id, cancel.method, cancel.params) == ("2", "cancel", {"request_id": "1"})
 
 
 @pytest.mark.parametrize(
@@ -49,10 +53,27 @@ def test_an_unknown_method_error_lists_the_methods() -> None:
     assert all(method in error_of(msgpack.packb({"id": "d", "method": "reboot"})).message for method in p.METHODS)
 
 
-def test_responses_are_single_msgpack_maps() -> None:
-    assert msgpack.unpackb(p.ok_response("7", {"status": "ok"})) == {"id": "7", "ok": True, "result": {"status": "ok"}}
-    error = msgpack.unpackb(p.error_response(None, p.TOO_LARGE, "big"))
-    assert error == {"id": None, "ok": False, "error": {"type": "too_large", "message": "big"}}
+def test_responses_are_single_msgpack_maps_in_the_documented_key_order() -> None:
+    ok = p.ok_response("7", p.HealthResult(status="ok", workers=2))
+    assert ok == msgpack.packb({"id": "7", "ok": True, "result": {"status": "ok", "workers": 2}})
+    error = p.error_response(None, p.TOO_LARGE, "big")
+    assert error == msgpack.packb({"id": None, "ok": False, "error": {"type": "too_large", "message": "big"}})
+
+
+def test_responses_decode_into_their_models_and_results_into_the_methods_model() -> None:
+    trace = Trace.from_error(WireTask(idx=3, prompt="x"), Error(type="timeout", message="slow"), is_truncated=True)
+    ok = p.decode_response(p.ok_response("g", p.GroupResult(traces=[trace, trace])))
+    assert isinstance(ok, p.OkResponse) and p.GroupResult.model_validate(ok.result).traces == [trace, trace]
+    assert msgpack.unpackb(p.ok_response("r", trace))["result"] == trace.to_wire()  # a Trace is sent as its wire map
+    error = p.decode_response(p.error_response("e", p.AT_CAPACITY, "full"))
+    assert isinstance(error, p.ErrorResponse) and (error.id, error.error.type) == ("e", "at_capacity")
+
+
+def test_an_error_type_outside_the_protocol_is_refused_on_both_sides() -> None:
+    with pytest.raises(ValidationError):
+        p.error_response("1", "oops", "no such type")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        p.decode_response(msgpack.packb({"id": "1", "ok": False, "error": {"type": "oops", "message": "?"}}))
 
 
 def test_group_seed_overrides_the_sampling_seed() -> None:

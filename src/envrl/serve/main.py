@@ -1,0 +1,51 @@
+"""`env-server` (`python -m envrl.serve.main`): serve one environment until SIGTERM.
+
+Guarantee: the process binds its address before anything slow (a taken port fails at once, exit 1,
+with the reason on stderr), exits 1 when the environment cannot load or its workers cannot start,
+0 after a drain, and dies with its parent.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import zmq
+from loguru import logger
+
+from envrl.config import load_config
+from envrl.envs.registry import load_environment
+from envrl.log import LogConfig, setup_logging
+from envrl.process import die_with_parent
+from envrl.serve.config import EnvServerConfig
+from envrl.serve.server import EnvServer
+from envrl.serve.sockets import ServerSockets
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = load_config(EnvServerConfig, argv, prog="env-server")
+    die_with_parent(signal.SIGTERM)
+    setup_logging(LogConfig(level=config.log_level, file=config.log_file), process="env-server")
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        sockets = ServerSockets.bind(context, config)  # first, so a taken port fails fast
+    except (zmq.ZMQError, ValueError, OSError) as e:
+        in_use = getattr(e, "errno", None) == zmq.EADDRINUSE
+        reason = "the port is already in use; pick another --address or stop what holds it" if in_use else str(e)
+        print(f"env-server: cannot bind {config.address}: {reason}", file=sys.stderr)
+        raise SystemExit(1) from None
+    try:
+        env = load_environment(config.env.id, **config.env.args)
+        server = EnvServer(config, sockets, env)
+    except Exception as e:
+        logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
+        sockets.close()
+        raise SystemExit(1) from None
+    code = server.serve()
+    context.destroy(linger=0)
+    logger.info(f"stopped (exit code {code})")
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

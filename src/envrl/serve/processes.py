@@ -1,0 +1,66 @@
+"""The env server's worker processes: the OS side of the pool (spawn, reap, kill, stop).
+
+Guarantee: every worker process started here is known by its exit fd until `reap` hands it back,
+and `stop_all` returns only when none is left running (SIGKILL after `grace`). A worker process is
+`python -m envrl.serve.worker`, connected to the server's ipc pool socket; it dies with the server.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from loguru import logger
+
+from envrl.process import Child, config_argv, spawn
+from envrl.serve.config import EnvServerConfig
+from envrl.serve.worker import WorkerConfig
+
+
+class WorkerProcesses:
+    def __init__(self, config: EnvServerConfig, pool_address: str) -> None:
+        self.config = config
+        self.pool_address = pool_address
+        self.children: dict[int, Child] = {}
+        """Live worker processes by worker id."""
+        self.by_exit_fd: dict[int, int] = {}
+        """Worker id by the exit fd of its process (poll these to see deaths)."""
+
+    def start(self, worker_id: int) -> int:
+        """Spawn worker `worker_id`; return its exit fd."""
+        config = self.config
+        spec = WorkerConfig(
+            worker_id=worker_id, address=self.pool_address, env=config.env, timeout=config.timeout,
+            log_file=config.log_file, log_level=config.log_level,
+        )  # fmt: skip
+        argv = [sys.executable, "-m", "envrl.serve.worker", *config_argv(spec)]
+        child = spawn(argv, name=f"env worker {worker_id}")
+        child.log_file = config.log_file
+        self.children[worker_id] = child
+        self.by_exit_fd[child.exit_fd] = worker_id
+        logger.info(f"worker {worker_id} starting (pid {child.pid})")
+        return child.exit_fd
+
+    def reap(self, exit_fd: int) -> tuple[int, Child]:
+        """(worker id, its exited process) for an exit fd that fired; the fd is closed."""
+        worker_id = self.by_exit_fd.pop(exit_fd)
+        child = self.children.pop(worker_id)
+        child.wait()
+        child.close()
+        return worker_id, child
+
+    def kill(self, worker_id: int) -> None:
+        """SIGKILL a stuck worker; its death is seen through its exit fd like any other."""
+        self.children[worker_id].kill()
+
+    def stop_all(self, grace: float) -> None:
+        """Wait up to `grace` seconds for every worker to exit (the server sent them `stop`), then
+        SIGKILL the rest."""
+        deadline = time.monotonic() + grace
+        for worker_id, child in list(self.children.items()):
+            if child.wait(max(0.0, deadline - time.monotonic())) is None:
+                logger.warning(f"worker {worker_id} did not stop within {grace:g} s; killing it")
+                child.kill()
+            child.stop(grace=1.0)
+        self.children.clear()
+        self.by_exit_fd.clear()
