@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -32,25 +31,30 @@ are rounded to the millisecond, and an earlier run's lines are minutes older (vL
 
 class MetricsTail:
     """New complete lines of a JSON-lines file since the last `read()`; starts over (from byte 0)
-    when the file is replaced or shrinks, as a resume's rewrite does."""
+    when the bytes already read changed, as a resume's rewrite does. (An inode check is not enough:
+    a replaced file's inode number is often reused at once.)"""
+
+    SEEN_TAIL = 256
+    """How many of the last bytes read are compared to tell an appended file from a rewritten one."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._inode: int | None = None
         self._offset = 0
+        self._tail = b""
         self._partial = b""
 
     def read(self) -> list[Record]:
         try:
             with self.path.open("rb") as f:
-                stat = os.fstat(f.fileno())
-                if stat.st_ino != self._inode or stat.st_size < self._offset:
-                    self._inode, self._offset, self._partial = stat.st_ino, 0, b""
+                f.seek(self._offset - len(self._tail))
+                if f.read(len(self._tail)) != self._tail:
+                    self._offset, self._tail, self._partial = 0, b"", b""
                 f.seek(self._offset)
                 data = f.read()
         except FileNotFoundError:
             return []
         self._offset += len(data)
+        self._tail = (self._tail + data)[-self.SEEN_TAIL :]
         *lines, self._partial = (self._partial + data).split(b"\n")
         records = []
         for line in lines:
