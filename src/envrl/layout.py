@@ -44,9 +44,14 @@ def train_rollouts_file(output_dir: Path) -> Path:
     return rollouts_root(output_dir) / "train.jsonl"
 
 
+def eval_rollouts_root(output_dir: Path) -> Path:
+    """The orchestrator's eval rollout logs, one `step_<n>.jsonl` each: `<output_dir>/rollouts/eval/`."""
+    return rollouts_root(output_dir) / "eval"
+
+
 def eval_rollouts_file(output_dir: Path, step: int) -> Path:
     """Every Trace of the evals at `step`: `<output_dir>/rollouts/eval/step_<step>.jsonl`."""
-    return rollouts_root(output_dir) / "eval" / f"step_{step}.jsonl"
+    return eval_rollouts_root(output_dir) / f"step_{step}.jsonl"
 
 
 def weights_root(output_dir: Path) -> Path:

@@ -240,10 +240,10 @@ class Env:
 class TrainEnvs:
     """The train envs: picks an env by ratio and a task by a seeded per-epoch shuffle."""
 
-    def __init__(self, envs: list[Env], seed: int) -> None:
+    def __init__(self, envs: list[Env], seed: int, positions: dict[str, int] | None = None) -> None:
         self.envs = envs
         self.seed = seed
-        self.positions: dict[str, int] = {env.name: 0 for env in envs}
+        self.positions: dict[str, int] = {env.name: 0 for env in envs} | (positions or {})
         """Tasks drawn so far per env (across epochs); with the seed, all the sampling state."""
         self._orders: dict[str, tuple[int, list[int]]] = {}
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import random
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,14 @@ from loguru import logger
 from envrl.atomic import write_failure
 from envrl.envs.model_client import TrainClientConfig
 from envrl.inference.client import InferenceClient
-from envrl.layout import published_steps
+from envrl.layout import (
+    env_log_dir,
+    eval_rollouts_file,
+    metrics_file,
+    published_steps,
+    rollouts_root,
+    train_rollouts_file,
+)
 from envrl.metrics import MetricsSink
 from envrl.orchestrator.advantage import group_advantages
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
@@ -34,55 +40,67 @@ from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
 from envrl.orchestrator.evaluate import Unit, grid_units, run_units
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
-from envrl.orchestrator.seeds import rollout_seed
-from envrl.orchestrator.state import (
-    OrchestratorState,
-    PendingGroup,
-    load_resume_state,
-    state_bytes,
-    train_rollouts_file,
-)
+from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
+from envrl.orchestrator.seeds import eval_seed
+from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics, seq_len_note, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.samples import TrainingSample, write_batch
-from envrl.traces import Error, Split, Trace, WireTask
+from envrl.traces import Split, Trace
 
 
-@dataclass
-class Group:
-    """One task's `group_size` rollouts, dispatched under policy `policy_step` (traces once done)."""
+class BackgroundEvals:
+    """Interval evals running beside training; the first failure is kept for the loop to raise."""
 
-    env: Env
-    task_idx: int
-    seed: int
-    policy_step: int
-    traces: list[Trace]
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failure: BaseException | None = None
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def start(self, evaluation: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(evaluation)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._failure = task.exception()
+
+    def raise_failure(self) -> None:
+        """Raise the first failure of an eval (an eval env server that stayed down, say): the run
+        must not go on blind."""
+        if self._failure is not None:
+            raise self._failure
+
+    async def wait(self) -> None:
+        """Wait for every running eval; raise the first failure."""
+        if self._tasks:
+            logger.info(f"waiting for {len(self._tasks)} evaluation(s) to finish")
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.raise_failure()
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Orchestrator:
+    """Wires the run: inference client, metrics, envs, policy tracker and scheduler, all built
+    here (after reading the resumed state) and released by `close()`."""
+
     def __init__(self, config: OrchestratorConfig) -> None:
         self.config = config
         self.output_dir = config.output_dir
-        self.groups_per_step = config.batch_size // config.group_size
-        self.inflight: dict[asyncio.Task[list[Trace]], Group] = {}
-        self.ready: list[Group] = []
-        self.evals: set[asyncio.Task[None]] = set()
-        self.eval_failure: BaseException | None = None
-        """The first exception of a background eval; the next step raises it."""
-        self.dispatched = 0
-        self.counters: Counter[str] = Counter()
+        resumed = self._resumed_state()
+        self.start_step = 0 if resumed is None else resumed.step + 1
+        self.counters: Counter[str] = Counter(resumed.counters if resumed else {})
         """`counters/...` metrics; rollouts dispatched, retried (by the envs), requeued, ..."""
-        self.requeued: list[PendingGroup] = []
-        """Groups pending when the run we resume stopped: dispatched again before new ones."""
-        self.seq_counts: dict[str, SeqLenCounts] = {}
-        """Per env, what `seq_len` did to the current step's samples."""
-        self._backfill: TokenBackfill | None = None
-
-    # -- set-up and tear-down ---------------------------------------------------------------------
-
-    async def run(self) -> None:
-        config = self.config
-        start_step = self._load_state()
         self.inference = InferenceClient(
             config.inference.base_url,
             model=config.model.name,
@@ -90,48 +108,59 @@ class Orchestrator:
             reload_token=os.environ.get(config.inference.reload_token_env),
         )
         self.metrics = MetricsSink(
-            self.output_dir / "metrics.jsonl",
+            metrics_file(self.output_dir),
             config.wandb,
             process="orchestrator",
             output_dir=self.output_dir,
             config=config.model_dump(mode="json"),
-            resume_step=start_step if config.resume else None,
+            resume_step=self.start_step if config.resume else None,
         )
         train = [self._make_env(env, "train") for env in config.envs]
-        evals = [self._make_env(env, "eval") for env in config.eval_envs]
+        self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
+        self.eval_envs = EvalEnvs([self._make_env(env, "eval") for env in config.eval_envs])
+        self.policy = PolicyTracker(
+            self.inference,
+            self.output_dir,
+            max_async_level=config.max_async_level,
+            timeout=config.weights_timeout,
+            keep=config.keep_weights,
+        )
+        shape = BatchShape(
+            group_size=config.group_size,
+            batch_size=config.batch_size,
+            max_inflight=config.max_inflight,
+            max_async_level=config.max_async_level,
+            max_steps=config.max_steps,
+        )
+        self.scheduler = Scheduler(
+            self.train_envs,
+            shape,
+            seed=config.seed,
+            counters=self.counters,
+            dispatched=resumed.dispatched if resumed else 0,
+            requeued=resumed.pending if resumed else (),
+        )
+        self.evals = BackgroundEvals()
+        self.seq_counts: dict[str, SeqLenCounts] = {}
+        """Per env, what `seq_len` did to the current step's samples."""
+        self._backfill: TokenBackfill | None = None
+
+    async def run(self) -> None:
+        """Start, publish a batch per step, evaluate the final policy, and always close."""
+        config = self.config
         try:
-            logger.info(f"waiting for the inference server at {config.inference.base_url}")
-            await self.inference.wait_until_ready(config.inference.ready_timeout)
-            await asyncio.gather(*(env.start() for env in [*train, *evals]))
-            self.train_envs = TrainEnvs(train, config.seed)
-            self.train_envs.positions.update(self._positions)
-            self.eval_envs = EvalEnvs(evals)
-            self.policy = PolicyTracker(
-                self.inference,
-                self.output_dir,
-                max_async_level=config.max_async_level,
-                timeout=config.weights_timeout,
-                keep=config.keep_weights,
-            )
-            logger.info(f"target env shares: {self._fmt_shares(self.train_envs.shares())}")
-            for step in range(start_step, config.max_steps):
+            await self._start()
+            for step in range(self.start_step, config.max_steps):
                 await self._step(step)
             await self._final_evals()
-            if self.evals:
-                logger.info(f"waiting for {len(self.evals)} evaluation(s) to finish")
-                await asyncio.gather(*self.evals)
-            if self.eval_failure is not None:
-                raise self.eval_failure
+            await self.evals.wait()
             logger.success(
-                f"wrote batches for steps {start_step}..{config.max_steps - 1} to {self.output_dir / 'rollouts'}"
+                f"wrote batches for steps {self.start_step}..{config.max_steps - 1} to {rollouts_root(self.output_dir)}"
             )
         finally:
-            for task in [*self.inflight, *self.evals]:
-                task.cancel()
-            await asyncio.gather(*self.inflight, *self.evals, return_exceptions=True)
-            await asyncio.gather(*(env.shutdown() for env in [*train, *evals]), return_exceptions=True)
-            await self.inference.aclose()
-            self.metrics.close()
+            await self.close()
+
+    # -- set-up and tear-down ---------------------------------------------------------------------
 
     def _make_env(self, env_config: EnvConfig, split: Split) -> Env:
         model = self.config.model.name
@@ -144,121 +173,73 @@ class Orchestrator:
             split=split,
             client=client,
             sampling=self.config.sampling,
-            log_dir=self.output_dir / "logs" / "envs" / split,
+            log_dir=env_log_dir(self.output_dir, split),
             ready_timeout=self.config.env_ready_timeout,
             counters=self.counters if split == "train" else Counter(),
         )
 
-    def _load_state(self) -> int:
-        """The step to start at: 0, or the step after the newest published batch (with `resume`)."""
-        self._positions: dict[str, int] = {}
+    def _resumed_state(self) -> OrchestratorState | None:
+        """The state to continue from: None (start at step 0), or the newest published one (`resume`)."""
         if not self.config.resume:
-            if published_steps(self.output_dir / "rollouts"):
+            if published_steps(rollouts_root(self.output_dir)):
                 raise RuntimeError(
                     f"{self.output_dir} already holds batches of an earlier run; resume it (--resume) or pick a new output_dir"
                 )
-            return 0
+            return None
         state = load_resume_state(self.output_dir)
         if state is None:
-            logger.info(f"--resume: no batch published under {self.output_dir / 'rollouts'} yet; starting at step 0")
-            return 0
-        self._positions = state.positions
-        self.dispatched = state.dispatched
-        self.counters.update(state.counters)
-        self.requeued = list(state.pending)
+            logger.info(f"--resume: no batch published under {rollouts_root(self.output_dir)} yet; starting at step 0")
+            return None
         logger.info(
             f"resuming at step {state.step + 1} after the batch of step {state.step}; {len(state.pending)} pending group(s) dispatched again"
         )
-        return state.step + 1
+        return state
+
+    @property
+    def _all_envs(self) -> list[Env]:
+        return [*self.train_envs.envs, *self.eval_envs.envs]
+
+    async def _start(self) -> None:
+        logger.info(f"waiting for the inference server at {self.config.inference.base_url}")
+        await self.inference.wait_until_ready(self.config.inference.ready_timeout)
+        await asyncio.gather(*(env.start() for env in self._all_envs))
+        logger.info(f"target env shares: {self._fmt_shares(self.train_envs.shares())}")
+
+    async def close(self) -> None:
+        """Cancel what is in flight, stop the env servers, release the clients and the metrics."""
+        await self.scheduler.close()
+        await self.evals.close()
+        await asyncio.gather(*(env.shutdown() for env in self._all_envs), return_exceptions=True)
+        await self.inference.aclose()
+        self.metrics.close()
 
     def _publish(self, step: int, samples: list[TrainingSample]) -> None:
         """Batch `step` and the state after it, in one rename: the commit point of the step."""
-        groups = [*self.inflight.values(), *self.ready]
-        pending = [*(PendingGroup(env=g.env.name, task_idx=g.task_idx, seed=g.seed) for g in groups), *self.requeued]
         state = OrchestratorState(
             step=step,
             positions=self.train_envs.positions,
-            dispatched=self.dispatched,
+            dispatched=self.scheduler.dispatched,
             counters=dict(self.counters),
-            pending=pending,
+            pending=self.scheduler.pending(),
         )
         write_batch(self.output_dir, step, samples, extra=state_bytes(state))
 
     # -- one step ---------------------------------------------------------------------------------
 
-    def _eval_done(self, task: asyncio.Task[None]) -> None:
-        """Forget a finished background eval, keeping its failure for the loop to raise."""
-        self.evals.discard(task)
-        if not task.cancelled() and task.exception() is not None and self.eval_failure is None:
-            self.eval_failure = task.exception()
-
     async def _step(self, step: int) -> None:
-        if self.eval_failure is not None:
-            raise self.eval_failure  # an eval env server that stayed down, say: the run must not go on blind
+        self.evals.raise_failure()
         started = time.monotonic()
         await self.policy.ensure(step)
-        self._drop_stale(step)
+        for group in self.scheduler.drop_stale(step):
+            self._append_rollouts(
+                train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces
+            )
         for env in self.eval_envs.due(step):
-            task = asyncio.create_task(self._evaluate(env, step, self.policy.current))
-            self.evals.add(task)
-            task.add_done_callback(self._eval_done)
-        groups = await self._collect(step)
+            self.evals.start(self._evaluate(env, step, self.policy.current))
+        groups = await self.scheduler.collect(step, self.policy.current)
         samples = self._to_samples(step, groups)
         self._report(step, groups, samples, time.monotonic() - started)
         self._publish(step, samples)
-
-    def _dispatch(self, step: int) -> None:
-        """Start groups while there is room in flight and they would not be stale on arrival."""
-        config = self.config
-        while len(self.inflight) * config.group_size + config.group_size <= config.max_inflight:
-            target = step + (len(self.ready) + len(self.inflight)) // self.groups_per_step
-            if target >= config.max_steps or self.policy.current < target - config.max_async_level:
-                return
-            if self.requeued:
-                redo = self.requeued.pop(0)
-                env, task_idx, seed = self.train_envs.by_name(redo.env), redo.task_idx, redo.seed
-                self.counters["requeued_rollouts"] += config.group_size  # its first dispatch died with the crashed run
-            else:
-                env = self.train_envs.pick(random.Random(f"{config.seed}/pick/{self.dispatched}"))
-                task_idx = self.train_envs.next_task(env)
-                seed = rollout_seed(config.seed, self.dispatched * config.group_size)
-                self.dispatched += 1
-            self.counters["dispatched_rollouts"] += config.group_size
-            task = asyncio.create_task(env.run_group(task_idx, config.group_size, seed))
-            self.inflight[task] = Group(env, task_idx, seed, self.policy.current, [])
-
-    async def _collect(self, step: int) -> list[Group]:
-        while len(self.ready) < self.groups_per_step:
-            self._dispatch(step)
-            done, _ = await asyncio.wait(self.inflight, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                group = self.inflight.pop(task)
-                group.traces = task.result()
-                self.ready.append(group)
-        batch, self.ready = self.ready[: self.groups_per_step], self.ready[self.groups_per_step :]
-        return batch
-
-    def _drop_stale(self, step: int) -> None:
-        """Cancel in-flight groups and drop finished ones that `step` may no longer train on."""
-        oldest = step - self.config.max_async_level
-        stale = [g for g in self.ready if g.policy_step < oldest]
-        self.ready = [g for g in self.ready if g.policy_step >= oldest]
-        for task, group in list(self.inflight.items()):
-            if group.policy_step < oldest:
-                task.cancel()
-                del self.inflight[task]
-                stale.append(group)
-        for group in stale:
-            error = Error(
-                type="stale", message=f"generated by policy {group.policy_step}; step {step} needs >= {oldest}"
-            )
-            traces = group.traces or [
-                Trace.from_error(WireTask(idx=group.task_idx), error) for _ in range(self.config.group_size)
-            ]
-            for trace in traces:
-                trace.error = error
-            self._append_rollouts(train_rollouts_file(self.output_dir), step, group.env, group.policy_step, traces)
-            self.counters["stale_groups"] += 1
 
     def _to_samples(self, step: int, groups: list[Group]) -> list[TrainingSample]:
         samples: list[TrainingSample] = []
@@ -334,7 +315,7 @@ class Orchestrator:
                 "perf/rollouts_per_s": total / seconds if seconds > 0 else 0.0,
                 "perf/wait_for_trainer": self.policy.waited,
                 "policy_step": self.policy.current,
-                "inflight": len(self.inflight) * self.config.group_size,
+                "inflight": self.scheduler.inflight_rollouts,
                 **{f"counters/{k}": v for k, v in self.counters.items()},
             }
         )
@@ -372,7 +353,7 @@ class Orchestrator:
         results: dict[tuple[int, int], Trace] = {}
 
         def seed(unit: Unit) -> tuple[int, int]:
-            return rollout_seed(self.config.seed, unit.task_idx * r + unit.rollouts[0]), 0
+            return eval_seed(self.config.seed, unit.task_idx, unit.rollouts[0], r), 0
 
         def done(unit: Unit, traces: list[Trace]) -> None:
             results.update({(unit.task_idx, j): trace for j, trace in zip(unit.rollouts, traces, strict=True)})
@@ -380,7 +361,7 @@ class Orchestrator:
         units = grid_units(env, [(i, j) for i in range(n) for j in range(r)], r)
         await run_units(units, self.config.max_inflight, seed, done)
         groups = [[results[(i, j)] for j in range(r)] for i in range(n)]
-        path = self.output_dir / "rollouts" / "eval" / f"step_{step}.jsonl"
+        path = eval_rollouts_file(self.output_dir, step)
         for group in groups:
             self._append_rollouts(path, step, env, policy_step, group)
         traces = [t for group in groups for t in group]
