@@ -54,6 +54,21 @@ def eval_rollouts_file(output_dir: Path, step: int) -> Path:
     return eval_rollouts_root(output_dir) / f"step_{step}.jsonl"
 
 
+def eval_results_root(output_dir: Path) -> Path:
+    """The `eval` command's results, one `<env>.jsonl` per env and `summary.json`: `<output_dir>/eval/`."""
+    return Path(output_dir) / "eval"
+
+
+def eval_results_file(output_dir: Path, env: str) -> Path:
+    """One line per (task, rollout) pair of env `env`'s eval grid: `<output_dir>/eval/<env>.jsonl`."""
+    return eval_results_root(output_dir) / f"{env}.jsonl"
+
+
+def eval_summary_file(output_dir: Path) -> Path:
+    """The `eval` command's summary per env: `<output_dir>/eval/summary.json`."""
+    return eval_results_root(output_dir) / "summary.json"
+
+
 def weights_root(output_dir: Path) -> Path:
     """Published policies, one `step_<n>/` each: `<output_dir>/weights/`."""
     return Path(output_dir) / "weights"

@@ -37,13 +37,12 @@ from envrl.metrics import MetricsSink
 from envrl.orchestrator.advantage import group_advantages
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
-from envrl.orchestrator.evaluate import Unit, grid_units, run_units
+from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
-from envrl.orchestrator.seeds import eval_seed
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
-from envrl.orchestrator.stats import pass_at_k, rollout_metrics, seq_len_note, why_unscored
+from envrl.orchestrator.stats import rollout_metrics, seq_len_note, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.samples import TrainingSample, write_batch
 from envrl.traces import Split, Trace
@@ -345,32 +344,18 @@ class Orchestrator:
         await asyncio.gather(*(self._evaluate(env, final, self.policy.current) for env in envs))
 
     async def _evaluate(self, env: Env, step: int, policy_step: int) -> None:
-        """The `eval` command's runner on this env's first `num_examples` eval tasks, within max_inflight."""
-        config = env.config
-        assert isinstance(config, EvalEnvConfig)
+        """The one eval runner on this env's grid (the `eval` command's seeds and limits), within
+        max_inflight; its rollouts go to `rollouts/eval/step_<step>.jsonl`, its metrics under `eval/`."""
         started = time.monotonic()
-        n, r = min(config.num_examples, env.num_tasks), config.rollouts_per_example
-        results: dict[tuple[int, int], Trace] = {}
-
-        def seed(unit: Unit) -> tuple[int, int]:
-            return eval_seed(self.config.seed, unit.task_idx, unit.rollouts[0], r), 0
-
-        def done(unit: Unit, traces: list[Trace]) -> None:
-            results.update({(unit.task_idx, j): trace for j, trace in zip(unit.rollouts, traces, strict=True)})
-
-        units = grid_units(env, [(i, j) for i in range(n) for j in range(r)], r)
-        await run_units(units, self.config.max_inflight, seed, done)
-        groups = [[results[(i, j)] for j in range(r)] for i in range(n)]
+        grid = EvalGrid(env, seed=self.config.seed)
+        await run_grids([grid], self.config.max_inflight)
         path = eval_rollouts_file(self.output_dir, step)
-        for group in groups:
+        for group in grid.groups():
             self._append_rollouts(path, step, env, policy_step, group)
-        traces = [t for group in groups for t in group]
-        metrics = rollout_metrics(f"eval/{env.name}", traces)
-        passes = pass_at_k(groups, config.pass_threshold, config.pass_at)
-        metrics.update({f"eval/{env.name}/{k}": v for k, v in passes.items()})
+        metrics = {f"eval/{env.name}/{key}": value for key, value in grid.summary().items()}
         metrics[f"eval/{env.name}/policy_step"] = policy_step
         self.metrics.log(step, metrics)
         logger.info(
             f"eval {env.name!r} at step {step} (policy {policy_step}): reward {metrics[f'eval/{env.name}/reward']:.3f}, "
-            f"{len(traces)} rollouts in {time.monotonic() - started:.1f} s -> {path}"
+            f"{grid.n * grid.r} rollouts in {time.monotonic() - started:.1f} s -> {path}"
         )
