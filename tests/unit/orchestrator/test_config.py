@@ -89,3 +89,15 @@ def test_a_remote_env_address_needs_curve_keys_or_insecure(tmp_path) -> None:
     }
     assert resolve(envs=[{"id": "a", "address": "tcp://10.0.0.7:5000", "curve": keys}]).envs[0].curve is not None
     assert resolve(envs=[{"id": "a", "address": "tcp://10.0.0.7:5000", "insecure": True}]).envs[0].insecure
+
+
+def test_a_sampling_seed_is_refused_since_rollout_seeds_derive_from_the_run_seed() -> None:
+    with pytest.raises(ConfigError, match=r"'sampling\.seed'"):
+        resolve(envs=[{"id": "a"}], sampling={"seed": 3})
+    with pytest.raises(ConfigError, match=r"env 'a': unknown sampling keys \['seed'\] \(every rollout's seed derives"):
+        resolve(envs=[{"id": "a", "sampling": {"seed": 3}}])
+
+
+def test_a_typo_in_the_sampling_table_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"'sampling\.temprature'.*did you mean 'sampling\.temperature'"):
+        resolve(envs=[{"id": "a"}], sampling={"temprature": 0.5})
