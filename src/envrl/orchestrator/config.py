@@ -70,15 +70,6 @@ class EnvConfig(BaseConfig):
     turns, which training back-fills with the student's chat template (their tokens count as
     on-policy: importance ratio 1)."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy_num_workers(cls, data: Any) -> Any:
-        """`num_workers = N` (older configs) means a static pool of N workers."""
-        if isinstance(data, dict) and "num_workers" in data:
-            data = dict(data)
-            data["pool"] = {"type": "static", "num_workers": data.pop("num_workers")}
-        return data
-
     @model_validator(mode="after")
     def _remote_needs_curve(self) -> EnvConfig:
         if self.address is not None and not is_loopback(self.address) and self.curve is None and not self.insecure:

@@ -1,4 +1,4 @@
-"""Orchestrator config validation: ratios all-or-none, unique names and addresses, legacy pools."""
+"""Orchestrator config validation: ratios all-or-none, unique names and addresses, pools, sampling."""
 
 import pytest
 
@@ -31,8 +31,10 @@ def test_duplicate_addresses_are_an_error() -> None:
         )
 
 
-def test_legacy_num_workers_means_a_static_pool() -> None:
-    config = resolve(envs=[{"id": "a", "num_workers": 3}])
+def test_worker_count_belongs_to_the_pool_table() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key 'envs\[0\]\.num_workers'"):
+        resolve(envs=[{"id": "a", "num_workers": 3}])
+    config = resolve(envs=[{"id": "a", "pool": {"type": "static", "num_workers": 3}}])
     assert isinstance(config.envs[0].pool, StaticPoolConfig) and config.envs[0].pool.num_workers == 3
 
 
