@@ -24,6 +24,11 @@ def env_log_dir(output_dir: Path, split: Split) -> Path:
     return logs_dir(output_dir) / "envs" / split
 
 
+def env_log_file(output_dir: Path, split: Split, env: str) -> Path:
+    """The log of env `env`'s server: `<output_dir>/logs/envs/<split>/<env>.log`."""
+    return env_log_dir(output_dir, split) / f"{env}.log"
+
+
 def configs_dir(output_dir: Path) -> Path:
     """Each process's resolved config as TOML: `<output_dir>/configs/`."""
     return Path(output_dir) / "configs"

@@ -26,7 +26,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from envrl.atomic import atomic_write_text
 from envrl.config import BaseConfig, ModelConfig, load_config
 from envrl.envs.model_client import ClientConfig, EvalClientConfig
-from envrl.layout import env_log_dir, eval_results_file, eval_results_root, eval_summary_file
+from envrl.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.log import LogConfig, setup_logging
 from envrl.orchestrator.config import EvalEnvConfig, SamplingConfig, check_pass_at
 from envrl.orchestrator.envs import Env
@@ -152,7 +152,7 @@ class Evaluation:
                 split="eval",
                 client=config.client,
                 sampling=config.sampling,
-                log_dir=env_log_dir(config.output_dir, "eval"),
+                output_dir=config.output_dir,
                 ready_timeout=config.env_ready_timeout,
             )
             for env in config.env

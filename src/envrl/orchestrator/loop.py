@@ -26,7 +26,6 @@ from envrl.atomic import write_failure
 from envrl.envs.model_client import TrainClientConfig
 from envrl.inference.client import InferenceClient
 from envrl.layout import (
-    env_log_dir,
     eval_rollouts_file,
     metrics_file,
     published_steps,
@@ -172,7 +171,7 @@ class Orchestrator:
             split=split,
             client=client,
             sampling=self.config.sampling,
-            log_dir=env_log_dir(self.output_dir, split),
+            output_dir=self.output_dir,
             ready_timeout=self.config.env_ready_timeout,
             counters=self.counters if split == "train" else Counter(),
         )

@@ -23,7 +23,7 @@ class AnsweringEnv(Env):
             split="train",
             client=ScriptedClientConfig(),
             sampling=SamplingConfig(),
-            log_dir=Path("/nonexistent"),
+            output_dir=Path("/nonexistent"),
             ready_timeout=1.0,
         )
         self.num_tasks = 8
