@@ -24,6 +24,11 @@ def env_log_dir(output_dir: Path, split: Split) -> Path:
     return logs_dir(output_dir) / "envs" / split
 
 
+def env_log_file(output_dir: Path, split: Split, env: str) -> Path:
+    """The log of env `env`'s server: `<output_dir>/logs/envs/<split>/<env>.log`."""
+    return env_log_dir(output_dir, split) / f"{env}.log"
+
+
 def configs_dir(output_dir: Path) -> Path:
     """Each process's resolved config as TOML: `<output_dir>/configs/`."""
     return Path(output_dir) / "configs"
@@ -44,9 +49,29 @@ def train_rollouts_file(output_dir: Path) -> Path:
     return rollouts_root(output_dir) / "train.jsonl"
 
 
+def eval_rollouts_root(output_dir: Path) -> Path:
+    """The orchestrator's eval rollout logs, one `step_<n>.jsonl` each: `<output_dir>/rollouts/eval/`."""
+    return rollouts_root(output_dir) / "eval"
+
+
 def eval_rollouts_file(output_dir: Path, step: int) -> Path:
     """Every Trace of the evals at `step`: `<output_dir>/rollouts/eval/step_<step>.jsonl`."""
-    return rollouts_root(output_dir) / "eval" / f"step_{step}.jsonl"
+    return eval_rollouts_root(output_dir) / f"step_{step}.jsonl"
+
+
+def eval_results_root(output_dir: Path) -> Path:
+    """The `eval` command's results, one `<env>.jsonl` per env and `summary.json`: `<output_dir>/eval/`."""
+    return Path(output_dir) / "eval"
+
+
+def eval_results_file(output_dir: Path, env: str) -> Path:
+    """One line per (task, rollout) pair of env `env`'s eval grid: `<output_dir>/eval/<env>.jsonl`."""
+    return eval_results_root(output_dir) / f"{env}.jsonl"
+
+
+def eval_summary_file(output_dir: Path) -> Path:
+    """The `eval` command's summary per env: `<output_dir>/eval/summary.json`."""
+    return eval_results_root(output_dir) / "summary.json"
 
 
 def report_dir(output_dir: Path) -> Path:

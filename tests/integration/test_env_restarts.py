@@ -46,7 +46,7 @@ def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> Env:
         split="train",
         client=ScriptedClientConfig(replies=["hi"]),
         sampling=SamplingConfig(),
-        log_dir=tmp_path,
+        output_dir=tmp_path,
         ready_timeout=120,
     )
 

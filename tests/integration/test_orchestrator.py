@@ -150,7 +150,7 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
             split="train",
             client=ScriptedClientConfig(replies=["hi"]),
             sampling=SamplingConfig(),
-            log_dir=tmp_path,
+            output_dir=tmp_path,
             ready_timeout=120,
         )
         try:

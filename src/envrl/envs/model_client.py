@@ -13,7 +13,7 @@ import asyncio
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -28,10 +28,11 @@ class _Plain(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
-class SamplingArgs(_Plain):
-    """Sampling parameters of one model call (one turn)."""
+class SamplingParams(_Plain):
+    """How a run samples: the `sampling` config table (orchestrator, `eval`, one env's overrides),
+    and every key of a model call's `SamplingArgs` but the per-rollout seed."""
 
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(128, ge=1)
     """Most tokens the model may generate in one turn."""
     temperature: float = Field(1.0, ge=0)
     """Softmax temperature; 0 is greedy decoding (evaluation only: the orchestrator refuses it for
@@ -40,20 +41,31 @@ class SamplingArgs(_Plain):
     top_k: int = Field(0, ge=0)
     """Sample from the k most likely tokens only (0: all)."""
     stop: list[str] | None = None
-    seed: int | None = None
     max_episode_tokens: int | None = Field(None, ge=1)
     """Most tokens the model may generate over all turns of one rollout (None: no budget). Each
     turn's `max_tokens` is capped by what is left; an exhausted budget ends the rollout as
     truncated (stop reason `episode_tokens`)."""
     extra: dict[str, Any] = {}
-    """Passed to the server as-is (vLLM: min_p, repetition_penalty, ...)."""
+    """Further sampling parameters, passed to the server as-is (vLLM: min_p, ...). Training rejects
+    the ones that reshape the sampling distribution in ways the trainer does not reproduce."""
 
     @model_validator(mode="after")
-    def _no_shadowed_keys(self) -> SamplingArgs:
-        shadowed = sorted(set(self.extra) & set(type(self).model_fields))
+    def _no_shadowed_keys(self) -> Self:
+        if "seed" in self.extra:
+            raise ValueError(
+                "sampling.extra sets 'seed': each rollout's seed is set by whoever dispatches it; remove it"
+            )
+        shadowed = sorted(set(self.extra) & set(SamplingParams.model_fields))
         if shadowed:
             raise ValueError(f"sampling.extra sets {shadowed}: set them as sampling keys of their own")
         return self
+
+
+class SamplingArgs(SamplingParams):
+    """Sampling parameters of one model call (one turn): the run's `SamplingParams` and the seed."""
+
+    seed: int | None = None
+    """Set per rollout by whoever dispatches it (the orchestrator derives it from the run's `seed`)."""
 
     def to_request(self) -> dict[str, Any]:
         """The parameters as the server's completion request fields."""

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
-from envrl.envs.model_client import ClientConfig, SamplingArgs
+from envrl.envs.model_client import ClientConfig, SamplingArgs, SamplingParams
 from envrl.http import RetryPolicy
 from envrl.inference.config import RELOAD_TOKEN_ENV
 from envrl.log import LogConfig
@@ -23,24 +23,9 @@ from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.process import RestartPolicy
 from envrl.serve.config import CurveClientConfig, ElasticPoolConfig, EnvTimeoutConfig, PoolConfig
 
-
-class SamplingConfig(BaseConfig):
-    """Sampling of every model call; an env's `sampling` table overrides single keys."""
-
-    max_tokens: int = Field(128, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    """The trainer scores tokens at this temperature, so train envs need > 0; 0 (greedy) is for
-    eval envs and the `eval` command only."""
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    """Sample from the k most likely tokens only (0: all)."""
-    stop: list[str] | None = None
-    max_episode_tokens: int | None = Field(None, ge=1)
-    """Most tokens generated over all turns of one rollout (None: only `max_tokens` per turn); an
-    exhausted budget ends the rollout as truncated (stop reason `episode_tokens`)."""
-    extra: dict[str, Any] = {}
-    """Further vLLM sampling parameters, passed as they are (min_p, ...). Training rejects the
-    ones that change the sampling distribution in ways the trainer does not reproduce."""
+SamplingConfig = SamplingParams
+"""The `sampling` table of a run: the env side's `SamplingParams` itself (one definition); each
+rollout's seed comes from the run's `seed`, so it is no key here."""
 
 
 UNTRAINABLE_SAMPLING = ("min_p", "logit_bias", "min_tokens", "repetition_penalty", "presence_penalty",
@@ -85,15 +70,6 @@ class EnvConfig(BaseConfig):
     turns, which training back-fills with the student's chat template (their tokens count as
     on-policy: importance ratio 1)."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy_num_workers(cls, data: Any) -> Any:
-        """`num_workers = N` (older configs) means a static pool of N workers."""
-        if isinstance(data, dict) and "num_workers" in data:
-            data = dict(data)
-            data["pool"] = {"type": "static", "num_workers": data.pop("num_workers")}
-        return data
-
     @model_validator(mode="after")
     def _remote_needs_curve(self) -> EnvConfig:
         if self.address is not None and not is_loopback(self.address) and self.curve is None and not self.insecure:
@@ -108,10 +84,11 @@ class EnvConfig(BaseConfig):
         return self.name or self.id
 
     def sampling_args(self, base: SamplingConfig) -> SamplingArgs:
-        """This env's sampling: the orchestrator's, with this env's overrides (computed once)."""
-        unknown = set(self.sampling) - set(SamplingConfig.model_fields)
+        """This env's sampling: the run's, with this env's overrides (computed once)."""
+        unknown = sorted(set(self.sampling) - set(SamplingParams.model_fields))
         if unknown:
-            raise ValueError(f"env {self.resolved_name!r}: unknown sampling keys {sorted(unknown)}")
+            hint = " (every rollout's seed derives from the run's top-level `seed`)" if "seed" in unknown else ""
+            raise ValueError(f"env {self.resolved_name!r}: unknown sampling keys {unknown}{hint}")
         return SamplingArgs.model_validate({**base.model_dump(), **self.sampling})
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from loguru import logger
 
 from envrl.envs.model_client import ClientConfig, SamplingArgs
+from envrl.layout import env_log_file
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingConfig
 from envrl.orchestrator.seeds import attempt_seed
 from envrl.process import Child, ChildFailed, RestartBudget, config_argv, spawn_sidecar
@@ -47,7 +48,7 @@ class Env:
         split: Split,
         client: ClientConfig,
         sampling: SamplingConfig,
-        log_dir: Path,
+        output_dir: Path,
         ready_timeout: float,
         counters: Counter[str] | None = None,
     ) -> None:
@@ -56,7 +57,8 @@ class Env:
         self.split = split
         self.client_config = client
         self.sampling: SamplingArgs = config.sampling_args(sampling)
-        self.log_file = log_dir / f"{self.name}.log"
+        self.log_file = env_log_file(output_dir, split, self.name)
+        """The server's log, when this Env spawns it."""
         self.ready_timeout = ready_timeout
         self.num_tasks = 0
         self.group_scoring = False
@@ -240,10 +242,10 @@ class Env:
 class TrainEnvs:
     """The train envs: picks an env by ratio and a task by a seeded per-epoch shuffle."""
 
-    def __init__(self, envs: list[Env], seed: int) -> None:
+    def __init__(self, envs: list[Env], seed: int, positions: dict[str, int] | None = None) -> None:
         self.envs = envs
         self.seed = seed
-        self.positions: dict[str, int] = {env.name: 0 for env in envs}
+        self.positions: dict[str, int] = {env.name: 0 for env in envs} | (positions or {})
         """Tasks drawn so far per env (across epochs); with the seed, all the sampling state."""
         self._orders: dict[str, tuple[int, list[int]]] = {}
 

@@ -12,14 +12,11 @@ envs, whose rewards only mean something together), and rewrites each file atomic
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,12 +26,12 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from envrl.atomic import atomic_write_text
 from envrl.config import BaseConfig, ModelConfig, load_config
 from envrl.envs.model_client import ClientConfig, EvalClientConfig
+from envrl.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.log import LogConfig, setup_logging
 from envrl.orchestrator.config import EvalEnvConfig, SamplingConfig, check_pass_at
 from envrl.orchestrator.envs import Env
+from envrl.orchestrator.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
-from envrl.orchestrator.seeds import rollout_seed
-from envrl.orchestrator.stats import pass_at_k, rollout_metrics
 from envrl.process import ChildFailed, die_with_parent
 from envrl.traces import Trace
 
@@ -43,9 +40,6 @@ PROGRESS_INTERVAL = 5.0
 
 DEFAULT_CLIENT = EvalClientConfig(base_url="http://127.0.0.1:8000/v1", model=ModelConfig().name)
 """The chat client of an envrl inference server on its default port, serving the default model."""
-
-Pair = tuple[int, int]
-"""(task index, rollout index) within one env's grid."""
 
 
 class EvalInputError(Exception):
@@ -122,52 +116,7 @@ class EvalConfig(BaseConfig):
         return self
 
     def results_file(self, env_name: str) -> Path:
-        return self.output_dir / "eval" / f"{env_name}.jsonl"
-
-
-@dataclass
-class Unit:
-    """Rollouts dispatched as one `run_group` call: one rollout, or a group-scored task's all."""
-
-    env: Env
-    task_idx: int
-    rollouts: list[int]
-
-
-def grid_units(env: Env, pairs: list[Pair], r: int) -> list[Unit]:
-    """The calls that run `pairs` of `env`'s grid: one per pair, or whole tasks if group-scored."""
-    if env.group_scoring:
-        return [Unit(env, i, list(range(r))) for i in sorted({i for i, _ in pairs})]
-    return [Unit(env, i, [j]) for i, j in pairs]
-
-
-async def run_units(
-    units: list[Unit],
-    max_inflight: int,
-    seed: Callable[[Unit], tuple[int, int]],
-    on_done: Callable[[Unit, list[Trace]], None],
-) -> None:
-    """Run `units` in order with at most `max_inflight` rollouts in flight (a unit bigger than that
-    runs alone); `seed(unit)` gives its first rollout's seed and attempt number, `on_done` gets
-    each unit's traces as it finishes. Cancelling this cancels what is in flight."""
-    pending = list(reversed(units))
-    inflight: dict[asyncio.Task[list[Trace]], Unit] = {}
-    try:
-        while pending or inflight:
-            used = sum(len(u.rollouts) for u in inflight.values())
-            while pending and (not inflight or used + len(pending[-1].rollouts) <= max_inflight):
-                unit = pending.pop()
-                first_seed, attempt = seed(unit)
-                call = unit.env.run_group(unit.task_idx, len(unit.rollouts), first_seed, attempt)
-                inflight[asyncio.create_task(call)] = unit
-                used += len(unit.rollouts)
-            done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                on_done(inflight.pop(task), task.result())
-    finally:
-        for task in inflight:
-            task.cancel()
-        await asyncio.gather(*inflight, return_exceptions=True)
+        return eval_results_file(self.output_dir, env_name)
 
 
 class Progress:
@@ -192,7 +141,8 @@ class Progress:
 
 
 class Evaluation:
-    """Runs every env's missing grid pairs within `max_inflight` and keeps the results in order."""
+    """The `eval` command: every env's grid completed by the one eval runner (`run_grids`), its
+    rollouts appended as they finish, each results file rewritten in grid order at the end."""
 
     def __init__(self, config: EvalConfig) -> None:
         self.config = config
@@ -202,35 +152,31 @@ class Evaluation:
                 split="eval",
                 client=config.client,
                 sampling=config.sampling,
-                log_dir=config.output_dir / "logs" / "envs" / "eval",
+                output_dir=config.output_dir,
                 ready_timeout=config.env_ready_timeout,
             )
             for env in config.env
         ]
-        self.records: dict[str, dict[Pair, Trace]] = {env.name: {} for env in self.envs}
-        self.attempts: dict[str, Counter[Pair]] = {}
-        """Per env, how often each pair was run before (lines in an earlier eval): a re-run draws a fresh seed."""
-        self.grids: dict[str, Pair] = {}
 
     async def run(self) -> dict[str, dict[str, float]]:
         """Evaluate; the summary per env (also written to `eval/summary.json`)."""
-        self._check_earlier_results()
+        self.check_earlier_results()
         try:
             await asyncio.gather(*(env.start() for env in self.envs))
-            plans = [self._plan(env) for env in self.envs]
-            units = [u for u in itertools.chain.from_iterable(itertools.zip_longest(*plans)) if u is not None]
-            await self._run_units(units)
+            grids = [self.plan(env) for env in self.envs]
+            await self.run_grids(grids)
         finally:
             await asyncio.gather(*(env.shutdown() for env in self.envs), return_exceptions=True)
-        summary = {env.name: self._finish(env) for env in self.envs}
-        atomic_write_text(self.config.output_dir / "eval" / "summary.json", json.dumps(summary, indent=1))
+        summary = {grid.name: self.finish(grid) for grid in grids}
+        atomic_write_text(eval_summary_file(self.config.output_dir), json.dumps(summary, indent=1))
         return summary
 
-    def _check_earlier_results(self) -> None:
+    def check_earlier_results(self) -> None:
+        """Refuse to mix with an earlier eval's results unless resuming it."""
         config = self.config
-        if config.resume is not None and not (config.resume / "eval").is_dir():
+        if config.resume is not None and not eval_results_root(config.resume).is_dir():
             raise EvalInputError(
-                f"--resume {config.resume}: no earlier eval there ({config.resume / 'eval'} does not exist)"
+                f"--resume {config.resume}: no earlier eval there ({eval_results_root(config.resume)} does not exist)"
             )
         if config.resume is None:
             for env in self.envs:
@@ -240,35 +186,31 @@ class Evaluation:
                         "or pick a new --output-dir"
                     )
 
-    def _plan(self, env: Env) -> list[Unit]:
-        """The units that make this env's grid complete, after keeping earlier successes."""
-        config = env.config
-        assert isinstance(config, EvalEnvConfig)
-        n, r = config.num_examples, config.rollouts_per_example
-        if n > env.num_tasks:
-            logger.warning(f"env {env.name!r} has {env.num_tasks} eval tasks; evaluating all of them instead of {n}")
-            n = env.num_tasks
-        self.grids[env.name] = (n, r)
-        self.attempts[env.name] = Counter()
-        kept = self._read_earlier(env, n, r) if self.config.resume is not None else {}
-        self.records[env.name] = kept
-        return grid_units(env, [(i, j) for i in range(n) for j in range(r) if (i, j) not in kept], r)
+    def plan(self, env: Env) -> EvalGrid:
+        """The env's grid, holding an earlier eval's successes when resuming."""
+        grid = EvalGrid(env, seed=self.config.seed)
+        if self.config.resume is not None:
+            grid.resume(*self._read_earlier(grid))
+        return grid
 
-    def _read_earlier(self, env: Env, n: int, r: int) -> dict[Pair, Trace]:
-        """The successful rollouts of an earlier eval of `env` (the later line of a pair wins)."""
-        path = self.config.results_file(env.name)
+    def _read_earlier(self, grid: EvalGrid) -> tuple[dict[Pair, Trace], Counter[Pair]]:
+        """The successful rollouts of an earlier eval of the grid's env (the later line of a pair
+        wins), and how often each pair ran."""
+        name, n, r = grid.name, grid.n, grid.r
+        path = self.config.results_file(name)
+        attempts: Counter[Pair] = Counter()
         if not path.exists():
-            logger.info(f"env {env.name!r}: no earlier results in {path}; running all {n * r} rollouts")
-            return {}
+            logger.info(f"env {name!r}: no earlier results in {path}; running all {n * r} rollouts")
+            return {}, attempts
         latest: dict[Pair, Trace] = {}
         unreadable = 0
         for lineno, line in enumerate(path.read_text().splitlines(), 1):
             try:
                 fields, trace = parse_trace_line(line)
                 pair = (trace.task.idx, fields["rollout"])
-                if fields.get("env") != env.name or not isinstance(pair[1], int):
+                if fields.get("env") != name or not isinstance(pair[1], int):
                     raise ValueError(
-                        f"not a rollout line of env {env.name!r} (env {fields.get('env')!r}, rollout {pair[1]!r})"
+                        f"not a rollout line of env {name!r} (env {fields.get('env')!r}, rollout {pair[1]!r})"
                     )
             except (ValueError, KeyError) as e:
                 unreadable += 1
@@ -280,54 +222,31 @@ class Evaluation:
                     "resume with the earlier eval's -n and -r"
                 )
             latest[pair] = trace
-            self.attempts[env.name][pair] += 1
+            attempts[pair] += 1
         kept = {pair: trace for pair, trace in latest.items() if not trace.has_error}
         errored = len(latest) - len(kept)
         logger.info(
-            f"env {env.name!r}: kept {len(kept)} of {n * r} rollouts from {path}; re-running {errored} errored "
+            f"env {name!r}: kept {len(kept)} of {n * r} rollouts from {path}; re-running {errored} errored "
             f"and {n * r - len(latest)} missing" + (f" ({unreadable} unreadable lines)" if unreadable else "")
         )
-        return kept
+        return kept, attempts
 
-    async def _run_units(self, units: list[Unit]) -> None:
-        progress = Progress(sum(len(u.rollouts) for u in units))
-
-        def seed(unit: Unit) -> tuple[int, int]:
-            # Each earlier line spent attempts 0..max_retries of its run: start past all of them.
-            runs = max(self.attempts[unit.env.name].get((unit.task_idx, j), 0) for j in unit.rollouts)
-            return self._seed(unit.env, unit.task_idx, unit.rollouts[0]), runs * (unit.env.config.max_retries + 1)
+    async def run_grids(self, grids: list[EvalGrid]) -> None:
+        """Run the grids' missing pairs, appending each finished call's rollouts to its env's file."""
+        progress = Progress(sum(len(u.rollouts) for grid in grids for u in grid.units()))
 
         def done(unit: Unit, traces: list[Trace]) -> None:
-            self._record(unit, traces)
+            lines = [trace_line(t, env=unit.grid.name, rollout=j) for j, t in zip(unit.rollouts, traces, strict=True)]
+            append_lines(self.config.results_file(unit.grid.name), lines)
             progress.add(traces)
 
-        await run_units(units, self.config.max_inflight, seed, done)
+        await run_grids(grids, self.config.max_inflight, done)
 
-    def _seed(self, env: Env, task_idx: int, rollout: int) -> int:
-        """Seed of rollout `rollout` of task `task_idx`; a group's rollouts take consecutive seeds."""
-        return rollout_seed(self.config.seed, task_idx * self.grids[env.name][1] + rollout)
-
-    def _record(self, unit: Unit, traces: list[Trace]) -> None:
-        name = unit.env.name
-        lines = []
-        for rollout, trace in zip(unit.rollouts, traces, strict=True):
-            self.records[name][(unit.task_idx, rollout)] = trace
-            lines.append(trace_line(trace, env=name, rollout=rollout))
-        append_lines(self.config.results_file(name), lines)
-
-    def _finish(self, env: Env) -> dict[str, float]:
+    def finish(self, grid: EvalGrid) -> dict[str, float]:
         """Rewrite the env's results file in grid order (atomically) and summarise it."""
-        config = env.config
-        assert isinstance(config, EvalEnvConfig)
-        n, r = self.grids[env.name]
-        records = self.records[env.name]
-        groups = [[records[(i, j)] for j in range(r)] for i in range(n)]
-        lines = [trace_line(trace, env=env.name, rollout=j) for group in groups for j, trace in enumerate(group)]
-        atomic_write_text(self.config.results_file(env.name), "".join(lines))
-        traces = [t for group in groups for t in group]
-        metrics = {key.removeprefix(f"{env.name}/"): value for key, value in rollout_metrics(env.name, traces).items()}
-        passes = pass_at_k(groups, config.pass_threshold, config.pass_at)
-        return {**metrics, "tasks": float(n), "rollouts_per_example": float(r), **passes}
+        lines = [trace_line(t, env=grid.name, rollout=j) for group in grid.groups() for j, t in enumerate(group)]
+        atomic_write_text(self.config.results_file(grid.name), "".join(lines))
+        return grid.summary()
 
 
 def format_summary(summary: dict[str, dict[str, float]]) -> str:
@@ -366,7 +285,7 @@ async def _run(config: EvalConfig) -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = load_config(EvalConfig, argv, prog="eval")
+    config = load_config(EvalConfig, argv, prog="rl eval")
     setup_logging(config.log, process="eval")
     die_with_parent()
     try:
@@ -379,13 +298,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except (KeyboardInterrupt, asyncio.CancelledError):
         logger.warning(
-            f"eval stopped by a signal; finished rollouts are in {config.output_dir / 'eval'}: add --resume {config.output_dir}"
+            f"eval stopped by a signal; finished rollouts are in {eval_results_root(config.output_dir)}: add --resume {config.output_dir}"
         )
         sys.exit(130)
     except Exception as e:
         logger.opt(exception=e).error(f"eval failed: {e}")
         sys.exit(1)
-    logger.success(f"results in {config.output_dir / 'eval'} (summary.json and one <env>.jsonl per env)")
+    logger.success(f"results in {eval_results_root(config.output_dir)} (summary.json and one <env>.jsonl per env)")
     print(format_summary(summary))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from loguru import logger
 
 from envrl.inference.client import InferenceClient
-from envrl.layout import published_steps, weights_dir
+from envrl.layout import published_steps, weights_dir, weights_root
 
 POLL_INTERVAL = 0.1
 
@@ -43,7 +43,7 @@ class PolicyTracker:
         """Seconds spent waiting for the trainer in the last `ensure` call."""
 
     def latest_published(self) -> int:
-        steps = published_steps(self.output_dir / "weights")
+        steps = published_steps(weights_root(self.output_dir))
         return steps[-1] if steps else 0
 
     async def ensure(self, step: int) -> None:
@@ -73,6 +73,6 @@ class PolicyTracker:
         await self.inference.update_weights(path, step=step)
         logger.info(f"inference now serves policy {step} (reload took {time.monotonic() - start:.1f} s)")
         self.current = step
-        for old in published_steps(self.output_dir / "weights"):
+        for old in published_steps(weights_root(self.output_dir)):
             if old <= step - self.keep:
                 shutil.rmtree(weights_dir(self.output_dir, old), ignore_errors=True)

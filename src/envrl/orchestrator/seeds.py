@@ -3,6 +3,7 @@
 Guarantee: a rollout's seed is a pure function of the run seed, the rollout's index in its run
 and its attempt number, so a run is reproducible from its seed; the first attempt of rollout i
 gets `rollout_seed(run_seed, i)` and every retry draws a different seed from the attempts before.
+Train groups and eval grids derive their rollout index here, and nowhere else.
 """
 
 from __future__ import annotations
@@ -16,6 +17,17 @@ SEED_SPACE = 2**31
 def rollout_seed(run_seed: int, index: int) -> int:
     """Seed of rollout `index` of a run; a group's rollouts take consecutive indices (and seeds)."""
     return (run_seed * 1_000_003 + index) % SEED_SPACE
+
+
+def train_group_seed(run_seed: int, group: int, group_size: int) -> int:
+    """First seed of the `group`-th train group drawn in a run (its rollouts take the next ones)."""
+    return rollout_seed(run_seed, group * group_size)
+
+
+def eval_seed(run_seed: int, task_idx: int, rollout: int, rollouts_per_task: int) -> int:
+    """Seed of rollout `rollout` of eval task `task_idx` in a grid of `rollouts_per_task` rollouts
+    per task: the same in the orchestrator's evals and the `eval` command, whatever ran before."""
+    return rollout_seed(run_seed, task_idx * rollouts_per_task + rollout)
 
 
 def attempt_seed(seed: int, attempt: int) -> int:

@@ -17,7 +17,7 @@ from loguru import logger
 from pydantic import BaseModel
 
 from envrl.atomic import filter_lines
-from envrl.layout import batch_dir, published_steps
+from envrl.layout import batch_dir, eval_rollouts_root, published_steps, rollouts_root, train_rollouts_file
 
 STATE_FILE = "orchestrator.json"
 """The state's file name inside a batch directory."""
@@ -45,14 +45,6 @@ class OrchestratorState(BaseModel):
     batch was published."""
 
 
-def train_rollouts_file(output_dir: Path) -> Path:
-    return Path(output_dir) / "rollouts" / "train.jsonl"
-
-
-def eval_rollouts_file(output_dir: Path, step: int) -> Path:
-    return Path(output_dir) / "rollouts" / "eval" / f"step_{step}.jsonl"
-
-
 def state_bytes(state: OrchestratorState) -> dict[str, bytes]:
     """The file(s) to publish beside the batch (`write_batch(..., extra=...)`)."""
     return {STATE_FILE: state.model_dump_json(indent=1).encode()}
@@ -61,7 +53,7 @@ def state_bytes(state: OrchestratorState) -> dict[str, bytes]:
 def load_resume_state(output_dir: Path) -> OrchestratorState | None:
     """The state published with the newest batch (None: no batch yet), after dropping every
     output line of the steps after it."""
-    steps = published_steps(Path(output_dir) / "rollouts")
+    steps = published_steps(rollouts_root(output_dir))
     state = None
     if steps:
         file = batch_dir(output_dir, steps[-1]) / STATE_FILE
@@ -76,7 +68,7 @@ def load_resume_state(output_dir: Path) -> OrchestratorState | None:
         logger.info(
             f"{train_rollouts_file(output_dir)}: dropped {dropped} line(s) of steps after {last} (rolled out again now)"
         )
-    for file in sorted((Path(output_dir) / "rollouts" / "eval").glob("step_*.jsonl")):
+    for file in sorted(eval_rollouts_root(output_dir).glob("step_*.jsonl")):
         if int(file.stem.removeprefix("step_")) > last:
             file.unlink()
             logger.info(f"removed {file}: evaluated after the last published batch (evaluated again if due)")

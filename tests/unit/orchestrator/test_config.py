@@ -1,4 +1,4 @@
-"""Orchestrator config validation: ratios all-or-none, unique names and addresses, legacy pools."""
+"""Orchestrator config validation: ratios all-or-none, unique names and addresses, pools, sampling."""
 
 import pytest
 
@@ -31,8 +31,10 @@ def test_duplicate_addresses_are_an_error() -> None:
         )
 
 
-def test_legacy_num_workers_means_a_static_pool() -> None:
-    config = resolve(envs=[{"id": "a", "num_workers": 3}])
+def test_worker_count_belongs_to_the_pool_table() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key 'envs\[0\]\.num_workers'"):
+        resolve(envs=[{"id": "a", "num_workers": 3}])
+    config = resolve(envs=[{"id": "a", "pool": {"type": "static", "num_workers": 3}}])
     assert isinstance(config.envs[0].pool, StaticPoolConfig) and config.envs[0].pool.num_workers == 3
 
 
@@ -89,3 +91,15 @@ def test_a_remote_env_address_needs_curve_keys_or_insecure(tmp_path) -> None:
     }
     assert resolve(envs=[{"id": "a", "address": "tcp://10.0.0.7:5000", "curve": keys}]).envs[0].curve is not None
     assert resolve(envs=[{"id": "a", "address": "tcp://10.0.0.7:5000", "insecure": True}]).envs[0].insecure
+
+
+def test_a_sampling_seed_is_refused_since_rollout_seeds_derive_from_the_run_seed() -> None:
+    with pytest.raises(ConfigError, match=r"'sampling\.seed'"):
+        resolve(envs=[{"id": "a"}], sampling={"seed": 3})
+    with pytest.raises(ConfigError, match=r"env 'a': unknown sampling keys \['seed'\] \(every rollout's seed derives"):
+        resolve(envs=[{"id": "a", "sampling": {"seed": 3}}])
+
+
+def test_a_typo_in_the_sampling_table_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"'sampling\.temprature'.*did you mean 'sampling\.temperature'"):
+        resolve(envs=[{"id": "a"}], sampling={"temprature": 0.5})

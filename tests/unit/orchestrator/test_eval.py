@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,10 @@ import pytest
 from envrl.config import load_config
 from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.config import EvalEnvConfig
+from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.evaluate import EvalConfig, EvalInputError, Evaluation, format_summary
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
+from envrl.orchestrator.seeds import eval_seed
 from envrl.traces import Error, Trace, WireTask
 
 
@@ -102,7 +105,7 @@ def planned(tmp_path: Path, *, group_scoring: bool, rows: list[tuple[int, Trace]
     evaluation = Evaluation(c)
     env = evaluation.envs[0]
     env.num_tasks, env.group_scoring = 10, group_scoring
-    return [(u.task_idx, u.rollouts) for u in evaluation._plan(env)]
+    return [(u.task_idx, u.rollouts) for u in evaluation.plan(env).units()]
 
 
 def test_resume_reruns_missing_errored_and_unreadable_pairs_and_the_later_line_wins(tmp_path: Path) -> None:
@@ -126,8 +129,11 @@ def test_a_rerun_pair_samples_with_a_fresh_seed_after_each_earlier_attempt(tmp_p
     evaluation = Evaluation(c)
     env = evaluation.envs[0]
     env.num_tasks, env.group_scoring = 10, False
-    assert [(u.task_idx, u.rollouts) for u in evaluation._plan(env)] == [(0, [0])]
-    assert evaluation.attempts["e"][(0, 0)] == 2, "run twice before: the re-run is attempt 2, salted by attempt_seed"
+    grid = evaluation.plan(env)
+    [unit] = grid.units()
+    assert (unit.task_idx, unit.rollouts) == (0, [0])
+    # Run twice before, each run spending attempts 0..max_retries: the re-run starts past them (attempt_seed salts it).
+    assert grid.seed_of(unit) == (eval_seed(0, 0, 0, 1), 2 * (env.config.max_retries + 1))
 
 
 def test_group_scored_envs_rerun_whole_tasks(tmp_path: Path) -> None:
@@ -144,14 +150,14 @@ def test_more_examples_than_the_env_has_evaluates_all_of_them(tmp_path: Path) ->
     evaluation = Evaluation(config(tmp_path, "--env.id", "e", "-n", "50"))
     env = evaluation.envs[0]
     env.num_tasks = 4
-    assert [u.task_idx for u in evaluation._plan(env)] == [0, 1, 2, 3]
+    assert [u.task_idx for u in evaluation.plan(env).units()] == [0, 1, 2, 3]
 
 
 def test_earlier_results_without_resume_are_refused(tmp_path: Path) -> None:
     c = config(tmp_path, "--env.id", "e")
     write_results(c.results_file("e"), "e", [(0, good(0))])
     with pytest.raises(EvalInputError, match=f"--resume {tmp_path}"):
-        Evaluation(c)._check_earlier_results()
+        Evaluation(c).check_earlier_results()
 
 
 class Gauge:
@@ -173,9 +179,10 @@ class CountingEnv:
         self.calls: list[int] = []
         self.seeds: list[int] = []
         self.attempts: dict[int, int] = {}
+        """The attempt each call started at, by its first rollout's seed."""
 
     async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
-        self.attempts[task_idx] = attempt
+        self.attempts[seed] = attempt
         self.gauge.add(n)
         self.calls.append(n)
         self.seeds += [seed + i for i in range(n)]
@@ -191,19 +198,24 @@ def test_rollouts_in_flight_stay_within_max_inflight_and_results_land_in_grid_or
         CountingEnv("single", group_scoring=False, gauge=gauge),
         CountingEnv("grouped", group_scoring=True, gauge=gauge),
     ]
-    evaluation.envs = envs  # type: ignore[assignment]
-    evaluation.records = {env.name: {} for env in envs}
-    units = [u for env in envs for u in evaluation._plan(env)]  # type: ignore[arg-type]
-    asyncio.run(evaluation._run_units(units))
+    grids = [EvalGrid(env, seed=0) for env in envs]  # type: ignore[arg-type]
+    asyncio.run(evaluation.run_grids(grids))
     assert gauge.peak == 4, "the bound holds across envs"
     assert envs[0].calls == [1] * 15 and envs[1].calls == [3] * 5, "single rollouts one by one, groups whole"
     assert sorted(envs[0].seeds) == sorted(envs[1].seeds) == list(range(15)), "one seed per (task, rollout)"
 
-    summary = evaluation._finish(envs[0])  # type: ignore[arg-type]
+    summary = evaluation.finish(grids[0])
     lines = [parse_trace_line(line) for line in evaluation.config.results_file("single").read_text().splitlines()]
     assert [(f["rollout"], t.task.idx) for f, t in lines] == [(j, i) for i in range(5) for j in range(3)]
     assert summary["reward"] == pytest.approx(2 / 5) and summary["pass@1"] == pytest.approx(2 / 5)
     assert summary["pass@3"] == pytest.approx(2 / 5) and summary["tasks"] == 5 and summary["rollouts"] == 15
+
+
+def test_the_orchestrators_evals_and_the_eval_command_sample_the_same_seeds() -> None:
+    """One runner: a grid run on its own (as the orchestrator does) gets the command's seeds."""
+    env = CountingEnv("single", group_scoring=False, gauge=Gauge())
+    asyncio.run(run_grids([EvalGrid(env, seed=3)], max_inflight=2))  # type: ignore[arg-type]
+    assert sorted(env.seeds) == sorted(eval_seed(3, i, j, 3) for i in range(5) for j in range(3))
 
 
 def test_summary_table_has_one_row_per_env_and_dashes_for_unknown_tokens() -> None:
@@ -224,11 +236,10 @@ def test_summary_table_has_one_row_per_env_and_dashes_for_unknown_tokens() -> No
     assert second.split()[-2:] == ["12.0", "40.0"]
 
 
-def test_a_rerun_starts_past_every_attempt_its_earlier_runs_spent_on_retries(tmp_path: Path) -> None:
-    evaluation = Evaluation(config(tmp_path, "--env.id", "single"))
+def test_a_rerun_starts_past_every_attempt_its_earlier_runs_spent_on_retries() -> None:
     env = CountingEnv("single", group_scoring=False, gauge=Gauge())
-    evaluation.envs, evaluation.records = [env], {env.name: {}}  # type: ignore[list-item]
-    units = [u for u in evaluation._plan(env) if u.task_idx < 2 and u.rollouts == [0]]  # type: ignore[arg-type]
-    evaluation.attempts[env.name][(0, 0)] = 2  # two earlier lines, each after attempts 0..max_retries
-    asyncio.run(evaluation._run_units(units))
-    assert env.attempts == {0: 2 * (env.config.max_retries + 1), 1: 0}
+    grid = EvalGrid(env, seed=0)  # type: ignore[arg-type]
+    grid.resume({}, Counter({(0, 0): 2}))  # two earlier lines, each after attempts 0..max_retries
+    asyncio.run(run_grids([grid], max_inflight=1))
+    assert env.attempts[eval_seed(0, 0, 0, 3)] == 2 * (env.config.max_retries + 1)
+    assert env.attempts[eval_seed(0, 1, 0, 3)] == env.attempts[eval_seed(0, 0, 1, 3)] == 0

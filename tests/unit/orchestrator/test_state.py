@@ -1,22 +1,9 @@
 """The orchestrator state published with each batch, and what a resume drops."""
 
-import asyncio
 import json
 
-from envrl.envs.model_client import ScriptedClientConfig
-from envrl.inference.client import InferenceClient
-from envrl.orchestrator.config import EnvConfig, OrchestratorConfig, SamplingConfig
-from envrl.orchestrator.envs import Env, TrainEnvs
-from envrl.orchestrator.loop import Orchestrator
-from envrl.orchestrator.policy import PolicyTracker
-from envrl.orchestrator.state import (
-    OrchestratorState,
-    PendingGroup,
-    eval_rollouts_file,
-    load_resume_state,
-    state_bytes,
-    train_rollouts_file,
-)
+from envrl.layout import eval_rollouts_file, train_rollouts_file
+from envrl.orchestrator.state import OrchestratorState, PendingGroup, load_resume_state, state_bytes
 from envrl.process import RestartBudget, RestartPolicy
 from envrl.samples import write_batch
 from scripts.bench.synthetic import synthetic_samples
@@ -60,40 +47,3 @@ def test_restart_budget_doubles_its_backoff_and_runs_out():
     budget = RestartBudget(RestartPolicy(max_restarts=3, backoff_s=1.0, max_backoff_s=3.0))
     assert [budget.next_delay() for _ in range(4)] == [1.0, 2.0, 3.0, None]
     assert budget.total == 3 and "restarts.max_restarts = 3" in budget.exhausted()
-
-
-def test_requeued_groups_are_dispatched_first_with_their_seed_and_stay_pending_until_then(tmp_path):
-    config = OrchestratorConfig(
-        output_dir=tmp_path, group_size=2, batch_size=4, max_inflight=4, max_steps=5, envs=[EnvConfig(id="x")]
-    )
-    env = Env(
-        config.envs[0],
-        split="train",
-        client=ScriptedClientConfig(),
-        sampling=SamplingConfig(),
-        log_dir=tmp_path,
-        ready_timeout=1,
-    )
-    env.num_tasks = 8
-
-    async def scenario() -> tuple[list[tuple[int, int]], OrchestratorState]:
-        orchestrator = Orchestrator(config)
-        orchestrator.train_envs = TrainEnvs([env], seed=0)
-        orchestrator.policy = PolicyTracker(
-            InferenceClient("http://127.0.0.1:9", model="m"), tmp_path, max_async_level=1, timeout=1, keep=2
-        )
-        orchestrator.requeued = [PendingGroup(env="x", task_idx=t, seed=100 + t) for t in (3, 5, 7)]
-        orchestrator._dispatch(step=0)  # room for two groups: two of the three requeued ones
-        dispatched = [(g.task_idx, g.seed) for g in orchestrator.inflight.values()]
-        orchestrator._publish(0, [])
-        for task in orchestrator.inflight:
-            task.cancel()
-        await asyncio.gather(*orchestrator.inflight, return_exceptions=True)
-        return dispatched, OrchestratorState.model_validate_json(
-            (tmp_path / "rollouts" / "step_0" / "orchestrator.json").read_text()
-        )
-
-    dispatched, published = asyncio.run(scenario())
-    assert dispatched == [(3, 103), (5, 105)]
-    assert [(g.task_idx, g.seed) for g in published.pending] == [(3, 103), (5, 105), (7, 107)]
-    assert published.counters == {"dispatched_rollouts": 4, "requeued_rollouts": 4} and published.positions == {"x": 0}

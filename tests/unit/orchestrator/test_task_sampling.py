@@ -15,7 +15,7 @@ def make_env(name: str, num_tasks: int, ratio: float | None = None, config_cls=E
         split="train",
         client=ScriptedClientConfig(),
         sampling=SamplingConfig(),
-        log_dir=Path("/nonexistent"),
+        output_dir=Path("/nonexistent"),
         ready_timeout=1.0,
     )
     env.num_tasks = num_tasks

@@ -1,0 +1,156 @@
+"""Which train groups are in flight, which are ready, which became stale, and the seed of each.
+
+Guarantee: every group the scheduler dispatches leaves it exactly once: in a batch (`collect`),
+as stale (`drop_stale`, cancelled if still in flight), or through `close()`; until then it is in
+`pending()`. A group is dispatched only while it fits in `max_inflight` and only for a step it can
+still be trained on (the step it will land in is at most `max_async_level` ahead of the policy
+generating it). The k-th new group samples with `train_group_seed(seed, k, group_size)` and the
+env and task the seeded draws give; a requeued group keeps its env, task and seed and goes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from envrl.orchestrator.envs import Env, TrainEnvs
+from envrl.orchestrator.seeds import train_group_seed
+from envrl.orchestrator.state import PendingGroup
+from envrl.traces import Error, Trace, WireTask
+
+
+@dataclass
+class Group:
+    """One task's `group_size` rollouts, dispatched under policy `policy_step` (traces once done)."""
+
+    env: Env
+    task_idx: int
+    seed: int
+    policy_step: int
+    traces: list[Trace]
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The numbers scheduling depends on (the orchestrator config's keys of the same names)."""
+
+    group_size: int
+    batch_size: int
+    max_inflight: int
+    max_async_level: int
+    max_steps: int
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.batch_size // self.group_size
+
+
+class Scheduler:
+    """Keeps train groups in flight within the async bound and hands out whole batches."""
+
+    def __init__(
+        self,
+        envs: TrainEnvs,
+        shape: BatchShape,
+        *,
+        seed: int,
+        counters: Counter[str],
+        dispatched: int = 0,
+        requeued: Sequence[PendingGroup] = (),
+    ) -> None:
+        self.envs = envs
+        self.shape = shape
+        self.seed = seed
+        self.counters = counters
+        """Shared `counters/...` metrics: dispatched, requeued rollouts, stale groups."""
+        self.dispatched = dispatched
+        """New groups drawn so far (seeds and env picks derive from it; saved with each batch)."""
+        self._requeued = list(requeued)
+        self._inflight: dict[asyncio.Task[list[Trace]], Group] = {}
+        self._ready: list[Group] = []
+
+    @property
+    def inflight_rollouts(self) -> int:
+        return len(self._inflight) * self.shape.group_size
+
+    def inflight_groups(self) -> list[Group]:
+        """The groups in flight, oldest first."""
+        return list(self._inflight.values())
+
+    def pending(self) -> list[PendingGroup]:
+        """Groups dispatched or requeued but not yet in a batch: what a resume dispatches again."""
+        groups = [*self._inflight.values(), *self._ready]
+        held = [PendingGroup(env=g.env.name, task_idx=g.task_idx, seed=g.seed) for g in groups]
+        return [*held, *self._requeued]
+
+    def dispatch(self, step: int, policy: int) -> None:
+        """Start groups while there is room in flight and they would not be stale on arrival."""
+        shape = self.shape
+        while self.inflight_rollouts + shape.group_size <= shape.max_inflight:
+            target = step + (len(self._ready) + len(self._inflight)) // shape.groups_per_step
+            if target >= shape.max_steps or policy < target - shape.max_async_level:
+                return
+            env, task_idx, seed = self._next_group()
+            self.counters["dispatched_rollouts"] += shape.group_size
+            task = asyncio.create_task(env.run_group(task_idx, shape.group_size, seed))
+            self._inflight[task] = Group(env, task_idx, seed, policy, [])
+
+    def _next_group(self) -> tuple[Env, int, int]:
+        """A requeued group (its first dispatch died with the crashed run), else a new draw."""
+        if self._requeued:
+            redo = self._requeued.pop(0)
+            self.counters["requeued_rollouts"] += self.shape.group_size
+            return self.envs.by_name(redo.env), redo.task_idx, redo.seed
+        env = self.envs.pick(random.Random(f"{self.seed}/pick/{self.dispatched}"))
+        seed = train_group_seed(self.seed, self.dispatched, self.shape.group_size)
+        self.dispatched += 1
+        return env, self.envs.next_task(env), seed
+
+    async def collect(self, step: int, policy: int) -> list[Group]:
+        """The next batch's groups (finished first, first), dispatching as room frees up."""
+        per_step = self.shape.groups_per_step
+        while len(self._ready) < per_step:
+            self.dispatch(step, policy)
+            done, _ = await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = self._inflight.pop(task)
+                group.traces = task.result()
+                self._ready.append(group)
+        batch, self._ready = self._ready[:per_step], self._ready[per_step:]
+        return batch
+
+    def drop_stale(self, step: int) -> list[Group]:
+        """Cancel in-flight groups and drop finished ones that `step` may no longer train on; the
+        dropped groups come back with every trace marked with a `stale` error, for the record."""
+        oldest = step - self.shape.max_async_level
+        stale = [g for g in self._ready if g.policy_step < oldest]
+        self._ready = [g for g in self._ready if g.policy_step >= oldest]
+        for task, group in list(self._inflight.items()):
+            if group.policy_step < oldest:
+                task.cancel()
+                del self._inflight[task]
+                stale.append(group)
+        for group in stale:
+            error = Error(
+                type="stale", message=f"generated by policy {group.policy_step}; step {step} needs >= {oldest}"
+            )
+            if not group.traces:
+                group.traces = [
+                    Trace.from_error(WireTask(idx=group.task_idx), error) for _ in range(self.shape.group_size)
+                ]
+            for trace in group.traces:
+                trace.error = error
+        if stale:
+            self.counters["stale_groups"] += len(stale)
+        return stale
+
+    async def close(self) -> None:
+        """Cancel every group in flight and wait for the cancellations."""
+        tasks = list(self._inflight)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._inflight.clear()

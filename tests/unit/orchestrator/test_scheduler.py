@@ -1,0 +1,138 @@
+"""The scheduler on its own: what it dispatches (bound, staleness, seeds, requeued groups first),
+what a batch holds, and what it drops as stale, against an env that answers in-process."""
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+from envrl.envs.model_client import ScriptedClientConfig
+from envrl.orchestrator.config import EnvConfig, SamplingConfig
+from envrl.orchestrator.envs import Env, TrainEnvs
+from envrl.orchestrator.scheduler import BatchShape, Scheduler
+from envrl.orchestrator.seeds import rollout_seed
+from envrl.orchestrator.state import PendingGroup
+from envrl.traces import Trace, WireTask
+
+
+class AnsweringEnv(Env):
+    """A train env whose server is this process: call k answers at once, unless k is in `hang`."""
+
+    def __init__(self, hang: frozenset[int] = frozenset()) -> None:
+        super().__init__(
+            EnvConfig(id="x"),
+            split="train",
+            client=ScriptedClientConfig(),
+            sampling=SamplingConfig(),
+            output_dir=Path("/nonexistent"),
+            ready_timeout=1.0,
+        )
+        self.num_tasks = 8
+        self.hang = hang
+        self.calls: list[tuple[int, int]] = []
+        """(task index, seed) of each call."""
+        self.cancelled: list[int] = []
+        """Calls cancelled while hanging."""
+
+    async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
+        call = len(self.calls)
+        self.calls.append((task_idx, seed))
+        if call in self.hang:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(call)
+                raise
+        return [Trace(task=WireTask(idx=task_idx), reward=1.0) for _ in range(n)]
+
+
+def scheduler(env: Env, *, max_inflight: int = 64, max_steps: int = 10, seed: int = 0, **fields) -> Scheduler:
+    shape = BatchShape(group_size=2, batch_size=4, max_inflight=max_inflight, max_async_level=1, max_steps=max_steps)
+    return Scheduler(TrainEnvs([env], seed=seed), shape, seed=seed, counters=Counter(), **fields)
+
+
+def dispatched_groups(s: Scheduler, step: int, policy: int) -> int:
+    async def scenario() -> int:
+        s.dispatch(step, policy)
+        count = len(s.inflight_groups())
+        await asyncio.sleep(0)  # the calls start
+        await s.close()
+        return count
+
+    return asyncio.run(scenario())
+
+
+def test_dispatch_stops_at_groups_that_would_be_stale_on_arrival() -> None:
+    # Two groups per step: policy p may generate for steps up to p + 1 (max_async_level 1).
+    assert dispatched_groups(scheduler(AnsweringEnv()), step=0, policy=0) == 4
+    assert dispatched_groups(scheduler(AnsweringEnv()), step=0, policy=1) == 6
+    assert dispatched_groups(scheduler(AnsweringEnv(), max_steps=1), step=0, policy=0) == 2, (
+        "no group past the last step"
+    )
+
+
+def test_rollouts_in_flight_stay_within_max_inflight() -> None:
+    s = scheduler(AnsweringEnv(), max_inflight=5)
+    assert dispatched_groups(s, step=0, policy=0) == 2
+    assert s.counters["dispatched_rollouts"] == 4
+
+
+def test_new_groups_take_consecutive_seed_ranges_of_the_run_seed() -> None:
+    env = AnsweringEnv()
+    s = scheduler(env, seed=7)
+    dispatched_groups(s, step=0, policy=0)
+    assert [seed for _, seed in env.calls] == [rollout_seed(7, 2 * k) for k in range(4)]
+    assert s.dispatched == 4
+
+
+def test_a_batch_holds_whole_groups_and_the_extra_finished_ones_stay_pending() -> None:
+    env = AnsweringEnv()
+    s = scheduler(env)
+
+    async def scenario() -> tuple[list[list[Trace]], list[PendingGroup]]:
+        batch = await s.collect(step=0, policy=0)
+        pending = s.pending()
+        await s.close()
+        return [g.traces for g in batch], pending
+
+    batch, pending = asyncio.run(scenario())
+    assert [len(traces) for traces in batch] == [2, 2] and not any(t.has_error for g in batch for t in g)
+    batched = {traces[0].task.idx for traces in batch}
+    assert sorted([*batched, *(p.task_idx for p in pending)]) == sorted(task for task, _ in env.calls)
+
+
+def test_stale_groups_are_cancelled_or_dropped_and_marked_stale() -> None:
+    env = AnsweringEnv(hang=frozenset({3}))
+    s = scheduler(env)
+
+    async def scenario() -> tuple[list[int], list[int], list[PendingGroup]]:
+        await s.collect(step=0, policy=0)  # 4 groups of policy 0: 2 batched, 1 finished left, 1 hanging
+        kept = s.drop_stale(step=1)  # step 1 may train on policy 0
+        hanging = s.inflight_groups()[0]
+        stale = s.drop_stale(step=2)  # step 2 may not
+        await asyncio.sleep(0)
+        assert any(g is hanging for g in stale) and env.cancelled == [3], "the hanging call was cancelled"
+        errors = [t.error.type for g in stale for t in g.traces if t.error is not None]
+        return [len(kept)], errors, s.pending()
+
+    kept, errors, pending = asyncio.run(scenario())
+    assert kept == [0]
+    assert errors == ["stale"] * 4, "both groups, every rollout: the finished one and the cancelled one"
+    assert pending == [] and s.counters["stale_groups"] == 2
+
+
+def test_requeued_groups_are_dispatched_first_with_their_seed_and_stay_pending_until_then() -> None:
+    env = AnsweringEnv(hang=frozenset({0, 1}))
+    requeued = [PendingGroup(env="x", task_idx=t, seed=100 + t) for t in (3, 5, 7)]
+    s = scheduler(env, max_inflight=4, requeued=requeued)
+
+    async def scenario() -> list[PendingGroup]:
+        s.dispatch(step=0, policy=0)  # room for two groups: two of the three requeued ones
+        pending = s.pending()
+        await asyncio.sleep(0)  # the calls start
+        await s.close()
+        return pending
+
+    pending = asyncio.run(scenario())
+    assert env.calls == [(3, 103), (5, 105)]
+    assert [(g.task_idx, g.seed) for g in pending] == [(3, 103), (5, 105), (7, 107)]
+    assert s.counters == {"dispatched_rollouts": 4, "requeued_rollouts": 4} and s.dispatched == 0
