@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         summary = asyncio.run(_run(config))
     except EvalInputError as e:
-        print(f"eval: error: {e}", file=sys.stderr)
+        print(f"rl eval: error: {e}", file=sys.stderr)
         sys.exit(2)
     except ChildFailed as e:
         logger.error(f"eval failed: {e}")
