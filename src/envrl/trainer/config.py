@@ -88,8 +88,8 @@ class TrainerConfig(BaseConfig):
     seed: int = 0
     """Seed of the torch RNGs (restored from checkpoints on resume)."""
     max_tokens: int = Field(4096, ge=1)
-    """Token budget of one packed micro-batch. Each step packs its batch into the fewest
-    micro-batches within this budget (a multiple of the number of ranks), filled longest sample
+    """Token budget of one packed micro-batch. Each step packs its batch into as few
+    micro-batches as fit this budget (a multiple of the number of ranks), filled longest sample
     first into the emptiest so they come out about equal; a longer sample gets a micro-batch of
     its own. With document-masked attention the cost per token does not grow with the budget:
     it bounds memory (activations and [tokens, vocab] logits grow linearly with it)."""

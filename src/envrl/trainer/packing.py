@@ -56,9 +56,10 @@ def _trainable(sample: TrainingSample) -> int:
 
 
 def balanced_bins(lengths: Sequence[int], max_tokens: int, multiple_of: int = 1) -> list[list[int]]:
-    """Indices grouped into the fewest bins (a multiple of `multiple_of`, so ranks get equal
-    counts) of total length <= max_tokens, filled greedily longest first into the emptiest bin
-    so bins come out about equal; an index longer than max_tokens gets a bin of its own.
+    """Indices grouped into bins of total length <= max_tokens, filled greedily longest first
+    into the emptiest bin so bins come out about equal; the bin count starts at the least the
+    total allows, a multiple of `multiple_of` (so ranks get equal counts), and grows until every
+    index fits. An index longer than max_tokens gets a bin of its own; empty bins are dropped.
 
     Within a bin indices are in decreasing length (what `document_layout` groups best); bins
     are returned largest first.
@@ -90,9 +91,9 @@ def pack(
 ) -> list[MicroBatch]:
     """Pack the samples that have loss tokens; samples without any are left out (no gradient).
 
-    The shape is picked from the batch: the fewest micro-batches of at most `max_tokens` tokens
-    (a multiple of `multiple_of`, the number of ranks, when the batch fills that many), about
-    equal in size.
+    The shape is picked from the batch (`balanced_bins`): about equal micro-batches of at most
+    `max_tokens` tokens, as few as fit, their count a multiple of `multiple_of` (the number of
+    ranks) when the batch has that many samples.
 
     A sample longer than `max_tokens` is trained in a row of its own (with a warning): the
     budget is a packing target, and the orchestrator's `seq_len` is what bounds a sample.
