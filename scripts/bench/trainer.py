@@ -50,6 +50,8 @@ class BenchConfig(BaseConfig):
     """Untimed steps first."""
     activation_checkpointing: bool = False
     """Recompute activations in backward."""
+    attn_implementation: str = "auto"
+    """The trainer's `attn_implementation` (`sdpa`: the dense-mask pack the trainer used before `auto`)."""
 
 
 def qwen3_shaped(directory: Path) -> Path:
@@ -91,6 +93,7 @@ def main() -> None:
                 "output_dir": str(root / "run"),
                 "max_tokens": bench.max_tokens,
                 "activation_checkpointing": bench.activation_checkpointing,
+                "attn_implementation": bench.attn_implementation,
                 "optim": {"lr": 1e-6},
                 "wandb": {"mode": "disabled"},
             },
@@ -117,6 +120,7 @@ def main() -> None:
             device = torch.cuda.get_device_name() if runtime.device.type == "cuda" else "cpu"
             row = {
                 "model": bench.model,
+                "attention": trainer.model.config._attn_implementation,
                 "device": f"{runtime.world_size}x {device}",
                 "dtype": str(runtime.compute_dtype).removeprefix("torch."),
                 "tokens/step": int(timed[0]["tokens"]),

@@ -88,12 +88,18 @@ class TrainerConfig(BaseConfig):
     seed: int = 0
     """Seed of the torch RNGs (restored from checkpoints on resume)."""
     max_tokens: int = Field(4096, ge=1)
-    """Token budget of one packed micro-batch; a longer sample gets a micro-batch of its own."""
+    """Token budget of one packed micro-batch. Each step packs its batch into as few
+    micro-batches as fit this budget (a multiple of the number of ranks), filled longest sample
+    first into the emptiest so they come out about equal; a longer sample gets a micro-batch of
+    its own. With document-masked attention the cost per token does not grow with the budget:
+    it bounds memory (activations and [tokens, vocab] logits grow linearly with it)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype: auto = bfloat16 on GPU (fp32 master weights), float32 on CPU."""
-    attn_implementation: str = "sdpa"
-    """Passed to transformers (`sdpa`, `eager`, `flex_attention`, `flash_attention_2` if installed).
-    All keep packed samples apart (tested: sdpa, eager, flex on CPU); flash/flex avoid sdpa's dense mask."""
+    attn_implementation: str = "auto"
+    """`auto`: `flash_attention_2` (varlen) on CUDA when flash-attn is installed, else envrl's
+    `document_sdpa` (causal sdpa per sample, no T×T mask). Any name transformers knows is
+    passed through (`sdpa`, `eager`: dense T×T mask over the packed row; `flex_attention`: GPU
+    only, torch has no flex backward on CPU). All keep packed samples apart."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward to save memory."""
     batch_timeout_s: float = Field(3600.0, gt=0)

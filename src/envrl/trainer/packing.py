@@ -1,9 +1,10 @@
-"""Sequence packing: a batch of samples -> micro-batches of at most `max_tokens` tokens.
+"""Sequence packing: a batch of samples -> balanced micro-batches of at most `max_tokens` tokens.
 
 Guarantee: every trainable sample lands in exactly one micro-batch, with position ids restarting
-at 0 so attention never crosses samples; each token carries its normalisation weight for the
-whole batch, and `shard` gives every rank the same number of micro-batches (padding with inert
-ones), so ranks run the same collectives and their losses sum to the whole batch's loss.
+at 0 and its length recorded so attention never crosses samples; each token carries its
+normalisation weight for the whole batch, and `shard` gives every rank the same number of
+micro-batches (padding with inert ones), so ranks run the same collectives and their losses sum
+to the whole batch's loss.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from loguru import logger
 from torch import nn
 
 from envrl.samples import TrainingSample
+from envrl.trainer.attention import DOCUMENT_SDPA, document_layout
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class MicroBatch:
     """Per-token sampling temperature (its sample's); top_p and top_k likewise."""
     top_p: torch.Tensor
     top_k: torch.Tensor
+    lengths: tuple[int, ...]
+    """Tokens of each sample, in row order: what document-masked attention keeps apart."""
     num_samples: int
 
     @property
@@ -42,8 +46,8 @@ class MicroBatch:
         return self.input_ids.shape[1]
 
     def to(self, device: torch.device) -> MicroBatch:
-        moved = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
-        return MicroBatch(**moved, num_samples=self.num_samples)
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        return MicroBatch(**moved)
 
 
 def _trainable(sample: TrainingSample) -> int:
@@ -51,22 +55,31 @@ def _trainable(sample: TrainingSample) -> int:
     return sum(sample.loss_mask[1:])
 
 
-def bins_first_fit(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices grouped into bins of total length <= max_tokens (first-fit decreasing, stable);
-    an index longer than max_tokens gets a bin of its own."""
+def balanced_bins(lengths: Sequence[int], max_tokens: int, multiple_of: int = 1) -> list[list[int]]:
+    """Indices grouped into bins of total length <= max_tokens, filled greedily longest first
+    into the emptiest bin so bins come out about equal; the bin count starts at the least the
+    total allows, a multiple of `multiple_of` (so ranks get equal counts), and grows until every
+    index fits. An index longer than max_tokens gets a bin of its own; empty bins are dropped.
+
+    Within a bin indices are in decreasing length (what `document_layout` groups best); bins
+    are returned largest first.
+    """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i in order:
-        for b, free in enumerate(room):
-            if lengths[i] <= free:
-                bins[b].append(i)
-                room[b] -= lengths[i]
+    count = max(1, -(-sum(lengths) // max_tokens))
+    while True:
+        count = -(-count // multiple_of) * multiple_of
+        bins: list[list[int]] = [[] for _ in range(count)]
+        loads = [0] * count
+        for i in order:
+            b = min(range(count), key=lambda b: (loads[b], b))
+            if bins[b] and loads[b] + lengths[i] > max_tokens:
                 break
+            bins[b].append(i)
+            loads[b] += lengths[i]
         else:
-            bins.append([i])
-            room.append(max_tokens - lengths[i])
-    return bins
+            filled = [b for b in range(count) if bins[b]]
+            return [bins[b] for b in sorted(filled, key=lambda b: (-loads[b], b))]
+        count += 1
 
 
 def pack(
@@ -74,8 +87,13 @@ def pack(
     max_tokens: int,
     normalize: Literal["token", "sequence"],
     where: str = "the batch",
+    multiple_of: int = 1,
 ) -> list[MicroBatch]:
     """Pack the samples that have loss tokens; samples without any are left out (no gradient).
+
+    The shape is picked from the batch (`balanced_bins`): about equal micro-batches of at most
+    `max_tokens` tokens, as few as fit, their count a multiple of `multiple_of` (the number of
+    ranks) when the batch has that many samples.
 
     A sample longer than `max_tokens` is trained in a row of its own (with a warning): the
     budget is a packing target, and the orchestrator's `seq_len` is what bounds a sample.
@@ -95,7 +113,7 @@ def pack(
         "sequence": lambda s: 1.0 / (len(kept) * _trainable(s)),
     }[normalize]
     micro_batches = []
-    for indices in bins_first_fit([len(s.input_ids) for s in kept], max_tokens):
+    for indices in balanced_bins([len(s.input_ids) for s in kept], max_tokens, multiple_of):
         rows = [kept[i] for i in indices]
         positions = torch.cat([torch.arange(len(s.input_ids)) for s in rows])
         micro_batches.append(
@@ -109,6 +127,7 @@ def pack(
                 temperature=torch.tensor([s.temperature for s in rows for _ in s.input_ids], dtype=torch.float32),
                 top_p=torch.tensor([s.top_p for s in rows for _ in s.input_ids], dtype=torch.float32),
                 top_k=torch.tensor([s.top_k for s in rows for _ in s.input_ids], dtype=torch.long),
+                lengths=tuple(len(s.input_ids) for s in rows),
                 num_samples=len(rows),
             )
         )
@@ -118,10 +137,16 @@ def pack(
 def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
     """[T, V] logits of a packed row, each sample attending only to itself.
 
-    transformers builds a block-diagonal causal mask from position ids that restart at 0, but
-    only without an attention mask and without a KV cache: `use_cache=False` is load-bearing.
+    With `document_sdpa` the row's sample lengths go to the attention as `document_layout`.
+    Any other implementation gets the separation from position ids that restart at 0:
+    transformers derives a block-diagonal mask from them (dense T×T for sdpa/eager, a block
+    mask for flex, varlen for flash), but only without an attention mask and without a KV
+    cache: `use_cache=False` is load-bearing.
     """
-    out = model(input_ids=micro_batch.input_ids, position_ids=micro_batch.position_ids, use_cache=False)
+    extra = {}
+    if model.config._attn_implementation == DOCUMENT_SDPA:
+        extra["document_layout"] = document_layout(micro_batch.lengths).to(micro_batch.input_ids.device)
+    out = model(input_ids=micro_batch.input_ids, position_ids=micro_batch.position_ids, use_cache=False, **extra)
     return out.logits[0]
 
 
@@ -137,6 +162,7 @@ def inert_micro_batch(pad_token_id: int) -> MicroBatch:
         temperature=torch.ones(1),
         top_p=torch.ones(1),
         top_k=torch.zeros(1, dtype=torch.long),
+        lengths=(1,),
         num_samples=0,
     )
 

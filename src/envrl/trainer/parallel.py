@@ -17,6 +17,7 @@ from loguru import logger
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from envrl.trainer.attention import resolve_attn_implementation
 from envrl.trainer.config import TrainerConfig
 
 
@@ -62,9 +63,11 @@ def init_runtime(config: TrainerConfig) -> Runtime:
 
 def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     """Load the HF model in fp32 and place it (sharded or not) on the runtime's device."""
+    attn_implementation = resolve_attn_implementation(config.attn_implementation, runtime.device)
     model = AutoModelForCausalLM.from_pretrained(
-        config.model.name, dtype=torch.float32, attn_implementation=config.attn_implementation
+        config.model.name, dtype=torch.float32, attn_implementation=attn_implementation
     )
+    logger.info(f"attention: {attn_implementation} (trainer.attn_implementation = {config.attn_implementation!r})")
     model.config.use_cache = False
     if config.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from envrl.samples import TrainingSample
-from envrl.trainer.packing import bins_first_fit, pack, packed_logits, shard
+from envrl.trainer.attention import DOCUMENT_SDPA, document_layout, resolve_attn_implementation
+from envrl.trainer.packing import balanced_bins, pack, packed_logits, shard
 from scripts.bench.synthetic import synthetic_samples
 from scripts.tiny_model import DEFAULT_DIR
 
@@ -27,10 +28,24 @@ def sample(prompt: int, completion: int, first_id: int = 5) -> TrainingSample:
 
 def test_bins_respect_the_budget_and_hold_every_index_once():
     lengths = [7, 3, 9, 1, 4, 4, 10, 2]
-    bins = bins_first_fit(lengths, max_tokens=10)
+    bins = balanced_bins(lengths, max_tokens=10)
     assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in b) <= 10 for b in bins)
-    assert len(bins) == 4  # 40 tokens in bins of 10: first-fit decreasing packs them tight
+    assert len(bins) == 4  # 40 tokens in bins of 10: filled longest first into the emptiest, they pack tight
+
+
+def test_bins_come_out_about_equal_and_longest_first_within_each():
+    lengths = [30, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5]
+    bins = balanced_bins(lengths, max_tokens=50)
+    assert sorted(sum(lengths[i] for i in b) for b in bins) == [40, 40]  # first-fit would give 50 + 30
+    assert all(lengths[b[j]] >= lengths[b[j + 1]] for b in bins for j in range(len(b) - 1))
+
+
+def test_bin_count_is_a_multiple_of_the_ranks_when_the_batch_fills_that_many():
+    lengths = [6] * 10
+    assert len(balanced_bins(lengths, max_tokens=30, multiple_of=4)) == 4
+    assert len(balanced_bins(lengths, max_tokens=30)) == 2
+    assert len(balanced_bins([6, 6], max_tokens=30, multiple_of=4)) == 2  # no empty bins
 
 
 def test_positions_restart_per_sample_and_first_tokens_are_not_trained():
@@ -86,16 +101,46 @@ def test_every_rank_gets_the_same_number_of_micro_batches():
     assert all(not mb.loss_mask.any() for s in shards for mb in s if mb.num_samples == 0)
 
 
-@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def mixed_lengths_samples() -> list[TrainingSample]:
+    """Lengths that `document_sdpa` runs both as padded groups and as a lone sample."""
+    samples = synthetic_samples(7, seed=2) + synthetic_samples(1, prompt_len=(90, 90), seed=3)
+    (mb,) = pack(samples, max_tokens=4096, normalize="token")
+    counts = [g.count for g in document_layout(mb.lengths).groups]
+    assert 1 in counts and max(counts) > 1, counts
+    return samples
+
+
+@pytest.mark.parametrize("attn_implementation", [DOCUMENT_SDPA, "sdpa", "eager"])
 def test_packed_forward_matches_separate_forwards(attn_implementation):
     model = AutoModelForCausalLM.from_pretrained(
         DEFAULT_DIR, dtype=torch.float32, attn_implementation=attn_implementation
     ).eval()
-    samples = synthetic_samples(3, seed=2)
-    (mb,) = pack(samples, max_tokens=4096, normalize="token")
+    (mb,) = pack(mixed_lengths_samples(), max_tokens=4096, normalize="token")
     with torch.no_grad():
         packed = packed_logits(model, mb)
         starts = (mb.position_ids[0] == 0).nonzero().flatten().tolist() + [mb.num_tokens]
         for start, end in pairwise(starts):
             alone = model(input_ids=mb.input_ids[:, start:end]).logits[0]
             assert torch.allclose(packed[start:end], alone, atol=1e-5)
+
+
+def test_document_attention_gradients_match_separate_backwards():
+    """Padding inside a group must add nothing: grads of the packed loss equal the sum of each
+    sample's own (fp32, summed over 8 samples: agreement to 1e-5 of the largest grad)."""
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32, attn_implementation=DOCUMENT_SDPA)
+    (mb,) = pack(mixed_lengths_samples(), max_tokens=4096, normalize="token")
+    packed_logits(model, mb).logsumexp(-1).sum().backward()
+    packed = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    for row in mb.input_ids[0].split(list(mb.lengths)):
+        model(input_ids=row.unsqueeze(0)).logits[0].logsumexp(-1).sum().backward()
+    for name, param in model.named_parameters():
+        scale = param.grad.abs().max().item()
+        assert torch.allclose(packed[name], param.grad, atol=1e-5 * scale, rtol=0), name
+
+
+def test_auto_attention_is_document_masked_and_flex_is_refused_on_cpu():
+    assert resolve_attn_implementation("auto", torch.device("cpu")) == DOCUMENT_SDPA
+    assert resolve_attn_implementation("sdpa", torch.device("cpu")) == "sdpa"
+    with pytest.raises(ValueError, match="flex_attention.*cannot train on CPU"):
+        resolve_attn_implementation("flex_attention", torch.device("cpu"))
