@@ -43,6 +43,15 @@ def _json_value(value: Any) -> Any:
     return value
 
 
+def metric_float(value: Any) -> float:
+    """A value read back from `metrics.jsonl` as a float: NaN for what is missing, not a number,
+    or written as a string because JSON has no NaN (`"nan"`, `"inf"` come back as floats)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 class MetricsSink:
     """Appends metric lines to `path` and mirrors them to wandb; call `close()` at the end."""
 

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from loguru import logger
 
 from envrl.layout import metrics_file
+from envrl.metrics import metric_float
 
 Record = dict[str, Any]
 
@@ -67,14 +68,6 @@ class MetricsTail:
         return records
 
 
-def _num(value: Any) -> float:
-    """A metric as a float: NaN for what is missing or not a number (`"nan"` strings included)."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _fmt(value: float, spec: str = ".3f") -> str:
     return "n/a" if math.isnan(value) else format(value, spec)
 
@@ -97,7 +90,7 @@ def _per_env(record: Record, prefix: str, key: str) -> dict[str, float]:
     for name, value in record.items():
         parts = name.split("/")
         if len(parts) == 3 and parts[0] == prefix and parts[2] == key:
-            out[parts[1]] = _num(value)
+            out[parts[1]] = metric_float(value)
     return out
 
 
@@ -128,7 +121,7 @@ class ProgressBoard:
             for env, reward in _per_env(record, "eval", "reward").items():
                 self._evals[env] = (step, reward)
             return None
-        if process != "trainer" or step in self._printed or _num(record.get("time")) < self.since:
+        if process != "trainer" or step in self._printed or metric_float(record.get("time")) < self.since:
             return None
         self._printed.add(step)
         return self._line(step, record, self._orchestrator.pop(step, {}))
@@ -147,11 +140,13 @@ class ProgressBoard:
     def _wall(self, trainer: Record) -> float:
         """Wall time of this step: since the previous step's trainer line, or (for the first one
         seen) the trainer's own wait + compute + publish."""
-        end = _num(trainer.get("time"))
+        end = metric_float(trainer.get("time"))
         if self._last_end is not None:
             wall = end - self._last_end
         else:
-            wall = sum(_num(trainer.get(f"trainer/{k}")) for k in ("wait_time_s", "step_time_s", "publish_time_s"))
+            wall = sum(
+                metric_float(trainer.get(f"trainer/{k}")) for k in ("wait_time_s", "step_time_s", "publish_time_s")
+            )
         self._last_end = end
         return wall
 
@@ -164,17 +159,17 @@ class ProgressBoard:
         evals = ", ".join(f"{env} {_fmt(r)} @{at}" for env, (at, r) in self._evals.items()) or "none yet"
         gen = [v for v in _per_env(orchestrator, "train", "time_generation").values() if not math.isnan(v)]
         split = (
-            f"{_fmt(wall, '.1f')} s (wait batch {_fmt(_num(trainer.get('trainer/wait_time_s')), '.1f')}, "
-            f"train {_fmt(_num(trainer.get('trainer/step_time_s')), '.1f')}, "
-            f"publish {_fmt(_num(trainer.get('trainer/publish_time_s')), '.1f')}"
+            f"{_fmt(wall, '.1f')} s (wait batch {_fmt(metric_float(trainer.get('trainer/wait_time_s')), '.1f')}, "
+            f"train {_fmt(metric_float(trainer.get('trainer/step_time_s')), '.1f')}, "
+            f"publish {_fmt(metric_float(trainer.get('trainer/publish_time_s')), '.1f')}"
             + (f", gen {sum(gen) / len(gen):.1f}/rollout" if gen else "")
             + ")"
         )
-        errors = _num(orchestrator.get("train/error_rate"))
+        errors = metric_float(orchestrator.get("train/error_rate"))
         inflight = orchestrator.get("inflight", "n/a")
         return (
             f"step {step} ({step + 1}/{self.total}) | reward {reward} | eval {evals} | {split} | in-flight {inflight} | "
-            f"lag {_fmt(_num(trainer.get('trainer/staleness_mean')), '.2f')} | "
+            f"lag {_fmt(metric_float(trainer.get('trainer/staleness_mean')), '.2f')} | "
             f"errors {_fmt(errors * 100, '.0f')}% | ETA {duration(self.eta())}"
         )
 

@@ -11,7 +11,6 @@ run goes on. Every sample of a batch is attached to exactly one rollout, the one
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -29,6 +28,7 @@ from envrl.layout import (
     train_rollouts_file,
     weights_root,
 )
+from envrl.metrics import metric_float
 from envrl.orchestrator.jsonl import parse_trace_line
 from envrl.samples import BatchError, TrainingSample, read_batch
 from envrl.traces import Split, Trace
@@ -68,17 +68,9 @@ def read_metrics(output_dir: Path) -> list[Record]:
     return records
 
 
-def as_float(value: Any) -> float:
-    """A metric value as a float; NaN for what JSON could not hold (`"nan"`) or is not a number."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def series(records: list[Record], key: str) -> tuple[list[int], list[float]]:
     """Steps and values of `key`, the last line winning when a step was logged twice."""
-    by_step = {r["step"]: as_float(r[key]) for r in records if key in r}
+    by_step = {r["step"]: metric_float(r[key]) for r in records if key in r}
     steps = sorted(by_step)
     return steps, [by_step[s] for s in steps]
 

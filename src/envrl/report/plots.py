@@ -19,7 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.axes import Axes  # noqa: E402
 
 from envrl.atomic import atomic_write_text  # noqa: E402
-from envrl.report.data import Record, as_float, env_names, series  # noqa: E402
+from envrl.metrics import metric_float  # noqa: E402
+from envrl.report.data import Record, env_names, series  # noqa: E402
 
 TIME_SPLIT = {
     "trainer/wait_time_s": "trainer waits for the batch (rollouts, scoring, batching)",
@@ -72,10 +73,10 @@ def _time_split(ax: Axes, records: list[Record]) -> bool:
         return False
     bottom = [0.0] * len(steps)
     for key, label in TIME_SPLIT.items():
-        values = [0.0 if math.isnan(v := as_float(trainer[s].get(key))) else v for s in steps]
+        values = [0.0 if math.isnan(v := metric_float(trainer[s].get(key))) else v for s in steps]
         ax.bar(steps, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ends = [as_float(trainer[s].get("time")) for s in steps]
+    ends = [metric_float(trainer[s].get("time")) for s in steps]
     other = [max(ends[i] - ends[i - 1] - bottom[i], 0.0) if i else 0.0 for i in range(len(steps))]
     ax.bar(steps, other, bottom=bottom, label="unaccounted (wall time between trainer steps minus the above)")
     ax.set_ylabel("seconds")
