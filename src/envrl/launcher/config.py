@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
 from envrl.inference.config import InferenceConfig
+from envrl.launcher.cpus import CpusConfig
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
 from envrl.net import is_loopback_host
@@ -48,6 +49,7 @@ class RLConfig(BaseConfig):
     shutdown_grace: float = Field(15.0, gt=0)
     """Seconds each process gets to exit after SIGTERM before it is killed."""
     log: LogConfig = LogConfig()
+    cpus: CpusConfig = CpusConfig()
     trainer: TrainerConfig = TrainerConfig()
     orchestrator: OrchestratorConfig
     inference: InferenceConfig = InferenceConfig()

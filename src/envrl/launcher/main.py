@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
+import os
 import shutil
 import signal
 import socket
@@ -31,6 +32,7 @@ from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.inference.server import wait_until_serving
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.console import RunConsole
+from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
@@ -59,7 +61,9 @@ def _raise_interrupted(signum: int, _frame: object) -> NoReturn:
 def dry_run_text(rl: RLConfig) -> str:
     run = resolve_run(rl)
     parts = [f"# {name}\n{config_to_toml(config)}" for name, config in _process_configs(run).items()]
-    return "\n".join(parts)
+    plan = plan_cpus(rl.cpus, usable_cores(), vllm_is_cpu_build())
+    placement = "not pinned" if plan is None else f"inference on {plan.inference}, trainer on {plan.trainer}"
+    return "\n".join([*parts, f"# cpus: {placement}"])
 
 
 def _process_configs(run: ResolvedRun) -> dict[str, BaseModel]:
@@ -97,6 +101,7 @@ def run_training(argv: Sequence[str]) -> None:
     rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text, epilog=epilog)
     try:
         run = resolve_run(rl)
+        cpus = plan_cpus(rl.cpus, usable_cores(), vllm_is_cpu_build())
         _prepare_output_dir(rl)
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
@@ -111,7 +116,7 @@ def run_training(argv: Sequence[str]) -> None:
     code = 0
     try:
         _check_ports(run)
-        _start(run, config_files, rl.output_dir, supervisor)
+        _start(run, config_files, rl.output_dir, supervisor, cpus)
         console.start()
         supervisor.watch(until={"trainer", "orchestrator"})
         console.stop()
@@ -173,15 +178,18 @@ def _check_ports(run: ResolvedRun) -> None:
         )
 
 
-def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supervisor) -> None:
+def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supervisor, cpus: CpuPlan | None) -> None:
     python = sys.executable
     logs = layout.logs_dir(out)
+    if cpus is not None:
+        logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
     logger.info("starting inference server (vLLM; about a minute on CPU)")
     inference = supervisor.add(
         spawn(
             [python, "-m", "envrl.inference.main", "--config", str(files["inference"])],
             name="inference",
             log_file=logs / "inference.log",
+            env=None if cpus is None else {**os.environ, **cpus.inference_env()},
         )
     )
     for server in run.env_servers:
@@ -193,13 +201,15 @@ def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supe
         supervisor.add(child, respawn=partial(_restart_sidecar, argv, name, log_file), restarts=server.restarts)
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
     wait_until_serving(inference, run.inference.base_url, INFERENCE_READY_TIMEOUT, also_check=supervisor.check)
-    supervisor.add(
-        spawn(
-            [python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])],
-            name="trainer",
-            log_file=logs / "trainer.log",
-        )
+    trainer = spawn(
+        [python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])],
+        name="trainer",
+        log_file=logs / "trainer.log",
+        env=None if cpus is None else {**os.environ, **cpus.trainer_env()},
     )
+    if cpus is not None:
+        pin(trainer.popen.pid, cpus.trainer)
+    supervisor.add(trainer)
     supervisor.add(
         spawn(
             [python, "-m", "envrl.orchestrator.main", "--config", str(files["orchestrator"])],

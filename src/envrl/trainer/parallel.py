@@ -57,7 +57,10 @@ def init_runtime(config: TrainerConfig) -> Runtime:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     torch.manual_seed(config.seed)
     runtime = Runtime(rank=rank, world_size=world_size, device=device, sharded=sharded, compute_dtype=dtype)
-    logger.info(f"trainer rank {rank}/{world_size} on {device} (sharded: {sharded}, compute dtype: {dtype})")
+    logger.info(
+        f"trainer rank {rank}/{world_size} on {device} (sharded: {sharded}, compute dtype: {dtype}; "
+        f"{torch.get_num_threads()} torch threads on cores {sorted(os.sched_getaffinity(0))})"
+    )
     return runtime
 
 

@@ -43,7 +43,8 @@ def test_dry_run_prints_every_process_config(capsys: pytest.CaptureFixture[str])
         main([*ONE_ENV, "--dry-run"])
     assert exit_info.value.code == 0
     headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("# ")]
-    assert headers == ["# inference", "# trainer", "# orchestrator", "# envs/train/reverse-text"]
+    assert headers[:-1] == ["# inference", "# trainer", "# orchestrator", "# envs/train/reverse-text"]
+    assert headers[-1].startswith("# cpus: ")  # the cores each compute process gets here
 
 
 def test_an_earlier_run_in_output_dir_needs_resume_or_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
