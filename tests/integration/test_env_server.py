@@ -195,7 +195,15 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
             "d",
         ),
         "bad sampling": (
-            [pack({"id": "e", "method": "run_rollout", "params": {"task_idx": 0, "client": SCRIPTED, "sampling": {}}})],
+            [
+                pack(
+                    {
+                        "id": "e",
+                        "method": "run_rollout",
+                        "params": {"task_idx": 0, "client": SCRIPTED, "sampling": {"max_tokens": "many"}},
+                    }
+                )
+            ],
             "bad_request",
             "e",
         ),
