@@ -109,9 +109,7 @@ def read_ledger_file(path: Path) -> list[LedgerSpan]:
             spans.append(LedgerSpan.model_validate_json(line))
         except ValidationError:
             logger.warning(f"{path}:{number}: not a ledger span (cut by a crash?); skipped")
-    last: dict[int, float] = {}
-    for span in spans:
-        last[span.step] = max(last.get(span.step, span.run), span.run)
+    last = {span.step: span.run for span in spans}  # file order: a resumed writer appends after
     return [span for span in spans if span.run == last[span.step]]
 
 

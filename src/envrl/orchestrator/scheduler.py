@@ -143,7 +143,7 @@ class Scheduler:
             ]
             if not phases:
                 continue
-            ids = {"rollout": i, "task": group.task_idx}
+            ids = {"rollout": i, "task": group.task_idx, "seed": group.seed}
             self.ledger.record("rollout", step, group.dispatched, phases[-1][1].end, process=track, **ids)
             self.ledger.record("env_queue", step, group.dispatched, phases[0][1].start, process=track, **ids)
             for name, span in phases:

@@ -115,20 +115,21 @@ def step_splits(spans: list[LedgerSpan]) -> list[StepSplit]:
 
 def chrome_trace(spans: list[LedgerSpan]) -> dict[str, Any]:
     """The spans as Chrome trace events: one process (track) per ledger `process`, its spans on
-    as few rows (threads) as keep them properly nested; times in microseconds from the first span."""
+    as few rows (threads) as keep them properly nested, a span nested only in one of the same
+    step and extras (one rollout's phases in that rollout); times in microseconds from the first span."""
     events: list[dict[str, Any]] = []
     if not spans:
         return {"traceEvents": events, "displayTimeUnit": "ms"}
     origin = min(s.start for s in spans)
     for pid, process in enumerate(sorted({s.process for s in spans}), 1):
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process}})
-        rows: list[list[float]] = []  # per row, the ends of the spans still open on it, outermost first
+        rows: list[list[LedgerSpan]] = []  # per row, the spans still open on it, outermost first
         for span in sorted((s for s in spans if s.process == process), key=lambda s: (s.start, -s.end)):
             row = next((i for i, ends in enumerate(rows) if _fits(ends, span)), None)
             if row is None:
                 rows.append([])
                 row = len(rows) - 1
-            rows[row].append(span.end)
+            rows[row].append(span)
             args = {"step": span.step, **(span.model_extra or {})}
             events.append(
                 {
@@ -145,8 +146,12 @@ def chrome_trace(spans: list[LedgerSpan]) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def _fits(ends: list[float], span: LedgerSpan) -> bool:
+def _fits(open_spans: list[LedgerSpan], span: LedgerSpan) -> bool:
     """Close the spans of a row that ended before `span`; True if `span` nests in what stays open."""
-    while ends and ends[-1] <= span.start:
-        ends.pop()
-    return not ends or span.end <= ends[-1]
+    while open_spans and open_spans[-1].end <= span.start:
+        open_spans.pop()
+    if not open_spans:
+        return True
+    parent = open_spans[-1]
+    same = parent.step == span.step and parent.model_extra == span.model_extra and parent.name != span.name
+    return same and span.end <= parent.end
