@@ -245,9 +245,12 @@ class Orchestrator:
             with self.ledger.span("wait_rollouts", step):
                 groups = await self.scheduler.collect(step, self.policy.current)
             with self.ledger.span("batching", step):
-                samples = self._to_samples(step, groups)
-                self._report(step, groups, samples, time.monotonic() - started)
-                self._publish(step, samples)
+                with self.ledger.span("samples", step):
+                    samples = self._to_samples(step, groups)
+                with self.ledger.span("metrics", step):
+                    self._report(step, groups, samples, time.monotonic() - started)
+                with self.ledger.span("publish_batch", step):
+                    self._publish(step, samples)
         self.ledger.flush()
 
     def _to_samples(self, step: int, groups: list[Group]) -> list[TrainingSample]:
