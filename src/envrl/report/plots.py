@@ -82,6 +82,23 @@ def _time_split(ax: Axes, run: Run) -> bool:
             ax.bar(steps, values, bottom=bottom, label=label, color=colour)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("seconds")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    typical = sorted(bottom)[(len(bottom) - 1) * 9 // 10]
+    if max(bottom) > 3 * typical > 0:  # a start-up step would flatten every other bar: cut it, say its height
+        top = 2 * typical
+        ax.set_ylim(0, top)
+        for step, total in zip(steps, bottom, strict=True):
+            if total > top:
+                ax.text(
+                    step,
+                    top * 0.97,
+                    f"{total:.1f} s",
+                    ha="center",
+                    va="top",
+                    fontsize=6,
+                    rotation=90,
+                    backgroundcolor="white",
+                )
     return True
 
 
@@ -154,7 +171,8 @@ def write_plots(run: Run, out: Path) -> list[tuple[str, str]]:
             if plot.draw(ax, run):
                 ax.set_xlabel("step")
                 ax.grid(alpha=0.3)
-                ax.legend(fontsize=7, loc="best")
+                if ax.get_legend() is None:
+                    ax.legend(fontsize=7, loc="best")
             else:
                 ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
             ax.set_title(plot.title, fontsize=10)
