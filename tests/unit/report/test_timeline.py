@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from envrl.ledger import Ledger, read_ledger
+from envrl.report.main import write_report
 from envrl.report.timeline import PARTS, chrome_trace, step_splits
+from tests.unit.report.runs import write_metrics
 
 T0 = 1_700_000_000.0  # wall-clock seconds, as time.time() gives them
 
@@ -88,3 +90,13 @@ def test_the_chrome_trace_has_a_track_per_process_with_nested_spans_on_one_row(t
         for o in row:  # spans sharing a row are disjoint or nested
             a, b = (e["ts"], e["ts"] + e["dur"]), (o["ts"], o["ts"] + o["dur"])
             assert a[1] <= b[0] or b[1] <= a[0] or (a[0] <= b[0] and b[1] <= a[1]) or (b[0] <= a[0] and a[1] <= b[1])
+
+
+def test_the_report_writes_the_ledger_as_timeline_json(tmp_path: Path) -> None:
+    write_metrics(tmp_path, 2)
+    write_two_steps(tmp_path)
+    report = write_report(tmp_path).parent
+
+    timeline = json.loads((report / "timeline.json").read_text())
+    assert timeline == json.loads(json.dumps(chrome_trace(read_ledger(tmp_path))))
+    assert (report / "plots" / "time_split.png").stat().st_size > 0
