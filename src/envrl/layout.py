@@ -39,6 +39,12 @@ def metrics_file(output_dir: Path) -> Path:
     return Path(output_dir) / "metrics.jsonl"
 
 
+def ledger_file(output_dir: Path, writer: str) -> Path:
+    """The time ledger of process `writer`, one span per JSON line: `<output_dir>/ledger/<writer>.jsonl`
+    (every `*.jsonl` there is one writer's: `envrl.ledger.read_ledger` reads them all)."""
+    return Path(output_dir) / "ledger" / f"{writer}.jsonl"
+
+
 def rollouts_root(output_dir: Path) -> Path:
     """Batches (`step_<n>/`) and rollout logs: `<output_dir>/rollouts/`."""
     return Path(output_dir) / "rollouts"

@@ -1,10 +1,12 @@
 """The report of the shared smoke run (written by `rl` at its end), opened in a real headless
 chromium from file://: the plots load, and the trace browser lists the step's rollouts with the
-masks and tokens of the batch files.
+masks and tokens of the batch files. The run's time ledger accounts for its steps' wall time and
+its timeline.json is a trace-event file with a track per process.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -14,13 +16,17 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from envrl.layout import batch_dir, train_rollouts_file
+from envrl.layout import batch_dir, report_dir, train_rollouts_file
+from envrl.ledger import read_ledger
 from envrl.report.plots import PLOTS
+from envrl.report.timeline import step_splits
 from envrl.samples import read_batch
 from tests.integration.smoke import SmokeRun
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install -y chromium; .ci/run does)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs chromium (apt-get install -y chromium; .ci/run does)"
+)
 
 
 def chromium(tmp_path: Path, url: str, *flags: str) -> str:
@@ -42,6 +48,7 @@ def rollout_lines(out: Path, step: int) -> int:
     return sum(f'"step": {step},' in line for line in train_rollouts_file(out).read_text().splitlines())
 
 
+@needs_chromium
 def test_trace_browser_lists_the_steps_rollouts_with_the_batch_masks(smoke_run: SmokeRun, tmp_path: Path) -> None:
     assert smoke_run.code == 0, smoke_run.console[-3000:]
     # A step whose every rollout became one sample: then rollout i is the batch's sample i.
@@ -64,6 +71,7 @@ def test_trace_browser_lists_the_steps_rollouts_with_the_batch_masks(smoke_run: 
         assert "messages" in unescape(detail.group(0))
 
 
+@needs_chromium
 def test_screenshot_shows_the_plots(smoke_run: SmokeRun, tmp_path: Path) -> None:
     assert smoke_run.code == 0, smoke_run.console[-3000:]
     shot = tmp_path / "report.png"
@@ -74,3 +82,28 @@ def test_screenshot_shows_the_plots(smoke_run: SmokeRun, tmp_path: Path) -> None
     blue = (abs(pixels[:, :, 0] - 0x1F / 255) < 0.05) & (abs(pixels[:, :, 1] - 0x77 / 255) < 0.05)
     blue &= abs(pixels[:, :, 2] - 0xB4 / 255) < 0.05
     assert blue.sum() > 2000, f"only {blue.sum()} plot-blue pixels: the plots are not on the screenshot"
+
+
+def test_the_ledger_accounts_for_95_percent_of_every_steps_wall_time(smoke_run: SmokeRun) -> None:
+    assert smoke_run.code == 0, smoke_run.console[-3000:]
+    splits = step_splits(read_ledger(smoke_run.out))
+    assert [split.step for split in splits] == list(range(40))
+    # Step 0 is left out: its wall time starts when the trainer first waits, while the orchestrator
+    # process may still be importing, before it can record anything (its `start` span follows).
+    short = {
+        split.step: f"{split.accounted:.1%} of {split.wall:.2f} s" for split in splits[1:] if split.accounted < 0.95
+    }
+    assert not short, f"steps whose wall time the ledger explains less than 95% of: {short}"
+
+
+def test_timeline_json_is_trace_events_with_a_track_per_process(smoke_run: SmokeRun) -> None:
+    assert smoke_run.code == 0, smoke_run.console[-3000:]
+    events = json.loads((report_dir(smoke_run.out) / "timeline.json").read_text())["traceEvents"]
+    tracks = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(tracks.values()) == ["env learnable", "inference", "orchestrator", "trainer"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == set(tracks)
+    for e in spans:
+        assert isinstance(e["name"], str) and e["tid"] >= 1 and e["ts"] >= 0 and e["dur"] >= 0, e
+    trained = {e["args"]["step"] for e in spans if tracks[e["pid"]] == "trainer" and e["name"] == "compute"}
+    assert trained == set(range(40))

@@ -33,6 +33,7 @@ from envrl.layout import (
     rollouts_root,
     train_rollouts_file,
 )
+from envrl.ledger import Ledger
 from envrl.metrics import MetricsSink
 from envrl.orchestrator.advantage import group_advantages
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
@@ -114,6 +115,7 @@ class Orchestrator:
             config=config.model_dump(mode="json"),
             resume_step=self.start_step if config.resume else None,
         )
+        self.ledger = Ledger.of(self.output_dir, "orchestrator")
         train = [self._make_env(env, "train") for env in config.envs]
         self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
         self.eval_envs = EvalEnvs([self._make_env(env, "eval") for env in config.eval_envs])
@@ -123,6 +125,7 @@ class Orchestrator:
             max_async_level=config.max_async_level,
             timeout=config.weights_timeout,
             keep=config.keep_weights,
+            ledger=self.ledger,
         )
         shape = BatchShape(
             group_size=config.group_size,
@@ -138,6 +141,7 @@ class Orchestrator:
             counters=self.counters,
             dispatched=resumed.dispatched if resumed else 0,
             requeued=resumed.pending if resumed else (),
+            ledger=self.ledger,
         )
         self.evals = BackgroundEvals()
         self.seq_counts: dict[str, SeqLenCounts] = {}
@@ -148,7 +152,8 @@ class Orchestrator:
         """Start, publish a batch per step, evaluate the final policy, and always close."""
         config = self.config
         try:
-            await self._start()
+            with self.ledger.span("start", self.start_step):
+                await self._start()
             for step in range(self.start_step, config.max_steps):
                 await self._step(step)
             await self._final_evals()
@@ -211,6 +216,7 @@ class Orchestrator:
         await asyncio.gather(*(env.shutdown() for env in self._all_envs), return_exceptions=True)
         await self.inference.aclose()
         self.metrics.close()
+        self.ledger.close()
 
     def _publish(self, step: int, samples: list[TrainingSample]) -> None:
         """Batch `step` and the state after it, in one rename: the commit point of the step."""
@@ -228,17 +234,24 @@ class Orchestrator:
     async def _step(self, step: int) -> None:
         self.evals.raise_failure()
         started = time.monotonic()
-        await self.policy.ensure(step)
-        for group in self.scheduler.drop_stale(step):
-            self._append_rollouts(
-                train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces
-            )
-        for env in self.eval_envs.due(step):
-            self.evals.start(self._evaluate(env, step, self.policy.current))
-        groups = await self.scheduler.collect(step, self.policy.current)
-        samples = self._to_samples(step, groups)
-        self._report(step, groups, samples, time.monotonic() - started)
-        self._publish(step, samples)
+        with self.ledger.span("step", step):
+            await self.policy.ensure(step)
+            for group in self.scheduler.drop_stale(step):
+                self._append_rollouts(
+                    train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces
+                )
+            for env in self.eval_envs.due(step):
+                self.evals.start(self._evaluate(env, step, self.policy.current))
+            with self.ledger.span("wait_rollouts", step):
+                groups = await self.scheduler.collect(step, self.policy.current)
+            with self.ledger.span("batching", step):
+                with self.ledger.span("samples", step):
+                    samples = self._to_samples(step, groups)
+                with self.ledger.span("metrics", step):
+                    self._report(step, groups, samples, time.monotonic() - started)
+                with self.ledger.span("publish_batch", step):
+                    self._publish(step, samples)
+        self.ledger.flush()
 
     def _to_samples(self, step: int, groups: list[Group]) -> list[TrainingSample]:
         samples: list[TrainingSample] = []

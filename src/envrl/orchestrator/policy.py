@@ -17,6 +17,7 @@ from loguru import logger
 
 from envrl.inference.client import InferenceClient
 from envrl.layout import published_steps, weights_dir, weights_root
+from envrl.ledger import Ledger
 
 POLL_INTERVAL = 0.1
 
@@ -31,6 +32,7 @@ class PolicyTracker:
         timeout: float,
         keep: int,
         current: int = 0,
+        ledger: Ledger | None = None,
     ) -> None:
         self.inference = inference
         self.output_dir = output_dir
@@ -41,6 +43,8 @@ class PolicyTracker:
         """The policy the inference server serves (0: the initial model)."""
         self.waited = 0.0
         """Seconds spent waiting for the trainer in the last `ensure` call."""
+        self.ledger = ledger or Ledger(None, "orchestrator")
+        """Records `wait_policy` and the inference server's `reload_weights` pause."""
 
     def latest_published(self) -> int:
         steps = published_steps(weights_root(self.output_dir))
@@ -49,7 +53,7 @@ class PolicyTracker:
     async def ensure(self, step: int) -> None:
         """Serve the newest published policy; wait for the trainer if it is below the bound."""
         required = step - self.max_async_level
-        start = time.monotonic()
+        start, wall_start = time.monotonic(), time.time()
         next_report = start + 30.0
         while self.latest_published() < required:
             now = time.monotonic()
@@ -63,9 +67,11 @@ class PolicyTracker:
                 next_report = now + 30.0
             await asyncio.sleep(POLL_INTERVAL)
         self.waited = time.monotonic() - start
+        self.ledger.record("wait_policy", step, wall_start, time.time())
         latest = self.latest_published()
         if latest > self.current:
-            await self._load(latest)
+            with self.ledger.span("reload_weights", step, process="inference", policy=latest):
+                await self._load(latest)
 
     async def _load(self, step: int) -> None:
         path = weights_dir(self.output_dir, step)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from envrl.ledger import Ledger
 from envrl.orchestrator.envs import Env, TrainEnvs
 from envrl.orchestrator.seeds import train_group_seed
 from envrl.orchestrator.state import PendingGroup
@@ -31,6 +33,8 @@ class Group:
     seed: int
     policy_step: int
     traces: list[Trace]
+    dispatched: float = field(default_factory=time.time)
+    """When it was dispatched (wall clock, as the ledger and Trace.timing)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class Scheduler:
         counters: Counter[str],
         dispatched: int = 0,
         requeued: Sequence[PendingGroup] = (),
+        ledger: Ledger | None = None,
     ) -> None:
         self.envs = envs
         self.shape = shape
@@ -71,6 +76,8 @@ class Scheduler:
         self._requeued = list(requeued)
         self._inflight: dict[asyncio.Task[list[Trace]], Group] = {}
         self._ready: list[Group] = []
+        self.ledger = ledger or Ledger(None, "orchestrator")
+        """Where `collect` records dispatching and each batched rollout's phases."""
 
     @property
     def inflight_rollouts(self) -> int:
@@ -113,14 +120,35 @@ class Scheduler:
         """The next batch's groups (finished first, first), dispatching as room frees up."""
         per_step = self.shape.groups_per_step
         while len(self._ready) < per_step:
-            self.dispatch(step, policy)
+            with self.ledger.span("dispatch", step):
+                self.dispatch(step, policy)
             done, _ = await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 group = self._inflight.pop(task)
                 group.traces = task.result()
                 self._ready.append(group)
         batch, self._ready = self._ready[:per_step], self._ready[per_step:]
+        for group in batch:
+            self._record_rollouts(group, step)
         return batch
+
+    def _record_rollouts(self, group: Group, step: int) -> None:
+        """Each rollout's phases as its env worker timed them (`Trace.timing`), seen from here with
+        no extra IPC: `env_queue` from dispatch to the worker's start (transport and retries
+        included), then setup, generation (on the `inference` track) and scoring."""
+        track = f"env {group.env.name}"
+        for i, trace in enumerate(group.traces):
+            phases = [
+                (name, span) for name in ("setup", "generation", "scoring") if (span := getattr(trace.timing, name))
+            ]
+            if not phases:
+                continue
+            ids = {"rollout": i, "task": group.task_idx, "seed": group.seed}
+            self.ledger.record("rollout", step, group.dispatched, phases[-1][1].end, process=track, **ids)
+            self.ledger.record("env_queue", step, group.dispatched, phases[0][1].start, process=track, **ids)
+            for name, span in phases:
+                where = "inference" if name == "generation" else track
+                self.ledger.record(name, step, span.start, span.end, process=where, **ids)
 
     def drop_stale(self, step: int) -> list[Group]:
         """Cancel in-flight groups and drop finished ones that `step` may no longer train on; the

@@ -19,6 +19,7 @@ from loguru import logger
 
 from envrl import layout
 from envrl.atomic import atomic_write_text
+from envrl.ledger import read_ledger
 from envrl.report.data import (
     Detokenizer,
     eval_lines,
@@ -29,7 +30,8 @@ from envrl.report.data import (
     train_lines,
 )
 from envrl.report.page import fingerprint, step_summary, write_index, write_step
-from envrl.report.plots import write_plots
+from envrl.report.plots import Run, write_plots
+from envrl.report.timeline import chrome_trace, step_splits
 
 
 def write_report(output_dir: Path) -> Path:
@@ -42,7 +44,9 @@ def write_report(output_dir: Path) -> Path:
         )
     started = time.monotonic()
     out = layout.report_dir(output_dir)
-    plots = write_plots(read_metrics(output_dir), out / "plots")
+    spans = read_ledger(output_dir)
+    plots = write_plots(Run(read_metrics(output_dir), step_splits(spans)), out / "plots")
+    atomic_write_text(out / "timeline.json", json.dumps(chrome_trace(spans)))
     manifest_path = out / "steps" / "manifest.json"
     manifest = _read_manifest(manifest_path)
     detok: Detokenizer | None = None

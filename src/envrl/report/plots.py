@@ -1,4 +1,5 @@
-"""The report's PNG plots, drawn with matplotlib's Agg backend from `metrics.jsonl` lines.
+"""The report's PNG plots, drawn with matplotlib's Agg backend from `metrics.jsonl` lines and,
+for the time split, from the time ledger (`report/timeline.py`).
 
 Guarantee: every plot in `PLOTS` is written (an empty one says "no data yet"), each file replaced
 in one rename, so a page opened during a run shows the old or the new image, never half of one.
@@ -7,7 +8,6 @@ in one rename, so a page opened during a run shows the old or the new image, nev
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,22 +19,25 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.axes import Axes  # noqa: E402
 
 from envrl.atomic import atomic_write_text  # noqa: E402
-from envrl.metrics import metric_float  # noqa: E402
 from envrl.report.data import Record, env_names, series  # noqa: E402
+from envrl.report.timeline import PARTS, StepSplit  # noqa: E402
 
-TIME_SPLIT = {
-    "trainer/wait_time_s": "trainer waits for the batch (rollouts, scoring, batching)",
-    "trainer/step_time_s": "training (forward, backward, optimizer)",
-    "trainer/publish_time_s": "weight publish (+ checkpoint)",
-}
-"""The parts of a step's wall time the metrics carry today, bottom to top of the stacked chart."""
+
+@dataclass(frozen=True)
+class Run:
+    """What the plots are drawn from."""
+
+    records: list[Record]
+    """`metrics.jsonl` lines."""
+    splits: list[StepSplit]
+    """Each step's wall time split by the time ledger."""
 
 
 @dataclass(frozen=True)
 class Plot:
     name: str
     title: str
-    draw: Callable[[Axes, list[Record]], bool]
+    draw: Callable[[Axes, Run], bool]
     """Draws on the axes; False when there was nothing to draw."""
 
 
@@ -48,10 +51,10 @@ def _lines(ax: Axes, records: list[Record], keys: dict[str, str], style: str = "
     return drawn
 
 
-def _keys(*builders: Callable[[list[Record]], dict[str, str]]) -> Callable[[Axes, list[Record]], bool]:
-    def draw(ax: Axes, records: list[Record]) -> bool:
-        keys = {k: v for build in builders for k, v in build(records).items()}
-        return _lines(ax, records, keys, "-o" if len(records) < 60 else "-")
+def _keys(*builders: Callable[[list[Record]], dict[str, str]]) -> Callable[[Axes, Run], bool]:
+    def draw(ax: Axes, run: Run) -> bool:
+        keys = {k: v for build in builders for k, v in build(run.records).items()}
+        return _lines(ax, run.records, keys, "-o" if len(run.records) < 60 else "-")
 
     return draw
 
@@ -65,30 +68,46 @@ def _labelled(prefix: str, metric: str, label: str) -> Callable[[list[Record]], 
     return lambda records: {f"{prefix}/{env}/{metric}": f"{label} {env}" for env in env_names(records, prefix)}
 
 
-def _time_split(ax: Axes, records: list[Record]) -> bool:
-    """Stacked bars of the parts of each step, plus what the parts leave of its wall time."""
-    trainer = {r["step"]: r for r in records if r.get("process") == "trainer"}
-    steps = sorted(trainer)
+def _time_split(ax: Axes, run: Run) -> bool:
+    """Stacked bars of the parts of each step (the parts that are zero in every step left out)."""
+    steps = [split.step for split in run.splits]
     if not steps:
         return False
     bottom = [0.0] * len(steps)
-    for key, label in TIME_SPLIT.items():
-        values = [0.0 if math.isnan(v := metric_float(trainer[s].get(key))) else v for s in steps]
-        ax.bar(steps, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ends = [metric_float(trainer[s].get("time")) for s in steps]
-    other = [max(ends[i] - ends[i - 1] - bottom[i], 0.0) if i else 0.0 for i in range(len(steps))]
-    ax.bar(steps, other, bottom=bottom, label="unaccounted (wall time between trainer steps minus the above)")
+    colours = plt.get_cmap("tab20").colors
+    for i, (part, label) in enumerate(PARTS.items()):
+        values = [split.parts[part] for split in run.splits]
+        if any(values):
+            colour = "black" if part == "unaccounted" else colours[i % len(colours)]
+            ax.bar(steps, values, bottom=bottom, label=label, color=colour)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("seconds")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    typical = sorted(bottom)[(len(bottom) - 1) * 9 // 10]
+    if max(bottom) > 3 * typical > 0:  # a start-up step would flatten every other bar: cut it, say its height
+        top = 2 * typical
+        ax.set_ylim(0, top)
+        for step, total in zip(steps, bottom, strict=True):
+            if total > top:
+                ax.text(
+                    step,
+                    top * 0.97,
+                    f"{total:.1f} s",
+                    ha="center",
+                    va="top",
+                    fontsize=6,
+                    rotation=90,
+                    backgroundcolor="white",
+                )
     return True
 
 
-def _throughput(ax: Axes, records: list[Record]) -> bool:
+def _throughput(ax: Axes, run: Run) -> bool:
     """Trainer tokens/s on the left axis, rollouts/s (orchestrator) on a right one: scales apart."""
-    drawn = _lines(ax, records, {"trainer/tokens_per_s": "trainer tokens/s"}, "-o")
+    drawn = _lines(ax, run.records, {"trainer/tokens_per_s": "trainer tokens/s"}, "-o")
     ax.set_ylabel("tokens/s")
     right = ax.twinx()
-    if _lines(right, records, {"perf/rollouts_per_s": "rollouts/s (right axis)"}, "s--C1"):
+    if _lines(right, run.records, {"perf/rollouts_per_s": "rollouts/s (right axis)"}, "s--C1"):
         right.set_ylabel("rollouts/s")
         right.legend(fontsize=7, loc="upper right")
         drawn = True
@@ -99,9 +118,9 @@ PLOTS = [
     Plot(
         "reward",
         "Reward per env (train: batch mean; eval: mean over eval tasks)",
-        lambda ax, r: (
-            _keys(_labelled("train", "reward", "train"))(ax, r)
-            | _lines(ax, r, _labelled("eval", "reward", "eval")(r), "s--")
+        lambda ax, run: (
+            _keys(_labelled("train", "reward", "train"))(ax, run)
+            | _lines(ax, run.records, _labelled("eval", "reward", "eval")(run.records), "s--")
         ),
     ),
     Plot("mismatch_kl", "Trainer/inference mismatch KL", _keys(_fixed({"trainer/mismatch_kl": "mismatch KL"}))),
@@ -143,16 +162,17 @@ PLOTS = [
 ]
 
 
-def write_plots(records: list[Record], out: Path) -> list[tuple[str, str]]:
+def write_plots(run: Run, out: Path) -> list[tuple[str, str]]:
     """Draw every plot into `out/<name>.png`; returns (file name, title) in page order."""
     written = []
     for plot in PLOTS:
         fig, ax = plt.subplots(figsize=(7, 3.6), dpi=90)
         try:
-            if plot.draw(ax, records):
+            if plot.draw(ax, run):
                 ax.set_xlabel("step")
                 ax.grid(alpha=0.3)
-                ax.legend(fontsize=7, loc="best")
+                if ax.get_legend() is None:
+                    ax.legend(fontsize=7, loc="best")
             else:
                 ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
             ax.set_title(plot.title, fontsize=10)

@@ -18,7 +18,8 @@ from loguru import logger
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.atomic import write_failure
-from envrl.layout import batch_dir, checkpoint_dir, weights_dir
+from envrl.layout import batch_dir, checkpoint_dir, ledger_file, weights_dir
+from envrl.ledger import Ledger
 from envrl.metrics import MetricsSink
 from envrl.samples import TrainingSample, read_batch
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
@@ -87,6 +88,8 @@ class Trainer:
             self.optimizer, lambda step: lr_factor(step, optim, config.max_steps)
         )
         self.metrics: MetricsSink | None = None
+        self.ledger = Ledger(ledger_file(config.output_dir, "trainer") if runtime.is_main else None, "trainer")
+        """The main rank's wait / compute / publish / checkpoint spans."""
 
     def start_step(self) -> int:
         """Load the checkpoint asked for (if any) and return the first step to train."""
@@ -124,29 +127,44 @@ class Trainer:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+            self.ledger.close()
 
     def run_step(self, step: int) -> dict[str, float]:
         """Wait for batch `step`, train on it, publish weights and (on the interval) a checkpoint."""
         config = self.config
         path = batch_dir(config.output_dir, step)
-        waited = wait_for_batch(path, config.batch_timeout_s, config.batch_poll_s, config.wait_log_interval_s)
-        samples = read_batch(path)
-        stats = self.train_on(step, samples, where=str(path))
+        ledger = self.ledger
+        with ledger.span("wait_batch", step):
+            waited = wait_for_batch(path, config.batch_timeout_s, config.batch_poll_s, config.wait_log_interval_s)
+        with ledger.span("read_batch", step):
+            samples = read_batch(path)
+        with ledger.span("compute", step):
+            stats = self.train_on(step, samples, where=str(path))
         start = time.perf_counter()
         done = step + 1
         target = weights_dir(config.output_dir, done)
         try:
-            publish_weights(self.model, self.tokenizer, target, self.runtime, self.base_config)
+            with ledger.span("publish", step):
+                publish_weights(self.model, self.tokenizer, target, self.runtime, self.base_config)
             if config.ckpt.interval and (done % config.ckpt.interval == 0 or done == config.max_steps):
                 target = checkpoint_dir(config.output_dir, done)
-                save_checkpoint(
-                    config.output_dir, done, self.model, self.optimizer, self.scheduler, self.runtime, config.ckpt.keep
-                )
+                with ledger.span("checkpoint", step):
+                    save_checkpoint(
+                        config.output_dir,
+                        done,
+                        self.model,
+                        self.optimizer,
+                        self.scheduler,
+                        self.runtime,
+                        config.ckpt.keep,
+                    )
         except Exception as e:  # a full disk: OSError, or RuntimeError out of torch's writers
             raise TrainingError(f"step {step}: {write_failure(target, e)}") from e
         stats.update(wait_time_s=waited, publish_time_s=time.perf_counter() - start)
-        if self.metrics is not None:
-            self.metrics.log(step, {f"trainer/{k}": v for k, v in stats.items()})
+        with ledger.span("log", step):
+            if self.metrics is not None:
+                self.metrics.log(step, {f"trainer/{k}": v for k, v in stats.items()})
+        ledger.flush()
         logger.info(
             f"step {step}: loss {stats['loss']:.4g}, entropy {stats['entropy']:.3f}, "
             f"mismatch_kl {stats['mismatch_kl']:.2e}, grad_norm {stats['grad_norm']:.3g}, "

@@ -1,0 +1,157 @@
+"""Where each training step's wall time went, from the time ledger (`envrl.ledger`), and the
+ledger as a Chrome trace-event file that Perfetto or chrome://tracing opens.
+
+Guarantee: a step's wall time runs from the end of the trainer's previous step (its last span)
+to the end of this one (the first step: from the start of its wait for the batch), and every
+instant of it is given to exactly one part of `PARTS`, so the parts sum to the wall time;
+`unaccounted` holds the instants no recorded span explains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from envrl.ledger import LedgerSpan
+
+PARTS = {
+    "generation": "rollout generation (inference)",
+    "scoring": "rollout scoring (env workers)",
+    "setup": "rollout setup (env workers)",
+    "env_queue": "rollouts queued (dispatch to env worker)",
+    "rollout_other": "waiting on rollouts, none in a phase",
+    "dispatch": "orchestrator dispatch",
+    "startup": "orchestrator start-up (inference, env servers)",
+    "wait_policy": "orchestrator waits for the policy (async bound)",
+    "reload_weights": "weight reload (inference pause)",
+    "batching": "batching (trajectories, advantages, publish)",
+    "batch_poll": "trainer notices the published batch (poll)",
+    "read_batch": "trainer reads the batch",
+    "compute": "training (forward, backward, optimizer)",
+    "publish": "weight publish",
+    "checkpoint": "checkpoint",
+    "log": "trainer metrics",
+    "unaccounted": "unaccounted",
+}
+"""The parts of a step's wall time, bottom to top of the stacked chart."""
+
+TRAINER_OWN = ("read_batch", "compute", "publish", "checkpoint", "log")
+"""Trainer spans that are the step's own work; the rest of the step it waits for the batch."""
+ORCHESTRATOR_ORDER = ("reload_weights", "wait_policy", "batching", "dispatch", "startup", "wait_rollouts")
+"""What the orchestrator was doing, innermost first (`dispatch` runs inside `wait_rollouts`)."""
+ROLLOUT_ORDER = ("generation", "scoring", "setup", "env_queue")
+"""While the orchestrator waits on rollouts: the phase that any rollout is in, first match wins."""
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    step: int
+    start: float
+    end: float
+    parts: dict[str, float]
+    """Seconds per key of `PARTS`; they sum to `end - start`."""
+
+    @property
+    def wall(self) -> float:
+        return self.end - self.start
+
+    @property
+    def accounted(self) -> float:
+        """The share of the wall time a span explains (1.0 for an empty step)."""
+        return 1.0 - self.parts["unaccounted"] / self.wall if self.wall > 0 else 1.0
+
+
+def _orchestrator_name(span: LedgerSpan) -> str | None:
+    if span.name == "reload_weights" or span.process == "orchestrator":
+        return "startup" if span.name == "start" else span.name
+    return None
+
+
+def _part(
+    t: float, own: list[LedgerSpan], wait: list[LedgerSpan], published: float | None, around: list[LedgerSpan]
+) -> str:
+    """The part instant `t` of a step belongs to."""
+    for span in own:
+        if span.start <= t < span.end:
+            return span.name
+    if not any(span.start <= t < span.end for span in wait):
+        return "unaccounted"
+    if published is not None and t >= published:
+        return "batch_poll"
+    active = [span for span in around if span.start <= t < span.end]
+    doing = {name for span in active if (name := _orchestrator_name(span))}
+    for name in ORCHESTRATOR_ORDER:
+        if name in doing and name != "wait_rollouts":
+            return name
+    if "wait_rollouts" not in doing:
+        return "unaccounted"
+    phases = {span.name for span in active if span.process != "orchestrator"}
+    return next((name for name in ROLLOUT_ORDER if name in phases), "rollout_other")
+
+
+def step_splits(spans: list[LedgerSpan]) -> list[StepSplit]:
+    """Each trainer step's wall time split into `PARTS`, oldest step first."""
+    trainer: dict[int, list[LedgerSpan]] = {}
+    for span in spans:
+        if span.process == "trainer":
+            trainer.setdefault(span.step, []).append(span)
+    published = {s.step: s.end for s in spans if s.process == "orchestrator" and s.name == "batching"}
+    splits, previous_end = [], None
+    for step in sorted(trainer):
+        mine = trainer[step]
+        wait = [s for s in mine if s.name == "wait_batch"]
+        start = previous_end if previous_end is not None else min(s.start for s in mine)
+        end = max(s.end for s in mine)
+        previous_end = end
+        own = [s for s in mine if s.name in TRAINER_OWN]
+        around = [s for s in spans if s.process != "trainer" and s.end > start and s.start < end]
+        cuts = sorted({start, end, *(t for s in [*mine, *around] for t in (s.start, s.end) if start < t < end)})
+        parts = dict.fromkeys(PARTS, 0.0)
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            parts[_part((a + b) / 2, own, wait, published.get(step), around)] += b - a
+        splits.append(StepSplit(step, start, end, parts))
+    return splits
+
+
+def chrome_trace(spans: list[LedgerSpan]) -> dict[str, Any]:
+    """The spans as Chrome trace events: one process (track) per ledger `process`, its spans on
+    as few rows (threads) as keep them properly nested, a span nested only in one of the same
+    step and extras (one rollout's phases in that rollout); times in microseconds from the first span."""
+    events: list[dict[str, Any]] = []
+    if not spans:
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+    origin = min(s.start for s in spans)
+    for pid, process in enumerate(sorted({s.process for s in spans}), 1):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process}})
+        rows: list[list[LedgerSpan]] = []  # per row, the spans still open on it, outermost first
+        for span in sorted((s for s in spans if s.process == process), key=lambda s: (s.start, -s.end)):
+            row = next((i for i, ends in enumerate(rows) if _fits(ends, span)), None)
+            if row is None:
+                rows.append([])
+                row = len(rows) - 1
+            rows[row].append(span)
+            args = {"step": span.step, **(span.model_extra or {})}
+            events.append(
+                {
+                    "ph": "X",
+                    "name": span.name,
+                    "cat": process,
+                    "pid": pid,
+                    "tid": row + 1,
+                    "args": args,
+                    "ts": round((span.start - origin) * 1e6, 1),
+                    "dur": round(max(span.duration, 0.0) * 1e6, 1),
+                }  # fmt: skip
+            )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _fits(open_spans: list[LedgerSpan], span: LedgerSpan) -> bool:
+    """Close the spans of a row that ended before `span`; True if `span` nests in what stays open."""
+    while open_spans and open_spans[-1].end <= span.start:
+        open_spans.pop()
+    if not open_spans:
+        return True
+    parent = open_spans[-1]
+    same = parent.step == span.step and parent.model_extra == span.model_extra and parent.name != span.name
+    return same and span.end <= parent.end
