@@ -46,7 +46,7 @@ from envrl.orchestrator.state import OrchestratorState, load_resume_state, state
 from envrl.orchestrator.stats import rollout_metrics, seq_len_note, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.samples import TrainingSample, write_batch
-from envrl.traces import Split, Trace
+from envrl.traces import Split, Trace, Turn, TurnTokens
 
 
 class BackgroundEvals:
@@ -274,21 +274,21 @@ class Orchestrator:
                     env=group.env.name,
                     policy_step=group.policy_step,
                     sampling=group.env.sampling,
-                    backfill=self.backfill,
+                    backfill=self._backfill_turn,
                 )
                 samples += fit_seq_len(
                     made, self.config.seq_len, self.config.seq_len_policy, self.seq_counts[group.env.name]
                 )
         return samples
 
-    @property
-    def backfill(self) -> TokenBackfill:
-        """Loaded on first use: most runs never see a token-less turn."""
+    def _backfill_turn(self, turn: Turn) -> TurnTokens:
+        """Tokens for a token-less turn. The tokenizer loads on the first such turn, not before:
+        most runs never see one, and loading it cost step 0 about 12 s on the smoke run."""
         if self._backfill is None:
             from transformers import AutoTokenizer
 
             self._backfill = TokenBackfill(AutoTokenizer.from_pretrained(self.config.model.name))
-        return self._backfill
+        return self._backfill(turn)
 
     # -- outputs ----------------------------------------------------------------------------------
 

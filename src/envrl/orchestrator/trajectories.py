@@ -9,6 +9,7 @@ a new sample: tokens are never spliced or re-tokenised to make them fit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -85,7 +86,7 @@ def trace_to_samples(
     env: str,
     policy_step: int,
     sampling: SamplingArgs,
-    backfill: TokenBackfill | None = None,
+    backfill: Callable[[Turn], TurnTokens] | None = None,
 ) -> list[TrainingSample]:
     """One sample per branch (more if a branch's turns stop extending one another).
 
