@@ -151,8 +151,8 @@ class EvalProgress:
         now = self.clock()
         text = self.line(now)
         if self.total_done() >= sum(self.totals.values()):
-            self.lines.line(text)
             self.lines.close()
+            self.lines.line(text)
         elif self.lines.live:
             self.lines.status(text)
         elif first or now - self.last_line >= self.interval:
