@@ -77,22 +77,26 @@ def test_standalone_run_writes_valid_batches_from_every_env_and_prints_a_line_pe
     assert done.returncode == 0, done.stderr
     out = config.output_dir
 
+    rollouts = read_jsonl(out / "rollouts" / "train.jsonl")
+    assert len(rollouts) == config.max_steps * config.batch_size
+    assert all(r["error"] is None for r in rollouts)
+
     lines = [line for line in done.stderr.splitlines() if line.startswith("step ")]
     print("\n".join(lines))
     assert [line.split(" |")[0] for line in lines] == ["step 0 (1/2)", "step 1 (2/2)"]
-    for line in lines:
-        assert re.search(
-            r"\| reward (reverse-text|distinct-rank) \d\.\d{3}, (reverse-text|distinct-rank) \d\.\d{3} \|", line
-        )
+    for step, line in enumerate(lines):
+        shown = dict(pair.rsplit(" ", 1) for pair in line.split(" | ")[1].removeprefix("reward ").split(", "))
+        batch = {r["env"] for r in rollouts if r["step"] == step}
+        assert set(shown) == batch, "each env of the step's batch, with its mean reward"
+        for env in batch:
+            mean = fmean(r["reward"] for r in rollouts if r["step"] == step and r["env"] == env)
+            assert float(shown[env]) == pytest.approx(mean, abs=5e-4), "rounded to 3 decimals"
         assert re.search(r"\| eval (none yet|learnable \d\.\d{3} @0) \|", line), "the at_start eval, once it is done"
         assert re.search(r"\| \d+\.\d s \(wait policy \d+\.\d, gen \d+\.\d/rollout\) \| in-flight \d+ \| lag \d\.\d\d \| "
                          r"errors 0% \| ETA \S+$", line)  # fmt: skip
     assert lines[-1].endswith("ETA 0s")
     assert "\r" not in done.stderr, "plain lines off a terminal"
 
-    rollouts = read_jsonl(out / "rollouts" / "train.jsonl")
-    assert len(rollouts) == config.max_steps * config.batch_size
-    assert all(r["error"] is None for r in rollouts)
     for step in range(config.max_steps):
         samples = read_batch(batch_dir(out, step))
         assert len(samples) == sum(r["step"] == step for r in rollouts)

@@ -16,7 +16,7 @@ import sys
 from loguru import logger
 
 from envrl.config import load_config
-from envrl.launcher.console import RunConsole
+from envrl.console import RunConsole
 from envrl.log import setup_logging
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator

@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from envrl.launcher.console import RunConsole
+from envrl.console import RunConsole
 from envrl.metrics import MetricsSink, WandbConfig
 from envrl.progress import CLEAR_LINE
 
