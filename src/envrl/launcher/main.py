@@ -29,9 +29,9 @@ from pydantic import BaseModel
 
 from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
+from envrl.console import RunConsole
 from envrl.inference.server import wait_until_serving
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
-from envrl.launcher.console import RunConsole
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging

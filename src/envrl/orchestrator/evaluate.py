@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from statistics import fmean
 from typing import Any, ClassVar
 
 from loguru import logger
@@ -33,10 +36,11 @@ from envrl.orchestrator.envs import Env
 from envrl.orchestrator.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
 from envrl.process import ChildFailed, die_with_parent
+from envrl.progress import LiveLines, duration, fmt
 from envrl.traces import Trace
 
 PROGRESS_INTERVAL = 5.0
-"""Seconds between progress lines (the first and the last rollout always log one)."""
+"""Seconds between progress lines when not on a terminal (the first and the last rollout always print one)."""
 
 DEFAULT_CLIENT = EvalClientConfig(base_url="http://127.0.0.1:8000/v1", model=ModelConfig().name)
 """The chat client of an envrl inference server on its default port, serving the default model."""
@@ -119,33 +123,68 @@ class EvalConfig(BaseConfig):
         return eval_results_file(self.output_dir, env_name)
 
 
-class Progress:
-    """Done/total, errors and rate, logged at most every PROGRESS_INTERVAL seconds."""
+class EvalProgress:
+    """Rollouts done / total per env, rate, errors, running mean reward and ETA: a status line on a
+    terminal, else a line at most every `interval` seconds (and for the first and last rollouts)."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.errors = total, 0, 0
-        self.started = self.last_log = time.monotonic()
+    def __init__(
+        self,
+        totals: dict[str, int],
+        lines: LiveLines,
+        interval: float = PROGRESS_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.totals = totals
+        self.lines = lines
+        self.interval = interval
+        self.clock = clock
+        self.done: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.rewards: dict[str, list[float]] = {env: [] for env in totals}
+        self.started = self.last_line = clock()
 
-    def add(self, traces: list[Trace]) -> None:
-        self.done += len(traces)
-        self.errors += sum(t.has_error for t in traces)
-        now = time.monotonic()
-        if now - self.last_log >= PROGRESS_INTERVAL or self.done == self.total or self.done == len(traces):
-            self.last_log = now
-            rate = self.done / max(now - self.started, 1e-9)
-            eta = (self.total - self.done) / rate if rate > 0 else 0.0
-            logger.info(
-                f"rollouts {self.done}/{self.total} ({self.done / self.total:.0%}) | {rate:.2f} rollouts/s | "
-                f"errors {self.errors} | eta {eta:.0f} s"
-            )
+    def add(self, env: str, traces: list[Trace]) -> None:
+        first = not self.done
+        self.done[env] += len(traces)
+        self.errors[env] += sum(t.has_error for t in traces)
+        self.rewards[env].extend(t.reward for t in traces if not t.has_error and t.reward is not None)
+        now = self.clock()
+        text = self.line(now)
+        if self.total_done() >= sum(self.totals.values()):
+            self.lines.close()
+            self.lines.line(text)
+        elif self.lines.live:
+            self.lines.status(text)
+        elif first or now - self.last_line >= self.interval:
+            self.last_line = now
+            self.lines.line(text)
+
+    def total_done(self) -> int:
+        return sum(self.done.values())
+
+    def line(self, now: float) -> str:
+        done, total = self.total_done(), sum(self.totals.values())
+        rate = done / max(now - self.started, 1e-9)
+        eta = (total - done) / rate if rate > 0 else math.nan
+        per_env = " | ".join(
+            f"{env} {self.done[env]}/{n} reward {fmt(fmean(self.rewards[env]) if self.rewards[env] else math.nan)} "
+            f"errors {self.errors[env]}"
+            for env, n in self.totals.items()
+        )
+        return (
+            f"rollouts {done}/{total} ({done / max(total, 1):.0%}) | {rate:.2f} rollouts/s | "
+            f"errors {sum(self.errors.values())} | ETA {duration(eta)} | {per_env}"
+        )
 
 
 class Evaluation:
     """The `eval` command: every env's grid completed by the one eval runner (`run_grids`), its
     rollouts appended as they finish, each results file rewritten in grid order at the end."""
 
-    def __init__(self, config: EvalConfig) -> None:
+    def __init__(self, config: EvalConfig, lines: LiveLines | None = None) -> None:
         self.config = config
+        self.lines = lines if lines is not None else LiveLines()
+        """Where progress goes (stderr by default)."""
         self.envs = [
             Env(
                 env,
@@ -233,14 +272,18 @@ class Evaluation:
 
     async def run_grids(self, grids: list[EvalGrid]) -> None:
         """Run the grids' missing pairs, appending each finished call's rollouts to its env's file."""
-        progress = Progress(sum(len(u.rollouts) for grid in grids for u in grid.units()))
+        totals = {grid.name: sum(len(u.rollouts) for u in grid.units()) for grid in grids}
+        progress = EvalProgress(totals, self.lines)
 
         def done(unit: Unit, traces: list[Trace]) -> None:
             lines = [trace_line(t, env=unit.grid.name, rollout=j) for j, t in zip(unit.rollouts, traces, strict=True)]
             append_lines(self.config.results_file(unit.grid.name), lines)
-            progress.add(traces)
+            progress.add(unit.grid.name, traces)
 
-        await run_grids(grids, self.config.max_inflight, done)
+        try:
+            await run_grids(grids, self.config.max_inflight, done)
+        finally:
+            self.lines.close()
 
     def finish(self, grid: EvalGrid) -> dict[str, float]:
         """Rewrite the env's results file in grid order (atomically) and summarise it."""
@@ -277,19 +320,21 @@ def format_summary(summary: dict[str, dict[str, float]]) -> str:
     )
 
 
-async def _run(config: EvalConfig) -> dict[str, dict[str, float]]:
+async def _run(config: EvalConfig, lines: LiveLines) -> dict[str, dict[str, float]]:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await Evaluation(config).run()
+    return await Evaluation(config, lines).run()
 
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(EvalConfig, argv, prog="rl eval")
+    lines = LiveLines()
+    lines.use_for_stderr()
     setup_logging(config.log, process="eval")
     die_with_parent()
     try:
-        summary = asyncio.run(_run(config))
+        summary = asyncio.run(_run(config, lines))
     except EvalInputError as e:
         print(f"rl eval: error: {e}", file=sys.stderr)
         sys.exit(2)

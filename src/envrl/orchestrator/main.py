@@ -1,22 +1,27 @@
 """`orchestrator --config x.toml`: run the orchestrator against an inference server and env servers.
 
 Env configs with an `address` connect to servers somebody else started; the others are spawned
-as sidecar env servers and stopped when the orchestrator exits.
+as sidecar env servers and stopped when the orchestrator exits. Started by hand (not by `rl`,
+whose own console shows the run), it prints a line per step on stderr as `rl` does: live on a
+terminal, where its log is routed below the status line, plain lines otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 
 from loguru import logger
 
 from envrl.config import load_config
+from envrl.console import RunConsole
 from envrl.log import setup_logging
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
-from envrl.process import die_with_parent
+from envrl.process import PARENT_PID_ENV, die_with_parent
+from envrl.progress import LiveLines
 
 
 async def _run(config: OrchestratorConfig) -> None:
@@ -29,9 +34,16 @@ async def _run(config: OrchestratorConfig) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(OrchestratorConfig, argv, prog="orchestrator")
+    console = None
+    if PARENT_PID_ENV not in os.environ:
+        lines = LiveLines()
+        lines.use_for_stderr()
+        console = RunConsole(config.output_dir, config.max_steps, stream=lines, ends_with="orchestrator")
     setup_logging(config.log, process="orchestrator")
     die_with_parent()
     try:
+        if console is not None:
+            console.start()
         asyncio.run(_run(config))
     except (KeyboardInterrupt, asyncio.CancelledError):
         logger.warning("orchestrator stopped by a signal; env servers it spawned were shut down")
@@ -39,6 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         logger.opt(exception=e).error(f"orchestrator failed: {e}")
         sys.exit(1)
+    finally:
+        if console is not None:
+            console.stop()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 from collections import Counter
 from pathlib import Path
 
@@ -12,9 +13,10 @@ from envrl.config import load_config
 from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.config import EvalEnvConfig
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
-from envrl.orchestrator.evaluate import EvalConfig, EvalInputError, Evaluation, format_summary
+from envrl.orchestrator.evaluate import EvalConfig, EvalInputError, EvalProgress, Evaluation, format_summary
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
 from envrl.orchestrator.seeds import eval_seed
+from envrl.progress import CLEAR_LINE, LiveLines
 from envrl.traces import Error, Trace, WireTask
 
 
@@ -243,3 +245,63 @@ def test_a_rerun_starts_past_every_attempt_its_earlier_runs_spent_on_retries() -
     asyncio.run(run_grids([grid], max_inflight=1))
     assert env.attempts[eval_seed(0, 0, 0, 3)] == 2 * (env.config.max_retries + 1)
     assert env.attempts[eval_seed(0, 1, 0, 3)] == env.attempts[eval_seed(0, 0, 1, 3)] == 0
+
+
+class Terminal(io.StringIO):
+    """What a terminal receives: a text stream that says it is a TTY."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_eval_progress_off_a_terminal_prints_the_first_line_then_at_most_every_interval_and_the_last() -> None:
+    stream, clock = io.StringIO(), Clock()
+    progress = EvalProgress({"a": 4, "b": 2}, LiveLines(stream), interval=5.0, clock=clock)
+    for now, env, traces in [
+        (1.0, "a", [good(0, 1.0)]),  # the first: printed
+        (2.0, "b", [errored(0)]),  # 1 s later: not printed
+        (6.0, "a", [good(1, 0.0)]),  # 5 s after the first: printed
+        (7.0, "a", [good(2, 0.5)]),  # not printed
+        (8.0, "b", [good(1, 1.0)]),  # not printed
+        (8.0, "a", [good(3, 0.5)]),  # the last: printed
+    ]:
+        clock.now = now
+        progress.add(env, traces)
+
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" |")[0] for line in lines] == [
+        "rollouts 1/6 (17%)",
+        "rollouts 3/6 (50%)",
+        "rollouts 6/6 (100%)",
+    ]
+    assert lines[0] == (
+        "rollouts 1/6 (17%) | 1.00 rollouts/s | errors 0 | ETA 5s | a 1/4 reward 1.000 errors 0 | b 0/2 reward n/a errors 0"
+    )
+    assert lines[-1].endswith("errors 1 | ETA 0s | a 4/4 reward 0.500 errors 0 | b 2/2 reward 1.000 errors 1")
+    assert "\r" not in stream.getvalue(), "no terminal control codes in a log"
+
+
+def test_eval_progress_on_a_terminal_keeps_a_status_line_and_leaves_the_last_line() -> None:
+    stream, clock = Terminal(), Clock()
+    lines = LiveLines(stream)
+    progress = EvalProgress({"a": 2}, lines, clock=clock)
+    clock.now = 1.0
+    progress.add("a", [good(0)])
+    assert stream.getvalue() == "rollouts 1/2 (50%) | 1.00 rollouts/s | errors 0 | ETA 1s | a 1/2 reward 1.000 errors 0"
+    lines.write("12:00:00 INFO a log record\n")
+    clock.now = 2.0
+    progress.add("a", [good(1)])
+
+    shown = stream.getvalue().split(CLEAR_LINE)
+    assert shown[1] == "12:00:00 INFO a log record\n" + shown[0], "a record goes above the status line"
+    assert shown[-1].startswith("rollouts 2/2 (100%)") and shown[-1].endswith("errors 0\n"), (
+        "the status line is gone at the end, the last line stays"
+    )

@@ -1,4 +1,5 @@
-"""The `rl` console: a line per trained step, read from a real metrics.jsonl as it grows."""
+"""The step console of `rl` and the standalone orchestrator: a line per step, read from a real
+metrics.jsonl as it grows."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import re
 import time
 from pathlib import Path
 
-from envrl.launcher.console import RunConsole
+from envrl.console import RunConsole
 from envrl.metrics import MetricsSink, WandbConfig
+from envrl.progress import CLEAR_LINE
 
 
 def sink(out: Path, process: str, resume_step: int | None = None) -> MetricsSink:
@@ -91,3 +93,44 @@ def test_started_console_drains_the_file_when_stopped(tmp_path: Path) -> None:
     console.stop()
 
     assert len(step_lines(stream)) == 2
+
+
+def test_a_standalone_orchestrators_own_lines_end_its_steps(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    console = RunConsole(tmp_path, total_steps=2, stream=stream, ends_with="orchestrator")
+    orchestrator = sink(tmp_path, "orchestrator")
+    orchestrator.log(0, {"eval/learnable-eval/reward": 0.125})
+    for step in range(2):
+        orchestrator.log(
+            step,
+            {"train/learnable/reward": 0.25, "train/learnable/time_generation": 0.5, "train/learnable/staleness": 1.0,
+             "train/other/staleness": 0.0, "train/error_rate": 0.0, "inflight": 8, "perf/step_time": 3.0,
+             "perf/wait_for_trainer": 0.5},
+        )  # fmt: skip
+        console.poll()
+        assert len(step_lines(stream)) == step + 1, "a step is printed as soon as the orchestrator wrote it"
+
+    first, second = step_lines(stream)
+    assert first.startswith("step 0 (1/2) | reward learnable 0.250 | eval learnable-eval 0.125 @0 | 3.0 s ")
+    assert "(wait policy 0.5, gen 0.5/rollout) | in-flight 8 | lag 0.50 | errors 0% | ETA" in first
+    assert second.startswith("step 1 (2/2)") and second.endswith("ETA 0s")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_the_status_line_stays_below_step_lines_and_goes_at_the_end(tmp_path: Path) -> None:
+    stream = Terminal()
+    console = RunConsole(tmp_path, total_steps=2, stream=stream, poll_s=3600, clock=lambda: 100.0)
+    console.start()
+    console.poll()
+    assert stream.getvalue() == "running 0s | ETA ? | 2 steps"
+    log_step(sink(tmp_path, "orchestrator"), sink(tmp_path, "trainer"), 0)
+    console.stop()
+
+    *_, line, status, end = stream.getvalue().split(CLEAR_LINE)
+    step_line, redrawn = line.split("\n")
+    assert step_line.startswith("step 0 (1/2) |") and redrawn.startswith("running 0s"), "the line goes above the status"
+    assert status.startswith("running 0s") and end == "", "no status line is left behind"

@@ -1,6 +1,8 @@
-"""The `rl` console: one line per trained step, read from the run's `metrics.jsonl`.
+"""The step console of `rl` and of the standalone orchestrator: one line per step, read from the
+run's `metrics.jsonl`.
 
-Guarantee: every trainer step whose metrics line is written while the console runs (and before
+Guarantee: every step whose ending metrics line (the trainer's under `rl`, the orchestrator's for a
+standalone orchestrator) is written while the console runs (and before
 its final drain in `stop()`) is printed exactly once, in step order of arrival, even when a resume
 rewrites `metrics.jsonl` under it; the console only reads the file, so it can never slow down or
 break the processes that write it. On a terminal a transient status line (elapsed, ETA) is kept
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from loguru import logger
 
 from envrl.layout import metrics_file
 from envrl.metrics import metric_float
+from envrl.progress import LiveLines, duration, fmt
 
 Record = dict[str, Any]
 
@@ -68,22 +70,6 @@ class MetricsTail:
         return records
 
 
-def _fmt(value: float, spec: str = ".3f") -> str:
-    return "n/a" if math.isnan(value) else format(value, spec)
-
-
-def duration(seconds: float) -> str:
-    """`42s`, `3m05s`, `2h07m`: short enough for a status column."""
-    if math.isnan(seconds) or seconds < 0:
-        return "?"
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
 def _per_env(record: Record, prefix: str, key: str) -> dict[str, float]:
     """`{env: value}` of the `<prefix>/<env>/<key>` entries of one metrics line."""
     out = {}
@@ -94,16 +80,28 @@ def _per_env(record: Record, prefix: str, key: str) -> dict[str, float]:
     return out
 
 
-class ProgressBoard:
-    """Turns metrics lines (trainer and orchestrator, in any order) into one text line per
-    trained step: the trainer's line for step n ends step n, and the orchestrator's line for
-    step n (the batch's rewards) is always written before it."""
+SPLITS: dict[str, tuple[tuple[str, str], ...]] = {
+    "trainer": (("wait batch", "trainer/wait_time_s"), ("train", "trainer/step_time_s"),
+                ("publish", "trainer/publish_time_s")),
+    "orchestrator": (("wait policy", "perf/wait_for_trainer"),),
+}  # fmt: skip
+"""Per process that ends a step: the parts of its step time its metrics line names."""
 
-    def __init__(self, total_steps: int, since: float = 0.0, eta_window: int = 10) -> None:
+
+class ProgressBoard:
+    """Turns metrics lines (trainer and orchestrator, in any order) into one text line per step.
+    For `rl` (`ends_with="trainer"`) the trainer's line for step n ends step n, and the
+    orchestrator's line for step n (the batch's rewards) is always written before it; for a
+    standalone orchestrator (`ends_with="orchestrator"`) its own line ends the step."""
+
+    def __init__(self, total_steps: int, since: float = 0.0, eta_window: int = 10, ends_with: str = "trainer") -> None:
+        if ends_with not in SPLITS:
+            raise ValueError(f"ends_with must be one of {sorted(SPLITS)}, not {ends_with!r}")
         self.total = total_steps
         self.since = since
-        """Lines older than this (epoch seconds) belong to an earlier `rl` and are not printed."""
+        """Lines older than this (epoch seconds) belong to an earlier run and are not printed."""
         self.eta_window = eta_window
+        self.ends_with = ends_with
         self._orchestrator: dict[int, Record] = {}
         self._evals: dict[str, tuple[int, float]] = {}
         self._printed: set[int] = set()
@@ -116,12 +114,12 @@ class ProgressBoard:
         if not isinstance(step, int):
             return None
         if process == "orchestrator":
-            if any(k.startswith("train/") for k in record):
-                self._orchestrator[step] = record
             for env, reward in _per_env(record, "eval", "reward").items():
                 self._evals[env] = (step, reward)
-            return None
-        if process != "trainer" or step in self._printed or metric_float(record.get("time")) < self.since:
+            if not any(k.startswith("train/") for k in record):
+                return None
+            self._orchestrator[step] = record
+        if process != self.ends_with or step in self._printed or metric_float(record.get("time")) < self.since:
             return None
         self._printed.add(step)
         return self._line(step, record, self._orchestrator.pop(step, {}))
@@ -137,68 +135,73 @@ class ProgressBoard:
             left = max(left - (now - self._last_end), 0.0)
         return left
 
-    def _wall(self, trainer: Record) -> float:
-        """Wall time of this step: since the previous step's trainer line, or (for the first one
-        seen) the trainer's own wait + compute + publish."""
-        end = metric_float(trainer.get("time"))
+    def _wall(self, end_line: Record) -> float:
+        """Wall time of this step: since the previous step's line, or (for the first one seen) the
+        parts of the trainer's step (`rl`) or the orchestrator's own step time (standalone)."""
+        end = metric_float(end_line.get("time"))
         if self._last_end is not None:
             wall = end - self._last_end
+        elif self.ends_with == "trainer":
+            wall = sum(metric_float(end_line.get(key)) for _, key in SPLITS["trainer"])
         else:
-            wall = sum(
-                metric_float(trainer.get(f"trainer/{k}")) for k in ("wait_time_s", "step_time_s", "publish_time_s")
-            )
+            wall = metric_float(end_line.get("perf/step_time"))
         self._last_end = end
         return wall
 
-    def _line(self, step: int, trainer: Record, orchestrator: Record) -> str:
-        wall = self._wall(trainer)
+    def _lag(self, end_line: Record, orchestrator: Record) -> float:
+        """Mean policy lag of the batch: the trainer's, or the mean of the orchestrator's per env."""
+        if self.ends_with == "trainer":
+            return metric_float(end_line.get("trainer/staleness_mean"))
+        lags = [v for v in _per_env(orchestrator, "train", "staleness").values() if not math.isnan(v)]
+        return sum(lags) / len(lags) if lags else math.nan
+
+    def _line(self, step: int, end_line: Record, orchestrator: Record) -> str:
+        wall = self._wall(end_line)
         if not math.isnan(wall):
             self._walls.append(wall)
         rewards = _per_env(orchestrator, "train", "reward")
-        reward = ", ".join(f"{env} {_fmt(r)}" for env, r in rewards.items()) or "n/a"
-        evals = ", ".join(f"{env} {_fmt(r)} @{at}" for env, (at, r) in self._evals.items()) or "none yet"
+        reward = ", ".join(f"{env} {fmt(r)}" for env, r in rewards.items()) or "n/a"
+        evals = ", ".join(f"{env} {fmt(r)} @{at}" for env, (at, r) in self._evals.items()) or "none yet"
         gen = [v for v in _per_env(orchestrator, "train", "time_generation").values() if not math.isnan(v)]
-        split = (
-            f"{_fmt(wall, '.1f')} s (wait batch {_fmt(metric_float(trainer.get('trainer/wait_time_s')), '.1f')}, "
-            f"train {_fmt(metric_float(trainer.get('trainer/step_time_s')), '.1f')}, "
-            f"publish {_fmt(metric_float(trainer.get('trainer/publish_time_s')), '.1f')}"
-            + (f", gen {sum(gen) / len(gen):.1f}/rollout" if gen else "")
-            + ")"
-        )
+        parts = [f"{name} {fmt(metric_float(end_line.get(key)), '.1f')}" for name, key in SPLITS[self.ends_with]]
+        if gen:
+            parts.append(f"gen {sum(gen) / len(gen):.1f}/rollout")
         errors = metric_float(orchestrator.get("train/error_rate"))
         inflight = orchestrator.get("inflight", "n/a")
         return (
-            f"step {step} ({step + 1}/{self.total}) | reward {reward} | eval {evals} | {split} | in-flight {inflight} | "
-            f"lag {_fmt(metric_float(trainer.get('trainer/staleness_mean')), '.2f')} | "
-            f"errors {_fmt(errors * 100, '.0f')}% | ETA {duration(self.eta())}"
+            f"step {step} ({step + 1}/{self.total}) | reward {reward} | eval {evals} | "
+            f"{fmt(wall, '.1f')} s ({', '.join(parts)}) | in-flight {inflight} | "
+            f"lag {fmt(self._lag(end_line, orchestrator), '.2f')} | "
+            f"errors {fmt(errors * 100, '.0f')}% | ETA {duration(self.eta())}"
         )
 
 
 class RunConsole:
-    """Follows `<output_dir>/metrics.jsonl` in a thread and prints a line per step to `stream`."""
+    """Follows `<output_dir>/metrics.jsonl` in a thread and prints a line per step to `lines`
+    (stderr by default), ended by the process `ends_with` names (see `ProgressBoard`)."""
 
     def __init__(
         self,
         output_dir: Path,
         total_steps: int,
-        stream: TextIO | None = None,
+        stream: TextIO | LiveLines | None = None,
         poll_s: float = 0.5,
         clock: Callable[[], float] = time.time,
+        ends_with: str = "trainer",
     ) -> None:
-        self.stream = stream or sys.stderr
-        self.live = self.stream.isatty()
+        self.lines = stream if isinstance(stream, LiveLines) else LiveLines(stream)
         self.poll_s = poll_s
         self.clock = clock
         self.started = clock()
         self.tail = MetricsTail(metrics_file(output_dir))
-        self.board = ProgressBoard(total_steps, since=self.started - SINCE_SLACK_S)
+        self.board = ProgressBoard(total_steps, since=self.started - SINCE_SLACK_S, ends_with=ends_with)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self.started = self.clock()
         self.board.since = self.started - SINCE_SLACK_S
-        self._thread = threading.Thread(target=self._run, name="rl-console", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="progress-console", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -209,28 +212,21 @@ class RunConsole:
         self._thread.join()
         self._thread = None
         self.poll()
-        if self.live:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+        self.lines.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
             try:
                 self.poll()
             except Exception as e:  # never let a display bug end or hide the run
-                logger.warning(f"rl console: {e!r} reading {self.tail.path}; step lines stop here")
+                logger.warning(f"progress console: {e!r} reading {self.tail.path}; step lines stop here")
                 return
 
     def poll(self) -> None:
-        lines = [line for record in self.tail.read() if (line := self.board.feed(record)) is not None]
-        if self.live:
-            self.stream.write("\r\033[K")
-        for line in lines:
-            self.stream.write(line + "\n")
-        if self.live:
-            now = self.clock()
-            self.stream.write(
-                f"running {duration(now - self.started)} | ETA {duration(self.board.eta(now))} "
-                f"| {self.board.total} steps"
-            )
-        self.stream.flush()
+        for record in self.tail.read():
+            if (line := self.board.feed(record)) is not None:
+                self.lines.line(line)
+        now = self.clock()
+        self.lines.status(
+            f"running {duration(now - self.started)} | ETA {duration(self.board.eta(now))} | {self.board.total} steps"
+        )
