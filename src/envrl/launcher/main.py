@@ -107,12 +107,13 @@ def run_training(argv: Sequence[str]) -> None:
         print(f"rl: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     logs = layout.logs_dir(rl.output_dir)
+    console = RunConsole(rl.output_dir, rl.max_steps)
+    console.lines.use_for_stderr()  # on a terminal, rl's own log lines print above the status line
     setup_logging(rl.log.model_copy(update={"file": logs / "launcher.log"}), process="rl")
     config_files = _write_configs(rl.output_dir, run)
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     supervisor = Supervisor(grace=rl.shutdown_grace)
-    console = RunConsole(rl.output_dir, rl.max_steps)
     code = 0
     try:
         _check_ports(run)
