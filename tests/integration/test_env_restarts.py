@@ -17,7 +17,7 @@ import pytest
 
 from envrl.envs.model_client import ScriptedClientConfig
 from envrl.launcher.supervisor import Supervisor
-from envrl.orchestrator.config import EnvConfig, SamplingConfig
+from envrl.orchestrator.config import EnvConfig, SamplingParams
 from envrl.orchestrator.envs import Env, EnvUnavailable
 from envrl.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
 from envrl.serve.client import EnvClient
@@ -45,7 +45,7 @@ def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> Env:
         config,
         split="train",
         client=ScriptedClientConfig(replies=["hi"]),
-        sampling=SamplingConfig(),
+        sampling=SamplingParams(),
         output_dir=tmp_path,
         ready_timeout=120,
     )

@@ -14,7 +14,7 @@ import pytest
 import zmq.auth
 
 from envrl.envs.model_client import ScriptedClientConfig
-from envrl.orchestrator.config import EnvConfig, SamplingConfig
+from envrl.orchestrator.config import EnvConfig, SamplingParams
 from envrl.orchestrator.envs import Env
 from envrl.process import ChildFailed, spawn_sidecar
 from envrl.serve.client import EnvClient, EnvServerError
@@ -146,7 +146,7 @@ def test_the_orchestrators_env_config_carries_curve_keys_to_an_external_server(t
     keys = make_curve_keys(tmp_path)
     with running_env_server(tmp_path, "--curve", keys.server) as server:
         config = EnvConfig(id="bad_envs:load_environment", address=server.address, curve=keys.client)
-        env = Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingConfig(max_tokens=8),
+        env = Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingParams(max_tokens=8),
                   output_dir=tmp_path, ready_timeout=20)  # fmt: skip
 
         async def go() -> list[Any]:

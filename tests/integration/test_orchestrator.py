@@ -22,7 +22,7 @@ from envrl.config import ModelConfig, config_to_toml
 from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
 from envrl.layout import batch_dir, weights_dir
 from envrl.metrics import WandbConfig
-from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig, SamplingConfig
+from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig, SamplingParams
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.loop import Orchestrator
 from envrl.orchestrator.seeds import attempt_seed
@@ -43,7 +43,7 @@ def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> Orchestrato
         batch_size=8,
         group_size=4,
         max_inflight=16,
-        sampling=SamplingConfig(max_tokens=12),
+        sampling=SamplingParams(max_tokens=12),
         envs=[
             EnvConfig(id="reverse-text", ratio=1.0, pool=POOL, sampling={"temperature": 0.7, "top_p": 0.9}),
             EnvConfig(id="distinct-rank", ratio=1.0, pool=POOL),
@@ -179,7 +179,7 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
             config,
             split="train",
             client=ScriptedClientConfig(replies=["hi"]),
-            sampling=SamplingConfig(),
+            sampling=SamplingParams(),
             output_dir=tmp_path,
             ready_timeout=120,
         )
@@ -215,7 +215,7 @@ def test_samples_past_seq_len_are_truncated_and_counted_per_env(tmp_path: Path, 
     env = EnvConfig(id="learnable", args={"turns": 3}, pool=POOL)
     config = orchestrator_config(
         tmp_path, vllm_server, max_steps=1, batch_size=8, envs=[env], eval_envs=[], seq_len=48,
-        sampling=SamplingConfig(max_tokens=8),
+        sampling=SamplingParams(max_tokens=8),
     )  # fmt: skip
     asyncio.run(Orchestrator(config).run())
     rollouts = read_jsonl(config.output_dir / "rollouts" / "train.jsonl")

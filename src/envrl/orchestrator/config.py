@@ -23,11 +23,6 @@ from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.process import RestartPolicy
 from envrl.serve.config import CurveClientConfig, ElasticPoolConfig, EnvTimeoutConfig, PoolConfig
 
-SamplingConfig = SamplingParams
-"""The `sampling` table of a run: the env side's `SamplingParams` itself (one definition); each
-rollout's seed comes from the run's `seed`, so it is no key here."""
-
-
 UNTRAINABLE_SAMPLING = ("min_p", "logit_bias", "min_tokens", "repetition_penalty", "presence_penalty",
                         "frequency_penalty", "bad_words", "allowed_token_ids")  # fmt: skip
 """vLLM sampling options that reshape the distribution tokens are drawn from; vLLM's logprobs
@@ -83,7 +78,7 @@ class EnvConfig(BaseConfig):
     def resolved_name(self) -> str:
         return self.name or self.id
 
-    def sampling_args(self, base: SamplingConfig) -> SamplingArgs:
+    def sampling_args(self, base: SamplingParams) -> SamplingArgs:
         """This env's sampling: the run's, with this env's overrides (computed once)."""
         unknown = sorted(set(self.sampling) - set(SamplingParams.model_fields))
         if unknown:
@@ -151,7 +146,7 @@ class OrchestratorConfig(BaseConfig):
     max_inflight: int = Field(64, ge=1)
     """Most train rollouts in flight across all train envs; each running eval is bounded by the
     same number on its own (evals run beside training)."""
-    sampling: SamplingConfig = SamplingConfig()
+    sampling: SamplingParams = SamplingParams()
     seq_len: int | None = Field(None, ge=2)
     """Most tokens of one training sample (None: no limit). Longer samples are handled per
     `seq_len_policy`; counted per env (`train/<env>/seq_truncated`, `seq_dropped`). Keep it

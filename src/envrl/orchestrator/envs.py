@@ -23,7 +23,7 @@ from loguru import logger
 
 from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.layout import env_log_file
-from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingConfig
+from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingParams
 from envrl.orchestrator.seeds import attempt_seed
 from envrl.process import Child, ChildFailed, RestartBudget, config_argv, spawn_sidecar
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
@@ -47,7 +47,7 @@ class Env:
         *,
         split: Split,
         client: ClientConfig,
-        sampling: SamplingConfig,
+        sampling: SamplingParams,
         output_dir: Path,
         ready_timeout: float,
         counters: Counter[str] | None = None,

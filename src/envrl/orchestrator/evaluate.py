@@ -31,7 +31,7 @@ from envrl.config import BaseConfig, ModelConfig, load_config
 from envrl.envs.model_client import ClientConfig, EvalClientConfig
 from envrl.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.log import LogConfig, setup_logging
-from envrl.orchestrator.config import EvalEnvConfig, SamplingConfig, check_pass_at
+from envrl.orchestrator.config import EvalEnvConfig, SamplingParams, check_pass_at
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
@@ -63,7 +63,7 @@ class EvalConfig(BaseConfig):
     """Rollouts per task (-r); when set, replaces every env's own `rollouts_per_example`."""
     client: ClientConfig = DEFAULT_CLIENT
     """The model under evaluation; a chat client table (`type` eval or none) changes keys of the default one."""
-    sampling: SamplingConfig = SamplingConfig()
+    sampling: SamplingParams = SamplingParams()
     max_inflight: int = Field(32, ge=1)
     """Most rollouts in flight across all envs (a group-scored task's rollouts go out together)."""
     seed: int = 0

@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from envrl.envs.model_client import ScriptedClientConfig
-from envrl.orchestrator.config import EnvConfig, SamplingConfig
+from envrl.orchestrator.config import EnvConfig, SamplingParams
 from envrl.orchestrator.envs import Env, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
 from envrl.orchestrator.seeds import rollout_seed
@@ -22,7 +22,7 @@ class AnsweringEnv(Env):
             EnvConfig(id="x"),
             split="train",
             client=ScriptedClientConfig(),
-            sampling=SamplingConfig(),
+            sampling=SamplingParams(),
             output_dir=Path("/nonexistent"),
             ready_timeout=1.0,
         )

@@ -5,7 +5,7 @@ from collections import Counter
 from pathlib import Path
 
 from envrl.envs.model_client import ScriptedClientConfig
-from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingConfig
+from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingParams
 from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
 
 
@@ -14,7 +14,7 @@ def make_env(name: str, num_tasks: int, ratio: float | None = None, config_cls=E
         config_cls(id="x", name=name, ratio=ratio, **fields),
         split="train",
         client=ScriptedClientConfig(),
-        sampling=SamplingConfig(),
+        sampling=SamplingParams(),
         output_dir=Path("/nonexistent"),
         ready_timeout=1.0,
     )
