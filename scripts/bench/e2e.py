@@ -27,7 +27,9 @@ from scripts.bench.floor import run_floor
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_envrl(level: int, steps: int, prompts: int, group: int, max_tokens: int, out: Path) -> dict[str, float]:
+def run_envrl(
+    level: int, steps: int, prompts: int, group: int, max_tokens: int, out: Path, pin: bool = True
+) -> dict[str, float]:
     """One `rl` run; its start-up phases and median step split, from `metrics.jsonl`."""
     argv = [
         sys.executable, "-m", "envrl.launcher.main", "--config", str(ROOT / "configs/debug/cpu_smoke.toml"),
@@ -35,6 +37,7 @@ def run_envrl(level: int, steps: int, prompts: int, group: int, max_tokens: int,
         "--orchestrator.batch-size", str(prompts * group), "--orchestrator.group-size", str(group),
         "--orchestrator.max-inflight", str(2 * prompts * group),
         "--orchestrator.sampling.max-tokens", str(max_tokens), "--wandb.mode", "disabled", "--clean",
+        "--cpus.pin", json.dumps(pin),
     ]  # fmt: skip
     launched = time.time()
     subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -64,13 +67,18 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--floor-steps", type=int, default=10)
+    parser.add_argument(
+        "--no-pin", dest="pin", action="store_false", help="run with cpus.pin = false (cores shared, as before)"
+    )
     args = parser.parse_args()
     shape = (args.prompts, args.group, args.max_tokens)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="envrl-bench-") as tmp:
         for level in args.levels:
             print(f"envrl: max_async_level={level}, {args.steps} steps of {shape} ...", flush=True)
-            results[f"envrl async {level}"] = run_envrl(level, args.steps, *shape, Path(tmp) / f"async{level}")
+            results[f"envrl async {level}"] = run_envrl(
+                level, args.steps, *shape, Path(tmp) / f"async{level}", pin=args.pin
+            )
     print(f"floor: {args.floor_steps} single-process steps of {shape} ...", flush=True)
     floor = run_floor(args.floor_steps, *shape)[1:]
     floor_step = median(s.total_s for s in floor)
