@@ -237,3 +237,26 @@ def test_a_reload_past_its_deadline_is_abandoned_and_generation_goes_on(vllm_ser
     assert "did not finish within 0.2 s" in str(refused) and "HTTP 503" in str(refused)
     assert len(completion.completion_ids) == 1500
     assert max_abs_diff(after, reference_logprobs(DEFAULT_DIR, after)) < EXACT, "the old weights keep serving"
+
+
+def test_many_concurrent_seeded_requests_all_complete(vllm_server) -> None:
+    """More prompt tokens in flight than one engine step takes: vLLM-CPU once died here when a
+    seeded request's prefill was split across steps (chunked prefill; now off on CPU)."""
+
+    async def burst() -> list[TokenCompletion]:
+        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
+        try:
+            prompts = [[1, *range(100 + i, 164 + i)] for i in range(256)]  # 256 x 65 tokens
+            return list(
+                await asyncio.gather(
+                    *(
+                        client.generate(p, {"max_tokens": 2, "temperature": 1.0, "seed": i})
+                        for i, p in enumerate(prompts)
+                    )
+                )
+            )
+        finally:
+            await client.aclose()
+
+    completions = run(burst())
+    assert len(completions) == 256 and all(len(c.completion_ids) == 2 for c in completions)

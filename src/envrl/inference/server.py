@@ -29,8 +29,11 @@ from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.log import LogConfig, setup_logging
 from envrl.process import Child, config_argv, spawn
 
-CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True}
-"""Engine options that make vLLM-CPU start fast and match a float32 trainer; `inference.vllm` wins."""
+CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "enable_chunked_prefill": False}
+"""Engine options that make vLLM-CPU start fast and match a float32 trainer; `inference.vllm` wins.
+Chunked prefill is off because vLLM-CPU 0.32 kills its engine ("CPU Generator does not use
+offset") when a seeded request's prefill is split across steps, which happens as soon as the
+prompts in flight exceed one step's token budget (e.g. 64+ concurrent rollouts)."""
 
 LOG_ENV = "ENVRL_INFERENCE_LOG"
 """Carries this process's LogConfig (JSON) to vLLM's engine and worker processes."""
