@@ -30,7 +30,7 @@ PARTS = {
     "compute": "training (forward, backward, optimizer)",
     "publish": "weight publish",
     "checkpoint": "checkpoint",
-    "log": "trainer metrics",
+    "log": "trainer metrics and log",
     "unaccounted": "unaccounted",
 }
 """The parts of a step's wall time, bottom to top of the stacked chart."""

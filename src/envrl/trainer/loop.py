@@ -161,15 +161,15 @@ class Trainer:
         except Exception as e:  # a full disk: OSError, or RuntimeError out of torch's writers
             raise TrainingError(f"step {step}: {write_failure(target, e)}") from e
         stats.update(wait_time_s=waited, publish_time_s=time.perf_counter() - start)
-        with ledger.span("log", step):
+        with ledger.span("log", step):  # the span is written with the next step's (or at close)
             if self.metrics is not None:
                 self.metrics.log(step, {f"trainer/{k}": v for k, v in stats.items()})
-        ledger.flush()
-        logger.info(
-            f"step {step}: loss {stats['loss']:.4g}, entropy {stats['entropy']:.3f}, "
-            f"mismatch_kl {stats['mismatch_kl']:.2e}, grad_norm {stats['grad_norm']:.3g}, "
-            f"{stats['tokens_per_s']:.0f} tok/s, {stats['step_time_s']:.2f}s"
-        )
+            logger.info(
+                f"step {step}: loss {stats['loss']:.4g}, entropy {stats['entropy']:.3f}, "
+                f"mismatch_kl {stats['mismatch_kl']:.2e}, grad_norm {stats['grad_norm']:.3g}, "
+                f"{stats['tokens_per_s']:.0f} tok/s, {stats['step_time_s']:.2f}s"
+            )
+            ledger.flush()
         return stats
 
     def _check_staleness(self, step: int, samples: list[TrainingSample], where: str) -> list[int]:
