@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_envrl(
-    level: int, steps: int, prompts: int, group: int, max_tokens: int, out: Path, pin: bool = True
+    level: int, steps: int, prompts: int, group: int, max_tokens: int, out: Path, pin: bool = False
 ) -> dict[str, float]:
     """One `rl` run; its start-up phases and median step split, from `metrics.jsonl`."""
     argv = [
@@ -67,9 +67,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--floor-steps", type=int, default=10)
-    parser.add_argument(
-        "--no-pin", dest="pin", action="store_false", help="run with cpus.pin = false (cores shared, as before)"
-    )
+    parser.add_argument("--pin", action="store_true", help="run with cpus.pin = true (own cores per role)")
     args = parser.parse_args()
     shape = (args.prompts, args.group, args.max_tokens)
     results: dict[str, dict[str, float]] = {}

@@ -1,9 +1,9 @@
 """Which CPU cores the inference server and the trainer compute on, when both run on CPUs.
 
-Guarantee: on a CPU build of vLLM with at least two usable cores, vLLM's OpenMP threads and the
-trainer's torch threads get disjoint core sets (one thread per core), so generation and
-training never spin against each other on one core; with GPUs, a single core, or `pin = false`,
-nothing is pinned and every process keeps the defaults.
+Guarantee: with `pin = true`, on a CPU build of vLLM with at least two usable cores, vLLM's
+OpenMP threads and the trainer's torch threads get disjoint core sets (one thread per core), so generation and
+training never spin against each other on one core; otherwise (the default, GPUs, a single
+core) nothing is pinned and every process keeps the defaults.
 
 Why: vLLM-CPU binds its worker's threads to cores itself (`VLLM_CPU_OMP_THREADS_BIND`), while torch
 starts one thread per core; on a 2-core box the trainer's second thread then shares vLLM's core,
@@ -24,8 +24,11 @@ from envrl.config import BaseConfig, ConfigError
 class CpusConfig(BaseConfig):
     """`[cpus]`: cores of the inference server and the trainer on a machine without GPUs."""
 
-    pin: bool = True
-    """Give inference and trainer their own cores (CPU builds of vLLM only)."""
+    pin: bool = False
+    """Give inference and trainer their own cores (CPU builds of vLLM only). Off by default: on a
+    2-core box it made on-policy steps slower (1.62 s vs 1.18 s; each role loses the other core
+    while the other idles) and async-2 steps no faster (1.12 s vs 1.14 s), though the trainer's
+    compute under overlap fell from 0.68 s to 0.41 s (scripts/bench/e2e.py, 64 x 32 tokens)."""
     inference: list[int] | None = Field(None, min_length=1)
     """Cores of vLLM's CPU worker. Default: the cores the trainer does not get (without either
     list: the first half of the cores `rl` may use, rounded up)."""

@@ -9,19 +9,25 @@ from envrl.launcher.cpus import CpuPlan, CpusConfig, plan_cpus
 
 
 def test_cores_are_split_in_halves_inference_first() -> None:
-    assert plan_cpus(CpusConfig(), {0, 1}, cpu_build=True) == CpuPlan(inference=[0], trainer=[1])
-    assert plan_cpus(CpusConfig(), set(range(5)), cpu_build=True) == CpuPlan(inference=[0, 1, 2], trainer=[3, 4])
+    assert plan_cpus(CpusConfig(pin=True), {0, 1}, cpu_build=True) == CpuPlan(inference=[0], trainer=[1])
+    assert plan_cpus(CpusConfig(pin=True), set(range(5)), cpu_build=True) == CpuPlan(
+        inference=[0, 1, 2], trainer=[3, 4]
+    )
 
 
 def test_one_list_given_leaves_the_other_role_the_rest() -> None:
-    assert plan_cpus(CpusConfig(trainer=[0]), {0, 1, 2}, cpu_build=True) == CpuPlan(inference=[1, 2], trainer=[0])
-    assert plan_cpus(CpusConfig(inference=[2]), {0, 1, 2}, cpu_build=True) == CpuPlan(inference=[2], trainer=[0, 1])
+    assert plan_cpus(CpusConfig(pin=True, trainer=[0]), {0, 1, 2}, cpu_build=True) == CpuPlan(
+        inference=[1, 2], trainer=[0]
+    )
+    assert plan_cpus(CpusConfig(pin=True, inference=[2]), {0, 1, 2}, cpu_build=True) == CpuPlan(
+        inference=[2], trainer=[0, 1]
+    )
 
 
-def test_nothing_is_pinned_on_gpu_builds_single_cores_or_when_turned_off() -> None:
-    assert plan_cpus(CpusConfig(), {0, 1}, cpu_build=False) is None
-    assert plan_cpus(CpusConfig(), {0}, cpu_build=True) is None
-    assert plan_cpus(CpusConfig(pin=False), {0, 1}, cpu_build=True) is None
+def test_nothing_is_pinned_by_default_on_gpu_builds_or_single_cores() -> None:
+    assert plan_cpus(CpusConfig(), {0, 1}, cpu_build=True) is None
+    assert plan_cpus(CpusConfig(pin=True), {0, 1}, cpu_build=False) is None
+    assert plan_cpus(CpusConfig(pin=True), {0}, cpu_build=True) is None
 
 
 def test_the_plan_becomes_each_process_environment() -> None:
@@ -34,6 +40,6 @@ def test_overlapping_unknown_or_exhausted_cores_are_config_errors() -> None:
     with pytest.raises(ValueError, match=r"share cores \[1\]"):
         CpusConfig(inference=[0, 1], trainer=[1])
     with pytest.raises(ConfigError, match=r"cpus.trainer names cores \[7\]"):
-        plan_cpus(CpusConfig(trainer=[7]), {0, 1}, cpu_build=True)
+        plan_cpus(CpusConfig(pin=True, trainer=[7]), {0, 1}, cpu_build=True)
     with pytest.raises(ConfigError, match="no cores left for the trainer"):
-        plan_cpus(CpusConfig(inference=[0, 1]), {0, 1}, cpu_build=True)
+        plan_cpus(CpusConfig(pin=True, inference=[0, 1]), {0, 1}, cpu_build=True)
