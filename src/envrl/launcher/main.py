@@ -36,7 +36,6 @@ from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_c
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
-from envrl.report.main import write_report_at_end
 
 INFERENCE_READY_TIMEOUT = 900.0
 
@@ -122,6 +121,8 @@ def run_training(argv: Sequence[str]) -> None:
         supervisor.watch(until={"trainer", "orchestrator"})
         console.stop()
         _summary(rl, supervisor.restarts())
+        from envrl.report.main import write_report_at_end  # matplotlib: 1.6 s of every rl start otherwise
+
         write_report_at_end(rl.output_dir)
     except ChildFailed as e:
         logger.error(f"run failed: {e}")
