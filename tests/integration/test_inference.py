@@ -152,6 +152,19 @@ async def running_requests(http: httpx.AsyncClient, base_url: str) -> float:
     )
 
 
+async def long_generation_running(
+    client: InferenceClient, base_url: str, prompt: list[int]
+) -> asyncio.Task[TokenCompletion]:
+    """A 1500-token generation of `prompt`, returned once vLLM reports it running."""
+    generation = asyncio.create_task(client.generate(prompt, {"max_tokens": 1500, "ignore_eos": True, "seed": 7}))
+    deadline = time.monotonic() + 60.0
+    async with httpx.AsyncClient() as http:
+        while await running_requests(http, base_url) < 1:
+            assert time.monotonic() < deadline and not generation.done(), "the generation was never seen running"
+            await asyncio.sleep(0.05)
+    return generation
+
+
 def test_request_in_flight_during_reload_finishes_on_the_old_weights(vllm_server, tmp_path: Path) -> None:
     new_dir = perturbed_copy(DEFAULT_DIR, tmp_path / "step_1")
     prompt = PROMPTS[0]
@@ -159,16 +172,7 @@ def test_request_in_flight_during_reload_finishes_on_the_old_weights(vllm_server
     async def generate_while_reloading() -> tuple[TokenCompletion, bool]:
         client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
         try:
-            generation = asyncio.create_task(
-                client.generate(prompt, {"max_tokens": 1500, "ignore_eos": True, "seed": 7})
-            )
-            deadline = time.monotonic() + 60.0
-            async with httpx.AsyncClient() as http:
-                while await running_requests(http, vllm_server.base_url) < 1:
-                    assert time.monotonic() < deadline and not generation.done(), (
-                        "the generation was never seen running"
-                    )
-                    await asyncio.sleep(0.05)
+            generation = await long_generation_running(client, vllm_server.base_url, prompt)
             await client.update_weights(new_dir)
             done_before_reload_returned = generation.done()
             return await generation, done_before_reload_returned
@@ -213,16 +217,7 @@ def test_a_reload_past_its_deadline_is_abandoned_and_generation_goes_on(vllm_ser
     async def reload_with_a_short_deadline() -> tuple[TokenCompletion, HttpCallError]:
         client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
         try:
-            generation = asyncio.create_task(
-                client.generate(PROMPTS[0], {"max_tokens": 1500, "ignore_eos": True, "seed": 7})
-            )
-            deadline = time.monotonic() + 60.0
-            async with httpx.AsyncClient() as http:
-                while await running_requests(http, vllm_server.base_url) < 1:
-                    assert time.monotonic() < deadline and not generation.done(), (
-                        "the generation was never seen running"
-                    )
-                    await asyncio.sleep(0.05)
+            generation = await long_generation_running(client, vllm_server.base_url, PROMPTS[0])
             with pytest.raises(HttpCallError) as refused:
                 await client.update_weights(new_dir, step=1, timeout_s=0.2)
             return await generation, refused.value
