@@ -248,6 +248,17 @@ def _data_loc(loc: Key, data: Any) -> Key:
     return tuple(out)
 
 
+def _nested_home(parents: list[type[BaseModel]], key: str) -> list[str]:
+    """`["pool.num_workers"]` when `key` is a field of a table one level down (a key written one level
+    too high); a spelling guess would point somewhere wrong."""
+    for parent in parents:
+        for name in parent.model_fields:
+            children = [t for t in _step([parent], name) if isinstance(t, type) and issubclass(t, BaseModel)]
+            if any(key in child.model_fields for child in children):
+                return [f"{name}.{key}"]
+    return []
+
+
 def _describe(error: dict[str, Any], model: type[BaseModel], layers: _Layers) -> str:
     loc = _data_loc(tuple(error["loc"]), layers.data)
     key = _display_key(loc) or "<top level>"
@@ -255,8 +266,9 @@ def _describe(error: dict[str, Any], model: type[BaseModel], layers: _Layers) ->
     where = f" (from {source})" if source else ""
     kind = error["type"]
     if kind == "extra_forbidden":
-        valid = sorted({name for m in _models_at(model, loc[:-1], layers.data) for name in m.model_fields})
-        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+        parents = _models_at(model, loc[:-1], layers.data)
+        valid = sorted({name for m in parents for name in m.model_fields})
+        close = _nested_home(parents, str(loc[-1])) or difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
         parent = _display_key(loc[:-1])
         hint = f"; did you mean '{_display_key((*loc[:-1], close[0]))}'?" if close else ""
         if not close and valid:

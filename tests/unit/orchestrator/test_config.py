@@ -32,7 +32,9 @@ def test_duplicate_addresses_are_an_error() -> None:
 
 
 def test_worker_count_belongs_to_the_pool_table() -> None:
-    with pytest.raises(ConfigError, match=r"unknown config key 'envs\[0\]\.num_workers'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'envs\[0\]\.num_workers'.*did you mean 'envs\[0\]\.pool\.num_workers'"
+    ):
         resolve(envs=[{"id": "a", "num_workers": 3}])
     config = resolve(envs=[{"id": "a", "pool": {"type": "static", "num_workers": 3}}])
     assert isinstance(config.envs[0].pool, StaticPoolConfig) and config.envs[0].pool.num_workers == 3
