@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.config import resolve_config
 from envrl.samples import write_batch
+from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
@@ -145,5 +146,5 @@ def test_a_checkpoint_of_two_ranks_is_refused_by_one_naming_both_counts(two_rank
         TrainerConfig, overrides=[*ARGS.items(), ("output-dir", str(two_ranks)), ("resume", "true")]
     )
     trainer = Trainer(config, init_runtime(config))
-    with pytest.raises(ValueError, match="written by 2 ranks but this run has 1"):
+    with pytest.raises(RankCountMismatch, match="written by 2 ranks but this run has 1"):
         trainer.start_step()
