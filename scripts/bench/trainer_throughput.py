@@ -14,8 +14,9 @@ backward twice that). At Qwen3-0.6B and 16k this is 9.2 GFLOP/token, the count t
 prime-rl's published 11.9k tok/s on one H100 into its published 11.1% MFU.
 
 Runs from a bare copy of the repo on a machine with torch, transformers, safetensors and
-pydantic: `src/` is put on the path, and so is `outputs/gpu-carry` (what `--carry` writes:
-loguru, msgpack without its C extension, tomli_w, the rest of what envrl's trainer imports).
+pydantic: `src/` is put on the path, and where loguru, msgpack or tomli_w (the rest of what
+envrl's trainer imports) are missing, `outputs/gpu-carry` too (what `--carry` writes; msgpack
+without its C extension).
 """
 
 from __future__ import annotations
@@ -39,15 +40,14 @@ PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.4, "H200": 989.4, "A100": 31
 
 
 def _paths() -> list[str]:
-    """Make envrl importable from a plain repo copy; report carried modules still missing."""
-    for extra in (ROOT / "src", CARRY_DIR):
-        if extra.is_dir() and str(extra) not in sys.path:
-            sys.path.insert(0, str(extra))
-    return [
-        name
-        for name in ("torch", "transformers", "safetensors", "pydantic", *CARRIED)
-        if not importlib.util.find_spec(name)
-    ]
+    """Make envrl importable from a plain repo copy, with the carried folder only where needed;
+    return what still cannot be imported."""
+    if not importlib.util.find_spec("envrl"):
+        sys.path.insert(0, str(ROOT / "src"))
+    if CARRY_DIR.is_dir() and not all(importlib.util.find_spec(name) for name in CARRIED):
+        sys.path.insert(0, str(CARRY_DIR))
+    needed = ("torch", "transformers", "safetensors", "pydantic", *CARRIED)
+    return [name for name in needed if not importlib.util.find_spec(name)]
 
 
 MISSING = _paths()
