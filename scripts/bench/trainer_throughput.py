@@ -116,17 +116,16 @@ def carry(target: Path) -> None:
     print(f"copied {', '.join(CARRIED)} to {target} ({size / 1e6:.1f} MB)")
 
 
-def model_dir(bench: BenchConfig, runtime: Runtime) -> Path:
-    """The offline model of `bench.shape`, built once by rank 0 (every rank reads the same files)."""
-    if bench.shape not in QWEN3_SHAPES:
-        raise SystemExit(f"--shape {bench.shape!r}: known shapes are {sorted(QWEN3_SHAPES)}")
-    directory = bench.output_dir / f"{bench.shape}-random"
-    record = {"builder": "scripts/tiny_model.py", "shape": bench.shape, "seed": 0}
+def build_once(directory: Path, shape: str, runtime: Runtime) -> None:
+    """The offline model of `shape` in `directory`, built by rank 0 unless its build record
+    already matches (every rank then reads the same files)."""
+    if shape not in QWEN3_SHAPES:
+        raise SystemExit(f"--shape {shape!r}: known shapes are {sorted(QWEN3_SHAPES)}")
+    record = {"builder": "scripts/tiny_model.py", "shape": shape, "seed": 0}
     built = directory / "envrl_build.json"
     if runtime.is_main and not (built.is_file() and json.loads(built.read_text()) == record):
-        build_qwen3_model(directory, bench.shape, seed=0)
+        build_qwen3_model(directory, shape, seed=0)
     barrier(runtime)
-    return directory
 
 
 def matmul_params(model_name: Path) -> tuple[int, int, int]:
@@ -185,11 +184,11 @@ def main() -> None:
         raise SystemExit(
             f"need 0 < prompt_len ({bench.prompt_len}) < sample_len ({sample_len}) <= seq_len ({bench.seq_len})"
         )
-    run_dir = bench.output_dir / "run"
+    run_dir, model = bench.output_dir / "run", bench.output_dir / f"{bench.shape}-random"
     config = resolve_config(
         TrainerConfig,
         base={
-            "model": {"name": str(bench.output_dir / f"{bench.shape}-random")},
+            "model": {"name": str(model)},
             "output_dir": str(run_dir),
             "max_tokens": bench.seq_len,
             "activation_checkpointing": bench.activation_checkpointing,
@@ -201,7 +200,7 @@ def main() -> None:
     )
     runtime = init_runtime(config)
     try:
-        model_dir(bench, runtime)
+        build_once(model, bench.shape, runtime)
         if runtime.is_main:
             shutil.rmtree(run_dir, ignore_errors=True)
         barrier(runtime)
