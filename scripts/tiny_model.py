@@ -1,11 +1,14 @@
-"""A tiny chat model built offline, for debug runs and tests (no model hub needed).
+"""Models built offline, for debug runs, tests and the GPU kit (no model hub needed).
 
     python scripts/tiny_model.py [--out DIR] [--seed N]     # default: rebuild deps/models/tiny-chat
+    python scripts/tiny_model.py --shape qwen3-0.6b        # deps/models/qwen3-0.6b-random (1.2 GB)
 
 Guarantee: `build_tiny_model(out, seed)` writes the same bytes for the same seed: a Llama causal
 LM (hidden 64, 2 layers, head_dim 32 because vLLM on CPU rejects smaller heads) and a byte-level
 BPE tokenizer trained on a fixed in-code corpus, with a ChatML chat template that renders tools
-and tool calls. The result is a plain HF directory for transformers and vLLM alike.
+and tool calls. `build_qwen3_model(out, shape, seed)` does the same for a Qwen3 architecture of a
+named shape (`QWEN3_SHAPES`) with random bf16 weights and that tokenizer. The results are plain
+HF directories for transformers and vLLM alike.
 """
 
 from __future__ import annotations
@@ -17,10 +20,35 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-DEFAULT_DIR = Path(__file__).resolve().parents[1] / "deps" / "models" / "tiny-chat"
+MODELS_DIR = Path(__file__).resolve().parents[1] / "deps" / "models"
+DEFAULT_DIR = MODELS_DIR / "tiny-chat"
 """Where the repo ships the default build (seed 0); configs point `model.name` here."""
+
+QWEN3_SHAPES: dict[str, dict[str, int]] = {
+    "qwen3-0.6b": {
+        "vocab_size": 151936,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+    },
+    "qwen3-tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+    },
+}
+"""Qwen3 shapes: Qwen3-0.6B's published config (its tied 151,936-token embedding included: the
+lm_head is a quarter of its matmul parameters; ids past the tiny tokenizer's ~1k decode to empty
+text), and the same architecture at the tiny model's size (the tokenizer's vocabulary) for CPU
+smoke runs of the GPU kit."""
 
 PAD, BOS_TURN, EOS = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
@@ -208,6 +236,37 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausal
     return model
 
 
+def qwen3_config(shape: str, tokenizer: PreTrainedTokenizerFast) -> Qwen3Config:
+    if shape not in QWEN3_SHAPES:
+        raise ValueError(f"unknown Qwen3 shape {shape!r}; known: {sorted(QWEN3_SHAPES)}")
+    return Qwen3Config(
+        **{"vocab_size": len(tokenizer), **QWEN3_SHAPES[shape]},
+        max_position_embeddings=40960,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="bfloat16",
+    )
+
+
+def build_qwen3_model(out_dir: Path, shape: str = "qwen3-0.6b", seed: int = 0) -> Path:
+    """Write a Qwen3 model of `shape` with random bf16 weights and the tiny tokenizer to `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    config = qwen3_config(shape, tokenizer)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.do_sample = True
+    tokenizer.save_pretrained(out_dir)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    build = {"builder": "scripts/tiny_model.py", "shape": shape, "seed": seed}
+    (out_dir / "envrl_build.json").write_text(json.dumps(build) + "\n")
+    return out_dir
+
+
 def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     """Write the tiny model and tokenizer to `out_dir` (created or overwritten) and return it."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -219,13 +278,19 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Build the tiny offline chat model (same seed, same bytes).")
-    parser.add_argument("--out", type=Path, default=DEFAULT_DIR, help=f"output directory (default: {DEFAULT_DIR})")
+    parser = argparse.ArgumentParser(description="Build an offline model (same shape and seed, same bytes).")
+    parser.add_argument("--shape", choices=["tiny-chat", *QWEN3_SHAPES], default="tiny-chat")
+    parser.add_argument(
+        "--out", type=Path, help=f"output directory (default: {DEFAULT_DIR}, or {MODELS_DIR}/<shape>-random)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="weight-initialisation seed (default: 0)")
     args = parser.parse_args()
-    out = build_tiny_model(args.out, args.seed)
+    if args.shape == "tiny-chat":
+        out = build_tiny_model(args.out or DEFAULT_DIR, args.seed)
+    else:
+        out = build_qwen3_model(args.out or MODELS_DIR / f"{args.shape}-random", args.shape, args.seed)
     size = sum(f.stat().st_size for f in out.iterdir())
-    print(f"wrote tiny model (seed {args.seed}) to {out} ({size / 1e6:.2f} MB)")
+    print(f"wrote {args.shape} model (seed {args.seed}) to {out} ({size / 1e6:.2f} MB)")
 
 
 if __name__ == "__main__":

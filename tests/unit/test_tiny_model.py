@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from scripts.tiny_model import DEFAULT_DIR, build_tiny_model
+from scripts.tiny_model import DEFAULT_DIR, build_qwen3_model, build_tiny_model, build_tokenizer, qwen3_config
 
 TOOLS = [
     {
@@ -35,6 +35,22 @@ def test_different_seed_gives_different_weights(tmp_path: Path) -> None:
     built = build_tiny_model(tmp_path / "seed1", seed=1)
     assert digests(built)["model.safetensors"] != digests(DEFAULT_DIR)["model.safetensors"]
     assert digests(built)["tokenizer.json"] == digests(DEFAULT_DIR)["tokenizer.json"]
+
+
+def test_qwen3_0_6b_shape_has_the_published_parameter_counts() -> None:
+    """Qwen3-0.6B's model card: 0.6B parameters, 0.44B without the (tied) embedding."""
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(qwen3_config("qwen3-0.6b", build_tokenizer()))
+    total = sum(p.numel() for p in model.parameters())
+    assert (total, total - model.get_input_embeddings().weight.numel()) == (596_049_920, 440_467_456)
+
+
+def test_qwen3_tiny_builds_the_same_bytes_and_loads(tmp_path: Path) -> None:
+    first = build_qwen3_model(tmp_path / "a", "qwen3-tiny", seed=0)
+    assert digests(first) == digests(build_qwen3_model(tmp_path / "b", "qwen3-tiny", seed=0))
+    model = AutoModelForCausalLM.from_pretrained(first)
+    assert model.config.model_type == "qwen3" and model.dtype == torch.bfloat16
+    assert model(input_ids=torch.tensor([[5, 6, 7]])).logits.shape == (1, 3, len(build_tokenizer()))
 
 
 @pytest.fixture(scope="module")

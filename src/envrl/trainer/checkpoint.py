@@ -28,6 +28,10 @@ from envrl.trainer.parallel import Runtime, barrier
 TRAINER_STATE = "trainer_state.pt"
 
 
+class RankCountMismatch(ValueError):
+    """A checkpoint written by a different number of ranks than this run has."""
+
+
 def list_checkpoints(output_dir: Path) -> list[int]:
     """Steps with a published checkpoint, oldest first."""
     return published_steps(Path(output_dir) / "checkpoints")
@@ -109,9 +113,9 @@ def load_checkpoint(
         raise FileNotFoundError(f"no checkpoint at {path} (checkpoints found for steps: {found or 'none'})")
     meta = torch.load(path / TRAINER_STATE, weights_only=True)
     if meta["world_size"] != runtime.world_size:
-        raise ValueError(
+        raise RankCountMismatch(
             f"{path} was written by {meta['world_size']} ranks but this run has {runtime.world_size}; "
-            "resume with the same number of ranks (RNG state is per rank)"
+            "resume with the same number of ranks (trainer.gpus / trainer.num_procs; RNG state is per rank)"
         )
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}

@@ -17,11 +17,12 @@ from envrl.config import load_config
 from envrl.log import LogConfig, setup_logging
 from envrl.process import die_with_parent
 from envrl.samples import BatchError
+from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer, TrainingError
 from envrl.trainer.parallel import init_runtime, shutdown
 
-EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError)
+EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError, RankCountMismatch)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
