@@ -66,10 +66,11 @@ def env_server_key(split: str, name: str) -> str:
 
 def trainer_argv(python: str, ranks: int, config: Path) -> list[str]:
     """The trainer's command: under torchrun with `ranks` > 1 (one node, loopback rendezvous)."""
-    entry = ["-m", "envrl.trainer.main", "--config", str(config)]
+    args = ["envrl.trainer.main", "--config", str(config)]
     if ranks == 1:
-        return [python, *entry]
-    return [python, "-m", "envrl.launcher.torchrun", "--standalone", "--nproc-per-node", str(ranks), *entry]
+        return [python, "-m", *args]
+    torchrun = [python, "-m", "envrl.launcher.torchrun", "--standalone", "--nproc-per-node", str(ranks)]
+    return [*torchrun, "-m", "envrl.launcher.rank", *args]  # each rank: die with torchrun, then the trainer
 
 
 def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) -> LaunchPlan:
