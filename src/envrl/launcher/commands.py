@@ -69,7 +69,9 @@ def trainer_argv(python: str, ranks: int, config: Path) -> list[str]:
     args = ["envrl.trainer.main", "--config", str(config)]
     if ranks == 1:
         return [python, "-m", *args]
-    torchrun = [python, "-m", "envrl.launcher.torchrun", "--standalone", "--nproc-per-node", str(ranks)]
+    # --local-addr: MASTER_ADDR is 127.0.0.1, not this host's name (which may resolve to a public interface)
+    torchrun = [python, "-m", "envrl.launcher.torchrun", "--standalone", "--local-addr", "127.0.0.1"]
+    torchrun += ["--nproc-per-node", str(ranks)]
     return [*torchrun, "-m", "envrl.launcher.rank", *args]  # each rank: die with torchrun, then the trainer
 
 

@@ -8,6 +8,7 @@ process-group kill `rl` uses for its other children.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from envrl.process import adopt_children, die_with_parent
@@ -16,9 +17,14 @@ from envrl.process import adopt_children, die_with_parent
 def main() -> None:
     die_with_parent()  # on rl's death torchrun gets SIGTERM and stops its ranks
     adopt_children()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
-    torchrun(sys.argv[1:])
+    try:
+        torchrun(sys.argv[1:])
+    except SignalException as e:  # the run is being stopped: one line, not torchrun's traceback
+        print(f"torchrun (pid {os.getpid()}): {e.sigval.name} received; its ranks were stopped", file=sys.stderr)
+        raise SystemExit(128 + int(e.sigval)) from None
 
 
 if __name__ == "__main__":
