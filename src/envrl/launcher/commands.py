@@ -81,7 +81,10 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
     out = run.trainer.output_dir
     logs = layout.logs_dir(out)
     inference_env = {**placement.inference_env(), **(cpus.inference_env() if cpus else {})}
+    ranks = placement.trainer_ranks
     trainer_env = {**placement.trainer_env(), **(cpus.trainer_env() if cpus else {})}
+    if cpus is not None and ranks > 1:  # the ranks share the trainer's cores
+        trainer_env["OMP_NUM_THREADS"] = str(max(1, len(cpus.trainer) // ranks))
     servers = []
     for server in run.env_servers:
         key = env_server_key(server.split, server.name)
@@ -92,7 +95,6 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
                 log_file=layout.env_log_file(out, server.split, server.name),
             )
         )
-    ranks = placement.trainer_ranks
     return LaunchPlan(
         inference=Command(
             name="inference",

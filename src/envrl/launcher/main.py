@@ -3,7 +3,7 @@ and the other `COMMANDS` run the command of that name instead.
 
 Guarantee: every process this command starts is stopped before it returns, whatever happens
 (a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
-itself is SIGKILLed). An env server that dies is restarted on its address (`restarts` of its
+itself is SIGKILLed), torchrun's trainer ranks included (`launcher/torchrun.py`). An env server that dies is restarted on its address (`restarts` of its
 env); any other death ends the run, which `--resume` continues. Exit code: 0 when trainer and
 orchestrator finished, 1 when a process failed (it is named, with the tail of its log), 2 for a
 bad config, 130 on Ctrl-C.
