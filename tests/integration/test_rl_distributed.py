@@ -143,7 +143,10 @@ def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_
         shutil.copytree(out / "rollouts" / f"step_{step}", one / "rollouts" / f"step_{step}")
     config = load_config(
         TrainerConfig,
-        ["--config", str(out / "configs" / "trainer.toml"), "--output-dir", str(one), "--max-steps", str(STEPS)],
+        [
+            *("--config", str(out / "configs" / "trainer.toml"), "--output-dir", str(one)),
+            *("--max-steps", str(STEPS), "--wandb.mode", "disabled"),
+        ],
         prog="trainer",
     )
     assert config.num_procs == 2  # the same config; the launcher alone reads num_procs
