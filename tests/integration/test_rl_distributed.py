@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -34,8 +35,11 @@ from tests.integration.smoke import finish, metrics, rl_process, wait_no_survivo
 STEPS = 3
 WEIGHT_ATOL = 1e-5
 """Max abs difference of published weights (|w| <= ~1; measured rounding differences are ~1e-7)."""
-LOSS_RTOL = 1e-4
-"""Per-step trainer loss of the two layouts (fp32 sums in another order; see test_trainer_distributed.py)."""
+METRIC_RTOL = 1e-4
+"""Per-step trainer metrics of the two layouts (fp32 sums in another order; measured 3e-6 on the
+grad norm; see test_trainer_distributed.py). Not the loss: on-policy with group-centred advantages
+it is 0 up to rounding (~1e-9), so its relative difference says nothing."""
+COMPARED_METRICS = ("trainer/grad_norm", "trainer/entropy")
 PARENT = """
 import sys, time
 from pathlib import Path
@@ -152,10 +156,12 @@ def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_
     assert config.num_procs == 2  # the same config; the launcher alone reads num_procs
     Trainer(config, init_runtime(config)).run()
 
-    two_losses = [m["trainer/loss"] for m in metrics(out) if "trainer/loss" in m][:STEPS]
-    one_losses = [m["trainer/loss"] for m in metrics(one) if "trainer/loss" in m]
-    assert len(one_losses) == STEPS
-    assert torch.allclose(torch.tensor(two_losses), torch.tensor(one_losses), rtol=LOSS_RTOL, atol=0)
+    two_steps = [m for m in metrics(out) if "trainer/grad_norm" in m][:STEPS]
+    one_steps = [m for m in metrics(one) if "trainer/grad_norm" in m]
+    assert [m["step"] for m in one_steps] == [m["step"] for m in two_steps] == list(range(STEPS))
+    for want, got in zip(one_steps, two_steps, strict=True):
+        for key in COMPARED_METRICS:
+            assert got[key] == pytest.approx(want[key], rel=METRIC_RTOL), (want["step"], key)
     start = load_file(DEFAULT_DIR / "model.safetensors")
     single = load_file(one / "weights" / f"step_{STEPS}" / "model.safetensors")
     sharded = load_file(out / "weights" / f"step_{STEPS}" / "model.safetensors")
