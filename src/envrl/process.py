@@ -1,7 +1,8 @@
 """Spawning, watching and stopping child processes: the one abstraction for every envrl child.
 
 Guarantee: a child started with `spawn` dies with its parent (parent-death signal plus a
-watchdog thread, once it calls `die_with_parent`), its exit is observable at once through a
+watchdog thread, once it calls `die_with_parent`), and so do grandchildren started by a child
+that called `adopt_children` (torchrun's ranks, which live in sessions of their own), its exit is observable at once through a
 pollable fd, and a sidecar that dies or stalls before reporting ready raises `ChildFailed`
 naming it, its exit status and the tail of its log. A `RestartBudget` allows at most
 `max_restarts` restarts within any `window_s` seconds, each after a doubling backoff.
@@ -275,6 +276,16 @@ def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0) -> N
         os.kill(os.getpid(), sig)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def adopt_children() -> None:
+    """Make the children this process starts from now on die with it (call after `die_with_parent`).
+
+    For a process that starts its own children without `spawn` (torchrun): they inherit the
+    environment, so a child calling `die_with_parent` then watches this process instead of
+    killing itself for not being a child of the original parent.
+    """
+    os.environ[PARENT_PID_ENV] = str(os.getpid())
 
 
 def config_argv(config: BaseModel) -> list[str]:

@@ -46,6 +46,10 @@ class InferenceConfig(BaseConfig):
     host: str = "127.0.0.1"
     """Interface the OpenAI-compatible server binds."""
     port: int = 8000
+    gpus: list[int] = []
+    """Devices of the inference server, counted among the GPUs `rl` sees: it is started with
+    CUDA_VISIBLE_DEVICES set to them. Empty: it sees what `rl` sees. Must not overlap
+    `trainer.gpus` unless both lists are the same (one GPU shared). Read by `rl` only."""
     kv_cache_gib: int = 1
     """KV-cache size in GiB on CPU (VLLM_CPU_KVCACHE_SPACE); ignored on GPU (see vllm.gpu_memory_utilization)."""
     vllm: dict[str, Any] = {}

@@ -3,7 +3,7 @@ and the other `COMMANDS` run the command of that name instead.
 
 Guarantee: every process this command starts is stopped before it returns, whatever happens
 (a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
-itself is SIGKILLed). An env server that dies is restarted on its address (`restarts` of its
+itself is SIGKILLed), torchrun's trainer ranks included (`launcher/torchrun.py`). An env server that dies is restarted on its address (`restarts` of its
 env); any other death ends the run, which `--resume` continues. Exit code: 0 when trainer and
 orchestrator finished, 1 when a process failed (it is named, with the tail of its log), 2 for a
 bad config, 130 on Ctrl-C.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
-import os
 import shutil
 import signal
 import socket
@@ -31,8 +30,10 @@ from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.console import RunConsole
 from envrl.inference.server import wait_until_serving
+from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
+from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
@@ -58,11 +59,24 @@ def _raise_interrupted(signum: int, _frame: object) -> NoReturn:
 
 
 def dry_run_text(rl: RLConfig) -> str:
-    run = resolve_run(rl)
+    run, placement, cpus = _plan(rl)
     parts = [f"# {name}\n{config_to_toml(config)}" for name, config in _process_configs(run).items()]
-    plan = plan_cpus(rl.cpus, usable_cores(), vllm_is_cpu_build())
-    placement = "not pinned" if plan is None else f"inference on {plan.inference}, trainer on {plan.trainer}"
-    return "\n".join([*parts, f"# cpus: {placement}"])
+    pinned = "not pinned" if cpus is None else f"inference on {cpus.inference}, trainer on {cpus.trainer}"
+    commands = [
+        line
+        for command in launch_plan(run, placement, cpus).commands()
+        for line in (f"{command.shell()}", *([f"#   {command.note}"] if command.note else []))
+    ]
+    return "\n".join(
+        [*parts, f"# cpus: {pinned}", "# commands (variables: what differs from rl's environment)", *commands, ""]
+    )
+
+
+def _plan(rl: RLConfig) -> tuple[ResolvedRun, Placement, CpuPlan | None]:
+    """Each process's config, devices and cores; ConfigError when they cannot work together."""
+    run = resolve_run(rl)
+    placement = place(rl.trainer, rl.inference, visible_gpus())
+    return run, placement, plan_cpus(rl.cpus, usable_cores(), vllm_is_cpu_build())
 
 
 def _process_configs(run: ResolvedRun) -> dict[str, BaseModel]:
@@ -72,7 +86,7 @@ def _process_configs(run: ResolvedRun) -> dict[str, BaseModel]:
         "orchestrator": run.orchestrator,
     }
     for server in run.env_servers:
-        configs[f"envs/{server.split}/{server.name}"] = server.config
+        configs[env_server_key(server.split, server.name)] = server.config
     return configs
 
 
@@ -99,8 +113,7 @@ def run_training(argv: Sequence[str]) -> None:
     epilog = "Commands: " + ", ".join(f"rl {name} --help" for name in COMMANDS)
     rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text, epilog=epilog)
     try:
-        run = resolve_run(rl)
-        cpus = plan_cpus(rl.cpus, usable_cores(), vllm_is_cpu_build())
+        run, placement, cpus = _plan(rl)
         _prepare_output_dir(rl)
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
@@ -109,14 +122,14 @@ def run_training(argv: Sequence[str]) -> None:
     console = RunConsole(rl.output_dir, rl.max_steps)
     console.lines.use_for_stderr()  # on a terminal, rl's own log lines print above the status line
     setup_logging(rl.log.model_copy(update={"file": logs / "launcher.log"}), process="rl")
-    config_files = _write_configs(rl.output_dir, run)
+    _write_configs(rl.output_dir, run)
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     supervisor = Supervisor(grace=rl.shutdown_grace)
     code = 0
     try:
         _check_ports(run)
-        _start(run, config_files, rl.output_dir, supervisor, cpus)
+        _start(run, launch_plan(run, placement, cpus), supervisor, cpus)
         console.start()
         supervisor.watch(until={"trainer", "orchestrator"})
         console.stop()
@@ -153,14 +166,11 @@ def _prepare_output_dir(rl: RLConfig) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _write_configs(out: Path, run: ResolvedRun) -> dict[str, Path]:
-    files = {}
+def _write_configs(out: Path, run: ResolvedRun) -> None:
     for name, config in _process_configs(run).items():
-        path = layout.configs_dir(out) / f"{name}.toml"
+        path = config_file(out, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config_to_toml(config))
-        files[name] = path
-    return files
 
 
 def _check_ports(run: ResolvedRun) -> None:
@@ -180,46 +190,27 @@ def _check_ports(run: ResolvedRun) -> None:
         )
 
 
-def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supervisor, cpus: CpuPlan | None) -> None:
-    python = sys.executable
-    logs = layout.logs_dir(out)
+def _start(run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: CpuPlan | None) -> None:
     if cpus is not None:
         logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
     logger.info("starting inference server (vLLM; about a minute on CPU)")
-    inference = supervisor.add(
-        spawn(
-            [python, "-m", "envrl.inference.main", "--config", str(files["inference"])],
-            name="inference",
-            log_file=logs / "inference.log",
-            env=None if cpus is None else {**os.environ, **cpus.inference_env()},
-        )
-    )
-    for server in run.env_servers:
-        key = f"envs/{server.split}/{server.name}"
-        log_file = layout.env_log_file(out, server.split, server.name)
-        argv = [python, "-m", "envrl.serve.main", "--config", str(files[key])]
-        name = f"{server.split} env server {server.name!r}"
+    inference = supervisor.add(_spawn(plan.inference))
+    for server, command in zip(run.env_servers, plan.env_servers, strict=True):
+        argv, name, log_file = command.argv, command.name, command.log_file
         child, address = spawn_sidecar(argv, name=name, log_file=log_file)
         supervisor.add(child, respawn=partial(_restart_sidecar, argv, name, log_file), restarts=server.restarts)
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
     wait_until_serving(inference, run.inference.base_url, INFERENCE_READY_TIMEOUT, also_check=supervisor.check)
-    trainer = spawn(
-        [python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])],
-        name="trainer",
-        log_file=logs / "trainer.log",
-        env=None if cpus is None else {**os.environ, **cpus.trainer_env()},
-    )
+    trainer = _spawn(plan.trainer)
     if cpus is not None:
-        pin(trainer.popen.pid, cpus.trainer)
+        pin(trainer.popen.pid, cpus.trainer)  # torchrun's ranks, started later, inherit it
     supervisor.add(trainer)
-    supervisor.add(
-        spawn(
-            [python, "-m", "envrl.orchestrator.main", "--config", str(files["orchestrator"])],
-            name="orchestrator",
-            log_file=logs / "orchestrator.log",
-        )
-    )
-    logger.info(f"trainer and orchestrator started; logs in {logs}")
+    supervisor.add(_spawn(plan.orchestrator))
+    logger.info(f"trainer and orchestrator started; logs in {plan.trainer.log_file.parent}")
+
+
+def _spawn(command: Command) -> Child:
+    return spawn(command.argv, name=command.name, log_file=command.log_file, env=command.environ())
 
 
 def _restart_sidecar(argv: list[str], name: str, log_file: Path) -> Child:

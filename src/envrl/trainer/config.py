@@ -87,6 +87,14 @@ class TrainerConfig(BaseConfig):
     """Continue from the newest checkpoint in `output_dir` (start fresh if there is none)."""
     seed: int = 0
     """Seed of the torch RNGs (restored from checkpoints on resume)."""
+    gpus: list[int] = []
+    """Devices of the trainer, counted among the GPUs `rl` sees; `rl` starts one rank per device
+    (under torchrun when more than one), with CUDA_VISIBLE_DEVICES set to them. Empty: the trainer
+    sees what `rl` sees. Must not overlap `inference.gpus` unless both lists are the same (shared).
+    Read by `rl` only."""
+    num_procs: int | None = Field(None, ge=1)
+    """Trainer ranks: more than one starts the trainer under torchrun (gloo on CPU). Default:
+    len(gpus), or 1 without gpus; with gpus it must equal len(gpus). Read by `rl` only."""
     max_tokens: int = Field(4096, ge=1)
     """Token budget of one packed micro-batch. Each step packs its batch into as few
     micro-batches as fit this budget (a multiple of the number of ranks), filled longest sample

@@ -43,8 +43,45 @@ def test_dry_run_prints_every_process_config(capsys: pytest.CaptureFixture[str])
         main([*ONE_ENV, "--dry-run"])
     assert exit_info.value.code == 0
     headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("# ")]
-    assert headers[:-1] == ["# inference", "# trainer", "# orchestrator", "# envs/train/reverse-text"]
-    assert headers[-1].startswith("# cpus: ")  # the cores each compute process gets here
+    assert headers[:-2] == ["# inference", "# trainer", "# orchestrator", "# envs/train/reverse-text"]
+    assert headers[-2].startswith("# cpus: ")  # the cores each compute process gets here
+    assert headers[-1].startswith("# commands")
+
+
+def dry_run_commands(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*ONE_ENV, *args, "--dry-run"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out.split("# commands")[1].splitlines()[1:]
+
+
+def test_dry_run_prints_every_command_line_with_its_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+        lines = dry_run_commands(capsys, "--trainer.gpus", "[1, 2]", "--inference.gpus", "[0]")
+    inference, server, trainer, note, orchestrator = lines
+    assert inference.startswith("CUDA_VISIBLE_DEVICES=4 ") and "-m envrl.inference.main --config" in inference
+    assert "-m envrl.serve.main --config" in server and "reverse-text.toml" in server
+    assert trainer.startswith("CUDA_VISIBLE_DEVICES=5,6 ")
+    assert (
+        "-m envrl.launcher.torchrun --standalone --local-addr 127.0.0.1 --nproc-per-node 2 -m envrl.launcher.rank envrl.trainer.main --config"
+        in trainer
+    )
+    assert note.startswith("#   torchrun starts 2 ranks, each with its own RANK, LOCAL_RANK")
+    assert "CUDA_VISIBLE_DEVICES" not in orchestrator and "-m envrl.orchestrator.main --config" in orchestrator
+
+
+def test_one_trainer_rank_is_a_plain_process(capsys: pytest.CaptureFixture[str]) -> None:
+    [trainer] = [line for line in dry_run_commands(capsys) if "trainer" in line]
+    assert "torchrun" not in trainer and "-m envrl.trainer.main --config" in trainer
+
+
+def test_an_impossible_placement_exits_2_naming_the_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*ONE_ENV, "--trainer.gpus", "[0, 1]", "--inference.gpus", "[1]"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "config error: trainer.gpus [0, 1] and inference.gpus [1] overlap on [1]" in err
 
 
 def test_an_earlier_run_in_output_dir_needs_resume_or_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

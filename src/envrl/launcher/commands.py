@@ -1,0 +1,118 @@
+"""The command line, environment and log file of every process `rl` starts.
+
+Guarantee: `rl` starts exactly the commands `rl --dry-run` prints, since both come from
+`launch_plan`; `env` holds only what differs from `rl`'s own environment. The trainer runs under
+torchrun (`envrl.launcher.torchrun`, rendezvous on loopback) when it has more than one rank, and
+as a plain process with one.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from envrl import layout
+from envrl.launcher.config import ResolvedRun
+from envrl.launcher.cpus import CpuPlan
+from envrl.launcher.placement import Placement
+
+TORCHRUN_RANK_ENV = "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
+"""What torchrun adds to each rank's environment (the only per-rank difference)."""
+
+
+class Command(BaseModel):
+    name: str
+    argv: list[str]
+    env: dict[str, str] = {}
+    """Variables set on top of `rl`'s environment."""
+    log_file: Path
+    note: str = ""
+    """What the command line alone does not show (torchrun's per-rank variables)."""
+
+    def shell(self) -> str:
+        """The command as one shell line, its environment variables first."""
+        assignments = [f"{key}={shlex.quote(value)}" for key, value in self.env.items()]
+        return " ".join([*assignments, shlex.join(self.argv)])
+
+    def environ(self) -> dict[str, str] | None:
+        """The child's whole environment (None: `rl`'s own, unchanged)."""
+        return {**os.environ, **self.env} if self.env else None
+
+
+class LaunchPlan(BaseModel):
+    inference: Command
+    env_servers: list[Command]
+    """In the order of `ResolvedRun.env_servers`."""
+    trainer: Command
+    orchestrator: Command
+
+    def commands(self) -> list[Command]:
+        """Every command, in start order."""
+        return [self.inference, *self.env_servers, self.trainer, self.orchestrator]
+
+
+def config_file(out: Path, name: str) -> Path:
+    """Where `rl` writes the config of process `name` (`trainer`, `envs/train/<env>`, ...)."""
+    return layout.configs_dir(out) / f"{name}.toml"
+
+
+def env_server_key(split: str, name: str) -> str:
+    return f"envs/{split}/{name}"
+
+
+def trainer_argv(python: str, ranks: int, config: Path) -> list[str]:
+    """The trainer's command: under torchrun with `ranks` > 1 (one node, loopback rendezvous)."""
+    args = ["envrl.trainer.main", "--config", str(config)]
+    if ranks == 1:
+        return [python, "-m", *args]
+    # --local-addr: MASTER_ADDR is 127.0.0.1, not this host's name (which may resolve to a public interface)
+    torchrun = [python, "-m", "envrl.launcher.torchrun", "--standalone", "--local-addr", "127.0.0.1"]
+    torchrun += ["--nproc-per-node", str(ranks)]
+    return [*torchrun, "-m", "envrl.launcher.rank", *args]  # each rank: die with torchrun, then the trainer
+
+
+def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) -> LaunchPlan:
+    """The commands of `run`, with each process's devices and cores in its environment."""
+    python = sys.executable
+    out = run.trainer.output_dir
+    logs = layout.logs_dir(out)
+    inference_env = {**placement.inference_env(), **(cpus.inference_env() if cpus else {})}
+    ranks = placement.trainer_ranks
+    trainer_env = {**placement.trainer_env(), **(cpus.trainer_env() if cpus else {})}
+    if cpus is not None and ranks > 1:  # the ranks share the trainer's cores
+        trainer_env["OMP_NUM_THREADS"] = str(max(1, len(cpus.trainer) // ranks))
+    servers = []
+    for server in run.env_servers:
+        key = env_server_key(server.split, server.name)
+        servers.append(
+            Command(
+                name=f"{server.split} env server {server.name!r}",
+                argv=[python, "-m", "envrl.serve.main", "--config", str(config_file(out, key))],
+                log_file=layout.env_log_file(out, server.split, server.name),
+            )
+        )
+    return LaunchPlan(
+        inference=Command(
+            name="inference",
+            argv=[python, "-m", "envrl.inference.main", "--config", str(config_file(out, "inference"))],
+            env=inference_env,
+            log_file=logs / "inference.log",
+        ),
+        env_servers=servers,
+        trainer=Command(
+            name="trainer",
+            argv=trainer_argv(python, ranks, config_file(out, "trainer")),
+            env=trainer_env,
+            log_file=logs / "trainer.log",
+            note=f"torchrun starts {ranks} ranks, each with its own {TORCHRUN_RANK_ENV}" if ranks > 1 else "",
+        ),
+        orchestrator=Command(
+            name="orchestrator",
+            argv=[python, "-m", "envrl.orchestrator.main", "--config", str(config_file(out, "orchestrator"))],
+            log_file=logs / "orchestrator.log",
+        ),
+    )

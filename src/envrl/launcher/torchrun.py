@@ -1,0 +1,31 @@
+"""`python -m envrl.launcher.torchrun ARGS`: torchrun (`torch.distributed.run`) as `rl` starts it.
+
+Guarantee: this torchrun dies with `rl`, even when `rl` is SIGKILLed (parent-death signal), and
+each rank it starts dies with it (the trainer's `die_with_parent` watches this process), so no
+rank outlives the run; torchrun puts every rank in a session of its own, out of reach of the
+process-group kill `rl` uses for its other children.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from envrl.process import adopt_children, die_with_parent
+
+
+def main() -> None:
+    die_with_parent()  # on rl's death torchrun gets SIGTERM and stops its ranks
+    adopt_children()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(sys.argv[1:])
+    except SignalException as e:  # the run is being stopped: one line, not torchrun's traceback
+        print(f"torchrun (pid {os.getpid()}): {e.sigval.name} received; its ranks were stopped", file=sys.stderr)
+        raise SystemExit(128 + int(e.sigval)) from None
+
+
+if __name__ == "__main__":
+    main()

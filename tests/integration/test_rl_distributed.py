@@ -1,0 +1,172 @@
+"""The trainer under torchrun, started as `rl` starts it: its ranks die with `rl` and with torchrun,
+and a 2-rank `rl` run publishes the weights one process trains from the same rollouts.
+
+The weight comparison replays the 2-rank run's own published batches through a 1-process trainer
+of the same config, so both see the very same rollouts by construction (no reliance on vLLM's
+seeded sampling repeating across runs). As in test_trainer_distributed.py, `optim.eps = 1` with
+`lr = 1` keeps Adam from amplifying the fp32 rounding of differently ordered gradient sums (its
+first steps move a weight by about lr * sign(g) otherwise), while a wrong gradient (a rank's
+samples dropped or counted twice) still moves weights by ~1e-3, far beyond the 1e-5 bound.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from envrl.config import config_to_toml, load_config
+from envrl.trainer.config import TrainerConfig
+from envrl.trainer.loop import Trainer
+from envrl.trainer.parallel import init_runtime
+from scripts.chaos.harness import MARKER, ROOT, marked_pids
+from scripts.tiny_model import DEFAULT_DIR
+from tests.integration.smoke import finish, metrics, rl_process, wait_no_survivors
+
+STEPS = 3
+WEIGHT_ATOL = 1e-5
+"""Max abs difference of published weights (|w| <= ~1; measured rounding differences are ~1e-7)."""
+METRIC_RTOL = 1e-4
+"""Per-step trainer metrics of the two layouts (fp32 sums in another order; measured 3e-6 on the
+grad norm; see test_trainer_distributed.py). Not the loss: on-policy with group-centred advantages
+it is 0 up to rounding (~1e-9), so its relative difference says nothing."""
+COMPARED_METRICS = ("trainer/grad_norm", "trainer/entropy")
+PARENT = """
+import sys, time
+from pathlib import Path
+from envrl.launcher.commands import trainer_argv
+from envrl.process import spawn
+spawn(trainer_argv(sys.executable, 2, Path(sys.argv[1])), name="trainer", log_file=Path(sys.argv[2]))
+print("spawned", flush=True)
+time.sleep(3600)
+"""
+"""A stand-in for `rl`: starts the 2-rank trainer command exactly as `rl` does, then waits to be killed."""
+
+
+def rank_pids(marker: str) -> list[int]:
+    """Marked processes that are torchrun ranks (torchrun's own command line names the rank module too)."""
+    ranks = []
+    for pid in marked_pids(marker):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"envrl.launcher.rank" in cmdline and b"envrl.launcher.torchrun" not in cmdline:
+            ranks.append(pid)
+    return ranks
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.2)
+
+
+def start_parent(tmp_path: Path, marker: str) -> subprocess.Popen[bytes]:
+    """The stand-in `rl` with a trainer that waits for batches that never come (it stays alive)."""
+    trainer = TrainerConfig(output_dir=tmp_path / "out", batch_timeout_s=3600)
+    trainer.model.name = str(DEFAULT_DIR)
+    trainer.wandb.mode = "disabled"
+    config = tmp_path / "trainer.toml"
+    config.write_text(config_to_toml(trainer))
+    env = {**os.environ, MARKER: marker, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-c", PARENT, str(config), str(tmp_path / "trainer.log")]
+    return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def kill_marked(marker: str) -> None:
+    for pid in marked_pids(marker):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_sigkill_of_the_launcher_takes_torchrun_and_every_rank_down(tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    parent = start_parent(tmp_path, marker)
+    try:
+        wait_for(lambda: len(rank_pids(marker)) == 2, 180, "torchrun to start 2 ranks")
+        parent.kill()
+        parent.wait()
+        survivors = wait_no_survivors(marker, timeout=60)
+        assert not survivors, (tmp_path / "trainer.log").read_text()[-3000:]
+    finally:
+        parent.kill()
+        kill_marked(marker)
+
+
+def test_ranks_die_with_torchrun_even_while_they_start(tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    parent = start_parent(tmp_path, marker)
+    try:
+        wait_for(lambda: len(rank_pids(marker)) == 2, 180, "torchrun to start 2 ranks")
+        ranks = rank_pids(marker)
+        [torchrun] = [pid for pid in marked_pids(marker) if pid not in ranks and pid != parent.pid]
+        os.kill(torchrun, signal.SIGKILL)  # no SIGTERM handler runs: the ranks are on their own
+        wait_for(lambda: not set(ranks) & set(marked_pids(marker)), 120, f"ranks {ranks} to die")
+    finally:
+        parent.kill()
+        kill_marked(marker)
+
+
+def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_rl(tmp_path: Path) -> None:
+    out = tmp_path / "two"
+    overrides = {
+        "trainer.num-procs": "2",
+        "max-steps": "100",  # still training when killed below; the lr schedule is constant
+        "max-async-level": "0",
+        "trainer.optim.lr": "1.0",
+        "trainer.optim.eps": "1.0",
+        "trainer.ckpt.interval": "0",
+        "orchestrator.batch-size": "8",
+        "orchestrator.eval-envs": "[]",
+    }
+    with rl_process(out, *[arg for key, value in overrides.items() for arg in (f"--{key}", value)]) as (proc, marker):
+
+        def published() -> bool:
+            assert proc.poll() is None, finish(proc, 10)[1][-3000:]
+            return (out / "weights" / f"step_{STEPS}").is_dir()
+
+        wait_for(published, 900, f"weights/step_{STEPS}")
+        assert len(rank_pids(marker)) == 2
+        proc.kill()  # SIGKILL of rl mid-run
+        proc.wait()
+        survivors = wait_no_survivors(marker, timeout=60)
+        assert not survivors, [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in survivors]
+
+    one = tmp_path / "one"
+    for step in range(STEPS):
+        shutil.copytree(out / "rollouts" / f"step_{step}", one / "rollouts" / f"step_{step}")
+    config = load_config(
+        TrainerConfig,
+        [
+            *("--config", str(out / "configs" / "trainer.toml"), "--output-dir", str(one)),
+            *("--max-steps", str(STEPS), "--wandb.mode", "disabled"),
+        ],
+        prog="trainer",
+    )
+    assert config.num_procs == 2  # the same config; the launcher alone reads num_procs
+    Trainer(config, init_runtime(config)).run()
+
+    two_steps = [m for m in metrics(out) if "trainer/grad_norm" in m][:STEPS]
+    one_steps = [m for m in metrics(one) if "trainer/grad_norm" in m]
+    assert [m["step"] for m in one_steps] == [m["step"] for m in two_steps] == list(range(STEPS))
+    for want, got in zip(one_steps, two_steps, strict=True):
+        for key in COMPARED_METRICS:
+            assert got[key] == pytest.approx(want[key], rel=METRIC_RTOL), (want["step"], key)
+    start = load_file(DEFAULT_DIR / "model.safetensors")
+    single = load_file(one / "weights" / f"step_{STEPS}" / "model.safetensors")
+    sharded = load_file(out / "weights" / f"step_{STEPS}" / "model.safetensors")
+    assert single.keys() == sharded.keys()
+    for name in single:
+        assert not torch.equal(single[name], start[name]), f"{name} was not trained"
+        diff = (single[name] - sharded[name]).abs().max().item()
+        assert diff <= WEIGHT_ATOL, f"{name}: max abs diff {diff:.2e}"

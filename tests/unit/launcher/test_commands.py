@@ -1,0 +1,38 @@
+"""`launch_plan`: each process's command line and the environment it gets on top of `rl`'s."""
+
+from pathlib import Path
+
+from envrl.config import resolve_config
+from envrl.launcher.commands import launch_plan
+from envrl.launcher.config import RLConfig, resolve_run
+from envrl.launcher.cpus import CpuPlan
+from envrl.launcher.placement import place
+
+
+def plan(tmp_path: Path, ranks: int, cpus: CpuPlan | None):
+    rl = resolve_config(
+        RLConfig,
+        overrides=[
+            ("orchestrator.envs", '[{"id": "reverse-text"}]'),
+            ("output-dir", str(tmp_path)),
+            ("trainer.num-procs", str(ranks)),
+        ],
+    )
+    return launch_plan(resolve_run(rl), place(rl.trainer, rl.inference, None), cpus)
+
+
+def test_pinned_ranks_split_the_trainers_cores_between_their_threads(tmp_path: Path) -> None:
+    cpus = CpuPlan(inference=[0, 1], trainer=[2, 3, 4, 5])
+    assert plan(tmp_path, 1, cpus).trainer.env["OMP_NUM_THREADS"] == "4"
+    assert plan(tmp_path, 2, cpus).trainer.env["OMP_NUM_THREADS"] == "2"
+    assert plan(tmp_path, 2, cpus).inference.env == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
+
+
+def test_every_process_logs_under_the_run_and_reads_its_own_config(tmp_path: Path) -> None:
+    commands = plan(tmp_path, 2, None).commands()
+    assert [c.name for c in commands] == ["inference", "train env server 'reverse-text'", "trainer", "orchestrator"]
+    for command in commands:
+        assert command.log_file.is_relative_to(tmp_path / "logs")
+        config = Path(command.argv[command.argv.index("--config") + 1])
+        assert config.is_relative_to(tmp_path / "configs") and config.suffix == ".toml"
+        assert command.environ() is None  # nothing differs from rl's environment without devices or pinning
