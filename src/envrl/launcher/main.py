@@ -30,14 +30,12 @@ from pydantic import BaseModel
 from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.console import RunConsole
-from envrl.inference.server import wait_until_serving
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
+from envrl.launcher.replicas import start_replicas, wait_for_replicas
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
-
-INFERENCE_READY_TIMEOUT = 900.0
 
 COMMANDS: dict[str, str] = {
     "eval": "envrl.orchestrator.evaluate",
@@ -67,7 +65,7 @@ def dry_run_text(rl: RLConfig) -> str:
 
 def _process_configs(run: ResolvedRun) -> dict[str, BaseModel]:
     configs: dict[str, BaseModel] = {
-        "inference": run.inference,
+        **run.inference_replicas(),
         "trainer": run.trainer,
         "orchestrator": run.orchestrator,
     }
@@ -185,15 +183,9 @@ def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supe
     logs = layout.logs_dir(out)
     if cpus is not None:
         logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
-    logger.info("starting inference server (vLLM; about a minute on CPU)")
-    inference = supervisor.add(
-        spawn(
-            [python, "-m", "envrl.inference.main", "--config", str(files["inference"])],
-            name="inference",
-            log_file=logs / "inference.log",
-            env=None if cpus is None else {**os.environ, **cpus.inference_env()},
-        )
-    )
+    replicas = run.inference_replicas()
+    env = None if cpus is None else {**os.environ, **cpus.inference_env()}
+    inference = start_replicas(replicas, files, logs, supervisor, env)
     for server in run.env_servers:
         key = f"envs/{server.split}/{server.name}"
         log_file = layout.env_log_file(out, server.split, server.name)
@@ -202,7 +194,7 @@ def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supe
         child, address = spawn_sidecar(argv, name=name, log_file=log_file)
         supervisor.add(child, respawn=partial(_restart_sidecar, argv, name, log_file), restarts=server.restarts)
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
-    wait_until_serving(inference, run.inference.base_url, INFERENCE_READY_TIMEOUT, also_check=supervisor.check)
+    wait_for_replicas(inference, replicas, supervisor)
     trainer = spawn(
         [python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])],
         name="trainer",
