@@ -20,6 +20,12 @@ from envrl.process import die_with_parent
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(InferenceConfig, argv, prog="inference")
+    if config.replicas != 1:
+        print(
+            "inference: config error: this command serves one replica; start one per port (docs/scale.md)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     setup_logging(config.log, process="inference")
     die_with_parent()
     env = vllm_environment(config)

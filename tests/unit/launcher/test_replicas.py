@@ -3,6 +3,7 @@
 import pytest
 
 from envrl.config import ConfigError, resolve_config
+from envrl.inference.main import main as inference_main
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.main import main
 
@@ -49,3 +50,10 @@ def test_dry_run_prints_every_replicas_config(capsys: pytest.CaptureFixture[str]
     headers = [line for line in out.splitlines() if line.startswith("# ")]
     assert headers[:3] == ["# inference-0", "# inference-1", "# trainer"]
     assert "port = 8001" in out
+
+
+def test_the_inference_command_refuses_replicas_it_would_not_start(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        inference_main(["--replicas", "2"])
+    assert exit_info.value.code == 2
+    assert "serves one replica; start one per port" in capsys.readouterr().err
