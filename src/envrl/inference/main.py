@@ -22,7 +22,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(InferenceConfig, argv, prog="inference")
     if config.replicas != 1:
         print(
-            "inference: config error: this command serves one replica; start one per port (docs/scale.md)",
+            f"inference: config error: replicas = {config.replicas}, but this command serves one replica; "
+            "start one per port, or let `rl` start them (docs/scale.md)",
             file=sys.stderr,
         )
         raise SystemExit(2)
