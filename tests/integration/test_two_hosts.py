@@ -4,7 +4,7 @@ reaches the others only through the addresses in its config and one shared outpu
 Host B (127.0.0.2) runs the inference server, an env server behind CURVE and trainer rank 1;
 host A (127.0.0.1) runs trainer rank 0 (torchrun's rendezvous) and the orchestrator. Batches and
 weights cross "hosts" through the output dir, as they would through a shared filesystem
-(docs/scale.md). Starts one vLLM, so it runs under the heavy lock (about 4 min on 2 shared cores).
+(docs/scale.md). Starts one vLLM, so it runs under the heavy lock (measured: 100 s on 2 shared cores).
 """
 
 from __future__ import annotations
@@ -127,8 +127,10 @@ def test_a_run_spread_over_two_hosts_trains_through_addresses_and_a_shared_dir(t
 
         reloads = [(Path(path), int(step)) for path, step in RELOADED.findall(b.log("inference"))]
         assert reloads == [((out / "weights").resolve(), step) for step in range(1, STEPS)], reloads
+        assert "trainer rank 0/2" in a.log("trainer"), "host B's rank did not join the rendezvous"
 
     records = metrics(out)
     assert [m["step"] for m in records if "train/reward" in m] == list(range(STEPS))
     assert [m["step"] for m in records if "trainer/loss" in m] == list(range(STEPS))
     assert (out / "weights" / f"step_{STEPS}" / "model.safetensors").exists()
+    assert (out / "checkpoints" / f"step_{STEPS}" / "rng_rank1.pt").exists(), "host B's rank saves into the shared dir"
