@@ -79,13 +79,27 @@ class TrainClientConfig(_Plain):
     """Token-in/token-out against the envrl inference server (vLLM); what RL training uses."""
 
     type: Literal["train"] = "train"
-    base_url: str
-    """Inference server root, e.g. http://127.0.0.1:8000 (without /v1)."""
+    base_url: str | list[str]
+    """Inference server root, e.g. http://127.0.0.1:8000 (without /v1), or a list of replicas that
+    serve the same model and policy: a rollout's first turn goes to the replica with the fewest of
+    this worker's calls in flight, each later turn to the replica that answered the turn it
+    continues (its prefix is cached there)."""
     model: str
     """Model name the server serves (its --model)."""
     tokenizer: str | None = None
     """Directory whose tokenizer and chat template render prompts; defaults to `model`."""
     retry: RetryPolicy = RetryPolicy()
+
+    @model_validator(mode="after")
+    def _some_server(self) -> Self:
+        if not self.base_urls:
+            raise ValueError("train client: base_url is an empty list; give at least one inference server URL")
+        return self
+
+    @property
+    def base_urls(self) -> list[str]:
+        """Every replica's URL (one for a single server)."""
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
 
 class EvalClientConfig(_Plain):
@@ -155,14 +169,15 @@ def _assistant(content: str) -> Message:
 
 
 class TrainClient(ModelClient):
-    """Renders with the chat template, sends token ids to /v1/completions, keeps ids and logprobs."""
+    """Renders with the chat template, sends token ids to /v1/completions (of one of the replicas),
+    keeps ids and logprobs."""
 
     def __init__(self, config: TrainClientConfig) -> None:
-        from envrl.inference.client import InferenceClient  # the inference package is a peer, loaded on use
+        from envrl.inference.replicas import InferenceReplicas  # the inference package is a peer, loaded on use
 
         self.config = config
         self.renderer = chat_renderer(config.tokenizer or config.model)
-        self.inference = InferenceClient(config.base_url, config.model, retry=config.retry)
+        self.inference = InferenceReplicas(config.base_urls, config.model, retry=config.retry)
 
     async def generate(
         self,
@@ -173,7 +188,10 @@ class TrainClient(ModelClient):
         previous: Turn | None = None,
     ) -> ModelResponse:
         prompt_ids = self.renderer.prompt_ids(messages, tools, previous)
-        out = await self.inference.generate(prompt_ids, sampling.to_request())
+        continues = None
+        if previous is not None and previous.tokens is not None:
+            continues = [*previous.tokens.prompt_ids, *previous.tokens.completion_ids]
+        out = await self.inference.generate(prompt_ids, sampling.to_request(), continues=continues)
         tokens = TurnTokens(prompt_ids=prompt_ids, completion_ids=out.completion_ids, completion_logprobs=out.logprobs)
         return ModelResponse(
             message=_assistant(self.renderer.decode(out.completion_ids)), tokens=tokens, finish_reason=out.finish_reason

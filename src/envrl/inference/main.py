@@ -20,6 +20,13 @@ from envrl.process import die_with_parent
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(InferenceConfig, argv, prog="inference")
+    if config.replicas != 1:
+        print(
+            f"inference: config error: replicas = {config.replicas}, but this command serves one replica; "
+            "start one per port, or let `rl` start them (docs/scale.md)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     setup_logging(config.log, process="inference")
     die_with_parent()
     env = vllm_environment(config)

@@ -44,7 +44,8 @@ class Command(BaseModel):
 
 
 class LaunchPlan(BaseModel):
-    inference: Command
+    inference: list[Command]
+    """One per inference replica."""
     env_servers: list[Command]
     """In the order of `ResolvedRun.env_servers`."""
     trainer: Command
@@ -52,7 +53,7 @@ class LaunchPlan(BaseModel):
 
     def commands(self) -> list[Command]:
         """Every command, in start order."""
-        return [self.inference, *self.env_servers, self.trainer, self.orchestrator]
+        return [*self.inference, *self.env_servers, self.trainer, self.orchestrator]
 
 
 def config_file(out: Path, name: str) -> Path:
@@ -80,7 +81,6 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
     python = sys.executable
     out = run.trainer.output_dir
     logs = layout.logs_dir(out)
-    inference_env = {**placement.inference_env(), **(cpus.inference_env() if cpus else {})}
     ranks = placement.trainer_ranks
     trainer_env = {**placement.trainer_env(), **(cpus.trainer_env() if cpus else {})}
     if cpus is not None and ranks > 1:  # the ranks share the trainer's cores
@@ -96,12 +96,15 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
             )
         )
     return LaunchPlan(
-        inference=Command(
-            name="inference",
-            argv=[python, "-m", "envrl.inference.main", "--config", str(config_file(out, "inference"))],
-            env=inference_env,
-            log_file=logs / "inference.log",
-        ),
+        inference=[
+            Command(
+                name=name,
+                argv=[python, "-m", "envrl.inference.main", "--config", str(config_file(out, name))],
+                env={**placement.inference_env(i), **(cpus.inference_env() if cpus else {})},
+                log_file=logs / f"{name}.log",
+            )
+            for i, name in enumerate(run.inference_replicas())
+        ],
         env_servers=servers,
         trainer=Command(
             name="trainer",

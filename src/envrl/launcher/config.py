@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from envrl.config import BaseConfig, ConfigError, ModelConfig
 from envrl.inference.config import InferenceConfig
 from envrl.launcher.cpus import CpusConfig
+from envrl.launcher.replicas import replica_configs
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
 from envrl.net import is_loopback_host
@@ -73,9 +74,13 @@ class ResolvedRun(BaseModel):
     inference: InferenceConfig
     env_servers: list[EnvServerLaunch]
 
+    def inference_replicas(self) -> dict[str, InferenceConfig]:
+        """Each inference replica's own config, by name (launcher/replicas.py)."""
+        return replica_configs(self.inference)
+
     def spawned_ports(self) -> list[tuple[str, int, str]]:
-        """(host, port, who) of every server the launcher starts: inference, then env servers."""
-        ports = [(self.inference.host, self.inference.port, "inference")]
+        """(host, port, who) of every server the launcher starts: inference replicas, then env servers."""
+        ports = [(config.host, config.port, name) for name, config in self.inference_replicas().items()]
         for server in self.env_servers:
             parts = urlsplit(server.config.address)
             ports.append((parts.hostname or "127.0.0.1", parts.port or 0, f"{server.split} env {server.name!r}"))
@@ -99,12 +104,13 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     assert isinstance(trainer, TrainerConfig) and isinstance(orchestrator, OrchestratorConfig)
     assert isinstance(inference, InferenceConfig)
     trainer.resume = orchestrator.resume = rl.resume
-    orchestrator.inference.base_url = inference.base_url
+    replica_configs(inference)  # a replica port past 65535 is a config error now, not at spawn
+    orchestrator.inference.base_url = inference.base_url if inference.replicas == 1 else inference.base_urls
     orchestrator.inference.reload_token_env = inference.reload.token_env
 
     servers: list[EnvServerLaunch] = []
     external: list[tuple[str, int, str]] = []
-    access = ModelAccessConfig(base_urls=[orchestrator.inference.base_url], tokenizers=[orchestrator.model.name])
+    access = ModelAccessConfig(base_urls=orchestrator.inference.base_urls, tokenizers=[orchestrator.model.name])
     for split, envs, base in (
         ("train", orchestrator.envs, rl.env_server_base_port),
         ("eval", orchestrator.eval_envs, rl.env_server_base_port + EVAL_PORT_OFFSET),

@@ -29,16 +29,14 @@ from pydantic import BaseModel
 from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.console import RunConsole
-from envrl.inference.server import wait_until_serving
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
 from envrl.launcher.placement import Placement, place, visible_gpus
+from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
-
-INFERENCE_READY_TIMEOUT = 900.0
 
 COMMANDS: dict[str, str] = {
     "eval": "envrl.orchestrator.evaluate",
@@ -75,13 +73,13 @@ def dry_run_text(rl: RLConfig) -> str:
 def _plan(rl: RLConfig) -> tuple[ResolvedRun, Placement, CpuPlan | None]:
     """Each process's config, devices and cores; ConfigError when they cannot work together."""
     run = resolve_run(rl)
-    placement = place(rl.trainer, rl.inference, visible_gpus())
+    placement = place(rl.trainer, rl.inference, visible_gpus(), rl.inference.replicas)
     return run, placement, plan_cpus(rl.cpus, usable_cores(), vllm_is_cpu_build())
 
 
 def _process_configs(run: ResolvedRun) -> dict[str, BaseModel]:
     configs: dict[str, BaseModel] = {
-        "inference": run.inference,
+        **run.inference_replicas(),
         "trainer": run.trainer,
         "orchestrator": run.orchestrator,
     }
@@ -193,14 +191,15 @@ def _check_ports(run: ResolvedRun) -> None:
 def _start(run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: CpuPlan | None) -> None:
     if cpus is not None:
         logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
-    logger.info("starting inference server (vLLM; about a minute on CPU)")
-    inference = supervisor.add(_spawn(plan.inference))
+    what = "inference server" if len(plan.inference) == 1 else f"{len(plan.inference)} inference replicas"
+    logger.info(f"starting {what} (vLLM; about a minute on CPU)")
+    inference = {command.name: supervisor.add(_spawn(command)) for command in plan.inference}
     for server, command in zip(run.env_servers, plan.env_servers, strict=True):
         argv, name, log_file = command.argv, command.name, command.log_file
         child, address = spawn_sidecar(argv, name=name, log_file=log_file)
         supervisor.add(child, respawn=partial(_restart_sidecar, argv, name, log_file), restarts=server.restarts)
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
-    wait_until_serving(inference, run.inference.base_url, INFERENCE_READY_TIMEOUT, also_check=supervisor.check)
+    wait_for_replicas(inference, run.inference_replicas(), supervisor)
     trainer = _spawn(plan.trainer)
     if cpus is not None:
         pin(trainer.popen.pid, cpus.trainer)  # torchrun's ranks, started later, inherit it

@@ -34,15 +34,16 @@ class Placement(BaseModel):
 
     trainer_ranks: int
     trainer_gpus: list[int]
-    inference_gpus: list[int]
+    inference_gpus: list[list[int]]
+    """Each inference replica's devices (its slice of `inference.gpus`)."""
     visible: list[str] | None
     """The GPUs `rl` sees (its own CUDA_VISIBLE_DEVICES entries, else one per driver GPU), None if unknown."""
 
     def trainer_env(self) -> dict[str, str]:
         return cuda_env(self.trainer_gpus, self.visible)
 
-    def inference_env(self) -> dict[str, str]:
-        return cuda_env(self.inference_gpus, self.visible)
+    def inference_env(self, replica: int = 0) -> dict[str, str]:
+        return cuda_env(self.inference_gpus[replica], self.visible)
 
 
 def visible_gpus(environ: Mapping[str, str] = os.environ, driver_dir: Path = NVIDIA_GPUS_DIR) -> list[str] | None:
@@ -81,8 +82,9 @@ def place(
             f"trainer.num_procs = {trainer.num_procs} but trainer.gpus lists {len(trainer.gpus)} device(s): "
             "with gpus the trainer runs one rank per device; drop trainer.num_procs or list one device per rank"
         )
-    _check_vllm_fits(inference, replica_gpus(inference.gpus, replicas)[0])
-    return Placement(trainer_ranks=ranks, trainer_gpus=trainer.gpus, inference_gpus=inference.gpus, visible=visible)
+    slices = replica_gpus(inference.gpus, replicas)
+    _check_vllm_fits(inference, slices[0])
+    return Placement(trainer_ranks=ranks, trainer_gpus=trainer.gpus, inference_gpus=slices, visible=visible)
 
 
 def replica_gpus(gpus: Sequence[int], replicas: int) -> list[list[int]]:

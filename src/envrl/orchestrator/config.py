@@ -121,14 +121,27 @@ def check_pass_at(env: EvalEnvConfig) -> None:
 
 
 class InferenceClientConfig(BaseConfig):
-    base_url: str = "http://127.0.0.1:8000"
-    """The envrl inference server (vLLM), without /v1."""
+    base_url: str | list[str] = "http://127.0.0.1:8000"
+    """The envrl inference server (vLLM), without /v1, or a list of replicas serving the same model
+    (on this host or others; `rl` sets it from `inference.replicas`). Env servers spread model
+    calls across them; each step's weights are loaded on all of them before the step dispatches."""
     ready_timeout: float = Field(600.0, gt=0)
-    """Seconds to wait for the server to answer at start-up."""
+    """Seconds to wait for the servers to answer at start-up."""
     retry: RetryPolicy = RetryPolicy()
     reload_token_env: str = RELOAD_TOKEN_ENV
-    """Environment variable with the server's `/update_weights` token, sent when set (a server
+    """Environment variable with the servers' `/update_weights` token, sent when set (a server
     off loopback requires it; see inference.reload)."""
+
+    @model_validator(mode="after")
+    def _some_server(self) -> InferenceClientConfig:
+        if not self.base_urls:
+            raise ValueError("inference.base_url is an empty list; give at least one inference server URL")
+        return self
+
+    @property
+    def base_urls(self) -> list[str]:
+        """Every replica's URL (one for a single server)."""
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
 
 class OrchestratorConfig(BaseConfig):

@@ -25,7 +25,7 @@ from loguru import logger
 
 from envrl.atomic import write_failure
 from envrl.envs.model_client import TrainClientConfig
-from envrl.inference.client import InferenceClient
+from envrl.inference.replicas import InferenceReplicas
 from envrl.layout import (
     eval_rollouts_file,
     metrics_file,
@@ -101,8 +101,8 @@ class Orchestrator:
         self.start_step = 0 if resumed is None else resumed.step + 1
         self.counters: Counter[str] = Counter(resumed.counters if resumed else {})
         """`counters/...` metrics; rollouts dispatched, retried (by the envs), requeued, ..."""
-        self.inference = InferenceClient(
-            config.inference.base_url,
+        self.inference = InferenceReplicas(
+            config.inference.base_urls,
             model=config.model.name,
             retry=config.inference.retry,
             reload_token=os.environ.get(config.inference.reload_token_env),

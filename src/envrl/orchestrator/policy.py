@@ -1,9 +1,10 @@
-"""Which policy the inference server serves, and keeping it within the async bound.
+"""Which policy the inference replicas serve, and keeping it within the async bound.
 
-Guarantee: `ensure(step)` returns only once the server serves a policy >= step - max_async_level
-(loading the newest published weights whenever there are newer ones), or raises after
-`timeout` naming the weights it waited for. Weight directories are deleted only once the server
-serves a newer policy, keeping the `keep` most recent ones.
+Guarantee: `ensure(step)` returns only once every inference replica serves a policy
+>= step - max_async_level (loading the newest published weights on all of them, in parallel,
+whenever there are newer ones), or raises: after `timeout` naming the weights it waited for, or
+naming each replica that failed to load them. Weight directories are deleted only once every
+replica serves a newer policy, keeping the `keep` most recent ones.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from envrl.inference.client import InferenceClient
+from envrl.inference.replicas import InferenceReplicas
 from envrl.layout import published_steps, weights_dir, weights_root
 from envrl.ledger import Ledger
 
@@ -25,7 +26,7 @@ POLL_INTERVAL = 0.1
 class PolicyTracker:
     def __init__(
         self,
-        inference: InferenceClient,
+        inference: InferenceReplicas,
         output_dir: Path,
         *,
         max_async_level: int,
@@ -40,11 +41,11 @@ class PolicyTracker:
         self.timeout = timeout
         self.keep = keep
         self.current = current
-        """The policy the inference server serves (0: the initial model)."""
+        """The policy every inference replica serves (0: the initial model)."""
         self.waited = 0.0
         """Seconds spent waiting for the trainer in the last `ensure` call."""
         self.ledger = ledger or Ledger(None, "orchestrator")
-        """Records `wait_policy` and the inference server's `reload_weights` pause."""
+        """Records `wait_policy` and the replicas' `reload_weights` pause (all of them, in parallel)."""
 
     def latest_published(self) -> int:
         steps = published_steps(weights_root(self.output_dir))
@@ -77,7 +78,9 @@ class PolicyTracker:
         path = weights_dir(self.output_dir, step)
         start = time.monotonic()
         await self.inference.update_weights(path, step=step)
-        logger.info(f"inference now serves policy {step} (reload took {time.monotonic() - start:.1f} s)")
+        replicas = len(self.inference.clients)
+        where = "inference now serves" if replicas == 1 else f"all {replicas} inference replicas now serve"
+        logger.info(f"{where} policy {step} (reload took {time.monotonic() - start:.1f} s)")
         self.current = step
         for old in published_steps(weights_root(self.output_dir)):
             if old <= step - self.keep:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from envrl.config import BaseConfig
-from envrl.envs.model_client import ClientConfig, TrainClientConfig
+from envrl.envs.model_client import ClientConfig, EvalClientConfig, TrainClientConfig
 from envrl.log import LogLevel
 from envrl.net import is_loopback
 from envrl.serve.zmqio import MAX_BATCH
@@ -108,7 +108,8 @@ class ModelAccessConfig(BaseConfig):
     """
 
     base_urls: list[str] = []
-    """Model server URLs a `train` or `eval` client may name as `base_url` (compared without a trailing '/')."""
+    """Model server URLs a `train` or `eval` client may name as `base_url` (compared without a
+    trailing '/'); a train client naming several replicas needs every one of them here."""
     api_key_envs: list[str] = []
     """Environment variables an `eval` client may name as `api_key_env`: the worker sends that
     variable's value as a bearer token to the client's `base_url`."""
@@ -125,9 +126,10 @@ class ModelAccessConfig(BaseConfig):
 
     def problem(self, client: ClientConfig) -> str | None:
         """What `client` asks for that this server does not allow, naming the field and the option; None if all is allowed."""
-        base_url = getattr(client, "base_url", None)
-        if base_url is not None and base_url.rstrip("/") not in {url.rstrip("/") for url in self.base_urls}:
-            return _refusal("base_url", base_url, "base_urls", self.base_urls)
+        allowed = {url.rstrip("/") for url in self.base_urls}
+        for base_url in _base_urls(client):
+            if base_url.rstrip("/") not in allowed:
+                return _refusal("base_url", base_url, "base_urls", self.base_urls)
         api_key_env = getattr(client, "api_key_env", None)
         if api_key_env is not None and api_key_env not in self.api_key_envs:
             return _refusal("api_key_env", api_key_env, "api_key_envs", self.api_key_envs)
@@ -155,10 +157,17 @@ class ModelAccessConfig(BaseConfig):
             client.model if isinstance(client, TrainClientConfig) else None
         )
         return cls(
-            base_urls=[url for url in [getattr(client, "base_url", None)] if url is not None],
+            base_urls=_base_urls(client),
             api_key_envs=[name for name in [getattr(client, "api_key_env", None)] if name is not None],
             tokenizers=[tokenizer] if tokenizer is not None else [],
         )
+
+
+def _base_urls(client: ClientConfig) -> list[str]:
+    """The model server URLs `client` calls (a train client may name several replicas)."""
+    if isinstance(client, TrainClientConfig):
+        return client.base_urls
+    return [client.base_url] if isinstance(client, EvalClientConfig) else []
 
 
 def _refusal(field: str, value: str, option: str, allowed: list[str]) -> str:

@@ -25,7 +25,7 @@ def test_pinned_ranks_split_the_trainers_cores_between_their_threads(tmp_path: P
     cpus = CpuPlan(inference=[0, 1], trainer=[2, 3, 4, 5])
     assert plan(tmp_path, 1, cpus).trainer.env["OMP_NUM_THREADS"] == "4"
     assert plan(tmp_path, 2, cpus).trainer.env["OMP_NUM_THREADS"] == "2"
-    assert plan(tmp_path, 2, cpus).inference.env == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
+    assert plan(tmp_path, 2, cpus).inference[0].env == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
 
 
 def test_every_process_logs_under_the_run_and_reads_its_own_config(tmp_path: Path) -> None:
@@ -36,3 +36,20 @@ def test_every_process_logs_under_the_run_and_reads_its_own_config(tmp_path: Pat
         config = Path(command.argv[command.argv.index("--config") + 1])
         assert config.is_relative_to(tmp_path / "configs") and config.suffix == ".toml"
         assert command.environ() is None  # nothing differs from rl's environment without devices or pinning
+
+
+def test_each_inference_replica_gets_its_own_config_log_and_devices(tmp_path: Path) -> None:
+    rl = resolve_config(
+        RLConfig,
+        overrides=[
+            ("orchestrator.envs", '[{"id": "reverse-text"}]'),
+            ("output-dir", str(tmp_path)),
+            ("inference.replicas", "2"),
+            ("inference.gpus", "[0, 1]"),
+        ],
+    )
+    commands = launch_plan(resolve_run(rl), place(rl.trainer, rl.inference, ["0", "1"], replicas=2), None).inference
+    assert [c.name for c in commands] == ["inference-0", "inference-1"]
+    assert [c.argv[-1] for c in commands] == [str(tmp_path / "configs" / f"inference-{i}.toml") for i in (0, 1)]
+    assert [c.log_file.name for c in commands] == ["inference-0.log", "inference-1.log"]
+    assert [c.env for c in commands] == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]

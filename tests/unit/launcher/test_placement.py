@@ -99,3 +99,8 @@ def test_rl_sees_its_own_visible_devices_else_the_drivers(tmp_path: Path) -> Non
         (tmp_path / bus).mkdir()
     assert visible_gpus({}, tmp_path) == ["0", "1"]
     assert visible_gpus({}, tmp_path / "absent") is None
+
+
+def test_each_inference_replica_sees_only_its_slice_of_the_devices() -> None:
+    p = place(TrainerConfig(gpus=[2]), InferenceConfig(gpus=[0, 1]), ["0", "1", "2"], replicas=2)
+    assert [p.inference_env(0), p.inference_env(1)] == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]

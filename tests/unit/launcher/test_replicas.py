@@ -1,0 +1,59 @@
+"""`inference.replicas = k` in an `rl` config: k servers on consecutive ports, every client told of all."""
+
+import pytest
+
+from envrl.config import ConfigError, resolve_config
+from envrl.inference.main import main as inference_main
+from envrl.launcher.config import RLConfig, resolve_run
+from envrl.launcher.main import main
+
+ONE_ENV = ("orchestrator.envs", '[{"id": "reverse-text"}]')
+
+
+def test_each_replica_gets_its_own_port_config_and_name_and_every_client_all_urls() -> None:
+    rl = resolve_config(RLConfig, overrides=[ONE_ENV, ("inference.replicas", "3"), ("inference.port", "8100")])
+    run = resolve_run(rl)
+    replicas = run.inference_replicas()
+    assert {name: config.port for name, config in replicas.items()} == {
+        "inference-0": 8100, "inference-1": 8101, "inference-2": 8102,
+    }  # fmt: skip
+    assert all(config.replicas == 1 and config.vllm == rl.inference.vllm for config in replicas.values())
+    urls = ["http://127.0.0.1:8100", "http://127.0.0.1:8101", "http://127.0.0.1:8102"]
+    assert run.orchestrator.inference.base_urls == urls
+    [server] = run.env_servers
+    assert server.config.model_access.base_urls == urls
+    one = resolve_run(resolve_config(RLConfig, overrides=[ONE_ENV]))
+    assert (
+        list(one.inference_replicas()) == ["inference"]
+        and one.orchestrator.inference.base_url == one.inference.base_url
+    )
+
+
+def test_a_replica_port_taken_by_an_env_server_is_an_error_naming_both() -> None:
+    rl = resolve_config(
+        RLConfig,
+        overrides=[ONE_ENV, ("inference.replicas", "2"), ("inference.port", "7999"), ("env-server-base-port", "8000")],
+    )
+    with pytest.raises(ConfigError, match=r"inference-1 and train env 'reverse-text' would both use port 8000"):
+        resolve_run(rl)
+    with pytest.raises(ConfigError, match=r"needs ports up to 65536, past 65535"):
+        resolve_run(
+            resolve_config(RLConfig, overrides=[ONE_ENV, ("inference.replicas", "2"), ("inference.port", "65535")])
+        )
+
+
+def test_dry_run_prints_every_replicas_config(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--orchestrator.envs", ONE_ENV[1], "--inference.replicas", "2", "--dry-run"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    headers = [line for line in out.splitlines() if line.startswith("# ")]
+    assert headers[:3] == ["# inference-0", "# inference-1", "# trainer"]
+    assert "port = 8001" in out
+
+
+def test_the_inference_command_refuses_replicas_it_would_not_start(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        inference_main(["--replicas", "2"])
+    assert exit_info.value.code == 2
+    assert "serves one replica; start one per port" in capsys.readouterr().err
