@@ -194,6 +194,8 @@ def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supe
             env=None if cpus is None else {**os.environ, **cpus.inference_env()},
         )
     )
+    if cpus is not None:
+        pin(inference.popen.pid, cpus.inference)  # vLLM's in-process worker (and all it starts) inherits it
     for server in run.env_servers:
         key = f"envs/{server.split}/{server.name}"
         log_file = layout.env_log_file(out, server.split, server.name)
@@ -202,7 +204,6 @@ def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supe
         child, address = spawn_sidecar(argv, name=name, log_file=log_file)
         supervisor.add(child, respawn=partial(_restart_sidecar, argv, name, log_file), restarts=server.restarts)
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
-    wait_until_serving(inference, run.inference.base_url, INFERENCE_READY_TIMEOUT, also_check=supervisor.check)
     trainer = spawn(
         [python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])],
         name="trainer",
@@ -220,6 +221,8 @@ def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supe
         )
     )
     logger.info(f"trainer and orchestrator started; logs in {logs}")
+    # Trainer and orchestrator import and load while vLLM starts; the orchestrator waits for it.
+    wait_until_serving(inference, run.inference.base_url, INFERENCE_READY_TIMEOUT, also_check=supervisor.check)
 
 
 def _restart_sidecar(argv: list[str], name: str, log_file: Path) -> Child:
