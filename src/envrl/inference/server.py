@@ -69,8 +69,9 @@ def cpu_environment(eager: bool) -> dict[str, str]:
     - `OMP_NUM_THREADS` (unless set already): all usable cores but one, the one vLLM's
       multiprocess executor keeps for the scheduler and the API server. vLLM sizes (and pins)
       the worker's threads only when it starts the worker as a process; in-process, the
-      worker would keep torch's default of one thread per core, and threads spin-waiting
-      there slow every decode step down while the API server wants a core.
+      worker keeps torch's default of one thread per core, whose spin-waiting competes with
+      the API server (measured on 2 cores: 16 × 16 tokens in 1.1–1.8 s instead of 0.1–0.4 s,
+      in two of three runs).
     """
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if "OMP_NUM_THREADS" not in os.environ:
