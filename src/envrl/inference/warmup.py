@@ -3,8 +3,9 @@
 Guarantee: when `/health` first answers 200, the engine has already prefilled and decoded
 `inference.warmup_requests` concurrent seeded requests of the kind rollouts send (token-id
 prompts, `logprobs=0`), so the first real requests do not pay vLLM's one-time costs on the clock
-of the first training step. The warm-up leaves no state behind: its prefix-cache entries are
-dropped, and a failed warm-up fails the server's start-up with the engine's error.
+of the first training step. The warm-up leaves nothing behind but vLLM's request counters (its
+prefix-cache entries are dropped; seeded requests use their own generators), and a failed
+warm-up fails the server's start-up with the engine's error.
 """
 
 from __future__ import annotations
