@@ -197,7 +197,7 @@ def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supe
     for server in run.env_servers:
         key = f"envs/{server.split}/{server.name}"
         log_file = layout.env_log_file(out, server.split, server.name)
-        argv = [python, "-m", "envrl.serve.main", "--config", str(files[key])]
+        argv = [server.python, "-m", "envrl.serve.main", "--config", str(files[key])]
         name = f"{server.split} env server {server.name!r}"
         child, address = spawn_sidecar(argv, name=name, log_file=log_file)
         supervisor.add(child, respawn=partial(_restart_sidecar, argv, name, log_file), restarts=server.restarts)
