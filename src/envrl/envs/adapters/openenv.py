@@ -39,6 +39,8 @@ CLOSE_TIMEOUT = 5.0
 """Seconds a session's close may take before the socket is dropped (the server frees it either way)."""
 START_TIMEOUT = 300.0
 """Seconds an `app` server may take to start (openenv-core's imports alone take ~10 s of CPU)."""
+MAX_CAPACITY_POLL = 0.25
+"""Longest wait between two tries for a session of a server at capacity (seconds, jittered ±50%)."""
 URL_ENV_PREFIX = "ENVRL_OPENENV_URL_"
 """Where an env server publishes the URL of the OpenEnv server it started, for its workers."""
 
@@ -115,13 +117,18 @@ class OpenEnvSession:
         )
 
     async def close(self) -> None:
-        """Best effort: say `close`, then close the socket (the server frees the session either way)."""
+        """Say `close` and let the server close the socket (it frees the session either way).
+
+        Closing first from this side makes openenv-core 0.3.0 log a traceback per session (its
+        own `websocket.close()` then finds the socket gone), so this waits for the server's close.
+        """
         ws, self._ws = self._ws, None
         if ws is None:
             return
-        # Either step may fail on a dead server; there is nothing left to free then.
+        # Any step may fail on a dead server; there is nothing left to free then.
         with suppress(Exception):
             await asyncio.wait_for(ws.send(json.dumps({"type": "close"})), CLOSE_TIMEOUT)
+            await asyncio.wait_for(ws.wait_closed(), CLOSE_TIMEOUT)
         with suppress(Exception):
             await asyncio.wait_for(ws.close(), CLOSE_TIMEOUT)
 
@@ -141,6 +148,8 @@ class OpenEnvEnvironment(Environment):
     "steps" (the sum of the step rewards) or an envrl `Rubric` (reward functions may ask for
     `state`; `state.data["steps"]` holds every `StepResult`, the reset's first). Tasks default to
     `num_tasks` seeds (`reset(seed=...)`); `reset_args(task)` maps other tasks to `reset` arguments.
+    At the server's capacity a rollout retries (backoff up to `MAX_CAPACITY_POLL`); `max_sessions`
+    (the server's `max_concurrent_envs` / the env server's workers) queues them in order instead.
     """
 
     def __init__(
@@ -158,6 +167,7 @@ class OpenEnvEnvironment(Environment):
         max_turns: int = 1,
         connect_timeout: float = 30.0,
         message_timeout: float = 60.0,
+        max_sessions: int | None = None,
         capacity_poll: float = 0.05,
         **kwargs: Any,
     ) -> None:
@@ -180,6 +190,8 @@ class OpenEnvEnvironment(Environment):
         self.connect_timeout = connect_timeout
         self.message_timeout = message_timeout
         self.capacity_poll = capacity_poll
+        self.sessions = None if max_sessions is None else asyncio.Semaphore(max_sessions)
+        """This process's sessions at once: beyond it rollouts wait here, in order, instead of polling."""
 
     def prompt(self, task: Task) -> list[Message]:
         """The system prompt only: the first observation comes from `reset` (in `setup`)."""
@@ -187,6 +199,9 @@ class OpenEnvEnvironment(Environment):
 
     async def setup(self, state: RolloutState) -> None:
         start = time.monotonic()
+        if self.sessions is not None:
+            await self.sessions.acquire()
+            state.data["holds_slot"] = True
         first = await self._open(state, self.reset_args(state.task))
         state.trace.metrics["openenv_wait_s"] = time.monotonic() - start
         state.data["steps"] = [first]
@@ -210,7 +225,7 @@ class OpenEnvEnvironment(Environment):
                     raise
             await session.close()
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, MAX_CAPACITY_POLL)
 
     async def env_response(self, state: RolloutState) -> list[Message]:
         action = self.completion_to_action(state.completion)
@@ -226,8 +241,12 @@ class OpenEnvEnvironment(Environment):
 
     async def cleanup(self, state: RolloutState) -> None:
         session = state.data.pop("session", None)
-        if session is not None:
-            await session.close()
+        try:
+            if session is not None:
+                await session.close()
+        finally:
+            if state.data.pop("holds_slot", False) and self.sessions is not None:
+                self.sessions.release()
 
 
 def final_reward(state: RolloutState) -> float | None:
