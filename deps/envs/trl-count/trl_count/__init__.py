@@ -33,11 +33,16 @@ class CountEnv:
         return " ".join(str(self.start + n) for n in range(count))
 
 
+def last_answer(completion: list[dict]) -> str:
+    """The text of the model's last message (a completion may end with a tool's reply)."""
+    return next((m["content"] or "" for m in reversed(completion) if m["role"] == "assistant"), "")
+
+
 def digit_share(completions: list[list[dict]], **kwargs: object) -> list[float]:
     """Share of the last answer's non-space characters that are digits (TRL reward function)."""
     rewards = []
     for completion in completions:
-        chars = [c for c in completion[-1]["content"] or "" if not c.isspace()]
+        chars = [c for c in last_answer(completion) if not c.isspace()]
         rewards.append(sum(c in "0123456789" for c in chars) / len(chars) if chars else 0.0)
     return rewards
 
@@ -48,7 +53,7 @@ def continues_count(
     """1 if the answer starts with the next number of the count; None (not applicable) for rows without one."""
     rewards: list[float | None] = []
     for completion, expected in zip(completions, next_number, strict=True):
-        first = re.match(r"\s*(\d+)", completion[-1]["content"] or "")
+        first = re.match(r"\s*(\d+)", last_answer(completion))
         rewards.append(None if expected is None else float(first is not None and int(first.group(1)) == expected))
     return rewards
 
