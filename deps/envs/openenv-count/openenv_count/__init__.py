@@ -23,7 +23,7 @@ def load_environment(
     return OpenEnvEnvironment(
         url=url,
         app=None if url else "openenv_count.server:app",
-        observation=lambda obs: obs["prompt"],
+        observation=lambda obs: obs["prompt"] or [],  # the last observation (done) has no prompt
         action=lambda completion: {"message": completion},
         reward=reward,  # type: ignore[arg-type]
         reset_args=lambda task: {"seed": task.seed, "turns": turns},  # type: ignore[attr-defined]
