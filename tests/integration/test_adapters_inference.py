@@ -85,7 +85,8 @@ def test_openenv_rollouts_from_the_examples_venv_give_exact_token_traces(vllm_se
 
 
 def test_rl_trains_on_both_adapters(tmp_path: Path) -> None:
-    """24 steps of the smoke config on trl-count and openenv-count (in its own venv): each reward rises."""
+    """24 steps of the smoke config on trl-count and openenv-count (in its own venv): each reward rises.
+    About 3 minutes on the 2-core CPU machine (the three tests of this module: 226 s, vLLM start included)."""
     envs = [
         {"id": "trl-count", "ratio": 1, "pool": {"type": "static"}},
         {"id": "openenv-count", "project": str(OPENENV_PROJECT), "ratio": 1, "pool": {"type": "static"}},
@@ -98,4 +99,6 @@ def test_rl_trains_on_both_adapters(tmp_path: Path) -> None:
     records = metrics(tmp_path)
     for name in ("trl-count", "openenv-count"):
         rewards = [m[f"train/{name}/reward"] for m in records if f"train/{name}/reward" in m]
-        assert len(rewards) >= 20 and fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.15, (name, rewards)
+        # Each env gets about half of the 24 batches' groups; measured: 0.10 -> 0.29 (trl), 0.10 -> 0.28 (openenv),
+        # with step-to-step noise ~0.03 around the trend.
+        assert len(rewards) >= 12 and fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.1, (name, rewards)
