@@ -75,10 +75,12 @@ def server_env() -> dict[str, str]:
 
 @contextmanager
 def running_env_server(
-    tmp: Path, *args: str, env_id: str = BAD_ENV, ready_timeout: float = 60.0
+    tmp: Path, *args: str, env_id: str = BAD_ENV, ready_timeout: float = 60.0, python: str | None = None
 ) -> Iterator[RunningServer]:
+    """`python`: the interpreter to serve in (an env's own venv); default: this test's `env-server`."""
     log = tmp / "env-server.log"
-    argv = [ENV_SERVER, "--env.id", env_id, "--address", "tcp://127.0.0.1:0", "--log-file", str(log), *args]
+    command = [ENV_SERVER] if python is None else [python, "-m", "envrl.serve.main"]
+    argv = [*command, "--env.id", env_id, "--address", "tcp://127.0.0.1:0", "--log-file", str(log), *args]
     child, address = spawn_sidecar(
         argv, name="env-server", log_file=tmp / "env-server.out", env=server_env(), ready_timeout=ready_timeout
     )

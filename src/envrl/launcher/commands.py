@@ -91,7 +91,7 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
         servers.append(
             Command(
                 name=f"{server.split} env server {server.name!r}",
-                argv=[python, "-m", "envrl.serve.main", "--config", str(config_file(out, key))],
+                argv=[server.python, "-m", "envrl.serve.main", "--config", str(config_file(out, key))],
                 log_file=layout.env_log_file(out, server.split, server.name),
             )
         )

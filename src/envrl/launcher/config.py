@@ -64,6 +64,8 @@ class EnvServerLaunch(BaseModel):
     split: str
     name: str
     config: EnvServerConfig
+    python: str
+    """The interpreter it runs in (the env's `python` or `project`, else the launcher's)."""
     restarts: RestartPolicy
     """How the launcher restarts it when it dies (the env's `restarts`)."""
 
@@ -128,8 +130,12 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
             allowed = access if env.client is None else ModelAccessConfig.for_client(env.client)
             servers.append(
                 EnvServerLaunch(
-                    split=split, name=env.resolved_name, config=_server_config(env, allowed), restarts=env.restarts
-                )
+                    split=split,
+                    name=env.resolved_name,
+                    config=_server_config(env, allowed),
+                    python=env.interpreter(),
+                    restarts=env.restarts,
+                )  # fmt: skip
             )
     run = ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
     _check_no_shared_port([*run.spawned_ports(), *external])

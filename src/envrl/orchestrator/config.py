@@ -6,12 +6,13 @@ ratios on all train envs or on none, and a batch that holds whole groups.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
 
-from envrl.config import BaseConfig, ModelConfig
+from envrl.config import BaseConfig, ConfigError, ModelConfig
 from envrl.envs.model_client import ClientConfig, SamplingArgs, SamplingParams
 from envrl.http import RetryPolicy
 from envrl.inference.config import RELOAD_TOKEN_ENV
@@ -40,6 +41,13 @@ class EnvConfig(BaseConfig):
     """Share of train rollouts (relative); set on every train env or on none (then: by task count)."""
     address: str | None = None
     """An env server already running there (external); without it a sidecar server is spawned."""
+    python: Path | None = None
+    """The interpreter a spawned server of this env runs in (e.g. `.venvs/wordle/bin/python`), so
+    the env's dependencies never resolve with torch and vLLM; it needs the light `envrl` install
+    (docs/adapters.md). Default: the interpreter running envrl."""
+    project: Path | None = None
+    """A uv project (e.g. `deps/envs/openenv-count`) whose `.venv/bin/python` runs a spawned server
+    of this env; create it with `uv sync --project <project> --locked`. Exclusive with `python`."""
     curve: CurveClientConfig | None = None
     """CURVE keys for an external server off loopback (`server_public_key_file`, `secret_key_file`):
     the server authenticates this client and the traffic is encrypted (docs/protocol.md)."""
@@ -74,9 +82,32 @@ class EnvConfig(BaseConfig):
             )
         return self
 
+    @model_validator(mode="after")
+    def _one_interpreter(self) -> EnvConfig:
+        if self.python is not None and self.project is not None:
+            raise ValueError(f"env {self.resolved_name!r}: set `python` or `project`, not both")
+        return self
+
     @property
     def resolved_name(self) -> str:
         return self.name or self.id
+
+    def interpreter(self) -> str:
+        """The python a spawned server of this env runs in; a `ConfigError` saying how to create it if it is missing."""
+        if self.python is None and self.project is None:
+            return sys.executable
+        path = self.python if self.python is not None else self.project / ".venv" / "bin" / "python"  # type: ignore[operator]
+        if path.exists():
+            return str(path.absolute())  # not resolved: a venv's python is a symlink to the base interpreter
+        if self.project is not None:
+            how = f"create it with `uv sync --project {self.project} --locked`"
+            if not (self.project / "pyproject.toml").exists():
+                how = f"{self.project} has no pyproject.toml: `project` must name a uv project directory"
+            raise ConfigError(f"env {self.resolved_name!r}: project {self.project} has no interpreter at {path}; {how}")
+        raise ConfigError(
+            f"env {self.resolved_name!r}: python {path} does not exist; point `python` at a venv's bin/python "
+            "that has envrl installed (e.g. `uv venv DIR && uv pip install -p DIR/bin/python -e .`)"
+        )
 
     def sampling_args(self, base: SamplingParams) -> SamplingArgs:
         """This env's sampling: the run's, with this env's overrides (computed once)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import random
-import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -112,7 +111,7 @@ class Env:
             timeout=self.config.timeout,
             model_access=ModelAccessConfig.for_client(self.client_config),
         )
-        argv = [sys.executable, "-m", "envrl.serve.main", *config_argv(server)]
+        argv = [self.config.interpreter(), "-m", "envrl.serve.main", *config_argv(server)]
         return spawn_sidecar(
             argv,
             name=f"{self.split} env server {self.name!r}",

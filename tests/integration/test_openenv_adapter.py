@@ -1,0 +1,126 @@
+"""The OpenEnv adapter with the real openenv-core, in the example's own venv (deps/envs/openenv-count).
+
+The env server runs in that venv (no torch there) and starts the OpenEnv server as its child;
+rollouts use a scripted model, so no vLLM is needed (the vLLM tests are in test_adapters_inference.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from envrl.serve.client import EnvClient
+from tests.integration.env_servers import RunningServer, alive, children, running_env_server, wait_until
+
+ROOT = Path(__file__).parents[2]
+PROJECT = ROOT / "deps" / "envs" / "openenv-count"
+PYTHON = PROJECT / ".venv" / "bin" / "python"
+MAX_CONCURRENT_ENVS = 8  # openenv_count.server.MAX_CONCURRENT_ENVS
+DIGITS = {"type": "scripted", "replies": ["12 13 14"]}
+POOL = '{"type": "static", "num_workers": 1, "multiplex": 64}'
+
+pytestmark = pytest.mark.skipif(
+    not PYTHON.exists(), reason=f"the example's venv is missing: uv sync --project {PROJECT} --locked"
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for the module (importing openenv-core's server takes ~10 s of CPU); the crash test runs last."""
+    with running_env_server(
+        tmp_path_factory.mktemp("openenv"), "--pool", POOL, "--timeout.rollout", "5", "--env.args", '{"turns": 2}',
+        env_id="openenv-count", python=str(PYTHON), ready_timeout=300,
+    ) as running:  # fmt: skip
+        yield running
+
+
+def openenv_child(server: RunningServer) -> int:
+    """The pid of the OpenEnv server the env server started."""
+    for pid in children(server.child.pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"envrl.envs.adapters.openenv" in f.read():
+                return pid
+    raise AssertionError(f"no OpenEnv child under env server {server.child.pid}")
+
+
+def test_the_examples_venv_is_light() -> None:
+    probe = "import importlib.util as u; print([m for m in ('torch', 'vllm', 'wandb') if u.find_spec(m)])"
+    assert subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_each_completion_is_a_step_and_step_rewards_are_summed(server: RunningServer) -> None:
+    async def run() -> None:
+        async with EnvClient(server.address) as client:
+            mixed = {"type": "scripted", "replies": ["12 13", "ab"]}
+            trace = await client.run_rollout(3, client=mixed, sampling={"max_tokens": 8}, seed=0)
+            assert trace.error is None, trace.error
+            assert trace.num_turns == 2 and trace.stop_reason == "completed"
+            assert trace.reward == pytest.approx(1.0)  # 1.0 for "12 13", 0.0 for "ab"
+            turns = trace.branches[0].turns
+            assert turns[0].prompt[-1]["content"].split()[0].isdigit()  # the reset's observation
+            assert turns[1].prompt[-1] == {"role": "user", "content": "More numbers."}
+
+    asyncio.run(run())
+
+
+def test_rollouts_beyond_the_servers_session_capacity_wait_instead_of_failing(server: RunningServer) -> None:
+    slow = {**DIGITS, "delay": 0.05}
+
+    async def run() -> None:
+        async with EnvClient(server.address) as client:
+            traces = await asyncio.gather(
+                *(
+                    client.run_rollout(i, client=slow, sampling={"max_tokens": 8})
+                    for i in range(3 * MAX_CONCURRENT_ENVS)
+                )
+            )
+        assert [t.error for t in traces if t.error] == []
+        assert all(t.reward == pytest.approx(2.0) for t in traces)
+        assert max(t.metrics["openenv_wait_s"] for t in traces) > 0.05  # some waited for a free session
+
+    asyncio.run(run())
+
+
+def test_timed_out_rollouts_close_their_sessions(server: RunningServer) -> None:
+    """Rollouts cancelled at the rollout timeout hold every session; if one leaked, the next wave would wait forever."""
+    stuck = {**DIGITS, "delay": 30.0}
+
+    async def run() -> None:
+        async with EnvClient(server.address) as client:
+            timed_out = await asyncio.gather(
+                *(client.run_rollout(i, client=stuck, sampling={"max_tokens": 8}) for i in range(MAX_CONCURRENT_ENVS))
+            )
+            assert {t.error.type for t in timed_out if t.error} == {"timeout"}
+            again = await asyncio.wait_for(
+                asyncio.gather(
+                    *(
+                        client.run_rollout(i, client=DIGITS, sampling={"max_tokens": 8})
+                        for i in range(MAX_CONCURRENT_ENVS)
+                    )
+                ),
+                timeout=30,
+            )
+            assert [t.error for t in again if t.error] == []
+
+    asyncio.run(run())
+
+
+def test_a_crashed_openenv_server_gives_error_traces_not_a_dead_env_server(server: RunningServer) -> None:
+    pid = openenv_child(server)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not alive(pid), 10, "the OpenEnv server is dead")
+
+    async def run() -> None:
+        async with EnvClient(server.address) as client:
+            traces = await client.run_group(0, 4, client=DIGITS, sampling={"max_tokens": 8})
+            assert {t.error.type for t in traces if t.error} == {"OpenEnvError"}
+            assert all("cannot connect to the OpenEnv server" in t.error.message for t in traces if t.error)
+            assert (await client.health()).status == "ok"
+
+    asyncio.run(run())
