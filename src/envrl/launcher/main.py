@@ -32,7 +32,7 @@ from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.console import RunConsole
 from envrl.inference.server import wait_until_serving
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
-from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
+from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, trainer_env, usable_cores, vllm_is_cpu_build
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
@@ -207,7 +207,7 @@ def _start(run: ResolvedRun, files: dict[str, Path], out: Path, supervisor: Supe
         [python, "-m", "envrl.trainer.main", "--config", str(files["trainer"])],
         name="trainer",
         log_file=logs / "trainer.log",
-        env=None if cpus is None else {**os.environ, **cpus.trainer_env()},
+        env={**os.environ, **trainer_env(cpus, vllm_is_cpu_build(), run.trainer.max_async_level)},
     )
     if cpus is not None:
         pin(trainer.popen.pid, cpus.trainer)
