@@ -206,8 +206,20 @@ class _Forker:
 
     async def _run(self, calls: list[_Call]) -> None:
         """Fork one child for `calls` and settle each from its answer, in order, each within its timeout."""
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
+        try:
+            read_fd, write_fd = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(read_fd)
+                os.close(write_fd)
+                raise
+        except OSError as e:  # out of processes or descriptors: these calls fail, the queue goes on
+            for call in calls:
+                _fail(call, e)
+            self.children -= 1
+            self._start()
+            return
         if pid == 0:
             os.close(read_fd)
             _child([c.fn for c in calls], write_fd)
