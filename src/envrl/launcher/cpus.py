@@ -4,7 +4,7 @@ Guarantee: with `pin = true`, on a CPU build of vLLM with at least two usable co
 OpenMP threads and the trainer's torch threads get disjoint core sets (one thread per core), so generation and
 training never spin against each other on one core; otherwise (the default, GPUs, a single
 core) nothing is pinned. Unpinned on a CPU build with `max_async_level` >= 1 (training overlaps
-generation), the trainer runs one torch thread, on the core vLLM's own binding leaves free,
+generation), the trainer runs one torch thread (vLLM's own binding leaves one core to the rest)
 unless OMP_NUM_THREADS is set; every other process keeps the defaults.
 
 Why: vLLM-CPU binds its worker's threads to cores itself (`VLLM_CPU_OMP_THREADS_BIND`), while torch
