@@ -1,14 +1,20 @@
-"""Run a synchronous function in a forked child that is killed at its deadline.
+"""Run synchronous functions in forked children that are killed at their deadlines.
 
-Guarantee: `run_forked(fn, timeout)` returns `fn()`'s result, re-raises its failure
-as `ForkedCallError`, or raises `TimeoutError` once `timeout` seconds have passed since the child
-started; in every case (cancellation included) the child is killed and reaped before it returns,
-so a CPU-bound function cannot outlive its deadline as a thread would. Waiting for one of the
-`os.cpu_count()` slots does not count against the deadline. A plain `os.fork` is used (not
-multiprocessing), so it also works inside daemonic worker processes. The child's answer comes
-back as msgpack, never pickle: a child that runs model-written code cannot make the parent run
-code by what it writes to the pipe. So the result must be msgpack data (numbers, str, bytes,
-lists, str-keyed maps; tuples come back as lists, numpy scalars as Python numbers).
+Guarantee: `run_forked(fn, timeout)` returns `fn()`'s result, re-raises its failure as
+`ForkedCallError`, or raises `TimeoutError` once `fn` has run for `timeout` seconds in a child;
+a child is killed and reaped as soon as one of its calls times out or is cancelled, so a CPU-bound
+function cannot outlive its deadline (or its caller) as a thread would. At most `os.cpu_count()`
+children run at once; waiting for one does not count against the deadline. Calls that are waiting
+when a child starts share it, one after another, because a fork costs more than cheap scoring
+(3-13 ms on the 2-core CI box, by load): each call's deadline counts from the moment the call before it
+answered, and when a call times out, dies or is cancelled, the calls after it go back to the
+front of the queue and run in a fresh child. So a function sees the side effects of the ones
+before it in its child, and one that writes to the answer pipe itself could answer for them.
+A plain `os.fork` is used (not multiprocessing), so it also works inside daemonic worker
+processes. Answers come back as msgpack, never pickle: a child that runs model-written code
+cannot make the parent run code by what it writes to the pipe. So a result must be msgpack data
+(numbers, str, bytes, lists, str-keyed maps; tuples come back as lists, numpy scalars as Python
+numbers).
 """
 
 from __future__ import annotations
@@ -19,14 +25,19 @@ import os
 import signal
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
 from envrl.process import set_parent_death_signal
 
-_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+MAX_SHARED = 64
+"""Calls one child runs at most (a bound on how long later calls wait behind slow ones)."""
+
+_NO_ANSWER = object()
 
 
 class ForkedCallError(RuntimeError):
@@ -38,11 +49,30 @@ class ForkedCallError(RuntimeError):
         self.child_traceback = child_traceback
 
 
-def _slots() -> asyncio.Semaphore:
-    loop = asyncio.get_running_loop()
-    if loop not in _SLOTS:
-        _SLOTS[loop] = asyncio.Semaphore(os.cpu_count() or 1)
-    return _SLOTS[loop]
+@dataclass(eq=False)
+class _Call:
+    fn: Callable[[], Any]
+    timeout: float
+    answer: asyncio.Future[Any]
+
+
+@dataclass(eq=False)
+class _Child:
+    pid: int
+    reaped: bool = False
+    stopped: bool = False
+    """Killed because one of its calls was cancelled: its unanswered calls run again in a fresh child."""
+    status: int | None = None
+    """Its wait status once reaped (None if someone else reaped it)."""
+
+    def kill_and_reap(self) -> None:
+        if self.reaped:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            self.status = os.waitpid(self.pid, 0)[1]
+        self.reaped = True
 
 
 def _plain(value: Any) -> Any:
@@ -52,68 +82,57 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"cannot send a {type(value).__name__} back from the forked child (use numbers, str, lists, maps)")
 
 
-def _child(fn: Callable[[], Any], fd: int) -> None:
-    """Runs in the child: never returns, never runs the parent's cleanup code."""
+def _answer(fn: Callable[[], Any]) -> bytes:
+    try:
+        return msgpack.packb(["ok", fn()], default=_plain)
+    except BaseException as e:  # noqa: BLE001 - everything fn raises (or an unsendable result) goes back to the parent
+        return msgpack.packb(["error", [type(e).__name__, str(e) or repr(e), "".join(traceback.format_exception(e))]])
+
+
+def _child(fns: list[Callable[[], Any]], fd: int) -> None:
+    """Runs in the child: answers each function in order; never returns, never runs the parent's cleanup code."""
     set_parent_death_signal(signal.SIGKILL)  # die with the parent, even when it is SIGKILLed
     signal.set_wakeup_fd(-1)  # signals to the child must not wake the parent's event loop
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     try:
-        try:
-            payload = msgpack.packb(["ok", fn()], default=_plain)
-        except BaseException as e:  # noqa: BLE001 - everything fn raises (or an unsendable result) goes back to the parent
-            error = [type(e).__name__, str(e) or repr(e), "".join(traceback.format_exception(e))]
-            payload = msgpack.packb(["error", error])
         with os.fdopen(fd, "wb") as pipe:
-            pipe.write(payload)
+            for fn in fns:
+                pipe.write(_answer(fn))
+                pipe.flush()
     finally:
         os._exit(0)
 
 
-async def _read_to_eof(fd: int) -> bytes:
-    loop = asyncio.get_running_loop()
-    chunks: list[bytes] = []
-    while True:
-        ready = loop.create_future()
-        loop.add_reader(fd, lambda fut=ready: fut.done() or fut.set_result(None))
-        try:
-            await ready
-        finally:
-            loop.remove_reader(fd)
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
+class _Answers:
+    """The child's answers, one msgpack object each, read from the pipe without blocking the loop."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.unpacker = msgpack.Unpacker(raw=False)
+
+    async def next(self) -> Any:
+        """The next answer, or `_NO_ANSWER` at end of file (the child exited or died)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with contextlib.suppress(StopIteration):
+                return next(self.unpacker)
+            ready = loop.create_future()
+            loop.add_reader(self.fd, lambda fut=ready: fut.done() or fut.set_result(None))
+            try:
+                await ready
+            finally:
+                loop.remove_reader(self.fd)
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return _NO_ANSWER
+            self.unpacker.feed(chunk)
 
 
-def _kill_and_reap(pid: int) -> int | None:
-    """Exit status of the child (None if someone else reaped it)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+def _result(answer: Any) -> Any:
+    """`fn()`'s value from one answer, or the ForkedCallError it stands for."""
     try:
-        return os.waitpid(pid, 0)[1]
-    except ChildProcessError:
-        return None
-
-
-async def run_forked(fn: Callable[[], Any], timeout: float) -> Any:
-    """`fn()` in a forked child with a deadline of `timeout` seconds from the child's start."""
-    async with _slots():
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_fd)
-            _child(fn, write_fd)
-        os.close(write_fd)
-        try:
-            data = await asyncio.wait_for(_read_to_eof(read_fd), timeout)
-        finally:
-            status = _kill_and_reap(pid)
-            os.close(read_fd)
-    if not data:
-        raise ForkedCallError("ChildDied", f"the child process died before answering (wait status {status})", "")
-    try:
-        kind, value = msgpack.unpackb(data, raw=False)
+        kind, value = answer
         if kind == "error":
             type_name, message, child_traceback = (str(part) for part in value)
     except Exception as e:  # noqa: BLE001 - whatever the child wrote, the parent only reads data
@@ -125,3 +144,133 @@ async def run_forked(fn: Callable[[], Any], timeout: float) -> Any:
     if kind != "ok":
         raise ForkedCallError("BadAnswer", f"the child's answer has kind {kind!r}, not 'ok' or 'error'", "")
     return value
+
+
+def _settle(call: _Call, answer: Any) -> None:
+    """`call`'s caller gets the value `answer` carries (or its failure), unless it stopped waiting."""
+    try:
+        value = _result(answer)
+    except ForkedCallError as e:
+        _fail(call, e)
+        return
+    if not call.answer.done():
+        call.answer.set_result(value)
+
+
+def _fail(call: _Call, error: Exception) -> None:
+    if not call.answer.done():
+        call.answer.set_exception(error)
+
+
+class _Forker:
+    """One event loop's calls: a queue, and up to `slots` children each running a share of it."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.queue: deque[_Call] = deque()
+        self.held: dict[_Call, _Child] = {}
+        self.children = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def call(self, fn: Callable[[], Any], timeout: float) -> Any:
+        call = _Call(fn, timeout, asyncio.get_running_loop().create_future())
+        self.queue.append(call)
+        self._start()
+        try:
+            return await call.answer
+        except asyncio.CancelledError:
+            self._drop(call)
+            raise
+
+    def _drop(self, call: _Call) -> None:
+        """A cancelled call: out of the queue, or its child killed (its other calls run again)."""
+        child = self.held.get(call)
+        if call.answer.done() and not call.answer.cancelled():
+            return  # answered before the cancellation reached its caller
+        if child is None:
+            with contextlib.suppress(ValueError):
+                self.queue.remove(call)
+        elif not child.reaped:
+            child.stopped = True
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+
+    def _start(self) -> None:
+        while self.children < self.slots and self.queue:
+            share = min(-(-len(self.queue) // self.slots), MAX_SHARED)  # an even split keeps every slot busy
+            calls = [self.queue.popleft() for _ in range(share)]
+            self.children += 1
+            task = asyncio.get_running_loop().create_task(self._run(calls))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, calls: list[_Call]) -> None:
+        """Fork one child for `calls` and settle each from its answer, in order, each within its timeout."""
+        try:
+            read_fd, write_fd = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(read_fd)
+                os.close(write_fd)
+                raise
+        except OSError as e:  # out of processes or descriptors: these calls fail, the queue goes on
+            for call in calls:
+                _fail(call, e)
+            self.children -= 1
+            self._start()
+            return
+        if pid == 0:
+            os.close(read_fd)
+            _child([c.fn for c in calls], write_fd)
+        os.close(write_fd)
+        child = _Child(pid)
+        self.held.update(dict.fromkeys(calls, child))
+        left = deque(calls)
+        shutting_down = False
+        try:
+            answers = _Answers(read_fd)
+            while left:
+                try:
+                    answer = await asyncio.wait_for(answers.next(), left[0].timeout)
+                except TimeoutError:
+                    call = left.popleft()
+                    _fail(call, TimeoutError(f"the forked call ran past its {call.timeout}s timeout"))
+                    break
+                except Exception as e:  # noqa: BLE001 - bytes that are not msgpack: this call's answer is bad
+                    message = f"the child's answer is not msgpack ({type(e).__name__}: {e})"
+                    _fail(left.popleft(), ForkedCallError("BadAnswer", message, ""))
+                    break
+                if answer is not _NO_ANSWER:
+                    _settle(left.popleft(), answer)
+                    continue
+                child.kill_and_reap()
+                if not child.stopped:
+                    message = f"the child process died before answering (wait status {child.status})"
+                    _fail(left.popleft(), ForkedCallError("ChildDied", message, ""))
+                break
+        except asyncio.CancelledError:  # the loop is shutting down: so are the callers
+            shutting_down = True
+            for call in left:
+                call.answer.cancel()
+            raise
+        finally:
+            child.kill_and_reap()
+            os.close(read_fd)
+            for call in calls:
+                self.held.pop(call, None)
+            self.queue.extendleft(reversed([c for c in left if not c.answer.done()]))
+            self.children -= 1
+            if not shutting_down:
+                self._start()
+
+
+_FORKERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Forker] = weakref.WeakKeyDictionary()
+
+
+async def run_forked(fn: Callable[[], Any], timeout: float) -> Any:
+    """`fn()` in a forked child with a deadline of `timeout` seconds of its own running time."""
+    loop = asyncio.get_running_loop()
+    if loop not in _FORKERS:
+        _FORKERS[loop] = _Forker(os.cpu_count() or 1)
+    return await _FORKERS[loop].call(fn, timeout)

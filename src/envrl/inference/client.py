@@ -53,7 +53,8 @@ class InferenceClient:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retry = retry or RetryPolicy()
-        self._http = httpx.AsyncClient()
+        # every request in flight keeps its connection (httpx keeps 20 by default and caps at 100)
+        self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
         self._reload_http = httpx.AsyncClient(
             headers={"Authorization": f"Bearer {reload_token}"} if reload_token else None
         )

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from envrl import layout
 from envrl.launcher.config import ResolvedRun
-from envrl.launcher.cpus import CpuPlan
+from envrl.launcher.cpus import CpuPlan, trainer_env, vllm_is_cpu_build
 from envrl.launcher.placement import Placement
 
 TORCHRUN_RANK_ENV = "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
@@ -82,9 +82,9 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
     out = run.trainer.output_dir
     logs = layout.logs_dir(out)
     ranks = placement.trainer_ranks
-    trainer_env = {**placement.trainer_env(), **(cpus.trainer_env() if cpus else {})}
+    trainer_vars = {**placement.trainer_env(), **trainer_env(cpus, vllm_is_cpu_build(), run.trainer.max_async_level)}
     if cpus is not None and ranks > 1:  # the ranks share the trainer's cores
-        trainer_env["OMP_NUM_THREADS"] = str(max(1, len(cpus.trainer) // ranks))
+        trainer_vars["OMP_NUM_THREADS"] = str(max(1, len(cpus.trainer) // ranks))
     servers = []
     for server in run.env_servers:
         key = env_server_key(server.split, server.name)
@@ -109,7 +109,7 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
         trainer=Command(
             name="trainer",
             argv=trainer_argv(python, ranks, config_file(out, "trainer")),
-            env=trainer_env,
+            env=trainer_vars,
             log_file=logs / "trainer.log",
             note=f"torchrun starts {ranks} ranks, each with its own {TORCHRUN_RANK_ENV}" if ranks > 1 else "",
         ),

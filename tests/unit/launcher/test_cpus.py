@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envrl.config import ConfigError
-from envrl.launcher.cpus import CpuPlan, CpusConfig, plan_cpus
+from envrl.launcher.cpus import CpuPlan, CpusConfig, plan_cpus, trainer_env
 
 
 def test_cores_are_split_in_halves_inference_first() -> None:
@@ -43,3 +43,15 @@ def test_overlapping_unknown_or_exhausted_cores_are_config_errors() -> None:
         plan_cpus(CpusConfig(pin=True, trainer=[7]), {0, 1}, cpu_build=True)
     with pytest.raises(ConfigError, match="no cores left for the trainer"):
         plan_cpus(CpusConfig(pin=True, inference=[0, 1]), {0, 1}, cpu_build=True)
+
+
+def test_an_unpinned_trainer_that_overlaps_cpu_generation_runs_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert trainer_env(None, cpu_build=True, max_async_level=1) == {"OMP_NUM_THREADS": "1"}
+    assert trainer_env(None, cpu_build=True, max_async_level=0) == {}  # on-policy: it trains alone
+    assert trainer_env(None, cpu_build=False, max_async_level=2) == {}
+    assert trainer_env(CpuPlan(inference=[0], trainer=[1, 2]), cpu_build=True, max_async_level=2) == {
+        "OMP_NUM_THREADS": "2"
+    }
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert trainer_env(None, cpu_build=True, max_async_level=1) == {}  # the user's choice stands
