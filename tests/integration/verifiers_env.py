@@ -9,6 +9,7 @@ when the test failed.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,10 +20,12 @@ from typing import Any
 from envrl.process import spawn_sidecar
 from tests.integration.env_servers import RunningServer, kill_worker
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "deps" / "envs" / "verifiers-digits"
+HERE = Path(__file__).resolve().parent
+EXAMPLE = HERE.parents[1] / "deps" / "envs" / "verifiers-digits"
 ENV_ID = "verifiers:digits-count"
 NULL_HARNESS = {"harness": {"id": "null"}}
+ONE_WORKER = ("--pool", '{"type": "static", "num_workers": 1}')
+"""Importing verifiers costs ~8 s of CPU per process: one worker is enough for a few rollouts."""
 
 
 @cache
@@ -33,11 +36,17 @@ def example_python() -> str:
 
 
 @contextmanager
-def verifiers_env_server(tmp: Path, env_args: dict[str, Any], *args: str) -> Iterator[RunningServer]:
+def verifiers_env_server(
+    tmp: Path, env_args: dict[str, Any], *args: str, env_id: str = ENV_ID
+) -> Iterator[RunningServer]:
+    """A server of `env_id` in the example's venv (this directory importable: test tasksets live here)."""
     log = tmp / "env-server.log"
-    argv = [example_python(), "-m", "envrl.serve.main", "--env.id", ENV_ID, "--env.args", json.dumps(env_args)]
-    argv += ["--address", "tcp://127.0.0.1:0", "--log-file", str(log), *args]
-    child, address = spawn_sidecar(argv, name="env-server", log_file=tmp / "env-server.out", ready_timeout=120.0)
+    argv = [example_python(), "-m", "envrl.serve.main", "--env.id", env_id, "--env.args", json.dumps(env_args)]
+    argv += ["--address", "tcp://127.0.0.1:0", "--log-file", str(log), *ONE_WORKER, *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    child, address = spawn_sidecar(
+        argv, name="env-server", log_file=tmp / "env-server.out", env=env, ready_timeout=180.0
+    )
     server = RunningServer(child, address, log)
     try:
         yield server

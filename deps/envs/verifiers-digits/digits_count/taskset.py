@@ -32,23 +32,16 @@ class DigitsConfig(vf.TasksetConfig):
     num_tasks: int = 256
     """How many count starts to build."""
     seed: int = 0
-    fail: bool = False
-    """Raise inside every rollout's scoring (to exercise error handling)."""
-
-
-class FailingDigitsTask(DigitsTask):
-    @vf.reward(weight=1.0)
-    async def digit_share(self, trace: vf.Trace) -> float:
-        raise RuntimeError("digits-count: this taskset was built with fail=true")
 
 
 class DigitsTaskset(vf.Taskset[DigitsTask, DigitsConfig]):
     def load(self) -> list[DigitsTask]:
         rng = random.Random(self.config.seed)
-        cls = FailingDigitsTask if self.config.fail else DigitsTask
         tasks = []
         for _ in range(self.config.num_tasks):
             start = rng.randrange(0, 900)
             count = " ".join(str(n) for n in range(start, start + rng.randint(2, 5)))
-            tasks.append(cls(DigitsData(prompt=count, system_prompt=SYSTEM_PROMPT, start=start), self.config.task))
+            tasks.append(
+                DigitsTask(DigitsData(prompt=count, system_prompt=SYSTEM_PROMPT, start=start), self.config.task)
+            )
         return tasks

@@ -19,8 +19,8 @@ import verifiers
 import verifiers.v1 as vf
 from loguru import logger
 from verifiers.v1.configs.agent import agent_config_fields
-from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset_config_type
 from verifiers.v1.utils.loaders import load_environment as load_vf_environment
+from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset_config_type
 
 from envrl.envs.adapters.chat_proxy import ChatProxy, Session
 from envrl.envs.environment import Environment, _extends
