@@ -48,7 +48,7 @@ def run_group(address: str, n: int, client: dict[str, Any], task_idx: int = 0) -
 
 def digit_share(text: str) -> float:
     chars = [c for c in text if not c.isspace()]
-    return sum(c.isdigit() for c in chars) / len(chars)
+    return sum(c in "0123456789" for c in chars) / len(chars) if chars else 0.0
 
 
 def test_verifiers_episodes_become_traces_with_every_model_call_as_a_token_turn(digits_server: RunningServer) -> None:
@@ -92,3 +92,34 @@ def test_a_verifiers_env_raising_in_its_rollout_gives_error_traces_and_keeps_ser
         assert trace.error is not None and "raised on purpose" in trace.error.message, trace.error
         assert trace.num_turns == 1  # the model call before the failure is kept, with its tokens
         assert trace.turns[0].tokens is not None
+
+
+def test_verifiers_turns_against_vllm_carry_the_policys_exact_tokens_and_logprobs(
+    vllm_server: Any, tmp_path: Path
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    client = {"type": "train", "base_url": vllm_server.base_url, "model": vllm_server.model}
+    access = {"tokenizers": [vllm_server.model], "base_urls": [vllm_server.base_url]}
+    args = {"taskset": {"num_tasks": 4}, "agent": NULL_HARNESS}
+    with verifiers_env_server(tmp_path, args, "--model-access", json.dumps(access)) as server:
+        traces = run_group(server.address, 2, client)
+    renderer = chat_renderer(vllm_server.model)
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32).eval()
+    for trace in traces:
+        assert trace.error is None, trace.error
+        (turn,) = trace.turns
+        tokens = turn.tokens
+        assert tokens is not None and 0 < len(tokens.completion_ids) <= 8
+        assert tokens.prompt_ids == renderer.prompt_ids(turn.prompt, None, None)
+        assert turn.response["content"] == renderer.decode(tokens.completion_ids)
+        assert trace.reward == pytest.approx(digit_share(turn.response["content"]))
+        # What vLLM sampled from, recomputed: temperature 1, no top-k/top-p, so the processed
+        # logprobs are the model's log-softmax (float32 on both sides, as in test_envs_inference).
+        ids = torch.tensor([tokens.prompt_ids + tokens.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(tokens.prompt_ids) - 1 : -1]
+        expected = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens.completion_ids)[:, None])[:, 0]
+        diffs = [abs(a - b) for a, b in zip(expected.tolist(), tokens.completion_logprobs, strict=True)]
+        assert max(diffs) < 1e-4, diffs

@@ -129,6 +129,12 @@ class VerifiersEnvironment(Environment):
             await stack.enter_async_context(self.vf_env.serving())
             self._serving = stack
 
+    async def aclose(self) -> None:
+        """Stop verifiers' serving resources and the proxy (an env worker just exits instead)."""
+        if self._serving is not None:
+            stack, self._serving = self._serving, None
+            await stack.aclose()
+
 
 def _model_name(client: ModelClient) -> str:
     config = getattr(client, "config", None)
