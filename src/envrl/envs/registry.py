@@ -32,7 +32,14 @@ def installed_environment_ids() -> list[str]:
 def _loader(env_id: str) -> Any:
     prefix, _, foreign_id = env_id.partition(":")
     if prefix in ADAPTERS:
-        return functools.partial(importlib.import_module(ADAPTERS[prefix]).load_environment, foreign_id)
+        try:
+            adapter = importlib.import_module(ADAPTERS[prefix])
+        except ModuleNotFoundError as e:
+            raise EnvironmentNotFound(
+                f"environment {env_id!r} needs the {e.name!r} package, which this interpreter lacks; run its env "
+                f"server in a project that has it (docs/adapters.md)"
+            ) from e
+        return functools.partial(adapter.load_environment, foreign_id)
     if ":" in env_id:
         module_name, _, attr = env_id.partition(":")
         try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from typing import Any
 
@@ -34,7 +33,7 @@ PROXY_KEY_ENV = "ENVRL_VERIFIERS_PROXY_KEY"
 
 
 class VerifiersTask(Task):
-    """A verifiers task as envrl sees it: its `TaskData` as plain JSON."""
+    """A verifiers task as envrl sees it: its `TaskData` as plain JSON (fields left at their defaults omitted)."""
 
     data: dict[str, Any]
 
@@ -55,7 +54,10 @@ class VerifiersEnvironment(Environment):
         source = self._vf_sources[split]
         tasks = [] if source is None else list(source)
         self._vf_tasks[split] = tasks
-        return [VerifiersTask(idx=i, data=t.data.model_dump(mode="json")) for i, t in enumerate(tasks)]
+        return [
+            VerifiersTask(idx=i, data=t.data.model_dump(mode="json", exclude_defaults=True))
+            for i, t in enumerate(tasks)
+        ]
 
     def _vf_task(self, task: Task) -> vf.Task:
         for split, tasks in self._vf_tasks.items():
@@ -204,7 +206,6 @@ def load_environment(taskset_id: str, eval_taskset: dict[str, Any] | None = None
             f"verifiers {verifiers.__version__} is installed, but the envrl adapter is tested with "
             f"{SUPPORTED_VERSION}x only: pin `verifiers>=0.4,<0.5` in the environment's project"
         )
-    os.environ.pop(PROXY_KEY_ENV, None)
     env_config = _env_config(taskset_id, config)
     env = load_vf_environment(env_config)
     evals = None
