@@ -10,16 +10,17 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from envrl.envs.chat_tokens import chat_renderer
-from envrl.serve.client import EnvClient
+from envrl.serve.client import EnvClient, EnvServerError
 from envrl.traces import Trace
 from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.env_servers import RunningServer
+from tests.integration.env_servers import RunningServer, alive, children, wait_until
 from tests.integration.verifiers_env import NULL_HARNESS, verifiers_env_server
 
 TOKENIZER = str(DEFAULT_DIR)
@@ -75,6 +76,35 @@ def test_a_failing_model_call_gives_an_error_trace_that_names_it(digits_server: 
     (trace,) = run_group(digits_server.address, 1, client)
     assert trace.reward is None and trace.stop_reason == "error" and trace.error is not None
     assert "chat proxy" in trace.error.message and "model call 0 failed" in trace.error.message, trace.error
+
+
+def test_a_cancelled_verifiers_rollout_stops_its_harness_program(digits_server: RunningServer) -> None:
+    hanging = {**SCRIPTED, "delay": 600.0}  # the model call never answers in the test's time
+
+    def harnesses() -> list[int]:
+        """The workers' descendants that run verifiers' chat program (its script lives in the runtime's dir)."""
+        found, todo = [], list(digits_server.workers())
+        while todo:
+            pid = todo.pop()
+            todo += children(pid)
+            with suppress(FileNotFoundError), open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"runtimes/scripts/" in f.read() and alive(pid):
+                    found.append(pid)
+        return found
+
+    async def main() -> None:
+        async with EnvClient(digits_server.address, timeout=TIMEOUT) as env:
+            sampling = {"max_tokens": 8}
+            pending = asyncio.ensure_future(env.run_rollout(0, client=hanging, sampling=sampling, request_id="hang"))
+            await asyncio.to_thread(wait_until, lambda: len(harnesses()) == 1, 120, "the harness program started")
+            (program,) = harnesses()
+            assert await env.cancel("hang")
+            with pytest.raises(EnvServerError) as raised:
+                await pending
+            assert raised.value.type == "cancelled"
+            await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "the harness program stopped")
+
+    asyncio.run(main())
 
 
 def test_a_verifiers_env_raising_in_its_rollout_gives_error_traces_and_keeps_serving(tmp_path: Path) -> None:

@@ -53,7 +53,8 @@ class ChatProxy:
     async def start(self) -> None:
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_post("/v1/chat/completions", self._chat)
-        self.runner = web.AppRunner(app, access_log=None)
+        # A harness that goes away (its rollout was cancelled) cancels the model call it waits for.
+        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
