@@ -28,6 +28,8 @@ from envrl.traces import Branch, Error, Span, Task, Timing, Trace, Turn, WireTas
 
 SUPPORTED_VERSION = "0.4."
 """The verifiers minor version this adapter is tested with (deps/envs/verifiers-digits pins it)."""
+TESTED_HARNESS = "null"
+"""The harness the adapter is tested with: verifiers' plain chat loop (no tools)."""
 PROXY_KEY_ENV = "ENVRL_VERIFIERS_PROXY_KEY"
 """An API-key variable nobody sets: the proxy needs no key, and verifiers must not send a Prime key."""
 
@@ -207,6 +209,12 @@ def load_environment(taskset_id: str, eval_taskset: dict[str, Any] | None = None
             f"{SUPPORTED_VERSION}x only: pin `verifiers>=0.4,<0.5` in the environment's project"
         )
     env_config = _env_config(taskset_id, config)
+    for role, harness in env_config.agent_harnesses().items():
+        if harness.id != TESTED_HARNESS:
+            logger.warning(
+                f"verifiers:{taskset_id}: agent {role!r} runs harness {harness.id!r}; envrl is tested with "
+                f"{TESTED_HARNESS!r} only, and its train client returns tool calls as text (docs/adapters.md)"
+            )
     env = load_vf_environment(env_config)
     evals = None
     if eval_taskset is not None:
