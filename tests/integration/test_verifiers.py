@@ -34,15 +34,16 @@ TIMEOUT = 300.0
 
 @pytest.fixture(scope="module")
 def digits_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    args = {"taskset": {"num_tasks": 4}, "agent": NULL_HARNESS}
+    args = {"taskset": {"num_tasks": 4}, "eval_taskset": {"num_tasks": 2, "seed": 1}, "agent": NULL_HARNESS}
     with verifiers_env_server(tmp_path_factory.mktemp("verifiers"), args, *ACCESS) as server:
         yield server
 
 
-def run_group(address: str, n: int, client: dict[str, Any], task_idx: int = 0) -> list[Trace]:
+def run_group(address: str, n: int, client: dict[str, Any], task_idx: int = 0, split: str = "train") -> list[Trace]:
     async def main() -> list[Trace]:
         async with EnvClient(address, timeout=TIMEOUT) as env:
-            return await env.run_group(task_idx, n, client=client, sampling={"max_tokens": 8}, seed=5)
+            sampling = {"max_tokens": 8}
+            return await env.run_group(task_idx, n, client=client, sampling=sampling, split=split, seed=5)  # type: ignore[arg-type]
 
     return asyncio.run(main())
 
@@ -69,6 +70,17 @@ def test_verifiers_episodes_become_traces_with_every_model_call_as_a_token_turn(
         # The reward is verifiers' own reward function's.
         assert trace.reward == pytest.approx(digit_share(turn.response["content"]))
         assert trace.metrics["digit_share"] == trace.reward
+
+
+def test_the_eval_split_is_the_eval_taskset(digits_server: RunningServer) -> None:
+    async def info() -> tuple[int, int]:
+        async with EnvClient(digits_server.address, timeout=TIMEOUT) as env:
+            served = await env.info()
+            return served.num_tasks, served.num_eval_tasks
+
+    assert asyncio.run(info()) == (4, 2)
+    (trace,) = run_group(digits_server.address, 1, SCRIPTED, task_idx=1, split="eval")
+    assert trace.error is None and trace.task.data["prompt"] == "261 262"  # type: ignore[attr-defined]  # seed 1's second count
 
 
 def test_a_failing_model_call_gives_an_error_trace_that_names_it(digits_server: RunningServer) -> None:
