@@ -49,8 +49,8 @@ class VerifiersEnvironment(Environment):
         self._vf_sources = {"train": env.taskset, "eval": eval_taskset}
         super().__init__(tasks=lambda: self._load("train"), eval_tasks=lambda: self._load("eval"))
         self.proxy = ChatProxy()
-        self._serving: contextlib.AsyncExitStack | None = None
-        self._starting: asyncio.Lock | None = None
+        self._holder: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
 
     def _load(self, split: str) -> list[VerifiersTask]:
         source = self._vf_sources[split]
@@ -120,24 +120,36 @@ class VerifiersEnvironment(Environment):
         return trace
 
     async def _serve(self) -> None:
-        """Start the proxy and verifiers' serving resources once, in this worker's event loop."""
-        if self._serving is not None:
-            return
-        self._starting = self._starting or asyncio.Lock()
-        async with self._starting:
-            if self._serving is not None:
-                return
-            stack = contextlib.AsyncExitStack()
+        """Start the proxy and verifiers' serving resources once, in this worker's event loop.
+
+        A task holds them open: when the loop ends (the worker exits) it is cancelled like any
+        task, so they close in order instead of as an abandoned async generator."""
+        if self._holder is None:
+            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._holder = asyncio.create_task(self._hold(ready))
+            self._ready = ready
+        await asyncio.shield(self._ready)  # type: ignore[arg-type]
+
+    async def _hold(self, ready: asyncio.Future[None]) -> None:
+        try:
             await self.proxy.start()
-            stack.push_async_callback(self.proxy.stop)
-            await stack.enter_async_context(self.vf_env.serving())
-            self._serving = stack
+            async with self.vf_env.serving():
+                ready.set_result(None)
+                await asyncio.Event().wait()
+        except BaseException as e:
+            if not ready.done():
+                ready.set_exception(e if isinstance(e, Exception) else RuntimeError("verifiers serving stopped"))
+            raise
+        finally:
+            await self.proxy.stop()
 
     async def aclose(self) -> None:
-        """Stop verifiers' serving resources and the proxy (an env worker just exits instead)."""
-        if self._serving is not None:
-            stack, self._serving = self._serving, None
-            await stack.aclose()
+        """Stop verifiers' serving resources and the proxy (an env worker's loop does it on exit)."""
+        if self._holder is not None:
+            holder, self._holder = self._holder, None
+            holder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await holder
 
 
 def _model_name(client: ModelClient) -> str:
