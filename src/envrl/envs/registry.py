@@ -3,11 +3,13 @@
 Guarantee: `load_environment(env_id, **args)` returns an `Environment` whose `env_id` is set, or
 raises `EnvironmentNotFound` naming the installed ids (for an unknown id) or a `TypeError` saying
 which loader returned what. An id of the form `package.module:function` is imported directly,
-for tests and quick experiments with unpackaged environments.
+for tests and quick experiments with unpackaged environments; `verifiers:<id>` (see ADAPTERS)
+is served by an adapter.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from importlib.metadata import entry_points
 from typing import Any
@@ -15,6 +17,8 @@ from typing import Any
 from envrl.envs.environment import Environment
 
 ENTRY_POINT_GROUP = "envrl.environments"
+ADAPTERS = {"verifiers": "envrl.envs.adapters.verifiers"}
+"""`<prefix>:<id>` ids served by an adapter module's `load_environment(id, **args)`."""
 
 
 class EnvironmentNotFound(LookupError):
@@ -26,6 +30,16 @@ def installed_environment_ids() -> list[str]:
 
 
 def _loader(env_id: str) -> Any:
+    prefix, _, foreign_id = env_id.partition(":")
+    if prefix in ADAPTERS:
+        try:
+            adapter = importlib.import_module(ADAPTERS[prefix])
+        except ModuleNotFoundError as e:
+            raise EnvironmentNotFound(
+                f"environment {env_id!r} needs the {e.name!r} package, which this interpreter lacks; run its env "
+                f"server in a project that has it (docs/adapters.md)"
+            ) from e
+        return functools.partial(adapter.load_environment, foreign_id)
     if ":" in env_id:
         module_name, _, attr = env_id.partition(":")
         try:

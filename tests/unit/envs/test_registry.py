@@ -46,3 +46,9 @@ def test_module_function_ids_are_imported_directly() -> None:
 def test_a_loader_that_returns_something_else_is_named() -> None:
     with pytest.raises(TypeError, match="returned str, not an envrl Environment"):
         load_environment(f"{__name__}:not_an_env")
+
+
+def test_a_verifiers_id_where_verifiers_is_not_installed_says_where_to_run_it() -> None:
+    # envrl's own venv never has verifiers: its envs run in a project of their own.
+    with pytest.raises(EnvironmentNotFound, match="needs the 'verifiers' package.*docs/adapters.md"):
+        load_environment("verifiers:digits-count")

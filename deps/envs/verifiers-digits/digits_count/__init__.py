@@ -1,0 +1,3 @@
+from digits_count.taskset import DigitsTaskset
+
+__all__ = ["DigitsTaskset"]

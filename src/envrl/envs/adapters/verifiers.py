@@ -1,0 +1,235 @@
+"""`verifiers:<taskset-id>`: a verifiers (v1, 0.4.x) environment served as an envrl Environment.
+
+Guarantee: each envrl rollout is one verifiers episode of the task, run by verifiers' own env,
+harness (in the local `subprocess` runtime unless the config names another) and scoring; every
+model call the harness makes reaches envrl's model client through a chat proxy in this process
+and is recorded as a Turn with the exact tokens the client returned. `run_rollout` and `run_group`
+never raise (cancellation aside): a failure inside verifiers or the adapter becomes an error Trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import verifiers
+import verifiers.v1 as vf
+from loguru import logger
+from verifiers.v1.configs.agent import agent_config_fields
+from verifiers.v1.utils.loaders import load_environment as load_vf_environment
+from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset_config_type
+
+from envrl.envs.adapters.chat_proxy import ChatProxy, Session
+from envrl.envs.environment import Environment, _extends
+from envrl.envs.model_client import ModelClient, SamplingArgs
+from envrl.traces import Branch, Error, Span, Task, Timing, Trace, Turn, WireTask
+
+SUPPORTED_VERSION = "0.4."
+"""The verifiers minor version this adapter is tested with (deps/envs/verifiers-digits pins it)."""
+TESTED_HARNESS = "null"
+"""The harness the adapter is tested with: verifiers' plain chat loop (no tools)."""
+PROXY_KEY_ENV = "ENVRL_VERIFIERS_PROXY_KEY"
+"""An API-key variable nobody sets: the proxy needs no key, and verifiers must not send a Prime key."""
+
+
+class VerifiersTask(Task):
+    """A verifiers task as envrl sees it: its `TaskData` as plain JSON (fields left at their defaults omitted)."""
+
+    data: dict[str, Any]
+
+
+class VerifiersEnvironment(Environment):
+    """Tasks from the verifiers taskset (train) and `eval_taskset` (eval); rollouts are episodes."""
+
+    def __init__(self, env: vf.Env, eval_taskset: vf.Taskset | None = None) -> None:
+        self.vf_env = env
+        self._vf_tasks: dict[str, list[vf.Task]] = {}
+        self._vf_sources = {"train": env.taskset, "eval": eval_taskset}
+        super().__init__(tasks=lambda: self._load("train"), eval_tasks=lambda: self._load("eval"))
+        self.proxy = ChatProxy()
+        self._holder: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+
+    def _load(self, split: str) -> list[VerifiersTask]:
+        source = self._vf_sources[split]
+        tasks = [] if source is None else list(source)
+        self._vf_tasks[split] = tasks
+        return [
+            VerifiersTask(idx=i, data=t.data.model_dump(mode="json", exclude_defaults=True))
+            for i, t in enumerate(tasks)
+        ]
+
+    def _vf_task(self, task: Task) -> vf.Task:
+        for split, tasks in self._vf_tasks.items():
+            if 0 <= task.idx < len(tasks) and self.task_list(split)[task.idx] is task:  # type: ignore[arg-type]
+                return tasks[task.idx]
+        raise ValueError(f"{self.env_id}: task {task.idx} is not one of this environment's tasks")
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def rollout(self, task: Task, client: ModelClient, sampling: SamplingArgs) -> Trace:
+        """One episode; verifiers scores inside its episode, so the score is dropped here."""
+        trace = await self.run_rollout(task, client, sampling)
+        return trace.model_copy(update={"reward": None, "metrics": {}})
+
+    async def run_rollout(
+        self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None
+    ) -> Trace:
+        """One episode, scored by verifiers (its own `agent.timeout.scoring` bounds scoring)."""
+        return await self._episode(task, client, sampling)
+
+    async def run_group(
+        self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int, *, scoring_timeout: float | None = None
+    ) -> list[Trace]:
+        """`n` independent episodes (verifiers couples agents within an episode, not across
+        episodes); with a seed, episode i samples with seed + i, like native envs."""
+        seeds = [None if sampling.seed is None else sampling.seed + i for i in range(n)]
+        seeded = [sampling.model_copy(update={"seed": seed}) for seed in seeds]
+        return list(await asyncio.gather(*(self._episode(task, client, args) for args in seeded)))
+
+    async def _episode(self, task: Task, client: ModelClient, sampling: SamplingArgs) -> Trace:
+        wire = WireTask.model_validate(task.model_dump())
+        opened: list[str] = []
+        start = time.time()
+        try:
+            vf_task = self._vf_task(task)
+            await self._serve()
+            ctx = vf.ModelContext(
+                model=_model_name(client),
+                client=vf.EvalClientConfig(base_url=self.proxy.base_url, api_key_var=PROXY_KEY_ENV),
+                sampling=vf.SamplingConfig(max_tokens=sampling.max_tokens, temperature=sampling.temperature),
+            )
+
+            def minted(trace: vf.Trace) -> None:
+                opened.append(trace.id)
+                self.proxy.open(trace.id, client, sampling)
+
+            (slot,) = self.vf_env.slots(vf_task)
+            episode = await self.vf_env.run_slot(slot, ctx, on_trace=minted)
+            sessions = {sid: self.proxy.sessions[sid] for sid in opened if sid in self.proxy.sessions}
+            trace = _to_trace(wire, episode, sessions)
+        except Exception as e:  # noqa: BLE001 - never raise: the failure is the trace's error
+            logger.opt(exception=e).warning(f"verifiers episode of task {task.idx} failed: {type(e).__name__}: {e}")
+            trace = Trace.from_error(wire, Error.from_exception(e))
+        finally:
+            for session_id in opened:
+                self.proxy.close(session_id)
+        trace.timing = Timing(generation=Span(start=start, end=time.time()))
+        return trace
+
+    async def _serve(self) -> None:
+        """Start the proxy and verifiers' serving resources once, in this worker's event loop.
+
+        A task holds them open: when the loop ends (the worker exits) it is cancelled like any
+        task, so they close in order instead of as an abandoned async generator."""
+        if self._holder is None:
+            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._holder = asyncio.create_task(self._hold(ready))
+            self._ready = ready
+        await asyncio.shield(self._ready)  # type: ignore[arg-type]
+
+    async def _hold(self, ready: asyncio.Future[None]) -> None:
+        try:
+            await self.proxy.start()
+            async with self.vf_env.serving():
+                ready.set_result(None)
+                await asyncio.Event().wait()
+        except BaseException as e:
+            if not ready.done():
+                ready.set_exception(e if isinstance(e, Exception) else RuntimeError("verifiers serving stopped"))
+            raise
+        finally:
+            await self.proxy.stop()
+
+    async def aclose(self) -> None:
+        """Stop verifiers' serving resources and the proxy (an env worker's loop does it on exit)."""
+        if self._holder is not None:
+            holder, self._holder = self._holder, None
+            holder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await holder
+
+
+def _model_name(client: ModelClient) -> str:
+    config = getattr(client, "config", None)
+    return getattr(config, "model", None) or "envrl"
+
+
+def _to_trace(task: WireTask, episode: vf.Episode, sessions: dict[str, Session]) -> Trace:
+    """The envrl Trace of a finished episode: every agent's recorded turns, verifiers' reward."""
+    trace = Trace(task=task)
+    for vf_trace in episode.traces:
+        session = sessions.get(vf_trace.id)
+        for turn in session.turns if session else []:
+            _append(trace, turn)
+    trainable = [t for t in episode.traces if t.agent.trainable] or list(episode.traces)
+    for vf_trace in trainable:
+        trace.metrics |= {k: float(v) for k, v in vf_trace.metrics.items() if v is not None}
+        trace.metrics |= {k: float(r.score) for k, r in vf_trace.rewards.items() if r is not None}
+    trace.is_truncated = any(t.is_truncated for t in trainable)
+    stops = [t.stop_condition for t in trainable if t.stop_condition]
+    trace.stop_reason = stops[0] if stops else "completed"
+    if any(s.context_exhausted for s in sessions.values()):
+        trace.stop_reason, trace.is_truncated = "context_length", True
+    errors = [*episode.errors, *(e for t in episode.traces for e in t.errors)]
+    if errors or not episode.ok:
+        failures = [s.failure for s in sessions.values() if s.failure]
+        first = errors[0] if errors else None
+        message = first.message if first else "verifiers marked the episode as not ok"
+        if failures:
+            message += f" (chat proxy: {failures[-1]})"
+        trace.error = Error(type=first.type if first else "episode_not_ok", message=message, traceback=_tb(first))
+        trace.reward, trace.stop_reason = None, "error"
+        return trace
+    trace.reward = sum(t.reward for t in trainable) / len(trainable)
+    return trace
+
+
+def _tb(error: vf.Error | None) -> str | None:
+    return error.traceback if error is not None else None
+
+
+def _append(trace: Trace, turn: Turn) -> None:
+    """Continue the last branch when the turn's tokens extend it, else start a new one."""
+    previous = trace.branches[-1].turns[-1] if trace.branches and trace.branches[-1].turns else None
+    if previous is None or not _extends(previous, turn):
+        trace.branches.append(Branch())
+    trace.branches[-1].turns.append(turn)
+
+
+def _env_config(taskset_id: str, config: dict[str, Any]) -> vf.EnvConfig:
+    """The verifiers env config: `config` with the taskset id, and every agent whose runtime is
+    not set runs its harness in the local `subprocess` runtime (no remote sandbox)."""
+    taskset = {**config.get("taskset", {}), "id": taskset_id}
+    resolved = resolve_env_config({**config, "taskset": taskset})
+    for name, spec in agent_config_fields(resolved).items():
+        if "runtime" not in spec.model_fields_set:
+            setattr(resolved, name, spec.model_copy(update={"runtime": vf.SubprocessConfig()}))
+    return resolved
+
+
+def load_environment(taskset_id: str, eval_taskset: dict[str, Any] | None = None, **config: Any) -> Environment:
+    """`verifiers:<taskset-id>` with env args = verifiers' env config (`taskset`, `agent`, ...).
+
+    `eval_taskset`: taskset keys (over `taskset`'s) whose tasks form the eval split (none if unset).
+    """
+    if not verifiers.__version__.startswith(SUPPORTED_VERSION):
+        raise RuntimeError(
+            f"verifiers {verifiers.__version__} is installed, but the envrl adapter is tested with "
+            f"{SUPPORTED_VERSION}x only: pin `verifiers>=0.4,<0.5` in the environment's project"
+        )
+    env_config = _env_config(taskset_id, config)
+    for role, harness in env_config.agent_harnesses().items():
+        if harness.id != TESTED_HARNESS:
+            logger.warning(
+                f"verifiers:{taskset_id}: agent {role!r} runs harness {harness.id!r}; envrl is tested with "
+                f"{TESTED_HARNESS!r} only, and its train client returns tool calls as text (docs/adapters.md)"
+            )
+    env = load_vf_environment(env_config)
+    evals = None
+    if eval_taskset is not None:
+        data = {**config.get("taskset", {}), **eval_taskset, "id": taskset_id}
+        evals = load_taskset(taskset_config_type(taskset_id).model_validate(data))
+    return VerifiersEnvironment(env, evals)

@@ -1,0 +1,167 @@
+"""`verifiers:<id>` served by envrl's env server, running in the example's own venv (verifiers 0.4).
+
+Each rollout runs verifiers' null harness as a subprocess (a chat program talking to envrl's chat
+proxy) and each env process imports verifiers (~8 s of CPU), so the tests share one server and
+keep to a few rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envrl.envs.chat_tokens import chat_renderer
+from envrl.serve.client import EnvClient, EnvServerError
+from envrl.traces import Trace
+from scripts.tiny_model import DEFAULT_DIR
+from tests.integration.env_servers import RunningServer, alive, children, wait_until
+from tests.integration.verifiers_env import NULL_HARNESS, verifiers_env_server
+
+TOKENIZER = str(DEFAULT_DIR)
+REPLIES = ["12 13 14", "twelve"]
+SCRIPTED = {"type": "scripted", "replies": REPLIES, "tokenizer": TOKENIZER}
+DEAD = "http://127.0.0.1:9"
+"""The discard port: no model server listens there."""
+ACCESS = ("--model-access", json.dumps({"tokenizers": [TOKENIZER], "base_urls": [DEAD]}))
+TIMEOUT = 300.0
+
+
+@pytest.fixture(scope="module")
+def digits_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    args = {"taskset": {"num_tasks": 4}, "eval_taskset": {"num_tasks": 2, "seed": 1}, "agent": NULL_HARNESS}
+    with verifiers_env_server(tmp_path_factory.mktemp("verifiers"), args, *ACCESS) as server:
+        yield server
+
+
+def run_group(address: str, n: int, client: dict[str, Any], task_idx: int = 0, split: str = "train") -> list[Trace]:
+    async def main() -> list[Trace]:
+        async with EnvClient(address, timeout=TIMEOUT) as env:
+            sampling = {"max_tokens": 8}
+            return await env.run_group(task_idx, n, client=client, sampling=sampling, split=split, seed=5)  # type: ignore[arg-type]
+
+    return asyncio.run(main())
+
+
+def digit_share(text: str) -> float:
+    chars = [c for c in text if not c.isspace()]
+    return sum(c in "0123456789" for c in chars) / len(chars) if chars else 0.0
+
+
+def test_verifiers_episodes_become_traces_with_every_model_call_as_a_token_turn(digits_server: RunningServer) -> None:
+    traces = run_group(digits_server.address, 2, SCRIPTED)
+    renderer = chat_renderer(TOKENIZER)
+    assert sorted(t.turns[0].response["content"] for t in traces) == sorted(REPLIES)
+    for trace in traces:
+        assert trace.error is None, trace.error
+        (turn,) = trace.turns
+        # The prompt is verifiers' own (its taskset's system prompt and count), sent by its harness.
+        assert [m["role"] for m in turn.prompt] == ["system", "user"]
+        assert turn.prompt[1]["content"] == trace.task.data["prompt"]  # type: ignore[attr-defined]
+        # The turn's tokens are the ones the client rendered and produced, not re-tokenised text.
+        assert turn.tokens is not None
+        assert turn.tokens.prompt_ids == renderer.prompt_ids(turn.prompt, None, None)
+        assert turn.tokens.completion_ids == [*renderer.encode(turn.response["content"]), renderer.eos_id]
+        # The reward is verifiers' own reward function's.
+        assert trace.reward == pytest.approx(digit_share(turn.response["content"]))
+        assert trace.metrics["digit_share"] == trace.reward
+
+
+def test_the_eval_split_is_the_eval_taskset(digits_server: RunningServer) -> None:
+    async def info() -> tuple[int, int]:
+        async with EnvClient(digits_server.address, timeout=TIMEOUT) as env:
+            served = await env.info()
+            return served.num_tasks, served.num_eval_tasks
+
+    assert asyncio.run(info()) == (4, 2)
+    (trace,) = run_group(digits_server.address, 1, SCRIPTED, task_idx=1, split="eval")
+    assert trace.error is None and trace.task.data["prompt"] == "261 262"  # type: ignore[attr-defined]  # seed 1's second count
+
+
+def test_a_failing_model_call_gives_an_error_trace_that_names_it(digits_server: RunningServer) -> None:
+    client = {"type": "train", "base_url": DEAD, "model": TOKENIZER, "retry": {"max_retries": 0, "timeout": 5.0}}
+    (trace,) = run_group(digits_server.address, 1, client)
+    assert trace.reward is None and trace.stop_reason == "error" and trace.error is not None
+    assert "chat proxy" in trace.error.message and "model call 0 failed" in trace.error.message, trace.error
+
+
+def test_a_cancelled_verifiers_rollout_stops_its_harness_program(digits_server: RunningServer) -> None:
+    hanging = {**SCRIPTED, "delay": 600.0}  # the model call never answers in the test's time
+
+    def harnesses() -> list[int]:
+        """The workers' descendants that run verifiers' chat program (its script lives in the runtime's dir)."""
+        found, todo = [], list(digits_server.workers())
+        while todo:
+            pid = todo.pop()
+            todo += children(pid)
+            with suppress(FileNotFoundError), open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"runtimes/scripts/" in f.read() and alive(pid):
+                    found.append(pid)
+        return found
+
+    async def main() -> None:
+        async with EnvClient(digits_server.address, timeout=TIMEOUT) as env:
+            sampling = {"max_tokens": 8}
+            pending = asyncio.ensure_future(env.run_rollout(0, client=hanging, sampling=sampling, request_id="hang"))
+            await asyncio.to_thread(wait_until, lambda: len(harnesses()) == 1, 120, "the harness program started")
+            (program,) = harnesses()
+            assert await env.cancel("hang")
+            with pytest.raises(EnvServerError) as raised:
+                await pending
+            assert raised.value.type == "cancelled"
+            await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "the harness program stopped")
+
+    asyncio.run(main())
+
+
+def test_a_verifiers_env_raising_in_its_rollout_gives_error_traces_and_keeps_serving(tmp_path: Path) -> None:
+    access = ("--model-access", json.dumps({"tokenizers": [TOKENIZER]}))
+    with verifiers_env_server(tmp_path, {"agent": NULL_HARNESS}, *access, env_id="verifiers:vf-raising") as server:
+        traces = run_group(server.address, 2, SCRIPTED)
+
+        async def health() -> str:
+            async with EnvClient(server.address, timeout=TIMEOUT) as env:
+                return (await env.health()).status
+
+        assert asyncio.run(health()) == "ok"
+    for trace in traces:
+        assert trace.reward is None and trace.stop_reason == "error"
+        assert trace.error is not None and "raised on purpose" in trace.error.message, trace.error
+        assert trace.num_turns == 1  # the model call before the failure is kept, with its tokens
+        assert trace.turns[0].tokens is not None
+
+
+def test_verifiers_turns_against_vllm_carry_the_policys_exact_tokens_and_logprobs(
+    vllm_server: Any, tmp_path: Path
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    client = {"type": "train", "base_url": vllm_server.base_url, "model": vllm_server.model}
+    access = {"tokenizers": [vllm_server.model], "base_urls": [vllm_server.base_url]}
+    args = {"taskset": {"num_tasks": 4}, "agent": NULL_HARNESS}
+    with verifiers_env_server(tmp_path, args, "--model-access", json.dumps(access)) as server:
+        traces = run_group(server.address, 2, client)
+    renderer = chat_renderer(vllm_server.model)
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32).eval()
+    for trace in traces:
+        assert trace.error is None, trace.error
+        (turn,) = trace.turns
+        tokens = turn.tokens
+        assert tokens is not None and 0 < len(tokens.completion_ids) <= 8
+        assert tokens.prompt_ids == renderer.prompt_ids(turn.prompt, None, None)
+        assert turn.response["content"] == renderer.decode(tokens.completion_ids)
+        assert trace.reward == pytest.approx(digit_share(turn.response["content"]))
+        # What vLLM sampled from, recomputed: temperature 1, no top-k/top-p, so the processed
+        # logprobs are the model's log-softmax (float32 on both sides, as in test_envs_inference).
+        ids = torch.tensor([tokens.prompt_ids + tokens.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(tokens.prompt_ids) - 1 : -1]
+        expected = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens.completion_ids)[:, None])[:, 0]
+        diffs = [abs(a - b) for a, b in zip(expected.tolist(), tokens.completion_logprobs, strict=True)]
+        assert max(diffs) < 1e-4, diffs
