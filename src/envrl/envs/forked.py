@@ -4,12 +4,14 @@ Guarantee: `run_forked(fn, timeout)` returns `fn()`'s result, re-raises its fail
 `ForkedCallError`, or raises `TimeoutError` once `fn` has run for `timeout` seconds in a child;
 a child is killed and reaped as soon as one of its calls times out or is cancelled, so a CPU-bound
 function cannot outlive its deadline (or its caller) as a thread would. At most `os.cpu_count()`
-children run at once; waiting for one does not count against the deadline. Calls that are waiting
-when a child starts share it, one after another, because a fork costs more than cheap scoring
-(3-13 ms on the 2-core CI box, by load): each call's deadline counts from the moment the call before it
-answered, and when a call times out, dies or is cancelled, the calls after it go back to the
-front of the queue and run in a fresh child. So a function sees the side effects of the ones
-before it in its child, and one that writes to the answer pipe itself could answer for them.
+children run at once; waiting for one does not count against the deadline. Each call gets a child
+of its own unless it is `shared`: shared calls that are waiting when a child starts run in it one
+after another, because a fork costs more than cheap scoring (3-13 ms on the 2-core CI box, by
+load); each one's deadline counts from the moment the call before it answered, and when a call
+times out, dies or is cancelled, the calls after it go back to the front of the queue and run in a
+fresh child. A shared function sees the side effects of the ones before it in its child, and one
+that writes to the answer pipe itself could answer for them: share only pure functions that run
+no model-written code.
 A plain `os.fork` is used (not multiprocessing), so it also works inside daemonic worker
 processes. Answers come back as msgpack, never pickle: a child that runs model-written code
 cannot make the parent run code by what it writes to the pipe. So a result must be msgpack data
@@ -53,6 +55,7 @@ class ForkedCallError(RuntimeError):
 class _Call:
     fn: Callable[[], Any]
     timeout: float
+    shared: bool
     answer: asyncio.Future[Any]
 
 
@@ -172,8 +175,8 @@ class _Forker:
         self.children = 0
         self.tasks: set[asyncio.Task[None]] = set()
 
-    async def call(self, fn: Callable[[], Any], timeout: float) -> Any:
-        call = _Call(fn, timeout, asyncio.get_running_loop().create_future())
+    async def call(self, fn: Callable[[], Any], timeout: float, shared: bool) -> Any:
+        call = _Call(fn, timeout, shared, asyncio.get_running_loop().create_future())
         self.queue.append(call)
         self._start()
         try:
@@ -197,8 +200,13 @@ class _Forker:
 
     def _start(self) -> None:
         while self.children < self.slots and self.queue:
-            share = min(-(-len(self.queue) // self.slots), MAX_SHARED)  # an even split keeps every slot busy
-            calls = [self.queue.popleft() for _ in range(share)]
+            calls = [self.queue.popleft()]
+            if calls[0].shared:
+                shared = [c for c in self.queue if c.shared]
+                share = min(-(-(len(shared) + 1) // self.slots), MAX_SHARED)  # an even split keeps every slot busy
+                for call in shared[: share - 1]:
+                    self.queue.remove(call)
+                    calls.append(call)
             self.children += 1
             task = asyncio.get_running_loop().create_task(self._run(calls))
             self.tasks.add(task)
@@ -268,9 +276,10 @@ class _Forker:
 _FORKERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Forker] = weakref.WeakKeyDictionary()
 
 
-async def run_forked(fn: Callable[[], Any], timeout: float) -> Any:
-    """`fn()` in a forked child with a deadline of `timeout` seconds of its own running time."""
+async def run_forked(fn: Callable[[], Any], timeout: float, *, shared: bool = False) -> Any:
+    """`fn()` in a forked child with a deadline of `timeout` seconds of its own running time;
+    `shared`: the child may run other shared calls before and after it (module docstring)."""
     loop = asyncio.get_running_loop()
     if loop not in _FORKERS:
         _FORKERS[loop] = _Forker(os.cpu_count() or 1)
-    return await _FORKERS[loop].call(fn, timeout)
+    return await _FORKERS[loop].call(fn, timeout, shared)

@@ -125,13 +125,22 @@ def _as_reward(name: str, value: Any) -> float:
 
 
 class Rubric:
-    """`Rubric({fn: weight, ...}, group={group_fn: weight, ...})`; weight 0 makes a metric."""
+    """`Rubric({fn: weight, ...}, group={group_fn: weight, ...})`; weight 0 makes a metric.
+
+    `share_process=True` lets the sync functions of several rollouts run one after another in one
+    forked child (a fork costs more than cheap scoring); only for pure functions that run no
+    model-written code, since they see each other's side effects (envs/forked.py)."""
 
     def __init__(
-        self, rewards: Mapping[RewardFn, float] | None = None, group: Mapping[GroupRewardFn, float] | None = None
+        self,
+        rewards: Mapping[RewardFn, float] | None = None,
+        group: Mapping[GroupRewardFn, float] | None = None,
+        *,
+        share_process: bool = False,
     ) -> None:
         self.rewards = dict(rewards or {})
         self.group_rewards = dict(group or {})
+        self.share_process = share_process
         names = [_name(fn) for fn in [*self.rewards, *self.group_rewards]]
         if len(set(names)) != len(names):
             raise ValueError(f"reward function names must be unique (they name the metrics); got {names}")
@@ -182,7 +191,7 @@ class Rubric:
             if timeout is None:
                 return await asyncio.to_thread(run_all_sync)
             try:
-                return await run_forked(run_all_sync, timeout)
+                return await run_forked(run_all_sync, timeout, shared=self.share_process)
             except ForkedCallError as e:
                 raise ScoringError(str(e), traceback=e.child_traceback) from None
 

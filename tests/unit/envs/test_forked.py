@@ -108,11 +108,24 @@ def _check_spinner_shared_and_stopped(answers: list[Any], spinner_pid: int) -> N
 
 def test_calls_waiting_together_share_a_child_and_each_gets_its_own_answer() -> None:
     async def main() -> list[Any]:
-        return await asyncio.gather(*(run_forked(_pid_and(i), timeout=30) for i in range(20)))
+        return await asyncio.gather(*(run_forked(_pid_and(i), timeout=30, shared=True) for i in range(20)))
 
     answers = asyncio.run(main())
     assert [value for _, value in answers] == list(range(20))
     assert len({pid for pid, _ in answers}) < 20 and os.getpid() not in {pid for pid, _ in answers}
+
+
+def test_calls_not_marked_shared_each_run_in_a_child_of_their_own() -> None:
+    async def main() -> list[Any]:
+        shared = [run_forked(_pid_and(i), timeout=30, shared=True) for i in range(10)]
+        alone = [run_forked(_pid_and(i), timeout=30) for i in range(10, 20)]
+        return await asyncio.gather(*(c for pair in zip(alone, shared, strict=True) for c in pair))
+
+    answers = asyncio.run(main())
+    alone_pids = [pid for pid, value in answers if value >= 10]
+    shared_pids = {pid for pid, value in answers if value < 10}
+    assert len(set(alone_pids)) == 10 and not shared_pids & set(alone_pids)
+    assert len(shared_pids) < 10
 
 
 def test_a_call_that_times_out_is_killed_and_the_calls_sharing_its_child_still_answer(tmp_path: Path) -> None:
@@ -122,7 +135,7 @@ def test_a_call_that_times_out_is_killed_and_the_calls_sharing_its_child_still_a
 
     async def main() -> list[Any]:
         timeouts = [0.5 if i == SPINNER else 30 for i in range(12)]
-        calls = (run_forked(fn, timeout) for fn, timeout in zip(fns, timeouts, strict=True))
+        calls = (run_forked(fn, timeout, shared=True) for fn, timeout in zip(fns, timeouts, strict=True))
         return await asyncio.gather(*calls, return_exceptions=True)
 
     answers = asyncio.run(main())
@@ -136,7 +149,7 @@ def test_a_cancelled_call_is_killed_and_the_calls_sharing_its_child_still_answer
     fns[SPINNER] = _spinner(pid_file)
 
     async def main() -> list[Any]:
-        calls = [asyncio.ensure_future(run_forked(fn, timeout=60)) for fn in fns]
+        calls = [asyncio.ensure_future(run_forked(fn, timeout=60, shared=True)) for fn in fns]
         while not pid_file.exists() or not pid_file.read_text():
             await asyncio.sleep(0.01)
         calls[SPINNER].cancel()

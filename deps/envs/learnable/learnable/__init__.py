@@ -58,5 +58,9 @@ def make_tasks(count: int, seed: int) -> list[CountTask]:
 def load_environment(num_train: int = 256, num_eval: int = 32, seed: int = 0, turns: int = 1) -> Environment:
     tasks = {"tasks": lambda: make_tasks(num_train, seed), "eval_tasks": lambda: make_tasks(num_eval, seed + 1)}
     if turns == 1:
-        return Environment(**tasks, rubric=Rubric({digit_fraction: 1.0}), system_prompt=SYSTEM_PROMPT)
-    return CountOn(turns, **tasks, rubric=Rubric({all_digit_fraction: 1.0}), system_prompt=SYSTEM_PROMPT)
+        return Environment(
+            **tasks, rubric=Rubric({digit_fraction: 1.0}, share_process=True), system_prompt=SYSTEM_PROMPT
+        )
+    return CountOn(
+        turns, **tasks, rubric=Rubric({all_digit_fraction: 1.0}, share_process=True), system_prompt=SYSTEM_PROMPT
+    )
