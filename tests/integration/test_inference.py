@@ -20,6 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from envrl.http import HttpCallError, RetryPolicy
 from envrl.inference.client import InferenceClient, TokenCompletion
+from envrl.inference.replicas import InferenceReplicas
+from envrl.orchestrator.policy import PolicyTracker
 from scripts.tiny_model import DEFAULT_DIR
 
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900]]
@@ -277,3 +279,31 @@ def test_the_server_warms_up_before_it_answers_health(vllm_server) -> None:
     warmed = stdout.find("warm-up: 16 concurrent generations")
     assert warmed != -1, f"no warm-up in {vllm_server.log_file.parent}"
     assert warmed < stdout.find("Application startup complete"), "the HTTP server started before the warm-up ended"
+
+
+def test_a_new_run_reloads_its_model_on_a_server_left_on_other_weights(vllm_server, tmp_path: Path) -> None:
+    """An orchestrator starting a run (nothing published yet) against a server an earlier run left on
+    its own weights loads the run's model first: step 0 must sample from the policy it trains."""
+    earlier = perturbed_copy(DEFAULT_DIR, tmp_path / "earlier_run_step_3")
+
+    async def start_a_run() -> tuple[str, str]:
+        replicas = InferenceReplicas(
+            [vllm_server.base_url], vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0)
+        )
+        try:
+            await replicas.update_weights(earlier, step=3)
+            (before,) = await replicas.served_weights()
+            tracker = PolicyTracker(replicas, tmp_path / "new_run", max_async_level=0, timeout=10, keep=2)
+            await tracker.start_from(str(DEFAULT_DIR))
+            (after,) = await replicas.served_weights()
+            return before, after
+        finally:
+            await replicas.aclose()
+
+    try:
+        before, after = run(start_a_run())
+        completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+    finally:
+        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+    assert (before, after) == (str(earlier.resolve()), str(DEFAULT_DIR.resolve()))
+    assert max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions)) < EXACT

@@ -157,6 +157,14 @@ class InferenceClient:
             raise InferenceError(f"POST {url} for {path}: unexpected answer {str(body)[:500]}")
         return body
 
+    async def served_weights(self) -> str:
+        """The resolved directory (or model id) of the weights the server serves now."""
+        url = f"{self.base_url}/weights"
+        body = await request_json(self._http, "GET", url, None, self.retry)
+        if not isinstance(body, dict) or not isinstance(body.get("path"), str):
+            raise InferenceError(f"GET {url}: unexpected answer {str(body)[:500]}")
+        return body["path"]
+
     async def aclose(self) -> None:
         await self._http.aclose()
         await self._reload_http.aclose()

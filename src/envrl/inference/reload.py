@@ -67,17 +67,25 @@ class WeightReloadPlugin:
     def attach_router(self, app: FastAPI) -> None:
         router = APIRouter()
         router.add_api_route("/update_weights", self.update_weights, methods=["POST"])
+        router.add_api_route("/weights", self.served_weights, methods=["GET"])
         app.include_router(router)
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         self._engine = engine_client
-        self._current = str(args.model)
+        model = Path(args.model)
+        self._current = str(model.resolve()) if model.is_dir() else str(args.model)
         self._served = read_shapes(Path(args.model))
         if raw := os.environ.get(RELOAD_ENV):
             self._config = ReloadConfig.model_validate_json(raw)
         # vLLM calls this before its HTTP server accepts requests: the one hook where a warm-up
         # makes `/health` mean "serves at full speed" (see envrl.inference.warmup).
         await warm_up(engine_client, int(os.environ.get(WARMUP_ENV, "0")))
+
+    async def served_weights(self) -> JSONResponse:
+        """`GET /weights`: the directory the served weights came from, and their policy step if
+        known, so a client can tell the weights of another run (or its own earlier steps) apart."""
+        step = self._loaded[0] if self._loaded is not None and self._loaded[1] == self._current else None
+        return JSONResponse({"path": self._current, "step": step})
 
     async def update_weights(
         self, request: UpdateWeightsRequest, authorization: str | None = Header(None)

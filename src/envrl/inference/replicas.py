@@ -100,5 +100,9 @@ class InferenceReplicas:
                 f"replicas ({loaded} serve them now): " + "; ".join(failed) + "; see those replicas' logs"
             )
 
+    async def served_weights(self) -> list[str]:
+        """Each replica's `InferenceClient.served_weights`, in replica order."""
+        return list(await asyncio.gather(*(client.served_weights() for client in self.clients)))
+
     async def aclose(self) -> None:
         await asyncio.gather(*(client.aclose() for client in self.clients))

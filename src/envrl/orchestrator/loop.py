@@ -206,6 +206,7 @@ class Orchestrator:
     async def _start(self) -> None:
         logger.info(f"waiting for the inference server at {self.config.inference.base_url}")
         await self.inference.wait_until_ready(self.config.inference.ready_timeout)
+        await self.policy.start_from(self.config.model.name)
         await asyncio.gather(*(env.start() for env in self._all_envs))
         logger.info(f"target env shares: {self._fmt_shares(self.train_envs.shares())}")
 

@@ -47,6 +47,20 @@ class PolicyTracker:
         self.ledger = ledger or Ledger(None, "orchestrator")
         """Records `wait_policy` and the replicas' `reload_weights` pause (all of them, in parallel)."""
 
+    async def start_from(self, base_model: str) -> None:
+        """Make every replica serve the policy this run starts from: a server left on other weights
+        (an earlier run's, when inference outlives the orchestrator) would otherwise sample step 0
+        from a policy the trainer never had. With published weights, `ensure` loads the newest."""
+        if self.latest_published() > self.current or not Path(base_model).is_dir():
+            return
+        want = str(Path(base_model).resolve())
+        served = await self.inference.served_weights()
+        stale = [f"replica {i} serves {path}" for i, path in enumerate(served) if path != want]
+        if stale:
+            logger.warning(f"{'; '.join(stale)}, not this run's model: loading {want} before the first step")
+            with self.ledger.span("reload_weights", 0, process="inference", policy=0):
+                await self.inference.update_weights(want)
+
     def latest_published(self) -> int:
         steps = published_steps(weights_root(self.output_dir))
         return steps[-1] if steps else 0
