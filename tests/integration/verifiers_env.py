@@ -9,7 +9,6 @@ when the test failed.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,8 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from envrl.process import spawn_sidecar
-from tests.integration.env_servers import RunningServer, kill_worker
+from tests.integration.env_servers import RunningServer, running_env_server
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parents[1] / "deps" / "envs" / "verifiers-digits"
@@ -40,18 +38,6 @@ def verifiers_env_server(
     tmp: Path, env_args: dict[str, Any], *args: str, env_id: str = ENV_ID
 ) -> Iterator[RunningServer]:
     """A server of `env_id` in the example's venv (this directory importable: test tasksets live here)."""
-    log = tmp / "env-server.log"
-    argv = [example_python(), "-m", "envrl.serve.main", "--env.id", env_id, "--env.args", json.dumps(env_args)]
-    argv += ["--address", "tcp://127.0.0.1:0", "--log-file", str(log), *ONE_WORKER, *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    child, address = spawn_sidecar(
-        argv, name="env-server", log_file=tmp / "env-server.out", env=env, ready_timeout=180.0
-    )
-    server = RunningServer(child, address, log)
-    try:
+    server_args = ("--env.args", json.dumps(env_args), *ONE_WORKER, *args)
+    with running_env_server(tmp, *server_args, env_id=env_id, ready_timeout=180.0, python=example_python()) as server:
         yield server
-    finally:
-        server.workers()
-        child.stop(grace=15.0)
-        for pid in server.seen_workers:
-            kill_worker(pid)
