@@ -53,8 +53,9 @@ class InferenceClient:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retry = retry or RetryPolicy()
-        # every request in flight keeps its connection (httpx keeps 20 by default and caps at 100)
-        self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+        # httpx's default pool (100 connections, 20 kept alive): an unbounded keep-alive pool measured
+        # 2.3x slower on-policy steps (0.80 -> 1.86 s, docs/running.md "Step time on one box")
+        self._http = httpx.AsyncClient()
         self._reload_http = httpx.AsyncClient(
             headers={"Authorization": f"Bearer {reload_token}"} if reload_token else None
         )
