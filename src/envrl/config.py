@@ -249,14 +249,10 @@ def _data_loc(loc: Key, data: Any) -> Key:
 
 
 def _nested_home(parents: list[type[BaseModel]], key: str) -> list[str]:
-    """`["pool.num_workers"]` when `key` is a field of a table one level down (a key written one level
-    too high); a spelling guess would point somewhere wrong."""
-    for parent in parents:
-        for name in parent.model_fields:
-            children = [t for t in _step([parent], name) if isinstance(t, type) and issubclass(t, BaseModel)]
-            if any(key in child.model_fields for child in children):
-                return [f"{name}.{key}"]
-    return []
+    """`["pool.num_workers"]` when `key` is a field of a table one level down (written one level too high)."""
+    homes = [f"{name}.{key}" for parent in parents for name in parent.model_fields for t in _step([parent], name)
+             if isinstance(t, type) and issubclass(t, BaseModel) and key in t.model_fields]  # fmt: skip
+    return homes[:1]
 
 
 def _describe(error: dict[str, Any], model: type[BaseModel], layers: _Layers) -> str:
