@@ -23,7 +23,8 @@ from verifiers.v1.utils.loaders import load_environment as load_vf_environment
 from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset_config_type
 
 from envrl.envs.adapters.chat_proxy import ChatProxy, Session
-from envrl.envs.adapters.verifiers_runtime import WarmPrograms, warm_programs
+from envrl.envs.adapters.verifiers_runtime import warm_programs
+from envrl.envs.adapters.warm_programs import WarmPrograms
 from envrl.envs.environment import Environment, _extends
 from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.traces import Branch, Error, Span, Task, Timing, Trace, Turn, WireTask

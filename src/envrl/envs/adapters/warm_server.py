@@ -9,7 +9,7 @@ died, even by SIGKILL) every live run is killed the same way and the server exit
 run imported lazily (httpx's transport on the first client, say) are imported by the server
 after that run, so later forks start with them.
 
-    PYTHON warm_program.py PROGRAM SOCKET
+    PYTHON warm_server.py PROGRAM SOCKET
 
 Standard library only: it runs in the program's own interpreter (verifiers' uv script
 environment), where envrl is not installed. Imports are what a fresh interpreter spends its time
