@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from statistics import fmean
+from statistics import fmean, median
 from typing import Any
 
 from envrl.envs import Environment, Rubric, ScriptedClientConfig, load_environment
@@ -90,7 +90,7 @@ async def main(rollouts: int, concurrency: int) -> None:
         means[name] = fmean(times)
         wall = await concurrent(env, client, concurrency)
         print(
-            f"{name:>14}: {means[name] * 1e3:8.1f} ms/rollout sequential (min {min(times) * 1e3:.1f}, "
+            f"{name:>14}: {means[name] * 1e3:8.1f} ms/rollout sequential (median {median(times) * 1e3:.1f}, min {min(times) * 1e3:.1f}, "
             f"max {max(times) * 1e3:.1f}; {fmean(until_call) * 1e3:.1f} ms of it before the model call); "
             f"{concurrency} at once: {wall:.2f} s wall ({wall / concurrency * 1e3:.0f} ms each)"
         )
