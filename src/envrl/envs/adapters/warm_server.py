@@ -66,7 +66,7 @@ def main(program: str, address: str) -> None:
                     runs[pid] = conn
                     selector.register(conn, selectors.EVENT_READ, ("conn", pid))
                     selector.register(os.pidfd_open(pid), selectors.EVENT_READ, ("exit", pid))
-            elif kind == "conn":  # the caller went away (its rollout was cancelled): stop the run
+            elif kind == "conn" and pid in runs:  # the caller went away (a cancelled rollout): stop the run
                 _kill(pid)
                 selector.unregister(key.fileobj)
                 key.fileobj.close()  # type: ignore[union-attr]
@@ -98,7 +98,8 @@ def _start(conn: socket.socket, code: types.CodeType, program: str) -> int:
     pid = os.fork()
     if pid == 0:
         _run(request, code, program)
-    conn.sendall(f"{pid}\n".encode())
+    with contextlib.suppress(OSError):  # a caller already gone is noticed by the selector: the run is killed
+        conn.sendall(f"{pid}\n".encode())
     return pid
 
 
