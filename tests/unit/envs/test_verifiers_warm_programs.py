@@ -28,6 +28,9 @@ if __name__ == "__main__":
         sys.exit(3)
     if mode == "signal":
         os.kill(os.getpid(), 15)
+    if mode == "lazy":  # a module imported only when the program runs, as httpx imports its transport
+        print("colorsys" in sys.modules)
+        import colorsys
     if mode == "hang":
         sleeper = subprocess.Popen(["sleep", "600"])
         with open(out + ".tmp", "w") as f:
@@ -72,6 +75,18 @@ def test_a_warm_run_gets_its_argv_environment_directory_and_output_and_its_exit_
     assert json.loads(stdout) == {"argv": ["echo", "x", "a b"], "cwd": str(workdir), "probe": "here", "stdin": ""}
     assert killed == -signal.SIGTERM  # as asyncio reports a child killed by a signal
     assert not warm_servers()
+
+
+def test_a_module_a_run_imported_is_already_imported_in_the_next_runs(tmp_path: Path) -> None:
+    async def main() -> list[str]:
+        pool = WarmPrograms()
+        try:
+            runs = [await pool.run(sys.executable, program(tmp_path), ["lazy", "x"], {}, tmp_path) for _ in range(3)]
+            return [run.stdout.strip() for run in runs]
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(main()) == ["False", "True", "True"]
 
 
 def test_a_cancelled_warm_run_is_killed_with_its_children_and_the_pool_stops_its_server(tmp_path: Path) -> None:
