@@ -50,7 +50,7 @@ class WarmPrograms:
         socket_path = await self._server(interpreter, program, env)
         run_id = uuid.uuid4().hex
         out, err = self._path(f"{run_id}.out"), self._path(f"{run_id}.err")
-        request = {"args": args, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+        request = warm_server.RunRequest(args=args, env=env, cwd=str(cwd), stdout=str(out), stderr=str(err))
         reader, writer = await asyncio.open_unix_connection(str(socket_path))
         try:
             writer.write(json.dumps(request).encode() + b"\n")

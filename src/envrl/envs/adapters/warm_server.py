@@ -28,10 +28,24 @@ import socket
 import sys
 import traceback
 import types
-from typing import Any
+from typing import TypedDict
 
 READY = "warm-program-ready"
 """The line the server prints on stdout once it listens."""
+
+
+class RunRequest(TypedDict):
+    """One run, a JSON line on a new connection; the answers are lines too: the run's pid, then
+    its exit code (or one `error: ...` line for a request that could not be read)."""
+
+    args: list[str]
+    env: dict[str, str]
+    cwd: str
+    stdout: str
+    """A file the run's stdout goes to (created or truncated)."""
+    stderr: str
+
+
 _imports_dir = "."
 """Where runs list the modules they imported (the socket's directory, set by `main`)."""
 
@@ -88,7 +102,7 @@ def _start(conn: socket.socket, code: types.CodeType, program: str) -> int:
     conn.settimeout(30.0)
     try:
         with conn.makefile("rb") as lines:
-            request = json.loads(lines.readline())
+            request: RunRequest = json.loads(lines.readline())
     except (OSError, ValueError) as e:
         with contextlib.suppress(OSError):
             conn.sendall(f"error: unreadable run request: {type(e).__name__}: {e}\n".encode())
@@ -103,7 +117,7 @@ def _start(conn: socket.socket, code: types.CodeType, program: str) -> int:
     return pid
 
 
-def _run(request: dict[str, Any], code: types.CodeType, program: str) -> None:
+def _run(request: RunRequest, code: types.CodeType, program: str) -> None:
     """Child side: become the program, as a fresh `python PROGRAM ARGS...` would be, and exit."""
     status = 1
     try:
