@@ -139,10 +139,12 @@ def test_a_killed_worker_takes_its_warm_harness_server_and_runs_with_it(tmp_path
                 started = lambda: len(warm_processes(server)[1]) == 1  # noqa: E731
                 await asyncio.to_thread(wait_until, started, 120, "the harness program started")
                 (warm,), (program,) = warm_processes(server)
+                socket_dir = Path(Path(f"/proc/{warm}/cmdline").read_bytes().split(b"\0")[3].decode()).parent
                 (worker,) = server.workers()
                 os.kill(worker, signal.SIGKILL)
                 await asyncio.to_thread(wait_until, lambda: not alive(warm), 30, "the warm server exited")
                 await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "its run was killed")
+                assert not socket_dir.exists()  # its socket and the runs' files went with it
                 pending.cancel()
                 with suppress(BaseException):
                     await pending

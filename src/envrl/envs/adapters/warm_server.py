@@ -5,7 +5,8 @@ environment and working directory of its request, in a session of its own (stdin
 stdout and stderr to the request's files), and its exit code (negative: killed by that signal)
 is answered on the request's connection. A run whose connection closes before it exits is
 killed with its whole process group; when this server's stdin closes (its parent stopped it or
-died, even by SIGKILL) every live run is killed the same way and the server exits. Modules a
+died, even by SIGKILL) every live run is killed the same way, the socket's directory (its
+parent's, holding the runs' output files) is removed and the server exits. Modules a
 run imported lazily (httpx's transport on the first client, say) are imported by the server
 after that run, so later forks start with them.
 
@@ -23,6 +24,7 @@ import json
 import os
 import random
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -46,13 +48,13 @@ class RunRequest(TypedDict):
     stderr: str
 
 
-_imports_dir = "."
-"""Where runs list the modules they imported (the socket's directory, set by `main`)."""
+_pool_dir = "."
+"""The socket's directory (set by `main`): the runs' output files and lists of imported modules."""
 
 
 def main(program: str, address: str) -> None:
-    global _imports_dir
-    _imports_dir = os.path.dirname(os.path.abspath(address))
+    global _pool_dir
+    _pool_dir = os.path.dirname(os.path.abspath(address))
     with open(program, encoding="utf-8") as f:
         code = compile(f.read(), program, "exec")
     # The program's imports, done once; its `if __name__ == "__main__"` entry point stays inert.
@@ -72,6 +74,7 @@ def main(program: str, address: str) -> None:
             if kind == "parent" and not os.read(sys.stdin.fileno(), 4096):
                 for live in runs:
                     _kill(live)
+                shutil.rmtree(_pool_dir, ignore_errors=True)  # a parent killed outright cannot
                 return
             if kind == "accept":
                 conn, _ = listener.accept()
@@ -157,7 +160,7 @@ def _run(request: RunRequest, code: types.CodeType, program: str) -> None:
 
 def _imports_file(pid: int) -> str:
     """Where run `pid` lists the modules it imported: beside the server's socket."""
-    return os.path.join(_imports_dir, f"imports-{pid}.json")
+    return os.path.join(_pool_dir, f"imports-{pid}.json")
 
 
 def _report_imports(names: list[str]) -> None:
