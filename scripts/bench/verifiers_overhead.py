@@ -4,8 +4,9 @@
 
 Both sides answer every model call with the same scripted client (tokens from the tiny model's
 chat template, no model server), so the difference is what the adapter and verifiers add to one
-rollout: verifiers' episode machinery, its null harness (a chat program started as a subprocess
-per rollout), its interception server and envrl's chat proxy. It prints the mean sequential
+rollout: verifiers' episode machinery, its null harness (a chat program run per rollout: forked
+from a warm interpreter, `verifiers`, or started as a fresh interpreter, `verifiers-cold`, as
+verifiers itself does), its interception server and envrl's chat proxy. It prints the mean sequential
 rollout time of each and the wall time of `concurrency` rollouts at once. Runs in the example's
 venv (verifiers is not installed in envrl's).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from statistics import fmean
+from statistics import fmean, median
 from typing import Any
 
 from envrl.envs import Environment, Rubric, ScriptedClientConfig, load_environment
@@ -77,12 +78,11 @@ async def concurrent(env: Environment, client: ModelClient, n: int) -> float:
 
 async def main(rollouts: int, concurrency: int) -> None:
     client = TimedClient()
-    envs = {
-        "native": native(),
-        "verifiers": load_environment(
-            "verifiers:digits-count", taskset={"num_tasks": 1}, agent={"harness": {"id": "null"}}
-        ),
-    }
+    envs = {"native": native()}
+    for name, warm in (("verifiers", True), ("verifiers-cold", False)):
+        envs[name] = load_environment(
+            "verifiers:digits-count", taskset={"num_tasks": 1}, agent={"harness": {"id": "null"}}, warm=warm
+        )
     means = {}
     for name, env in envs.items():
         await sequential(env, client, 1)  # warm-up: tokenizer, verifiers' script env, proxy
@@ -90,13 +90,14 @@ async def main(rollouts: int, concurrency: int) -> None:
         means[name] = fmean(times)
         wall = await concurrent(env, client, concurrency)
         print(
-            f"{name:>9}: {means[name] * 1e3:8.1f} ms/rollout sequential (min {min(times) * 1e3:.1f}, "
+            f"{name:>14}: {means[name] * 1e3:8.1f} ms/rollout sequential (median {median(times) * 1e3:.1f}, min {min(times) * 1e3:.1f}, "
             f"max {max(times) * 1e3:.1f}; {fmean(until_call) * 1e3:.1f} ms of it before the model call); "
             f"{concurrency} at once: {wall:.2f} s wall ({wall / concurrency * 1e3:.0f} ms each)"
         )
         if hasattr(env, "aclose"):
             await env.aclose()
-    print(f"adapter overhead: {(means['verifiers'] - means['native']) * 1e3:.0f} ms per rollout (sequential)")
+    for name in ("verifiers", "verifiers-cold"):
+        print(f"{name} adapter overhead: {(means[name] - means['native']) * 1e3:.0f} ms per rollout (sequential)")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """`verifiers:<id>` served by envrl's env server, running in the example's own venv (verifiers 0.4).
 
-Each rollout runs verifiers' null harness as a subprocess (a chat program talking to envrl's chat
-proxy) and each env process imports verifiers (~8 s of CPU), so the tests share one server and
-keep to a few rollouts.
+Each rollout runs verifiers' null harness (a chat program talking to envrl's chat proxy) in a
+child forked from a warm server of that program, and each env process imports verifiers (~8 s of
+CPU), so the tests share one server and keep to a few rollouts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -90,33 +92,64 @@ def test_a_failing_model_call_gives_an_error_trace_that_names_it(digits_server: 
     assert "chat proxy" in trace.error.message and "model call 0 failed" in trace.error.message, trace.error
 
 
+def warm_processes(server: RunningServer) -> tuple[list[int], list[int]]:
+    """The live warm servers of verifiers' chat program among the workers' descendants, and the
+    runs forked from them (a run has its server's command line, and the server as its parent)."""
+    servers, runs = [], []
+    todo = [(pid, False) for pid in server.workers()]
+    while todo:
+        pid, forked = todo.pop()
+        cmdline = b""
+        with suppress(FileNotFoundError, ProcessLookupError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        is_server = not forked and b"warm_server.py" in cmdline and b"runtimes/scripts/" in cmdline
+        if alive(pid) and (forked or is_server):
+            (runs if forked else servers).append(pid)
+        todo += [(child, is_server) for child in children(pid)]
+    return servers, runs
+
+
 def test_a_cancelled_verifiers_rollout_stops_its_harness_program(digits_server: RunningServer) -> None:
     hanging = {**SCRIPTED, "delay": 600.0}  # the model call never answers in the test's time
-
-    def harnesses() -> list[int]:
-        """The workers' descendants that run verifiers' chat program (its script lives in the runtime's dir)."""
-        found, todo = [], list(digits_server.workers())
-        while todo:
-            pid = todo.pop()
-            todo += children(pid)
-            with suppress(FileNotFoundError), open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"runtimes/scripts/" in f.read() and alive(pid):
-                    found.append(pid)
-        return found
 
     async def main() -> None:
         async with EnvClient(digits_server.address, timeout=TIMEOUT) as env:
             sampling = {"max_tokens": 8}
             pending = asyncio.ensure_future(env.run_rollout(0, client=hanging, sampling=sampling, request_id="hang"))
-            await asyncio.to_thread(wait_until, lambda: len(harnesses()) == 1, 120, "the harness program started")
-            (program,) = harnesses()
+            started = lambda: len(warm_processes(digits_server)[1]) == 1  # noqa: E731
+            await asyncio.to_thread(wait_until, started, 120, "the harness program started")
+            (server,), (program,) = warm_processes(digits_server)
             assert await env.cancel("hang")
             with pytest.raises(EnvServerError) as raised:
                 await pending
             assert raised.value.type == "cancelled"
             await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "the harness program stopped")
+            assert alive(server)  # the warm server stays for the worker's next rollouts
 
     asyncio.run(main())
+
+
+def test_a_killed_worker_takes_its_warm_harness_server_and_runs_with_it(tmp_path: Path) -> None:
+    hanging = {**SCRIPTED, "delay": 600.0}
+    with verifiers_env_server(tmp_path, {"taskset": {"num_tasks": 1}, "agent": NULL_HARNESS}, *ACCESS) as server:
+
+        async def main() -> None:
+            async with EnvClient(server.address, timeout=TIMEOUT) as env:
+                pending = asyncio.ensure_future(env.run_rollout(0, client=hanging, sampling={"max_tokens": 8}))
+                started = lambda: len(warm_processes(server)[1]) == 1  # noqa: E731
+                await asyncio.to_thread(wait_until, started, 120, "the harness program started")
+                (warm,), (program,) = warm_processes(server)
+                socket_dir = Path(Path(f"/proc/{warm}/cmdline").read_bytes().split(b"\0")[3].decode()).parent
+                (worker,) = server.workers()
+                os.kill(worker, signal.SIGKILL)
+                await asyncio.to_thread(wait_until, lambda: not alive(warm), 30, "the warm server exited")
+                await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "its run was killed")
+                assert not socket_dir.exists()  # its socket and the runs' files went with it
+                pending.cancel()
+                with suppress(BaseException):
+                    await pending
+
+        asyncio.run(main())
 
 
 def test_a_verifiers_env_raising_in_its_rollout_gives_error_traces_and_keeps_serving(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """`verifiers:<taskset-id>`: a verifiers (v1, 0.4.x) environment served as an envrl Environment.
 
 Guarantee: each envrl rollout is one verifiers episode of the task, run by verifiers' own env,
-harness (in the local `subprocess` runtime unless the config names another) and scoring; every
-model call the harness makes reaches envrl's model client through a chat proxy in this process
-and is recorded as a Turn with the exact tokens the client returned. `run_rollout` and `run_group`
+harness (in the local `subprocess` runtime unless the config names another; its programs forked
+from warm interpreters, verifiers_runtime.py) and scoring; every model call the harness makes
+reaches envrl's model client through a chat proxy in this process and is recorded as a Turn
+with the exact tokens the client returned. `run_rollout` and `run_group`
 never raise (cancellation aside): a failure inside verifiers or the adapter becomes an error Trace.
 """
 
@@ -22,6 +23,8 @@ from verifiers.v1.utils.loaders import load_environment as load_vf_environment
 from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset_config_type
 
 from envrl.envs.adapters.chat_proxy import ChatProxy, Session
+from envrl.envs.adapters.verifiers_runtime import warm_programs
+from envrl.envs.adapters.warm_programs import WarmPrograms
 from envrl.envs.environment import Environment, _extends
 from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.traces import Branch, Error, Span, Task, Timing, Trace, Turn, WireTask
@@ -43,8 +46,10 @@ class VerifiersTask(Task):
 class VerifiersEnvironment(Environment):
     """Tasks from the verifiers taskset (train) and `eval_taskset` (eval); rollouts are episodes."""
 
-    def __init__(self, env: vf.Env, eval_taskset: vf.Taskset | None = None) -> None:
+    def __init__(self, env: vf.Env, eval_taskset: vf.Taskset | None = None, *, warm: bool = True) -> None:
         self.vf_env = env
+        self.programs = WarmPrograms() if warm else None
+        """Where local harness programs are forked from (None: a fresh interpreter per rollout)."""
         self._vf_tasks: dict[str, list[vf.Task]] = {}
         self._vf_sources = {"train": env.taskset, "eval": eval_taskset}
         super().__init__(tasks=lambda: self._load("train"), eval_tasks=lambda: self._load("eval"))
@@ -107,7 +112,8 @@ class VerifiersEnvironment(Environment):
                 self.proxy.open(trace.id, client, sampling)
 
             (slot,) = self.vf_env.slots(vf_task)
-            episode = await self.vf_env.run_slot(slot, ctx, on_trace=minted)
+            with warm_programs(self.programs) if self.programs else contextlib.nullcontext():
+                episode = await self.vf_env.run_slot(slot, ctx, on_trace=minted)
             sessions = {sid: self.proxy.sessions[sid] for sid in opened if sid in self.proxy.sessions}
             trace = _to_trace(wire, episode, sessions)
         except Exception as e:  # noqa: BLE001 - never raise: the failure is the trace's error
@@ -142,6 +148,8 @@ class VerifiersEnvironment(Environment):
             raise
         finally:
             await self.proxy.stop()
+            if self.programs is not None:
+                await self.programs.aclose()
 
     async def aclose(self) -> None:
         """Stop verifiers' serving resources and the proxy (an env worker's loop does it on exit)."""
@@ -210,10 +218,14 @@ def _env_config(taskset_id: str, config: dict[str, Any]) -> vf.EnvConfig:
     return resolved
 
 
-def load_environment(taskset_id: str, eval_taskset: dict[str, Any] | None = None, **config: Any) -> Environment:
+def load_environment(
+    taskset_id: str, eval_taskset: dict[str, Any] | None = None, warm: bool = True, **config: Any
+) -> Environment:
     """`verifiers:<taskset-id>` with env args = verifiers' env config (`taskset`, `agent`, ...).
 
     `eval_taskset`: taskset keys (over `taskset`'s) whose tasks form the eval split (none if unset).
+    `warm`: fork the local `subprocess` runtime's harness programs from a warm interpreter per
+    program (default); false starts a fresh interpreter per rollout, as verifiers itself does.
     """
     if not verifiers.__version__.startswith(SUPPORTED_VERSION):
         raise RuntimeError(
@@ -232,4 +244,4 @@ def load_environment(taskset_id: str, eval_taskset: dict[str, Any] | None = None
     if eval_taskset is not None:
         data = {**config.get("taskset", {}), **eval_taskset, "id": taskset_id}
         evals = load_taskset(taskset_config_type(taskset_id).model_validate(data))
-    return VerifiersEnvironment(env, evals)
+    return VerifiersEnvironment(env, evals, warm=warm)

@@ -1,0 +1,129 @@
+"""Programs run by forks of warm interpreters: the client side of warm_server.py.
+
+Guarantee: `WarmPrograms.run` runs `interpreter program *args` with the given environment and
+working directory in a child forked from that program's warm server (one per program, started
+on its first run, restarted if it died) and returns its exit code, stdout and stderr as a fresh
+interpreter's run would give them; a run whose caller is cancelled is killed with its process
+group. `aclose` (or the death of this process, even by SIGKILL) stops the servers and their
+live runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+
+from envrl.envs.adapters import warm_server
+
+SERVER = Path(warm_server.__file__)
+READY_TIMEOUT = 180.0
+"""Seconds a warm server may take to import its program (a cold disk cache, a loaded box)."""
+
+
+@dataclass(frozen=True)
+class ProgramRun:
+    """How a run ended: exit code (negative: killed by that signal) and its output."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class WarmPrograms:
+    """One env worker's warm servers, one per prepared program, each started on its first run."""
+
+    def __init__(self) -> None:
+        self._dir: Path | None = None
+        self._servers: dict[str, asyncio.subprocess.Process] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def run(self, interpreter: str, program: str, args: list[str], env: dict[str, str], cwd: Path) -> ProgramRun:
+        """`interpreter program *args` with `env` in `cwd`, run by a fork of the program's warm server."""
+        socket_path = await self._server(interpreter, program, env)
+        run_id = uuid.uuid4().hex
+        out, err = self._path(f"{run_id}.out"), self._path(f"{run_id}.err")
+        request = warm_server.RunRequest(args=args, env=env, cwd=str(cwd), stdout=str(out), stderr=str(err))
+        reader, writer = await asyncio.open_unix_connection(str(socket_path))
+        try:
+            writer.write(json.dumps(request).encode() + b"\n")
+            await writer.drain()
+            started, exited = await reader.readline(), await reader.readline()
+            if not started.strip().isdigit() or not exited.strip().lstrip(b"-").isdigit():
+                raise RuntimeError(
+                    f"the warm server of {program} ended run {run_id} without an exit code "
+                    f"({(started + exited).decode(errors='replace').strip() or 'no answer'}); see {self._log(program)}"
+                )
+            return ProgramRun(exit_code=int(exited), stdout=_read(out), stderr=_read(err))
+        finally:
+            # Closing the connection before the run exited (a cancelled rollout) makes the server kill it.
+            writer.close()
+            for path in (out, err):
+                path.unlink(missing_ok=True)
+
+    async def _server(self, interpreter: str, program: str, env: dict[str, str]) -> Path:
+        socket_path = self._path(f"{Path(program).stem[:16]}.sock")
+        async with self._locks.setdefault(program, asyncio.Lock()):
+            server = self._servers.get(program)
+            if server is not None and server.returncode is None:
+                return socket_path
+            socket_path.unlink(missing_ok=True)
+            with self._log(program).open("ab") as log:
+                server = await asyncio.create_subprocess_exec(
+                    interpreter, str(SERVER), program, str(socket_path), env=env,
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log, start_new_session=True,
+                )  # fmt: skip
+            self._servers[program] = server
+            assert server.stdout is not None
+            try:
+                line = await asyncio.wait_for(server.stdout.readline(), READY_TIMEOUT)
+            except TimeoutError:
+                line = b""
+            if line.decode().strip() != warm_server.READY:
+                await _stop(server)
+                raise RuntimeError(
+                    f"the warm server of {program} did not start within {READY_TIMEOUT:g} s "
+                    f"(exit {server.returncode}); its log: {self._log(program)}"
+                )
+            logger.info(f"warm server of verifiers program {Path(program).name} ready (pid {server.pid})")
+            return socket_path
+
+    def _path(self, name: str) -> Path:
+        if self._dir is None:
+            # Short: a unix socket path must fit in 108 bytes.
+            self._dir = Path(tempfile.mkdtemp(prefix="envrl-warm-"))
+        return self._dir / name
+
+    def _log(self, program: str) -> Path:
+        return self._path(f"{Path(program).stem[:16]}.log")
+
+    async def aclose(self) -> None:
+        """Stop every server (each kills its live runs) and remove their sockets and files."""
+        servers, self._servers = list(self._servers.values()), {}
+        await asyncio.gather(*(_stop(server) for server in servers))
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+async def _stop(server: asyncio.subprocess.Process) -> None:
+    """Close the server's stdin (it kills its runs and exits); SIGKILL it if it has not within 5 s."""
+    if server.stdin is not None:
+        server.stdin.close()
+    try:
+        await asyncio.wait_for(server.wait(), 5.0)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            server.kill()
+        await server.wait()
+
+
+def _read(path: Path) -> str:
+    return path.read_bytes().decode(errors="replace") if path.exists() else ""

@@ -1,0 +1,201 @@
+"""A warm interpreter for one Python program: it imports the program once, then forks a child per run.
+
+Guarantee: every run executes the program's unchanged source as `__main__`, with the argv,
+environment and working directory of its request, in a session of its own (stdin /dev/null,
+stdout and stderr to the request's files), and its exit code (negative: killed by that signal)
+is answered on the request's connection. A run whose connection closes before it exits is
+killed with its whole process group; when this server's stdin closes (its parent stopped it or
+died, even by SIGKILL) every live run is killed the same way, the socket's directory (its
+parent's, holding the runs' output files) is removed and the server exits. Modules a
+run imported lazily (httpx's transport on the first client, say) are imported by the server
+after that run, so later forks start with them.
+
+    PYTHON warm_server.py PROGRAM SOCKET
+
+Standard library only: it runs in the program's own interpreter (verifiers' uv script
+environment), where envrl is not installed. Imports are what a fresh interpreter spends its time
+on (~1.2 s of CPU for verifiers' chat program); a fork of this warm process skips them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import traceback
+import types
+from typing import TypedDict
+
+READY = "warm-program-ready"
+"""The line the server prints on stdout once it listens."""
+
+
+class RunRequest(TypedDict):
+    """One run, a JSON line on a new connection; the answers are lines too: the run's pid, then
+    its exit code (or one `error: ...` line for a request that could not be read)."""
+
+    args: list[str]
+    env: dict[str, str]
+    cwd: str
+    stdout: str
+    """A file the run's stdout goes to (created or truncated)."""
+    stderr: str
+
+
+_pool_dir = "."
+"""The socket's directory (set by `main`): the runs' output files and lists of imported modules."""
+
+
+def main(program: str, address: str) -> None:
+    global _pool_dir
+    _pool_dir = os.path.dirname(os.path.abspath(address))
+    with open(program, encoding="utf-8") as f:
+        code = compile(f.read(), program, "exec")
+    # The program's imports, done once; its `if __name__ == "__main__"` entry point stays inert.
+    exec(code, _module("__envrl_warm__", program).__dict__)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(128)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, ("accept", 0))
+    selector.register(sys.stdin.fileno(), selectors.EVENT_READ, ("parent", 0))
+    runs: dict[int, socket.socket | None] = {}
+    """Live runs: pid -> the connection that waits for its exit code (None once it closed)."""
+    print(READY, flush=True)
+    while True:
+        for key, _ in selector.select():
+            kind, pid = key.data
+            if kind == "parent" and not os.read(sys.stdin.fileno(), 4096):
+                for live in runs:
+                    _kill(live)
+                shutil.rmtree(_pool_dir, ignore_errors=True)  # a parent killed outright cannot
+                return
+            if kind == "accept":
+                conn, _ = listener.accept()
+                pid = _start(conn, code, program)
+                if pid:
+                    runs[pid] = conn
+                    selector.register(conn, selectors.EVENT_READ, ("conn", pid))
+                    selector.register(os.pidfd_open(pid), selectors.EVENT_READ, ("exit", pid))
+            elif kind == "conn" and pid in runs:  # the caller went away (a cancelled rollout): stop the run
+                _kill(pid)
+                selector.unregister(key.fileobj)
+                key.fileobj.close()  # type: ignore[union-attr]
+                runs[pid] = None
+            elif kind == "exit":
+                _, status = os.waitpid(pid, 0)
+                _learn_imports(pid)
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                if (conn := runs.pop(pid)) is not None:
+                    with contextlib.suppress(OSError):
+                        conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                    selector.unregister(conn)
+                    conn.close()
+
+
+def _start(conn: socket.socket, code: types.CodeType, program: str) -> int:
+    """Fork a run for the request on `conn` and answer its pid; 0 (conn closed) for a bad request."""
+    conn.settimeout(30.0)
+    try:
+        with conn.makefile("rb") as lines:
+            request: RunRequest = json.loads(lines.readline())
+    except (OSError, ValueError) as e:
+        with contextlib.suppress(OSError):
+            conn.sendall(f"error: unreadable run request: {type(e).__name__}: {e}\n".encode())
+        conn.close()
+        return 0
+    conn.settimeout(None)
+    pid = os.fork()
+    if pid == 0:
+        _run(request, code, program)
+    with contextlib.suppress(OSError):  # a caller already gone is noticed by the selector: the run is killed
+        conn.sendall(f"{pid}\n".encode())
+    return pid
+
+
+def _run(request: RunRequest, code: types.CodeType, program: str) -> None:
+    """Child side: become the program, as a fresh `python PROGRAM ARGS...` would be, and exit."""
+    status = 1
+    try:
+        os.setsid()
+        for fd, path, flags in (
+            (0, os.devnull, os.O_RDONLY),
+            (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+            (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        ):
+            opened = os.open(path, flags, 0o600)
+            os.dup2(opened, fd)
+            os.close(opened)
+        os.closerange(3, 65536)  # the server's sockets, pidfds and selector are not the program's
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [program, *request["args"]]
+        random.seed()  # a fork shares its parent's random state; a fresh interpreter would not
+        before = set(sys.modules)
+        try:
+            exec(code, _module("__main__", program).__dict__)
+            status = 0
+        finally:
+            _report_imports(sorted(set(sys.modules) - before))
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - reported as a fresh interpreter would, on stderr
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(status)
+
+
+def _imports_file(pid: int) -> str:
+    """Where run `pid` lists the modules it imported: beside the server's socket."""
+    return os.path.join(_pool_dir, f"imports-{pid}.json")
+
+
+def _report_imports(names: list[str]) -> None:
+    if names := [n for n in names if n != "__main__"]:
+        with contextlib.suppress(OSError), open(_imports_file(os.getpid()), "w", encoding="utf-8") as f:
+            json.dump(names, f)
+
+
+def _learn_imports(pid: int) -> None:
+    """Import what run `pid` imported that this server has not (a failing import is skipped)."""
+    path = _imports_file(pid)
+    with contextlib.suppress(OSError, ValueError):
+        with open(path, encoding="utf-8") as f:
+            names = json.load(f)
+        os.unlink(path)
+        for name in names:
+            if name not in sys.modules:
+                with contextlib.suppress(Exception):
+                    __import__(name)
+
+
+def _module(name: str, program: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__file__ = program
+    sys.modules[name] = module
+    return module
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL the run (not yet reaped, so its pid is still its own) and its session's group."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)  # absent if the run had not reached its setsid yet
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
