@@ -1,8 +1,9 @@
 """Spawning, watching and stopping child processes: the one abstraction for every envrl child.
 
 Guarantee: a child started with `spawn` dies with its parent (parent-death signal plus a
-watchdog thread, once it calls `die_with_parent`), and so do grandchildren started by a child
-that called `adopt_children` (torchrun's ranks, which live in sessions of their own), its exit is observable at once through a
+watchdog thread, once it calls `envrl.lifeline.die_with_parent`, which every entry point does
+first), and so do grandchildren started by a child that called `adopt_children` (torchrun's
+ranks, which live in sessions of their own), its exit is observable at once through a
 pollable fd, and a sidecar that dies or stalls before reporting ready raises `ChildFailed`
 naming it, its exit status and the tail of its log. A `RestartBudget` allows at most
 `max_restarts` restarts within any `window_s` seconds, each after a doubling backoff.
@@ -11,14 +12,12 @@ naming it, its exit status and the tail of its log. A `RestartBudget` allows at 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,15 +26,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from envrl.config import BaseConfig
+from envrl.lifeline import PARENT_PID_ENV
 
-PARENT_PID_ENV = "ENVRL_PARENT_PID"
-"""Set by `spawn` in the child's environment: the pid the child must not outlive."""
 READY_FD_ENV = "ENVRL_READY_FD"
 """Set by `spawn_sidecar`: the pipe fd on which the child writes its ready line."""
 READY_PREFIX = "envrl-ready "
 """Prefix of the one stdout line (and pipe line) a sidecar writes when it is ready."""
-
-_PR_SET_PDEATHSIG = 1
 
 
 class RestartPolicy(BaseConfig):
@@ -248,44 +244,6 @@ def report_ready(message: str) -> None:
             os.close(int(fd))
         except OSError:
             pass  # the parent stopped listening; it watches our exit instead
-
-
-def set_parent_death_signal(sig: int) -> None:
-    """Ask Linux to send `sig` to this process when its parent thread dies (no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-
-
-def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0) -> None:
-    """Child side of `spawn`: receive `sig` when the parent dies, even by SIGKILL.
-
-    Linux's PR_SET_PDEATHSIG does the work; a daemon thread polling the parent pid backs it up
-    (other platforms, or a parent that died before this call). No-op if not started by `spawn`.
-    """
-    parent = int(os.environ.pop(PARENT_PID_ENV, "0"))  # popped: our own children are not its children
-    if not parent:
-        return
-    set_parent_death_signal(sig)
-    if os.getppid() != parent:
-        os.kill(os.getpid(), sig)
-        return
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(check_interval)
-        os.kill(os.getpid(), sig)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
-
-
-def adopt_children() -> None:
-    """Make the children this process starts from now on die with it (call after `die_with_parent`).
-
-    For a process that starts its own children without `spawn` (torchrun): they inherit the
-    environment, so a child calling `die_with_parent` then watches this process instead of
-    killing itself for not being a child of the original parent.
-    """
-    os.environ[PARENT_PID_ENV] = str(os.getpid())
 
 
 def config_argv(config: BaseModel) -> list[str]:
