@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
 from pydantic import BaseModel, Field
 
 from envrl.config import BaseConfig
@@ -77,6 +78,39 @@ class RestartBudget:
 
 class ChildFailed(RuntimeError):
     """A child died or stalled before it was ready; the message names it and shows its log tail."""
+
+
+class Restart:
+    """One dead child's way back under its `RestartBudget`, for the launcher's supervisor and the
+    orchestrator's sidecar env servers alike (they differ only in how they wait: blocking or awaited).
+
+    Each try: `next_delay()` (log why, then wait that long), start the child, on `ChildFailed` call
+    `failed` (a failed start uses up a restart too) and try again.
+    """
+
+    def __init__(self, dead: Child, budget: RestartBudget, where: str = "") -> None:
+        self.dead = dead
+        self.budget = budget
+        self.where = where
+        """Where it is started again (" on tcp://..."), for the log line."""
+        self.what = dead.describe_exit()
+        self._tail = dead.log_tail(10)
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next start; ChildFailed naming the child once the budget is spent."""
+        delay = self.budget.next_delay()
+        if delay is None:  # named with the tail of its log, which every start appends to
+            raise self.dead.failure(f"{self.what}, and {self.budget.exhausted()}")
+        tail = f"; last lines of {self.dead.log_file}:\n{self._tail}" if self._tail else ""
+        logger.warning(
+            f"{self.dead.name} (pid {self.dead.pid}) {self.what}; restarting it{self.where} in {delay:g} s "
+            f"(restart {self.budget.total}){tail}"
+        )
+        return delay
+
+    def failed(self, error: ChildFailed) -> None:
+        """The last start failed (its message carries its own log tail)."""
+        self.what, self._tail = f"failed to start again ({str(error).splitlines()[0]})", ""
 
 
 class Child:
