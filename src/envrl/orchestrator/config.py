@@ -158,7 +158,9 @@ class InferenceClientConfig(BaseConfig):
     (on this host or others; `rl` sets it from `inference.replicas`). Env servers spread model
     calls across them; each step's weights are loaded on all of them before the step dispatches."""
     ready_timeout: float = Field(600.0, gt=0)
-    """Seconds to wait for the servers to answer at start-up."""
+    """Seconds to wait for the servers to answer at start-up. Under `rl` it is also the launcher's
+    limit, counted from the servers' launch (before the orchestrator starts), so it is the run's one
+    inference start-up limit and the launcher's error names this key."""
     retry: RetryPolicy = RetryPolicy()
     reload_token_env: str = RELOAD_TOKEN_ENV
     """Environment variable with the servers' `/update_weights` token, sent when set (a server
