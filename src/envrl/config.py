@@ -157,18 +157,22 @@ def _step(types_: list[Any], part: str | int) -> list[Any]:
     return out
 
 
+def _descend(node: Any, part: str | int) -> Any:
+    """What sits at `part` of a table or array of raw config data (None past its end, or below a value)."""
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and part < len(node):
+        return node[part]
+    return None
+
+
 def _models_at(model: type[BaseModel], path: Sequence[str | int], data: Any = None) -> list[type[BaseModel]]:
     """Models that may sit at `path`; with `data`, union members are narrowed by its `type` tag."""
     types_: list[Any] = [model]
     node = data
     for part in path:
         types_ = _step(types_, part)
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        else:
-            node = None
+        node = _descend(node, part)
     # A list of tables also stands for its item model: models that take one table as a one-item
     # list (`--env.id x` for `env: list[EnvConfig]`) get their keys typed and checked too.
     items = [t for tp in types_ if typing.get_origin(tp) is list for t in _unwrap(typing.get_args(tp)[0])]
@@ -239,12 +243,7 @@ def _data_loc(loc: Key, data: Any) -> Key:
         if isinstance(node, dict) and part not in node and i < len(loc) - 1:
             continue
         out.append(part)
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        else:
-            node = None
+        node = _descend(node, part)
     return tuple(out)
 
 

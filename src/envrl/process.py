@@ -1,8 +1,9 @@
 """Spawning, watching and stopping child processes: the one abstraction for every envrl child.
 
 Guarantee: a child started with `spawn` dies with its parent (parent-death signal plus a
-watchdog thread, once it calls `die_with_parent`), and so do grandchildren started by a child
-that called `adopt_children` (torchrun's ranks, which live in sessions of their own), its exit is observable at once through a
+watchdog thread, once it calls `envrl.lifeline.die_with_parent`, which every entry point does
+first), and so do grandchildren started by a child that called `adopt_children` (torchrun's
+ranks, which live in sessions of their own), its exit is observable at once through a
 pollable fd, and a sidecar that dies or stalls before reporting ready raises `ChildFailed`
 naming it, its exit status and the tail of its log. A `RestartBudget` allows at most
 `max_restarts` restarts within any `window_s` seconds, each after a doubling backoff.
@@ -11,31 +12,27 @@ naming it, its exit status and the tail of its log. A `RestartBudget` allows at 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
 from pydantic import BaseModel, Field
 
 from envrl.config import BaseConfig
+from envrl.lifeline import PARENT_PID_ENV
 
-PARENT_PID_ENV = "ENVRL_PARENT_PID"
-"""Set by `spawn` in the child's environment: the pid the child must not outlive."""
 READY_FD_ENV = "ENVRL_READY_FD"
 """Set by `spawn_sidecar`: the pipe fd on which the child writes its ready line."""
 READY_PREFIX = "envrl-ready "
 """Prefix of the one stdout line (and pipe line) a sidecar writes when it is ready."""
-
-_PR_SET_PDEATHSIG = 1
 
 
 class RestartPolicy(BaseConfig):
@@ -81,6 +78,39 @@ class RestartBudget:
 
 class ChildFailed(RuntimeError):
     """A child died or stalled before it was ready; the message names it and shows its log tail."""
+
+
+class Restart:
+    """One dead child's way back under its `RestartBudget`, for the launcher's supervisor and the
+    orchestrator's sidecar env servers alike (they differ only in how they wait: blocking or awaited).
+
+    Each try: `next_delay()` (log why, then wait that long), start the child, on `ChildFailed` call
+    `failed` (a failed start uses up a restart too) and try again.
+    """
+
+    def __init__(self, dead: Child, budget: RestartBudget, where: str = "") -> None:
+        self.dead = dead
+        self.budget = budget
+        self.where = where
+        """Where it is started again (" on tcp://..."), for the log line."""
+        self.what = dead.describe_exit()
+        self._tail = dead.log_tail(10)
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next start; ChildFailed naming the child once the budget is spent."""
+        delay = self.budget.next_delay()
+        if delay is None:  # named with the tail of its log, which every start appends to
+            raise self.dead.failure(f"{self.what}, and {self.budget.exhausted()}")
+        tail = f"; last lines of {self.dead.log_file}:\n{self._tail}" if self._tail else ""
+        logger.warning(
+            f"{self.dead.name} (pid {self.dead.pid}) {self.what}; restarting it{self.where} in {delay:g} s "
+            f"(restart {self.budget.total}){tail}"
+        )
+        return delay
+
+    def failed(self, error: ChildFailed) -> None:
+        """The last start failed (its message carries its own log tail)."""
+        self.what, self._tail = f"failed to start again ({str(error).splitlines()[0]})", ""
 
 
 class Child:
@@ -248,44 +278,6 @@ def report_ready(message: str) -> None:
             os.close(int(fd))
         except OSError:
             pass  # the parent stopped listening; it watches our exit instead
-
-
-def set_parent_death_signal(sig: int) -> None:
-    """Ask Linux to send `sig` to this process when its parent thread dies (no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-
-
-def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0) -> None:
-    """Child side of `spawn`: receive `sig` when the parent dies, even by SIGKILL.
-
-    Linux's PR_SET_PDEATHSIG does the work; a daemon thread polling the parent pid backs it up
-    (other platforms, or a parent that died before this call). No-op if not started by `spawn`.
-    """
-    parent = int(os.environ.pop(PARENT_PID_ENV, "0"))  # popped: our own children are not its children
-    if not parent:
-        return
-    set_parent_death_signal(sig)
-    if os.getppid() != parent:
-        os.kill(os.getpid(), sig)
-        return
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(check_interval)
-        os.kill(os.getpid(), sig)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
-
-
-def adopt_children() -> None:
-    """Make the children this process starts from now on die with it (call after `die_with_parent`).
-
-    For a process that starts its own children without `spawn` (torchrun): they inherit the
-    environment, so a child calling `die_with_parent` then watches this process instead of
-    killing itself for not being a child of the original parent.
-    """
-    os.environ[PARENT_PID_ENV] = str(os.getpid())
 
 
 def config_argv(config: BaseModel) -> list[str]:

@@ -21,12 +21,12 @@ import pytest
 from envrl.config import ModelConfig, config_to_toml
 from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
 from envrl.layout import batch_dir, weights_dir
+from envrl.lifeline import PARENT_PID_ENV
 from envrl.metrics import WandbConfig
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig, SamplingParams
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.loop import Orchestrator
 from envrl.orchestrator.seeds import attempt_seed
-from envrl.process import PARENT_PID_ENV
 from envrl.samples import read_batch
 from envrl.serve.config import StaticPoolConfig
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import msgpack
 
-from envrl.process import set_parent_death_signal
+from envrl.lifeline import set_parent_death_signal
 
 MAX_SHARED = 64
 """Calls one child runs at most (a bound on how long later calls wait behind slow ones)."""

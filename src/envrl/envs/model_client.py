@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from envrl.envs.chat_tokens import chat_renderer
 from envrl.http import HttpCallError, RetryPolicy, request_json
 from envrl.inference.client import raise_for_context_length
+from envrl.inference.replicas import ReplicaUrls, replica_urls
 from envrl.traces import Message, Turn, TurnTokens
 
 
@@ -79,7 +80,7 @@ class TrainClientConfig(_Plain):
     """Token-in/token-out against the envrl inference server (vLLM); what RL training uses."""
 
     type: Literal["train"] = "train"
-    base_url: str | list[str]
+    base_url: ReplicaUrls
     """Inference server root, e.g. http://127.0.0.1:8000 (without /v1), or a list of replicas that
     serve the same model and policy: a rollout's first turn goes to the replica with the fewest of
     this worker's calls in flight, each later turn to the replica that answered the turn it
@@ -90,16 +91,10 @@ class TrainClientConfig(_Plain):
     """Directory whose tokenizer and chat template render prompts; defaults to `model`."""
     retry: RetryPolicy = RetryPolicy()
 
-    @model_validator(mode="after")
-    def _some_server(self) -> Self:
-        if not self.base_urls:
-            raise ValueError("train client: base_url is an empty list; give at least one inference server URL")
-        return self
-
     @property
     def base_urls(self) -> list[str]:
         """Every replica's URL (one for a single server)."""
-        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+        return replica_urls(self.base_url)
 
 
 class EvalClientConfig(_Plain):

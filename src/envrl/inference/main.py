@@ -8,6 +8,10 @@ config error (unknown vLLM options included).
 
 from __future__ import annotations
 
+from envrl.lifeline import die_with_parent
+
+die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
+
 import os
 import sys
 from collections.abc import Sequence
@@ -17,7 +21,6 @@ from envrl.config import ConfigError, load_config
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import cpu_environment, link_model_info_cache, vllm_args, vllm_environment
 from envrl.log import setup_logging
-from envrl.process import die_with_parent
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -30,7 +33,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         raise SystemExit(2)
     setup_logging(config.log, process="inference")
-    die_with_parent()
     env = vllm_environment(config)
     for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
         os.makedirs(env[name], exist_ok=True)

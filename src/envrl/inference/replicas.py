@@ -13,7 +13,9 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
 
 from envrl.http import RetryPolicy
 from envrl.inference.client import InferenceClient, InferenceError, TokenCompletion
@@ -21,6 +23,29 @@ from envrl.inference.client import InferenceClient, InferenceError, TokenComplet
 REMEMBERED_TURNS = 4096
 """Turns whose replica is remembered for their continuation; older ones are forgotten (their
 continuation is then balanced like a first turn), so memory stays bounded."""
+
+
+def replica_urls(base_url: str | Sequence[str]) -> list[str]:
+    """Every replica's URL of a `ReplicaUrls` value (a single server's URL as a one-item list)."""
+    return [base_url] if isinstance(base_url, str) else list(base_url)
+
+
+def _check_replica_urls(base_url: str | list[str]) -> str | list[str]:
+    urls = replica_urls(base_url)
+    if not urls:
+        raise ValueError(
+            "base_url is an empty list; give at least one inference server URL, e.g. "
+            '"http://127.0.0.1:8000", or a list with one URL per replica'
+        )
+    blank = [i for i, url in enumerate(urls) if not url.strip()]
+    if blank:
+        raise ValueError(f"base_url has an empty URL (list index {blank}); give each replica's URL or remove the entry")
+    return base_url
+
+
+ReplicaUrls = Annotated[str | list[str], AfterValidator(_check_replica_urls)]
+"""A config field naming one inference server by its URL, or a list of replicas that serve the
+same model and policy; never empty (read it as a list with `replica_urls`)."""
 
 
 class ReplicaReloadError(InferenceError):

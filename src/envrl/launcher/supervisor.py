@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from loguru import logger
 
-from envrl.process import Child, ChildFailed, RestartBudget, RestartPolicy
+from envrl.process import Child, ChildFailed, Restart, RestartBudget, RestartPolicy
 
 
 @dataclass
@@ -83,24 +83,18 @@ class Supervisor:
     def _restart(self, child: Child) -> None:
         """Start a dead child again after its backoff; ChildFailed once its budget is spent."""
         respawn = self._respawn[child.name]
-        what = child.describe_exit()
-        tail = child.log_tail(10)
-        while (delay := respawn.budget.next_delay()) is not None:
-            logger.warning(
-                f"{child.name} (pid {child.pid}) {what}; restarting it in {delay:g} s "
-                f"(restart {respawn.budget.total}); last lines of {child.log_file}:\n{tail}"
-            )
-            time.sleep(delay)
+        restart = Restart(child, respawn.budget)
+        while True:
+            time.sleep(restart.next_delay())
             try:
                 new = respawn.start()
             except ChildFailed as e:
-                what, tail = f"failed to restart: {e}", ""
+                restart.failed(e)
                 continue
             self.children[self.children.index(child)] = new
             child.close()
             logger.info(f"{child.name} restarted (pid {new.pid})")
             return
-        raise child.failure(f"{what}, and {respawn.budget.exhausted()}")
 
     def stop_all(self) -> None:
         """SIGTERM everything at once, SIGKILL what is left after the grace period, groups included."""

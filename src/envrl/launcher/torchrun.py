@@ -8,14 +8,17 @@ process-group kill `rl` uses for its other children.
 
 from __future__ import annotations
 
+from envrl.lifeline import die_with_parent
+
+die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
+
 import os
 import sys
 
-from envrl.process import adopt_children, die_with_parent
+from envrl.lifeline import adopt_children
 
 
 def main() -> None:
-    die_with_parent()  # on rl's death torchrun gets SIGTERM and stops its ranks
     adopt_children()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun

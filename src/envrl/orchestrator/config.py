@@ -16,6 +16,7 @@ from envrl.config import BaseConfig, ConfigError, ModelConfig
 from envrl.envs.model_client import ClientConfig, SamplingArgs, SamplingParams
 from envrl.http import RetryPolicy
 from envrl.inference.config import RELOAD_TOKEN_ENV
+from envrl.inference.replicas import ReplicaUrls, replica_urls
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
 from envrl.net import is_loopback
@@ -152,27 +153,23 @@ def check_pass_at(env: EvalEnvConfig) -> None:
 
 
 class InferenceClientConfig(BaseConfig):
-    base_url: str | list[str] = "http://127.0.0.1:8000"
+    base_url: ReplicaUrls = "http://127.0.0.1:8000"
     """The envrl inference server (vLLM), without /v1, or a list of replicas serving the same model
     (on this host or others; `rl` sets it from `inference.replicas`). Env servers spread model
     calls across them; each step's weights are loaded on all of them before the step dispatches."""
     ready_timeout: float = Field(600.0, gt=0)
-    """Seconds to wait for the servers to answer at start-up."""
+    """Seconds to wait for the servers to answer at start-up. Under `rl` it is also the launcher's
+    limit, counted from the servers' launch (before the orchestrator starts), so it is the run's one
+    inference start-up limit and the launcher's error names this key."""
     retry: RetryPolicy = RetryPolicy()
     reload_token_env: str = RELOAD_TOKEN_ENV
     """Environment variable with the servers' `/update_weights` token, sent when set (a server
     off loopback requires it; see inference.reload)."""
 
-    @model_validator(mode="after")
-    def _some_server(self) -> InferenceClientConfig:
-        if not self.base_urls:
-            raise ValueError("inference.base_url is an empty list; give at least one inference server URL")
-        return self
-
     @property
     def base_urls(self) -> list[str]:
         """Every replica's URL (one for a single server)."""
-        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+        return replica_urls(self.base_url)
 
 
 class OrchestratorConfig(BaseConfig):

@@ -24,7 +24,7 @@ from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.layout import env_log_file
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingParams
 from envrl.orchestrator.seeds import attempt_seed
-from envrl.process import Child, ChildFailed, RestartBudget, config_argv, spawn_sidecar
+from envrl.process import Child, ChildFailed, Restart, RestartBudget, config_argv, spawn_sidecar
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
 from envrl.traces import Error, Split, Trace, WireTask
@@ -212,26 +212,23 @@ class Env:
         logger.info(f"{self.split} env {self.name!r}: the server at {address} answers again; lost rollouts are re-run")
 
     async def _restart_sidecar(self, address: str) -> None:
-        """Start the dead sidecar again on `address`; a start that fails uses up a restart too
-        (as the launcher's supervisor does), until the budget is spent."""
+        """Start the dead sidecar again on `address` (`Restart`: the launcher's policy and messages);
+        awaited, so a shutdown cancels the wait."""
         child = self._child
         assert child is not None
         atexit.unregister(child.stop)
+        restart = Restart(child, self._restarts, where=f" on {address}")
         child.close()
-        what = child.describe_exit()
         while True:
-            delay = self._restarts.next_delay()
-            if delay is None:  # named with the tail of its log, which every start appends to
-                raise EnvUnavailable(str(child.failure(f"{what}, and {self._restarts.exhausted()}")))
-            logger.warning(
-                f"{self.split} env server {self.name!r} {what}; restarting it on {address} in {delay:g} s "
-                f"(restart {self._restarts.total}; log: {self.log_file})"
-            )
+            try:
+                delay = restart.next_delay()
+            except ChildFailed as e:
+                raise EnvUnavailable(str(e)) from None
             await asyncio.sleep(delay)
             try:
                 self._child, _ = await asyncio.to_thread(self._spawn, address)
             except ChildFailed as e:
-                what = f"failed to start again ({str(e).splitlines()[0]})"
+                restart.failed(e)
                 continue
             atexit.register(self._child.stop, 5.0)
             self.counters["env_server_restarts"] += 1

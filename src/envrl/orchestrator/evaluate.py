@@ -30,12 +30,13 @@ from envrl.atomic import atomic_write_text
 from envrl.config import BaseConfig, ModelConfig, load_config
 from envrl.envs.model_client import ClientConfig, EvalClientConfig
 from envrl.layout import eval_results_file, eval_results_root, eval_summary_file
+from envrl.lifeline import die_with_parent
 from envrl.log import LogConfig, setup_logging
 from envrl.orchestrator.config import EvalEnvConfig, SamplingParams, check_pass_at
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
-from envrl.process import ChildFailed, die_with_parent
+from envrl.process import ChildFailed
 from envrl.progress import LiveLines, duration, fmt
 from envrl.traces import Trace
 

@@ -8,8 +8,11 @@ terminal, where its log is routed below the status line, plain lines otherwise.
 
 from __future__ import annotations
 
+from envrl.lifeline import die_with_parent
+
+die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
+
 import asyncio
-import os
 import signal
 import sys
 
@@ -17,10 +20,10 @@ from loguru import logger
 
 from envrl.config import load_config
 from envrl.console import RunConsole
+from envrl.lifeline import parent_pid
 from envrl.log import setup_logging
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
-from envrl.process import PARENT_PID_ENV, die_with_parent
 from envrl.progress import LiveLines
 
 
@@ -35,12 +38,11 @@ async def _run(config: OrchestratorConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     config = load_config(OrchestratorConfig, argv, prog="orchestrator")
     console = None
-    if PARENT_PID_ENV not in os.environ:
+    if parent_pid() is None:  # run by hand, not by rl
         lines = LiveLines()
         lines.use_for_stderr()
         console = RunConsole(config.output_dir, config.max_steps, stream=lines, ends_with="orchestrator")
     setup_logging(config.log, process="orchestrator")
-    die_with_parent()
     try:
         if console is not None:
             console.start()

@@ -7,7 +7,10 @@ with the reason on stderr), exits 1 when the environment cannot load or its work
 
 from __future__ import annotations
 
-import signal
+from envrl.lifeline import die_with_parent
+
+die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
+
 import sys
 
 import zmq
@@ -16,7 +19,6 @@ from loguru import logger
 from envrl.config import load_config
 from envrl.envs.registry import load_environment
 from envrl.log import LogConfig, setup_logging
-from envrl.process import die_with_parent
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.server import EnvServer
 from envrl.serve.sockets import ServerSockets
@@ -24,7 +26,6 @@ from envrl.serve.sockets import ServerSockets
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(EnvServerConfig, argv, prog="env-server")
-    die_with_parent(signal.SIGTERM)
     setup_logging(LogConfig(level=config.log_level, file=config.log_file), process="env-server")
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:

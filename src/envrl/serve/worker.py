@@ -8,6 +8,10 @@ cancel, even one that lands before the rollout started), and the worker dies wit
 
 from __future__ import annotations
 
+from envrl.lifeline import die_with_parent
+
+die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
+
 import asyncio
 import signal
 import sys
@@ -24,7 +28,6 @@ from envrl.config import BaseConfig, load_config
 from envrl.envs.model_client import ClientConfig, ModelClient, SamplingArgs, build_client
 from envrl.envs.registry import load_environment
 from envrl.log import LogConfig, LogLevel, setup_logging
-from envrl.process import die_with_parent
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvSpec, EnvTimeoutConfig
 from envrl.serve.zmqio import Frames, SocketPump
@@ -257,7 +260,6 @@ def _tag_request(record: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(WorkerConfig, argv, prog="env-worker")
-    die_with_parent(signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us in order
     setup_logging(LogConfig(level=config.log_level, file=config.log_file), process=f"env-worker[{config.worker_id}]")
     logger.configure(patcher=_tag_request)

@@ -6,6 +6,10 @@ after logging one error line that says which step and file went wrong.
 
 from __future__ import annotations
 
+from envrl.lifeline import die_with_parent
+
+die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
+
 import os
 import sys
 from collections.abc import Sequence
@@ -15,7 +19,6 @@ from loguru import logger
 
 from envrl.config import load_config
 from envrl.log import LogConfig, setup_logging
-from envrl.process import die_with_parent
 from envrl.samples import BatchError
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
@@ -32,7 +35,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         setup_logging(config.log, process="trainer")
     else:  # rank 0 speaks for the run; the others only report trouble, to the console
         setup_logging(LogConfig(level="WARNING"), process=f"trainer[{rank}]")
-    die_with_parent()
     transformers.utils.logging.disable_progress_bar()  # tqdm bars make unreadable log files
     runtime = None
     try:

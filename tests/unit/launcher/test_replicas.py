@@ -1,11 +1,20 @@
 """`inference.replicas = k` in an `rl` config: k servers on consecutive ports, every client told of all."""
 
+import socket
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from envrl.config import ConfigError, resolve_config
+from envrl.inference.config import InferenceConfig
 from envrl.inference.main import main as inference_main
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.main import main
+from envrl.launcher.replicas import wait_for_replicas
+from envrl.launcher.supervisor import Supervisor
+from envrl.process import ChildFailed, spawn
 
 ONE_ENV = ("orchestrator.envs", '[{"id": "reverse-text"}]')
 
@@ -57,3 +66,20 @@ def test_the_inference_command_refuses_replicas_it_would_not_start(capsys: pytes
         inference_main(["--replicas", "2"])
     assert exit_info.value.code == 2
     assert "serves one replica; start one per port" in capsys.readouterr().err
+
+
+def test_inference_that_never_serves_fails_the_run_at_its_one_start_up_limit_naming_the_key(tmp_path: Path) -> None:
+    with socket.socket() as held:  # bound, never listening: every /health try is refused
+        held.bind(("127.0.0.1", 0))
+        config = InferenceConfig(port=held.getsockname()[1])
+        child = spawn(
+            [sys.executable, "-c", "import time; time.sleep(60)"], name="inference", log_file=tmp_path / "i.log"
+        )
+        supervisor = Supervisor(grace=1.0)
+        supervisor.add(child)
+        try:
+            with pytest.raises(ChildFailed, match=r"(?s)did not serve .*orchestrator\.inference\.ready_timeout"):
+                wait_for_replicas({"inference": child}, {"inference": config}, supervisor, time.monotonic() + 1.0)
+            assert child.poll() is None  # failed on the limit, not on a death
+        finally:
+            supervisor.stop_all()

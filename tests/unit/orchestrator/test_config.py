@@ -1,8 +1,10 @@
 """Orchestrator config validation: ratios all-or-none, unique names and addresses, pools, sampling."""
 
 import pytest
+from pydantic import ValidationError
 
 from envrl.config import ConfigError, resolve_config
+from envrl.envs.model_client import TrainClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.serve.config import StaticPoolConfig
 
@@ -105,3 +107,17 @@ def test_a_sampling_seed_is_refused_since_rollout_seeds_derive_from_the_run_seed
 def test_a_typo_in_the_sampling_table_names_the_key() -> None:
     with pytest.raises(ConfigError, match=r"'sampling\.temprature'.*did you mean 'sampling\.temperature'"):
         resolve(envs=[{"id": "a"}], sampling={"temprature": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("base_url", "problem"),
+    [([], "base_url is an empty list; give at least one inference server URL"), (["http://a:8000", " "], r"\[1\]")],
+)
+def test_inference_and_train_client_urls_are_checked_alike(base_url: list[str], problem: str) -> None:
+    with pytest.raises(ConfigError, match=rf"inference\.base_url.*{problem}"):
+        resolve(envs=[{"id": "a"}], inference={"base_url": base_url})
+    with pytest.raises(ValidationError, match=rf"base_url\n.*{problem}"):
+        TrainClientConfig(base_url=base_url, model="m")
+    replicas = ["http://a:8000", "http://b:8001"]
+    assert resolve(envs=[{"id": "a"}], inference={"base_url": replicas}).inference.base_urls == replicas
+    assert TrainClientConfig(base_url="http://a:8000", model="m").base_urls == ["http://a:8000"]

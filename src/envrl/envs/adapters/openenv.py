@@ -31,7 +31,8 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from envrl.envs.environment import Environment, TaskSource
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
-from envrl.process import Child, die_with_parent, report_ready, spawn_sidecar
+from envrl.lifeline import die_with_parent
+from envrl.process import Child, report_ready, spawn_sidecar
 from envrl.traces import Message, Task
 
 CAPACITY_REACHED = "CAPACITY_REACHED"

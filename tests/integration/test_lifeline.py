@@ -1,0 +1,102 @@
+"""Every process `rl` starts dies with its parent, even while it is still importing torch or vLLM."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import signal
+import subprocess
+import sys
+from contextlib import suppress
+from pathlib import Path
+
+import pytest
+
+from tests.integration.env_servers import alive, wait_until
+
+SRC = Path(__file__).parents[2] / "src"
+ENTRY_MODULES = [
+    "envrl.inference.main",
+    "envrl.trainer.main",
+    "envrl.orchestrator.main",
+    "envrl.serve.main",
+    "envrl.serve.worker",
+    "envrl.launcher.torchrun",
+    "envrl.launcher.rank",
+]
+"""Every module envrl runs as `python -m` in a process it spawns, but the one below."""
+LATE = {"envrl.envs.adapters.openenv"}
+"""Sidecars that take the signal only after their package's imports (`envrl.envs` loads pydantic
+and httpx, ~1 s): the OpenEnv server an env server starts, which then imports uvicorn first."""
+BLOCKING_IMPORT = """import os, time
+with open(os.environ["ENVRL_TEST_IMPORTING"], "w") as f:
+    f.write(str(os.getpid()))
+while True:
+    time.sleep(60)
+"""
+"""A stand-in for a heavy dependency: says the import started, then never finishes it."""
+PARENT = """import os, sys, time
+from envrl.process import spawn
+child = spawn(sys.argv[1:], name="entry point", env={**os.environ, "PYTHONPATH": os.environ["CHILD_PYTHONPATH"]})
+print(child.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def _module_file(module: str) -> Path:
+    return SRC.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def test_every_spawned_module_is_a_known_entry_point() -> None:
+    spawned = set()
+    for path in SRC.rglob("*.py"):
+        spawned |= set(re.findall(r'"-m", "(envrl\.[\w.]+)"', path.read_text()))
+    assert spawned, "no `python -m envrl...` command found under src/: the pattern above is out of date"
+    unknown = spawned - set(ENTRY_MODULES) - LATE
+    assert not unknown, f"add {sorted(unknown)} to ENTRY_MODULES (and start each with `die_with_parent()`)"
+
+
+@pytest.mark.parametrize("module", ENTRY_MODULES)
+def test_entry_point_takes_parent_death_signal_before_any_other_import(module: str) -> None:
+    body = ast.parse(_module_file(module).read_text()).body
+    body = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]  # docstring
+    body = [s for s in body if not (isinstance(s, ast.ImportFrom) and s.module == "__future__")]
+    first, second = ast.unparse(body[0]), ast.unparse(body[1])
+    assert (first, second) == ("from envrl.lifeline import die_with_parent", "die_with_parent()"), (
+        f"{_module_file(module)} must start with `from envrl.lifeline import die_with_parent` and "
+        f"`die_with_parent()`, before any other import; it starts with {first!r}, {second!r}"
+    )
+
+
+ARGS = {"envrl.launcher.rank": ["pydantic"], "envrl.launcher.torchrun": ["x.py"]}
+"""What makes the entry point reach a blocking import (the others import pydantic at once)."""
+
+
+@pytest.mark.parametrize("module", ENTRY_MODULES)
+def test_entry_point_killed_parent_while_importing_leaves_no_orphan(tmp_path: Path, module: str) -> None:
+    """pydantic and torch never finish importing in the child, so it is killed mid-import or never."""
+    stubs = tmp_path / "stubs"
+    for package in ("pydantic", "torch"):
+        (stubs / package).mkdir(parents=True)
+        (stubs / package / "__init__.py").write_text(BLOCKING_IMPORT)
+    importing = tmp_path / "importing"
+    env = {**os.environ, "CHILD_PYTHONPATH": str(stubs), "ENVRL_TEST_IMPORTING": str(importing)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, sys.executable, "-m", module, *ARGS.get(module, [])],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    child = 0
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        wait_until(importing.exists, 60, f"{module} (pid {child}) starts importing")
+        parent.kill()
+        parent.wait()
+        wait_until(lambda: not alive(child), 30, f"{module} (pid {child}) dies with its SIGKILLed parent")
+    finally:
+        parent.kill()
+        parent.wait()
+        if child:
+            with suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
