@@ -115,15 +115,22 @@ class CpuLedger:
         self._thread.join()
 
     def per_step(self, start: float, end: float, steps: int) -> dict[str, float]:
-        """CPU-seconds per step of each role between wall times `start` and `end` (`steps` steps)."""
+        """CPU-seconds per step of each role between wall times `start` and `end` (`steps` steps);
+        a process that ends inside the window (the orchestrator, before the last trained step)
+        counts until its last sample."""
         inside = [s for s in self.samples if start <= s[0] <= end]
         if len(inside) < 2 or steps < 1:
             return {}
-        (t0, first), (t1, last) = inside[0], inside[-1]
-        scale = (end - start) / (t1 - t0) / steps  # the samples span a little less than the window
+        scale = (end - start) / (inside[-1][0] - inside[0][0]) / steps  # samples span a little less
+        first: dict[int, tuple[str, float]] = {}
+        last: dict[int, tuple[str, float]] = {}
+        for _, procs in inside:
+            for pid, role_seconds in procs.items():
+                first.setdefault(pid, role_seconds)
+                last[pid] = role_seconds
         spent: dict[str, float] = defaultdict(float)
         for pid, (role, cpu) in last.items():
-            spent[role] += cpu - first.get(pid, (role, cpu))[1]
+            spent[role] += cpu - first[pid][1]
         rows = {f"CPU s/step: {role}": spent[role] * scale for role, _ in ROLES if role in spent}
         rows["CPU s/step: total"] = sum(rows.values())
         return rows
