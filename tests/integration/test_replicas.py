@@ -34,7 +34,7 @@ def test_every_replica_serves_rollouts_and_loads_every_steps_weights(tmp_path: P
         log = (logs / f"{replica}.log").read_text()
         reloads = [(Path(path), int(step)) for path, step in RELOADED.findall(log)]
         assert reloads == [((out / "weights").resolve(), step) for step in range(1, STEPS)], (replica, reloads)
-        assert log.count('"POST /v1/completions HTTP/1.1" 200') > 0, f"{replica} served no rollout"
+        assert log.count('"POST /inference/v1/generate HTTP/1.1" 200') > 0, f"{replica} served no rollout"
     assert not (logs / "inference.log").exists()
     # On-policy (max_async_level 0): a rollout sampled by a replica still on the old weights would
     # show as a mismatch between vLLM's and the trainer's logprobs (the step-0 level is < 1e-3).

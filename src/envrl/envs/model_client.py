@@ -164,7 +164,7 @@ def _assistant(content: str) -> Message:
 
 
 class TrainClient(ModelClient):
-    """Renders with the chat template, sends token ids to /v1/completions (of one of the replicas),
+    """Renders with the chat template, sends token ids to vLLM's /inference/v1/generate (of one of the replicas),
     keeps ids and logprobs."""
 
     def __init__(self, config: TrainClientConfig) -> None:

@@ -47,6 +47,7 @@ OWN_OPTIONS = {
     "port": "set inference.port instead",
     "worker_extension_cls": "envrl installs its own weight-reload extension there",
     "logprobs_mode": "envrl serves processed_logprobs: the logprobs of the distribution that sampled",
+    "enable_scale_out": "envrl's client generates through vLLM's token-in/token-out endpoint, which this enables",
 }
 WORKER_EXTENSION = "envrl.inference.worker.WeightReloadExtension"
 LOGPROBS_MODE = "processed_logprobs"
@@ -184,7 +185,8 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
             raise ConfigError(f"unknown vLLM option 'inference.vllm.{key}'{hint}")
     options = {**(CPU_DEFAULTS if on_cpu else {}), **config.vllm}
     argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port),
-            "--worker-extension-cls", WORKER_EXTENSION, "--logprobs-mode", LOGPROBS_MODE]  # fmt: skip
+            "--worker-extension-cls", WORKER_EXTENSION, "--logprobs-mode", LOGPROBS_MODE,
+            "--enable-scale-out"]  # fmt: skip
     argv += option_argv(options)
     logger.info(f"vLLM options: {' '.join(argv)}")
     args = parser.parse_args(argv)

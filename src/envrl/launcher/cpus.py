@@ -94,15 +94,24 @@ def plan_cpus(config: CpusConfig, available: set[int], cpu_build: bool) -> CpuPl
     return CpuPlan(inference=inference, trainer=trainer)
 
 
-def trainer_env(plan: CpuPlan | None, cpu_build: bool, max_async_level: int) -> dict[str, str]:
-    """What the trainer's environment gets: the plan's threads when pinned; one torch thread when
-    it trains while vLLM-CPU generates (vLLM binds its threads to every core but one, and a torch
-    thread on one of those stalls both: each parallel region waits for its slowest thread)."""
+def trainer_env(
+    plan: CpuPlan | None, cpu_build: bool, max_async_level: int, cores: int | None = None
+) -> dict[str, str]:
+    """What the trainer's environment gets: the plan's threads when pinned; unpinned beside vLLM-CPU
+    (unless OMP_NUM_THREADS is set), one torch thread when it trains while vLLM generates, and
+    on-policy all `cores` (default: the usable ones) but one, as vLLM leaves one to the others.
+
+    Why: vLLM binds its threads to every core but one, and a torch thread on one of those stalls
+    both (each parallel region waits for its slowest thread). On-policy the trainer does not
+    train alone either: env workers, the orchestrator and vLLM's API server run beside it. On 2
+    cores (scripts/bench/e2e.py, async 0) two trainer threads computed a step in 0.18 s on a quiet
+    box but 0.59-1.07 s beside another job (5 runs), one thread in 0.19-0.21 s (3 runs)."""
     if plan is not None:
         return plan.trainer_env()
-    if cpu_build and max_async_level >= 1 and "OMP_NUM_THREADS" not in os.environ:
-        return {"OMP_NUM_THREADS": "1"}
-    return {}
+    if not cpu_build or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    threads = 1 if max_async_level >= 1 else max(1, (cores or len(usable_cores())) - 1)
+    return {"OMP_NUM_THREADS": str(threads)}
 
 
 def usable_cores() -> set[int]:

@@ -20,7 +20,10 @@ from envrl.inference.replicas import InferenceReplicas
 from envrl.layout import published_steps, weights_dir, weights_root
 from envrl.ledger import Ledger
 
-POLL_INTERVAL = 0.1
+POLL_INTERVAL = 0.01
+"""Seconds between looks for newly published weights while the trainer is below the bound: an
+on-policy step waits for the trainer every step and loses half this on average (a look lists one
+directory, ~20 us)."""
 
 
 class PolicyTracker:

@@ -96,6 +96,16 @@ class TwoTurns(Environment):
         return []
 
 
+def generated(token_ids: list[int], logprobs: list[float], finish_reason: str = "stop") -> dict[str, Any]:
+    """vLLM's `/inference/v1/generate` answer (tokens mode) for one completion."""
+    content = [{"token_id": t, "logprob": lp} for t, lp in zip(token_ids, logprobs, strict=False)]
+    return {
+        "choices": [
+            {"index": 0, "token_ids": token_ids, "logprobs": {"content": content}, "finish_reason": finish_reason}
+        ]
+    }
+
+
 def test_client_configs_round_trip_as_a_tagged_union() -> None:
     adapter = TypeAdapter(ClientConfig)
     for config in (
@@ -146,13 +156,7 @@ def test_train_client_sends_token_prompts_that_extend_across_turns(serve: Callab
     reply = renderer.encode("42") + [renderer.eos_id]
 
     def completions(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        choice = {
-            "token_ids": reply,
-            "logprobs": {"token_logprobs": [-0.5] * len(reply)},
-            "finish_reason": "stop",
-            "text": "42",
-        }
-        return 200, {"choices": [choice]}
+        return 200, generated(reply, [-0.5] * len(reply))
 
     server = serve(completions)
     env = TwoTurns(tasks=[PromptTask(idx=0, prompt="Guess.")], max_turns=3)
@@ -160,12 +164,13 @@ def test_train_client_sends_token_prompts_that_extend_across_turns(serve: Callab
     trace = train_rollout(env, server, SamplingArgs(max_tokens=4, seed=1))
     assert trace.error is None and trace.num_turns == 2 and len(trace.branches) == 1
     (path1, first), (path2, second) = server.requests
-    assert path1 == path2 == "/v1/completions"
-    assert first["prompt"] == renderer.render([{"role": "user", "content": "Guess."}], None, generation_prompt=True)
-    assert second["prompt"][: len(first["prompt"]) + len(reply)] == first["prompt"] + reply
-    assert (first["max_tokens"], first["seed"], first["model"]) == (4, 1, TINY_CHAT)
+    assert path1 == path2 == "/inference/v1/generate"
+    assert first["token_ids"] == renderer.render([{"role": "user", "content": "Guess."}], None, generation_prompt=True)
+    assert second["token_ids"][: len(first["token_ids"]) + len(reply)] == first["token_ids"] + reply
+    params = first["sampling_params"]
+    assert (params["max_tokens"], params["seed"], params["detokenize"], first["model"]) == (4, 1, False, TINY_CHAT)
     turn = trace.turns[1]
-    assert turn.tokens.prompt_ids == second["prompt"] and turn.tokens.completion_logprobs == [-0.5] * len(reply)
+    assert turn.tokens.prompt_ids == second["token_ids"] and turn.tokens.completion_logprobs == [-0.5] * len(reply)
     assert turn.response == {"role": "assistant", "content": "42"}
 
 
@@ -174,8 +179,7 @@ def test_a_prompt_that_outgrows_the_context_ends_the_rollout_as_truncated(serve:
     reply = renderer.encode("42") + [renderer.eos_id]
 
     def completions(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        choice = {"token_ids": reply, "logprobs": {"token_logprobs": [-0.5] * len(reply)}, "finish_reason": "stop"}
-        return 200, {"choices": [choice]}
+        return 200, generated(reply, [-0.5] * len(reply))
 
     server = serve(completions)
     env = TwoTurns(tasks=[PromptTask(idx=0, prompt="Guess.")], max_turns=3)
@@ -188,12 +192,7 @@ def test_a_prompt_that_outgrows_the_context_ends_the_rollout_as_truncated(serve:
 
 
 def test_train_client_rejects_logprobs_that_do_not_match_the_tokens(serve: Callable[[Handler], Recorder]) -> None:
-    server = serve(
-        lambda path, body: (
-            200,
-            {"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]},
-        )
-    )
+    server = serve(lambda path, body: (200, generated([5, 6], [-1.0])))
     env = Environment(tasks=[PromptTask(idx=0, prompt="Hi")])
 
     trace = train_rollout(env, server, SamplingArgs(max_tokens=4))

@@ -17,7 +17,7 @@ from envrl.layout import weights_dir
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.serve.config import ModelAccessConfig
 from tests.unit.envs.helpers import TINY_CHAT
-from tests.unit.envs.test_model_client import FAST_RETRY, PromptTask, Recorder, TwoTurns
+from tests.unit.envs.test_model_client import FAST_RETRY, PromptTask, Recorder, TwoTurns, generated
 
 REPLY = [5, 6, 7]
 
@@ -34,8 +34,7 @@ def serve(stack: ExitStack, handle: Any) -> Recorder:
 
 
 def completion(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    choice = {"token_ids": REPLY, "logprobs": {"token_logprobs": [-0.5] * 3}, "finish_reason": "stop", "text": "x"}
-    return 200, {"choices": [choice]}
+    return 200, generated(REPLY, [-0.5] * 3)
 
 
 def test_calls_go_to_the_replica_with_the_fewest_in_flight(servers: ExitStack) -> None:
@@ -76,8 +75,7 @@ def test_a_rollouts_later_turns_go_to_the_replica_that_answered_its_first(
     reply = renderer.encode("42") + [renderer.eos_id]
 
     def answer(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        choice = {"token_ids": reply, "logprobs": {"token_logprobs": [-0.5] * len(reply)}, "finish_reason": "stop"}
-        return 200, {"choices": [choice]}
+        return 200, generated(reply, [-0.5] * len(reply))
 
     first, second = serve(servers, answer), serve(servers, answer)
     env = TwoTurns(tasks=[PromptTask(idx=0, prompt="Guess."), PromptTask(idx=1, prompt="Again.")], max_turns=3)
@@ -95,7 +93,7 @@ def test_a_rollouts_later_turns_go_to_the_replica_that_answered_its_first(
     # Without stickiness the calls would alternate, each rollout's second turn on the other replica.
     for server in (first, second):
         (_, turn1), (_, turn2) = server.requests
-        assert turn2["prompt"][: len(turn1["prompt"]) + len(reply)] == turn1["prompt"] + reply
+        assert turn2["token_ids"][: len(turn1["token_ids"]) + len(reply)] == turn1["token_ids"] + reply
 
 
 def test_weights_load_on_every_replica_at_once_and_a_failure_names_the_replica(

@@ -45,10 +45,13 @@ def test_overlapping_unknown_or_exhausted_cores_are_config_errors() -> None:
         plan_cpus(CpusConfig(pin=True, inference=[0, 1]), {0, 1}, cpu_build=True)
 
 
-def test_an_unpinned_trainer_that_overlaps_cpu_generation_runs_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unpinned_trainer_beside_cpu_generation_leaves_vllm_its_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert trainer_env(None, cpu_build=True, max_async_level=1) == {"OMP_NUM_THREADS": "1"}
-    assert trainer_env(None, cpu_build=True, max_async_level=0) == {}  # on-policy: it trains alone
+    assert trainer_env(None, cpu_build=True, max_async_level=1, cores=16) == {"OMP_NUM_THREADS": "1"}
+    # on-policy: every core but the one vLLM also leaves to the env workers, orchestrator and API server
+    assert trainer_env(None, cpu_build=True, max_async_level=0, cores=2) == {"OMP_NUM_THREADS": "1"}
+    assert trainer_env(None, cpu_build=True, max_async_level=0, cores=16) == {"OMP_NUM_THREADS": "15"}
+    assert trainer_env(None, cpu_build=True, max_async_level=0, cores=1) == {"OMP_NUM_THREADS": "1"}
     assert trainer_env(None, cpu_build=False, max_async_level=2) == {}
     assert trainer_env(CpuPlan(inference=[0], trainer=[1, 2]), cpu_build=True, max_async_level=2) == {
         "OMP_NUM_THREADS": "2"
