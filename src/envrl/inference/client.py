@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 from pydantic import BaseModel
 
-from envrl.http import HttpCallError, KeepAlivePool, RetryPolicy, request_json
+from envrl.http import HttpCallError, RetryPolicy, keep_alive_session, request_json
 
 
 class TokenCompletion(BaseModel):
@@ -58,8 +59,9 @@ class InferenceClient:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retry = retry or RetryPolicy()
-        self._generate = KeepAlivePool(self.base_url)
-        """Generation and model info: every rollout's call keeps its connection (see KeepAlivePool)."""
+        self._session: aiohttp.ClientSession | None = None
+        """Generation and model info: every rollout's call keeps its connection (`keep_alive_session`),
+        made on first use, in the event loop that uses it."""
         self._http = httpx.AsyncClient()
         self._reload_http = httpx.AsyncClient(
             headers={"Authorization": f"Bearer {reload_token}"} if reload_token else None
@@ -70,7 +72,7 @@ class InferenceClient:
         """The served context length (`GET /v1/models`, asked once)."""
         if self._max_model_len is None:
             url = f"{self.base_url}/v1/models"
-            body = await request_json(self._generate, "GET", url, None, self.retry)
+            body = await request_json(self._generation(), "GET", url, None, self.retry)
             try:
                 self._max_model_len = int(next(m for m in body["data"] if m["id"] == self.model)["max_model_len"])
             except (KeyError, StopIteration, TypeError, ValueError) as e:
@@ -98,7 +100,7 @@ class InferenceClient:
         payload = {"model": self.model, "token_ids": prompt_ids, "sampling_params": params, "stream": False}
         url = f"{self.base_url}{GENERATE_PATH}"
         try:
-            body = await request_json(self._generate, "POST", url, payload, self.retry)
+            body = await request_json(self._generation(), "POST", url, payload, self.retry)
         except HttpCallError as e:
             raise_for_context_length(e, len(prompt_ids))
             raise
@@ -167,8 +169,14 @@ class InferenceClient:
             raise InferenceError(f"GET {url}: unexpected answer {str(body)[:500]}")
         return body["path"]
 
+    def _generation(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = keep_alive_session()
+        return self._session
+
     async def aclose(self) -> None:
-        await self._generate.aclose()
+        if self._session is not None:
+            await self._session.close()
         await self._http.aclose()
         await self._reload_http.aclose()
 
