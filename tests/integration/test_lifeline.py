@@ -23,12 +23,10 @@ ENTRY_MODULES = [
     "envrl.serve.main",
     "envrl.serve.worker",
     "envrl.launcher.torchrun",
-    "envrl.launcher.rank",
+    "envrl.guarded",
 ]
-"""Every module envrl runs as `python -m` in a process it spawns, but the one below."""
-LATE = {"envrl.envs.adapters.openenv"}
-"""Sidecars that take the signal only after their package's imports (`envrl.envs` loads pydantic
-and httpx, ~1 s): the OpenEnv server an env server starts, which then imports uvicorn first."""
+"""Every module envrl runs as `python -m` in a process it spawns (a module whose package imports
+are slow runs as `-m envrl.guarded MODULE`, which takes the signal for it)."""
 BLOCKING_IMPORT = """import os, time
 with open(os.environ["ENVRL_TEST_IMPORTING"], "w") as f:
     f.write(str(os.getpid()))
@@ -53,7 +51,7 @@ def test_every_spawned_module_is_a_known_entry_point() -> None:
     for path in SRC.rglob("*.py"):
         spawned |= set(re.findall(r'"-m", "(envrl\.[\w.]+)"', path.read_text()))
     assert spawned, "no `python -m envrl...` command found under src/: the pattern above is out of date"
-    unknown = spawned - set(ENTRY_MODULES) - LATE
+    unknown = spawned - set(ENTRY_MODULES)
     assert not unknown, f"add {sorted(unknown)} to ENTRY_MODULES (and start each with `die_with_parent()`)"
 
 
@@ -69,7 +67,7 @@ def test_entry_point_takes_parent_death_signal_before_any_other_import(module: s
     )
 
 
-ARGS = {"envrl.launcher.rank": ["pydantic"], "envrl.launcher.torchrun": ["x.py"]}
+ARGS = {"envrl.guarded": ["pydantic"], "envrl.launcher.torchrun": ["x.py"]}
 """What makes the entry point reach a blocking import (the others import pydantic at once)."""
 
 

@@ -60,7 +60,7 @@ def rank_pids(marker: str) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"envrl.launcher.rank" in cmdline and b"envrl.launcher.torchrun" not in cmdline:
+        if b"envrl.guarded" in cmdline and b"envrl.launcher.torchrun" not in cmdline:
             ranks.append(pid)
     return ranks
 

@@ -73,7 +73,7 @@ def trainer_argv(python: str, ranks: int, config: Path) -> list[str]:
     # --local-addr: MASTER_ADDR is 127.0.0.1, not this host's name (which may resolve to a public interface)
     torchrun = [python, "-m", "envrl.launcher.torchrun", "--standalone", "--local-addr", "127.0.0.1"]
     torchrun += ["--nproc-per-node", str(ranks)]
-    return [*torchrun, "-m", "envrl.launcher.rank", *args]  # each rank: die with torchrun, then the trainer
+    return [*torchrun, "-m", "envrl.guarded", *args]  # each rank: die with torchrun, then the trainer
 
 
 def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) -> LaunchPlan:

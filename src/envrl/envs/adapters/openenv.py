@@ -16,7 +16,6 @@ import importlib
 import json
 import os
 import random
-import signal
 import socket
 import sys
 import time
@@ -31,7 +30,6 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from envrl.envs.environment import Environment, TaskSource
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
-from envrl.lifeline import die_with_parent
 from envrl.process import Child, report_ready, spawn_sidecar
 from envrl.traces import Message, Task
 
@@ -277,7 +275,13 @@ def _served(app: str) -> str:
     """The URL of this env server's child serving `app`: started here once, inherited by the workers."""
     key = URL_ENV_PREFIX + hashlib.sha1(app.encode()).hexdigest()[:12]
     if key not in os.environ:
-        argv = [sys.executable, "-m", "envrl.envs.adapters.openenv", app]
+        argv = [
+            sys.executable,
+            "-m",
+            "envrl.guarded",
+            "envrl.envs.adapters.openenv",
+            app,
+        ]  # dies with us from its 1st line
         child, url = spawn_sidecar(argv, name=f"OpenEnv server {app}", ready_timeout=START_TIMEOUT)
         _children.append(child)
         os.environ[key] = url
@@ -288,7 +292,6 @@ def serve(app_spec: str) -> None:
     """Child side: serve `module:attribute` with uvicorn on a free loopback port, report its URL."""
     import uvicorn  # installed with openenv-core
 
-    die_with_parent(signal.SIGTERM)
     module, _, attribute = app_spec.partition(":")
     app = getattr(importlib.import_module(module), attribute or "app")
     sock = socket.socket()
