@@ -19,6 +19,10 @@ import time
 PARENT_PID_ENV = "ENVRL_PARENT_PID"
 """Set by `spawn` in the child's environment: the pid the child must not outlive."""
 
+ORPHAN_GRACE_S = 15.0
+"""Seconds an orphan gets to stop on `die_with_parent`'s signal before it SIGKILLs itself (the
+launcher's own `shutdown_grace` plays this part while it lives)."""
+
 _PR_SET_PDEATHSIG = 1
 _parent = 0
 """The pid `die_with_parent` watches (0: none)."""
@@ -30,11 +34,13 @@ def set_parent_death_signal(sig: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
-def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0) -> None:
+def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0, kill_after: float = ORPHAN_GRACE_S) -> None:
     """Child side of `spawn`: receive `sig` when the parent dies, even by SIGKILL.
 
     Linux's PR_SET_PDEATHSIG does the work; a daemon thread polling the parent pid backs it up
-    (other platforms, or a parent that died before this call). No-op if not started by `spawn`,
+    (other platforms, or a parent that died before this call), and sends SIGKILL if the process
+    is still alive `kill_after` seconds after its parent died: nobody is left to escalate, and a
+    graceful shutdown can hang (vLLM's uvicorn waited forever on a weight reload cut short). No-op if not started by `spawn`,
     and on a second call (the variable is popped: our own children are not its children).
     """
     global _parent
@@ -51,6 +57,8 @@ def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0) -> N
         while os.getppid() == parent:
             time.sleep(check_interval)
         os.kill(os.getpid(), sig)
+        time.sleep(kill_after)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 

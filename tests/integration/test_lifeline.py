@@ -98,3 +98,38 @@ def test_entry_point_killed_parent_while_importing_leaves_no_orphan(tmp_path: Pa
         if child:
             with suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
+
+
+STUCK_ON_SIGTERM = """import os, signal, time
+from envrl.lifeline import die_with_parent
+die_with_parent(kill_after=1.0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a graceful shutdown that never ends
+open(os.environ["ENVRL_TEST_IMPORTING"], "w").close()
+time.sleep(3600)
+"""
+
+
+def test_an_orphan_stuck_in_its_shutdown_is_killed_after_the_grace(tmp_path: Path) -> None:
+    """Nobody is left to escalate once the parent is gone: the child SIGKILLs itself after `kill_after`."""
+    ready = tmp_path / "ready"
+    env = {**os.environ, "CHILD_PYTHONPATH": str(tmp_path), "ENVRL_TEST_IMPORTING": str(ready)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, sys.executable, "-c", STUCK_ON_SIGTERM],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    child = 0
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        wait_until(ready.exists, 60, f"the child (pid {child}) ignores SIGTERM")
+        parent.kill()
+        parent.wait()
+        wait_until(lambda: not alive(child), 30, f"the child (pid {child}) that ignores SIGTERM dies after the grace")
+    finally:
+        parent.kill()
+        parent.wait()
+        if child:
+            with suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
