@@ -78,20 +78,23 @@ def test_entry_point_killed_parent_while_importing_leaves_no_orphan(tmp_path: Pa
     for package in ("pydantic", "torch"):
         (stubs / package).mkdir(parents=True)
         (stubs / package / "__init__.py").write_text(BLOCKING_IMPORT)
-    importing = tmp_path / "importing"
-    env = {**os.environ, "CHILD_PYTHONPATH": str(stubs), "ENVRL_TEST_IMPORTING": str(importing)}
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, sys.executable, "-m", module, *ARGS.get(module, [])],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    child_argv = [sys.executable, "-m", module, *ARGS.get(module, [])]
+    kill_parent_and_wait(child_argv, stubs, tmp_path / "importing", f"{module} starts importing")
+
+
+def kill_parent_and_wait(child_argv: list[str], child_path: Path, ready: Path, readiness: str) -> None:
+    """A real parent spawns `child_argv` (PYTHONPATH `child_path`); once the child creates `ready`,
+    the parent is SIGKILLed and the child must be gone within 30 s."""
+    env = {**os.environ, "CHILD_PYTHONPATH": str(child_path), "ENVRL_TEST_IMPORTING": str(ready)}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, *child_argv], stdout=subprocess.PIPE, text=True, env=env)
     child = 0
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        wait_until(importing.exists, 60, f"{module} (pid {child}) starts importing")
+        wait_until(ready.exists, 60, f"pid {child}: {readiness}")
         parent.kill()
         parent.wait()
-        wait_until(lambda: not alive(child), 30, f"{module} (pid {child}) dies with its SIGKILLed parent")
+        wait_until(lambda: not alive(child), 30, f"pid {child} ({child_argv[1:3]}) dies with its SIGKILLed parent")
     finally:
         parent.kill()
         parent.wait()
@@ -111,25 +114,5 @@ time.sleep(3600)
 
 def test_an_orphan_stuck_in_its_shutdown_is_killed_after_the_grace(tmp_path: Path) -> None:
     """Nobody is left to escalate once the parent is gone: the child SIGKILLs itself after `kill_after`."""
-    ready = tmp_path / "ready"
-    env = {**os.environ, "CHILD_PYTHONPATH": str(tmp_path), "ENVRL_TEST_IMPORTING": str(ready)}
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, sys.executable, "-c", STUCK_ON_SIGTERM],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    child = 0
-    try:
-        assert parent.stdout is not None
-        child = int(parent.stdout.readline())
-        wait_until(ready.exists, 60, f"the child (pid {child}) ignores SIGTERM")
-        parent.kill()
-        parent.wait()
-        wait_until(lambda: not alive(child), 30, f"the child (pid {child}) that ignores SIGTERM dies after the grace")
-    finally:
-        parent.kill()
-        parent.wait()
-        if child:
-            with suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+    child_argv = [sys.executable, "-c", STUCK_ON_SIGTERM]
+    kill_parent_and_wait(child_argv, tmp_path, tmp_path / "ready", "ignores SIGTERM")
