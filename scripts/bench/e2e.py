@@ -16,7 +16,9 @@ trained steps are dropped), the levels run `repeats` times interleaved (0, 2, 0,
 each cell is the median over repeats with the spread (min-max) of the step time printed below.
 The CPU rows are a ledger of the steady steps: the CPU-seconds (user + system, from
 /proc/<pid>/stat) each role of the run's process tree spent per step; their sum over 2 cores
-is the shortest step this box could run that work in with perfect overlap.
+is the shortest step this box could run that work in with perfect overlap. The time-ledger row
+is the smallest share of a steady step's wall time that the recorded spans explain (the report's
+`unaccounted` is the rest; it grows when the box is busy).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from statistics import fmean, median
 
 import httpx
 
+from envrl.ledger import read_ledger
+from envrl.report.timeline import step_splits
 from scripts.bench.floor import run_floor
 from scripts.chaos.harness import free_port
 
@@ -176,6 +180,9 @@ def run_envrl(
         "trainer waits for batch s/step": fmean(r["trainer/wait_time_s"] for r in trainer[steady]),
         "reward first 3 -> last 3": fmean(r["train/reward"] for r in orch[-3:])
         - fmean(r["train/reward"] for r in orch[:3]),
+        "time ledger: least-explained steady step": min(
+            split.accounted for split in step_splits(read_ledger(out))[steady]
+        ),
         **ledger.per_step(steady_times[0], steady_times[-1], len(steady_times) - 1),
     }
 

