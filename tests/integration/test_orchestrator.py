@@ -26,8 +26,8 @@ from envrl.metrics import WandbConfig
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig, SamplingParams
 from envrl.orchestrator.envs import Env
 from envrl.orchestrator.loop import Orchestrator
-from envrl.orchestrator.seeds import attempt_seed
 from envrl.samples import read_batch
+from envrl.seeds import attempt_seed
 from envrl.serve.config import StaticPoolConfig
 
 HERE = Path(__file__).parent

@@ -210,8 +210,9 @@ class Environment:
                 break
             previous = state.last_turn
             tools = self.tools(state)
+            call = turn_sampling.for_call(trace.num_turns)
             try:
-                response = await client.generate(list(state.messages), turn_sampling, tools=tools, previous=previous)
+                response = await client.generate(list(state.messages), call, tools=tools, previous=previous)
             except ContextLengthError:
                 state.stop("context_length", truncated=True)
                 break

@@ -22,6 +22,7 @@ from envrl.envs.chat_tokens import chat_renderer
 from envrl.http import HttpCallError, RetryPolicy, request_json
 from envrl.inference.client import raise_for_context_length
 from envrl.inference.replicas import ReplicaUrls, replica_urls
+from envrl.seeds import call_seed
 from envrl.traces import Message, Turn, TurnTokens
 
 
@@ -67,6 +68,12 @@ class SamplingArgs(SamplingParams):
 
     seed: int | None = None
     """Set per rollout by whoever dispatches it (the orchestrator derives it from the run's `seed`)."""
+
+    def for_call(self, call: int) -> SamplingArgs:
+        """The arguments of the rollout's model call number `call` (0: the first): its own seed."""
+        if self.seed is None or call == 0:
+            return self
+        return self.model_copy(update={"seed": call_seed(self.seed, call)})
 
     def to_request(self) -> dict[str, Any]:
         """The parameters as the server's completion request fields."""

@@ -23,8 +23,8 @@ from loguru import logger
 from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.layout import env_log_file
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingParams
-from envrl.orchestrator.seeds import attempt_seed
 from envrl.process import Child, ChildFailed, Restart, RestartBudget, config_argv, spawn_sidecar
+from envrl.seeds import attempt_seed
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
 from envrl.traces import Error, Split, Trace, WireTask

@@ -21,8 +21,8 @@ from loguru import logger
 
 from envrl.orchestrator.config import EvalEnvConfig
 from envrl.orchestrator.envs import Env
-from envrl.orchestrator.seeds import eval_seed
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics
+from envrl.seeds import eval_seed
 from envrl.traces import Trace
 
 Pair = tuple[int, int]

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from envrl.ledger import Ledger
 from envrl.orchestrator.envs import Env, TrainEnvs
-from envrl.orchestrator.seeds import train_group_seed
 from envrl.orchestrator.state import PendingGroup
+from envrl.seeds import train_group_seed
 from envrl.traces import Error, Trace, WireTask
 
 

@@ -167,6 +167,29 @@ def test_run_group_gives_each_rollout_its_own_seed() -> None:
     assert sorted(seen) == [10, 11, 12] and len(traces) == 3 and all(t.task.idx == 2 for t in traces)
 
 
+def test_each_model_call_of_a_rollout_samples_with_its_own_seed() -> None:
+    """Reusing the rollout's seed for every turn would repeat the first turn's random draws."""
+    seen: list[int | None] = []
+
+    class SeedRecorder(ModelClient):
+        async def generate(self, messages: list[Message], sampling: SamplingArgs, **kwargs: Any) -> ModelResponse:
+            seen.append(sampling.seed)
+            return ModelResponse(message={"role": "assistant", "content": "done" if len(seen) % 3 == 0 else "x"})
+
+    env = Nagging(tasks=TASKS, max_turns=3)
+    for seed in (10, 11):
+        asyncio.run(
+            env.run_rollout(env.get_task("train", 0), SeedRecorder(), SAMPLING.model_copy(update={"seed": seed}))
+        )
+    first, second = seen[:3], seen[3:]
+    assert first[0] == 10 and second[0] == 11, "the first call keeps the rollout's seed"
+    assert len(set(seen)) == 6, f"every call of both rollouts has a seed of its own: {seen}"
+    again: list[int | None] = []
+    seen = again
+    asyncio.run(env.run_rollout(env.get_task("train", 0), SeedRecorder(), SAMPLING.model_copy(update={"seed": 10})))
+    assert again == first, "the seeds are a function of the rollout's seed and the call's index"
+
+
 def test_cancelling_a_rollout_propagates_and_still_cleans_up() -> None:
     cleaned: list[int] = []
 

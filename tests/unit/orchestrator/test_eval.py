@@ -15,8 +15,8 @@ from envrl.orchestrator.config import EvalEnvConfig
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.evaluate import EvalConfig, EvalInputError, EvalProgress, Evaluation, format_summary
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
-from envrl.orchestrator.seeds import eval_seed
 from envrl.progress import CLEAR_LINE, LiveLines
+from envrl.seeds import eval_seed
 from envrl.traces import Error, Trace, WireTask
 
 

@@ -9,8 +9,8 @@ from envrl.envs.model_client import ScriptedClientConfig
 from envrl.orchestrator.config import EnvConfig, SamplingParams
 from envrl.orchestrator.envs import Env, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
-from envrl.orchestrator.seeds import rollout_seed
 from envrl.orchestrator.state import PendingGroup
+from envrl.seeds import rollout_seed
 from envrl.traces import Trace, WireTask
 
 

@@ -84,7 +84,8 @@ class ChatProxy:
         tools = body.get("tools") or None
         previous = session.turns[-1] if session.turns else None
         try:
-            response = await session.client.generate(messages, session.sampling, tools=tools, previous=previous)
+            sampling = session.sampling.for_call(len(session.turns))
+            response = await session.client.generate(messages, sampling, tools=tools, previous=previous)
         except ContextLengthError as e:
             session.context_exhausted = True
             return _error(400, f"chat proxy: {e}", code="context_length_exceeded")

@@ -1,9 +1,10 @@
-"""Sampling seeds of rollouts: one formula for training, evaluation and retries.
+"""Sampling seeds: one formula for training, evaluation, retries and each model call of a rollout.
 
-Guarantee: a rollout's seed is a pure function of the run seed, the rollout's index in its run
-and its attempt number, so a run is reproducible from its seed; the first attempt of rollout i
-gets `rollout_seed(run_seed, i)` and every retry draws a different seed from the attempts before.
-Train groups and eval grids derive their rollout index here, and nowhere else.
+Guarantee: a model call's seed is a pure function of the run seed, the rollout's index in its
+run, its attempt number and the call's index in the rollout, so a run is reproducible from its
+seed; the first attempt of rollout i gets `rollout_seed(run_seed, i)` for its first call, every
+retry and every later call draws a seed of its own. Train groups and eval grids derive their
+rollout index here, and nowhere else.
 """
 
 from __future__ import annotations
@@ -37,7 +38,19 @@ def attempt_seed(seed: int, attempt: int) -> int:
     same tokens (and the same failure), and never lands on a neighbour's consecutive seed range
     except by chance.
     """
-    if attempt == 0:
-        return seed
-    digest = hashlib.blake2b(f"{seed}/retry/{attempt}".encode(), digest_size=8).digest()
+    return seed if attempt == 0 else _salted(seed, "retry", attempt)
+
+
+def call_seed(seed: int, call: int) -> int:
+    """The seed of model call `call` (0: the first) of a rollout whose first call uses `seed`.
+
+    Every turn of a multi-turn rollout samples afresh: reusing the rollout's seed would make each
+    later turn repeat the first turn's random draws. The first call keeps `seed` itself, so
+    single-turn rollouts sample exactly as before.
+    """
+    return seed if call == 0 else _salted(seed, "call", call)
+
+
+def _salted(seed: int, salt: str, n: int) -> int:
+    digest = hashlib.blake2b(f"{seed}/{salt}/{n}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % SEED_SPACE
