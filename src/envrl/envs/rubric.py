@@ -154,8 +154,10 @@ class Rubric:
         await self.score_group([state], timeout)
 
     async def score_group(self, states: list[RolloutState], timeout: float | None = None) -> None:
-        """Score the rollouts of one task together; rollouts that already failed are left alone."""
-        scorable = [s for s in states if not s.trace.has_error]
+        """Score the rollouts of one task together. Rollouts that already failed, and rollouts that
+        never reached the model (no turn: e.g. a prompt longer than the context), are left alone:
+        they stay without reward, so nothing the model did not do is rewarded or enters a baseline."""
+        scorable = [s for s in states if not s.trace.has_error and s.trace.num_turns > 0]
         if not scorable:
             return
         start = time.time()

@@ -333,6 +333,13 @@ class Orchestrator:
             }
         )
         self.metrics.log(step, metrics)
+        if not samples:
+            why = (
+                why_unscored(all_traces)
+                if not good
+                else " (every scored group was dropped, equal rewards, or cut by seq_len)"
+            )
+            logger.warning(f"step {step} trains nothing{why}")
         shares = {name: len(t) / max(total, 1) for name, t in traces_by_env.items()}
         logger.info(
             f"step {step}/{self.config.max_steps} | reward {reward:.3f}{why_unscored(all_traces) if not good else ''} | "

@@ -20,12 +20,17 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def why_unscored(traces: Sequence[Trace]) -> str:
-    """Why none of `traces` has a reward, for a log line: the error types and the unscored count."""
+    """Why none of `traces` has a reward, for a log line: the error types, the rollouts that never
+    reached the model (by stop reason) and the other unscored ones."""
     if not traces:
         return " (no rollouts)"
     errors = Counter(t.error.type for t in traces if t.error is not None)
-    unscored = sum(t.error is None and t.reward is None for t in traces)
-    parts = [f"{n} {kind}" for kind, n in errors.most_common()] + ([f"{unscored} without reward"] if unscored else [])
+    unscored = [t for t in traces if t.error is None and t.reward is None]
+    no_turn = Counter(t.stop_reason for t in unscored if t.num_turns == 0 and t.stop_reason)
+    other = len(unscored) - no_turn.total()
+    parts = [f"{n} {kind}" for kind, n in errors.most_common()]
+    parts += [f"{n} without a model turn ({reason})" for reason, n in no_turn.most_common()]
+    parts += [f"{other} without reward"] if other else []
     return f" (no scored rollout: {', '.join(parts)})"
 
 

@@ -16,6 +16,7 @@ from envrl.envs import (
     ScriptedClient,
     ScriptedClientConfig,
 )
+from envrl.inference.client import ContextLengthError
 from envrl.traces import Message, Task, Trace, TurnTokens
 from tests.unit.envs.helpers import TINY_CHAT
 
@@ -188,6 +189,20 @@ def test_each_model_call_of_a_rollout_samples_with_its_own_seed() -> None:
     seen = again
     asyncio.run(env.run_rollout(env.get_task("train", 0), SeedRecorder(), SAMPLING.model_copy(update={"seed": 10})))
     assert again == first, "the seeds are a function of the rollout's seed and the call's index"
+
+
+def test_a_rollout_that_never_reached_the_model_is_not_rewarded() -> None:
+    """A prompt that does not fit ends the rollout before any model turn: rewards that apply to an
+    empty episode must not score it (it would enter the group's baseline as if the model acted)."""
+
+    class TooLong(ModelClient):
+        async def generate(self, messages: list[Message], sampling: SamplingArgs, **kwargs: Any) -> ModelResponse:
+            raise ContextLengthError("prompt of 636 tokens does not fit max_model_len 512")
+
+    env = Environment(tasks=TASKS, rubric=Rubric({lambda completion: 1.0 + len(completion): 1.0}))
+    trace = run(env, TooLong())
+    assert trace.num_turns == 0 and trace.stop_reason == "context_length"
+    assert trace.reward is None and trace.error is None and trace.metrics == {}
 
 
 def test_cancelling_a_rollout_propagates_and_still_cleans_up() -> None:

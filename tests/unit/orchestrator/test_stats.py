@@ -29,6 +29,15 @@ def test_reward_is_nan_when_no_rollout_was_scored_and_the_reason_names_the_error
     assert why_unscored(batch) == " (no scored rollout: 2 timeout, 1 no_reward, 1 without reward)"
 
 
+def test_the_reason_names_rollouts_that_never_reached_the_model():
+    batch = traces("timeout", "unscored", "unscored", "unscored")
+    for trace in batch[1:3]:
+        trace.stop_reason = "context_length"
+    assert why_unscored(batch) == (
+        " (no scored rollout: 1 timeout, 2 without a model turn (context_length), 1 without reward)"
+    )
+
+
 def test_reward_averages_the_scored_rollouts_only():
     metrics = rollout_metrics("e", traces("ok", "timeout", "unscored"))
     assert metrics["e/reward"] == 1.0 and metrics["e/error_rate"] == 1 / 3
