@@ -320,9 +320,10 @@ def resolve_config(
         raise ConfigError(_describe(e.errors()[0], cls, layers)) from None
 
 
-def config_to_toml(config: BaseModel) -> str:
-    """The resolved config as TOML (None values are left out: TOML has no null)."""
-    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+def config_to_toml(config: BaseModel, *, only_set: bool = False) -> str:
+    """The resolved config as TOML (None values are left out: TOML has no null); `only_set`: just
+    the keys that were given (by a file, the command line or the caller), not the defaults."""
+    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True, exclude_unset=only_set))
 
 
 def config_help(cls: type[BaseModel], prog: str, epilog: str = "") -> str:

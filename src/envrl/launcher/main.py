@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
-import shutil
 import signal
 import socket
 import sys
@@ -30,6 +29,7 @@ from pydantic import BaseModel
 from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.console import RunConsole
+from envrl.launcher import run_dir
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
@@ -110,10 +110,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 def run_training(argv: Sequence[str]) -> None:
     """Resolve, start and supervise one training run; exits with the code in the module docstring."""
     epilog = "Commands: " + ", ".join(f"rl {name} --help" for name in COMMANDS)
+    try:
+        argv = run_dir.resume_argv(argv)
+    except ConfigError as e:
+        print(f"rl: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text, epilog=epilog)
     try:
         run, placement, cpus = _plan(rl)
-        _prepare_output_dir(rl)
+        run_dir.prepare(rl)
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -121,6 +126,7 @@ def run_training(argv: Sequence[str]) -> None:
     console = RunConsole(rl.output_dir, rl.max_steps)
     console.lines.use_for_stderr()  # on a terminal, rl's own log lines print above the status line
     setup_logging(rl.log.model_copy(update={"file": logs / "launcher.log"}), process="rl")
+    run_dir.write_user_config(rl)
     _write_configs(rl.output_dir, run)
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
@@ -151,18 +157,6 @@ def run_training(argv: Sequence[str]) -> None:
         console.stop()
         supervisor.stop_all()
     raise SystemExit(code)
-
-
-def _prepare_output_dir(rl: RLConfig) -> None:
-    out = rl.output_dir
-    if out.exists() and any(out.iterdir()):
-        if rl.clean:
-            shutil.rmtree(out)
-        elif not rl.resume:
-            raise ConfigError(
-                f"output_dir {out} holds an earlier run: pass --resume to continue it or --clean to start over"
-            )
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def _write_configs(out: Path, run: ResolvedRun) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from envrl.launcher.main import COMMANDS, main
+from envrl.launcher.run_dir import MARKER
 
 ONE_ENV = ["--orchestrator.envs", '[{"id": "reverse-text"}]']
 
@@ -85,6 +86,7 @@ def test_an_impossible_placement_exits_2_naming_the_keys(capsys: pytest.CaptureF
 
 
 def test_an_earlier_run_in_output_dir_needs_resume_or_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / MARKER).write_text("{}\n")  # rl made the dir
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(SystemExit) as exit_info:
         main([*ONE_ENV, "--output-dir", str(tmp_path)])
