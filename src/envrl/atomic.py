@@ -19,15 +19,20 @@ from pathlib import Path
 from typing import Any
 
 
+def fsync_file(path: Path | str) -> None:
+    """Flush what was written to the file `path` (by any process) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(root: Path) -> None:
     """Flush every file and directory under `root` (and `root` itself) to disk."""
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(os.path.join(dirpath, name))
         _fsync_dir(Path(dirpath))
 
 
@@ -142,17 +147,24 @@ def filter_lines(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
     if not path.exists():
         return 0
     with _locked(path, fcntl.LOCK_EX):
-        kept, dropped = [], 0
-        for line in path.read_text(errors="replace").splitlines(keepends=True):
-            try:
-                record = json.loads(line)
-                good = isinstance(record, dict) and line.endswith("\n") and keep(record)
-            except ValueError:
-                good = False
-            if good:
-                kept.append(line)
-            else:
-                dropped += 1
-        if dropped:
-            atomic_write_text(path, "".join(kept))
+        tmp, dropped = temp_sibling(path), 0
+        try:
+            with path.open(errors="replace") as old, tmp.open("w") as new:  # line by line: memory is one line
+                for line in old:
+                    try:
+                        record = json.loads(line)
+                        good = isinstance(record, dict) and line.endswith("\n") and keep(record)
+                    except ValueError:
+                        good = False
+                    if good:
+                        new.write(line)
+                    else:
+                        dropped += 1
+                new.flush()
+                os.fsync(new.fileno())
+            if dropped:
+                os.replace(tmp, path)
+                _fsync_dir(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
         return dropped

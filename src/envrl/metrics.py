@@ -111,6 +111,7 @@ class MetricsSink:
             try:
                 if os.write(self._fd, line) < len(line):  # a short write: the disk filled up under it
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                os.fsync(self._fd)  # on disk before the step it belongs to is published
             except OSError as e:
                 raise OSError(e.errno, f"{e.strerror} (appending a metrics line)", str(self.path)) from e
         if self._run is not None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from loguru import logger
 
-from envrl.atomic import write_failure
+from envrl.atomic import fsync_file, write_failure
 from envrl.envs.model_client import TrainClientConfig
 from envrl.inference.replicas import InferenceReplicas
 from envrl.layout import (
@@ -220,13 +220,18 @@ class Orchestrator:
         self.ledger.close()
 
     def _publish(self, step: int, samples: list[TrainingSample]) -> None:
-        """Batch `step` and the state after it, in one rename: the commit point of the step."""
+        """Batch `step` and the state after it, in one rename: the commit point of the step. The
+        step's rollout lines are flushed to disk first, so a published step never lacks them."""
+        rollouts = train_rollouts_file(self.output_dir)
+        if rollouts.exists():
+            fsync_file(rollouts)
         state = OrchestratorState(
             step=step,
             positions=self.train_envs.positions,
             dispatched=self.scheduler.dispatched,
             counters=dict(self.counters),
             pending=self.scheduler.pending(),
+            train_rollouts_bytes=rollouts.stat().st_size if rollouts.exists() else 0,
         )
         write_batch(self.output_dir, step, samples, extra=state_bytes(state))
 

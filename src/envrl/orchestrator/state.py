@@ -11,6 +11,7 @@ running at the crash, for a published step, is the exception: it is not redone; 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from loguru import logger
@@ -43,6 +44,9 @@ class OrchestratorState(BaseModel):
     pending: list[PendingGroup]
     """Groups in flight, finished but unused, or requeued but not yet dispatched again when the
     batch was published."""
+    train_rollouts_bytes: int | None = None
+    """Size of `rollouts/train.jsonl` when the batch was published: a resume cuts the file there
+    (None: a state from before this field; the resume then filters the file line by line)."""
 
 
 def state_bytes(state: OrchestratorState) -> dict[str, bytes]:
@@ -63,13 +67,28 @@ def load_resume_state(output_dir: Path) -> OrchestratorState | None:
             )
         state = OrchestratorState.model_validate_json(file.read_text())
     last = state.step if state is not None else -1
-    dropped = filter_lines(train_rollouts_file(output_dir), lambda r: r.get("step", last + 1) <= last)
-    if dropped:
-        logger.info(
-            f"{train_rollouts_file(output_dir)}: dropped {dropped} line(s) of steps after {last} (rolled out again now)"
-        )
+    _drop_later_rollouts(train_rollouts_file(output_dir), last, state.train_rollouts_bytes if state else 0)
     for file in sorted(eval_rollouts_root(output_dir).glob("step_*.jsonl")):
         if int(file.stem.removeprefix("step_")) > last:
             file.unlink()
             logger.info(f"removed {file}: evaluated after the last published batch (evaluated again if due)")
     return state
+
+
+def _drop_later_rollouts(path: Path, last: int, size: int | None) -> None:
+    """Leave `path` with the lines of steps <= `last` only: cut at the size recorded with the batch
+    of step `last` (the orchestrator appends in step order), or filter line by line without one."""
+    if size is None:
+        dropped = filter_lines(path, lambda r: r.get("step", last + 1) <= last)
+        if dropped:
+            logger.info(f"{path}: dropped {dropped} line(s) of steps after {last} (rolled out again now)")
+        return
+    actual = path.stat().st_size if path.exists() else 0
+    if actual > size:
+        os.truncate(path, size)
+        logger.info(f"{path}: cut {actual - size} bytes of steps after {last} (rolled out again now)")
+    elif actual < size:
+        logger.warning(
+            f"{path}: {actual} bytes, but {size} were written when step {last} was published: "
+            "rollout lines were lost (the file was cut or replaced); the batches are intact"
+        )

@@ -47,3 +47,18 @@ def test_restart_budget_doubles_its_backoff_and_runs_out():
     budget = RestartBudget(RestartPolicy(max_restarts=3, backoff_s=1.0, max_backoff_s=3.0))
     assert [budget.next_delay() for _ in range(4)] == [1.0, 2.0, 3.0, None]
     assert budget.total == 3 and "restarts.max_restarts = 3" in budget.exhausted()
+
+
+def test_resume_cuts_the_rollout_file_where_the_newest_batch_was_published(tmp_path):
+    """The file is left exactly as it was at the commit of the last published step, without a
+    rewrite (a week-long run's file is many GiB)."""
+    at_publish = "".join(json.dumps({"step": s, "error": None}) + "\n" for s in (0, 0, 1, 1))
+    train_rollouts_file(tmp_path).parent.mkdir(parents=True)
+    train_rollouts_file(tmp_path).write_text(at_publish + json.dumps({"step": 2}) + "\n" + '{"step": 2, "err')
+    published = state(1).model_copy(update={"train_rollouts_bytes": len(at_publish.encode())})
+    write_batch(tmp_path, 1, synthetic_samples(2), extra=state_bytes(published))
+    inode = train_rollouts_file(tmp_path).stat().st_ino
+
+    assert load_resume_state(tmp_path) == published
+    assert train_rollouts_file(tmp_path).read_text() == at_publish
+    assert train_rollouts_file(tmp_path).stat().st_ino == inode, "cut in place, not rewritten"
