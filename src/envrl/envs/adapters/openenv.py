@@ -142,7 +142,8 @@ CompletionToAction = Callable[[str], dict[str, Any]]
 class OpenEnvEnvironment(Environment):
     """An OpenEnv server driven over its WebSocket session API; see docs/adapters.md.
 
-    `url` (a running server) or `app` (`module:attribute` of its ASGI app, started by envrl);
+    `url` (a running server) or `app` (`module:attribute` of its ASGI app, or `module:factory()`
+    for a function that builds it, started by envrl);
     `observation` and `action` are the glue; `reward` is "final" (the last step's reward),
     "steps" (the sum of the step rewards) or an envrl `Rubric` (reward functions may ask for
     `state`; `state.data["steps"]` holds every `StepResult`, the reset's first). Tasks default to
@@ -288,12 +289,26 @@ def _served(app: str) -> str:
     return os.environ[key]
 
 
+def load_app(app_spec: str) -> Any:
+    """The ASGI app `module:attribute` names (`module` alone: its `app`), or, for
+    `module:factory()`, what calling the factory with no arguments returns (servers written as
+    `create_app(...)` inside a function)."""
+    module_name, _, attribute = app_spec.partition(":")
+    attribute = attribute or "app"
+    module = importlib.import_module(module_name)
+    factory = attribute.endswith("()")
+    name = attribute.removesuffix("()")
+    if not hasattr(module, name):
+        raise ValueError(f"OpenEnv app {app_spec!r}: module {module_name!r} has no attribute {name!r}")
+    target = getattr(module, name)
+    return target() if factory else target
+
+
 def serve(app_spec: str) -> None:
     """Child side: serve `module:attribute` with uvicorn on a free loopback port, report its URL."""
     import uvicorn  # installed with openenv-core
 
-    module, _, attribute = app_spec.partition(":")
-    app = getattr(importlib.import_module(module), attribute or "app")
+    app = load_app(app_spec)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)  # connections made once the URL is reported wait in the backlog until uvicorn runs
