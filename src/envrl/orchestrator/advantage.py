@@ -1,32 +1,63 @@
 """Group-relative advantages.
 
-Guarantee: a group's advantages are its rewards minus the group mean (optionally divided by the
-group's standard deviation), in the group's order; a group whose rewards are all equal carries
-no learning signal and is either kept with zero advantages or dropped, as configured.
+Guarantee: a group's advantages are its rewards minus the group mean, optionally divided by a
+reward standard deviation (the group's own, or the whole batch's), in the group's order; a group
+whose rewards are all equal carries no learning signal and is either kept with zero advantages
+or dropped, as configured.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import BaseModel
 
+from envrl.traces import Trace
+
 
 class AdvantageConfig(BaseModel):
-    std_normalize: bool = False
-    """Divide by the group's reward standard deviation (GRPO style) as well as centring."""
+    scale: Literal["none", "group", "batch"] = "none"
+    """What the centred rewards are divided by: nothing (Dr. GRPO), the group's reward standard
+    deviation (GRPO), or the standard deviation of every reward in the step's batch (TRL's
+    `scale_rewards = "batch"`: groups with little spread are not blown up)."""
     drop_zero_variance: bool = False
     """Leave groups whose rewards are all equal out of the batch (they would train on nothing)."""
+    mask_truncated: bool = False
+    """Train no sample of a truncated rollout (cut off by `max_tokens`, the episode budget or the
+    context); its reward still counts in its group's mean (TRL's `mask_truncated_completions`)."""
     eps: float = 1e-6
 
 
-def group_advantages(rewards: list[float], config: AdvantageConfig) -> list[float] | None:
-    """Advantages for one group's rewards, or None if the group is dropped."""
+def _std(values: Sequence[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def group_advantages(rewards: list[float], config: AdvantageConfig, batch_std: float = 0.0) -> list[float] | None:
+    """Advantages for one group's rewards, or None if the group is dropped; `batch_std` is the
+    standard deviation of the step's rewards (`batch_reward_std`), used when `scale = "batch"`."""
     if not rewards:
         return None
     mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    std = _std(rewards)
     if std <= config.eps and config.drop_zero_variance:
         return None
-    scale = std + config.eps if config.std_normalize else 1.0
+    scale = {"none": 1.0, "group": std + config.eps, "batch": batch_std + config.eps}[config.scale]
     return [(r - mean) / scale for r in rewards]
+
+
+def batch_reward_std(groups: Sequence[Sequence[float]]) -> float:
+    """The standard deviation of every reward of a step's groups (0 for none)."""
+    rewards = [r for group in groups for r in group]
+    return _std(rewards) if rewards else 0.0
+
+
+def trained_rollouts(
+    traces: Sequence[Trace], advantages: Sequence[float], config: AdvantageConfig
+) -> list[tuple[Trace, float]]:
+    """The scored rollouts of a group that become samples, each with its advantage: all of them, or
+    with `mask_truncated` the ones that ended by themselves."""
+    pairs = zip(traces, advantages, strict=True)
+    return [(t, a) for t, a in pairs if not (config.mask_truncated and t.is_truncated)]

@@ -35,7 +35,7 @@ from envrl.layout import (
 )
 from envrl.ledger import Ledger
 from envrl.metrics import MetricsSink
-from envrl.orchestrator.advantage import group_advantages
+from envrl.orchestrator.advantage import batch_reward_std, group_advantages, trained_rollouts
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
@@ -262,18 +262,22 @@ class Orchestrator:
     def _to_samples(self, step: int, groups: list[Group]) -> list[TrainingSample]:
         samples: list[TrainingSample] = []
         self.seq_counts = {group.env.name: SeqLenCounts() for group in groups}
-        for group in groups:
+        scored = [[t for t in group.traces if not t.has_error and t.reward is not None] for group in groups]
+        rewards = [[t.reward for t in good if t.reward is not None] for good in scored]
+        batch_std = batch_reward_std(rewards)
+        for group, good, group_rewards in zip(groups, scored, rewards, strict=True):
             self._append_rollouts(
                 train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces
             )
-            good = [t for t in group.traces if not t.has_error and t.reward is not None]
             self.counters["error_rollouts"] += sum(t.has_error for t in group.traces)
             self.counters["unscored_rollouts"] += sum(not t.has_error and t.reward is None for t in group.traces)
-            advantages = group_advantages([t.reward for t in good if t.reward is not None], self.config.advantage)
+            advantages = group_advantages(group_rewards, self.config.advantage, batch_std)
             if advantages is None:
                 self.counters["dropped_groups"] += 1
                 continue
-            for trace, advantage in zip(good, advantages, strict=True):
+            trained = trained_rollouts(good, advantages, self.config.advantage)
+            self.counters["masked_truncated_rollouts"] += len(good) - len(trained)
+            for trace, advantage in trained:
                 made = trace_to_samples(
                     trace,
                     advantage=advantage,

@@ -1,8 +1,10 @@
-"""Group-relative advantages: centring, std normalisation, zero-variance groups."""
+"""Group-relative advantages: centring, std scaling by group or batch, zero-variance groups,
+masked truncated rollouts."""
 
 import pytest
 
-from envrl.orchestrator.advantage import AdvantageConfig, group_advantages
+from envrl.orchestrator.advantage import AdvantageConfig, batch_reward_std, group_advantages, trained_rollouts
+from envrl.traces import Trace, WireTask
 
 
 def test_advantage_is_reward_minus_group_mean() -> None:
@@ -11,11 +13,11 @@ def test_advantage_is_reward_minus_group_mean() -> None:
 
 def test_std_normalisation_divides_by_group_std() -> None:
     # rewards 1, 0: mean 0.5, population std 0.5
-    assert group_advantages([1.0, 0.0], AdvantageConfig(std_normalize=True, eps=0.0)) == pytest.approx([1.0, -1.0])
+    assert group_advantages([1.0, 0.0], AdvantageConfig(scale="group", eps=0.0)) == pytest.approx([1.0, -1.0])
 
 
 def test_zero_variance_group_kept_with_zero_advantage_by_default() -> None:
-    assert group_advantages([0.3, 0.3, 0.3], AdvantageConfig(std_normalize=True)) == pytest.approx([0.0, 0.0, 0.0])
+    assert group_advantages([0.3, 0.3, 0.3], AdvantageConfig(scale="group")) == pytest.approx([0.0, 0.0, 0.0])
 
 
 def test_zero_variance_group_dropped_when_configured() -> None:
@@ -25,3 +27,21 @@ def test_zero_variance_group_dropped_when_configured() -> None:
 
 def test_empty_group_is_dropped() -> None:
     assert group_advantages([], AdvantageConfig()) is None
+
+
+def test_batch_scaling_divides_every_group_by_the_batch_std() -> None:
+    """A group with little spread is not blown up to unit scale as group scaling would."""
+    groups = [[1.0, 0.0], [0.6, 0.4]]
+    std = batch_reward_std(groups)  # rewards 1, 0, .6, .4: mean .5, variance (.25+.25+.01+.01)/4
+    assert std == pytest.approx(0.13**0.5)
+    config = AdvantageConfig(scale="batch", eps=0.0)
+    assert group_advantages(groups[1], config, std) == pytest.approx([0.1 / std, -0.1 / std])
+    assert group_advantages(groups[1], AdvantageConfig(scale="group", eps=0.0)) == pytest.approx([1.0, -1.0])
+
+
+def test_masked_truncated_rollouts_count_in_the_baseline_but_are_not_trained() -> None:
+    done, cut = Trace(task=WireTask(idx=0), reward=1.0), Trace(task=WireTask(idx=0), reward=0.0, is_truncated=True)
+    advantages = group_advantages([1.0, 0.0], AdvantageConfig())
+    assert advantages == pytest.approx([0.5, -0.5])
+    assert trained_rollouts([done, cut], advantages, AdvantageConfig(mask_truncated=True)) == [(done, 0.5)]
+    assert len(trained_rollouts([done, cut], advantages, AdvantageConfig())) == 2
