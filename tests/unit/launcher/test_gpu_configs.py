@@ -1,0 +1,35 @@
+"""The GPU configs resolve on a machine without GPUs: `rl --dry-run` places every role on its
+devices and prints the commands, touching no CUDA (what CI can check of them)."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from envrl.launcher.main import main
+
+GPU_CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs" / "gpu").glob("*.toml"))
+
+
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda p: p.stem)
+def test_gpu_config_dry_run_places_every_role_without_cuda(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(config), "--dry-run"])
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    commands = capsys.readouterr().out.split("# commands")[1].splitlines()[1:]
+    devices = {
+        role: line.split()[0].removeprefix("CUDA_VISIBLE_DEVICES=")
+        for line in commands
+        for role in ("inference", "trainer")
+        if f"envrl.{role}.main" in line or (role == "trainer" and "torchrun" in line)
+    }
+    declared = tomllib.loads(config.read_text())
+    expected = {role: ",".join(str(g) for g in declared[role]["gpus"]) for role in ("inference", "trainer")}
+    assert devices == expected, commands
+    import torch
+
+    assert not torch.cuda.is_initialized()
+
+
+def test_there_are_gpu_configs_to_check() -> None:
+    assert {p.stem for p in GPU_CONFIGS} >= {"one_gpu", "two_gpus"}
