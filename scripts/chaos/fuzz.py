@@ -82,16 +82,22 @@ class FuzzReport:
 
 
 def owed_id(frames: list[bytes], max_frame_bytes: int) -> str | None:
-    """The id the server owes an answer to: that of a first frame the server can decode as a map."""
+    """The id the server owes an answer to (docs/protocol.md): the string `id` of a first frame that
+    is a msgpack map, however its other entries decode; read entry by entry, skipping the rest."""
     first = frames[0]
     if len(first) > max_frame_bytes:
         return None
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(first)
     try:
-        message = msgpack.unpackb(first, raw=False)
-    except Exception:  # noqa: BLE001 - any undecodable frame owes an anonymous answer
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() == "id":
+                request_id = unpacker.unpack()
+                return request_id if isinstance(request_id, str) else None
+            unpacker.skip()
+    except Exception:  # noqa: BLE001 - a frame that is not a map with a readable id owes an anonymous answer
         return None
-    request_id = message.get("id") if isinstance(message, dict) else None
-    return request_id if isinstance(request_id, str) else None
+    return None
 
 
 class FrameMaker:

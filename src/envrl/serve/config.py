@@ -186,7 +186,7 @@ class EnvServerConfig(BaseConfig):
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     max_queued: int = Field(4096, ge=0)
     """Requests that may wait for a free worker slot; beyond, requests get an `at_capacity` error."""
-    max_frame_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    max_frame_bytes: int = Field(1024 * 1024, ge=1024)
     """Largest request frame accepted; larger ones get a `too_large` error. A frame over twice this
     size is not even read: ZMQ drops the connection that sent it (its MAXMSGSIZE)."""
     max_group_size: int = Field(1024, ge=1)

@@ -188,19 +188,70 @@ def decode_response(frame: bytes) -> Response:
     return _RESPONSE.validate_python(decode(frame))
 
 
+MAX_CONTAINER_ITEMS = 65536
+"""Most entries of one array or map in a request (a request's lists are short: stop strings,
+replica URLs); with the frame limit it bounds what decoding a hostile frame can allocate."""
+
+
+def decode_request(frame: bytes) -> Any:
+    """A request frame's msgpack, decoded with bounded container sizes; map keys of any type are
+    decoded (and refused by `parse_request`, which can then still answer under the request's id)."""
+    return msgpack.unpackb(
+        frame, raw=False, strict_map_key=False, max_array_len=MAX_CONTAINER_ITEMS, max_map_len=MAX_CONTAINER_ITEMS
+    )
+
+
+def _salvaged_id(frame: bytes) -> str | None:
+    """The string `id` of a top-level map whose other entries do not decode (an array as a map
+    key, a container over the limits): read entry by entry, skipping the others unbuilt."""
+    unpacker = msgpack.Unpacker(raw=False, max_array_len=MAX_CONTAINER_ITEMS, max_map_len=MAX_CONTAINER_ITEMS)
+    unpacker.feed(frame)
+    try:
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() == "id":
+                value = unpacker.unpack()
+                return value if isinstance(value, str) else None
+            unpacker.skip()
+    except Exception:  # noqa: BLE001 - nothing readable: the answer goes out without an id
+        return None
+    return None
+
+
+def _non_string_key(value: Any, path: str) -> str | None:
+    """The path of the first map key in `value` that is not a string (None: there is none)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path}: key {key!r} ({type(key).__name__})"
+            found = _non_string_key(item, f"{path}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _non_string_key(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
 def parse_request(frame: bytes, max_frame_bytes: int) -> RequestMessage:
-    """The request in a frame, or ProtocolError saying what is wrong with it."""
+    """The request in a frame, or ProtocolError saying what is wrong with it (with the request's
+    id whenever the frame is a map holding a string `id`)."""
     if len(frame) > max_frame_bytes:
         raise ProtocolError(TOO_LARGE, f"frame of {len(frame)} bytes is over the server's limit of {max_frame_bytes}")
     try:
-        message = decode(frame)
+        message = decode_request(frame)
     except Exception as e:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError(BAD_REQUEST, f"frame is not valid msgpack ({type(e).__name__}: {e})") from None
+        message = f"frame is not valid msgpack ({type(e).__name__}: {e})"
+        raise ProtocolError(BAD_REQUEST, message, _salvaged_id(frame)) from None
     if not isinstance(message, dict):
         raise ProtocolError(BAD_REQUEST, f"a request is a msgpack map, got {type(message).__name__}")
     request_id = message.get("id")
     if not isinstance(request_id, str):
         raise ProtocolError(BAD_REQUEST, f"request 'id' must be a string, got {type(request_id).__name__}")
+    bad_key = _non_string_key(message, "request")
+    if bad_key is not None:
+        raise ProtocolError(BAD_REQUEST, f"map keys must be strings: {bad_key}", request_id)
     method, params = message.get("method"), message.get("params", {})
     if not isinstance(method, str):
         raise ProtocolError(BAD_REQUEST, f"request 'method' must be a string, got {type(method).__name__}", request_id)

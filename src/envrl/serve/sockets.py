@@ -64,6 +64,10 @@ class ServerSockets:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
+RECEIVE_QUEUE_FRAMES = 128
+"""Received frames one client connection may have queued in the server (ZMQ's RCVHWM)."""
+
+
 def bind_clients(
     context: zmq.Context[zmq.Socket[bytes]], config: EnvServerConfig
 ) -> tuple[zmq.Socket[bytes], str, Any]:
@@ -72,6 +76,9 @@ def bind_clients(
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.SNDHWM, config.client_send_queue)
     sock.setsockopt(zmq.MAXMSGSIZE, 2 * config.max_frame_bytes)
+    # Frames a connection may have waiting before ZMQ stops reading from it (back-pressure, not
+    # loss): with MAXMSGSIZE it bounds the bytes one client can park in the server.
+    sock.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE_FRAMES)
     sock.setsockopt(zmq.LINGER, 1000)
     authenticator = None
     try:

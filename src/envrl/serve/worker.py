@@ -113,7 +113,7 @@ class Worker:
         and the params: `ParamsChecker`); answer at once one whose task or client cannot be had."""
         request_id = method = None
         try:
-            request = p.RequestMessage.model_validate(p.decode(raw))
+            request = p.RequestMessage.model_validate(p.decode_request(raw))
             request_id, method = request.id, request.method
             params = p.ROLLOUT_PARAMS[method].model_validate(request.params)
             task = self.env.get_task(params.split, params.task_idx)

@@ -35,6 +35,8 @@ def test_a_well_formed_request_parses_and_params_default_to_empty() -> None:
         (msgpack.packb({"id": "b", "method": "info", "params": [1]}), p.BAD_REQUEST, "b"),
         (msgpack.packb({"id": "c", "method": "info", "extra": 1}), p.BAD_REQUEST, "c"),
         (msgpack.packb({"id": "d", "method": "reboot"}), p.UNKNOWN_METHOD, "d"),
+        (msgpack.packb({"id": "e", "method": "run_rollout", "params": {"client": {1: 2}}}), p.BAD_REQUEST, "e"),
+        (msgpack.packb({"id": "f", "method": "info", "params": {"x": [{"y": {(1, 2): 0}}]}}), p.BAD_REQUEST, "f"),
     ],
 )
 def test_malformed_requests_raise_typed_errors_keeping_the_id_when_readable(
@@ -42,6 +44,18 @@ def test_malformed_requests_raise_typed_errors_keeping_the_id_when_readable(
 ) -> None:
     error = error_of(frame)
     assert (error.type, error.request_id) == (error_type, request_id)
+
+
+def test_a_non_string_map_key_is_named_by_its_path() -> None:
+    error = error_of(msgpack.packb({"id": "e", "method": "run_rollout", "params": {"client": {"a": {7: 2}}}}))
+    assert error.message == "map keys must be strings: request.params.client.a: key 7 (int)"
+
+
+def test_a_container_longer_than_any_request_needs_is_refused_without_building_it() -> None:
+    """An array header may claim far more items than the frame holds; decoding stops at the header."""
+    frame = b"\x81\xa2id\xdd" + (p.MAX_CONTAINER_ITEMS + 1).to_bytes(4, "big") + b"\x90" * 100
+    error = error_of(frame)
+    assert error.type == p.BAD_REQUEST and "not valid msgpack" in error.message
 
 
 def test_an_oversized_frame_is_refused_before_it_is_decoded() -> None:

@@ -1,0 +1,81 @@
+"""A hostile client on the node: frames written only from docs/protocol.md, to hurt. Every request
+whose `id` can be read is answered under it, and nothing one client sends stops the server from
+answering the others."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zmq
+
+from tests.integration.env_servers import raw_exchange, running_env_server
+
+METHODS = ["health", "info", "run_rollout", "run_group", "cancel", "reboot"]
+PARAM_KEYS = ["task_idx", "split", "client", "sampling", "seed", "n", "request_id", "retry", "type"]
+
+
+def wrong_value(rng: random.Random, depth: int = 0) -> Any:
+    """A value of a random type: scalars, lists, maps with string or non-string keys."""
+    kinds = ["int", "float", "str", "bool", "none", "bytes"] + (["list", "map", "oddmap"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "list":
+        return [wrong_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if kind == "map":
+        return {rng.choice(PARAM_KEYS): wrong_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+    if kind == "oddmap":  # keys a request never has: ints, floats, booleans, None
+        return {rng.choice([1, 2.5, True, None, -7]): wrong_value(rng, depth + 1) for _ in range(rng.randint(1, 2))}
+    return {
+        "int": rng.randint(-(2**40), 2**40),
+        "float": rng.random(),
+        "str": "x" * rng.randint(0, 8),
+        "bool": True,
+        "none": None,
+        "bytes": b"\x00",
+    }[kind]
+
+
+def type_confused(rng: random.Random, i: int) -> bytes:
+    params = {rng.choice(PARAM_KEYS): wrong_value(rng) for _ in range(rng.randint(0, 5))}
+    return msgpack.packb({"id": f"fuzz-{i}", "method": rng.choice(METHODS), "params": params})
+
+
+def test_every_type_confused_request_is_answered_under_its_own_id(tmp_path: Path) -> None:
+    rng = random.Random(0)
+    frames = [[type_confused(rng, i)] for i in range(3000)]
+    with running_env_server(tmp_path, env_id="reverse-text") as server:
+        answers = raw_exchange(server.address, frames)
+        assert server.child.poll() is None, "the server died"
+    ids = [answer["id"] for answer in answers]
+    assert sorted(ids, key=str) == sorted((f"fuzz-{i}" for i in range(3000)), key=str), (
+        f"{sum(i is None for i in ids)} answers without the request's id"
+    )
+
+
+def empty_array_bomb(size: int) -> bytes:
+    """A request map whose params hold `size` bytes of empty arrays (one Python list per byte)."""
+    count = size - 64
+    return b"\x83\xa2id\xa4bomb\xa6method\xa4info\xa6params\x81\xa3pad\xdd" + count.to_bytes(4, "big") + b"\x90" * count
+
+
+def test_a_client_sending_decode_bombs_does_not_stop_the_others_being_answered(tmp_path: Path) -> None:
+    """Before: each 16 MiB frame of empty arrays held the broker for seconds, and clients waiting
+    for anything (a health check) gave the server up as dead."""
+    with running_env_server(tmp_path, env_id="reverse-text") as server:
+        context = zmq.Context.instance()
+        hostile = context.socket(zmq.DEALER)
+        hostile.setsockopt(zmq.LINGER, 0)
+        hostile.connect(server.address)
+        try:
+            for size in (16 * 2**20 - 1024, 1 * 2**20 - 1024, 900_000):
+                for _ in range(2):
+                    hostile.send(empty_array_bomb(size))
+            answers = raw_exchange(
+                server.address, [[msgpack.packb({"id": f"h{i}", "method": "health"})] for i in range(5)]
+            )
+        finally:
+            hostile.close()
+        assert [a["id"] for a in answers] == [f"h{i}" for i in range(5)] and all(a["ok"] for a in answers)
+        assert server.child.poll() is None
