@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -53,10 +54,12 @@ def setup_logging(config: LogConfig, process: str) -> None:
     """Route all logging of this process to the console and `config.file`, tagged `process`."""
     logger.remove()
     logger.configure(extra={"process": process})
-    logger.add(sys.stderr, level=config.level, format=CONSOLE_FORMAT, colorize=sys.stderr.isatty())
+    # diagnose=False: tracebacks without the values of local variables (they may hold secrets,
+    # and a large request repeated in every traceback fills a disk).
+    logger.add(sys.stderr, level=config.level, format=CONSOLE_FORMAT, colorize=sys.stderr.isatty(), diagnose=False)
     if config.file is not None:
         config.file.parent.mkdir(parents=True, exist_ok=True)
-        logger.add(config.file, level=config.level, format=FILE_FORMAT, colorize=False)
+        logger.add(config.file, level=config.level, format=FILE_FORMAT, colorize=False, diagnose=False)
 
     logging.basicConfig(handlers=[InterceptHandler()], level=logger.level(config.level).no, force=True)
     for name in THIRD_PARTY_LOGGERS:
@@ -65,3 +68,27 @@ def setup_logging(config: LogConfig, process: str) -> None:
         stdlib_logger.propagate = True
     for name in CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, logger.level(config.level).no))
+
+
+class Throttle:
+    """At most `burst` reports per `window` seconds; the rest are counted, so a flood of one
+    failure (one per hostile request) cannot fill the log. `allow()` says whether to report now,
+    and how many were held back since the last report."""
+
+    def __init__(self, burst: int = 10, window: float = 60.0) -> None:
+        self.burst = burst
+        self.window = window
+        self.window_start = -window
+        self.reported = 0
+        self.held_back = 0
+
+    def allow(self) -> tuple[bool, int]:
+        now = time.monotonic()
+        if now - self.window_start >= self.window:
+            self.window_start, self.reported = now, 0
+        if self.reported >= self.burst:
+            self.held_back += 1
+            return False, 0
+        self.reported += 1
+        held, self.held_back = self.held_back, 0
+        return True, held

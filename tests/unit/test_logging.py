@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
-from envrl.log import LogConfig, setup_logging
+from envrl.log import LogConfig, Throttle, setup_logging
 
 
 @pytest.fixture
@@ -58,3 +58,21 @@ def test_stdlib_record_keeps_caller_location(log_file: Path) -> None:
     logging.getLogger("zmq").error("located")
     line = next(line for line in read(log_file).splitlines() if "located" in line)
     assert "test_logging" in line
+
+
+def test_a_throttle_reports_a_burst_per_window_and_counts_what_it_held_back() -> None:
+    throttle = Throttle(burst=2, window=3600.0)
+    assert [throttle.allow() for _ in range(5)] == [(True, 0), (True, 0), (False, 0), (False, 0), (False, 0)]
+    throttle.window_start -= 3600.0  # the window has passed
+    assert throttle.allow() == (True, 3), "the first report of a new window says how many were not logged"
+
+
+def test_tracebacks_in_the_log_leave_out_local_variables(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    setup_logging(LogConfig(file=log), process="test")
+    secret = "sk-do-not-log-me"  # a diagnosing traceback prints the values on the failing line
+    try:
+        raise ValueError("boom", len(secret))
+    except ValueError as e:
+        logger.opt(exception=e).error("failed")
+    assert "boom" in log.read_text() and "sk-do-not-log-me" not in log.read_text()

@@ -145,9 +145,12 @@ class ModelAccessConfig(BaseConfig):
         if tokenizer in self.tokenizers:
             return True
         path = Path(tokenizer)
-        if not path.exists():
+        try:
+            if not path.exists():
+                return False
+            resolved = path.resolve()
+        except (OSError, ValueError):  # a name too long for a path, a NUL byte: no such tokenizer
             return False
-        resolved = path.resolve()
         return any(resolved.is_relative_to(entry) for entry in self.tokenizers if Path(entry).is_absolute())
 
     @classmethod
@@ -172,9 +175,14 @@ def _base_urls(client: ClientConfig) -> list[str]:
 
 def _refusal(field: str, value: str, option: str, allowed: list[str]) -> str:
     return (
-        f"params.client.{field} {value!r} is not allowed by this server (model_access.{option} = {allowed}); "
+        f"params.client.{field} {_shown(value)} is not allowed by this server (model_access.{option} = {allowed}); "
         f"the server's owner can allow it with --model-access.{option.replace('_', '-')}"
     )
+
+
+def _shown(value: str, limit: int = 200) -> str:
+    """`value` quoted for an error message, cut to `limit` characters (a request may send megabytes)."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 class EnvServerConfig(BaseConfig):

@@ -22,6 +22,7 @@ import zmq
 from loguru import logger
 
 from envrl.envs.environment import Environment
+from envrl.log import Throttle
 from envrl.process import Child, report_ready
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
@@ -75,6 +76,8 @@ class EnvServer:
         self.reported = False
         self.next_sweep = 0.0
         self.next_scale = 0.0
+        self.error_log = Throttle()
+        """Bounds the tracebacks a flood of failing requests writes."""
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -197,9 +200,12 @@ class EnvServer:
     def _on_internal_error(self, identity: bytes, request_id: str | None, first_token: int, error: Exception) -> None:
         """Answer a request whose handling raised unexpectedly `internal_error`, once: if it was
         already accepted (its token is new), finish it (and cancel it in its worker)."""
-        logger.opt(exception=error).error(
-            f"req={request_id}: handling it raised {type(error).__name__}: {error}; answered internal_error"
-        )
+        report, held_back = self.error_log.allow()
+        if report:
+            more = f" ({held_back} more since the last report, not logged)" if held_back else ""
+            logger.opt(exception=error).error(
+                f"req={request_id}: handling it raised {type(error).__name__}: {error}; answered internal_error{more}"
+            )
         frame = p.error_response(
             request_id, p.INTERNAL_ERROR, f"the server failed on this request ({type(error).__name__}: {error})"
         )

@@ -94,6 +94,16 @@ def test_allowed_urls_keys_and_tokenizers_pass_and_others_name_their_field() -> 
     assert "deps/models/../../etc" in (access.problem(ScriptedClientConfig(tokenizer="deps/models/../../etc")) or "")
 
 
+@pytest.mark.parametrize("tokenizer", ["t" * 5000, "a/" * 3000, "nul\x00byte"])
+def test_a_tokenizer_no_file_system_could_hold_is_a_bad_request_shown_cut(tokenizer: str) -> None:
+    """Before: `Path.exists` raised ENAMETOOLONG in the broker: internal_error and a traceback per request."""
+    message = refusal(checker(tokenizers=["deps/models"]), "run_rollout", {
+        "task_idx": 0, "client": {"type": "scripted", "tokenizer": tokenizer}, "sampling": SAMPLING,
+    })  # fmt: skip
+    assert "params.client.tokenizer" in message and "is not allowed by this server" in message
+    assert len(message) < 600
+
+
 def test_a_server_spawned_for_a_client_allows_exactly_that_client() -> None:
     client = EvalClientConfig(base_url=URL + "/v1", model="m", api_key_env="KEY")
     access = ModelAccessConfig.for_client(client)
