@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -119,6 +120,8 @@ def make_curve_keys(tmp_path: Path) -> CurveKeys:
     server_public, server_secret = zmq.auth.create_certificates(keys, "server")
     _, client_secret = zmq.auth.create_certificates(allowed, "client")
     _, stranger_secret = zmq.auth.create_certificates(strangers, "stranger")
+    for secret in (server_secret, client_secret, stranger_secret):
+        os.chmod(secret, 0o600)  # as docs/protocol.md makes them (umask 077)
     return CurveKeys(
         server=f'{{"secret_key_file": "{server_secret}", "client_keys_dir": "{allowed}"}}',
         client=CurveClientConfig(server_public_key_file=Path(server_public), secret_key_file=Path(client_secret)),

@@ -28,7 +28,7 @@ from envrl.envs.model_client import (
     TrainClientConfig,
 )
 from envrl.serve import protocol as p
-from envrl.serve.config import CurveClientConfig
+from envrl.serve.config import CurveClientConfig, load_secret_certificate
 from envrl.serve.zmqio import Frames, SocketPump
 from envrl.traces import Trace
 
@@ -98,11 +98,7 @@ class EnvClient:
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         if self.curve is not None:
             server_public, _ = zmq.auth.load_certificate(self.curve.server_public_key_file)
-            public, secret = zmq.auth.load_certificate(self.curve.secret_key_file)
-            if secret is None:
-                raise ValueError(
-                    f"curve.secret_key_file {self.curve.secret_key_file} holds no secret key (use the .key_secret file)"
-                )
+            public, secret = load_secret_certificate(self.curve.secret_key_file, "curve.secret_key_file")
             socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = server_public, public, secret
         monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         socket.connect(self.address)

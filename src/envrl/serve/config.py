@@ -90,6 +90,23 @@ class EnvSpec(BaseConfig):
     """Keyword arguments of the environment's `load_environment`."""
 
 
+def load_secret_certificate(path: Path, key: str) -> tuple[bytes, bytes]:
+    """(public, secret) keys of the CURVE certificate `path` (config key `key`); refuses a file other
+    users could read, as ssh does, since whoever reads it can pose as its owner."""
+    import zmq.auth  # pyzmq; imported here so the config module stays light
+
+    mode = path.stat().st_mode if path.exists() else None
+    if mode is not None and mode & 0o077:
+        raise ValueError(
+            f"{key} {path} is readable by other users (mode {mode & 0o777:o}): run `chmod 600 {path}` "
+            "(make keys under `umask 077`, docs/protocol.md)"
+        )
+    public, secret = zmq.auth.load_certificate(path)
+    if secret is None:
+        raise ValueError(f"{key} {path} holds no secret key (use the .key_secret file)")
+    return public, secret
+
+
 class CurveServerConfig(BaseConfig):
     """ZMQ CURVE authentication and encryption (files made by `zmq.auth.create_certificates`)."""
 

@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 import zmq.auth
 
-from envrl.serve.config import CurveServerConfig, EnvServerConfig
+from envrl.serve.config import CurveServerConfig, EnvServerConfig, load_secret_certificate
 
 
 @dataclass(eq=False)
@@ -110,11 +110,7 @@ def bind_workers(context: zmq.Context[zmq.Socket[bytes]], directory: str) -> tup
 def _enable_curve(context: zmq.Context[zmq.Socket[bytes]], sock: zmq.Socket[bytes], curve: CurveServerConfig) -> Any:
     if not curve.client_keys_dir.is_dir():
         raise ValueError(f"curve.client_keys_dir {curve.client_keys_dir} is not a directory of client public keys")
-    public, secret = zmq.auth.load_certificate(curve.secret_key_file)
-    if secret is None:
-        raise ValueError(
-            f"curve.secret_key_file {curve.secret_key_file} holds no secret key (use the .key_secret file)"
-        )
+    public, secret = load_secret_certificate(curve.secret_key_file, "curve.secret_key_file")
     from zmq.auth.thread import ThreadAuthenticator
 
     authenticator = ThreadAuthenticator(context)

@@ -1,11 +1,15 @@
 """Env server config: loopback rules, pool union, and passing a config to a child process intact."""
 
+import os
+from pathlib import Path
+
 import pytest
+import zmq.auth
 
 from envrl.config import ConfigError, _split_argv, resolve_config
 from envrl.net import is_loopback
 from envrl.process import config_argv
-from envrl.serve.config import ElasticPoolConfig, EnvServerConfig, StaticPoolConfig
+from envrl.serve.config import ElasticPoolConfig, EnvServerConfig, StaticPoolConfig, load_secret_certificate
 
 
 @pytest.mark.parametrize(
@@ -58,3 +62,15 @@ def test_config_argv_rebuilds_the_same_config_in_a_child() -> None:
     )
     parsed = _split_argv(config_argv(config))
     assert resolve_config(EnvServerConfig, parsed.config_files, parsed.overrides) == config
+
+
+def test_a_secret_key_other_users_can_read_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    _, secret = zmq.auth.create_certificates(tmp_path, "server")
+    os.chmod(secret, 0o644)
+    with pytest.raises(
+        ValueError, match=rf"curve.secret_key_file {secret} is readable by other users \(mode 644\): run `chmod 600"
+    ):
+        load_secret_certificate(Path(secret), "curve.secret_key_file")
+    os.chmod(secret, 0o600)
+    public, key = load_secret_certificate(Path(secret), "curve.secret_key_file")
+    assert len(public) == len(key) == 40
