@@ -5,13 +5,16 @@ answering the others."""
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import zmq
 
-from tests.integration.env_servers import raw_exchange, running_env_server
+from envrl.serve.protocol import WORKER_DONE, WORKER_READY
+from tests.integration.bad_envs import SLEEP as SLEEP_TASK
+from tests.integration.env_servers import SAMPLING, SCRIPTED, raw_exchange, running_env_server
 
 METHODS = ["health", "info", "run_rollout", "run_group", "cancel", "reboot"]
 PARAM_KEYS = ["task_idx", "split", "client", "sampling", "seed", "n", "request_id", "retry", "type"]
@@ -79,3 +82,42 @@ def test_a_client_sending_decode_bombs_does_not_stop_the_others_being_answered(t
             hostile.close()
         assert [a["id"] for a in answers] == [f"h{i}" for i in range(5)] and all(a["ok"] for a in answers)
         assert server.child.poll() is None
+
+
+def rollout_request(request_id: str, task_idx: int) -> bytes:
+    params = {"task_idx": task_idx, "client": SCRIPTED, "sampling": SAMPLING}
+    return msgpack.packb({"id": request_id, "method": "run_rollout", "params": params})
+
+
+def test_only_the_servers_own_workers_can_answer_on_its_worker_socket(tmp_path: Path) -> None:
+    """A process on the node reads the worker socket's path from a worker's command line and
+    answers a running rollout with a forged reward, then says `ready` under a made-up name.
+    Before: the forged answer reached the client, and the `ready` crashed the server."""
+    args = ["--pool", '{"type": "static", "num_workers": 1}', "--env.args", '{"sleep": 1.0}']
+    with running_env_server(tmp_path, *args) as server:
+        [worker] = server.workers()
+        cmdline = Path(f"/proc/{worker}/cmdline").read_bytes().decode().split("\0")
+        address = cmdline[cmdline.index("--address") + 1]
+        forged = msgpack.packb({"id": "slow", "ok": True, "result": {"reward": 999.0}})
+        context = zmq.Context.instance()
+        client = context.socket(zmq.DEALER)
+        client.setsockopt(zmq.LINGER, 0)
+        client.setsockopt(zmq.RCVTIMEO, 30_000)
+        client.connect(server.address)
+        stranger = context.socket(zmq.DEALER)
+        stranger.setsockopt(zmq.LINGER, 0)
+        stranger.setsockopt(zmq.IDENTITY, b"not-a-worker")
+        stranger.connect(address)
+        try:
+            client.send(rollout_request("slow", SLEEP_TASK))
+            time.sleep(0.3)  # the rollout is running (it sleeps 1 s); forge its answer now
+            for token in range(8):
+                stranger.send_multipart([WORKER_DONE, msgpack.packb([token]), forged])
+            stranger.send(WORKER_READY)
+            answer = msgpack.unpackb(client.recv())
+        finally:
+            client.close()
+            stranger.close()
+        assert answer["id"] == "slow" and answer["ok"] and answer["result"]["reward"] == 1.0, answer
+        assert server.child.poll() is None, "the server died"
+        assert "from an unknown peer" in server.log_file.read_text()

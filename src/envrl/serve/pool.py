@@ -11,6 +11,7 @@ decision here without spawning anything.
 from __future__ import annotations
 
 import math
+import secrets
 import signal
 import time
 from dataclasses import dataclass, field
@@ -40,11 +41,9 @@ class WorkerHandle:
     load: set[int] = field(default_factory=set)
     """Tokens of the requests it is running."""
     idle_since: float = field(default_factory=time.monotonic)
-    identity: bytes = b""
-    """Its socket identity on the pool socket (its id as text)."""
-
-    def __post_init__(self) -> None:
-        self.identity = str(self.id).encode()
+    identity: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
+    """Its socket identity on the pool socket: random, handed only to its process, so no other
+    peer on the ipc socket can pose as it (frames from unknown identities are ignored)."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +99,12 @@ class WorkerPool:
         worker = self.workers[worker_id] = WorkerHandle(worker_id)
         return worker
 
-    def mark_ready(self, identity: bytes) -> None:
-        worker = self.workers.get(int(identity))
-        if worker is not None and not worker.ready:
+    def by_identity(self, identity: bytes) -> WorkerHandle | None:
+        """The live worker whose socket identity this is (None: not one of ours)."""
+        return next((w for w in self.workers.values() if w.identity == identity), None)
+
+    def mark_ready(self, worker: WorkerHandle) -> None:
+        if not worker.ready:
             worker.ready = True
             worker.idle_since = time.monotonic()
             self.startup_failures = 0

@@ -7,6 +7,7 @@ and `stop_all` returns only when none is left running (SIGKILL after `grace`). A
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -14,7 +15,7 @@ from loguru import logger
 
 from envrl.process import Child, config_argv, spawn
 from envrl.serve.config import EnvServerConfig
-from envrl.serve.worker import WorkerConfig
+from envrl.serve.worker import WORKER_IDENTITY_ENV, WorkerConfig
 
 
 class WorkerProcesses:
@@ -26,15 +27,16 @@ class WorkerProcesses:
         self.by_exit_fd: dict[int, int] = {}
         """Worker id by the exit fd of its process (poll these to see deaths)."""
 
-    def start(self, worker_id: int) -> int:
-        """Spawn worker `worker_id`; return its exit fd."""
+    def start(self, worker_id: int, identity: bytes) -> int:
+        """Spawn worker `worker_id`, whose socket identity is `identity`; return its exit fd."""
         config = self.config
         spec = WorkerConfig(
             worker_id=worker_id, address=self.pool_address, env=config.env, timeout=config.timeout,
             log_file=config.log_file, log_level=config.log_level,
         )  # fmt: skip
         argv = [sys.executable, "-m", "envrl.serve.worker", *config_argv(spec)]
-        child = spawn(argv, name=f"env worker {worker_id}")
+        environ = {**os.environ, WORKER_IDENTITY_ENV: identity.decode()}  # not argv: others can read that
+        child = spawn(argv, name=f"env worker {worker_id}", env=environ)
         child.log_file = config.log_file
         self.children[worker_id] = child
         self.by_exit_fd[child.exit_fd] = worker_id

@@ -78,6 +78,7 @@ class EnvServer:
         self.next_scale = 0.0
         self.error_log = Throttle()
         """Bounds the tracebacks a flood of failing requests writes."""
+        self.stranger_log = Throttle()
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -122,7 +123,7 @@ class EnvServer:
         if self.draining_until is None:
             plan = self.pool.scale(len(self.requests), now)
             for worker in plan.started:
-                self.poller.register(self.processes.start(worker.id), zmq.POLLIN)
+                self.poller.register(self.processes.start(worker.id, worker.identity), zmq.POLLIN)
             for worker in plan.retired:
                 self._send_op(worker.id, [p.OP_STOP, 0])
         if self.pool.broken:
@@ -323,13 +324,25 @@ class EnvServer:
         """A worker's `ready`, or its finished answers ([done, tokens, frame, ...]): forward each
         to its client (`_finish`); answers to requests already answered are dropped."""
         for frames in recv_batch(self.sockets.workers, MAX_BATCH):
-            if frames[1] == p.WORKER_READY:
-                self.pool.mark_ready(frames[0])
+            worker = self.pool.by_identity(frames[0])
+            if worker is None:
+                self._on_stranger(frames)
+                continue
+            if frames[1:2] == [p.WORKER_READY]:
+                self.pool.mark_ready(worker)
                 continue
             for token, frame in zip(p.decode(frames[2]), frames[3:], strict=False):
                 request = self.requests.by_token.get(token)
-                if request is not None:
+                if request is not None and request.worker == worker.id:  # only what it was given
                     self._finish(request, frame)
+
+    def _on_stranger(self, frames: list[bytes]) -> None:
+        """A frame on the worker socket from a peer that is none of our workers: ignored, and logged
+        at most a burst a minute (a process on the node is probing the socket)."""
+        report, held_back = self.stranger_log.allow()
+        if report:
+            more = f" ({held_back} more since the last report)" if held_back else ""
+            logger.warning(f"ignored a {len(frames)}-frame message on the worker socket from an unknown peer{more}")
 
     def _on_worker_exit(self, worker: WorkerHandle, child: Child) -> None:
         """Log a worker's death; re-run or answer `worker_died` the requests it was running."""

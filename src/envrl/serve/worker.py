@@ -13,6 +13,7 @@ from envrl.lifeline import die_with_parent
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
 import asyncio
+import os
 import signal
 import sys
 from collections import OrderedDict
@@ -38,6 +39,9 @@ SWEEP_INTERVAL = 0.1
 """Seconds between checks for rollouts past `timeout.rollout` (one sweep instead of a timer each)."""
 UNENCODABLE_ERRORS = (TypeError, ValueError, OverflowError)
 """What msgpack raises for a value it cannot carry: an unsupported type, a non-str key, an int past 64 bits."""
+WORKER_IDENTITY_ENV = "ENVRL_WORKER_IDENTITY"
+"""The worker's socket identity on its server's pool socket, set by the server; the worker takes
+it out of its environment at start, so nothing it runs (envs, forked scoring) inherits it."""
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 """The request a rollout task serves: tags every log line the task (or the env in it) writes."""
 
@@ -57,7 +61,7 @@ class WorkerConfig(BaseConfig):
 class Worker:
     """Runs the requests its server assigns it; construct it inside its event loop."""
 
-    def __init__(self, config: WorkerConfig, env: Any) -> None:
+    def __init__(self, config: WorkerConfig, env: Any, identity: bytes) -> None:
         self.config = config
         self.env = env
         self.running: dict[int, asyncio.Task[None]] = {}
@@ -74,7 +78,7 @@ class Worker:
         socket = zmq.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
-        socket.setsockopt(zmq.IDENTITY, str(config.worker_id).encode())
+        socket.setsockopt(zmq.IDENTITY, identity)
         socket.connect(config.address)
         self.pump = SocketPump(socket, self._on_messages, on_flush=self._flush)
 
@@ -248,8 +252,8 @@ def _sendable(task: Task, trace: Trace) -> Trace:
         return Trace.from_error(task, Error(type=p.UNENCODABLE, message=message))
 
 
-async def _serve(config: WorkerConfig, env: Any) -> None:
-    await Worker(config, env).serve()
+async def _serve(config: WorkerConfig, env: Any, identity: bytes) -> None:
+    await Worker(config, env, identity).serve()
 
 
 def _tag_request(record: Any) -> None:
@@ -260,6 +264,9 @@ def _tag_request(record: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(WorkerConfig, argv, prog="env-worker")
+    identity = os.environ.pop(WORKER_IDENTITY_ENV, "").encode()
+    if not identity:
+        sys.exit(f"env-worker: {WORKER_IDENTITY_ENV} is not set: workers are started by their env server")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us in order
     setup_logging(LogConfig(level=config.log_level, file=config.log_file), process=f"env-worker[{config.worker_id}]")
     logger.configure(patcher=_tag_request)
@@ -268,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
         sys.exit(1)
-    asyncio.run(_serve(config, env))
+    asyncio.run(_serve(config, env, identity))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ def ready_pool(config: StaticPoolConfig | ElasticPoolConfig, now: float = 0.0) -
     """A pool scaled once for no demand, every worker it started ready."""
     pool = WorkerPool(config)
     for worker in pool.scale(0, now).started:
-        pool.mark_ready(worker.identity)
+        pool.mark_ready(worker)
     return pool
 
 
@@ -51,7 +51,7 @@ def test_pick_skips_workers_that_are_starting_or_retiring() -> None:
     pool = WorkerPool(StaticPoolConfig(num_workers=2, multiplex=2))
     first, second = pool.scale(0, 0.0).started
     assert pool.pick() is None  # none ready yet
-    pool.mark_ready(second.identity)
+    pool.mark_ready(second)
     assert pool.pick() is second
     second.retiring = True
     assert pool.pick() is None
@@ -80,7 +80,7 @@ def test_an_elastic_pool_grows_once_demand_passes_grow_at_of_live_capacity() -> 
 def test_idle_workers_above_min_retire_only_after_idle_timeout_and_never_busy_ones() -> None:
     pool = WorkerPool(elastic(idle_timeout=10.0, grow_at=1.0))
     for worker in pool.scale(12, 0.0).started:  # 3 workers
-        pool.mark_ready(worker.identity)
+        pool.mark_ready(worker)
     busy = pool.workers[0]
     pool.assign(busy, 7)
     for worker in pool.workers.values():
@@ -95,7 +95,7 @@ def test_idle_workers_above_min_retire_only_after_idle_timeout_and_never_busy_on
 def test_retiring_keeps_min_workers_even_when_all_are_idle() -> None:
     pool = WorkerPool(elastic(min_workers=2, idle_timeout=1.0, grow_at=1.0))
     for worker in pool.scale(16, 0.0).started:
-        pool.mark_ready(worker.identity)
+        pool.mark_ready(worker)
     for worker in pool.workers.values():
         worker.idle_since = 0.0
     assert len(pool.scale(0, 50.0).retired) == 2 and len(pool.live) == 2
@@ -112,7 +112,7 @@ def test_a_dead_worker_is_replaced_at_the_next_scale() -> None:
 def test_a_retired_worker_leaving_is_not_a_failure_and_is_not_replaced_beyond_min() -> None:
     pool = WorkerPool(elastic(idle_timeout=1.0, grow_at=1.0))
     for worker in pool.scale(8, 0.0).started:
-        pool.mark_ready(worker.identity)
+        pool.mark_ready(worker)
         worker.idle_since = 0.0
     (retired,) = pool.scale(0, 5.0).retired
     pool.remove(retired.id, 0)
@@ -125,7 +125,7 @@ def test_start_up_failures_in_a_row_break_the_pool_and_a_ready_worker_resets_the
         (worker,) = pool.scale(0, 0.0).started
         pool.remove(worker.id, 1)
     (worker,) = pool.scale(0, 0.0).started
-    pool.mark_ready(worker.identity)
+    pool.mark_ready(worker)
     assert pool.startup_failures == 0
     pool.remove(worker.id, -signal.SIGSEGV)  # a crash after ready: not a start-up failure
     for _ in range(MAX_STARTUP_FAILURES):
