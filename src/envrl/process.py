@@ -39,10 +39,11 @@ ALLOWED_ENV = frozenset(
     {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE", "TMPDIR", "VIRTUAL_ENV",
      "PYTHONPATH", "PYTHONHASHSEED", "UV_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
      "TRANSFORMERS_OFFLINE", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY",
-     "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"}
+     "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "UV_PYTHON_INSTALL_DIR", "UV_OFFLINE", "ENVRL_CHAOS_RUN"}
 )  # fmt: skip
 """What a process running model-driven code (an env server, its workers, their harness programs)
-inherits from the launcher: locale, paths, caches and proxies; no tokens or keys."""
+inherits from the launcher: locale, paths, caches and proxies, and the run marker by which the
+chaos scripts and tests find every process of a run; no tokens or keys."""
 ALLOWED_ENV_PREFIXES = ("LC_", "ENVRL_OPENENV_URL_")
 
 

@@ -189,6 +189,11 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
             "--enable-scale-out"]  # fmt: skip
     argv += option_argv(options)
     logger.info(f"vLLM options: {' '.join(argv)}")
+    if config.reload.token() is None:  # off loopback the config demands one; `rl` always hands one on
+        logger.warning(
+            f"/update_weights takes no token: any local process can replace the served weights; set "
+            f"{config.reload.token_env} (inference.reload.token_env) for this server and its callers (docs/inference.md)"
+        )
     args = parser.parse_args(argv)
     validate_parsed_serve_args(args)
     return args
