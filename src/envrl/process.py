@@ -201,20 +201,23 @@ class Child:
             self.exit_fd = -1
 
 
-def _live_children() -> dict[int, list[int]]:
-    """Every process's live (not yet exited) children, read from /proc: ppid -> pids."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_bytes()
-        except OSError:
-            continue  # gone meanwhile
-        state, ppid = stat[stat.rindex(b")") + 2 :].split()[:2]
-        if state not in (b"Z", b"X"):
-            children.setdefault(int(ppid), []).append(int(entry))
-    return children
+def _children(pid: int) -> list[int]:
+    """`pid`'s children, exited ones too (Linux's /proc/PID/task/TID/children); none once it is gone."""
+    found: list[int] = []
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                found += map(int, Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Not yet exited (a zombie waiting for its reaper has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 def kill_tree(root: int) -> None:
@@ -222,17 +225,18 @@ def kill_tree(root: int) -> None:
 
     `root` must be a subreaper (`lifeline.become_subreaper`) that is stopped or is the caller:
     then the orphans of a killed process come back to `root` and the next pass finds them, and
-    a daemon that double-forked and called setsid is still a descendant. Walking /proc, not
-    process groups or sessions: those a program leaves with one setsid; a pid namespace or a
-    cgroup would need privileges envrl does not have.
+    a daemon that double-forked and called setsid is still a descendant. Walking the tree of
+    /proc/PID/task/TID/children (a kernel with CONFIG_PROC_CHILDREN, as distribution kernels
+    have), not process groups or sessions: those a program leaves with one setsid; a pid
+    namespace or a cgroup would need privileges envrl does not have.
     """
     while True:
-        tree, found = _live_children(), []
-        stack = list(tree.get(root, []))
+        found, stack = [], _children(root)
         while stack:
             pid = stack.pop()
-            found.append(pid)
-            stack += tree.get(pid, [])
+            if _running(pid):
+                found.append(pid)
+                stack += _children(pid)
         if not found:
             return
         for pid in found:
