@@ -29,6 +29,7 @@ from loguru import logger
 from pydantic import BaseModel, Field
 
 from envrl.config import BaseConfig
+from envrl.inference.config import API_KEY_ENV
 from envrl.lifeline import PARENT_PID_ENV
 
 READY_FD_ENV = "ENVRL_READY_FD"
@@ -39,11 +40,12 @@ ALLOWED_ENV = frozenset(
     {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE", "TMPDIR", "VIRTUAL_ENV",
      "PYTHONPATH", "PYTHONHASHSEED", "UV_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
      "TRANSFORMERS_OFFLINE", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY",
-     "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "UV_PYTHON_INSTALL_DIR", "UV_OFFLINE", "ENVRL_CHAOS_RUN"}
+     "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "UV_PYTHON_INSTALL_DIR", "UV_OFFLINE", "ENVRL_CHAOS_RUN", API_KEY_ENV}
 )  # fmt: skip
 """What a process running model-driven code (an env server, its workers, their harness programs)
-inherits from the launcher: locale, paths, caches and proxies, and the run marker by which the
-chaos scripts and tests find every process of a run; no tokens or keys."""
+inherits from the launcher: locale, paths, caches and proxies, the run marker by which the
+chaos scripts and tests find every process of a run, and the inference API key (it allows only
+what an env server does anyway: generate); no other tokens or keys."""
 ALLOWED_ENV_PREFIXES = ("LC_", "ENVRL_OPENENV_URL_")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from envrl.inference.config import RELOAD_TOKEN_ENV
+from envrl.inference.config import API_KEY_ENV, RELOAD_TOKEN_ENV
 from scripts.chaos.harness import marked_pids
 from tests.integration.smoke import finish, metrics, rl_process
 
@@ -39,6 +39,15 @@ def _post_update(port: int, headers: dict[str, str]) -> int:
         data=json.dumps({"path": "/nonexistent", "step": 10_000}).encode(),
         headers={"Content-Type": "application/json", **headers},
     )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _get(port: int, path: str, headers: dict[str, str]) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status
@@ -86,3 +95,22 @@ def test_reload_needs_the_run_s_token_and_env_servers_see_neither_it_nor_rl_s_se
         p.read_text(errors="replace") for p in out.rglob("*") if p.is_file() and p.suffix in (".log", ".toml", ".txt")
     )
     assert token not in logged and token not in console
+
+
+def test_with_an_api_key_set_vllm_s_routes_demand_it_and_the_run_s_clients_send_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(API_KEY_ENV, "run-api-key")
+    out = tmp_path / "keyed"
+    with rl_process(out, "--max-steps", "2") as (proc, _):
+        port = int(proc.args[proc.args.index("--inference.port") + 1])  # type: ignore[union-attr]
+        deadline = time.monotonic() + 900
+        while not _healthy(port):
+            assert proc.poll() is None, finish(proc, 10)[1][-3000:]
+            assert time.monotonic() < deadline, "the inference server never became healthy"
+            time.sleep(0.2)
+        assert _get(port, "/v1/models", {}) == 401
+        assert _get(port, "/v1/models", {"Authorization": "Bearer run-api-key"}) == 200
+        code, console = finish(proc, timeout=1500)
+    assert code == 0, console[-3000:]  # the orchestrator and the env servers generated with the key
+    assert [m["step"] for m in metrics(out) if "trainer/loss" in m] == [0, 1]
