@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -35,7 +36,7 @@ after which vLLM's uvicorn closes idle connections itself (`VLLM_HTTP_TIMEOUT_KE
 reuse does not race the server's close."""
 
 
-def keep_alive_session() -> aiohttp.ClientSession:
+def keep_alive_session(headers: Mapping[str, str] | None = None) -> aiohttp.ClientSession:
     """An aiohttp session for the hot generation path: every connection kept alive, none capped.
 
     Why not httpx here: httpcore's pool scans every pooled connection (a readability syscall per
@@ -45,7 +46,9 @@ def keep_alive_session() -> aiohttp.ClientSession:
     kept-alive connections hides that by reconnecting the rest. aiohttp's connector reuses an
     idle connection in O(1). Create it inside the event loop that uses it.
     """
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_EXPIRY_S))
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_EXPIRY_S), headers=headers
+    )
 
 
 class HttpCallError(RuntimeError):

@@ -24,6 +24,7 @@ ORPHAN_GRACE_S = 15.0
 launcher's own `shutdown_grace` plays this part while it lives)."""
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _parent = 0
 """The pid `die_with_parent` watches (0: none)."""
 
@@ -32,6 +33,13 @@ def set_parent_death_signal(sig: int) -> None:
     """Ask Linux to send `sig` to this process when its parent thread dies (no-op elsewhere)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def become_subreaper() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux only), so a daemon that a
+    child starts (double fork, setsid) stays among this process's descendants, where `kill_tree` finds it."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0, kill_after: float = ORPHAN_GRACE_S) -> None:

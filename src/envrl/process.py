@@ -6,7 +6,9 @@ first), and so do grandchildren started by a child that called `adopt_children` 
 ranks, which live in sessions of their own), its exit is observable at once through a
 pollable fd, and a sidecar that dies or stalls before reporting ready raises `ChildFailed`
 naming it, its exit status and the tail of its log. A `RestartBudget` allows at most
-`max_restarts` restarts within any `window_s` seconds, each after a doubling backoff.
+`max_restarts` restarts within any `window_s` seconds, each after a doubling backoff. A child
+started with `allowed_environ(...)` sees only the allow-listed variables (never the launcher's
+tokens or keys), and `kill_tree` leaves no live descendant of a subreaper behind, daemons included.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +29,31 @@ from loguru import logger
 from pydantic import BaseModel, Field
 
 from envrl.config import BaseConfig
+from envrl.inference.config import API_KEY_ENV
 from envrl.lifeline import PARENT_PID_ENV
 
 READY_FD_ENV = "ENVRL_READY_FD"
 """Set by `spawn_sidecar`: the pipe fd on which the child writes its ready line."""
 READY_PREFIX = "envrl-ready "
 """Prefix of the one stdout line (and pipe line) a sidecar writes when it is ready."""
+ALLOWED_ENV = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE", "TMPDIR", "VIRTUAL_ENV",
+     "PYTHONPATH", "PYTHONHASHSEED", "UV_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
+     "TRANSFORMERS_OFFLINE", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY",
+     "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "UV_PYTHON_INSTALL_DIR", "UV_OFFLINE", "ENVRL_CHAOS_RUN", API_KEY_ENV}
+)  # fmt: skip
+"""What a process running model-driven code (an env server, its workers, their harness programs)
+inherits from the launcher: locale, paths, caches and proxies, the run marker by which the
+chaos scripts and tests find every process of a run, and the inference API key (it allows only
+what an env server does anyway: generate); no other tokens or keys."""
+ALLOWED_ENV_PREFIXES = ("LC_", "ENVRL_OPENENV_URL_")
+
+
+def allowed_environ(passed: Iterable[str] = (), environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The part of `environ` an untrusted child may see: `ALLOWED_ENV`, `ALLOWED_ENV_PREFIXES`, and
+    the names in `passed` (an env's `pass_env`, its model clients' `api_key_env`s)."""
+    wanted = ALLOWED_ENV | set(passed)
+    return {k: v for k, v in environ.items() if k in wanted or k.startswith(ALLOWED_ENV_PREFIXES)}
 
 
 class RestartPolicy(BaseConfig):
@@ -180,6 +201,50 @@ class Child:
         if self.exit_fd >= 0:
             os.close(self.exit_fd)
             self.exit_fd = -1
+
+
+def _children(pid: int) -> list[int]:
+    """`pid`'s children, exited ones too (Linux's /proc/PID/task/TID/children); none once it is gone."""
+    found: list[int] = []
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                found += map(int, Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Not yet exited (a zombie waiting for its reaper has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL every live descendant of `root` (not `root` itself), until none is left.
+
+    `root` must be a subreaper (`lifeline.become_subreaper`) that is stopped or is the caller:
+    then the orphans of a killed process come back to `root` and the next pass finds them, and
+    a daemon that double-forked and called setsid is still a descendant. Walking the tree of
+    /proc/PID/task/TID/children (a kernel with CONFIG_PROC_CHILDREN, as distribution kernels
+    have), not process groups or sessions: those a program leaves with one setsid; a pid
+    namespace or a cgroup would need privileges envrl does not have.
+    """
+    while True:
+        found, stack = [], _children(root)
+        while stack:
+            pid = stack.pop()
+            if _running(pid):
+                found.append(pid)
+                stack += _children(pid)
+        if not found:
+            return
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)  # let the killed exit, so the next pass sees what was reparented
 
 
 def spawn(

@@ -17,6 +17,12 @@ processes. Answers come back as msgpack, never pickle: a child that runs model-w
 cannot make the parent run code by what it writes to the pipe. So a result must be msgpack data
 (numbers, str, bytes, lists, str-keyed maps; tuples come back as lists, numpy scalars as Python
 numbers).
+Nothing a function starts outlives its child, however it detached (double fork, setsid): the
+child is a subreaper, so every process started under it stays its descendant, and the child
+(stopped first when killed from outside) SIGKILLs all of them before it exits or is killed
+(`process.kill_tree`: a /proc walk, since a process group is left with one setsid and a pid
+namespace or cgroup needs privileges). Only the parent's own SIGKILL, which kills the child by
+its parent-death signal, leaves them behind.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from typing import Any
 
 import msgpack
 
-from envrl.lifeline import set_parent_death_signal
+from envrl.lifeline import become_subreaper, set_parent_death_signal
+from envrl.process import kill_tree
 
 MAX_SHARED = 64
 """Calls one child runs at most (a bound on how long later calls wait behind slow ones)."""
@@ -69,9 +76,12 @@ class _Child:
     """Its wait status once reaped (None if someone else reaped it)."""
 
     def kill_and_reap(self) -> None:
+        """SIGKILL the child and every process it started, daemons included (module docstring)."""
         if self.reaped:
             return
         with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGSTOP)  # it starts no more processes and reaps none
+            kill_tree(self.pid)
             os.kill(self.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             self.status = os.waitpid(self.pid, 0)[1]
@@ -95,6 +105,7 @@ def _answer(fn: Callable[[], Any]) -> bytes:
 def _child(fns: list[Callable[[], Any]], fd: int) -> None:
     """Runs in the child: answers each function in order; never returns, never runs the parent's cleanup code."""
     set_parent_death_signal(signal.SIGKILL)  # die with the parent, even when it is SIGKILLed
+    become_subreaper()  # what fn starts stays our descendant: kill_tree finds it, however it detached
     signal.set_wakeup_fd(-1)  # signals to the child must not wake the parent's event loop
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
@@ -104,6 +115,7 @@ def _child(fns: list[Callable[[], Any]], fd: int) -> None:
                 pipe.write(_answer(fn))
                 pipe.flush()
     finally:
+        kill_tree(os.getpid())  # nothing fn started outlives its answer
         os._exit(0)
 
 
@@ -195,8 +207,7 @@ class _Forker:
                 self.queue.remove(call)
         elif not child.reaped:
             child.stopped = True
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGKILL)
+            child.kill_and_reap()
 
     def _start(self) -> None:
         while self.children < self.slots and self.queue:

@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel
 
 from envrl.http import HttpCallError, RetryPolicy, keep_alive_session, request_json
+from envrl.inference.config import api_key
 
 
 class TokenCompletion(BaseModel):
@@ -62,7 +63,10 @@ class InferenceClient:
         self._session: aiohttp.ClientSession | None = None
         """Generation and model info: every rollout's call keeps its connection (`keep_alive_session`),
         made on first use, in the event loop that uses it."""
-        self._http = httpx.AsyncClient()
+        key = api_key()
+        self._auth = {"Authorization": f"Bearer {key}"} if key else {}
+        """vLLM's `--api-key` (`API_KEY_ENV`), sent on every call but the reload (which sends its token)."""
+        self._http = httpx.AsyncClient(headers=self._auth)
         self._reload_http = httpx.AsyncClient(
             headers={"Authorization": f"Bearer {reload_token}"} if reload_token else None
         )
@@ -171,7 +175,7 @@ class InferenceClient:
 
     def _generation(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = keep_alive_session()
+            self._session = keep_alive_session(self._auth)
         return self._session
 
     async def aclose(self) -> None:

@@ -25,10 +25,11 @@ import httpx
 from loguru import logger
 
 from envrl.config import ConfigError
-from envrl.inference.config import InferenceConfig
+from envrl.inference.config import API_KEY_ENV, InferenceConfig, api_key
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
 from envrl.log import LogConfig, setup_logging
+from envrl.net import is_loopback_host
 from envrl.process import Child, config_argv, spawn
 
 CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "enable_chunked_prefill": False}
@@ -189,6 +190,18 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
             "--enable-scale-out"]  # fmt: skip
     argv += option_argv(options)
     logger.info(f"vLLM options: {' '.join(argv)}")
+    if (key := api_key()) is not None:  # vLLM's --api-key, by environment: never in argv or a log
+        os.environ["VLLM_API_KEY"] = key
+    elif not is_loopback_host(config.host):
+        logger.warning(
+            f"inference.host = {config.host!r} is not loopback and {API_KEY_ENV} is unset: whoever reaches it can "
+            f"generate and abort requests; set {API_KEY_ENV} for this server and its callers (docs/running.md)"
+        )
+    if config.reload.token() is None:  # off loopback the config demands one; `rl` always hands one on
+        logger.warning(
+            f"/update_weights takes no token: any local process can replace the served weights; set "
+            f"{config.reload.token_env} (inference.reload.token_env) for this server and its callers (docs/inference.md)"
+        )
     args = parser.parse_args(argv)
     validate_parsed_serve_args(args)
     return args

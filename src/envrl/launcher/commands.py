@@ -1,24 +1,30 @@
 """The command line, environment and log file of every process `rl` starts.
 
 Guarantee: `rl` starts exactly the commands `rl --dry-run` prints, since both come from
-`launch_plan`; `env` holds only what differs from `rl`'s own environment. The trainer runs under
-torchrun (`envrl.launcher.torchrun`, rendezvous on loopback) when it has more than one rank, and
-as a plain process with one.
+`launch_plan`; `env` holds only what differs from `rl`'s own environment. Every run has a fresh
+random `/update_weights` token (or the one already in `rl`'s environment), handed to the inference
+servers and the orchestrator in their environment only: never in argv, a file or a log. Env
+servers (which run model-driven code) get an allow-list of `rl`'s environment
+(`process.allowed_environ`, plus the env's `pass_env` and its clients' `api_key_env`), never the
+token. The trainer runs under torchrun (`envrl.launcher.torchrun`, rendezvous bound to loopback)
+when it has more than one rank, and as a plain process with one.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from envrl import layout
 from envrl.launcher.config import ResolvedRun
 from envrl.launcher.cpus import CpuPlan, trainer_env, vllm_is_cpu_build
 from envrl.launcher.placement import Placement
+from envrl.process import allowed_environ
 
 TORCHRUN_RANK_ENV = "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
 """What torchrun adds to each rank's environment (the only per-rank difference)."""
@@ -29,6 +35,10 @@ class Command(BaseModel):
     argv: list[str]
     env: dict[str, str] = {}
     """Variables set on top of `rl`'s environment."""
+    secret_env: dict[str, str] = Field({}, exclude=True, repr=False)
+    """Variables set like `env` but never shown (`shell`, dumps, reprs): the reload token."""
+    allowed_env: list[str] | None = None
+    """None: `rl`'s whole environment; else only `process.allowed_environ` with these names too."""
     log_file: Path
     note: str = ""
     """What the command line alone does not show (torchrun's per-rank variables)."""
@@ -36,11 +46,13 @@ class Command(BaseModel):
     def shell(self) -> str:
         """The command as one shell line, its environment variables first."""
         assignments = [f"{key}={shlex.quote(value)}" for key, value in self.env.items()]
+        assignments += [f"{key}=<secret>" for key in self.secret_env]
         return " ".join([*assignments, shlex.join(self.argv)])
 
-    def environ(self) -> dict[str, str] | None:
-        """The child's whole environment (None: `rl`'s own, unchanged)."""
-        return {**os.environ, **self.env} if self.env else None
+    def environ(self) -> dict[str, str]:
+        """The child's whole environment."""
+        inherited = os.environ if self.allowed_env is None else allowed_environ(self.allowed_env)
+        return {**inherited, **self.env, **self.secret_env}
 
 
 class LaunchPlan(BaseModel):
@@ -85,13 +97,17 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
     trainer_vars = {**placement.trainer_env(), **trainer_env(cpus, vllm_is_cpu_build(), run.trainer.max_async_level)}
     if cpus is not None and ranks > 1:  # the ranks share the trainer's cores
         trainer_vars["OMP_NUM_THREADS"] = str(max(1, len(cpus.trainer) // ranks))
+    token_env = run.inference.reload.token_env
+    token = {token_env: run.inference.reload.token() or secrets.token_urlsafe(32)}
     servers = []
     for server in run.env_servers:
         key = env_server_key(server.split, server.name)
+        allowed = sorted({*server.pass_env, *server.config.model_access.api_key_envs} - {token_env})
         servers.append(
             Command(
                 name=f"{server.split} env server {server.name!r}",
                 argv=[server.python, "-m", "envrl.serve.main", "--config", str(config_file(out, key))],
+                allowed_env=allowed,
                 log_file=layout.env_log_file(out, server.split, server.name),
             )
         )
@@ -101,6 +117,7 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
                 name=name,
                 argv=[python, "-m", "envrl.inference.main", "--config", str(config_file(out, name))],
                 env={**placement.inference_env(i), **(cpus.inference_env() if cpus else {})},
+                secret_env=token,
                 log_file=logs / f"{name}.log",
             )
             for i, name in enumerate(run.inference_replicas())
@@ -116,6 +133,7 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
         orchestrator=Command(
             name="orchestrator",
             argv=[python, "-m", "envrl.orchestrator.main", "--config", str(config_file(out, "orchestrator"))],
+            secret_env=token,
             log_file=logs / "orchestrator.log",
         ),
     )

@@ -68,6 +68,8 @@ class EnvServerLaunch(BaseModel):
     """The interpreter it runs in (the env's `python` or `project`, else the launcher's)."""
     restarts: RestartPolicy
     """How the launcher restarts it when it dies (the env's `restarts`)."""
+    pass_env: list[str] = []
+    """Variables of `rl`'s environment it gets beyond the allow-list (the env's `pass_env`)."""
 
 
 class ResolvedRun(BaseModel):
@@ -135,6 +137,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
                     config=_server_config(env, allowed),
                     python=env.interpreter(),
                     restarts=env.restarts,
+                    pass_env=env.pass_env,
                 )  # fmt: skip
             )
     run = ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)

@@ -194,9 +194,10 @@ def _start(run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: Cpu
         for child in inference.values():
             pin(child.popen.pid, cpus.inference)
     for server, command in zip(run.env_servers, plan.env_servers, strict=True):
-        argv, name, log_file = command.argv, command.name, command.log_file
-        child, address = spawn_sidecar(argv, name=name, log_file=log_file)
-        supervisor.add(child, respawn=partial(_restart_sidecar, argv, name, log_file), restarts=server.restarts)
+        child, address = spawn_sidecar(
+            command.argv, name=command.name, log_file=command.log_file, env=command.environ()
+        )
+        supervisor.add(child, respawn=partial(_restart_sidecar, command), restarts=server.restarts)
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
     trainer = _spawn(plan.trainer)
     if cpus is not None:
@@ -212,10 +213,10 @@ def _spawn(command: Command) -> Child:
     return spawn(command.argv, name=command.name, log_file=command.log_file, env=command.environ())
 
 
-def _restart_sidecar(argv: list[str], name: str, log_file: Path) -> Child:
+def _restart_sidecar(command: Command) -> Child:
     """The same server again: its config names its fixed address, so clients reconnect to it."""
-    child, address = spawn_sidecar(argv, name=name, log_file=log_file)
-    logger.info(f"{name} serving at {address} again")
+    child, address = spawn_sidecar(command.argv, name=command.name, log_file=command.log_file, env=command.environ())
+    logger.info(f"{command.name} serving at {address} again")
     return child
 
 

@@ -62,6 +62,11 @@ class EnvConfig(BaseConfig):
     reconnect_timeout: float = Field(300.0, gt=0)
     """Seconds to wait for a lost env server (connection dropped, or silent) to answer again before
     the orchestrator fails; rollouts lost with it are re-run once it is back."""
+    pass_env: list[str] = []
+    """Variables of the launcher's environment a spawned server of this env (its workers, the
+    programs they run) gets beyond the allow-list of locale, paths, caches and proxies
+    (`envrl.process.ALLOWED_ENV`), e.g. `["OPENAI_API_KEY"]`; a model client's `api_key_env` is
+    passed by itself. Tokens and keys not listed never reach model-driven code."""
     restarts: RestartPolicy = RestartPolicy()
     """Restarts of this env's server (on its address) when it dies: by the launcher under `rl`, by
     the orchestrator for a sidecar it spawned; an external `address` is not restarted by envrl."""

@@ -23,7 +23,7 @@ from loguru import logger
 from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.layout import env_log_file
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingParams
-from envrl.process import Child, ChildFailed, Restart, RestartBudget, config_argv, spawn_sidecar
+from envrl.process import Child, ChildFailed, Restart, RestartBudget, allowed_environ, config_argv, spawn_sidecar
 from envrl.seeds import attempt_seed
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
@@ -114,6 +114,7 @@ class Env:
         argv = [self.config.interpreter(), "-m", "envrl.serve.main", *config_argv(server)]
         return spawn_sidecar(
             argv,
+            env=allowed_environ([*self.config.pass_env, *server.model_access.api_key_envs]),
             name=f"{self.split} env server {self.name!r}",
             log_file=self.log_file,
             ready_timeout=self.ready_timeout,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ import numpy as np
 import pytest
 
 from envrl.envs.forked import ForkedCallError, run_forked
+from tests.integration.env_servers import alive, wait_until
 
 
 def forked(fn: Any) -> Any:
@@ -158,3 +162,36 @@ def test_a_cancelled_call_is_killed_and_the_calls_sharing_its_child_still_answer
     answers = asyncio.run(main())
     assert isinstance(answers[SPINNER], asyncio.CancelledError)
     _check_spinner_shared_and_stopped(answers, int(pid_file.read_text()))
+
+
+def _start_daemon_then(pid_file: Path, hang: bool) -> None:
+    """Starts a daemon (double fork + setsid, as a reward function's server might) that records its pid."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            pid_file.with_suffix(".tmp").write_text(str(os.getpid()))
+            os.rename(pid_file.with_suffix(".tmp"), pid_file)
+            while True:
+                signal.pause()
+        os._exit(0)
+    while not pid_file.exists():
+        time.sleep(0.01)
+    while hang:
+        time.sleep(1)
+
+
+@pytest.mark.parametrize("hang", [True, False], ids=["timed-out", "answered"])
+def test_a_daemon_the_function_started_is_killed_with_its_child(tmp_path: Path, hang: bool) -> None:
+    pid_file = tmp_path / "daemon.pid"
+    try:
+        if hang:
+            with pytest.raises(TimeoutError):
+                asyncio.run(run_forked(lambda: _start_daemon_then(pid_file, hang=True), timeout=2))
+        else:
+            assert forked(lambda: _start_daemon_then(pid_file, hang=False)) is None
+        daemon = int(pid_file.read_text())
+        wait_until(lambda: not alive(daemon), 10, f"daemon {daemon} died")
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -112,3 +112,30 @@ def test_a_cancelled_warm_run_is_killed_with_its_children_and_the_pool_stops_its
 
     servers, _ = asyncio.run(main())
     assert not any(map(alive, servers))
+
+
+def test_a_sigkilled_warm_server_takes_its_live_run_and_the_run_s_children_with_it(tmp_path: Path) -> None:
+    pids_file = tmp_path / "pids.json"
+
+    async def main() -> list[int]:
+        pool = WarmPrograms()
+        try:
+            run = asyncio.ensure_future(
+                pool.run(sys.executable, program(tmp_path), ["hang", str(pids_file)], dict(os.environ), tmp_path)
+            )
+            await asyncio.to_thread(wait_until, pids_file.exists, 60, "the program started")
+            (server,) = warm_servers()
+            os.kill(server, signal.SIGKILL)
+            with suppress(RuntimeError):  # the server ended the run without an exit code
+                await run
+            return json.loads(pids_file.read_text())
+        finally:
+            await pool.aclose()
+
+    pids = asyncio.run(main())
+    try:
+        wait_until(lambda: not any(map(alive, pids)), 10, f"the run and its child {pids} died with their server")
+    finally:
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -5,7 +5,8 @@ working directory in a child forked from that program's warm server (one per pro
 on its first run, restarted if it died) and returns its exit code, stdout and stderr as a fresh
 interpreter's run would give them; a run whose caller is cancelled is killed with its process
 group. `aclose` (or the death of this process, even by SIGKILL) stops the servers and their
-live runs.
+live runs; a server that dies (even by SIGKILL) takes its runs with it, and their process groups
+are killed by the callers that were waiting on them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
+import signal
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -57,6 +60,8 @@ class WarmPrograms:
             await writer.drain()
             started, exited = await reader.readline(), await reader.readline()
             if not started.strip().isdigit() or not exited.strip().lstrip(b"-").isdigit():
+                if started.strip().isdigit():  # the server died under a started run: the kernel killed the
+                    _kill_group(int(started))  # run (its parent-death signal), its group is left to us
                 raise RuntimeError(
                     f"the warm server of {program} ended run {run_id} without an exit code "
                     f"({(started + exited).decode(errors='replace').strip() or 'no answer'}); see {self._log(program)}"
@@ -123,6 +128,13 @@ async def _stop(server: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             server.kill()
         await server.wait()
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL a run's process group (a run leads its own session, so its group id is its pid;
+    while the group has a member, that id is not given to another process)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _read(path: Path) -> str:

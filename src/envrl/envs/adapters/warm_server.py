@@ -5,7 +5,9 @@ environment and working directory of its request, in a session of its own (stdin
 stdout and stderr to the request's files), and its exit code (negative: killed by that signal)
 is answered on the request's connection. A run whose connection closes before it exits is
 killed with its whole process group; when this server's stdin closes (its parent stopped it or
-died, even by SIGKILL) every live run is killed the same way, the socket's directory (its
+died, even by SIGKILL) every live run is killed the same way; when this server is SIGKILLed
+itself, every live run gets SIGKILL from the kernel (its parent-death signal) and the caller
+waiting on it kills the run's process group (warm_programs.py), the socket's directory (its
 parent's, holding the runs' output files) is removed and the server exits. Modules a
 run imported lazily (httpx's transport on the first client, say) are imported by the server
 after that run, so later forks start with them.
@@ -20,6 +22,7 @@ on (~1.2 s of CPU for verifiers' chat program); a fork of this warm process skip
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import random
@@ -32,6 +35,7 @@ import traceback
 import types
 from typing import TypedDict
 
+_PR_SET_PDEATHSIG = 1
 READY = "warm-program-ready"
 """The line the server prints on stdout once it listens."""
 
@@ -112,19 +116,28 @@ def _start(conn: socket.socket, code: types.CodeType, program: str) -> int:
         conn.close()
         return 0
     conn.settimeout(None)
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _run(request, code, program)
+        _run(request, code, program, server)
     with contextlib.suppress(OSError):  # a caller already gone is noticed by the selector: the run is killed
         conn.sendall(f"{pid}\n".encode())
     return pid
 
 
-def _run(request: RunRequest, code: types.CodeType, program: str) -> None:
+def _die_with_server(server: int) -> None:
+    """SIGKILL this run when the server dies, even by SIGKILL (Linux's parent-death signal)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != server:  # it died before the signal was asked for
+        os._exit(1)
+
+
+def _run(request: RunRequest, code: types.CodeType, program: str, server: int) -> None:
     """Child side: become the program, as a fresh `python PROGRAM ARGS...` would be, and exit."""
     status = 1
     try:
         os.setsid()
+        _die_with_server(server)
         for fd, path, flags in (
             (0, os.devnull, os.O_RDONLY),
             (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
