@@ -108,6 +108,8 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     assert isinstance(trainer, TrainerConfig) and isinstance(orchestrator, OrchestratorConfig)
     assert isinstance(inference, InferenceConfig)
     trainer.resume = orchestrator.resume = rl.resume
+    if "keep_weights_every" not in orchestrator.model_fields_set:  # loadable policies at every checkpoint
+        orchestrator.keep_weights_every = trainer.ckpt.interval
     replica_configs(inference)  # a replica port past 65535 is a config error now, not at spawn
     orchestrator.inference.base_url = inference.base_url if inference.replicas == 1 else inference.base_urls
     orchestrator.inference.reload_token_env = inference.reload.token_env

@@ -209,6 +209,10 @@ class OrchestratorConfig(BaseConfig):
     """Seconds to wait for the trainer's weights when generation is max_async_level steps ahead."""
     keep_weights: int = Field(2, ge=1)
     """Weight directories kept once the inference server has moved past them."""
+    keep_weights_every: int = Field(0, ge=0)
+    """Weight directories of steps that are multiples of this are kept for good (loadable with
+    `from_pretrained`); 0 keeps none beyond `keep_weights`. Under `rl` it defaults to the
+    trainer's `ckpt.interval`. The last step's weights are never deleted."""
     env_ready_timeout: float = Field(300.0, gt=0)
     """Seconds for a spawned env server to start, or an external one to answer."""
     resume: bool = False

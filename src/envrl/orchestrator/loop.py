@@ -125,6 +125,7 @@ class Orchestrator:
             max_async_level=config.max_async_level,
             timeout=config.weights_timeout,
             keep=config.keep_weights,
+            keep_every=config.keep_weights_every,
             ledger=self.ledger,
         )
         shape = BatchShape(

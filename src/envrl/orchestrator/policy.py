@@ -4,7 +4,8 @@ Guarantee: `ensure(step)` returns only once every inference replica serves a pol
 >= step - max_async_level (loading the newest published weights on all of them, in parallel,
 whenever there are newer ones), or raises: after `timeout` naming the weights it waited for, or
 naming each replica that failed to load them. Weight directories are deleted only once every
-replica serves a newer policy, keeping the `keep` most recent ones.
+replica serves a newer policy, keeping the `keep` most recent ones and, for good, those of every
+`keep_every`-th step (loadable checkpoints of the policy).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class PolicyTracker:
         max_async_level: int,
         timeout: float,
         keep: int,
+        keep_every: int = 0,
         current: int = 0,
         ledger: Ledger | None = None,
     ) -> None:
@@ -43,6 +45,7 @@ class PolicyTracker:
         self.max_async_level = max_async_level
         self.timeout = timeout
         self.keep = keep
+        self.keep_every = keep_every
         self.current = current
         """The policy every inference replica serves (0: the initial model)."""
         self.waited = 0.0
@@ -100,5 +103,6 @@ class PolicyTracker:
         logger.info(f"{where} policy {step} (reload took {time.monotonic() - start:.1f} s)")
         self.current = step
         for old in published_steps(weights_root(self.output_dir)):
-            if old <= step - self.keep:
+            kept_for_good = self.keep_every > 0 and old % self.keep_every == 0
+            if old <= step - self.keep and not kept_for_good:
                 shutil.rmtree(weights_dir(self.output_dir, old), ignore_errors=True)

@@ -99,3 +99,10 @@ def test_the_same_port_on_another_host_is_no_overlap() -> None:
     envs = '[{"id": "reverse-text", "address": "tcp://10.0.0.7:8000", "insecure": true}]'
     (env,) = resolve_run(rl_config(("orchestrator.envs", envs))).orchestrator.envs
     assert env.address == "tcp://10.0.0.7:8000"
+
+
+def test_weights_of_every_checkpoint_are_kept_unless_the_user_says_otherwise() -> None:
+    run = resolve_run(rl_config(("trainer.ckpt.interval", "7")))
+    assert run.orchestrator.keep_weights_every == 7
+    run = resolve_run(rl_config(("trainer.ckpt.interval", "7"), ("orchestrator.keep-weights-every", "0")))
+    assert run.orchestrator.keep_weights_every == 0
