@@ -56,6 +56,10 @@ class LossConfig(BaseConfig):
     each sample's token mean."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty (k3 estimator) pulling the trainer towards the inference policy."""
+    ref_kl_coef: float = Field(0.0, ge=0)
+    """Weight of a KL penalty (k3 estimator) pulling the policy towards the reference model, the
+    initial `model.name` kept frozen (TRL's `beta`). Above 0 the trainer holds a second copy of
+    the model and runs one more forward pass per micro-batch; metric `trainer/ref_kl`."""
 
     @model_validator(mode="after")
     def _ordered(self) -> LossConfig:

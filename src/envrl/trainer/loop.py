@@ -26,10 +26,10 @@ from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_che
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
-from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model
+from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference
 from envrl.trainer.weights import publish_weights
 
-SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "clipped", "masked", "tokens", "samples")
+SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "ref_kl", "clipped", "masked", "tokens", "samples")
 
 
 class TrainingError(RuntimeError):
@@ -80,6 +80,8 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(config.model.name)
         self.pad_token_id = self.tokenizer.pad_token_id or 0
         self.model = build_model(config, runtime)
+        self.reference = build_reference(config, runtime) if config.loss.ref_kl_coef > 0 else None
+        """The frozen initial model the `ref_kl_coef` penalty pulls towards (None without one)."""
         optim = config.optim
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
@@ -218,6 +220,7 @@ class Trainer:
             "loss": totals["loss"],
             "entropy": totals["entropy"] / n,
             "mismatch_kl": totals["mismatch_kl"] / n,
+            **({"ref_kl": totals["ref_kl"] / n} if self.reference is not None else {}),
             "clip_frac": totals["clipped"] / n,
             "mask_frac": totals["masked"] / n,
             "grad_norm": grad_norm,
@@ -237,8 +240,14 @@ class Trainer:
         """Loss and backward on one micro-batch; returns its sums in `SUMS` order."""
         logits = packed_logits(self.model, mb)
         logprobs, entropy = token_logprobs(logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
+        ref_logprobs = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logits = packed_logits(self.reference, mb)
+                ref_logprobs, _ = token_logprobs(ref_logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
+                del ref_logits
         loss, stats = policy_loss(
-            logprobs, mb.inference_logprobs, mb.advantages, mb.loss_mask, mb.weights, self.config.loss
+            logprobs, mb.inference_logprobs, mb.advantages, mb.loss_mask, mb.weights, self.config.loss, ref_logprobs
         )
         # FSDP averages gradients over ranks; the weights already normalise over the whole batch.
         (loss * self.runtime.world_size).backward()
@@ -248,6 +257,7 @@ class Trainer:
             stats["loss_tokens"],
             torch.where(mb.loss_mask, entropy, 0.0).sum(),
             stats["mismatch_kl"],
+            stats["ref_kl"],
             stats["clipped"],
             stats["masked"],
             tokens,

@@ -76,12 +76,15 @@ def policy_loss(
     loss_mask: torch.Tensor,
     weights: torch.Tensor,
     config: LossConfig,
+    ref_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted policy-gradient loss over the tokens where `loss_mask` is true, and stat sums.
 
     Per token, with ratio r = exp(logp - logp_inf) and advantage A:
     loss = -r * A, or with PPO clipping max(-r * A, -clip(r, 1 - low, 1 + high) * A), plus
-    `kl_coef * (exp(logp_inf - logp) - 1 - (logp_inf - logp))` (k3 KL to the inference policy).
+    `kl_coef * (exp(logp_inf - logp) - 1 - (logp_inf - logp))` (k3 KL to the inference policy),
+    and with `ref_logprobs` (the frozen reference model's, [T]) `ref_kl_coef` times the same k3
+    with `logp_ref` in place of `logp_inf` (KL to the reference; its sum is the `ref_kl` stat).
     With `ratio_mask`, tokens whose r is outside [mask_low, mask_high] contribute nothing (their
     weight is not redistributed). All tensors are [T]; `weights` carry the normalisation.
     A NaN inference logprob (a back-filled turn: the behaviour policy is unknown) counts as
@@ -108,12 +111,19 @@ def policy_loss(
         loss = torch.maximum(loss, clipped_loss)
     if config.kl_coef > 0:
         loss = loss + config.kl_coef * _k3(log_ratio)
+    ref_kl = torch.zeros((), device=logprobs.device)
+    if ref_logprobs is not None:
+        ref_log_ratio = torch.where(keep, logprobs - ref_logprobs, 0.0)
+        per_token_ref_kl = _k3(ref_log_ratio)
+        loss = loss + config.ref_kl_coef * per_token_ref_kl
+        ref_kl = torch.where(keep, per_token_ref_kl.detach(), 0.0).sum()
     total = (torch.where(keep, loss, 0.0) * weights).sum()
     stats = {
         "loss_tokens": loss_mask.sum().float(),
         "mismatch_kl": mismatch_kl,
         "clipped": clipped.sum().float(),
         "masked": masked.sum().float(),
+        "ref_kl": ref_kl,
     }
     return total, stats
 

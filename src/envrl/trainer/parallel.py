@@ -89,6 +89,15 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     return model
 
 
+def build_reference(config: TrainerConfig, runtime: Runtime) -> nn.Module:
+    """The initial model again, frozen and in eval mode: what a KL to the reference is measured
+    against (placed like the trained model, so both see the same micro-batches)."""
+    reference = build_model(config, runtime)
+    reference.eval()
+    reference.requires_grad_(False)
+    return reference
+
+
 def full_state_dict(model: nn.Module, runtime: Runtime) -> dict[str, torch.Tensor]:
     """Unsharded parameters on CPU on rank 0 (empty elsewhere); a collective when sharded."""
     if not runtime.sharded:

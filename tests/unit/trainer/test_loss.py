@@ -69,6 +69,22 @@ def test_kl_penalty_adds_k3_towards_the_inference_policy():
     assert math.isclose(grad[0], 0.25 * (pg[0] + 0.1 * (1 - E(-0.5))), rel_tol=1e-6)
 
 
+def test_reference_kl_adds_k3_towards_the_reference_and_reports_its_sum():
+    """The policy sits 0.5 above / below the inference logprobs; the reference sits at them + 0.2."""
+    logprobs = (INFERENCE + torch.tensor([0.5, -0.5, 0.5, -0.5])).requires_grad_()
+    reference = INFERENCE + 0.2
+    config = LossConfig(ppo_clip=False, ref_kl_coef=0.3)
+    loss, stats = policy_loss(logprobs, INFERENCE, ADVANTAGES, ALL, WEIGHTS, config, reference)
+    loss.backward()
+    d = [0.3, -0.7, 0.3, -0.7]  # logp - logp_ref
+    k3 = [E(-x) - 1 + x for x in d]
+    pg = [-E(0.5) * 2, -E(-0.5) * 1, E(0.5) * 1, E(-0.5) * 0.5]
+    assert math.isclose(loss.item(), 0.25 * sum(p + 0.3 * k for p, k in zip(pg, k3, strict=True)), rel_tol=1e-6)
+    assert math.isclose(stats["ref_kl"].item(), sum(k3), rel_tol=1e-6)
+    # d k3 / d logp = 1 - exp(logp_ref - logp): towards the reference.
+    assert math.isclose(logprobs.grad[1].item(), 0.25 * (pg[1] + 0.3 * (1 - E(0.7))), rel_tol=1e-6)
+
+
 def test_masked_tokens_contribute_nothing_even_with_extreme_ratios():
     mask = torch.tensor([True, False, False, True])
     loss, grad, stats = run(LossConfig(ppo_clip=False, kl_coef=0.5), [0.0, 200.0, -200.0, 0.0], mask)

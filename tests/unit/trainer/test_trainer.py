@@ -57,6 +57,16 @@ def test_loss_goes_down_on_a_fixed_batch(tmp_path):
     assert all(later < earlier for earlier, later in pairwise(losses)), losses
 
 
+def test_the_reference_kl_starts_at_zero_and_grows_as_the_policy_moves(tmp_path):
+    """The reference is the initial model: identical weights and inputs give identical logits on
+    one process, so the first step's KL is exactly 0; after an update it is positive."""
+    trainer = make_trainer(tmp_path, **{"loss.ppo_clip": False, "loss.ref_kl_coef": 0.1})
+    samples = synthetic_samples(6, seed=4)
+    first, second = (trainer.train_on(0, samples, where="fixed")["ref_kl"] for _ in range(2))
+    assert first == 0.0 and second > 0.0
+    assert not any(p.requires_grad for p in trainer.reference.parameters())
+
+
 def test_published_weights_reload_in_transformers_with_the_base_tensor_names(tmp_path):
     write_batches(tmp_path, 1)
     trainer = make_trainer(tmp_path, max_steps=1)
