@@ -18,6 +18,7 @@ import signal
 import sys
 from collections import OrderedDict
 from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,17 @@ class WorkerConfig(BaseConfig):
     log_level: LogLevel = "INFO"
 
 
+@dataclass
+class CachedClient:
+    """A model client shared by the rollouts that asked for the same `client` map."""
+
+    client: ModelClient
+    users: int = 0
+    """Rollouts running with it now."""
+    evicted: bool = False
+    """Out of the cache: closed when its last rollout ends."""
+
+
 class Worker:
     """Runs the requests its server assigns it; construct it inside its event loop."""
 
@@ -67,8 +79,10 @@ class Worker:
         self.running: dict[int, asyncio.Task[None]] = {}
         self.deadlines: dict[int, float] = {}
         self.timed_out: set[int] = set()
-        self.clients: OrderedDict[str, ModelClient] = OrderedDict()
+        self.clients: OrderedDict[str, CachedClient] = OrderedDict()
         """Model clients by the repr of the `client` map that asked for them (least recently used first)."""
+        self.client_of: dict[int, CachedClient] = {}
+        """The client each running request uses (its use is counted until the request ends)."""
         self.done_tokens: list[int] = []
         self.done_frames: list[bytes] = []
         """Answers finished since the last `_flush`, and their tokens."""
@@ -94,8 +108,8 @@ class Worker:
             for task in self.running.values():
                 task.cancel()
             await asyncio.gather(*self.running.values(), return_exceptions=True)
-            for client in self.clients.values():
-                await client.aclose()
+            for cached in self.clients.values():
+                await cached.client.aclose()
             self.pump.close(linger_ms=0)
 
     def _on_messages(self, batch: list[Frames]) -> None:
@@ -123,14 +137,18 @@ class Worker:
             task = self.env.get_task(params.split, params.task_idx)
             n = params.n if isinstance(params, p.GroupParams) else None
             sampling = params.sampling_args()  # validated from this request's map: no other rollout shares it
-            client = self._client(repr(request.params["client"]), params.client)
+            cached = self._client(repr(request.params["client"]), params.client)
         except Exception as e:  # a task the env cannot give, a client it cannot build
             logger.warning(f"req={request_id}: cannot start it: {type(e).__name__}: {e}")
             self._done(token, p.error_response(request_id, p.BAD_REQUEST, f"{method}: {type(e).__name__}: {e}"))
             return
         if self.config.timeout.rollout is not None:
             self.deadlines[token] = now + self.config.timeout.rollout
-        job = self.running[token] = self.loop.create_task(self._run(token, request_id, task, client, sampling, n))
+        cached.users += 1
+        self.client_of[token] = cached
+        job = self.running[token] = self.loop.create_task(
+            self._run(token, request_id, task, cached.client, sampling, n)
+        )
         job.add_done_callback(partial(self._on_job_end, token, request_id, task, n))
 
     async def _run(
@@ -170,6 +188,9 @@ class Worker:
         del self.running[token]
         self.deadlines.pop(token, None)
         self.timed_out.discard(token)
+        cached = self.client_of.pop(token)
+        cached.users -= 1
+        self._close_if_unused(cached)
 
     def _stopped_frame(self, token: int, request_id: str, task: Task, n: int | None) -> bytes:
         """The answer of a job that was cancelled: `cancelled`, or a timeout error Trace past its deadline."""
@@ -226,17 +247,24 @@ class Worker:
             logger.error(f"the environment raised {type(e).__name__}: {e} instead of returning an error Trace")
             return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n or 1)]
 
-    def _client(self, key: str, config: ClientConfig) -> ModelClient:
-        """One client per distinct `client` map (`key`: its repr), reused across rollouts (it pools connections)."""
-        client = self.clients.get(key)
-        if client is None:
-            client = self.clients[key] = build_client(config)
+    def _client(self, key: str, config: ClientConfig) -> CachedClient:
+        """One client per distinct `client` map (`key`: its repr), reused across rollouts (it pools
+        connections). Past `MAX_CACHED_CLIENTS` the least recently used one leaves the cache, and is
+        closed once no rollout uses it any more (closing it under a running rollout would fail it)."""
+        entry = self.clients.get(key)
+        if entry is None:
+            entry = self.clients[key] = CachedClient(build_client(config))
             if len(self.clients) > MAX_CACHED_CLIENTS:
                 _, old = self.clients.popitem(last=False)
-                asyncio.get_running_loop().create_task(old.aclose())
+                old.evicted = True
+                self._close_if_unused(old)
         else:
             self.clients.move_to_end(key)
-        return client
+        return entry
+
+    def _close_if_unused(self, entry: CachedClient) -> None:
+        if entry.evicted and entry.users == 0:
+            self.loop.create_task(entry.client.aclose())
 
 
 def _sendable(task: Task, trace: Trace) -> Trace:
