@@ -95,3 +95,18 @@ async def request_json(
             )
         return json.loads(body)
     raise HttpCallError(f"{method} {url} failed after {policy.max_retries + 1} attempts; last: {last_failure}")
+
+
+def bearer(secret: str, source: str) -> dict[str, str]:
+    """The `Authorization` header carrying `secret` (from `source`, e.g. "environment variable
+    OPENAI_API_KEY"). Surrounding whitespace (a newline from `echo` or a file) is dropped; a space
+    or control character inside is an error that names the source and position, never the secret,
+    since an HTTP library's error about the header would quote it into traces and logs."""
+    secret = secret.strip()
+    bad = next((i for i, c in enumerate(secret) if c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(
+            f"the secret in {source} holds a space or control character at position {bad} "
+            f"(of {len(secret)}); fix the value (it is not shown here)"
+        )
+    return {"Authorization": f"Bearer {secret}"}

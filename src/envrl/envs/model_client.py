@@ -19,7 +19,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envrl.envs.chat_tokens import chat_renderer
-from envrl.http import HttpCallError, RetryPolicy, request_json
+from envrl.http import HttpCallError, RetryPolicy, bearer, request_json
 from envrl.inference.client import raise_for_context_length
 from envrl.inference.replicas import ReplicaUrls, replica_urls
 from envrl.seeds import call_seed
@@ -213,7 +213,7 @@ class EvalClient(ModelClient):
             key = os.environ.get(config.api_key_env)
             if not key:
                 raise ValueError(f"eval client: environment variable {config.api_key_env} (api_key_env) is not set")
-            headers["Authorization"] = f"Bearer {key}"
+            headers = bearer(key, f"environment variable {config.api_key_env} (api_key_env)")
         self.http = httpx.AsyncClient(headers=headers)
 
     async def generate(

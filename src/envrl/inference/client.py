@@ -15,8 +15,8 @@ import aiohttp
 import httpx
 from pydantic import BaseModel
 
-from envrl.http import HttpCallError, RetryPolicy, keep_alive_session, request_json
-from envrl.inference.config import api_key
+from envrl.http import HttpCallError, RetryPolicy, bearer, keep_alive_session, request_json
+from envrl.inference.config import API_KEY_ENV, api_key
 
 
 class TokenCompletion(BaseModel):
@@ -64,11 +64,11 @@ class InferenceClient:
         """Generation and model info: every rollout's call keeps its connection (`keep_alive_session`),
         made on first use, in the event loop that uses it."""
         key = api_key()
-        self._auth = {"Authorization": f"Bearer {key}"} if key else {}
+        self._auth = bearer(key, f"environment variable {API_KEY_ENV}") if key else {}
         """vLLM's `--api-key` (`API_KEY_ENV`), sent on every call but the reload (which sends its token)."""
         self._http = httpx.AsyncClient(headers=self._auth)
         self._reload_http = httpx.AsyncClient(
-            headers={"Authorization": f"Bearer {reload_token}"} if reload_token else None
+            headers=bearer(reload_token, "the reload token") if reload_token else None
         )
         self._max_model_len: int | None = None
 

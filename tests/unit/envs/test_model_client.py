@@ -251,3 +251,18 @@ def test_eval_client_names_a_missing_api_key_variable(monkeypatch: pytest.Monkey
     monkeypatch.delenv("ENVRL_TEST_KEY", raising=False)
     with pytest.raises(ValueError, match="ENVRL_TEST_KEY"):
         build_client(EvalClientConfig(base_url="http://x/v1", model="m", api_key_env="ENVRL_TEST_KEY"))
+
+
+def test_an_api_key_read_with_its_newline_is_sent_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENVRL_TEST_KEY", "sk-secret-123\n")
+    client = build_client(EvalClientConfig(base_url="http://x/v1", model="m", api_key_env="ENVRL_TEST_KEY"))
+    assert client.http.headers["Authorization"] == "Bearer sk-secret-123"  # type: ignore[attr-defined]
+    asyncio.run(client.aclose())
+
+
+def test_a_malformed_api_key_is_refused_without_quoting_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the HTTP library's "illegal header value" error quoted the key into the Trace."""
+    monkeypatch.setenv("ENVRL_TEST_KEY", "sk-secret\n123")
+    with pytest.raises(ValueError, match="ENVRL_TEST_KEY.* control character at position 9") as raised:
+        build_client(EvalClientConfig(base_url="http://x/v1", model="m", api_key_env="ENVRL_TEST_KEY"))
+    assert "sk-secret" not in str(raised.value)
