@@ -12,6 +12,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from envrl.envs.tool_calls import UnknownToolFormat, family_of
+from envrl.envs.tool_calls import parse as parse_tool_calls
 from envrl.traces import Message, Turn
 
 if TYPE_CHECKING:
@@ -33,6 +35,23 @@ class ChatRenderer:
         if eos is None:
             raise ValueError(f"the tokenizer in {tokenizer_dir} has no eos token; the train client needs one")
         self.eos_id: int = eos
+        self.tool_family = family_of(self.tokenizer.chat_template)
+        """How the template asks the model to call tools (None: it teaches no syntax envrl parses)."""
+        self.tokenizer_dir = tokenizer_dir
+
+    def assistant_message(self, completion_ids: list[int], tools: list[dict[str, Any]] | None) -> Message:
+        """The assistant message of a completion: its text, with structured `tool_calls` when the
+        model was shown tools and wrote calls in its family's syntax (envs/tool_calls.py)."""
+        text = self.decode(completion_ids)
+        if not tools:
+            return {"role": "assistant", "content": text}
+        if self.tool_family is None:
+            raise UnknownToolFormat(
+                f"the chat template of {self.tokenizer_dir} teaches no tool-call syntax envrl parses "
+                "(hermes <tool_call>, llama3 JSON, mistral [TOOL_CALLS]), yet the model was given tools; "
+                "use a model whose template renders tools, or an env without tools"
+            )
+        return parse_tool_calls(text, self.tool_family)
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> list[int]:
         text = self.tokenizer.apply_chat_template(

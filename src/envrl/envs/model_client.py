@@ -195,9 +195,9 @@ class TrainClient(ModelClient):
             continues = [*previous.tokens.prompt_ids, *previous.tokens.completion_ids]
         out = await self.inference.generate(prompt_ids, sampling.to_request(), continues=continues)
         tokens = TurnTokens(prompt_ids=prompt_ids, completion_ids=out.completion_ids, completion_logprobs=out.logprobs)
-        return ModelResponse(
-            message=_assistant(self.renderer.decode(out.completion_ids)), tokens=tokens, finish_reason=out.finish_reason
-        )
+        message = self.renderer.assistant_message(out.completion_ids, tools)
+        finish = "tool_calls" if message.get("tool_calls") and out.finish_reason == "stop" else out.finish_reason
+        return ModelResponse(message=message, tokens=tokens, finish_reason=finish)
 
     async def aclose(self) -> None:
         await self.inference.aclose()

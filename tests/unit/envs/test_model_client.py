@@ -266,3 +266,38 @@ def test_a_malformed_api_key_is_refused_without_quoting_it(monkeypatch: pytest.M
     with pytest.raises(ValueError, match="ENVRL_TEST_KEY.* control character at position 9") as raised:
         build_client(EvalClientConfig(base_url="http://x/v1", model="m", api_key_env="ENVRL_TEST_KEY"))
     assert "sk-secret" not in str(raised.value)
+
+
+def test_the_train_client_returns_tool_calls_structured_and_the_generated_tokens_unchanged(
+    serve: Callable[[Handler], Recorder],
+) -> None:
+    renderer = chat_renderer(TINY_CHAT)
+    text = '<tool_call>{"name": "get", "arguments": {"key": "a"}}</tool_call>'
+    ids = [*renderer.encode(text), renderer.eos_id]
+    server = serve(lambda path, body: (200, generated(ids, [-0.5] * len(ids))))
+    tools = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
+
+    async def main() -> Any:
+        client = build_client(TrainClientConfig(base_url=server.url, model=TINY_CHAT, retry=FAST_RETRY))
+        try:
+            return await client.generate([{"role": "user", "content": "a?"}], SamplingArgs(max_tokens=64), tools=tools)
+        finally:
+            await client.aclose()
+
+    response = asyncio.run(main())
+    [call] = response.message["tool_calls"]
+    assert call["function"] == {"name": "get", "arguments": '{"key": "a"}'}
+    assert response.message["content"] is None and response.finish_reason == "tool_calls"
+    assert response.tokens.completion_ids == ids and response.tokens.completion_logprobs == [-0.5] * len(ids)
+
+
+def test_tools_for_a_model_whose_template_teaches_no_call_syntax_are_an_error_naming_it(tmp_path: Any) -> None:
+    import shutil
+
+    plain = tmp_path / "plain-chat"
+    shutil.copytree(TINY_CHAT, plain)
+    (plain / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}<|im_end|>{% endfor %}")
+    renderer = chat_renderer(str(plain))
+    assert renderer.assistant_message(renderer.encode("hi"), tools=None) == {"role": "assistant", "content": "hi"}
+    with pytest.raises(ValueError, match="teaches no tool-call syntax envrl parses"):
+        renderer.assistant_message(renderer.encode("hi"), tools=[{"type": "function", "function": {"name": "f"}}])
