@@ -8,13 +8,17 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from statistics import fmean
 
 import pytest
 
 from envrl.orchestrator.jsonl import parse_trace_line
+from scripts.chaos.harness import free_port
 
 ONE_WORKER = ["--env.pool", '{"type": "static", "num_workers": 1}']
 """One worker per env server: scripted replies then come in call order, and start-up stays cheap."""
@@ -173,3 +177,52 @@ def test_eval_against_vllm_over_the_openai_chat_api(tmp_path: Path, vllm_server)
     summary = json.loads((out / "eval" / "summary.json").read_text())["reverse-text"]
     assert summary["rollouts"] == 4 and summary["error_rate"] == 0.0
     assert 0 < summary["completion_len"] <= 8 and summary["total_tokens"] > summary["completion_len"]
+
+
+def test_without_a_model_server_eval_fails_at_once_naming_the_url(tmp_path: Path) -> None:
+    """Before: it ran every rollout into a ConnectError, printed SUCCESS and exited 0."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    done = run_eval(tmp_path / "out", "--env.id", "reverse-text", "-n", "2", "-r", "1", "--client.base-url", url)
+    assert done.returncode == 2, done.stderr
+    assert f"no model server answers at {url}/models" in done.stderr
+    assert not (tmp_path / "out" / "eval").exists()
+
+
+@pytest.fixture
+def refusing_model_server() -> Iterator[str]:
+    """Answers every request 404: the server is up, every chat call fails (no retries for a 4xx)."""
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_error(404)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_error(404)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_eval_whose_rollouts_all_fail_exits_1_naming_the_cause_and_writes_strict_json(
+    tmp_path: Path, refusing_model_server: str
+) -> None:
+    out = tmp_path / "out"
+    done = run_eval(out, "--env.id", "reverse-text", "-n", "2", "-r", "1", "--client.base-url", refusing_model_server)
+    assert done.returncode == 1, done.stderr
+    assert "env reverse-text: 100% of its rollouts failed (every rollout)" in done.stderr
+    assert "most common causes: 2x HttpCallError" in done.stderr and "SUCCESS" not in done.stderr
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"summary.json holds {constant}")
+
+    summary = json.loads((out / "eval" / "summary.json").read_text(), parse_constant=refuse)
+    assert summary["reverse-text"]["reward"] is None and summary["reverse-text"]["error_rate"] == 1.0

@@ -23,12 +23,13 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, ClassVar
 
+import httpx
 from loguru import logger
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from envrl.atomic import atomic_write_text
 from envrl.config import BaseConfig, ModelConfig, load_config
-from envrl.envs.model_client import ClientConfig, EvalClientConfig
+from envrl.envs.model_client import ClientConfig, EvalClientConfig, TrainClientConfig
 from envrl.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.lifeline import die_with_parent
 from envrl.log import LogConfig, setup_logging
@@ -40,6 +41,8 @@ from envrl.process import ChildFailed
 from envrl.progress import LiveLines, duration, fmt
 from envrl.traces import Trace
 
+PROBE_TIMEOUT_S = 10.0
+"""Seconds the model server has to answer the probe before the eval starts."""
 PROGRESS_INTERVAL = 5.0
 """Seconds between progress lines when not on a terminal (the first and the last rollout always print one)."""
 
@@ -73,6 +76,8 @@ class EvalConfig(BaseConfig):
     """Results go to `<output_dir>/eval/<env>.jsonl`, env server logs to `<output_dir>/logs/envs/eval/`."""
     resume: Path | None = None
     """An earlier eval's output_dir: keep its successful rollouts, re-run the rest, write results there."""
+    max_error_rate: float | None = Field(None, ge=0, le=1)
+    """Exit 1 when more than this share of an env's rollouts failed (None: only when all of them did)."""
     env_ready_timeout: float = Field(300.0, gt=0)
     """Seconds for a spawned env server to start, or an external one to answer."""
     log: LogConfig = LogConfig()
@@ -197,10 +202,14 @@ class Evaluation:
             )
             for env in config.env
         ]
+        self.error_causes: Counter[str] = Counter()
+        """Failed rollouts by their error's type and first line, over every env (filled by `finish`)."""
 
     async def run(self) -> dict[str, dict[str, float]]:
-        """Evaluate; the summary per env (also written to `eval/summary.json`)."""
+        """Evaluate; the summary per env (also written to `eval/summary.json`, strict JSON: a
+        metric without a value, like the reward of an env whose rollouts all failed, is null)."""
         self.check_earlier_results()
+        await probe_model_server(self.config.client)
         try:
             await asyncio.gather(*(env.start() for env in self.envs))
             grids = [self.plan(env) for env in self.envs]
@@ -208,7 +217,8 @@ class Evaluation:
         finally:
             await asyncio.gather(*(env.shutdown() for env in self.envs), return_exceptions=True)
         summary = {grid.name: self.finish(grid) for grid in grids}
-        atomic_write_text(eval_summary_file(self.config.output_dir), json.dumps(summary, indent=1))
+        finite = {env: {k: v if math.isfinite(v) else None for k, v in m.items()} for env, m in summary.items()}
+        atomic_write_text(eval_summary_file(self.config.output_dir), json.dumps(finite, indent=1, allow_nan=False))
         return summary
 
     def check_earlier_results(self) -> None:
@@ -287,7 +297,11 @@ class Evaluation:
             self.lines.close()
 
     def finish(self, grid: EvalGrid) -> dict[str, float]:
-        """Rewrite the env's results file in grid order (atomically) and summarise it."""
+        """Rewrite the env's results file in grid order (atomically), count its errors by cause,
+        and summarise it."""
+        for trace in (t for group in grid.groups() for t in group):
+            if trace.error is not None:
+                self.error_causes[f"{trace.error.type}: {trace.error.message.splitlines()[0][:160]}"] += 1
         lines = [trace_line(t, env=grid.name, rollout=j) for group in grid.groups() for j, t in enumerate(group)]
         atomic_write_text(self.config.results_file(grid.name), "".join(lines))
         return grid.summary()
@@ -321,11 +335,43 @@ def format_summary(summary: dict[str, dict[str, float]]) -> str:
     )
 
 
-async def _run(config: EvalConfig, lines: LiveLines) -> dict[str, dict[str, float]]:
+async def probe_model_server(client: ClientConfig) -> None:
+    """EvalInputError, at once, if the model server of `client` does not answer at all (nothing
+    listens, a wrong host): without it every rollout would fail the same way, slowly."""
+    if isinstance(client, EvalClientConfig):
+        urls = [f"{client.base_url.rstrip('/')}/models"]
+    elif isinstance(client, TrainClientConfig):
+        urls = [f"{url.rstrip('/')}/v1/models" for url in client.base_urls]
+    else:
+        return
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as http:
+        for url in urls:
+            try:
+                await http.get(url)
+            except httpx.HTTPError as e:
+                raise EvalInputError(
+                    f"no model server answers at {url} ({type(e).__name__}: {e or 'no answer'}): start one "
+                    "(`uv run --no-sync inference --model.name ...`) or point --client.base-url at it"
+                ) from None
+
+
+def failure(summary: dict[str, dict[str, float]], max_error_rate: float | None) -> str | None:
+    """Why this eval failed (None: it did not): an env whose rollouts all failed, or more of them
+    than `max_error_rate`."""
+    for env, metrics in summary.items():
+        rate = metrics["error_rate"]
+        if (max_error_rate is None and rate >= 1.0) or (max_error_rate is not None and rate > max_error_rate):
+            limit = "every rollout" if max_error_rate is None else f"more than --max-error-rate {max_error_rate:g}"
+            return f"env {env}: {rate:.0%} of its rollouts failed ({limit})"
+    return None
+
+
+async def _run(config: EvalConfig, lines: LiveLines) -> tuple[dict[str, dict[str, float]], Counter[str]]:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await Evaluation(config, lines).run()
+    evaluation = Evaluation(config, lines)
+    return await evaluation.run(), evaluation.error_causes
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -335,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(config.log, process="eval")
     die_with_parent()
     try:
-        summary = asyncio.run(_run(config, lines))
+        summary, causes = asyncio.run(_run(config, lines))
     except EvalInputError as e:
         print(f"rl eval: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -350,8 +396,15 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         logger.opt(exception=e).error(f"eval failed: {e}")
         sys.exit(1)
-    logger.success(f"results in {eval_results_root(config.output_dir)} (summary.json and one <env>.jsonl per env)")
     print(format_summary(summary))
+    if causes:
+        top = "; ".join(f"{n}x {cause}" for cause, n in causes.most_common(3))
+        logger.warning(f"{causes.total()} rollouts failed; most common causes: {top}")
+    why = failure(summary, config.max_error_rate)
+    if why is not None:
+        logger.error(f"eval failed: {why}; results in {eval_results_root(config.output_dir)}")
+        sys.exit(1)
+    logger.success(f"results in {eval_results_root(config.output_dir)} (summary.json and one <env>.jsonl per env)")
 
 
 if __name__ == "__main__":
