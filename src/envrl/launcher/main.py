@@ -243,7 +243,10 @@ def _write_summary(
     """Write summary.json, naming the first process that died (before `stop_all` ends the rest)."""
     dead = [c for c in supervisor.children if c.poll() not in (None, 0)]
     if outcome.status == "failed" and dead:
-        outcome = outcome.model_copy(update={"failed_process": dead[0].name, "exit_code": dead[0].poll()})
+        child, log = dead[0], str(dead[0].log_file) if dead[0].log_file else None
+        outcome = outcome.model_copy(
+            update={"failed_process": child.name, "exit_code": child.poll(), "failed_log": log}
+        )
     try:
         path = summary.write(rl.output_dir, argv, outcome, wall_time_s)
     except OSError as e:  # a full disk must not hide how the run ended

@@ -36,6 +36,8 @@ class Outcome(BaseModel):
     failed_process: str | None = None
     exit_code: int | None = None
     """The failed process's exit code (negative: killed by that signal)."""
+    failed_log: str | None = None
+    """The failed process's log file (the report shows its last lines)."""
     error: str | None = None
     """The error's first line (a failed process's log tail is in its log file)."""
 
