@@ -131,17 +131,16 @@ def run_training(argv: Sequence[str]) -> None:
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     supervisor = Supervisor(grace=rl.shutdown_grace)
-    code, started, outcome = 0, time.monotonic(), summary.Outcome(status="success", reason="completed")
+    code, started = 0, time.monotonic()
+    outcome = summary.Outcome(status="failed", reason="launcher error", error="see logs/launcher.log")
     try:
         _check_ports(run)
         _start(run, launch_plan(run, placement, cpus), supervisor, cpus)
         console.start()
         supervisor.watch(until={"trainer", "orchestrator"})
         console.stop()
+        outcome = summary.Outcome(status="success", reason="completed")
         _summary(rl, supervisor.restarts(), time.monotonic() - started)
-        from envrl.report.main import write_report_at_end  # matplotlib: 1.6 s of every rl start otherwise
-
-        write_report_at_end(rl.output_dir)
     except ChildFailed as e:
         logger.error(f"run failed: {e}")
         code, outcome = 1, summary.Outcome(status="failed", reason="process failed", error=str(e))
@@ -158,6 +157,10 @@ def run_training(argv: Sequence[str]) -> None:
         console.stop()
         _write_summary(rl, argv, outcome, supervisor, time.monotonic() - started)
         supervisor.stop_all()
+        if outcome.status != "interrupted":  # after summary.json, which its headline reads
+            from envrl.report.main import write_report_at_end  # matplotlib: 1.6 s of every rl start otherwise
+
+            write_report_at_end(rl.output_dir)
     raise SystemExit(code)
 
 

@@ -57,7 +57,7 @@ def test_a_run_with_no_metrics_has_a_summary_with_nulls(tmp_path: Path) -> None:
     assert data["error"] == "trainer died"
 
 
-def test_rl_that_fails_before_spawning_still_writes_a_failed_summary(tmp_path: Path) -> None:
+def test_rl_that_fails_before_spawning_still_writes_a_failed_summary_and_report(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -70,3 +70,4 @@ def test_rl_that_fails_before_spawning_still_writes_a_failed_summary(tmp_path: P
     assert data["status"] == "failed" and data["reason"] == "error"
     assert f":{port}" in data["error"] and data["steps_done"] == 0
     assert data["command"].startswith("rl --orchestrator.envs")
+    assert '"status":"failed"' in (tmp_path / "run" / "report" / "index.html").read_text()  # a report, after it
