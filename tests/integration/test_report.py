@@ -17,14 +17,24 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from envrl.layout import batch_dir, report_dir, train_rollouts_file
+from envrl.layout import batch_dir, eval_rollouts_file, report_dir, train_rollouts_file
 from envrl.ledger import read_ledger
+from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.report.main import write_report
 from envrl.report.plots import PLOTS
 from envrl.report.timeline import step_splits
 from envrl.samples import read_batch
 from tests.integration.smoke import SmokeRun
-from tests.unit.report.runs import FAILED_LOG_TAIL, write_eval_dir, write_failed_run
+from tests.unit.report.runs import (
+    FAILED_LOG_TAIL,
+    samples_of,
+    trace,
+    write_config,
+    write_eval_dir,
+    write_failed_run,
+    write_metrics,
+    write_step,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -105,6 +115,20 @@ def test_an_evals_report_lists_its_rollouts_under_the_eval_headline(tmp_path: Pa
     assert '<div id="failure" hidden="">' in dom
     assert len(re.findall(r'<tr class="rollout eval', dom)) == len(traces)
     assert "ConnectError" in dom
+
+
+@needs_chromium
+def test_the_trace_browser_opens_on_the_last_train_step_not_the_final_evals(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_config(run)
+    write_metrics(run, 2)
+    for step in (0, 1):
+        write_step(run, step, [trace(step, [300, 2]), trace(step, [301, 2])], samples_of(trace(step, [300, 2])))
+    final_eval = (trace_line(trace(9, [302, 2]), step=2, env="learnable-eval", policy_step=2),)
+    append_lines(eval_rollouts_file(run, 2), final_eval)  # the eval at max_steps: a step of its own
+    dom = dom_of_report(tmp_path, run)
+    assert '<span id="status" class="muted">2 rollouts at step 1</span>' in dom
+    assert len(re.findall(r'<tr class="rollout train', dom)) == 2
 
 
 @needs_chromium
