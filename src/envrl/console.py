@@ -128,10 +128,15 @@ class ProgressBoard:
         return self._line(step, record, self._orchestrator.pop(step, {}))
 
     def eta(self, now: float | None = None) -> float:
-        """Seconds left, from the mean wall time of the last steady steps (NaN before there is one)."""
-        if not self._walls:
+        """Seconds left, from the mean wall time of the last steady steps (NaN before there is one,
+        unless no step is left)."""
+        if not self._printed:
             return math.nan
         done = max(self._printed) + 1
+        if done >= self.total:
+            return 0.0
+        if not self._walls:
+            return math.nan
         recent = self._walls[-self.eta_window :]
         left = sum(recent) / len(recent) * max(self.total - done, 0)
         if now is not None and self._last_end is not None:

@@ -232,7 +232,7 @@ def _summary(rl: RLConfig, restarts: dict[str, int], wall_time_s: float) -> None
     out = rl.output_dir
     restarted = ", ".join(f"{name} {n}x" for name, n in restarts.items()) or "none"
     logger.success(
-        f"run finished in {duration(wall_time_s)}: {results['steps_done']} steps, reward {reward}, "
+        f"run finished: {results['steps_done']} steps in {duration(wall_time_s)}, reward {reward}, "
         f"final eval {evals or 'none'}, restarts: {restarted}\n"
         f"  output dir: {out}\n  logs:       {layout.logs_dir(out)}\n  rollouts:   {layout.rollouts_root(out)}\n"
         f"  weights:    {layout.weights_root(out)}\n  metrics:    {layout.metrics_file(out)}\n"

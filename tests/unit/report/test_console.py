@@ -69,6 +69,9 @@ def test_eta_leaves_out_the_first_step_which_includes_start_up() -> None:
     assert first is not None and first.endswith("ETA ?")
     second = board.feed({"step": 1, "process": "trainer", "time": 1010.0, "trainer/wait_time_s": 7.5, **parts})
     assert second is not None and second.endswith("ETA 1m20s")  # 8 steps left at the steady 10 s each
+    whole = ProgressBoard(total_steps=1)
+    only = whole.feed({"step": 0, "process": "trainer", "time": 1000.0, "trainer/wait_time_s": 900.0, **parts})
+    assert only is not None and only.endswith("ETA 0s")  # nothing left: no estimate needed
 
 
 def test_steps_log_keeps_earlier_lines_when_a_resumed_run_appends(tmp_path: Path) -> None:
