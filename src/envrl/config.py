@@ -211,6 +211,9 @@ def _parse_override(model: type[BaseModel], name: str, raw: str | None) -> tuple
                 return negated, False
         if field_types is None or bool in field_types:
             return path, True
+        for table in field_types:  # a table with a `FLAG` (key, value): `--table` sets that key
+            if isinstance(table, type) and issubclass(table, BaseModel) and hasattr(table, "FLAG"):
+                return [*path, table.FLAG[0]], table.FLAG[1]
         raise ConfigError(f"--{name} needs a value (it is not a true/false flag)")
     if field_types and all(_is_textual(t) or t is type(None) for t in field_types):
         return path, raw

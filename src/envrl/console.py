@@ -1,12 +1,14 @@
 """The step console of `rl` and of the standalone orchestrator: one line per step, read from the
-run's `metrics.jsonl`.
+run's `metrics.jsonl`, printed and appended to `logs/steps.log`.
 
 Guarantee: every step whose ending metrics line (the trainer's under `rl`, the orchestrator's for a
 standalone orchestrator) is written while the console runs (and before
 its final drain in `stop()`) is printed exactly once, in step order of arrival, even when a resume
 rewrites `metrics.jsonl` under it; the console only reads the file, so it can never slow down or
 break the processes that write it. On a terminal a transient status line (elapsed, ETA) is kept
-below the step lines; elsewhere only the step lines are written.
+below the step lines; elsewhere only the step lines are written. The ETA counts steady steps only:
+the first step this console sees includes the processes' start-up (vLLM's above all), so it is left
+out, and until a second step ends the ETA is unknown (`?`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, TextIO
 
 from loguru import logger
 
-from envrl.layout import metrics_file
+from envrl.layout import logs_dir, metrics_file
 from envrl.metrics import metric_float
 from envrl.progress import LiveLines, duration, fmt
 
@@ -106,6 +108,7 @@ class ProgressBoard:
         self._evals: dict[str, tuple[int, float]] = {}
         self._printed: set[int] = set()
         self._walls: list[float] = []
+        """Wall times of the steady steps (every step after the first one seen)."""
         self._last_end: float | None = None
 
     def feed(self, record: Record) -> str | None:
@@ -125,10 +128,15 @@ class ProgressBoard:
         return self._line(step, record, self._orchestrator.pop(step, {}))
 
     def eta(self, now: float | None = None) -> float:
-        """Seconds left, from the mean wall time of the last steps (NaN before the first step)."""
-        if not self._walls:
+        """Seconds left, from the mean wall time of the last steady steps (NaN before there is one,
+        unless no step is left)."""
+        if not self._printed:
             return math.nan
         done = max(self._printed) + 1
+        if done >= self.total:
+            return 0.0
+        if not self._walls:
+            return math.nan
         recent = self._walls[-self.eta_window :]
         left = sum(recent) / len(recent) * max(self.total - done, 0)
         if now is not None and self._last_end is not None:
@@ -156,8 +164,9 @@ class ProgressBoard:
         return sum(lags) / len(lags) if lags else math.nan
 
     def _line(self, step: int, end_line: Record, orchestrator: Record) -> str:
+        steady = self._last_end is not None
         wall = self._wall(end_line)
-        if not math.isnan(wall):
+        if steady and not math.isnan(wall):
             self._walls.append(wall)
         rewards = _per_env(orchestrator, "train", "reward")
         reward = ", ".join(f"{env} {fmt(r)}" for env, r in rewards.items()) or "n/a"
@@ -195,6 +204,8 @@ class RunConsole:
         self.started = clock()
         self.tail = MetricsTail(metrics_file(output_dir))
         self.board = ProgressBoard(total_steps, since=self.started - SINCE_SLACK_S, ends_with=ends_with)
+        self.steps_log = logs_dir(output_dir) / "steps.log"
+        """Every step line also goes here (appended: a resumed run's lines follow the earlier ones)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -223,9 +234,15 @@ class RunConsole:
                 return
 
     def poll(self) -> None:
+        lines = []
         for record in self.tail.read():
             if (line := self.board.feed(record)) is not None:
                 self.lines.line(line)
+                lines.append(line)
+        if lines:
+            self.steps_log.parent.mkdir(parents=True, exist_ok=True)
+            with self.steps_log.open("a") as f:
+                f.write("".join(line + "\n" for line in lines))
         now = self.clock()
         self.lines.status(
             f"running {duration(now - self.started)} | ETA {duration(self.board.eta(now))} | {self.board.total} steps"

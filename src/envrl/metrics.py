@@ -15,17 +15,29 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from loguru import logger
 
 from envrl.atomic import filter_lines, shared_lock
 from envrl.config import BaseConfig
 
+if TYPE_CHECKING:
+    from envrl.traces import Trace
+
+SAMPLE_ROWS = 8
+"""Rollouts per eval in the wandb table of samples."""
+SAMPLE_CHARS = 2000
+"""Characters kept of each prompt and completion in that table (a table cell is not a log)."""
+
 
 class WandbConfig(BaseConfig):
-    mode: Literal["online", "offline", "disabled"] = "offline"
-    """`offline` writes runs under `dir` for a later `wandb sync`; `online` needs a wandb login."""
+    FLAG: ClassVar[tuple[str, str]] = ("mode", "online")
+    """A bare `--wandb` on the command line means `--wandb.mode online` (as prime-rl's `--wandb`)."""
+
+    mode: Literal["online", "offline", "disabled"] = "disabled"
+    """Off unless asked for (`--wandb`); `offline` writes runs under `dir` for a later `wandb sync`;
+    `online` needs a wandb login."""
     project: str = "envrl"
     """wandb project name."""
     group: str | None = None
@@ -116,6 +128,23 @@ class MetricsSink:
                 raise OSError(e.errno, f"{e.strerror} (appending a metrics line)", str(self.path)) from e
         if self._run is not None:
             self._run.log(dict(values), step=step)
+
+    def log_samples(self, step: int, name: str, traces: list[Trace]) -> None:
+        """A wandb table `name` of the first `SAMPLE_ROWS` rollouts (prompt, completion, reward,
+        stop reason, error) at `step`; nothing when wandb is off (the rollouts are in their JSONL)."""
+        if self._run is None:
+            return
+        import wandb as wandb_lib
+
+        rows = []
+        for trace in traces[:SAMPLE_ROWS]:
+            turn = trace.branches[0].turns[-1] if trace.branches and trace.branches[0].turns else None
+            prompt = str(turn.prompt[-1].get("content", "")) if turn and turn.prompt else ""
+            completion = str(turn.response.get("content", "")) if turn else ""
+            error = trace.error.type if trace.error else ""
+            rows.append([prompt[-SAMPLE_CHARS:], completion[:SAMPLE_CHARS], trace.reward, trace.stop_reason, error])
+        columns = ["prompt", "completion", "reward", "stop_reason", "error"]
+        self._run.log({name: wandb_lib.Table(columns=columns, data=rows)}, step=step)
 
     def close(self) -> None:
         """Finish the wandb run and close the file; a wandb run that cannot be finished (a full

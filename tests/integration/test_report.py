@@ -1,7 +1,8 @@
 """The report of the shared smoke run (written by `rl` at its end), opened in a real headless
 chromium from file://: the plots load, and the trace browser lists the step's rollouts with the
 masks and tokens of the batch files. The run's time ledger accounts for its steps' wall time and
-its timeline.json is a trace-event file with a track per process.
+its timeline.json is a trace-event file with a track per process. A failed run's report and an
+`rl eval` dir's report (built from files, no vLLM) open with their headline and failure box.
 """
 
 from __future__ import annotations
@@ -16,12 +17,24 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from envrl.layout import batch_dir, report_dir, train_rollouts_file
+from envrl.layout import batch_dir, eval_rollouts_file, report_dir, train_rollouts_file
 from envrl.ledger import read_ledger
+from envrl.orchestrator.jsonl import append_lines, trace_line
+from envrl.report.main import write_report
 from envrl.report.plots import PLOTS
 from envrl.report.timeline import step_splits
 from envrl.samples import read_batch
 from tests.integration.smoke import SmokeRun
+from tests.unit.report.runs import (
+    FAILED_LOG_TAIL,
+    samples_of,
+    trace,
+    write_config,
+    write_eval_dir,
+    write_failed_run,
+    write_metrics,
+    write_step,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -38,6 +51,11 @@ def chromium(tmp_path: Path, url: str, *flags: str) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
+
+
+def dom_of_report(tmp_path: Path, output_dir: Path) -> str:
+    """Write the report of `output_dir` and open it in chromium; the page's DOM after its scripts ran."""
+    return unescape(chromium(tmp_path, write_report(output_dir).resolve().as_uri(), "--dump-dom"))
 
 
 def page(smoke_run: SmokeRun, step: int, rollout: int) -> str:
@@ -69,6 +87,48 @@ def test_trace_browser_lists_the_steps_rollouts_with_the_batch_masks(smoke_run: 
         assert [int(m) for m, _ in tokens] == samples[rollout].loss_mask
         assert [int(i) for _, i in tokens] == samples[rollout].input_ids
         assert "messages" in unescape(detail.group(0))
+
+
+@needs_chromium
+def test_a_failed_runs_report_opens_with_the_failure_box_not_empty_plots(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_failed_run(run)
+    dom = dom_of_report(tmp_path, run)
+    headline = re.search(r'<table id="headline">(.*?)</table>', dom, re.S)
+    assert headline and '<span class="status-failed">failed</span>' in headline.group(1)
+    assert "<td>0 of 2</td>" in headline.group(1) and "<td>13 s</td>" in headline.group(1)
+    failure = re.search(r'<div id="failure">(.*?)</div>', dom, re.S)
+    assert failure, "no visible failure box"
+    assert "The run failed: trainer with exit code 1" in failure.group(1)
+    assert failure.group(1).rstrip().endswith(f"{FAILED_LOG_TAIL}</pre>")
+    assert "<img" not in dom and "no plots: the run wrote no metrics line" in dom
+
+
+@needs_chromium
+def test_an_evals_report_lists_its_rollouts_under_the_eval_headline(tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    traces = write_eval_dir(out)
+    dom = dom_of_report(tmp_path, out)
+    headline = re.search(r'<table id="headline">(.*?)</table>', dom, re.S)
+    assert headline and "<th>eval of</th><td>reverse-text</td>" in headline.group(1)
+    assert "reward 0.500, error_rate 0.333" in headline.group(1)
+    assert '<div id="failure" hidden="">' in dom
+    assert len(re.findall(r'<tr class="rollout eval', dom)) == len(traces)
+    assert "ConnectError" in dom
+
+
+@needs_chromium
+def test_the_trace_browser_opens_on_the_last_train_step_not_the_final_evals(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_config(run)
+    write_metrics(run, 2)
+    for step in (0, 1):
+        write_step(run, step, [trace(step, [300, 2]), trace(step, [301, 2])], samples_of(trace(step, [300, 2])))
+    final_eval = (trace_line(trace(9, [302, 2]), step=2, env="learnable-eval", policy_step=2),)
+    append_lines(eval_rollouts_file(run, 2), final_eval)  # the eval at max_steps: a step of its own
+    dom = dom_of_report(tmp_path, run)
+    assert '<span id="status" class="muted">2 rollouts at step 1</span>' in dom
+    assert len(re.findall(r'<tr class="rollout train', dom)) == 2
 
 
 @needs_chromium

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import json
 import signal
 import socket
 import sys
@@ -29,7 +28,7 @@ from pydantic import BaseModel
 from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.console import RunConsole
-from envrl.launcher import run_dir
+from envrl.launcher import run_dir, summary
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
@@ -38,6 +37,7 @@ from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
+from envrl.progress import duration
 
 COMMANDS: dict[str, str] = {
     "eval": "envrl.orchestrator.evaluate",
@@ -131,31 +131,36 @@ def run_training(argv: Sequence[str]) -> None:
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     supervisor = Supervisor(grace=rl.shutdown_grace)
-    code = 0
+    code, started = 0, time.monotonic()
+    outcome = summary.Outcome(status="failed", reason="launcher error", error="see logs/launcher.log")
     try:
         _check_ports(run)
         _start(run, launch_plan(run, placement, cpus), supervisor, cpus)
         console.start()
         supervisor.watch(until={"trainer", "orchestrator"})
         console.stop()
-        _summary(rl, supervisor.restarts())
-        from envrl.report.main import write_report_at_end  # matplotlib: 1.6 s of every rl start otherwise
-
-        write_report_at_end(rl.output_dir)
+        outcome = summary.Outcome(status="success", reason="completed")
+        _summary(rl, supervisor.restarts(), time.monotonic() - started)
     except ChildFailed as e:
         logger.error(f"run failed: {e}")
-        code = 1
+        code, outcome = 1, summary.Outcome(status="failed", reason="process failed", error=str(e))
     except Interrupted as e:
         logger.warning(f"{e} received: shutting the run down")
         code = 130 if e.signum == signal.SIGINT else 0
+        outcome = summary.Outcome(status="interrupted", reason=str(e))
     except RuntimeError as e:
         logger.error(str(e))
-        code = 1
+        code, outcome = 1, summary.Outcome(status="failed", reason="error", error=str(e))
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         console.stop()
+        _write_summary(rl, argv, outcome, supervisor, time.monotonic() - started)
         supervisor.stop_all()
+        if outcome.status != "interrupted":  # after summary.json, which its headline reads
+            from envrl.report.main import write_report_at_end  # matplotlib: 1.6 s of every rl start otherwise
+
+            write_report_at_end(rl.output_dir)
     raise SystemExit(code)
 
 
@@ -220,22 +225,38 @@ def _restart_sidecar(command: Command) -> Child:
     return child
 
 
-def _summary(rl: RLConfig, restarts: dict[str, int]) -> None:
-    rewards: list[float] = []
-    metrics_file = layout.metrics_file(rl.output_dir)
-    if metrics_file.exists():
-        for line in metrics_file.read_text().splitlines():
-            record = json.loads(line)
-            if "train/reward" in record:
-                rewards.append(record["train/reward"])
-    reward = f"{rewards[0]:.3f} -> {rewards[-1]:.3f}" if rewards else "n/a"
+def _summary(rl: RLConfig, restarts: dict[str, int], wall_time_s: float) -> None:
+    results = summary.results(rl.output_dir)
+    train = results["train_reward"]
+    reward = f"{train['first']:.3f} -> {train['last']:.3f}" if train else "n/a"
+    evals = ", ".join(f"{env} {s['last']:.3f} @{s['last_step']}" for env, s in results["eval_reward"].items())
     out = rl.output_dir
     restarted = ", ".join(f"{name} {n}x" for name, n in restarts.items()) or "none"
     logger.success(
-        f"run finished: {len(rewards)} steps, reward {reward}, restarts: {restarted}\n"
+        f"run finished: {results['steps_done']} steps in {duration(wall_time_s)}, reward {reward}, "
+        f"final eval {evals or 'none'}, restarts: {restarted}\n"
         f"  output dir: {out}\n  logs:       {layout.logs_dir(out)}\n  rollouts:   {layout.rollouts_root(out)}\n"
-        f"  weights:    {layout.weights_root(out)}\n  metrics:    {metrics_file}"
+        f"  weights:    {layout.weights_root(out)}\n  metrics:    {layout.metrics_file(out)}\n"
+        f"  summary:    {summary.summary_file(out)}"
     )
+
+
+def _write_summary(
+    rl: RLConfig, argv: Sequence[str], outcome: summary.Outcome, supervisor: Supervisor, wall_time_s: float
+) -> None:
+    """Write summary.json, naming the first process that died (before `stop_all` ends the rest)."""
+    dead = [c for c in supervisor.children if c.poll() not in (None, 0)]
+    if outcome.status == "failed" and dead:
+        child, log = dead[0], str(dead[0].log_file) if dead[0].log_file else None
+        outcome = outcome.model_copy(
+            update={"failed_process": child.name, "exit_code": child.poll(), "failed_log": log}
+        )
+    try:
+        path = summary.write(rl.output_dir, argv, outcome, wall_time_s)
+    except OSError as e:  # a full disk must not hide how the run ended
+        logger.warning(f"could not write {summary.summary_file(rl.output_dir)}: {e}")
+        return
+    logger.info(f"run summary: {path}")
 
 
 if __name__ == "__main__":

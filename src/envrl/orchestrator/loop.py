@@ -386,6 +386,7 @@ class Orchestrator:
         metrics = {f"eval/{env.name}/{key}": value for key, value in grid.summary().items()}
         metrics[f"eval/{env.name}/policy_step"] = policy_step
         self.metrics.log(step, metrics)
+        self.metrics.log_samples(step, f"eval/{env.name}/samples", [t for group in grid.groups() for t in group])
         logger.info(
             f"eval {env.name!r} at step {step} (policy {policy_step}): reward {metrics[f'eval/{env.name}/reward']:.3f}, "
             f"{grid.n * grid.r} rollouts in {time.monotonic() - started:.1f} s -> {path}"

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from envrl.layout import (
     batch_dir,
     configs_dir,
+    eval_results_root,
     eval_rollouts_file,
     metrics_file,
     published_steps,
@@ -113,6 +114,15 @@ def eval_lines(output_dir: Path) -> dict[int, list[str]]:
     for path in sorted(root.glob("step_*.jsonl")) if root.is_dir() else []:
         _lines_by_step(path, by_step)
     return dict(by_step)
+
+
+def results_lines(output_dir: Path) -> list[str]:
+    """The complete lines of an `rl eval` output dir's `eval/<env>.jsonl` files, env by env."""
+    lines: list[str] = []
+    for path in sorted(eval_results_root(output_dir).glob("*.jsonl")):
+        with path.open() as f:
+            lines.extend(line for line in f if line.endswith("\n"))  # a cut last line is being written
+    return lines
 
 
 def parse_rollouts(lines: list[str], where: str, split: Split = "train") -> list[Rollout]:

@@ -3,7 +3,8 @@
 Guarantee: the report only reads the run directory (safe while the run goes on) and writes only
 under `<output_dir>/report/`, every file in one rename and the index last, so `index.html` is
 always a complete page whose plots and step files exist. Exit code 0 when written, 2 when
-OUTPUT_DIR is not a run directory.
+OUTPUT_DIR is neither a run directory nor an `rl eval` output dir. The page opens with the
+headline (`report/headline.py`); a run with no metrics line (one that failed at start) gets no plots.
 """
 
 from __future__ import annotations
@@ -19,16 +20,19 @@ from loguru import logger
 
 from envrl import layout
 from envrl.atomic import atomic_write_text
+from envrl.launcher.summary import SUMMARY_NAME as summary_name
 from envrl.ledger import read_ledger
 from envrl.report.data import (
     Detokenizer,
     eval_lines,
     parse_rollouts,
     read_metrics,
+    results_lines,
     step_rollouts,
     tokenizer_source,
     train_lines,
 )
+from envrl.report.headline import headline, is_eval_dir
 from envrl.report.page import fingerprint, step_summary, write_index, write_step
 from envrl.report.plots import Run, write_plots
 from envrl.report.timeline import chrome_trace, step_splits
@@ -37,21 +41,28 @@ from envrl.report.timeline import chrome_trace, step_splits
 def write_report(output_dir: Path) -> Path:
     """Write (or bring up to date) the report of the run in `output_dir`; returns its index.html."""
     output_dir = Path(output_dir)
-    if not (output_dir / "metrics.jsonl").exists() and not (output_dir / "rollouts").is_dir():
+    facts = headline(output_dir)
+    marks = ("metrics.jsonl", "rollouts", summary_name)
+    if facts["kind"] == "run" and not any((output_dir / mark).exists() for mark in marks):
         raise FileNotFoundError(
-            f"{output_dir} holds no metrics.jsonl and no rollouts/: not a run directory (or the run has not "
-            "reached its first step yet); pass the output_dir of an `rl` or `orchestrator` run"
+            f"{output_dir} holds no metrics.jsonl, rollouts/, {summary_name} or eval/<env>.jsonl: not a run "
+            "directory (or the run has not reached its first step yet); pass the output_dir of an `rl`, "
+            "`orchestrator` or `rl eval` run"
         )
     started = time.monotonic()
     out = layout.report_dir(output_dir)
     spans = read_ledger(output_dir)
-    plots = write_plots(Run(read_metrics(output_dir), step_splits(spans)), out / "plots")
+    records = read_metrics(output_dir)
+    plots = write_plots(Run(records, step_splits(spans)), out / "plots") if records else []
     atomic_write_text(out / "timeline.json", json.dumps(chrome_trace(spans)))
     manifest_path = out / "steps" / "manifest.json"
     manifest = _read_manifest(manifest_path)
     detok: Detokenizer | None = None
     summaries, fresh = [], 0
-    train, evals = train_lines(output_dir), eval_lines(output_dir)
+    if is_eval_dir(output_dir):  # an `rl eval` dir: its results as one "step" of eval rollouts
+        train, evals = {}, {0: results_lines(output_dir)}
+    else:
+        train, evals = train_lines(output_dir), eval_lines(output_dir)
     for step in sorted({*train, *evals}):
         lines, eval_ = train.get(step, []), evals.get(step, [])
         mark, path = fingerprint(output_dir, step, lines + eval_), out / "steps" / f"step_{step}.js"
@@ -68,7 +79,7 @@ def write_report(output_dir: Path) -> Path:
         summaries.append(entry["summary"])
     if fresh:
         atomic_write_text(manifest_path, json.dumps(manifest))
-    index = write_index(out, output_dir.resolve().name, plots, summaries)
+    index = write_index(out, output_dir.resolve().name, plots, summaries, facts)
     logger.info(
         f"report of {output_dir}: {len(plots)} plots, {len(summaries)} steps ({fresh} written anew) "
         f"in {time.monotonic() - started:.1f} s -> {index}"
@@ -97,9 +108,13 @@ def write_report_at_end(output_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="rl report", description="Write <OUTPUT_DIR>/report/: plots and a trace browser (open index.html)."
+        prog="rl report",
+        description="Write <OUTPUT_DIR>/report/: a headline, plots and a trace browser (open index.html); "
+        "OUTPUT_DIR is an `rl` run's output dir or an `rl eval` one (a trace browser of its rollouts).",
     )
-    parser.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="the run directory (output_dir)")
+    parser.add_argument(
+        "output_dir", type=Path, metavar="OUTPUT_DIR", help="the run directory (output_dir) or an `rl eval` output dir"
+    )
     args = parser.parse_args(argv)
     from envrl.log import LogConfig, setup_logging
 

@@ -118,10 +118,13 @@ def step_summary(step: int, rollouts: list[Rollout]) -> dict[str, Any]:
     }
 
 
-def write_index(report: Path, run_name: str, plots: list[tuple[str, str]], steps: list[dict[str, Any]]) -> Path:
+def write_index(
+    report: Path, run_name: str, plots: list[tuple[str, str]], steps: list[dict[str, Any]], headline: dict[str, Any]
+) -> Path:
     template = resources.files("envrl.report").joinpath("index.html").read_text()
     index = {
         "run": run_name,
+        "headline": headline,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "plots": [{"file": f"plots/{name}", "title": title} for name, title in plots],
         "steps": steps,

@@ -8,6 +8,7 @@ in one rename, so a page opened during a run shows the old or the new image, nev
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,8 @@ class Plot:
     title: str
     draw: Callable[[Axes, Run], bool]
     """Draws on the axes; False when there was nothing to draw."""
+    height: float = 3.6
+    """Figure height in inches (a plot with a long legend below it needs more)."""
 
 
 def _lines(ax: Axes, records: list[Record], keys: dict[str, str], style: str = "-") -> bool:
@@ -82,32 +85,39 @@ def _time_split(ax: Axes, run: Run) -> bool:
             ax.bar(steps, values, bottom=bottom, label=label, color=colour)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("seconds")
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    typical = sorted(bottom)[(len(bottom) - 1) * 9 // 10]
-    if max(bottom) > 3 * typical > 0:  # a start-up step would flatten every other bar: cut it, say its height
-        top = 2 * typical
-        ax.set_ylim(0, top)
-        for step, total in zip(steps, bottom, strict=True):
-            if total > top:
-                ax.text(
-                    step,
-                    top * 0.97,
-                    f"{total:.1f} s",
-                    ha="center",
-                    va="top",
-                    fontsize=6,
-                    rotation=90,
-                    backgroundcolor="white",
-                )
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    _clip(ax, steps, bottom, " s")
     return True
 
 
+def _clip(ax: Axes, steps: list[int], values: list[float], unit: str = "") -> None:
+    """Cut the y axis at twice the typical (90th percentile) value when a point is over three times
+    it, and write each cut point's value at the top: one start-up step would flatten every other."""
+    points = [(step, v) for step, v in zip(steps, values, strict=True) if not math.isnan(v)]
+    if not points:
+        return
+    ordered = sorted(v for _, v in points)
+    typical = ordered[(len(ordered) - 1) * 9 // 10]
+    if not ordered[-1] > 3 * typical > 0:
+        return
+    top = 2 * typical
+    ax.set_ylim(0, top)
+    for step, value in points:
+        if value > top:
+            ax.text(step, top * 0.97, f"{value:.1f}{unit}", ha="center", va="top", fontsize=6, rotation=90,
+                    backgroundcolor="white")  # fmt: skip
+
+
 def _throughput(ax: Axes, run: Run) -> bool:
-    """Trainer tokens/s on the left axis, rollouts/s (orchestrator) on a right one: scales apart."""
+    """Trainer tokens/s on the left axis, rollouts/s (orchestrator) on a right one: scales apart.
+    Each axis is clipped (`_clip`) above a warm-up outlier: the first steps' rollouts/s divides a
+    batch that was ready early by a step time near zero."""
     drawn = _lines(ax, run.records, {"trainer/tokens_per_s": "trainer tokens/s"}, "-o")
+    _clip(ax, *series(run.records, "trainer/tokens_per_s"))
     ax.set_ylabel("tokens/s")
     right = ax.twinx()
     if _lines(right, run.records, {"perf/rollouts_per_s": "rollouts/s (right axis)"}, "s--C1"):
+        _clip(right, *series(run.records, "perf/rollouts_per_s"))
         right.set_ylabel("rollouts/s")
         right.legend(fontsize=7, loc="upper right")
         drawn = True
@@ -158,7 +168,7 @@ PLOTS = [
         "Throughput",
         _throughput,
     ),
-    Plot("time_split", "Where each step's wall time went", _time_split),
+    Plot("time_split", "Where each step's wall time went", _time_split, height=5.6),
 ]
 
 
@@ -166,7 +176,7 @@ def write_plots(run: Run, out: Path) -> list[tuple[str, str]]:
     """Draw every plot into `out/<name>.png`; returns (file name, title) in page order."""
     written = []
     for plot in PLOTS:
-        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=90)
+        fig, ax = plt.subplots(figsize=(7, plot.height), dpi=90)
         try:
             if plot.draw(ax, run):
                 ax.set_xlabel("step")

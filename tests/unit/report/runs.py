@@ -3,10 +3,12 @@ a batch, metrics lines and the orchestrator config naming the tiny model's token
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from envrl.envs.model_client import SamplingArgs
-from envrl.layout import configs_dir, train_rollouts_file
+from envrl.launcher import summary
+from envrl.layout import configs_dir, eval_results_file, eval_summary_file, logs_dir, train_rollouts_file
 from envrl.metrics import MetricsSink, WandbConfig
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.trajectories import trace_to_samples
@@ -68,4 +70,36 @@ def write_metrics(out: Path, steps: int) -> None:
 
 def write_config(out: Path) -> None:
     configs_dir(out).mkdir(parents=True, exist_ok=True)
-    (configs_dir(out) / "orchestrator.toml").write_text(f'[model]\nname = "{TINY_MODEL}"\n')
+    (configs_dir(out) / "orchestrator.toml").write_text(
+        f'max_steps = 2\n[model]\nname = "{TINY_MODEL}"\n[[envs]]\nid = "{ENV}"\n'
+    )
+
+
+FAILED_LOG_TAIL = "RuntimeError: the trainer ran out of memory loading the model"
+
+
+def write_failed_run(out: Path) -> None:
+    """A run whose trainer died at start-up: its configs, its log and the launcher's summary.json,
+    as `rl` leaves them (no metrics line, no rollouts)."""
+    write_config(out)
+    log = logs_dir(out) / "trainer.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("".join(f"loading shard {k}\n" for k in range(100)) + FAILED_LOG_TAIL + "\n")
+    outcome = summary.Outcome(
+        status="failed",
+        reason="process failed",
+        failed_process="trainer",
+        exit_code=1,
+        failed_log=str(log),
+        error="trainer (pid 4242) exited with code 1; last lines of the log follow",
+    )
+    summary.write(out, ["--config", "configs/rl/smoke.toml"], outcome, 12.5)
+
+
+def write_eval_dir(out: Path, env: str = "reverse-text") -> list[Trace]:
+    """The output dir of an `rl eval` of one env: its `eval/<env>.jsonl` and `eval/summary.json`."""
+    traces = [trace(1, [300, 2], reward=1.0), trace(1, [301, 2], reward=0.0), trace(2, error="ConnectError")]
+    lines = [trace_line(t, env=env, rollout=j % 2) for j, t in enumerate(traces)]
+    append_lines(eval_results_file(out, env), lines)
+    eval_summary_file(out).write_text(json.dumps({env: {"reward": 0.5, "error_rate": 1 / 3}}))
+    return traces

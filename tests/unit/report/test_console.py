@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from envrl.console import RunConsole
+from envrl.console import ProgressBoard, RunConsole
 from envrl.metrics import MetricsSink, WandbConfig
 from envrl.progress import CLEAR_LINE
 
@@ -57,7 +57,32 @@ def test_every_step_gets_one_line_with_its_numbers(tmp_path: Path) -> None:
     assert "(wait batch 1.0, train 2.0, publish 0.5, gen 0.5/rollout)" in lines[0]
     assert "in-flight 8" in lines[0] and "lag 1.00" in lines[0] and "errors 50%" in lines[0]
     assert lines[-1].endswith("ETA 0s")
-    assert re.search(r"ETA \d", lines[0])
+    assert lines[0].endswith("ETA ?")  # the first step includes start-up: no estimate from it
+    assert re.search(r"ETA \d", lines[1])
+    assert (tmp_path / "logs" / "steps.log").read_text().splitlines() == lines
+
+
+def test_eta_leaves_out_the_first_step_which_includes_start_up() -> None:
+    board = ProgressBoard(total_steps=10)
+    parts = {"trainer/step_time_s": 2.0, "trainer/publish_time_s": 0.5}
+    first = board.feed({"step": 0, "process": "trainer", "time": 1000.0, "trainer/wait_time_s": 900.0, **parts})
+    assert first is not None and first.endswith("ETA ?")
+    second = board.feed({"step": 1, "process": "trainer", "time": 1010.0, "trainer/wait_time_s": 7.5, **parts})
+    assert second is not None and second.endswith("ETA 1m20s")  # 8 steps left at the steady 10 s each
+    whole = ProgressBoard(total_steps=1)
+    only = whole.feed({"step": 0, "process": "trainer", "time": 1000.0, "trainer/wait_time_s": 900.0, **parts})
+    assert only is not None and only.endswith("ETA 0s")  # nothing left: no estimate needed
+
+
+def test_steps_log_keeps_earlier_lines_when_a_resumed_run_appends(tmp_path: Path) -> None:
+    steps_log = tmp_path / "logs" / "steps.log"
+    steps_log.parent.mkdir()
+    steps_log.write_text("step 0 (1/2) | from the run before the resume\n")
+    console = RunConsole(tmp_path, total_steps=2, stream=io.StringIO())
+    log_step(sink(tmp_path, "orchestrator", resume_step=1), sink(tmp_path, "trainer", resume_step=1), 1)
+    console.poll()
+    lines = steps_log.read_text().splitlines()
+    assert lines[0].endswith("from the run before the resume") and lines[1].startswith("step 1 (2/2)")
 
 
 def test_earlier_runs_lines_are_skipped_and_a_resume_rewrite_prints_each_step_once(tmp_path: Path) -> None:

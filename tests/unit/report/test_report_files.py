@@ -13,9 +13,26 @@ from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.report.main import main, write_report
 from envrl.report.page import STEP_FUNCTION
 from envrl.report.plots import PLOTS
-from tests.unit.report.runs import TINY_MODEL, samples_of, trace, write_config, write_metrics, write_step
+from tests.unit.report.runs import (
+    FAILED_LOG_TAIL,
+    TINY_MODEL,
+    samples_of,
+    trace,
+    write_config,
+    write_eval_dir,
+    write_failed_run,
+    write_metrics,
+    write_step,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def index_data(report: Path) -> dict:
+    """The INDEX object the page's script reads (the template's one JSON literal)."""
+    html = (report / "index.html").read_text()
+    start = html.index("const INDEX = ") + len("const INDEX = ")
+    return json.loads(html[start : html.index(";\n", start)].replace("<\\/", "</"))
 
 
 def step_data(report: Path, step: int) -> dict:
@@ -93,3 +110,37 @@ def test_report_of_a_directory_that_is_no_run_exits_2(tmp_path: Path, capsys: py
         main([str(tmp_path)])
     assert exit_info.value.code == 2
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_headline_of_a_finished_run_names_model_envs_steps_and_final_weights(run_dir: Path) -> None:
+    from envrl.launcher import summary
+
+    summary.write(run_dir, [], summary.Outcome(status="success", reason="completed"), 3.0)
+    headline = index_data(write_report(run_dir).parent)["headline"]
+    assert headline["kind"] == "run" and headline["status"] == "success"
+    assert headline["model"] == str(TINY_MODEL) and headline["envs"] == ["learnable"]
+    assert headline["steps_done"] == 2 and headline["max_steps"] == 2 and headline["wall_time_s"] == 3.0
+    assert "failure" not in headline
+
+
+def test_a_failed_run_gets_a_failure_box_with_its_log_tail_and_no_empty_plots(tmp_path: Path) -> None:
+    write_failed_run(tmp_path)
+    report = write_report(tmp_path).parent
+    index = index_data(report)
+    failure = index["headline"]["failure"]
+    assert failure["process"] == "trainer" and failure["exit_code"] == 1
+    assert failure["log_tail"].endswith(FAILED_LOG_TAIL) and len(failure["log_tail"].splitlines()) == 40
+    assert index["plots"] == [] and not (report / "plots").exists()
+
+
+def test_an_eval_output_dir_gets_a_trace_browser_of_its_rollouts(tmp_path: Path) -> None:
+    traces = write_eval_dir(tmp_path)
+    report = write_report(tmp_path).parent
+    index = index_data(report)
+    assert index["headline"]["kind"] == "eval" and index["headline"]["envs"] == ["reverse-text"]
+    assert index["headline"]["eval"]["reverse-text"]["reward"] == 0.5
+    rollouts = step_data(report, 0)["rollouts"]
+    assert [(r["split"], r["env"], r["reward"]) for r in rollouts] == [
+        ("eval", "reverse-text", t.reward) for t in traces
+    ]
+    assert rollouts[2]["error"]["type"] == "ConnectError"

@@ -58,3 +58,33 @@ def test_a_resumed_sink_drops_its_own_lines_of_later_steps_and_a_cut_line(tmp_pa
         ("trainer", 2),
     ]
     assert [r["step"] for r in lines if r["process"] == "orchestrator"] == [0, 1, 2, 3, 4]
+
+
+def test_wandb_is_off_by_default_and_a_bare_flag_turns_it_on() -> None:
+    from envrl.config import load_config
+    from envrl.launcher.config import RLConfig
+
+    envs = ["--orchestrator.envs", '[{"id": "reverse-text"}]']
+    assert load_config(RLConfig, envs, prog="rl").wandb.mode == "disabled"
+    on = load_config(RLConfig, [*envs, "--wandb", "--wandb.project", "p", "--wandb.name", "n"], prog="rl").wandb
+    assert (on.mode, on.project, on.name) == ("online", "p", "n")
+
+
+def test_an_offline_wandb_run_gets_a_table_of_eval_samples(tmp_path, monkeypatch):
+    from envrl.traces import Branch, Trace, Turn, WireTask
+
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    turn = Turn(prompt=[{"role": "user", "content": "reverse abc"}], response={"role": "assistant", "content": "cba"})
+    traces = [Trace(task=WireTask(idx=i), branches=[Branch(turns=[turn])], reward=1.0) for i in range(10)]
+    sink = MetricsSink(
+        tmp_path / "metrics.jsonl", WandbConfig(mode="offline", dir=tmp_path / "run"), process="orchestrator",
+        output_dir=tmp_path,
+    )  # fmt: skip
+    sink.log_samples(3, "eval/rev/samples", traces)
+    sink.close()
+    [table] = (tmp_path / "run" / "wandb").glob("offline-run-*/files/media/table/eval/rev/samples_*.table.json")
+    data = json.loads(table.read_text())
+    assert data["columns"] == ["prompt", "completion", "reward", "stop_reason", "error"]
+    assert len(data["data"]) == 8 and data["data"][0][:3] == ["reverse abc", "cba", 1.0]

