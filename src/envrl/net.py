@@ -1,4 +1,4 @@
-"""Which hosts and addresses only this machine can reach.
+"""Which hosts and addresses only this machine can reach, and whether a port is free to bind.
 
 Guarantee: anything that is not provably loopback (a wildcard, an interface name, a DNS name
 other than localhost) counts as exposed, so security checks fail closed.
@@ -7,6 +7,7 @@ other than localhost) counts as exposed, so security checks fail closed.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from urllib.parse import urlsplit
 
 
@@ -26,3 +27,15 @@ def is_loopback(address: str) -> bool:
     if parts.scheme in ("ipc", "inproc"):
         return True
     return is_loopback_host(parts.hostname or "")
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could bind `host:port` now, as the servers do (SO_REUSEADDR: connections
+    of a run that just ended, in TIME_WAIT, do not block the port)."""
+    with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True

@@ -80,7 +80,7 @@ def running_env_server(
     """`python`: the interpreter to serve in (an env's own venv); default: this test's `env-server`."""
     log = tmp / "env-server.log"
     command = [ENV_SERVER] if python is None else [python, "-m", "envrl.serve.main"]
-    argv = [*command, "--env.id", env_id, "--address", "tcp://127.0.0.1:0", "--log-file", str(log), *args]
+    argv = [*command, "--env.id", env_id, "--address", "tcp://127.0.0.1:0", "--log.file", str(log), *args]
     child, address = spawn_sidecar(
         argv, name="env-server", log_file=tmp / "env-server.out", env=server_env(), ready_timeout=ready_timeout
     )

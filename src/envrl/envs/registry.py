@@ -66,3 +66,18 @@ def load_environment(env_id: str, **args: Any) -> Environment:
         raise TypeError(f"the loader of environment {env_id!r} returned {type(env).__name__}, not an envrl Environment")
     env.env_id = env_id
     return env
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`rl envs`: the environment ids this interpreter serves, with the package that registers each."""
+    if argv in (["-h"], ["--help"]):
+        print("usage: rl envs\n\nLists the environment ids this interpreter serves and the package registering each.")
+        return
+    if argv:
+        raise SystemExit(f"rl envs: takes no arguments, got {' '.join(argv)}")
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        print(f"{ep.name:<24} {dist:<28} {ep.value}")
+    for prefix, module in ADAPTERS.items():
+        print(f"{prefix + ':<id>':<24} {'(adapter)':<28} {module}: served in an env's own venv (docs/adapters.md)")
+    print("also: 'package.module:function' loads an unpackaged env; an env's `project` serves it from its own venv")

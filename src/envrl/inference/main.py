@@ -21,6 +21,7 @@ from envrl.config import ConfigError, load_config
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import cpu_environment, link_model_info_cache, vllm_args, vllm_environment
 from envrl.log import setup_logging
+from envrl.net import port_is_free
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -29,6 +30,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"inference: config error: replicas = {config.replicas}, but this command serves one replica; "
             "start one per port, or let `rl` start them (docs/scale.md)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    if not port_is_free(config.host, config.port):
+        print(
+            f"inference: port {config.host}:{config.port} is already in use; stop what holds it or pass --port",
             file=sys.stderr,
         )
         raise SystemExit(2)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import difflib
 import importlib
 import signal
-import socket
 import sys
 import time
 from collections.abc import Sequence
 from functools import partial
+from importlib.metadata import version
 from pathlib import Path
 from typing import NoReturn
 
@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.console import RunConsole
-from envrl.launcher import run_dir, summary
+from envrl.launcher import preflight, run_dir, summary
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
@@ -36,15 +36,25 @@ from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.supervisor import Supervisor
 from envrl.log import setup_logging
+from envrl.net import port_is_free
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
 from envrl.progress import duration
 
 COMMANDS: dict[str, str] = {
     "eval": "envrl.orchestrator.evaluate",
     "report": "envrl.report.main",
+    "envs": "envrl.envs.registry",
 }
 """`rl NAME ARGS...` runs `main(ARGS)` of the module: a user command that does not collide with the
 shell (`eval` is a builtin). Adding a command is one line here."""
+
+
+USAGE = """usage: rl --config FILE.toml [--section.key VALUE ...] [--resume | --clean] [--dry-run]
+       rl COMMAND ...        commands: eval, report, envs (rl COMMAND --help)
+       rl --help             every option;  rl --version
+
+The smoke run (a tiny model learns on CPU in about a minute):
+  uv run --no-sync rl --config configs/debug/cpu_smoke.toml"""
 
 
 class Interrupted(Exception):
@@ -72,7 +82,9 @@ def dry_run_text(rl: RLConfig) -> str:
 
 
 def _plan(rl: RLConfig) -> tuple[ResolvedRun, Placement, CpuPlan | None]:
-    """Each process's config, devices and cores; ConfigError when they cannot work together."""
+    """Each process's config, devices and cores; ConfigError when they cannot work together or
+    name a model or an env that is not there (`preflight`)."""
+    preflight.check(rl)
     run = resolve_run(rl)
     placement = place(rl.trainer, rl.inference, visible_gpus(), rl.inference.replicas)
     return run, placement, plan_cpus(rl.cpus, usable_cores(), vllm_is_cpu_build())
@@ -92,6 +104,12 @@ def _process_configs(run: ResolvedRun) -> dict[str, BaseModel]:
 def main(argv: Sequence[str] | None = None) -> None:
     """`rl COMMAND ...` runs that command; anything else (options only) is a training run."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        print(USAGE, file=sys.stderr)
+        raise SystemExit(2)
+    if argv == ["--version"]:
+        print(f"envrl {version('envrl')}")
+        return
     if argv and not argv[0].startswith("-"):
         command = argv[0]
         if command not in COMMANDS:
@@ -173,15 +191,7 @@ def _write_configs(out: Path, run: ResolvedRun) -> None:
 
 def _check_ports(run: ResolvedRun) -> None:
     """Fail before spawning anything if a fixed port is taken, naming the port and its user."""
-    busy = []
-    for host, port, user in run.spawned_ports():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            # as the servers do: connections of a run that just ended (TIME_WAIT) do not block the port
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((host, port))
-            except OSError:
-                busy.append(f"{host}:{port} ({user})")
+    busy = [f"{host}:{port} ({user})" for host, port, user in run.spawned_ports() if not port_is_free(host, port)]
     if busy:
         raise RuntimeError(
             f"ports already in use: {', '.join(busy)}; stop what holds them or change inference.port / env_server_base_port"

@@ -16,7 +16,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from envrl.config import BaseConfig
 from envrl.envs.model_client import ClientConfig, EvalClientConfig, TrainClientConfig
-from envrl.log import LogLevel
+from envrl.log import LogConfig
 from envrl.net import is_loopback
 from envrl.serve.zmqio import MAX_BATCH
 
@@ -234,10 +234,8 @@ class EnvServerConfig(BaseConfig):
     """CURVE keys; required to bind a non-loopback address unless `insecure`."""
     insecure: bool = False
     """Allow a non-loopback address without CURVE (anyone who can reach the port can run rollouts)."""
-    log_file: Path | None = None
-    """One log file for the server and its workers."""
-    log_level: LogLevel = "INFO"
-    """Lowest level logged by the server and its workers."""
+    log: LogConfig = LogConfig()
+    """The server's and its workers' log (`--log.file`, `--log.level`), as every envrl command's."""
 
     @model_validator(mode="after")
     def _exposed_needs_keys(self) -> EnvServerConfig:

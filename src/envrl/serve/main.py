@@ -18,7 +18,7 @@ from loguru import logger
 
 from envrl.config import load_config
 from envrl.envs.registry import load_environment
-from envrl.log import LogConfig, setup_logging
+from envrl.log import setup_logging
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.server import EnvServer
 from envrl.serve.sockets import ServerSockets
@@ -26,7 +26,7 @@ from envrl.serve.sockets import ServerSockets
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(EnvServerConfig, argv, prog="env-server")
-    setup_logging(LogConfig(level=config.log_level, file=config.log_file), process="env-server")
+    setup_logging(config.log, process="env-server")
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         sockets = ServerSockets.bind(context, config)  # first, so a taken port fails fast

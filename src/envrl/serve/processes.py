@@ -32,7 +32,7 @@ class WorkerProcesses:
         config = self.config
         spec = WorkerConfig(
             worker_id=worker_id, address=self.pool_address, env=config.env, timeout=config.timeout,
-            log_file=config.log_file, log_level=config.log_level,
+            log_file=config.log.file, log_level=config.log.level,
         )  # fmt: skip
         argv = [sys.executable, "-m", "envrl.serve.worker", *config_argv(spec)]
         environ = {**os.environ, WORKER_IDENTITY_ENV: identity.decode()}  # not argv: others can read that

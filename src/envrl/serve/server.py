@@ -127,7 +127,7 @@ class EnvServer:
             for worker in plan.retired:
                 self._send_op(worker.id, [p.OP_STOP, 0])
         if self.pool.broken:
-            logger.error(self.pool.broken_message(self.config.env.id, self.config.log_file))
+            logger.error(self.pool.broken_message(self.config.env.id, self.config.log.file))
             return False
         return True
 

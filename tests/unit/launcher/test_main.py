@@ -93,3 +93,45 @@ def test_an_earlier_run_in_output_dir_needs_resume_or_clean(tmp_path: Path, caps
     assert exit_info.value.code == 2
     assert "pass --resume to continue it or --clean to start over" in capsys.readouterr().err
     assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.name", "deps/models/nope"], "model.name 'deps/models/nope': no such directory"),
+        (["--model.name", "scripts"], "model.name 'scripts': scripts has no config.json, so it is not an HF model"),
+        (
+            ["--orchestrator.envs", '[{"id": "reverse-txt"}]'],
+            "orchestrator.envs[0].id 'reverse-txt': no installed environment has this id; did you mean 'reverse-text'?",
+        ),
+        (
+            [*ONE_ENV, "--orchestrator.eval-envs", '[{"id": "lernable"}]'],
+            "orchestrator.eval_envs[0].id 'lernable': no installed environment has this id; did you mean 'learnable'?",
+        ),
+    ],
+)
+def test_a_missing_model_or_unknown_env_fails_the_dry_run_in_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: both passed --dry-run; the run failed after vLLM loaded, under a traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*ONE_ENV, *args, "--dry-run"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bare_rl_prints_usage_and_the_smoke_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: rl --config FILE.toml") and "rl --config configs/debug/cpu_smoke.toml" in err
+
+
+def test_rl_version_and_rl_envs(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--version"])
+    assert capsys.readouterr().out.startswith("envrl ")
+    main(["envs"])
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert {"learnable", "reverse-text", "verifiers:<id>"} <= set(listed)

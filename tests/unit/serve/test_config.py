@@ -58,7 +58,7 @@ def test_config_argv_rebuilds_the_same_config_in_a_child() -> None:
         address="tcp://127.0.0.1:0",
         pool=StaticPoolConfig(num_workers=2, multiplex=8),
         timeout={"rollout": None, "scoring": 5},
-        log_file="/tmp/x.log",
+        log={"file": "/tmp/x.log"},
     )
     parsed = _split_argv(config_argv(config))
     assert resolve_config(EnvServerConfig, parsed.config_files, parsed.overrides) == config

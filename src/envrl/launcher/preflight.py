@@ -1,0 +1,60 @@
+"""What `rl` (and `rl --dry-run`) checks before it starts anything, so a run that cannot work fails
+in a second with one line instead of after vLLM loaded.
+
+Guarantee: `check(rl)` raises `ConfigError` naming the key when `model.name` is neither a model
+directory nor a plausible hub id, or when an env the launcher would serve from this interpreter
+names an id no installed package registers (with the closest installed ids). Envs served from
+their own venv (`project`, `python`) and `package.module:function` or adapter ids are checked by
+their servers, which name the cause the same way.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+from envrl.config import ConfigError
+from envrl.envs.registry import installed_environment_ids
+from envrl.launcher.config import RLConfig
+
+
+def check(rl: RLConfig) -> None:
+    check_model(rl.model.name)
+    envs = [("orchestrator.envs", rl.orchestrator.envs), ("orchestrator.eval_envs", rl.orchestrator.eval_envs)]
+    installed = installed_environment_ids()
+    for key, table in envs:
+        for i, env in enumerate(table):
+            served_here = env.address is None and env.python is None and env.project is None
+            if served_here and ":" not in env.id and env.id not in installed:
+                close = difflib.get_close_matches(env.id, installed, n=2)
+                hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+                raise ConfigError(
+                    f"{key}[{i}].id {env.id!r}: no installed environment has this id; {hint}"
+                    f"installed: {', '.join(installed) or 'none'} (`uv run --no-sync rl envs` lists them)"
+                )
+
+
+def check_model(name: str) -> None:
+    """A local HF model directory, or a hub id (`org/name`) that may be downloaded or is cached."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model.name {name!r}: {path} has no config.json, so it is not an HF model directory")
+        return
+    looks_like_a_path = name.startswith((".", "/", "~")) or name.count("/") != 1
+    if looks_like_a_path:
+        raise ConfigError(
+            f"model.name {name!r}: no such directory (working directory {Path.cwd()}), and not a hub id "
+            "(org/name); check the path, or build the model first (README: The tiny model)"
+        )
+    if os.environ.get("HF_HUB_OFFLINE") == "1" and not _cached(name):
+        raise ConfigError(
+            f"model.name {name!r}: not in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids downloading it"
+        )
+
+
+def _cached(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache  # installed with transformers; only needed here
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
