@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import shutil
 import sys
+import textwrap
 import tomllib
 import types
 import typing
@@ -329,33 +331,50 @@ def config_to_toml(config: BaseModel, *, only_set: bool = False) -> str:
     return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True, exclude_unset=only_set))
 
 
+HELP_WIDTH = 100
+"""Columns `--help` fits in (fewer on a narrower terminal)."""
+
+
 def config_help(cls: type[BaseModel], prog: str, epilog: str = "") -> str:
+    """Every key as a `--flag`, grouped by section (top-level keys first), each with its
+    description, default or `(required)`, wrapped to the terminal (at most `HELP_WIDTH` columns)."""
+    width = min(HELP_WIDTH, shutil.get_terminal_size((HELP_WIDTH, 24)).columns)
     lines = [
         f"usage: {prog} [--config FILE.toml ...] [--section.key VALUE ...] [--dry-run]",
         "",
-        "Later --config files deep-merge over earlier ones; --key overrides come last.",
-        "Lists and dicts are JSON; booleans are --flag / --no-flag. --dry-run prints the",
-        "resolved config as TOML.",
-        "",
+        *textwrap.wrap(
+            "Later --config files deep-merge over earlier ones; --key overrides come last. Lists and dicts "
+            "are JSON; booleans are --flag / --no-flag. --dry-run prints the resolved config as TOML.",
+            width=width,
+        ),
     ]
-
     shorts = list(cls.cli_aliases.items()) if issubclass(cls, BaseConfig) else []
+    sections: dict[str, list[str]] = {}
 
-    def walk(model: type[BaseModel], prefix: str) -> None:
+    def walk(model: type[BaseModel], prefix: str, section: str) -> None:
         for name, field in model.model_fields.items():
             key = f"{prefix}{name}".replace("_", "-")
             sub = [t for t in _unwrap(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
             if len(sub) == 1 and len(_unwrap(field.annotation)) == 1:
-                walk(sub[0], f"{prefix}{name}.")
+                walk(sub[0], f"{prefix}{name}.", section or name)
                 continue
-            default = (
-                "" if field.is_required() else f" [default: {_short(field.get_default(call_default_factory=True))}]"
-            )
-            description = (field.description or "").replace("\n", " ")
             short = "".join(f", -{flag}" for flag, target in shorts if target.replace("_", "-") == key)
-            lines.append(f"  --{key}{short}  {description}{default}")
+            when = (
+                "(required)"
+                if field.is_required()
+                else f"[default: {_short(field.get_default(call_default_factory=True))}]"
+            )
+            text = " ".join((field.description or "").split())
+            entry = sections.setdefault(section or "general", [])
+            entry.append(f"  --{key}{short}")
+            entry += textwrap.wrap(
+                f"{text} {when}".strip(), width=width, initial_indent=" " * 6, subsequent_indent=" " * 6
+            )
 
-    walk(cls, "")
+    walk(cls, "", "")
+    general = sections.pop("general", [])
+    for section, entries in {"general": general, **sections}.items() if general else sections.items():
+        lines += ["", f"{section}:", *entries]
     return "\n".join([*lines, "", epilog] if epilog else lines)
 
 

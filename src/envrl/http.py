@@ -17,15 +17,18 @@ from typing import Any
 import aiohttp
 import httpx
 from loguru import logger
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 
 class RetryPolicy(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     max_retries: int = 3
     """Retries after the first attempt, for connection errors, timeouts and 5xx responses."""
     backoff: float = 0.5
     """Seconds before the first retry; doubles each retry."""
     max_backoff: float = 8.0
+    """Longest wait between retries, in seconds."""
     timeout: float = 120.0
     """Deadline of one attempt, in seconds."""
 

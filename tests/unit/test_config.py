@@ -177,8 +177,8 @@ def test_help_lists_keys_with_field_docstrings(capsys: pytest.CaptureFixture[str
         load_config(RunConfig, ["--help"], prog="test")
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert "--trainer.optim.lr  Peak learning rate." in out
-    assert "--trainer.activation-checkpointing  Recompute activations" in out
+    assert "  --trainer.optim.lr\n      Peak learning rate." in out
+    assert "  --trainer.activation-checkpointing\n      Recompute activations" in out
 
 
 def test_environment_variables_are_not_a_config_source(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,7 +219,7 @@ def test_help_shows_short_flags_beside_their_keys(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         load_config(ShortFlagsConfig, ["--help"], prog="test")
     out = capsys.readouterr().out
-    assert "--seed, -s" in out and "--trainer.optim.lr, -l  Peak learning rate." in out
+    assert "--seed, -s" in out and "  --trainer.optim.lr, -l\n      Peak learning rate." in out
 
 
 class OneOrManyConfig(BaseConfig):

@@ -40,9 +40,11 @@ class SamplingParams(_Plain):
     """Softmax temperature; 0 is greedy decoding (evaluation only: the orchestrator refuses it for
     train envs, since the trainer divides its logits by the temperature)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Sample from the smallest set of tokens whose probability adds up to this (1: all)."""
     top_k: int = Field(0, ge=0)
     """Sample from the k most likely tokens only (0: all)."""
     stop: list[str] | None = None
+    """Strings that end a turn (the server then detokenizes as it generates)."""
     max_episode_tokens: int | None = Field(None, ge=1)
     """Most tokens the model may generate over all turns of one rollout (None: no budget). Each
     turn's `max_tokens` is capped by what is left; an exhausted budget ends the rollout as

@@ -54,6 +54,7 @@ class InferenceConfig(BaseConfig):
     host: str = "127.0.0.1"
     """Interface the OpenAI-compatible server binds."""
     port: int = 8000
+    """Port of the OpenAI-compatible server (replica i of several: port + i)."""
     gpus: list[int] = []
     """Devices of the inference server, counted among the GPUs `rl` sees: it is started with
     CUDA_VISIBLE_DEVICES set to them. Empty: it sees what `rl` sees. Must not overlap

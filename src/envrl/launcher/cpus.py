@@ -28,9 +28,7 @@ class CpusConfig(BaseConfig):
 
     pin: bool = False
     """Give inference and trainer their own cores (CPU builds of vLLM only). Off by default: on a
-    2-core box it made on-policy steps slower (1.62 s vs 1.18 s; each role loses the other core
-    while the other idles) and async-2 steps no faster (1.12 s vs 1.14 s), though the trainer's
-    compute under overlap fell from 0.68 s to 0.41 s (scripts/bench/e2e.py, 64 x 32 tokens)."""
+    small box each role then loses the other's idle core (measurements: docs/running.md)."""
     inference: list[int] | None = Field(None, min_length=1)
     """Cores of vLLM's CPU worker. Default: the cores the trainer does not get (without either
     list: the first half of the cores `rl` may use, rounded up)."""

@@ -57,6 +57,13 @@ The smoke run (a tiny model learns on CPU in about a minute):
   uv run --no-sync rl --config configs/debug/cpu_smoke.toml"""
 
 
+EXAMPLES = """examples:
+  rl --config configs/debug/cpu_smoke.toml                    the smoke run
+  rl --config configs/debug/cpu_smoke.toml --max-steps 100 --orchestrator.batch-size 64
+  rl --resume --output-dir outputs/cpu_smoke --max-steps 80   continue a run, for longer
+  rl --config x.toml --dry-run                                each process's config and command"""
+
+
 class Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -127,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def run_training(argv: Sequence[str]) -> None:
     """Resolve, start and supervise one training run; exits with the code in the module docstring."""
-    epilog = "Commands: " + ", ".join(f"rl {name} --help" for name in COMMANDS)
+    epilog = EXAMPLES + "\n\nCommands: " + ", ".join(f"rl {name} --help" for name in COMMANDS)
     try:
         argv = run_dir.resume_argv(argv)
     except ConfigError as e:

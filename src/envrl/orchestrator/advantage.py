@@ -12,12 +12,14 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from envrl.traces import Trace
 
 
 class AdvantageConfig(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     scale: Literal["none", "group", "batch"] = "none"
     """What the centred rewards are divided by: nothing (Dr. GRPO), the group's reward standard
     deviation (GRPO), or the standard deviation of every reward in the step's batch (TRL's
@@ -28,6 +30,7 @@ class AdvantageConfig(BaseModel):
     """Train no sample of a truncated rollout (cut off by `max_tokens`, the episode budget or the
     context); its reward still counts in its group's mean (TRL's `mask_truncated_completions`)."""
     eps: float = 1e-6
+    """Added to a standard deviation before dividing by it."""
 
 
 def _std(values: Sequence[float]) -> float:

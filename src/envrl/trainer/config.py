@@ -117,8 +117,7 @@ class TrainerConfig(BaseConfig):
     batch_timeout_s: float = Field(3600.0, gt=0)
     """Fail if `rollouts/step_<n>/` has not appeared this long after the trainer started waiting."""
     batch_poll_s: float = Field(0.02, gt=0)
-    """How often to look for the next batch directory (one `stat`; at 0.2 s the trainer noticed
-    batches ~0.1 s late, 7% of a smoke-run step)."""
+    """How often to look for the next batch directory (one `stat` each time)."""
     wait_log_interval_s: float = Field(30.0, gt=0)
     """Log that the trainer is still waiting this often."""
     optim: OptimConfig = OptimConfig()

@@ -135,3 +135,14 @@ def test_rl_version_and_rl_envs(capsys: pytest.CaptureFixture[str]) -> None:
     main(["envs"])
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert {"learnable", "reverse-text", "verifiers:<id>"} <= set(listed)
+
+
+def test_rl_help_fits_100_columns_and_describes_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    flags = [i for i, line in enumerate(lines) if line.startswith("  --")]
+    undescribed = [lines[i] for i in flags if lines[i + 1].lstrip().startswith(("[default", "(required"))]
+    assert len(flags) > 80 and not undescribed, undescribed
+    assert "general:" in lines and "trainer:" in lines and "examples:" in lines
