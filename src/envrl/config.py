@@ -283,6 +283,8 @@ def _describe(error: dict[str, Any], model: type[BaseModel], layers: _Layers) ->
         ctx = error.get("ctx", {})
         return f"'{key}.type' is {ctx.get('tag')!r}{where}; expected one of {ctx.get('expected_tags')}"
     value = error.get("input")
+    if kind == "value_error" and isinstance(value, dict):  # a check across the section's keys: its message names them
+        return f"in '{key}'{where}: {error['msg'].removeprefix('Value error, ')}"
     shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
     return f"bad value for '{key}'{where}: {error['msg']} (got {shown})"
 

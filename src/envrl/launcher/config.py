@@ -147,7 +147,32 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
             )
     run = ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
     _check_no_shared_port([*run.spawned_ports(), *external])
+    _check_lengths(run)
     return run
+
+
+def _check_lengths(run: ResolvedRun) -> None:
+    """Token budgets that cannot work together: a turn longer than the model's context, a
+    training sample longer than the trainer's micro-batch budget."""
+    orchestrator, trainer = run.orchestrator, run.trainer
+    context = run.inference.vllm.get("max_model_len")
+    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval_envs", orchestrator.eval_envs)):
+        for i, env in enumerate(envs):
+            max_tokens = env.sampling_args(orchestrator.sampling).max_tokens
+            if isinstance(context, int) and max_tokens >= context:
+                where = (
+                    f"{key}[{i}].sampling.max_tokens"
+                    if "max_tokens" in env.sampling
+                    else "orchestrator.sampling.max_tokens"
+                )
+                raise ConfigError(
+                    f"{where} = {max_tokens} leaves no room for a prompt in inference.vllm.max_model_len = {context}"
+                )
+    if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.max_tokens:
+        raise ConfigError(
+            f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.max_tokens = {trainer.max_tokens}, the "
+            "tokens of one micro-batch: lower seq_len or raise trainer.max_tokens"
+        )
 
 
 def _check_no_shared_port(users: list[tuple[str, int, str]]) -> None:

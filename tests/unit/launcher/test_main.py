@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from envrl.launcher.main import COMMANDS, main
+from envrl.config import ConfigError, resolve_config
+from envrl.launcher.config import RLConfig
+from envrl.launcher.main import COMMANDS, _check_devices, main
 from envrl.launcher.run_dir import MARKER
 
 ONE_ENV = ["--orchestrator.envs", '[{"id": "reverse-text"}]']
@@ -146,3 +148,41 @@ def test_rl_help_fits_100_columns_and_describes_every_option(capsys: pytest.Capt
     undescribed = [lines[i] for i in flags if lines[i + 1].lstrip().startswith(("[default", "(required"))]
     assert len(flags) > 80 and not undescribed, undescribed
     assert "general:" in lines and "trainer:" in lines and "examples:" in lines
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--orchestrator.batch-size", "30", "--orchestrator.group-size", "8"],
+            "in 'orchestrator' (from --orchestrator.group-size on the command line): batch_size (30) must be a multiple of group_size (8)",
+        ),
+        (
+            ["--inference.vllm", '{"max_model_len": 512}', "--orchestrator.sampling.max-tokens", "600"],
+            "orchestrator.sampling.max_tokens = 600 leaves no room for a prompt in inference.vllm.max_model_len = 512",
+        ),
+        (
+            ["--orchestrator.seq-len", "9000", "--trainer.max-tokens", "4096"],
+            "orchestrator.seq_len = 9000 is over trainer.max_tokens = 4096",
+        ),
+    ],
+)
+def test_keys_that_cannot_work_together_are_one_line_naming_both(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*ONE_ENV, *args, "--dry-run"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_gpus_on_a_machine_or_install_without_them_are_refused_before_the_run() -> None:
+    def rl(*args: str) -> RLConfig:
+        return resolve_config(RLConfig, overrides=[("orchestrator.envs", '[{"id": "reverse-text"}]'), *args])
+
+    with pytest.raises(ConfigError, match="trainer.gpus name GPUs, but this machine shows none"):
+        _check_devices(rl(("trainer.gpus", "[0]")), visible=None, cpu_vllm=False)
+    with pytest.raises(ConfigError, match="the installed vLLM is the CPU build"):
+        _check_devices(rl(("inference.gpus", "[0]")), visible=["0"], cpu_vllm=True)
+    _check_devices(rl(("inference.gpus", "[0]")), visible=["0"], cpu_vllm=False)
+    _check_devices(rl(), visible=None, cpu_vllm=True)
