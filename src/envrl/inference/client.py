@@ -13,10 +13,14 @@ from typing import Any
 
 import aiohttp
 import httpx
+from loguru import logger
 from pydantic import BaseModel
 
 from envrl.http import HttpCallError, RetryPolicy, bearer, keep_alive_session, request_json
 from envrl.inference.config import API_KEY_ENV, api_key
+
+WAIT_REPORT_S = 30.0
+"""Seconds between the lines saying that the client still waits for its server."""
 
 
 class TokenCompletion(BaseModel):
@@ -127,11 +131,20 @@ class InferenceClient:
         )
 
     async def wait_until_ready(self, timeout: float) -> None:
-        """Poll `GET /health` until the server answers 200; raise TimeoutError after `timeout` s."""
+        """Poll `GET /health` until the server answers 200; raise TimeoutError after `timeout` s.
+        Says every `WAIT_REPORT_S` what it waits for (a server that is not started looks the same as
+        one still loading, so it waits the whole `timeout` either way)."""
         url = f"{self.base_url}/health"
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline, next_report = start + timeout, start + WAIT_REPORT_S
         last = "no answer yet"
         while True:
+            if time.monotonic() >= next_report:
+                next_report += WAIT_REPORT_S
+                logger.info(
+                    f"still waiting for the inference server at {self.base_url} ({time.monotonic() - start:.0f} s of "
+                    f"{timeout:.0f} s; last: {last}); is it started (`inference --config ...`) at that address?"
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(
