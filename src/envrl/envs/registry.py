@@ -29,7 +29,8 @@ def installed_environment_ids() -> list[str]:
     return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
 
 
-def _loader(env_id: str) -> Any:
+def environment_loader(env_id: str) -> Any:
+    """The function that builds env `env_id`; EnvironmentNotFound naming what is installed."""
     prefix, _, foreign_id = env_id.partition(":")
     if prefix in ADAPTERS:
         try:
@@ -61,7 +62,7 @@ def _loader(env_id: str) -> Any:
 
 def load_environment(env_id: str, **args: Any) -> Environment:
     """The environment `env_id`, built by its package's `load_environment(**args)`."""
-    env = _loader(env_id)(**args)
+    env = environment_loader(env_id)(**args)
     if not isinstance(env, Environment):
         raise TypeError(f"the loader of environment {env_id!r} returned {type(env).__name__}, not an envrl Environment")
     env.env_id = env_id

@@ -3,7 +3,8 @@ in a second with one line instead of after vLLM loaded.
 
 Guarantee: `check(rl)` raises `ConfigError` naming the key when `model.name` is neither a model
 directory nor a plausible hub id, or when an env the launcher would serve from this interpreter
-names an id no installed package registers (with the closest installed ids). Envs served from
+names an id no installed package registers (with the closest installed ids) or args its
+`load_environment` does not take (naming the ones it does). Envs served from
 their own venv (`project`, `python`) and `package.module:function` or adapter ids are checked by
 their servers, which name the cause the same way.
 """
@@ -11,11 +12,12 @@ their servers, which name the cause the same way.
 from __future__ import annotations
 
 import difflib
+import inspect
 import os
 from pathlib import Path
 
 from envrl.config import ConfigError
-from envrl.envs.registry import installed_environment_ids
+from envrl.envs.registry import environment_loader, installed_environment_ids
 from envrl.launcher.config import RLConfig
 
 
@@ -26,13 +28,31 @@ def check(rl: RLConfig) -> None:
     for key, table in envs:
         for i, env in enumerate(table):
             served_here = env.address is None and env.python is None and env.project is None
-            if served_here and ":" not in env.id and env.id not in installed:
+            if not served_here or ":" in env.id:
+                continue
+            if env.id not in installed:
                 close = difflib.get_close_matches(env.id, installed, n=2)
                 hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
                 raise ConfigError(
                     f"{key}[{i}].id {env.id!r}: no installed environment has this id; {hint}"
                     f"installed: {', '.join(installed) or 'none'} (`uv run --no-sync rl envs` lists them)"
                 )
+            _check_args(f"{key}[{i}].args", env.id, env.args)
+
+
+def _check_args(key: str, env_id: str, args: dict[str, object]) -> None:
+    """The env's `load_environment` accepts every key of `args` (a loader taking **kwargs accepts any)."""
+    parameters = inspect.signature(environment_loader(env_id)).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(args) - set(accepted))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], accepted, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(
+            f"{key}: {env_id!r} takes no argument {unknown[0]!r}; {hint}it accepts: {', '.join(accepted) or 'none'}"
+        )
 
 
 def check_model(name: str) -> None:

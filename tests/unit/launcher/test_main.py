@@ -186,3 +186,16 @@ def test_gpus_on_a_machine_or_install_without_them_are_refused_before_the_run() 
         _check_devices(rl(("inference.gpus", "[0]")), visible=["0"], cpu_vllm=True)
     _check_devices(rl(("inference.gpus", "[0]")), visible=["0"], cpu_vllm=False)
     _check_devices(rl(), visible=None, cpu_vllm=True)
+
+
+def test_an_env_arg_its_loader_does_not_take_is_one_line_naming_the_accepted_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: a TypeError under a traceback, from the env server, after vLLM loaded."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--orchestrator.envs", '[{"id": "reverse-text", "args": {"num_task": 3}}]', "--dry-run"])
+    assert exit_info.value.code == 2
+    assert (
+        "orchestrator.envs[0].args: 'reverse-text' takes no argument 'num_task'; did you mean 'num_train'? "
+        "it accepts: num_train, num_eval, seed, min_len, max_len"
+    ) in capsys.readouterr().err
