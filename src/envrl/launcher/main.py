@@ -83,8 +83,17 @@ def dry_run_text(rl: RLConfig) -> str:
         for command in launch_plan(run, placement, cpus).commands()
         for line in (f"{command.shell()}", *([f"#   {command.note}"] if command.note else []))
     ]
+    busy = _busy_ports(run)
+    warnings = [f"# warning: {busy}"] if busy else []
     return "\n".join(
-        [*parts, f"# cpus: {pinned}", "# commands (variables: what differs from rl's environment)", *commands, ""]
+        [
+            *warnings,
+            *parts,
+            f"# cpus: {pinned}",
+            "# commands (variables: what differs from rl's environment)",
+            *commands,
+            "",
+        ]
     )
 
 
@@ -214,11 +223,19 @@ def _write_configs(out: Path, run: ResolvedRun) -> None:
 
 def _check_ports(run: ResolvedRun) -> None:
     """Fail before spawning anything if a fixed port is taken, naming the port and its user."""
-    busy = [f"{host}:{port} ({user})" for host, port, user in run.spawned_ports() if not port_is_free(host, port)]
+    busy = _busy_ports(run)
     if busy:
-        raise RuntimeError(
-            f"ports already in use: {', '.join(busy)}; stop what holds them or change inference.port / env_server_base_port"
-        )
+        raise RuntimeError(busy)
+
+
+def _busy_ports(run: ResolvedRun) -> str:
+    """The run's fixed ports something else holds now, with what to do ("" when none)."""
+    busy = [f"{host}:{port} ({user})" for host, port, user in run.spawned_ports() if not port_is_free(host, port)]
+    if not busy:
+        return ""
+    return (
+        f"ports already in use: {', '.join(busy)}; stop what holds them or change inference.port / env_server_base_port"
+    )
 
 
 def _start(run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: CpuPlan | None) -> None:

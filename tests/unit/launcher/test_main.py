@@ -1,6 +1,7 @@
 """`rl` as a command: subcommands dispatch, and a run's config problems stop it before anything starts."""
 
 import importlib
+import socket
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,14 @@ def test_an_env_arg_its_loader_does_not_take_is_one_line_naming_the_accepted_one
         "orchestrator.envs[0].args: 'reverse-text' takes no argument 'num_task'; did you mean 'num_train'? "
         "it accepts: num_train, num_eval, seed, min_len, max_len"
     ) in capsys.readouterr().err
+
+
+def test_dry_run_warns_of_a_busy_port(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit):
+            main([*ONE_ENV, "--inference.port", str(port), "--dry-run"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"# warning: ports already in use: 127.0.0.1:{port} (inference)"), first
