@@ -13,8 +13,9 @@ import msgpack
 import zmq
 
 from envrl.serve.protocol import WORKER_DONE, WORKER_READY
+from tests.integration.bad_envs import HANG
 from tests.integration.bad_envs import SLEEP as SLEEP_TASK
-from tests.integration.env_servers import SAMPLING, SCRIPTED, raw_exchange, running_env_server
+from tests.integration.env_servers import SAMPLING, SCRIPTED, raw_exchange, running_env_server, wait_until
 
 METHODS = ["health", "info", "run_rollout", "run_group", "cancel", "reboot"]
 PARAM_KEYS = ["task_idx", "split", "client", "sampling", "seed", "n", "request_id", "retry", "type"]
@@ -121,3 +122,61 @@ def test_only_the_servers_own_workers_can_answer_on_its_worker_socket(tmp_path: 
         assert answer["id"] == "slow" and answer["ok"] and answer["result"]["reward"] == 1.0, answer
         assert server.child.poll() is None, "the server died"
         assert "from an unknown peer" in server.log_file.read_text()
+
+
+def info(address: str) -> dict[str, Any]:
+    [answer] = raw_exchange(address, [[msgpack.packb({"id": "info", "method": "info"})]])
+    return answer["result"]
+
+
+def test_unanswered_requests_are_bounded_by_bytes_per_client_and_in_total(tmp_path: Path) -> None:
+    """Before: accepted requests were bounded by count only, whatever their frames' size."""
+    pad = "x" * 400  # request ids are free-form strings: a frame of about 500 bytes
+    size = len(rollout_request(f"r00{pad}", SLEEP_TASK))
+    args = ["--pool", '{"type": "static", "num_workers": 1}', "--env.args", '{"sleep": 30.0}',
+            "--max-client-bytes", str(4 * size), "--max-pending-bytes", str(6 * size)]  # fmt: skip
+    with running_env_server(tmp_path, *args) as server:
+        context = zmq.Context.instance()
+        first, second = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+        try:
+            for sock in (first, second):
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.RCVTIMEO, 10_000)
+                sock.connect(server.address)
+            for i in range(5):
+                first.send(rollout_request(f"r{i:02d}{pad}", SLEEP_TASK))
+            refused = msgpack.unpackb(first.recv())
+            for i in range(10, 13):
+                second.send(rollout_request(f"r{i:02d}{pad}", SLEEP_TASK))
+            refused_in_total = msgpack.unpackb(second.recv())
+        finally:
+            first.close()
+            second.close()
+    assert refused["id"] == f"r04{pad}" and refused["error"]["type"] == "at_capacity", refused
+    assert "max_client_bytes" in refused["error"]["message"]
+    assert refused_in_total["id"] == f"r12{pad}" and refused_in_total["error"]["type"] == "at_capacity", (
+        refused_in_total
+    )
+    assert "max_pending_bytes" in refused_in_total["error"]["message"]
+
+
+def test_a_departed_clients_requests_are_cancelled(tmp_path: Path) -> None:
+    """A client sends a hanging rollout, a sleeping one and four more hanging ones (queued), then
+    closes its connection. Before: the server ran them all for nobody, holding their frames."""
+    args = ["--pool", '{"type": "static", "num_workers": 1, "multiplex": 2}', "--env.args", '{"sleep": 1.0}']
+    with running_env_server(tmp_path, *args) as server:
+        context = zmq.Context.instance()
+        client = context.socket(zmq.DEALER)
+        client.setsockopt(zmq.LINGER, 0)
+        client.connect(server.address)
+        try:
+            for i, task in enumerate([HANG, SLEEP_TASK, HANG, HANG, HANG, HANG]):
+                client.send(rollout_request(f"gone-{i}", task))
+            wait_until(lambda: info(server.address)["queued"] == 4, 10.0, "4 requests queued behind 2 running")
+        finally:
+            client.close()
+        # the sleeping rollout's answer finds the client gone: the rest are cancelled, running or queued
+        wait_until(lambda: "its connection is closed" in server.log_file.read_text(), 30.0, "the departed client seen")
+        wait_until(lambda: (info(server.address)["queued"], info(server.address)["in_flight"]) == (0, 0), 30.0,
+                   "the departed client's requests cancelled")  # fmt: skip
+        assert server.child.poll() is None

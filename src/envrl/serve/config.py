@@ -211,6 +211,12 @@ class EnvServerConfig(BaseConfig):
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     max_queued: int = Field(4096, ge=0)
     """Requests that may wait for a free worker slot; beyond, requests get an `at_capacity` error."""
+    max_client_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    """Bytes of request frames one client may have accepted and not yet answered; beyond, its
+    requests get an `at_capacity` error (the server keeps each frame until its answer)."""
+    max_pending_bytes: int = Field(512 * 1024 * 1024, ge=1024)
+    """Bytes of request frames all clients together may have accepted and not yet answered;
+    beyond, requests get an `at_capacity` error."""
     max_frame_bytes: int = Field(1024 * 1024, ge=1024)
     """Largest request frame accepted; larger ones get a `too_large` error. A frame over twice this
     size is not even read: ZMQ drops the connection that sent it (its MAXMSGSIZE)."""

@@ -1,7 +1,8 @@
 """The env server's book of accepted rollout requests: by token, by (client, id), and the wait queue.
 
 Guarantee: a request is in the book from `add` until `remove`, found by its token and by its
-(client identity, request id), which is unique in the book; `next_queued` yields only requests
+(client identity, request id), which is unique in the book; `bytes_of(client)` and `total_bytes`
+are the raw frames the book holds, to the byte; `next_queued` yields only requests
 still in the book and not running, oldest first except re-runs, which go first. The book sends
 nothing: the server answers what it removes.
 """
@@ -52,6 +53,8 @@ class RequestBook:
         self.by_key: dict[tuple[bytes, str], int] = {}
         self.queue: deque[int] = deque()
         self.next_token = 0
+        self.total_bytes = 0
+        self.client_bytes: dict[bytes, int] = {}
 
     def __len__(self) -> int:
         return len(self.by_token)
@@ -64,6 +67,8 @@ class RequestBook:
             token, identity, request_id, raw, params.split, params.task_idx, n, group
         )
         self.by_key[identity, request_id] = token
+        self.total_bytes += len(raw)
+        self.client_bytes[identity] = self.client_bytes.get(identity, 0) + len(raw)
         return request
 
     def find(self, identity: bytes, request_id: str) -> Request | None:
@@ -73,6 +78,14 @@ class RequestBook:
     def remove(self, request: Request) -> None:
         del self.by_token[request.token]
         del self.by_key[request.identity, request.request_id]
+        self.total_bytes -= len(request.raw)
+        left = self.client_bytes.pop(request.identity) - len(request.raw)
+        if left:
+            self.client_bytes[request.identity] = left
+
+    def bytes_of(self, identity: bytes) -> int:
+        """Bytes of the raw frames this client's requests hold in the book."""
+        return self.client_bytes.get(identity, 0)
 
     def of_client(self, identity: bytes) -> list[Request]:
         return [r for r in self.by_token.values() if r.identity == identity]

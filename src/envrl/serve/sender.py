@@ -6,6 +6,8 @@ answers have made no progress for `stall_timeout` seconds, or whose waiting answ
 is dropped: logged with the reason, its waiting answers discarded, `on_dropped` told (the server
 cancels its requests), and what it is answered afterwards discarded until it sends again. Memory
 per client is thus bounded by 2 x `limit` answers; one that stops reading cannot grow it further.
+A client found gone when it is answered (its connection closed: ZMQ has no route to it) is
+dropped the same way, so the work it left behind is cancelled rather than run for nobody.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ class ClientSender:
             if waiting is not None:  # behind earlier answers: keep the order
                 waiting.append(frame)
                 if len(waiting) > self.limit:
-                    self._drop(identity, f"{len(waiting)} answers waiting on top of the {self.limit} queued in ZMQ")
+                    self._drop(
+                        identity,
+                        f"it does not read its answers ({len(waiting)} answers waiting on top of the {self.limit} queued in ZMQ)",
+                    )
                 return
         if identity in self.dropped:
             return
@@ -66,26 +71,32 @@ class ClientSender:
                     self.stalled_since[identity] = now
             except zmq.Again:
                 if now - self.stalled_since[identity] > self.stall_timeout:
-                    self._drop(identity, f"it took no answer for {self.stall_timeout:g} s (client_stall_timeout)")
+                    self._drop(
+                        identity,
+                        f"it does not read its answers (none taken for {self.stall_timeout:g} s, client_stall_timeout)",
+                    )
                 continue
             del self.waiting[identity], self.stalled_since[identity]
 
     def _send_now(self, identity: bytes, frame: bytes) -> None:
-        """Raises zmq.Again when the client's queue is full; a client that is gone is skipped."""
+        """Raises zmq.Again when the client's queue is full; a client that is gone is dropped."""
         try:
             raw_send(self.sock, identity, NOBLOCK | SNDMORE)
         except zmq.ZMQError as e:
             if e.errno != zmq.EHOSTUNREACH:
                 raise
-            return  # disconnected: nobody to answer
+            if identity not in self.dropped:  # disconnected: nobody to answer, nobody to run its work for
+                self._drop(identity, "its connection is closed", level="INFO")
+            return
         raw_send(self.sock, frame, NOBLOCK)  # ZMQ takes the rest of a message whose first frame it took
 
-    def _drop(self, identity: bytes, reason: str) -> None:
+    def _drop(self, identity: bytes, reason: str, level: str = "WARNING") -> None:
         waiting = self.waiting.pop(identity, ())
         self.stalled_since.pop(identity, None)
         self.dropped.add(identity)
-        logger.warning(
-            f"dropping client {identity.hex()}: it does not read its answers ({reason}); "
-            f"discarding {len(waiting)} waiting answers and cancelling its requests"
+        logger.log(
+            level,
+            f"dropping client {identity.hex()}: {reason}; "
+            f"discarding {len(waiting)} waiting answers and cancelling its requests",
         )
         self.on_dropped(identity)

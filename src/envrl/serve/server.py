@@ -219,6 +219,7 @@ class EnvServer:
         self._finish(request, frame)
 
     def _on_client_dropped(self, identity: bytes) -> None:
+        """Cancel the requests of a client that left or was dropped: nobody waits for their answers."""
         for request in self.requests.of_client(identity):
             self._cancel(identity, request.request_id)
 
@@ -259,11 +260,29 @@ class EnvServer:
         if worker is None and queued >= self.config.max_queued:
             message = f"{self.pool.in_flight} rollouts running and {queued} queued (max_queued); back off and retry"
             raise p.ProtocolError(p.AT_CAPACITY, message, request_id)
+        self._check_budgets(identity, request_id, len(frame))
         request = self.requests.add(identity, request_id, frame, params)
         if worker is None:
             self.requests.enqueue(request)
         else:
             self._assign(request, worker)
+
+    def _check_budgets(self, identity: bytes, request_id: str, size: int) -> None:
+        """Raise `at_capacity` when `size` more bytes would put this client's, or all clients',
+        unanswered request frames over their budget: held frames are bounded by bytes, not count."""
+        held, total = self.requests.bytes_of(identity), self.requests.total_bytes
+        if held + size > self.config.max_client_bytes:
+            message = (
+                f"this connection's unanswered requests hold {held} bytes and this one {size} "
+                f"(max_client_bytes = {self.config.max_client_bytes}); wait for answers and retry"
+            )
+            raise p.ProtocolError(p.AT_CAPACITY, message, request_id)
+        if total + size > self.config.max_pending_bytes:
+            message = (
+                f"unanswered requests hold {total} bytes and this one {size} "
+                f"(max_pending_bytes = {self.config.max_pending_bytes}); back off and retry"
+            )
+            raise p.ProtocolError(p.AT_CAPACITY, message, request_id)
 
     def _cancel(self, identity: bytes, request_id: str) -> bool:
         request = self.requests.find(identity, request_id)
