@@ -37,7 +37,7 @@ class WorkerProcesses:
         argv = [sys.executable, "-m", "envrl.serve.worker", *config_argv(spec)]
         environ = {**os.environ, WORKER_IDENTITY_ENV: identity.decode()}  # not argv: others can read that
         child = spawn(argv, name=f"env worker {worker_id}", env=environ)
-        child.log_file = config.log_file
+        child.log_file = config.log.file
         self.children[worker_id] = child
         self.by_exit_fd[child.exit_fd] = worker_id
         logger.info(f"worker {worker_id} starting (pid {child.pid})")
