@@ -65,7 +65,7 @@ class ClientSender:
         """Send what waits while ZMQ takes it; drop clients stalled past `stall_timeout`."""
         for identity, waiting in list(self.waiting.items()):
             try:
-                while waiting and identity not in self.dropped:  # `_send_now` drops a client that is gone
+                while waiting and identity not in self.dropped:
                     self._send_now(identity, waiting[0])
                     waiting.popleft()
                     self.stalled_since[identity] = now
@@ -76,7 +76,7 @@ class ClientSender:
                         f"it does not read its answers (none taken for {self.stall_timeout:g} s, client_stall_timeout)",
                     )
                 continue
-            self.waiting.pop(identity, None)
+            self.waiting.pop(identity, None)  # a client found gone was dropped (and popped) by `_send_now`
             self.stalled_since.pop(identity, None)
 
     def _send_now(self, identity: bytes, frame: bytes) -> None:
