@@ -204,7 +204,8 @@ class OrchestratorConfig(BaseConfig):
     with nothing to train is dropped). `drop`: leave the sample out of the batch."""
     advantage: AdvantageConfig = AdvantageConfig()
     envs: list[EnvConfig] = Field(min_length=1)
-    """Train environments."""
+    """Train environments, a list of tables: id, args, ratio, name, address, project, python, pool,
+    timeout, restarts, max_retries, sampling, client, pass_env (docs/config.md, Environment tables)."""
     eval_envs: list[EvalEnvConfig] = []
     """Eval environments: train env keys plus num_examples, interval, at_start, at_end, pass_at and
     pass_threshold (docs/config.md)."""
