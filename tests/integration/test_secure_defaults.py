@@ -7,6 +7,7 @@ A real smoke run (vLLM, trainer, env servers), under the heavy lock.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -63,6 +64,17 @@ def _healthy(port: int) -> bool:
         return False
 
 
+def _wait_until_serving(proc: subprocess.Popen[bytes]) -> int:
+    """The port of the run's inference server, once it answers /health (the run must stay alive)."""
+    port = int(proc.args[proc.args.index("--inference.port") + 1])  # type: ignore[union-attr]
+    deadline = time.monotonic() + 900
+    while not _healthy(port):
+        assert proc.poll() is None, finish(proc, 10)[1][-3000:]
+        assert time.monotonic() < deadline, "the inference server never became healthy"
+        time.sleep(0.2)
+    return port
+
+
 def test_reload_needs_the_run_s_token_and_env_servers_see_neither_it_nor_rl_s_secrets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -70,12 +82,7 @@ def test_reload_needs_the_run_s_token_and_env_servers_see_neither_it_nor_rl_s_se
     monkeypatch.delenv(RELOAD_TOKEN_ENV, raising=False)
     out = tmp_path / "secure"
     with rl_process(out, "--max-steps", "4") as (proc, marker):
-        port = int(proc.args[proc.args.index("--inference.port") + 1])  # type: ignore[union-attr]
-        deadline = time.monotonic() + 900
-        while not _healthy(port):
-            assert proc.poll() is None, finish(proc, 10)[1][-3000:]
-            assert time.monotonic() < deadline, "the inference server never became healthy"
-            time.sleep(0.2)
+        port = _wait_until_serving(proc)
         assert _post_update(port, {}) == 401
         assert _post_update(port, {"Authorization": "Bearer guessed"}) == 401
         environs = [e for e in map(_environ, marked_pids(marker)) if e]
@@ -103,12 +110,7 @@ def test_with_an_api_key_set_vllm_s_routes_demand_it_and_the_run_s_clients_send_
     monkeypatch.setenv(API_KEY_ENV, "run-api-key")
     out = tmp_path / "keyed"
     with rl_process(out, "--max-steps", "2") as (proc, _):
-        port = int(proc.args[proc.args.index("--inference.port") + 1])  # type: ignore[union-attr]
-        deadline = time.monotonic() + 900
-        while not _healthy(port):
-            assert proc.poll() is None, finish(proc, 10)[1][-3000:]
-            assert time.monotonic() < deadline, "the inference server never became healthy"
-            time.sleep(0.2)
+        port = _wait_until_serving(proc)
         assert _get(port, "/v1/models", {}) == 401
         assert _get(port, "/v1/models", {"Authorization": "Bearer run-api-key"}) == 200
         code, console = finish(proc, timeout=1500)
