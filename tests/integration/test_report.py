@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from envrl.layout import batch_dir, eval_rollouts_file, report_dir, train_rollouts_file
+from envrl.layout import (
+    batch_dir,
+    eval_rollouts_file,
+    published_steps,
+    report_dir,
+    rollouts_root,
+    train_rollouts_file,
+)
 from envrl.ledger import read_ledger
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.report.main import write_report
@@ -69,10 +76,9 @@ def rollout_lines(out: Path, step: int) -> int:
 @needs_chromium
 def test_trace_browser_lists_the_steps_rollouts_with_the_batch_masks(smoke_run: SmokeRun, tmp_path: Path) -> None:
     assert smoke_run.code == 0, smoke_run.console[-3000:]
-    # A step whose every rollout became one sample: then rollout i is the batch's sample i.
-    step = next(
-        s for s in range(39, -1, -1) if len(read_batch(batch_dir(smoke_run.out, s))) == rollout_lines(smoke_run.out, s)
-    )
+    # A kept step whose every rollout became one sample: then rollout i is the batch's sample i.
+    kept = reversed(published_steps(rollouts_root(smoke_run.out)))
+    step = next(s for s in kept if len(read_batch(batch_dir(smoke_run.out, s))) == rollout_lines(smoke_run.out, s))
     samples = read_batch(batch_dir(smoke_run.out, step))
     for rollout in (0, len(samples) - 1):
         dom = chromium(tmp_path, page(smoke_run, step, rollout), "--dump-dom")

@@ -21,6 +21,7 @@ from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
 from envrl.net import is_loopback
 from envrl.orchestrator.advantage import AdvantageConfig
+from envrl.orchestrator.retention import BatchRetention
 from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.process import RestartPolicy
 from envrl.serve.config import CurveClientConfig, ElasticPoolConfig, EnvTimeoutConfig, PoolConfig
@@ -218,6 +219,9 @@ class OrchestratorConfig(BaseConfig):
     """Weight directories of steps that are multiples of this are kept for good (loadable with
     `from_pretrained`); 0 keeps none beyond `keep_weights`. Under `rl` it defaults to the
     trainer's `ckpt.interval`. The last step's weights are never deleted."""
+    batch_retention: BatchRetention = "checkpoints"
+    """`checkpoints`: delete each batch once a checkpoint after it exists (a resume, a trainer
+    restart and `rl replay` read only the batches from a checkpoint on); `all`: keep every batch."""
     env_ready_timeout: float = Field(300.0, gt=0)
     """Seconds for a spawned env server to start, or an external one to answer."""
     resume: bool = False

@@ -41,6 +41,7 @@ from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
+from envrl.orchestrator.retention import disk_use, prune_batches
 from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
 from envrl.orchestrator.stats import rollout_metrics, seq_len_note, why_unscored
@@ -258,6 +259,8 @@ class Orchestrator:
                     self._report(step, groups, samples, time.monotonic() - started)
                 with self.ledger.span("publish_batch", step):
                     self._publish(step, samples)
+            if self.config.batch_retention == "checkpoints":
+                prune_batches(self.output_dir)
         self.ledger.flush()
 
     def _to_samples(self, step: int, groups: list[Group]) -> list[TrainingSample]:
@@ -342,7 +345,12 @@ class Orchestrator:
                 **{f"counters/{k}": v for k, v in self.counters.items()},
             }
         )
+        disk = disk_use(self.output_dir)
+        metrics["disk/run_gib"] = disk.run_bytes / 1024**3
+        metrics["disk/free_gib"] = disk.free_bytes / 1024**3
         self.metrics.log(step, metrics)
+        if disk.low:
+            logger.warning(f"step {step}: only {disk.describe()} left on the run's filesystem ({self.output_dir})")
         if not samples:
             why = (
                 why_unscored(all_traces)
@@ -355,7 +363,7 @@ class Orchestrator:
             f"step {step}/{self.config.max_steps} | reward {reward:.3f}{why_unscored(all_traces) if not good else ''} | "
             f"errors {metrics['train/error_rate']:.0%}{seq_len_note(self.seq_counts)} | "
             f"policy {self.policy.current} | in-flight {metrics['inflight']} | {seconds:.1f} s "
-            f"(waited {self.policy.waited:.1f} s) | shares {self._fmt_shares(shares)}"
+            f"(waited {self.policy.waited:.1f} s) | shares {self._fmt_shares(shares)} | {disk.describe()}"
         )
 
     @staticmethod
