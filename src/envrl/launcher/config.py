@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from envrl.config import BaseConfig, ConfigError, ModelConfig
 from envrl.inference.config import InferenceConfig
 from envrl.launcher.cpus import CpusConfig
+from envrl.launcher.log_rotation import LogRotationConfig
 from envrl.launcher.replicas import replica_configs
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
@@ -53,6 +54,8 @@ class RLConfig(BaseConfig):
     shutdown_grace: float = Field(15.0, gt=0)
     """Seconds each process gets to exit after SIGTERM before it is killed."""
     log: LogConfig = LogConfig()
+    log_rotation: LogRotationConfig = LogRotationConfig()
+    """Every process's log under `logs/` is rotated past `max_mb`, `keep` older copies kept."""
     cpus: CpusConfig = CpusConfig()
     trainer: TrainerConfig = TrainerConfig()
     orchestrator: OrchestratorConfig

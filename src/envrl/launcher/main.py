@@ -32,6 +32,7 @@ from envrl.launcher import preflight, run_dir, summary
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
+from envrl.launcher.log_rotation import LogRotator
 from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.supervisor import Supervisor
@@ -166,6 +167,7 @@ def run_training(argv: Sequence[str]) -> None:
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     supervisor = Supervisor(grace=rl.shutdown_grace)
+    rotator = LogRotator(logs, rl.log_rotation).start()
     code, started = 0, time.monotonic()
     outcome = summary.Outcome(status="failed", reason="launcher error", error="see logs/launcher.log")
     try:
@@ -192,6 +194,7 @@ def run_training(argv: Sequence[str]) -> None:
         console.stop()
         _write_summary(rl, argv, outcome, supervisor, time.monotonic() - started)
         supervisor.stop_all()
+        rotator.stop()
         if outcome.status != "interrupted":  # after summary.json, which its headline reads
             from envrl.report.main import write_report_at_end  # matplotlib: 1.6 s of every rl start otherwise
 
