@@ -1,0 +1,56 @@
+"""`rl replay` recomputes a trainer step from the run's checkpoint and batches, bit for bit, and
+names the first tensor that differs from what the run published."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from envrl.layout import batch_dir, configs_dir, weights_dir
+from envrl.samples import write_batch
+from scripts.bench.synthetic import synthetic_samples
+from scripts.tiny_model import DEFAULT_DIR
+from tests.integration.commands import run_to_completion
+
+BIN = Path(sys.executable).parent
+TIMEOUT_S = 240
+
+
+def test_replay_matches_the_run_bit_for_bit_then_names_a_tampered_tensor(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    for step in range(3):
+        write_batch(out, step, synthetic_samples(6, policy_step=step, seed=7))
+    config = configs_dir(out) / "trainer.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(
+        f'output_dir = "{out}"\nmax_steps = 3\nmax_tokens = 128\n'
+        f'[model]\nname = "{DEFAULT_DIR}"\n[optim]\nlr = 3e-3\n'
+        '[ckpt]\ninterval = 1\nkeep = 3\n[wandb]\nmode = "disabled"\n'
+    )
+    trained = run_to_completion([str(BIN / "trainer"), "--config", str(config)], TIMEOUT_S)
+    assert trained.returncode == 0, trained.stdout
+
+    replayed = run_to_completion([str(BIN / "rl"), "replay", "--step", "2", str(out)], TIMEOUT_S)
+    assert replayed.returncode == 0, replayed.stdout
+    assert f"resumed from {out}/checkpoints/step_2" in replayed.stdout
+    assert "step 2: loss" in replayed.stdout and "(same as logged)" in replayed.stdout
+    assert "every tensor equals" in replayed.stdout
+
+    published = weights_dir(out, 3) / "model.safetensors"
+    tensors = load_file(published)
+    name = next(iter(tensors))
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] += 1.0
+    save_file(tensors, published, metadata={"format": "pt"})
+    tampered = run_to_completion([str(BIN / "rl"), "replay", "--step", "2", str(out)], TIMEOUT_S)
+    assert tampered.returncode == 1, tampered.stdout
+    assert f"first tensor that differs from {weights_dir(out, 3)} is {name} (max abs diff 1)" in tampered.stdout
+
+    shutil.rmtree(batch_dir(out, 1))
+    shutil.rmtree(out / "checkpoints" / "step_2")
+    missing = run_to_completion([str(BIN / "rl"), "replay", "--step", "2", str(out)], TIMEOUT_S)
+    assert missing.returncode == 2, missing.stdout
+    assert "batches [1] are gone" in missing.stdout
