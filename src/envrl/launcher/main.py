@@ -46,13 +46,14 @@ COMMANDS: dict[str, str] = {
     "report": "envrl.report.main",
     "envs": "envrl.envs.registry",
     "replay": "envrl.trainer.replay",
+    "sft": "envrl.trainer.sft",
 }
 """`rl NAME ARGS...` runs `main(ARGS)` of the module: a user command that does not collide with the
 shell (`eval` is a builtin). Adding a command is one line here."""
 
 
 USAGE = """usage: rl --config FILE.toml [--section.key VALUE ...] [--resume | --clean] [--dry-run]
-       rl COMMAND ...        commands: eval, report, envs, replay (rl COMMAND --help)
+       rl COMMAND ...        commands: eval, report, envs, sft, replay (rl COMMAND --help)
        rl --help             every option;  rl --version
 
 The smoke run (a tiny model learns on CPU in about a minute):
