@@ -37,7 +37,7 @@ from envrl.launcher.config import ResolvedRun, RLConfig, RoleRestarts, resolve_r
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
 from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.replicas import wait_for_replicas
-from envrl.launcher.supervisor import Supervisor
+from envrl.launcher.supervisor import Respawn, Supervisor
 from envrl.log import setup_logging
 from envrl.net import port_is_free
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
@@ -263,7 +263,7 @@ def _start(
         child, address = spawn_sidecar(
             command.argv, name=command.name, log_file=command.log_file, env=command.environ()
         )
-        supervisor.add(child, respawn=partial(_restart_sidecar, command), restarts=server.restarts)
+        supervisor.add(child, Respawn(partial(_restart_sidecar, command), server.restarts))
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
     trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts.trainer, out)
     supervisor.add(spawn_trainer(plan.trainer), trainer)

@@ -66,6 +66,10 @@ class _Restartable:
     fault: Fault | None = None
     """The open fault: dead or restarted but not back yet."""
     check: Check = field(default_factory=at_once)
+    pending: Restart | None = None
+    """Its way back while it is dead and not started again."""
+    due: float = 0.0
+    """`time.monotonic()` at which `pending` starts it again."""
 
 
 class Supervisor:
@@ -76,16 +80,9 @@ class Supervisor:
         """Every death of a process that was restarted, in order."""
         self._restartable: dict[str, _Restartable] = {}
 
-    def add(
-        self,
-        child: Child,
-        respawn: Callable[[], Child] | Respawn | None = None,
-        restarts: RestartPolicy | None = None,
-    ) -> Child:
-        """Watch `child`; with a `Respawn` (or a start function and `restarts`), restart it when it dies."""
+    def add(self, child: Child, respawn: Respawn | None = None) -> Child:
+        """Watch `child`; with a `respawn`, restart it when it dies (see `watch`)."""
         self.children.append(child)
-        if respawn is not None and not isinstance(respawn, Respawn):
-            respawn = Respawn(respawn, restarts) if restarts is not None else None
         if respawn is not None:
             self._restartable[child.name] = _Restartable(respawn, RestartBudget(respawn.policy))
         return child
@@ -119,7 +116,7 @@ class Supervisor:
         next_report = started + progress_every
         while not until <= finished:
             live = [c for c in self.children if c.poll() is None]
-            select.select([c.exit_fd for c in live], [], [], 1.0)
+            select.select([c.exit_fd for c in live], [], [], self._wait())
             for child in list(self.children):
                 code = child.poll()
                 if code is None or child.name in finished:
@@ -138,30 +135,40 @@ class Supervisor:
                 logger.info(f"running for {time.monotonic() - started:.0f} s; waiting for {waiting}")
                 next_report += progress_every
 
+    def _wait(self) -> float:
+        """Seconds to wait for an exit: at most 1 (the `back` checks), less when a restart is due sooner."""
+        dues = [entry.due for entry in self._restartable.values() if entry.pending is not None]
+        return max(0.0, min([1.0, *(due - time.monotonic() for due in dues)]))
+
     def _restart(self, child: Child) -> None:
-        """Start a dead child again after its backoff; ChildFailed once its budget is spent."""
+        """A dead child: at its death, open its fault and plan its restart after the backoff
+        (ChildFailed once its budget is spent); once due, start it again (a failed start plans
+        the next try, since it uses up a restart too)."""
         entry = self._restartable[child.name]
-        _kill_group(child.pid)  # what it started (vLLM's engine core) must not outlive it, nor hold its port
-        restart = Restart(child, entry.budget)
-        self._close_fault(child.name, again=True)
-        fault = Fault(child.name, restart.what, time.monotonic())
-        self.faults.append(fault)
-        entry.fault, entry.check = fault, entry.respawn.back()
-        while True:
-            time.sleep(restart.next_delay())
-            try:
-                new = entry.respawn.start()
-            except ChildFailed as e:
-                restart.failed(e)
-                continue
-            self.children[self.children.index(child)] = new
-            child.close()
-            logger.info(f"{child.name} restarted (pid {new.pid})")
+        if entry.pending is None:
+            _kill_group(child.pid)  # what it started (vLLM's engine core) must not outlive it, nor hold its port
+            self._close_fault(child.name, again=True)
+            entry.pending = Restart(child, entry.budget)
+            fault = Fault(child.name, entry.pending.what, time.monotonic())
+            self.faults.append(fault)
+            entry.fault, entry.check = fault, entry.respawn.back()
+            entry.due = time.monotonic() + entry.pending.next_delay()
+        if time.monotonic() < entry.due:
             return
+        try:
+            new = entry.respawn.start()
+        except ChildFailed as e:
+            entry.pending.failed(e)
+            entry.due = time.monotonic() + entry.pending.next_delay()
+            return
+        entry.pending = None
+        self.children[self.children.index(child)] = new
+        child.close()
+        logger.info(f"{child.name} restarted (pid {new.pid})")
 
     def _check_back(self) -> None:
         for name, entry in self._restartable.items():
-            if entry.fault is not None and entry.check():
+            if entry.fault is not None and entry.pending is None and entry.check():
                 self._close_fault(name)
 
     def _close_fault(self, name: str, again: bool = False) -> None:
