@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from envrl.envs.model_client import ScriptedClientConfig
-from envrl.launcher.supervisor import Supervisor
+from envrl.launcher.supervisor import Respawn, Supervisor
 from envrl.orchestrator.config import EnvConfig, SamplingParams
 from envrl.orchestrator.envs import Env, EnvUnavailable
 from envrl.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
@@ -140,7 +140,7 @@ def test_the_launcher_restarts_a_dead_env_server_on_its_address_until_its_budget
     argv = [sys.executable, "-m", "envrl.serve.main", *config_argv(server)]
     start = partial(spawn_sidecar, argv, name="train env server 'bad'", log_file=tmp_path / "bad.log")
     supervisor = Supervisor(grace=5.0)
-    supervisor.add(start()[0], respawn=lambda: start()[0], restarts=RestartPolicy(max_restarts=1, backoff_s=0.1))
+    supervisor.add(start()[0], Respawn(lambda: start()[0], RestartPolicy(max_restarts=1, backoff_s=0.1)))
     answered: list[int] = []
 
     def kill_twice() -> None:

@@ -2,7 +2,9 @@
 
 Guarantee: a `generate` that continues a turn this set answered goes to the replica that answered
 it (its prefix is in that replica's cache); any other goes to the replica with the fewest calls of
-this process in flight (ties: in turn). `update_weights` reloads every replica in parallel and
+this process in flight (ties: in turn). A replica that stops answering (a dead or restarting
+server: no answer after the client's retries) is left out for `DOWN_S` seconds and the call goes
+to another one, so the others keep generating; with every replica down the call fails. `update_weights` reloads every replica in parallel and
 returns only once all of them serve the new weights, or raises naming each replica (index and
 URL) that did not.
 """
@@ -10,6 +12,7 @@ URL) that did not.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from envrl.http import RetryPolicy
+from envrl.http import HttpCallError, RetryPolicy
 from envrl.inference.client import InferenceClient, InferenceError, TokenCompletion
 
 REMEMBERED_TURNS = 4096
@@ -48,8 +51,22 @@ ReplicaUrls = Annotated[str | list[str], AfterValidator(_check_replica_urls)]
 same model and policy; never empty (read it as a list with `replica_urls`)."""
 
 
+DOWN_S = 10.0
+"""Seconds a replica that did not answer is left out of the choice before it is tried again."""
+
+
 class ReplicaReloadError(InferenceError):
     """At least one replica did not load the new weights; the run cannot serve one policy."""
+
+    def __init__(self, message: str, unanswered: bool = False) -> None:
+        super().__init__(message)
+        self.unanswered = unanswered
+        """Every failed replica failed by not answering (down or restarting), none refused."""
+
+
+def _unanswered(error: BaseException) -> bool:
+    """A call that failed because the server did not answer (or answered 5xx), not a refusal."""
+    return isinstance(error, HttpCallError) and (error.status is None or error.status >= 500)
 
 
 class InferenceReplicas:
@@ -70,6 +87,8 @@ class InferenceReplicas:
         self._turns: OrderedDict[int, int] = OrderedDict()
         """Hash of a turn's prompt + completion ids -> the replica that generated it."""
         self._next = 0
+        self._down_until = [0.0] * len(self.clients)
+        """`time.monotonic()` until which each replica is left out (it did not answer)."""
 
     @property
     def base_urls(self) -> list[str]:
@@ -77,13 +96,15 @@ class InferenceReplicas:
 
     def pick(self, continues: Sequence[int] | None = None) -> int:
         """The replica for a call whose prompt extends the token ids `continues` (None: a first turn)."""
-        if continues is not None and (known := self._turns.get(hash(tuple(continues)))) is not None:
+        now = time.monotonic()
+        up = [i for i in range(len(self.clients)) if self._down_until[i] <= now] or list(range(len(self.clients)))
+        if continues is not None and (known := self._turns.get(hash(tuple(continues)))) is not None and known in up:
             return known
-        least = min(self.in_flight)
+        least = min(self.in_flight[i] for i in up)
         count = len(self.clients)
         for offset in range(count):
             index = (self._next + offset) % count
-            if self.in_flight[index] == least:
+            if index in up and self.in_flight[index] == least:
                 self._next = (index + 1) % count
                 return index
         raise AssertionError("unreachable: some replica has the least in flight")
@@ -91,13 +112,22 @@ class InferenceReplicas:
     async def generate(
         self, prompt_ids: list[int], sampling: dict[str, Any], *, continues: Sequence[int] | None = None
     ) -> TokenCompletion:
-        """`InferenceClient.generate` on the replica `pick(continues)` chooses."""
-        index = self.pick(continues)
-        self.in_flight[index] += 1
-        try:
-            out = await self.clients[index].generate(prompt_ids, sampling)
-        finally:
-            self.in_flight[index] -= 1
+        """`InferenceClient.generate` on the replica `pick(continues)` chooses; on another one
+        while that one does not answer and another is up."""
+        while True:
+            index = self.pick(continues)
+            self.in_flight[index] += 1
+            try:
+                out = await self.clients[index].generate(prompt_ids, sampling)
+                break
+            except HttpCallError as e:
+                if not _unanswered(e):
+                    raise  # refused: the call's own fault, the same on every replica
+                self._down_until[index] = time.monotonic() + DOWN_S
+                if all(until > time.monotonic() for until in self._down_until):
+                    raise
+            finally:
+                self.in_flight[index] -= 1
         if len(self.clients) > 1:
             self._turns[hash((*prompt_ids, *out.completion_ids))] = index
             if len(self._turns) > REMEMBERED_TURNS:
@@ -113,6 +143,7 @@ class InferenceReplicas:
         results = await asyncio.gather(
             *(client.update_weights(path, step=step) for client in self.clients), return_exceptions=True
         )
+        errors = [r for r in results if isinstance(r, BaseException)]
         failed = [
             f"replica {index} ({client.base_url}): {result}"
             for index, (client, result) in enumerate(zip(self.clients, results, strict=True))
@@ -122,7 +153,8 @@ class InferenceReplicas:
             loaded = len(self.clients) - len(failed)
             raise ReplicaReloadError(
                 f"weights {path} (policy {step}) did not load on {len(failed)} of {len(self.clients)} inference "
-                f"replicas ({loaded} serve them now): " + "; ".join(failed) + "; see those replicas' logs"
+                f"replicas ({loaded} serve them now): " + "; ".join(failed) + "; see those replicas' logs",
+                unanswered=all(_unanswered(e) for e in errors),
             )
 
     async def served_weights(self) -> list[str]:

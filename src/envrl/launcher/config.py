@@ -33,6 +33,18 @@ EVAL_PORT_OFFSET = 1000
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
+class RoleRestarts(BaseConfig):
+    """How `rl` restarts its own processes when one dies, without user action (an env server
+    follows its env's `restarts`). A role whose budget is spent ends the run; `--resume` goes on."""
+
+    inference: RestartPolicy = RestartPolicy()
+    """Each inference replica: started again on its port and loaded with the newest policy."""
+    trainer: RestartPolicy = RestartPolicy()
+    """The trainer: started again from its newest checkpoint, retraining the batches after it."""
+    orchestrator: RestartPolicy = RestartPolicy()
+    """The orchestrator: started again as `--resume` does, after its newest published batch."""
+
+
 class RLConfig(BaseConfig):
     model: ModelConfig = ModelConfig()
     output_dir: Path = Path("outputs/rl")
@@ -51,6 +63,7 @@ class RLConfig(BaseConfig):
     clean: bool = False
     """Start over: delete the earlier run in `output_dir` (only what rl wrote there; a directory rl
     did not create is refused)."""
+    restarts: RoleRestarts = RoleRestarts()
     shutdown_grace: float = Field(15.0, gt=0)
     """Seconds each process gets to exit after SIGTERM before it is killed."""
     log: LogConfig = LogConfig()

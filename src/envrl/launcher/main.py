@@ -3,8 +3,11 @@ and the other `COMMANDS` run the command of that name instead.
 
 Guarantee: every process this command starts is stopped before it returns, whatever happens
 (a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
-itself is SIGKILLed), torchrun's trainer ranks included (`launcher/torchrun.py`). An env server that dies is restarted on its address (`restarts` of its
-env); any other death ends the run, which `--resume` continues. Exit code: 0 when trainer and
+itself is SIGKILLed), torchrun's trainer ranks included (`launcher/torchrun.py`). A process that
+dies is restarted within its budget (an env server on its address, per its env's `restarts`;
+inference, trainer and orchestrator per `restarts.<role>`, as `launcher/recovery.py` says), and
+what each death cost goes to `summary.json`; a death past its budget ends the run, which
+`--resume` continues. Exit code: 0 when trainer and
 orchestrator finished, 1 when a process failed (it is named, with the tail of its log), 2 for a
 bad config, 130 on Ctrl-C.
 """
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from functools import partial
 from importlib.metadata import version
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from loguru import logger
 from pydantic import BaseModel
@@ -28,14 +31,14 @@ from pydantic import BaseModel
 from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.console import RunConsole
-from envrl.launcher import preflight, run_dir, summary
+from envrl.launcher import preflight, recovery, run_dir, summary
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
-from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
+from envrl.launcher.config import ResolvedRun, RLConfig, RoleRestarts, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
 from envrl.launcher.log_rotation import LogRotator
 from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.replicas import wait_for_replicas
-from envrl.launcher.supervisor import Supervisor
+from envrl.launcher.supervisor import Respawn, Supervisor
 from envrl.log import setup_logging
 from envrl.net import port_is_free
 from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
@@ -174,12 +177,12 @@ def run_training(argv: Sequence[str]) -> None:
     outcome = summary.Outcome(status="failed", reason="launcher error", error="see logs/launcher.log")
     try:
         _check_ports(run)
-        _start(run, launch_plan(run, placement, cpus), supervisor, cpus)
+        _start(run, launch_plan(run, placement, cpus), supervisor, cpus, rl.restarts)
         console.start()
         supervisor.watch(until={"trainer", "orchestrator"})
         console.stop()
         outcome = summary.Outcome(status="success", reason="completed")
-        _summary(rl, supervisor.restarts(), time.monotonic() - started)
+        _summary(rl, supervisor.recoveries(), time.monotonic() - started)
     except ChildFailed as e:
         logger.error(f"run failed: {e}")
         code, outcome = 1, summary.Outcome(status="failed", reason="process failed", error=str(e))
@@ -243,34 +246,44 @@ def _busy_ports(run: ResolvedRun) -> str:
     )
 
 
-def _start(run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: CpuPlan | None) -> None:
+def _start(
+    run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: CpuPlan | None, restarts: RoleRestarts
+) -> None:
+    """Start every process, each with its way back when it dies (`launcher/recovery.py`)."""
     if cpus is not None:
         logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
     what = "inference server" if len(plan.inference) == 1 else f"{len(plan.inference)} inference replicas"
     logger.info(f"starting {what} (vLLM; about a minute on CPU)")
     deadline = time.monotonic() + run.orchestrator.inference.ready_timeout  # before the orchestrator's own
-    inference = {command.name: supervisor.add(_spawn(command)) for command in plan.inference}
-    if cpus is not None:  # vLLM's in-process worker (and all it starts) inherits the affinity
-        for child in inference.values():
-            pin(child.popen.pid, cpus.inference)
+    out, configs = run.trainer.output_dir, run.inference_replicas()
+    # vLLM's in-process worker (and all it starts) inherits the affinity, as torchrun's ranks do the trainer's
+    spawn_inference = partial(_spawn, cores=cpus.inference if cpus else None)
+    spawn_trainer = partial(_spawn, cores=cpus.trainer if cpus else None)
+    inference = {}
+    for command in plan.inference:
+        url, model = configs[command.name].base_url, run.orchestrator.model.name
+        respawn = recovery.replica_respawn(command, spawn_inference, restarts.inference, url, model, out)
+        inference[command.name] = supervisor.add(spawn_inference(command), respawn)
     for server, command in zip(run.env_servers, plan.env_servers, strict=True):
         child, address = spawn_sidecar(
             command.argv, name=command.name, log_file=command.log_file, env=command.environ()
         )
-        supervisor.add(child, respawn=partial(_restart_sidecar, command), restarts=server.restarts)
+        supervisor.add(child, Respawn(partial(_restart_sidecar, command), server.restarts))
         logger.info(f"{server.split} env {server.name!r} serving at {address}")
-    trainer = _spawn(plan.trainer)
-    if cpus is not None:
-        pin(trainer.popen.pid, cpus.trainer)  # torchrun's ranks, started later, inherit it
-    supervisor.add(trainer)
-    supervisor.add(_spawn(plan.orchestrator))
+    trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts.trainer, out)
+    supervisor.add(spawn_trainer(plan.trainer), trainer)
+    orchestrator = recovery.orchestrator_respawn(plan.orchestrator, _spawn, restarts.orchestrator, out)
+    supervisor.add(_spawn(plan.orchestrator), orchestrator)
     logger.info(f"trainer and orchestrator started; logs in {plan.trainer.log_file.parent}")
     # Trainer and orchestrator import and load while vLLM starts; the orchestrator waits for it.
-    wait_for_replicas(inference, run.inference_replicas(), supervisor, deadline)
+    wait_for_replicas(inference, configs, supervisor, deadline)
 
 
-def _spawn(command: Command) -> Child:
-    return spawn(command.argv, name=command.name, log_file=command.log_file, env=command.environ())
+def _spawn(command: Command, cores: list[int] | None = None) -> Child:
+    child = spawn(command.argv, name=command.name, log_file=command.log_file, env=command.environ())
+    if cores is not None:
+        pin(child.popen.pid, cores)
+    return child
 
 
 def _restart_sidecar(command: Command) -> Child:
@@ -280,13 +293,16 @@ def _restart_sidecar(command: Command) -> Child:
     return child
 
 
-def _summary(rl: RLConfig, restarts: dict[str, int], wall_time_s: float) -> None:
+def _summary(rl: RLConfig, recoveries: dict[str, dict[str, Any]], wall_time_s: float) -> None:
     results = summary.results(rl.output_dir)
     train = results["train_reward"]
     reward = f"{train['first']:.3f} -> {train['last']:.3f}" if train else "n/a"
     evals = ", ".join(f"{env} {s['last']:.3f} @{s['last_step']}" for env, s in results["eval_reward"].items())
     out = rl.output_dir
-    restarted = ", ".join(f"{name} {n}x" for name, n in restarts.items()) or "none"
+    restarted = (
+        ", ".join(f"{name} {r['restarts']}x ({r['seconds_lost']:.0f} s lost)" for name, r in recoveries.items())
+        or "none"
+    )
     logger.success(
         f"run finished: {results['steps_done']} steps in {duration(wall_time_s)}, reward {reward}, "
         f"final eval {evals or 'none'}, restarts: {restarted}\n"
@@ -307,7 +323,7 @@ def _write_summary(
             update={"failed_process": child.name, "exit_code": child.poll(), "failed_log": log}
         )
     try:
-        path = summary.write(rl.output_dir, argv, outcome, wall_time_s)
+        path = summary.write(rl.output_dir, argv, outcome, wall_time_s, supervisor.recoveries())
     except OSError as e:  # a full disk must not hide how the run ended
         logger.warning(f"could not write {summary.summary_file(rl.output_dir)}: {e}")
         return

@@ -105,13 +105,21 @@ def final_weights(output_dir: Path) -> str | None:
     return str(layout.weights_dir(output_dir, steps[-1]).resolve()) if steps else None
 
 
-def build(output_dir: Path, argv: Sequence[str], outcome: Outcome, wall_time_s: float) -> dict[str, Any]:
-    """The summary's content; every float is finite or None."""
+def build(
+    output_dir: Path,
+    argv: Sequence[str],
+    outcome: Outcome,
+    wall_time_s: float,
+    recoveries: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The summary's content; every float is finite or None. `recoveries`: per process restarted
+    during the run, its restarts, seconds lost and faults (`Supervisor.recoveries`)."""
     return _strict(
         {
             **outcome.model_dump(),
             **results(output_dir),
             "wall_time_s": wall_time_s,
+            "recoveries": recoveries or {},
             "final_weights": final_weights(output_dir),
             "config": str(user_config_file(output_dir)),
             "command": shlex.join(["rl", *argv]),
@@ -120,10 +128,16 @@ def build(output_dir: Path, argv: Sequence[str], outcome: Outcome, wall_time_s: 
     )
 
 
-def write(output_dir: Path, argv: Sequence[str], outcome: Outcome, wall_time_s: float) -> Path:
+def write(
+    output_dir: Path,
+    argv: Sequence[str],
+    outcome: Outcome,
+    wall_time_s: float,
+    recoveries: dict[str, dict[str, Any]] | None = None,
+) -> Path:
     """Write `summary.json` whole (temp file, then rename) and return its path."""
     path = summary_file(output_dir)
-    text = json.dumps(build(output_dir, argv, outcome, wall_time_s), indent=2, allow_nan=False)
+    text = json.dumps(build(output_dir, argv, outcome, wall_time_s, recoveries), indent=2, allow_nan=False)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text + "\n")
     os.replace(tmp, path)

@@ -1,10 +1,10 @@
-"""Watching a run's processes and taking them all down together.
+"""Watching a run's processes, bringing dead ones back, and taking them all down together.
 
 Guarantee: `watch` returns only when every process in `until` has exited 0. A process added with
-a `respawn` (the env servers) that exits is started again, on the same address, while its
-`RestartPolicy` allows; otherwise `watch` raises `ChildFailed` naming the first process that
-exited (any exit of a process not in `until` counts, since servers must not stop on their own)
-with the tail of its log.
+a `Respawn` that exits (non-zero, or at all when it is not in `until`) is started again while its
+`RestartPolicy` allows, and the run goes on; otherwise `watch` raises `ChildFailed` naming the
+first process that exited with the tail of its log. Each death is one `Fault`, closed (and logged
+in one line) when its process is back: its `Respawn.back` check passes, or it finished (exit 0).
 `stop_all` leaves nothing running: each process and its process group get SIGTERM, then SIGKILL
 after the grace period.
 """
@@ -18,38 +18,91 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from loguru import logger
 
 from envrl.process import Child, ChildFailed, Restart, RestartBudget, RestartPolicy
 
+Check = Callable[[], bool]
+"""True once a restarted process does its work again (polled about once a second)."""
+
+
+def at_once() -> Check:
+    """The `back` of a process whose `start` returns only when it is ready (a sidecar)."""
+    return lambda: True
+
 
 @dataclass
-class _Respawn:
+class Respawn:
+    """How one process comes back after it died."""
+
     start: Callable[[], Child]
-    """Starts the process again (blocks until it is ready)."""
+    """Starts it again (may block until it is ready)."""
+    policy: RestartPolicy
+    back: Callable[[], Check] = at_once
+    """Called at the death, before the restart: a check that passes once the restarted process has
+    made up for the death (what counts is decided then, e.g. "published past what was there")."""
+
+
+@dataclass
+class Fault:
+    """One death of a restarted process and what it cost."""
+
+    process: str
+    exit: str
+    """How it died (`describe_exit`)."""
+    died_at: float
+    """`time.monotonic()` when the supervisor saw it dead."""
+    seconds_lost: float | None = None
+    """Death to back again; None while it is not back (or never came back)."""
+
+
+@dataclass
+class _Restartable:
+    respawn: Respawn
     budget: RestartBudget
+    fault: Fault | None = None
+    """The open fault: dead or restarted but not back yet."""
+    check: Check = field(default_factory=at_once)
+    pending: Restart | None = None
+    """Its way back while it is dead and not started again."""
+    due: float = 0.0
+    """`time.monotonic()` at which `pending` starts it again."""
 
 
 class Supervisor:
     def __init__(self, grace: float) -> None:
         self.grace = grace
         self.children: list[Child] = []
-        self._respawn: dict[str, _Respawn] = {}
+        self.faults: list[Fault] = []
+        """Every death of a process that was restarted, in order."""
+        self._restartable: dict[str, _Restartable] = {}
 
-    def add(
-        self, child: Child, respawn: Callable[[], Child] | None = None, restarts: RestartPolicy | None = None
-    ) -> Child:
-        """Watch `child`; with `respawn` and `restarts`, restart it when it dies (see `watch`)."""
+    def add(self, child: Child, respawn: Respawn | None = None) -> Child:
+        """Watch `child`; with a `respawn`, restart it when it dies (see `watch`)."""
         self.children.append(child)
-        if respawn is not None and restarts is not None:
-            self._respawn[child.name] = _Respawn(respawn, RestartBudget(restarts))
+        if respawn is not None:
+            self._restartable[child.name] = _Restartable(respawn, RestartBudget(respawn.policy))
         return child
 
     def restarts(self) -> dict[str, int]:
         """Restarts so far, by process name (those that were restarted at least once)."""
-        return {name: r.budget.total for name, r in self._respawn.items() if r.budget.total}
+        return {name: r.budget.total for name, r in self._restartable.items() if r.budget.total}
+
+    def recoveries(self) -> dict[str, dict[str, Any]]:
+        """Per restarted process: restarts, seconds lost in all (death to back again, open faults
+        counted to now) and each fault, for `summary.json`."""
+        now = time.monotonic()
+        out: dict[str, dict[str, Any]] = {}
+        for fault in self.faults:
+            entry = out.setdefault(fault.process, {"restarts": 0, "seconds_lost": 0.0, "faults": []})
+            lost = fault.seconds_lost if fault.seconds_lost is not None else now - fault.died_at
+            entry["restarts"] = self._restartable[fault.process].budget.total
+            entry["seconds_lost"] += lost
+            entry["faults"].append({"exit": fault.exit, "seconds_lost": lost, "back": fault.seconds_lost is not None})
+        return out
 
     def check(self) -> None:
         """Raise ChildFailed if any child has exited (during start-up none may)."""
@@ -63,7 +116,7 @@ class Supervisor:
         next_report = started + progress_every
         while not until <= finished:
             live = [c for c in self.children if c.poll() is None]
-            select.select([c.exit_fd for c in live], [], [], 1.0)
+            select.select([c.exit_fd for c in live], [], [], self._wait())
             for child in list(self.children):
                 code = child.poll()
                 if code is None or child.name in finished:
@@ -71,30 +124,66 @@ class Supervisor:
                 if code == 0 and child.name in until:
                     logger.info(f"{child.name} finished")
                     finished.add(child.name)
-                elif child.name in self._respawn:
+                    self._close_fault(child.name)
+                elif child.name in self._restartable:
                     self._restart(child)
                 else:
                     raise child.failure(child.describe_exit())
+            self._check_back()
             if time.monotonic() >= next_report:
                 waiting = ", ".join(sorted(until - finished))
                 logger.info(f"running for {time.monotonic() - started:.0f} s; waiting for {waiting}")
                 next_report += progress_every
 
+    def _wait(self) -> float:
+        """Seconds to wait for an exit: at most 1 (the `back` checks), less when a restart is due sooner."""
+        dues = [entry.due for entry in self._restartable.values() if entry.pending is not None]
+        return max(0.0, min([1.0, *(due - time.monotonic() for due in dues)]))
+
     def _restart(self, child: Child) -> None:
-        """Start a dead child again after its backoff; ChildFailed once its budget is spent."""
-        respawn = self._respawn[child.name]
-        restart = Restart(child, respawn.budget)
-        while True:
-            time.sleep(restart.next_delay())
-            try:
-                new = respawn.start()
-            except ChildFailed as e:
-                restart.failed(e)
-                continue
-            self.children[self.children.index(child)] = new
-            child.close()
-            logger.info(f"{child.name} restarted (pid {new.pid})")
+        """A dead child: at its death, open its fault and plan its restart after the backoff
+        (ChildFailed once its budget is spent); once due, start it again (a failed start plans
+        the next try, since it uses up a restart too)."""
+        entry = self._restartable[child.name]
+        if entry.pending is None:
+            _kill_group(child.pid)  # what it started (vLLM's engine core) must not outlive it, nor hold its port
+            self._close_fault(child.name, again=True)
+            entry.pending = Restart(child, entry.budget)
+            fault = Fault(child.name, entry.pending.what, time.monotonic())
+            self.faults.append(fault)
+            entry.fault, entry.check = fault, entry.respawn.back()
+            entry.due = time.monotonic() + entry.pending.next_delay()
+        if time.monotonic() < entry.due:
             return
+        try:
+            new = entry.respawn.start()
+        except ChildFailed as e:
+            entry.pending.failed(e)
+            entry.due = time.monotonic() + entry.pending.next_delay()
+            return
+        entry.pending = None
+        self.children[self.children.index(child)] = new
+        child.close()
+        logger.info(f"{child.name} restarted (pid {new.pid})")
+
+    def _check_back(self) -> None:
+        for name, entry in self._restartable.items():
+            if entry.fault is not None and entry.pending is None and entry.check():
+                self._close_fault(name)
+
+    def _close_fault(self, name: str, again: bool = False) -> None:
+        """Close `name`'s open fault: it is back (or, `again`, died again before it was)."""
+        entry = self._restartable.get(name)
+        if entry is None or entry.fault is None:
+            return
+        fault, entry.fault = entry.fault, None
+        fault.seconds_lost = time.monotonic() - fault.died_at
+        policy = entry.respawn.policy
+        how = "died again before it was back" if again else "back"
+        logger.info(
+            f"recovery: {name} {fault.exit}; {how} after {fault.seconds_lost:.1f} s lost "
+            f"(restart {entry.budget.total}, at most {policy.max_restarts} in {policy.window_s:g} s)"
+        )
 
     def stop_all(self) -> None:
         """SIGTERM everything at once, SIGKILL what is left after the grace period, groups included."""

@@ -3,8 +3,9 @@
 Guarantee: `ensure(step)` returns only once every inference replica serves a policy
 >= step - max_async_level (loading the newest published weights on all of them, in parallel,
 whenever there are newer ones), or raises: after `timeout` naming the weights it waited for, or
-naming each replica that failed to load them. Weight directories are deleted only once every
-replica serves a newer policy, keeping the `keep` most recent ones and, for good, those of every
+naming each replica that failed to load them (when they failed by not answering, tried once
+more after every replica serves again: a replica the launcher restarts is down meanwhile). Weight directories are deleted only once
+every replica serves a newer policy, keeping the `keep` most recent ones and, for good, those of every
 `keep_every`-th step (loadable checkpoints of the policy).
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from envrl.inference.replicas import InferenceReplicas
+from envrl.inference.replicas import InferenceReplicas, ReplicaReloadError
 from envrl.layout import published_steps, weights_dir, weights_root
 from envrl.ledger import Ledger
 
@@ -97,7 +98,14 @@ class PolicyTracker:
     async def _load(self, step: int) -> None:
         path = weights_dir(self.output_dir, step)
         start = time.monotonic()
-        await self.inference.update_weights(path, step=step)
+        try:
+            await self.inference.update_weights(path, step=step)
+        except ReplicaReloadError as e:  # a replica down (restarting): wait for it, then once more
+            if not e.unanswered:
+                raise
+            logger.warning(f"{e}; waiting up to {self.timeout:g} s for every replica to serve, then loading again")
+            await self.inference.wait_until_ready(self.timeout)
+            await self.inference.update_weights(path, step=step)
         replicas = len(self.inference.clients)
         where = "inference now serves" if replicas == 1 else f"all {replicas} inference replicas now serve"
         logger.info(f"{where} policy {step} (reload took {time.monotonic() - start:.1f} s)")

@@ -139,3 +139,20 @@ def test_a_train_client_naming_replicas_needs_every_one_allowed() -> None:
     assert allowed.base_urls == ["http://a:8000", "http://b:8001"]
     with pytest.raises(ValueError, match="base_url is an empty list"):
         TrainClientConfig(base_url=[], model="m")
+
+
+def test_a_replica_that_does_not_answer_is_left_out_and_the_call_goes_to_another(servers: ExitStack) -> None:
+    live = serve(servers, completion)
+    dead = live.url.rsplit(":", 1)[0] + ":1"  # nothing listens on port 1
+
+    async def main() -> None:
+        replicas = InferenceReplicas([dead, live.url], TINY_CHAT, retry=FAST_RETRY)
+        try:
+            for _ in range(4):
+                assert (await replicas.generate([1, 2], {})).completion_ids == REPLY
+            assert replicas.pick() == 1  # the dead one stays out
+        finally:
+            await replicas.aclose()
+
+    asyncio.run(main())
+    assert len(live.requests) == 4

@@ -72,3 +72,16 @@ def test_rl_that_fails_before_spawning_still_writes_a_failed_summary_and_report(
     assert f":{port}" in data["error"] and data["steps_done"] == 0
     assert data["command"].startswith("rl --orchestrator.envs")
     assert '"status":"failed"' in (tmp_path / "run" / "report" / "index.html").read_text()  # a report, after it
+
+
+def test_summary_records_what_each_recovery_cost(tmp_path: Path) -> None:
+    recoveries = {
+        "trainer": {
+            "restarts": 1,
+            "seconds_lost": 6.5,
+            "faults": [{"exit": "was killed by SIGKILL", "seconds_lost": 6.5, "back": True}],
+        }
+    }
+    outcome = summary.Outcome(status="success", reason="completed")
+    assert _read(summary.write(tmp_path, [], outcome, 1.0, recoveries))["recoveries"] == recoveries
+    assert _read(summary.write(tmp_path, [], outcome, 1.0))["recoveries"] == {}

@@ -1,0 +1,103 @@
+"""How each role of an `rl` run comes back after it died, without anyone typing `--resume`.
+
+Guarantee: a restarted process runs the command and environment of its first start (on the same
+cores), the trainer and the orchestrator with `--resume` added, so they continue from what was
+published (the trainer from its newest checkpoint, retraining the published batches after it;
+the orchestrator after its newest batch, re-running the groups that were pending). A role counts
+as back once it has made up for the death: the trainer published a policy, the orchestrator a
+batch, newer than the newest at its death (or it finished); an inference replica answers
+`/health` and serves the newest published policy, loaded by the launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from loguru import logger
+
+from envrl.http import HttpCallError
+from envrl.inference.client import InferenceClient, InferenceError
+from envrl.launcher.commands import Command
+from envrl.launcher.supervisor import Check, Respawn
+from envrl.layout import published_steps, rollouts_root, weights_dir, weights_root
+from envrl.process import Child, RestartPolicy
+
+RESUME_FLAG = "--resume"
+
+
+def resumed(command: Command) -> Command:
+    """`command` continuing what its earlier start published (`--resume` added once)."""
+    if RESUME_FLAG in command.argv:
+        return command
+    return command.model_copy(update={"argv": [*command.argv, RESUME_FLAG]})
+
+
+def published_past(root: Path) -> Callable[[], Check]:
+    """At a death: a check that passes once `root` holds a `step_<n>` newer than it holds now."""
+
+    def at_death() -> Check:
+        steps = published_steps(root)
+        newest = steps[-1] if steps else -1
+
+        def back() -> bool:
+            steps = published_steps(root)
+            return bool(steps) and steps[-1] > newest
+
+        return back
+
+    return at_death
+
+
+def trainer_respawn(command: Command, start: Callable[[Command], Child], policy: RestartPolicy, out: Path) -> Respawn:
+    return Respawn(lambda: start(resumed(command)), policy, back=published_past(weights_root(out)))
+
+
+def orchestrator_respawn(
+    command: Command, start: Callable[[Command], Child], policy: RestartPolicy, out: Path
+) -> Respawn:
+    return Respawn(lambda: start(resumed(command)), policy, back=published_past(rollouts_root(out)))
+
+
+def replica_respawn(
+    command: Command, start: Callable[[Command], Child], policy: RestartPolicy, base_url: str, model: str, out: Path
+) -> Respawn:
+    token = next(iter(command.secret_env.values()), None)
+    return Respawn(lambda: start(command), policy, back=lambda: ReplicaBack(base_url, model, out, token))
+
+
+class ReplicaBack:
+    """The check of a restarted replica: once it answers `/health`, load the newest published
+    policy into it (again while a newer one appeared meanwhile); back once that holds."""
+
+    def __init__(self, base_url: str, model: str, output_dir: Path, token: str | None) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.output_dir = output_dir
+        self.token = token
+
+    def __call__(self) -> bool:
+        try:
+            if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code != 200:
+                return False
+        except httpx.HTTPError:
+            return False
+        loaded = None
+        while (steps := published_steps(weights_root(self.output_dir))) and steps[-1] != loaded:
+            loaded = steps[-1]
+            try:
+                asyncio.run(self._load(loaded))
+            except (HttpCallError, InferenceError) as e:
+                logger.warning(f"inference at {self.base_url} is up again, but loading policy {loaded} failed: {e}")
+                return False
+            logger.info(f"inference at {self.base_url} serves policy {loaded} again")
+        return True
+
+    async def _load(self, step: int) -> None:
+        client = InferenceClient(self.base_url, self.model, reload_token=self.token)
+        try:
+            await client.update_weights(weights_dir(self.output_dir, step), step=step)
+        finally:
+            await client.aclose()

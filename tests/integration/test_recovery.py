@@ -1,0 +1,47 @@
+"""Every role recovers by itself: an `rl` run whose trainer, orchestrator and inference server are
+each SIGKILLed once finishes with exit 0 and no `--resume`, every step trained and published once,
+and nothing left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from scripts.chaos.harness import RlRun, check_unique_lines, cmdline
+from tests.integration.smoke import wait_no_survivors
+
+
+def trained_steps(out: Path) -> list[int]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return sorted(m["step"] for m in map(json.loads, lines) if m.get("process") == "trainer")
+
+
+def kill(run: RlRun, part: str) -> int:
+    [pid] = run.pids(part)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_a_killed_trainer_orchestrator_and_inference_come_back_and_the_run_finishes(tmp_path: Path) -> None:
+    out, steps = tmp_path / "recover", 12
+    with RlRun(out, "--max-steps", str(steps), "--trainer.ckpt.interval", "2") as run:
+        run.wait_until("batch 3", lambda: run.steps_done() >= 3)
+        kill(run, "envrl.trainer.main")
+        run.wait_until("batch 6", lambda: run.steps_done() >= 6)
+        kill(run, "envrl.orchestrator.main")
+        run.wait_until("batch 9", lambda: run.steps_done() >= 9)
+        kill(run, "envrl.inference.main")
+        assert run.finish(600) == 0, run.tail()
+        left = wait_no_survivors(run.marker)
+        assert left == [], [cmdline(pid) for pid in left]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "success", summary
+    recoveries = summary["recoveries"]
+    assert {name: r["restarts"] for name, r in recoveries.items()} == {"trainer": 1, "orchestrator": 1, "inference": 1}
+    assert all(f["back"] for r in recoveries.values() for f in r["faults"]), recoveries
+    assert trained_steps(out) == list(range(steps))
+    check_unique_lines(out)
+    launcher_log = (out / "logs" / "launcher.log").read_text()
+    assert all(f"recovery: {name} was killed by SIGKILL; back after" in launcher_log for name in recoveries)

@@ -1,0 +1,75 @@
+"""The supervisor brings a dead process back and says what the death cost (`Supervisor.recoveries`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from envrl.launcher.supervisor import Respawn, Supervisor
+from envrl.process import Child, RestartPolicy, spawn
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30.0
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within 30 s"
+        time.sleep(0.02)
+
+
+def test_a_killed_process_is_restarted_and_its_fault_closes_when_it_is_back(tmp_path: Path) -> None:
+    back, done = tmp_path / "back", tmp_path / "done"
+    waiter = [sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(done)!r}): time.sleep(0.02)"]
+
+    def start() -> Child:
+        return spawn(SLEEP, name="worker")
+
+    supervisor = Supervisor(grace=1.0)
+    supervisor.add(start(), Respawn(start, RestartPolicy(backoff_s=0.0), back=lambda: back.exists))
+    supervisor.add(spawn(waiter, name="trainer"))
+    first = supervisor.children[0].pid
+
+    def kill_then_finish() -> None:
+        os.kill(first, signal.SIGKILL)
+        _wait(lambda: supervisor.children[0].pid != first, "restart")
+        assert supervisor.faults[0].seconds_lost is None  # restarted, not back yet
+        back.touch()
+        _wait(lambda: supervisor.faults[0].seconds_lost is not None, "recovery")
+        done.touch()
+
+    killer = threading.Thread(target=kill_then_finish)
+    killer.start()
+    try:
+        supervisor.watch(until={"trainer"})
+    finally:
+        killer.join()
+        supervisor.stop_all()
+    recoveries = supervisor.recoveries()
+    assert list(recoveries) == ["worker"] and recoveries["worker"]["restarts"] == 1
+    [fault] = recoveries["worker"]["faults"]
+    assert fault["exit"] == "was killed by SIGKILL" and fault["back"] and fault["seconds_lost"] > 0
+
+
+def test_a_process_that_finishes_while_coming_back_is_back(tmp_path: Path) -> None:
+    quick = [sys.executable, "-c", "pass"]
+
+    def start() -> Child:
+        return spawn(quick, name="trainer")
+
+    supervisor = Supervisor(grace=1.0)
+    supervisor.add(
+        spawn(SLEEP, name="trainer"), Respawn(start, RestartPolicy(backoff_s=0.0), back=lambda: lambda: False)
+    )
+    os.kill(supervisor.children[0].pid, signal.SIGKILL)
+    try:
+        supervisor.watch(until={"trainer"})
+    finally:
+        supervisor.stop_all()
+    [fault] = supervisor.recoveries()["trainer"]["faults"]
+    assert fault["back"]
