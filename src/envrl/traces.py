@@ -83,10 +83,12 @@ class Error(StrictModel):
 
     @classmethod
     def from_exception(cls, exc: BaseException) -> Error:
+        """The error of `exc`: its `error_type` attribute when it has one (a typed failure such as
+        `agent_timeout`), else its class name."""
         import traceback
 
         return cls(
-            type=type(exc).__name__,
+            type=getattr(exc, "error_type", None) or type(exc).__name__,
             message=str(exc) or repr(exc),
             traceback="".join(traceback.format_exception(exc)),
         )

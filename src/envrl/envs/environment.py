@@ -23,6 +23,15 @@ TaskSource = Sequence[Task] | Callable[[], Iterable[Task]]
 """A list of tasks, or a function that builds them (from a seed, no downloads) on first use."""
 
 
+def append_turn(trace: Trace, turn: Turn) -> None:
+    """Record `turn`: it continues the last branch when its context extends that branch's last
+    turn, else it starts a new branch."""
+    previous = trace.branches[-1].turns[-1] if trace.branches and trace.branches[-1].turns else None
+    if previous is None or not _extends(previous, turn):
+        trace.branches.append(Branch())
+    trace.branches[-1].turns.append(turn)
+
+
 def _extends(previous: Turn, turn: Turn) -> bool:
     """Whether `turn`'s context continues `previous`'s (by tokens where both have them)."""
     if previous.tokens is not None and turn.tokens is not None:
@@ -184,7 +193,7 @@ class Environment:
             with state.trace.timing.measure("setup"):
                 await self.setup(state)
             with state.trace.timing.measure("generation"):
-                await self._turns(state, client, sampling)
+                await self.episode(state, client, sampling)
             state.trace.trailing_messages = self._trailing(state)
         except Exception as e:  # noqa: BLE001 - never raise: the failure is the trace's error
             self._fail(state, e)
@@ -198,7 +207,10 @@ class Environment:
         seen = [*last.prompt, last.response]
         return list(state.messages[len(seen) :] if state.messages[: len(seen)] == seen else state.messages)
 
-    async def _turns(self, state: RolloutState, client: ModelClient, sampling: SamplingArgs) -> None:
+    async def episode(self, state: RolloutState, client: ModelClient, sampling: SamplingArgs) -> None:
+        """The model calls of one rollout, each recorded in `state.trace` (an exception fails the
+        rollout). Default: the turn loop (`prompt`, then model turn / `env_response` until a stop);
+        an env that drives the model some other way (an agent program) overrides it."""
         trace = state.trace
         while not state.done:
             if trace.num_turns >= self.max_turns:
@@ -223,9 +235,7 @@ class Environment:
                 finish_reason=response.finish_reason,
                 tools=tools,
             )
-            if previous is None or not _extends(previous, turn):
-                trace.branches.append(Branch())
-            trace.branches[-1].turns.append(turn)
+            append_turn(trace, turn)
             state.messages.append(response.message)
             if response.finish_reason == "length":
                 budget_hit = turn_sampling.max_tokens < sampling.max_tokens

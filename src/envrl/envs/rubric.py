@@ -101,6 +101,7 @@ def _rollout_args(state: RolloutState) -> dict[str, Any]:
         "trace": state.trace,
         "state": state,
         "completion": state.completion,
+        "answer": state.data.get("answer"),
         "messages": state.messages,
         "prompt": state.prompt,
         "env": state.env,

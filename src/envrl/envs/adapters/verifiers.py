@@ -25,9 +25,9 @@ from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset
 from envrl.envs.adapters.chat_proxy import ChatProxy, Session
 from envrl.envs.adapters.verifiers_runtime import warm_programs
 from envrl.envs.adapters.warm_programs import WarmPrograms
-from envrl.envs.environment import Environment, _extends
+from envrl.envs.environment import Environment, append_turn
 from envrl.envs.model_client import ModelClient, SamplingArgs
-from envrl.traces import Branch, Error, Span, Task, Timing, Trace, Turn, WireTask
+from envrl.traces import Error, Span, Task, Timing, Trace, WireTask
 
 SUPPORTED_VERSION = "0.4."
 """The verifiers minor version this adapter is tested with (deps/envs/verifiers-digits pins it)."""
@@ -171,7 +171,7 @@ def _to_trace(task: WireTask, episode: vf.Episode, sessions: dict[str, Session])
     for vf_trace in episode.traces:
         session = sessions.get(vf_trace.id)
         for turn in session.turns if session else []:
-            _append(trace, turn)
+            append_turn(trace, turn)
     trainable = [t for t in episode.traces if t.agent.trainable] or list(episode.traces)
     for vf_trace in trainable:
         trace.metrics |= {k: float(v) for k, v in vf_trace.metrics.items() if v is not None}
@@ -197,14 +197,6 @@ def _to_trace(task: WireTask, episode: vf.Episode, sessions: dict[str, Session])
 
 def _tb(error: vf.Error | None) -> str | None:
     return error.traceback if error is not None else None
-
-
-def _append(trace: Trace, turn: Turn) -> None:
-    """Continue the last branch when the turn's tokens extend it, else start a new one."""
-    previous = trace.branches[-1].turns[-1] if trace.branches and trace.branches[-1].turns else None
-    if previous is None or not _extends(previous, turn):
-        trace.branches.append(Branch())
-    trace.branches[-1].turns.append(turn)
 
 
 def _env_config(taskset_id: str, config: dict[str, Any]) -> vf.EnvConfig:
