@@ -156,3 +156,26 @@ def test_a_replica_that_does_not_answer_is_left_out_and_the_call_goes_to_another
 
     asyncio.run(main())
     assert len(live.requests) == 4
+
+
+def test_a_reload_that_a_replica_did_not_answer_waits_for_it_and_loads_again(
+    servers: ExitStack, tmp_path: Path
+) -> None:
+    def restarting(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        down = len(restarting_server.requests) <= FAST_RETRY.max_retries + 1  # every try of the first reload
+        return (503, {"error": "starting"}) if down else (200, {"status": "ok"})
+
+    restarting_server = serve(servers, restarting)
+    weights_dir(tmp_path, 1).mkdir(parents=True)
+
+    async def main() -> None:
+        replicas = InferenceReplicas([restarting_server.url], TINY_CHAT, retry=FAST_RETRY)
+        tracker = PolicyTracker(replicas, tmp_path, max_async_level=0, timeout=10, keep=2)
+        try:
+            await tracker.ensure(1)
+        finally:
+            await replicas.aclose()
+        assert tracker.current == 1
+
+    asyncio.run(main())
+    assert len(restarting_server.requests) == FAST_RETRY.max_retries + 2
