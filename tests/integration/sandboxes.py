@@ -45,8 +45,9 @@ def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def host_temp_dir(tmp_path: Path) -> Path:
-    """A directory an unprivileged user can reach (pytest's tmp_path is under a 0700 dir)."""
-    path = Path(f"/tmp/envrl-sandbox-test-{os.getpid()}-{tmp_path.name}")
+    """A directory an unprivileged user can reach (pytest's tmp_path is under a 0700 dir), outside
+    /tmp (the sandbox's own /tmp is its workdir)."""
+    path = Path(f"/var/tmp/envrl-sandbox-test-{os.getpid()}-{tmp_path.name}")
     path.mkdir(mode=0o755, exist_ok=True)
     path.chmod(0o755)
     return path

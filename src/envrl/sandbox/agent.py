@@ -23,6 +23,8 @@ import time
 HEADER = struct.Struct(">I")
 DRAIN_S = 0.05
 """How long output is still read after the command exited (from what it left running)."""
+KILL_WAIT_S = 5.0
+"""How long `_kill_others` waits for the killed to be gone."""
 
 
 def _non_dumpable():
@@ -52,15 +54,21 @@ def _send(fd, message):
 
 
 def _kill_others():
-    """SIGKILL every process of the sandbox but this one and the namespace's init."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(-1, signal.SIGKILL)
-    while True:  # reap what were our children
+    """SIGKILL every process of the sandbox but this one and the namespace's init, and wait until
+    none is left (kill(-1) finds no one), so the next command starts with nothing else running."""
+    give_up = time.monotonic() + KILL_WAIT_S
+    while time.monotonic() < give_up:
         try:
-            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        while True:  # reap what were our children (the init reaps the others)
+            try:
+                if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                    break
+            except ChildProcessError:
                 break
-        except ChildProcessError:
-            break
+        time.sleep(0.005)
 
 
 def _run(request):

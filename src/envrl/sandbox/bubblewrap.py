@@ -72,6 +72,11 @@ def bwrap_argv(config: SandboxConfig) -> list[str]:
     python = config.python
     for path in [python, *config.image]:
         check_readable(path)
+    for path in config.image:
+        if path.is_relative_to("/tmp") or path.is_relative_to(config.workdir):
+            raise SandboxStartError(
+                f"sandbox.image path {path} is under /tmp or {config.workdir}: those are the sandbox's own"
+            )
     if not any(python.resolve().is_relative_to(p.resolve()) or python.is_relative_to(p) for p in config.image):
         raise SandboxStartError(f"sandbox.python {python} is not inside any sandbox.image path {config.image}")
     argv = [*config.limits.prlimit_argv(), bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns"]
