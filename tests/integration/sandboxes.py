@@ -9,10 +9,13 @@ from pathlib import Path
 import pytest
 
 from envrl.sandbox import reaper
+from envrl.sandbox.bubblewrap import UID_BASE, UID_RANGE
 
 
-def processes_of(uid: int) -> list[int]:
-    """Pids of live (not zombie) processes running as host user `uid` (a sandbox's own uid)."""
+def processes_of(uid: int | range) -> list[int]:
+    """Pids of live (not zombie) processes running as host user `uid` (a sandbox's own uid), or
+    as any uid in a range."""
+    uids = range(uid, uid + 1) if isinstance(uid, int) else uid
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -22,12 +25,16 @@ def processes_of(uid: int) -> list[int]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if int(fields["Uid"].split()[0]) == uid and fields["State"].split()[0] not in ("Z", "X"):
+        if int(fields["Uid"].split()[0]) in uids and fields["State"].split()[0] not in ("Z", "X"):
             found.append(int(entry.name))
     return found
 
 
-def wait_gone(uid: int, timeout: float = 10.0) -> list[int]:
+ALL_SANDBOXES = range(UID_BASE, UID_BASE + UID_RANGE)
+"""Every sandbox's host uid."""
+
+
+def wait_gone(uid: int | range, timeout: float = 10.0) -> list[int]:
     """The processes of `uid` still alive after waiting up to `timeout` s for them to go ([] when none)."""
     deadline = time.monotonic() + timeout
     while (left := processes_of(uid)) and time.monotonic() < deadline:

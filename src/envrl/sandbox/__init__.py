@@ -18,6 +18,7 @@ from envrl.sandbox.errors import (
     SandboxTimeout,
 )
 from envrl.sandbox.limits import Limits
+from envrl.sandbox.pool import WarmPool
 
 __all__ = [
     "BubblewrapProvider",
@@ -34,4 +35,5 @@ __all__ = [
     "SandboxProvider",
     "SandboxStartError",
     "SandboxTimeout",
+    "WarmPool",
 ]

@@ -114,6 +114,15 @@ class Sandbox(abc.ABC):
             )
         return left
 
+    def restart_clock(self) -> None:
+        """Start the episode cap afresh: a warm sandbox handed to a new episode."""
+        self.deadline = time.monotonic() + self.config.episode_s
+
+    @property
+    def alive(self) -> bool:
+        """Started, not closed, not past its cap (a backend may know more)."""
+        return self.deadline > time.monotonic()
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Start it; `SandboxStartError` (or `SandboxTimeout`) if it cannot be started."""

@@ -117,11 +117,26 @@ class BubblewrapSandbox(Sandbox):
         """bubblewrap's pid (killing it kills the whole sandbox)."""
         return None if self.proc is None else self.proc.pid
 
+    def restart_clock(self) -> None:
+        super().restart_clock()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._arm()
+
+    @property
+    def alive(self) -> bool:
+        return super().alive and not self._closed and self.proc is not None and self.proc.returncode is None
+
+    def _arm(self) -> None:
+        """Kill the sandbox when its episode cap runs out, even if nobody calls it."""
+        delay = max(0.0, self.deadline - time.monotonic())
+        self._watchdog = asyncio.get_running_loop().call_later(delay, self._kill)
+
     async def start(self) -> None:
         if self._closed:
             raise SandboxClosed("start() on a closed sandbox")
         loop = asyncio.get_running_loop()
-        self._watchdog = loop.call_later(max(0.0, self.deadline - time.monotonic()), self._kill)
+        self._arm()
         argv = bwrap_argv(self.config)
         reaper.reap_now_and_then()
         limit = min(self.config.start_timeout_s, self.time_left("starting the sandbox"))
@@ -192,6 +207,8 @@ class BubblewrapSandbox(Sandbox):
         self._kill()
         if self.proc is not None:
             await asyncio.shield(self.proc.wait())
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()  # the last open pipe: the transport closes with it
         for task in self._tasks:
             task.cancel()
         reaper.unregister(self._record)
