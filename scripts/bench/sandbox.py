@@ -3,7 +3,7 @@
     uv run --no-sync python -m scripts.bench.sandbox [--concurrency 1 16 64 256] [--calls 20] [--command python]
 
 For each concurrency c: start c sandboxes at once (each start timed from the `create` call until
-its agent answers: time to interactive), then each runs `--calls` tool calls back to back, all c
+its agent answers: time to interactive; in rounds until 32 starts were timed), then each runs `--calls` tool calls back to back, all c
 at once (a tool call: `python3 -c 'print(1)'`, what `run_python` costs, or `--command echo`
 for the sandbox's own overhead: `echo 1` through the shell), then all close. Prints start-up
 p50/p99, tool calls per second over all sandboxes, and call latency p50/p99. Counts error-free
@@ -19,6 +19,8 @@ import time
 
 from envrl.sandbox import BubblewrapProvider, Sandbox, SandboxConfig
 
+MIN_STARTS = 32
+"""Starts timed at least, in rounds of `concurrency` (the last round's sandboxes run the calls)."""
 COMMANDS = {"python": ["python3", "-c", "print(1)"], "echo": "echo 1"}
 
 
@@ -45,8 +47,13 @@ async def calls(box: Sandbox, n: int, command: str | list[str]) -> list[float]:
 
 async def one(concurrency: int, n_calls: int, command: str | list[str]) -> str:
     provider, config = BubblewrapProvider(), SandboxConfig(episode_s=600, start_timeout_s=300)
-    started = await asyncio.gather(*(timed_start(provider, config) for _ in range(concurrency)))
-    boxes, starts = [b for b, _ in started], [s for _, s in started]
+    starts: list[float] = []
+    for _ in range(-(-MIN_STARTS // concurrency)):  # enough rounds for a p99 at low concurrency
+        started = await asyncio.gather(*(timed_start(provider, config) for _ in range(concurrency)))
+        boxes = [b for b, _ in started]
+        starts += [s for _, s in started]
+        if len(starts) < MIN_STARTS:
+            await asyncio.gather(*(box.close() for box in boxes))
     begin = time.perf_counter()
     per_box = await asyncio.gather(*(calls(box, n_calls, command) for box in boxes))
     wall = time.perf_counter() - begin
