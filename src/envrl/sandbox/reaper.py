@@ -47,12 +47,14 @@ def run_dir() -> Path:
 
 
 def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (None: no such process)."""
+    """The process's start time in clock ticks since boot (None: no such process, or it has
+    exited and waits for its reaper: a zombie is gone)."""
     try:
         data = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    return int(data[data.rindex(b")") + 2 :].split()[19])
+    fields = data[data.rindex(b")") + 2 :].split()
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
 @dataclass(frozen=True)
