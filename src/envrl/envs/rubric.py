@@ -24,6 +24,7 @@ from typing import Any
 
 from envrl.envs.forked import ForkedCallError, run_forked
 from envrl.envs.state import RolloutState
+from envrl.sandbox.errors import SandboxError
 from envrl.traces import Error, Span
 
 RewardFn = Callable[..., Any]
@@ -201,6 +202,8 @@ class Rubric:
         async def one_async(call: _Call) -> Any:
             try:
                 return await call.fn(**call.kwargs)
+            except SandboxError as e:  # the sandbox failed, not the rollout: typed, never a reward
+                raise ScoringError(f"reward function {call.name!r}: {e}", e.error_type) from e
             except Exception as e:
                 raise _raised(call.name, e) from e
 

@@ -4,6 +4,8 @@ Guarantee: each rollout gets a fresh instance from the factory, `reset(**task_fi
 before the first model turn, every tool call the model writes is either executed with arguments
 that validate strictly against the method's type hints, or answered with an error tool message
 saying what was wrong (bad JSON, unknown tool, invalid arguments, the tool's own exception);
+a tool's `SandboxError` is the sandbox failing, not the model: it ends the rollout as an error
+Trace of its type;
 nothing is coerced. A tool ends the episode by setting `self.done = True`; `max_turns` bounds it.
 """
 
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from envrl.envs.environment import Environment
 from envrl.envs.state import RolloutState
+from envrl.sandbox.errors import SandboxError
 from envrl.traces import Message
 
 NOT_TOOLS = frozenset({"reset", "close"})
@@ -209,6 +212,8 @@ class ToolEnvironment(Environment):
             if tool is None:
                 raise ToolCallError(f"there is no tool {call.name!r}; the tools are: {', '.join(self.tool_by_name)}")
             return await tool.call(state.env, call.arguments)
+        except SandboxError:
+            raise  # the sandbox failed, not the model: an error Trace of its type, not a tool message
         except Exception as e:  # noqa: BLE001 - the model is told what went wrong and may try again
             metrics["tool_errors"] = metrics.get("tool_errors", 0.0) + 1
             return f"Error: {e}" if isinstance(e, ToolCallError) else f"Error: {type(e).__name__}: {e}"

@@ -1,0 +1,277 @@
+"""The local sandbox backend: bubblewrap namespaces, rlimits, a user id of its own, one agent.
+
+Guarantee: a `BubblewrapSandbox` runs everything in its own user, pid, mount, network (off by
+default), IPC, UTS and cgroup namespaces, under a host user id no other sandbox and no envrl
+process has (so its processes can signal or trace nothing outside, and `limits.nproc` counts
+only its own), with no capability, no environment from its owner, no inherited file descriptor
+but its protocol pipes, a read-only image and a fresh size-limited tmpfs as its only writable
+place. It dies with its owner (bubblewrap's `--die-with-parent`; the reaper for what survives
+that), at its episode cap, and on `close()`: bubblewrap's death SIGKILLs the pid namespace's
+init, and with it every process in the sandbox, daemons included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import secrets
+import shutil
+import stat
+import struct
+import time
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from envrl.sandbox import reaper
+from envrl.sandbox.base import CommandResult, Sandbox, SandboxConfig, SandboxProvider, started
+from envrl.sandbox.errors import SandboxClosed, SandboxDied, SandboxError, SandboxStartError, SandboxTimeout
+
+UID_BASE = 1_000_000_000
+"""Host user ids of sandboxes are drawn from [UID_BASE, UID_BASE + UID_RANGE): no real user's."""
+UID_RANGE = 1 << 24
+SANDBOX_UID = 65534
+"""The user id (nobody) code sees inside the sandbox."""
+ANSWER_GRACE_S = 2.0
+"""How long past a command's own timeout the agent may take to answer before it counts as dead."""
+MAX_FRAME = 64 << 20
+_HEADER = struct.Struct(">I")
+_AGENT = (Path(__file__).parent / "agent.py").read_text()
+
+
+def bwrap_path() -> str:
+    found = shutil.which("bwrap")
+    if found is None:
+        raise SandboxStartError("bubblewrap is not installed (`bwrap` not on PATH): apt-get install -y bubblewrap")
+    return found
+
+
+@lru_cache(maxsize=64)
+def check_readable(path: Path) -> None:
+    """`SandboxStartError` unless an unprivileged user can reach and read `path` (the sandbox's
+    host user is one: an image under a 0700 home cannot be mounted)."""
+    if not path.exists():
+        raise SandboxStartError(f"sandbox image path {path} does not exist (sandbox.image / sandbox.python)")
+    resolved = path.resolve()
+    for parent in reversed(resolved.parents):
+        if not parent.stat().st_mode & stat.S_IXOTH:
+            raise SandboxStartError(
+                f"sandbox image path {path} is not reachable by an unprivileged user: {parent} has mode "
+                f"{stat.S_IMODE(parent.stat().st_mode):o} (no o+x). Use an image outside it (e.g. the system "
+                "python /usr/bin/python3, or a uv python installed with UV_PYTHON_INSTALL_DIR=/opt/uv-python)"
+            )
+    if not resolved.stat().st_mode & stat.S_IROTH:
+        raise SandboxStartError(f"sandbox image path {path} is not readable by others (mode o+r needed)")
+
+
+def bwrap_argv(config: SandboxConfig) -> list[str]:
+    """The full command line: `prlimit` with the limits, then bubblewrap, then the agent."""
+    python = config.python
+    for path in [python, *config.image]:
+        check_readable(path)
+    for path in config.image:
+        if path.is_relative_to("/tmp") or path.is_relative_to(config.workdir):
+            raise SandboxStartError(
+                f"sandbox.image path {path} is under /tmp or {config.workdir}: those are the sandbox's own"
+            )
+    if not any(python.resolve().is_relative_to(p.resolve()) or python.is_relative_to(p) for p in config.image):
+        raise SandboxStartError(f"sandbox.python {python} is not inside any sandbox.image path {config.image}")
+    argv = [*config.limits.prlimit_argv(), bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns"]
+    argv += ["--share-net"] if config.network else []
+    argv += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
+    argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
+    for path in config.image:
+        argv += ["--ro-bind", str(path), str(path)]
+    if Path("/usr") in config.image:
+        for name in ("bin", "lib", "lib64", "sbin"):
+            if Path(f"/usr/{name}").is_dir():
+                argv += ["--symlink", f"usr/{name}", f"/{name}"]
+    work = config.workdir
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(config.limits.disk_mib << 20), "--tmpfs", work]
+    argv += ["--symlink", work, "/tmp"] if work != "/tmp" else []
+    argv += ["--chdir", work, "--setenv", "HOME", work, "--setenv", "TMPDIR", work, "--setenv", "LANG", "C.UTF-8"]
+    argv += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+    return [*argv, "--", str(python), "-I", "-S", "-c", _AGENT]
+
+
+class BubblewrapSandbox(Sandbox):
+    """One bubblewrap sandbox with a persistent agent: files and background processes persist across calls."""
+
+    def __init__(self, config: SandboxConfig) -> None:
+        super().__init__(config)
+        self.uid = UID_BASE + secrets.randbelow(UID_RANGE)
+        """Its host user id: every process of this sandbox, and only those, runs as it."""
+        self.proc: asyncio.subprocess.Process | None = None
+        self._record: reaper.Record | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._stderr = bytearray()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._watchdog: asyncio.TimerHandle | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """bubblewrap's pid (killing it kills the whole sandbox)."""
+        return None if self.proc is None else self.proc.pid
+
+    def restart_clock(self) -> None:
+        super().restart_clock()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._arm()
+
+    @property
+    def alive(self) -> bool:
+        return super().alive and not self._closed and self.proc is not None and self.proc.returncode is None
+
+    def _arm(self) -> None:
+        """Kill the sandbox when its episode cap runs out, even if nobody calls it."""
+        delay = max(0.0, self.deadline - time.monotonic())
+        self._watchdog = asyncio.get_running_loop().call_later(delay, self._kill)
+
+    async def start(self) -> None:
+        if self._closed:
+            raise SandboxClosed("start() on a closed sandbox")
+        loop = asyncio.get_running_loop()
+        self._arm()
+        argv = bwrap_argv(self.config)
+        reaper.reap_now_and_then()
+        limit = min(self.config.start_timeout_s, self.time_left("starting the sandbox"))
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env={"PATH": "/usr/bin:/bin"}, user=self.uid, group=self.uid, extra_groups=[], limit=MAX_FRAME,
+            )  # fmt: skip
+        except OSError as e:
+            raise SandboxStartError(
+                f"cannot start bubblewrap ({argv[len(self.config.limits.prlimit_argv())]}): {e}"
+            ) from e
+        self._record = reaper.register(self.proc.pid, self.uid)
+        self._tasks.append(loop.create_task(self._drain_stderr()))
+        try:
+            ready = await asyncio.wait_for(self._read_frame(), limit)
+        except TimeoutError:
+            self._kill()
+            if self.deadline <= time.monotonic():
+                raise SandboxTimeout(
+                    f"the sandbox did not start within its episode cap ({self.config.episode_s:g} s)"
+                ) from None
+            raise SandboxStartError(f"the sandbox did not start within {limit:g} s (sandbox.start_timeout_s)") from None
+        except SandboxError as e:
+            raise SandboxStartError(f"the sandbox failed to start: {e}") from None
+        if ready != {"ready": True}:
+            self._kill()
+            raise SandboxStartError(f"the sandbox's agent answered {ready!r} instead of its ready line")
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        stdin: str | None = None,
+        cwd: str | None = None,
+        isolate: bool = False,
+    ) -> CommandResult:
+        wanted = self.config.command_timeout_s if timeout is None else timeout
+        left = self.time_left(f"running {_short(cmd)}")
+        capped = left < wanted
+        request = {
+            "op": "run", "cmd": cmd if isinstance(cmd, str) else list(cmd), "timeout": min(wanted, left),
+            "stdin": stdin, "cwd": cwd, "isolate": isolate, "max_output": self.config.limits.max_output_kib << 10,
+        }  # fmt: skip
+        answer = await self._call(request, min(wanted, left) + ANSWER_GRACE_S)
+        result = CommandResult(**answer)
+        if result.timed_out and capped:
+            await self.close()
+            self.time_left(f"running {_short(cmd)}")
+        return result
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        request = {"op": "write", "path": path, "data": base64.b64encode(raw).decode(), "mode": mode}
+        await self._call(request, self.config.command_timeout_s)
+
+    async def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes:
+        answer = await self._call({"op": "read", "path": path, "max_bytes": max_bytes}, self.config.command_timeout_s)
+        return base64.b64decode(answer["data"])
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._kill()
+        if self.proc is not None:
+            await asyncio.shield(self.proc.wait())
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()  # the last open pipe: the transport closes with it
+        for task in self._tasks:
+            task.cancel()
+        reaper.unregister(self._record)
+        self._record = None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _kill(self) -> None:
+        """SIGKILL bubblewrap: its init, and with it every process in the sandbox, dies."""
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    async def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One op: its answer, `FileNotFoundError`/`OSError` for a file op the agent refused, else a SandboxError."""
+        what = f"{request['op']} {_short(request.get('cmd') or request.get('path'))}"
+        if self._closed or self.proc is None:
+            raise SandboxClosed(f"{what}: the sandbox is closed (episode over or cancelled)")
+        async with self._lock:
+            timeout = min(timeout, self.time_left(what) + ANSWER_GRACE_S)
+            assert self.proc.stdin is not None
+            body = json.dumps(request).encode()
+            try:
+                self.proc.stdin.write(_HEADER.pack(len(body)) + body)
+                answer = await asyncio.wait_for(self._read_frame(), timeout)
+            except (TimeoutError, ConnectionError, SandboxDied) as e:
+                self._kill()
+                await self.close()
+                self.time_left(what)  # SandboxTimeout when the cap was the cause
+                detail = "no answer in time" if isinstance(e, TimeoutError) else str(e)
+                raise SandboxDied(f"{what}: the sandbox stopped answering ({detail})") from None
+        if "error" in answer:
+            kind = FileNotFoundError if answer.get("kind") == "FileNotFoundError" else OSError
+            raise kind(f"{what}: {answer['error']}")
+        return answer
+
+    async def _read_frame(self) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        try:
+            (size,) = _HEADER.unpack(await self.proc.stdout.readexactly(_HEADER.size))
+            if size > MAX_FRAME:
+                raise SandboxDied(f"the agent sent a {size}-byte frame (limit {MAX_FRAME})")
+            return json.loads(await self.proc.stdout.readexactly(size))
+        except asyncio.IncompleteReadError:
+            code = await asyncio.shield(self.proc.wait())
+            tail = self._stderr[-2000:].decode(errors="replace").strip()
+            raise SandboxDied(f"bubblewrap exited with {code}" + (f": {tail}" if tail else "")) from None
+
+    async def _drain_stderr(self) -> None:
+        """Keep the tail of bubblewrap's own messages (start-up errors) without ever blocking it."""
+        assert self.proc is not None and self.proc.stderr is not None
+        while chunk := await self.proc.stderr.read(4096):
+            self._stderr += chunk
+            del self._stderr[:-4096]
+
+
+class BubblewrapProvider(SandboxProvider):
+    """Starts a fresh bubblewrap sandbox per episode."""
+
+    async def create(self, config: SandboxConfig) -> Sandbox:
+        return await started(BubblewrapSandbox(config))
+
+
+def _short(what: object) -> str:
+    text = what if isinstance(what, str) else " ".join(map(str, what)) if isinstance(what, (list, tuple)) else str(what)
+    return repr(text if len(text) <= 60 else text[:57] + "...")

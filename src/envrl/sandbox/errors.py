@@ -1,0 +1,52 @@
+"""Typed sandbox failures: each names its cause as the `Error.type` of the Trace it ends.
+
+Guarantee: every failure of the sandbox itself (it did not start, it ran past the episode's
+wall-clock cap, it died, a command broke a limit the env treats as fatal) is a `SandboxError`
+whose `error_type` is one short machine-readable word (`sandbox_start`, `sandbox_timeout`, ...).
+The rollout loop turns it into an error Trace of that type with reward None, so an
+infrastructure failure is counted per cause and never becomes a reward of 0.
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(RuntimeError):
+    """Base of every sandbox failure; `error_type` becomes the Trace's `Error.type`."""
+
+    error_type = "sandbox_error"
+
+
+class SandboxStartError(SandboxError):
+    """The sandbox could not be started (bubblewrap missing, an image path unreadable, start-up too slow)."""
+
+    error_type = "sandbox_start"
+
+
+class SandboxTimeout(SandboxError):
+    """The episode's wall-clock cap (`SandboxConfig.episode_s`, start-up included) ran out."""
+
+    error_type = "sandbox_timeout"
+
+
+class SandboxDied(SandboxError):
+    """The sandbox's agent went away (killed from inside, crashed) before answering."""
+
+    error_type = "sandbox_died"
+
+
+class SandboxClosed(SandboxError):
+    """The sandbox was already closed (end of episode, cancel) when it was used."""
+
+    error_type = "sandbox_closed"
+
+
+class SandboxLimit(SandboxError):
+    """A command broke a limit (CPU time, processes, file size, disk) and the env treats that as fatal."""
+
+    error_type = "sandbox_limit"
+
+
+class SandboxOOM(SandboxLimit):
+    """A command ran out of the sandbox's memory limit and the env treats that as fatal."""
+
+    error_type = "sandbox_oom"

@@ -1,0 +1,111 @@
+"""The code-exec example env: rollouts run their code only in sandboxes, in process and behind an
+env server, and no sandbox outlives its rollout, its worker or its server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from envrl.envs.model_client import SamplingArgs, ScriptedClient, ScriptedClientConfig
+from envrl.envs.registry import load_environment
+from envrl.serve.client import EnvClient
+from envrl.traces import Message
+from tests.integration.env_servers import running_env_server, wait_until
+from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
+
+
+def _call(code: str) -> str:
+    return "<tool_call>" + json.dumps({"name": "run_python", "arguments": {"code": code}}) + "</tool_call>"
+
+
+def _rollout(replies: list[str], **env_args: Any):
+    env = load_environment("code-exec", **env_args)
+    task = env.get_task("train", 0)
+    client = ScriptedClient(ScriptedClientConfig(replies=replies))
+    trace = asyncio.run(env.run_rollout(task, client, SamplingArgs(max_tokens=64), scoring_timeout=30))
+    return task, trace
+
+
+def test_a_program_that_prints_the_target_earns_1_and_leaves_nothing() -> None:
+    env = load_environment("code-exec")
+    target = env.get_task("train", 0).target
+    seen: list[Message] = []
+
+    def respond(messages: list[Message]) -> str:
+        seen[:] = messages
+        if len(messages) == 2:
+            return _call("import os; print(os.getuid(), sorted(os.environ))")
+        return f"```python\nprint({target!r})\n```"
+
+    client = ScriptedClient(ScriptedClientConfig(replies=[]), respond=respond)
+    trace = asyncio.run(
+        env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=64), scoring_timeout=30)
+    )
+    assert trace.error is None and trace.reward == 1.0, trace.error
+    assert "65534" in seen[-1]["content"] and "exit code 0" in seen[-1]["content"]
+    assert wait_gone(ALL_SANDBOXES) == []
+
+
+def test_a_wrong_or_hostile_program_earns_0_not_an_error() -> None:
+    daemon = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\nprint('nope')"
+    task, trace = _rollout([_call(daemon), f"```python\n{daemon}\n```"])
+    assert trace.error is None and trace.reward == 0.0
+    assert wait_gone(ALL_SANDBOXES) == []
+
+
+def test_a_sandbox_that_cannot_start_is_a_typed_error_trace_never_a_reward(tmp_path: Path) -> None:
+    task, trace = _rollout(["print(1)"], sandbox={"image": ["/usr", str(tmp_path)]})
+    assert trace.reward is None and trace.error is not None and trace.error.type == "sandbox_start"
+
+
+def test_the_episode_cap_is_a_typed_error_trace_never_a_reward() -> None:
+    task, trace = _rollout([_call("import time; time.sleep(30)")], sandbox={"episode_s": 1.5})
+    assert trace.reward is None and trace.error is not None and trace.error.type == "sandbox_timeout"
+    assert wait_gone(ALL_SANDBOXES) == []
+
+
+SLOW_MODEL = {"type": "scripted", "replies": [_call("print(1)"), "```python\nprint(1)\n```"], "delay": 1.0}
+
+
+def test_the_env_server_serves_sandboxed_rollouts_and_sigkills_leave_no_sandbox(tmp_path: Path) -> None:
+    pool = '{"type": "static", "num_workers": 1}'
+    with running_env_server(tmp_path, "--pool", pool, env_id="code-exec", ready_timeout=120) as server:
+
+        async def go() -> None:
+            async with EnvClient(server.address) as client:
+                traces = await asyncio.gather(
+                    *(client.run_rollout(i, client=SLOW_MODEL, sampling={"max_tokens": 64}) for i in range(4))
+                )
+                assert all(t.error is None and t.reward is not None for t in traces), [t.error for t in traces]
+                assert wait_gone(ALL_SANDBOXES) == []
+                # SIGKILL the worker while its sandboxes live: they die with it; the rollouts are
+                # answered (re-run on the replacement worker), and the next one is served.
+                pending = [
+                    asyncio.ensure_future(client.run_rollout(i, client=SLOW_MODEL, sampling={"max_tokens": 64}))
+                    for i in range(3)
+                ]
+                await asyncio.to_thread(
+                    wait_until, lambda: len(processes_of(ALL_SANDBOXES)) >= 3, 30, "sandboxes started"
+                )
+                (worker,) = server.workers()
+                os.kill(worker, signal.SIGKILL)
+                assert await asyncio.to_thread(wait_gone, ALL_SANDBOXES, 10) == []
+                for trace in await asyncio.gather(*pending):
+                    assert trace.error is None or trace.error.type == "worker_died"
+                trace = await client.run_rollout(0, client=SLOW_MODEL, sampling={"max_tokens": 64})
+                assert trace.error is None and trace.reward is not None
+                # SIGKILL the server itself while a sandbox lives: its worker and the sandbox follow.
+                lost = asyncio.ensure_future(client.run_rollout(1, client=SLOW_MODEL, sampling={"max_tokens": 64}))
+                await asyncio.to_thread(
+                    wait_until, lambda: len(processes_of(ALL_SANDBOXES)) >= 3, 30, "sandbox started"
+                )
+                server.workers()
+                server.child.popen.kill()
+                lost.cancel()
+            assert await asyncio.to_thread(wait_gone, ALL_SANDBOXES, 30) == []
+
+        asyncio.run(go())

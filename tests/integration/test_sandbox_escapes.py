@@ -1,0 +1,335 @@
+"""Escape attempts from a bubblewrap sandbox, each a real attempt by the code inside, each contained.
+
+After each attempt the sandbox (or a fresh one) still serves, and when it is closed no process
+of it is alive (each sandbox runs under a host uid of its own, so its processes are easy to count).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from envrl.sandbox import BubblewrapProvider, Limits, Sandbox, SandboxConfig, reaper
+from tests.integration.sandboxes import host_temp_dir, processes_of, run_dir, wait_gone
+
+__all__ = ["run_dir"]
+
+DAEMON = "python3 -c 'import os,time\nif os.fork()==0:\n os.setsid()\n if os.fork()==0:\n  time.sleep(600)\n'"
+"""Starts a double-forked, setsid daemon that sleeps 10 minutes."""
+
+
+async def _python(box: Sandbox, code: str, timeout: float = 10.0):
+    await box.write_file("attempt.py", textwrap.dedent(code))
+    return await box.run(["python3", "attempt.py"], timeout=timeout)
+
+
+def _contained(config: SandboxConfig, attempt) -> None:
+    """Run `attempt(box)` in a fresh sandbox; then it still answers, and closing it leaves nothing."""
+
+    async def main() -> None:
+        box = await BubblewrapProvider().create(config)
+        try:
+            await attempt(box)
+            assert (await box.run("echo alive")).stdout == "alive\n"
+        finally:
+            await box.close()
+        assert wait_gone(box.uid) == []
+
+    asyncio.run(main())
+
+
+def test_secrets_of_the_parent_environment_and_home_are_not_readable(run_dir: Path) -> None:
+    secret = f"envrl-secret-{uuid.uuid4().hex}"
+    home_file = Path.home() / f".envrl-sandbox-secret-{uuid.uuid4().hex}"
+    home_file.write_text(secret)
+    os.environ["ENVRL_TEST_SECRET"] = secret
+
+    async def attempt(box: Sandbox) -> None:
+        result = await _python(
+            box,
+            f"""
+            import glob, os
+            seen = [repr(dict(os.environ))]
+            for path in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline") + [{str(home_file)!r}]:
+                try:
+                    seen.append(open(path, "rb").read().decode(errors="replace"))
+                except OSError as e:
+                    seen.append(type(e).__name__)
+            print("\\n".join(seen))
+        """,
+        )
+        assert result.exit_code == 0
+        assert secret not in result.stdout + result.stderr
+        assert "FileNotFoundError" in result.stdout  # the home file is not in the sandbox at all
+
+    try:
+        _contained(SandboxConfig(), attempt)
+    finally:
+        del os.environ["ENVRL_TEST_SECRET"]
+        home_file.unlink()
+
+
+def test_tcp_connections_out_fail_and_reach_nothing() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+
+    async def attempt(box: Sandbox) -> None:
+        result = await _python(
+            box,
+            f"""
+            import socket
+            for host in ("127.0.0.1", "1.1.1.1", "8.8.8.8"):
+                try:
+                    socket.create_connection((host, {port} if host == "127.0.0.1" else 53), timeout=2)
+                    print("CONNECTED", host)
+                except OSError as e:
+                    print("BLOCKED", host, e)
+        """,
+        )
+        assert result.stdout.count("BLOCKED") == 3, result
+
+    try:
+        _contained(SandboxConfig(), attempt)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+def test_the_worker_ipc_socket_cannot_be_reached(tmp_path: Path) -> None:
+    path_dir = host_temp_dir(tmp_path)
+    path_socket = socket.socket(socket.AF_UNIX)
+    path_socket.bind(str(path_dir / "worker.ipc"))
+    path_socket.listen()
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract_name = f"envrl-test-{uuid.uuid4().hex}"
+    abstract.bind("\0" + abstract_name)
+    abstract.listen()
+    for s in (path_socket, abstract):
+        s.settimeout(0.3)
+
+    async def attempt(box: Sandbox) -> None:
+        result = await _python(
+            box,
+            f"""
+            import socket
+            for address in ({str(path_dir / "worker.ipc")!r}, "\\0{abstract_name}"):
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect(address)
+                    s.sendall(b"forged reward")
+                    print("CONNECTED")
+                except OSError as e:
+                    print("BLOCKED", type(e).__name__)
+        """,
+        )
+        assert result.stdout.count("BLOCKED") == 2, result
+
+    try:
+        _contained(SandboxConfig(image=[Path("/usr"), path_dir]), attempt)
+        for s in (path_socket, abstract):
+            with pytest.raises(TimeoutError):
+                s.accept()
+    finally:
+        path_socket.close()
+        abstract.close()
+        shutil.rmtree(path_dir)
+
+
+def test_nothing_outside_the_sandbox_can_be_written(tmp_path: Path) -> None:
+    image = host_temp_dir(tmp_path)
+    (image / "data.txt").write_text("original")
+    (image / "data.txt").chmod(0o666)
+
+    async def attempt(box: Sandbox) -> None:
+        result = await _python(
+            box,
+            f"""
+            import os
+            targets = [{str(image / "data.txt")!r}, {str(image / "new.txt")!r}, "/usr/envrl-escape",
+                       "/proc/sys/kernel/hostname", "/proc/sysrq-trigger", "/etc/passwd", "/root/escape"]
+            for path in targets:
+                try:
+                    with open(path, "w") as f:
+                        f.write("escaped")
+                    print("WROTE", path)
+                except OSError as e:
+                    print("BLOCKED", path, type(e).__name__)
+        """,
+        )
+        assert result.stdout.count("BLOCKED") == 7, result.stdout
+
+    try:
+        _contained(SandboxConfig(image=[Path("/usr"), image]), attempt)
+        assert (image / "data.txt").read_text() == "original"
+        assert sorted(p.name for p in image.iterdir()) == ["data.txt"]
+        assert not Path("/usr/envrl-escape").exists()
+    finally:
+        shutil.rmtree(image)
+
+
+def test_a_fork_bomb_hits_the_process_limit_and_is_killed() -> None:
+    async def attempt(box: Sandbox) -> None:
+        result = await _python(
+            box,
+            """
+            import os, time
+            while True:
+                try:
+                    os.fork()
+                except OSError:
+                    time.sleep(0.01)
+        """,
+            timeout=3,
+        )
+        assert result.timed_out
+        assert len(processes_of(box.uid)) <= 4  # init, agent (+ bubblewrap): the bomb is gone
+
+    _contained(SandboxConfig(limits=Limits(nproc=32)), attempt)
+    assert subprocess.run(["true"]).returncode == 0  # the host still forks
+
+
+def test_a_memory_bomb_fails_inside_the_memory_limit() -> None:
+    async def attempt(box: Sandbox) -> None:
+        result = await _python(
+            box,
+            """
+            chunks = []
+            while True:
+                chunks.append(bytearray(64 << 20))
+        """,
+        )
+        assert result.exit_code != 0 and result.limit == "memory", result
+
+    _contained(SandboxConfig(limits=Limits(memory_mib=256)), attempt)
+
+
+def test_filling_the_disk_stops_at_the_sandbox_tmpfs() -> None:
+    host_free = shutil.disk_usage("/tmp").free
+
+    async def attempt(box: Sandbox) -> None:
+        filled = await _python(
+            box,
+            """
+            import os
+            for i in range(1000):
+                with open(f"fill{i}", "wb") as f:
+                    f.write(os.urandom(8 << 20))
+        """,
+        )
+        assert filled.limit == "disk", filled
+        big = await box.run("head -c 100000000 /dev/zero > /work/one_big_file")
+        assert big.limit in ("file_size", "disk"), big
+
+    _contained(SandboxConfig(limits=Limits(disk_mib=32, file_mib=16)), attempt)
+    assert shutil.disk_usage("/tmp").free > host_free - (256 << 20)
+
+
+def test_the_owner_cannot_be_killed_or_traced_and_neither_can_the_agent() -> None:
+    async def attempt(box: Sandbox) -> None:
+        result = await _python(
+            box,
+            f"""
+            import ctypes, os, signal
+            libc = ctypes.CDLL(None, use_errno=True)
+            for pid in ({os.getpid()}, {os.getppid()}, 1):
+                try:
+                    os.kill(pid, signal.SIGKILL if pid != 1 else 0)
+                    print("signalled", pid)
+                except OSError as e:
+                    print("kill denied", pid, type(e).__name__)
+            agent = os.getppid()
+            print("ptrace agent", libc.ptrace(16, agent, 0, 0), ctypes.get_errno())  # PTRACE_ATTACH
+            try:
+                os.listdir(f"/proc/{{agent}}/fd")
+                print("agent fds readable")
+            except OSError as e:
+                print("agent fds denied", type(e).__name__)
+        """,
+        )
+        assert "signalled" not in result.stdout.replace("signalled 1\n", ""), result.stdout
+        assert "ptrace agent -1" in result.stdout, result.stdout
+        assert "agent fds denied" in result.stdout, result.stdout
+
+    _contained(SandboxConfig(), attempt)  # and we are still here
+
+
+def test_a_daemon_does_not_outlive_the_episode() -> None:
+    async def main() -> None:
+        async with await BubblewrapProvider().create(SandboxConfig()) as box:
+            await box.run(DAEMON)
+            assert len(processes_of(box.uid)) >= 3
+        assert wait_gone(box.uid) == []
+
+    asyncio.run(main())
+
+
+def test_a_daemon_does_not_outlive_a_command_timeout() -> None:
+    async def main() -> None:
+        async with await BubblewrapProvider().create(SandboxConfig()) as box:
+            result = await box.run(f"{DAEMON}; sleep 30", timeout=1)
+            assert result.timed_out
+            ps = await box.run("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+            assert "time.sleep(600)" not in ps.stdout, ps  # the daemon is gone before the episode ends
+        assert wait_gone(box.uid) == []
+
+    asyncio.run(main())
+
+
+OWNER = """
+import asyncio, sys
+from envrl.sandbox import BubblewrapProvider, SandboxConfig
+async def main():
+    box = await BubblewrapProvider().create(SandboxConfig())
+    await box.run(sys.argv[1])
+    print(box.uid, flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main())
+"""
+
+
+def test_a_daemon_does_not_outlive_a_sigkilled_owner_and_the_reaper_clears_its_record(run_dir: Path) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, DAEMON], stdout=subprocess.PIPE, text=True)
+    try:
+        uid = int(owner.stdout.readline())
+        assert len(processes_of(uid)) >= 3
+        assert len(list(run_dir.glob("*.json"))) == 1
+        owner.kill()
+        owner.wait()
+        assert wait_gone(uid) == []
+        reaper.reap()
+        assert list(run_dir.glob("*.json")) == []
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_the_reaper_kills_a_sandbox_whose_owner_is_gone_and_no_other(run_dir: Path) -> None:
+    dead_owner = subprocess.Popen(["true"])
+    dead_owner.wait()
+    orphan, kept = subprocess.Popen(["sleep", "600"]), subprocess.Popen(["sleep", "600"])
+    try:
+        start = reaper.start_time(orphan.pid)
+        assert start is not None
+        record = reaper.Record(pid=orphan.pid, start=start, owner=dead_owner.pid, owner_start=1, uid=12345)
+        record.path.write_text(json.dumps(dataclasses.asdict(record)))
+        ours = reaper.register(kept.pid, 12346)  # owned by this (live) process: left alone
+        assert [r.pid for r in reaper.reap()] == [orphan.pid]
+        assert orphan.wait(5) == -9 and kept.poll() is None
+        assert ours is not None and ours.path.exists() and not record.path.exists()
+    finally:
+        for proc in (orphan, kept):
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,76 @@
+"""Sandbox pieces that need no sandbox: limits as prlimit options, limit reading, errors, the run directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from envrl.sandbox import CommandResult, Limits, SandboxConfig, SandboxLimit, SandboxOOM, SandboxTimeout, reaper
+from envrl.sandbox.bubblewrap import bwrap_argv
+from envrl.sandbox.errors import SandboxStartError
+
+
+def test_limits_become_equal_soft_and_hard_prlimit_options() -> None:
+    argv = Limits(cpu_s=5, memory_mib=100, nproc=8, nofile=32, file_mib=2).prlimit_argv()
+    assert argv[0] == "prlimit" and argv[-1] == "--"
+    assert {"--cpu=5:6", f"--as={100 << 20}", "--nproc=8", "--nofile=32", f"--fsize={2 << 20}", "--core=0"} <= set(argv)
+
+
+@pytest.mark.parametrize(
+    ("result", "limit", "raised"),
+    [
+        (CommandResult(0, "ok", ""), None, None),
+        (CommandResult(-9, "", "", timed_out=True), "timeout", SandboxTimeout),
+        (CommandResult(-24, "", ""), "cpu", SandboxLimit),
+        (CommandResult(-25, "", ""), "file_size", SandboxLimit),
+        (CommandResult(1, "", "Traceback ...\nMemoryError\n"), "memory", SandboxOOM),
+        (CommandResult(1, "", "OSError: [Errno 28] No space left on device"), "disk", SandboxLimit),
+    ],
+)
+def test_a_result_names_the_limit_it_hit_and_raises_its_typed_error(result, limit, raised) -> None:
+    assert result.limit == limit
+    if raised is None:
+        assert result.raise_for_limit() is result
+    else:
+        with pytest.raises(raised) as error:
+            result.raise_for_limit()
+        assert error.value.error_type.startswith("sandbox_")
+
+
+def test_the_default_argv_isolates_everything_and_shares_no_network() -> None:
+    argv = bwrap_argv(SandboxConfig())
+    for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+                 "--clearenv", "--cap-drop"):  # fmt: skip
+        assert flag in argv
+    assert "--share-net" not in argv
+    assert "--share-net" in bwrap_argv(SandboxConfig(network=True))
+
+
+def test_an_image_under_the_sandboxes_own_tmp_is_refused() -> None:
+    with pytest.raises(SandboxStartError, match="sandbox's own"):
+        bwrap_argv(SandboxConfig(image=[Path("/usr"), Path("/tmp")]))
+
+
+def test_the_run_directory_must_be_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    monkeypatch.setenv(reaper.RUN_DIR_ENV, str(shared))
+    with pytest.raises(PermissionError, match="mode 0700"):
+        reaper.run_dir()
+    monkeypatch.setenv(reaper.RUN_DIR_ENV, str(tmp_path / "fresh"))
+    assert reaper.run_dir().stat().st_mode & 0o777 == 0o700
+
+
+def test_a_record_of_a_gone_sandbox_is_dropped_without_killing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(reaper.RUN_DIR_ENV, str(tmp_path / "run"))
+    record = reaper.Record(pid=2**22 + 7, start=1, owner=2**22 + 8, owner_start=1, uid=1)
+    record.path.write_text(json.dumps(dataclasses.asdict(record)))
+    (reaper.run_dir() / "garbage.json").write_text("not json")
+    assert reaper.reap() == []
+    assert list(reaper.run_dir().iterdir()) == []
+    assert reaper.start_time(os.getpid()) is not None
