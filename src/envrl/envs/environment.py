@@ -17,7 +17,6 @@ from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
 from envrl.inference.client import ContextLengthError
-from envrl.sandbox.errors import SandboxError
 from envrl.traces import Branch, Error, Message, Split, Task, Trace, Turn, WireTask
 
 TaskSource = Sequence[Task] | Callable[[], Iterable[Task]]
@@ -257,8 +256,6 @@ class Environment:
 
     def _fail(self, state: RolloutState, exc: Exception) -> None:
         state.trace.error = Error.from_exception(exc)
-        if isinstance(exc, SandboxError):  # its cause (sandbox_start, sandbox_timeout, ...) is the type
-            state.trace.error.type = exc.error_type
         state.trace.reward = None
         state.stop_reason = state.trace.stop_reason = "error"
 
