@@ -25,6 +25,7 @@ import httpx
 from loguru import logger
 
 from envrl.config import ConfigError
+from envrl.inference.adapter import check_lora_support
 from envrl.inference.config import API_KEY_ENV, InferenceConfig, api_key
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
@@ -171,7 +172,8 @@ def option_argv(options: dict[str, Any]) -> list[str]:
 
 
 def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
-    """vLLM's parsed server arguments for `config`; unknown `inference.vllm` keys are ConfigErrors."""
+    """vLLM's parsed server arguments for `config`; unknown `inference.vllm` keys, and LoRA for a
+    model vLLM cannot serve adapters for, are ConfigErrors."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -204,6 +206,10 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
         )
     args = parser.parse_args(argv)
     validate_parsed_serve_args(args)
+    if args.enable_lora:
+        from transformers import AutoConfig
+
+        check_lora_support(AutoConfig.from_pretrained(config.model.name).architectures or [], config.model.name)
     return args
 
 

@@ -78,7 +78,8 @@ class LoraConfig(BaseConfig):
     """Scaling numerator: the adapter's update is multiplied by alpha / rank."""
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     """Names of the decoder layers' linear modules that get adapters (the last part of the module
-    name, as in peft); each must exist in the model, checked before training starts."""
+    name, as in peft), and `lm_head` for the output projection; each must exist in the model,
+    checked before training starts."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapter's input while training. Above 0 the trainer's logprobs are those of
     a perturbed policy, so the importance ratio is no longer 1 on-policy: leave it 0 for RL."""

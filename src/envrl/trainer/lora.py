@@ -1,7 +1,7 @@
 """LoRA in the trainer: which modules get adapters, adding them, and what a step publishes.
 
-Guarantee: `apply_lora` adds `peft` adapters only to decoder-layer linear modules named in
-`trainer.lora.target_modules` (an unknown name is a one-line `LoraError` listing the names the
+Guarantee: `apply_lora` adds `peft` adapters only to the decoder layers' linear modules (and
+`lm_head`) named in `trainer.lora.target_modules` (an unknown name is a one-line `LoraError` listing the names the
 model has, raised before any weight is loaded when `check_lora_model` runs first), freezes every
 base weight, and starts from B = 0, so step 0's policy is exactly the base model;
 `publish_adapter` writes a PEFT adapter directory (adapter_config.json +
@@ -33,9 +33,13 @@ class LoraError(ValueError):
 
 
 def adaptable_modules(model: nn.Module) -> list[str]:
-    """Last names of the linear modules inside the decoder layers (what `target_modules` may name)."""
+    """What `target_modules` may name: the last names of the decoder layers' linear modules, and
+    `lm_head` (the output projection, which vLLM adapts too, tied to the embeddings or not)."""
     layers = model.get_decoder().layers
-    return sorted({name.rsplit(".", 1)[-1] for name, module in layers.named_modules() if isinstance(module, nn.Linear)})
+    names = {name.rsplit(".", 1)[-1] for name, module in layers.named_modules() if isinstance(module, nn.Linear)}
+    if isinstance(getattr(model, "lm_head", None), nn.Linear):
+        names.add("lm_head")
+    return sorted(names)
 
 
 def check_target_modules(lora: LoraConfig, available: list[str], model_name: str) -> None:
@@ -44,7 +48,7 @@ def check_target_modules(lora: LoraConfig, available: list[str], model_name: str
     if unknown:
         raise LoraError(
             f"trainer.lora.target_modules: {', '.join(map(repr, unknown))} not among the linear modules of "
-            f"{model_name}'s decoder layers; it has: {', '.join(available)}"
+            f"{model_name}'s decoder layers (or lm_head); it has: {', '.join(available)}"
         )
 
 

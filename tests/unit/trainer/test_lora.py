@@ -104,7 +104,9 @@ def test_an_unknown_target_module_names_the_modules_the_model_has(tmp_path):
     with pytest.raises(LoraError) as error:
         make_trainer(tmp_path, lora={**LORA, "target_modules": ["q_proj", "qkv_proj"]})
     message = str(error.value)
-    assert "'qkv_proj'" in message and "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj" in message
+    assert (
+        "'qkv_proj'" in message and "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj" in message
+    )
     assert "\n" not in message
     with pytest.raises(LoraError, match="'c_attn'"):  # the same check, before any weight is loaded
         check_lora_model(TrainerConfig.model_validate({"lora": {"target_modules": ["c_attn"]}}).lora, str(DEFAULT_DIR))
