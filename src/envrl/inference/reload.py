@@ -139,7 +139,8 @@ class WeightReloadPlugin:
         answer = {"status": "ok", "path": str(path), "step": request.step, "seconds": seconds}
         if request.step is not None:
             self._loaded = (request.step, str(path), answer)
-        logger.info(f"weights reloaded from {path} in {seconds:.2f}s")
+        what = "LoRA adapter hot-loaded" if is_adapter_dir(path) else "weights reloaded"
+        logger.info(f"{what} from {path} in {seconds:.2f}s")
         return JSONResponse(answer)
 
     def _check(self, path: Path) -> None:

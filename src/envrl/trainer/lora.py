@@ -11,6 +11,7 @@ and the inference server's `/update_weights` take as is.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,17 +89,24 @@ def publish_adapter(model: nn.Module, state: dict[str, torch.Tensor], final: Pat
     Called on the main rank only; `state` comes from the collective that gathers shards.
     """
     with atomic_dir(final) as tmp:
-        model.save_pretrained(tmp, state_dict=state)
+        # save_embedding_layers: peft would add the whole (frozen) output head when lm_head is adapted
+        model.save_pretrained(tmp, state_dict=state, save_embedding_layers=False)
         (tmp / "README.md").unlink(missing_ok=True)  # peft's model-card stub: nothing to read there
 
 
 def export_merged(model_name: str, adapter: Path, final: Path) -> None:
     """Write `model_name` with the adapter in `adapter` merged into its weights to `final`: a plain HF
-    model directory (its tokenizer included) that needs neither peft nor LoRA support to load."""
+    model directory (its tokenizer included) that needs neither peft nor LoRA support to load.
+    An adapted output head tied to the input embeddings is untied first (saved on its own)."""
     from peft import PeftModel
     from transformers import AutoTokenizer
 
     base = AutoModelForCausalLM.from_pretrained(model_name, dtype="auto")
+    targets = json.loads((adapter / ADAPTER_CONFIG).read_text())["target_modules"]
+    if "lm_head" in targets and getattr(base.config, "tie_word_embeddings", False):
+        # merging into a head tied to the input embeddings would change the embeddings too
+        base.lm_head.weight = nn.Parameter(base.lm_head.weight.detach().clone())
+        base.config.tie_word_embeddings = False
     merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
     with atomic_dir(final) as tmp:
         merged.save_pretrained(tmp)

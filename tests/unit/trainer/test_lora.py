@@ -17,7 +17,8 @@ from scripts.bench.synthetic import synthetic_samples
 from scripts.tiny_model import DEFAULT_DIR
 from tests.unit.trainer.test_trainer import make_trainer, metric_lines, tensor_names, write_batches
 
-LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj", "lm_head"]}
+"""lm_head included: the tiny model ties it to the input embeddings, the case that needs care."""
 
 
 def adapter_tensors(directory) -> dict[str, torch.Tensor]:
@@ -82,7 +83,7 @@ def test_the_final_policy_is_a_merged_hf_model_that_computes_what_the_adapter_do
     trainer = make_trainer(tmp_path, max_steps=1, lora=LORA)
     trainer.run()
     final = tmp_path / "weights" / "final"
-    assert tensor_names(final) == tensor_names(DEFAULT_DIR)
+    assert tensor_names(final) == sorted([*tensor_names(DEFAULT_DIR), "lm_head.weight"])  # the adapted head, untied
     merged = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32)
     adapted = PeftModel.from_pretrained(base, tmp_path / "weights" / "step_1").eval()
