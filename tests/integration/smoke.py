@@ -24,11 +24,11 @@ from scripts.chaos.harness import MARKER, ROOT, SMOKE, free_base_port, free_port
 
 
 @contextmanager
-def rl_process(out: Path, *overrides: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """Start `rl` on the smoke config in `out`; on exit make sure it and all it started are gone."""
+def rl_process(out: Path, *overrides: str, config: Path = SMOKE) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """Start `rl` on `config` (the smoke config) in `out`; on exit make sure it and all it started are gone."""
     marker = uuid.uuid4().hex
     argv = [
-        sys.executable, "-m", "envrl.launcher.main", "--config", str(SMOKE),
+        sys.executable, "-m", "envrl.launcher.main", "--config", str(config),
         "--output-dir", str(out), "--inference.port", str(free_port()),
         "--env-server-base-port", str(free_base_port()), *overrides,
     ]  # fmt: skip

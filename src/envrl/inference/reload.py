@@ -1,4 +1,5 @@
-"""`POST /update_weights`: load the trainer's HF safetensors into the running vLLM engine.
+"""`POST /update_weights`: load the trainer's HF safetensors, or its LoRA adapter, into the
+running vLLM engine.
 
 Guarantee: a reload either completes (the response comes after the new weights serve every
 later request) or is refused with an error naming the problem while the previous weights keep
@@ -14,6 +15,9 @@ Shipped to vLLM as an endpoint plugin (entry point group `vllm.endpoint_plugins`
 The engine side is vLLM's native `Worker.reload_weights` (which also redoes the post-load
 processing, on CPU the GEMM weight prepacking, that a plain `load_weights` skips), wrapped by
 our worker extension (envrl.inference.worker) to keep tied output embeddings in step.
+A directory holding a PEFT adapter (a `trainer.lora` run) is hot-loaded onto the base model
+instead (envrl.inference.adapter), which needs a server started with `enable_lora`; a full
+reload afterwards serves that model without an adapter.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from fastapi.responses import JSONResponse
 from loguru import logger
 from pydantic import BaseModel, Field
 
+from envrl.inference.adapter import PolicyAdapter, check_adapter, is_adapter_dir
 from envrl.inference.config import ReloadConfig
 from envrl.inference.warmup import WARMUP_ENV, warm_up
 from envrl.inference.weights import Shapes, WeightsError, check_replacement, read_shapes
@@ -42,7 +47,7 @@ RELOAD_ENV = "ENVRL_INFERENCE_RELOAD"
 
 class UpdateWeightsRequest(BaseModel):
     path: str
-    """Directory of HF safetensors with the served model's architecture."""
+    """Directory of HF safetensors with the served model's architecture, or of a PEFT adapter."""
     step: int | None = Field(None, ge=0)
     """The policy step these weights are; a repeated POST of a loaded step is a no-op."""
     timeout_s: float | None = Field(None, gt=0)
@@ -59,6 +64,12 @@ class WeightReloadPlugin:
         self._engine: Any = None
         self._served: Shapes = {}
         self._current = ""
+        """The served policy: the adapter directory, or the full weights' directory."""
+        self._base = ""
+        """Where the full weights serving now came from (an adapter is applied on top of them)."""
+        self._adapter: PolicyAdapter | None = None
+        """Set when the server was started with LoRA (`enable_lora`)."""
+        self._max_lora_rank = 0
         self._lock = asyncio.Lock()
         self._config = ReloadConfig()
         self._loaded: tuple[int, str, dict[str, Any]] | None = None
@@ -73,8 +84,12 @@ class WeightReloadPlugin:
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         self._engine = engine_client
         model = Path(args.model)
-        self._current = str(model.resolve()) if model.is_dir() else str(args.model)
+        self._current = self._base = str(model.resolve()) if model.is_dir() else str(args.model)
         self._served = read_shapes(Path(args.model))
+        if getattr(args, "enable_lora", False):
+            models = state.openai_serving_models
+            self._adapter = PolicyAdapter(engine_client, models, [p.name for p in models.base_model_paths])
+            self._max_lora_rank = args.max_lora_rank
         if raw := os.environ.get(RELOAD_ENV):
             self._config = ReloadConfig.model_validate_json(raw)
         # vLLM calls this before its HTTP server accepts requests: the one hook where a warm-up
@@ -112,7 +127,7 @@ class WeightReloadPlugin:
                 return JSONResponse(answer)
             start = time.perf_counter()
             try:
-                await asyncio.to_thread(check_replacement, path, self._served)
+                await asyncio.to_thread(self._check, path)
             except WeightsError as e:
                 logger.warning(f"weight reload refused: {e}")
                 return JSONResponse({"error": str(e)}, status_code=400)
@@ -124,8 +139,21 @@ class WeightReloadPlugin:
         answer = {"status": "ok", "path": str(path), "step": request.step, "seconds": seconds}
         if request.step is not None:
             self._loaded = (request.step, str(path), answer)
-        logger.info(f"weights reloaded from {path} in {seconds:.2f}s")
+        what = "LoRA adapter hot-loaded" if is_adapter_dir(path) else "weights reloaded"
+        logger.info(f"{what} from {path} in {seconds:.2f}s")
         return JSONResponse(answer)
+
+    def _check(self, path: Path) -> None:
+        """WeightsError unless `path` can replace the served policy (read from headers and configs)."""
+        if not is_adapter_dir(path):
+            check_replacement(path, self._served)
+        elif self._adapter is None:
+            raise WeightsError(
+                f"{path} holds a LoRA adapter, but this server was started without LoRA; start it with "
+                "inference.vllm.enable_lora = true (`rl` does so when trainer.lora is set)"
+            )
+        else:
+            check_adapter(path, self._max_lora_rank)
 
     async def _reload(self, path: Path, deadline: float) -> tuple[str | None, int]:
         """Pause, load `path` (restoring the old weights if that fails), always resume; (failure, status)."""
@@ -149,19 +177,31 @@ class WeightReloadPlugin:
                     500,
                 )
             if failure is None:
+                if not is_adapter_dir(path):
+                    self._base = str(path)
+                    if self._adapter is not None:
+                        await self._adapter.clear()  # new full weights: the policy is them alone
                 self._current = str(path)
                 self._loaded = None
                 return None, 200
-            restore_failure = await self._load(self._current)
+            if is_adapter_dir(path):  # vLLM loads an adapter before it evicts the one serving
+                return f"{failure}; the previous policy from {self._current} keeps serving", 400
+            restore_failure = await self._load(self._base)
             if restore_failure is None:
-                return f"{failure}; the previous weights from {self._current} are restored and serving", 400
+                return f"{failure}; the previous weights from {self._base} are restored and serving", 400
             return f"{failure}; restoring the previous weights failed too ({restore_failure}): restart the server", 500
         finally:
             await self._engine.resume_generation()
 
     async def _load(self, path: Path | str) -> str | None:
-        """Reload in place from `path` on every worker; the failure text, or None."""
+        """Hot-load the adapter in `path`, or reload the full weights in place from it on every
+        worker; the failure text, or None."""
+        path = Path(path)
         try:
+            if is_adapter_dir(path):
+                assert self._adapter is not None  # _check refused adapters otherwise
+                await self._adapter.load(path)
+                return None
             await self._engine.collective_rpc("envrl_reload_weights", args=(str(path),))
         except Exception as e:
             return f"loading weights from {path} failed in the engine: {type(e).__name__}: {e}"

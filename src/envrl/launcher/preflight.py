@@ -4,7 +4,8 @@ in a second with one line instead of after vLLM loaded.
 Guarantee: `check(rl)` raises `ConfigError` naming the key when `model.name` is neither a model
 directory nor a plausible hub id, or when an env the launcher would serve from this interpreter
 names an id no installed package registers (with the closest installed ids) or args its
-`load_environment` does not take (naming the ones it does). Envs served from
+`load_environment` does not take (naming the ones it does), or `trainer.lora.target_modules`
+names a module the local model does not have. Envs served from
 their own venv (`project`, `python`) and `package.module:function` or adapter ids are checked by
 their servers, which name the cause the same way.
 """
@@ -23,6 +24,13 @@ from envrl.launcher.config import RLConfig
 
 def check(rl: RLConfig) -> None:
     check_model(rl.model.name)
+    if rl.trainer.lora is not None and Path(rl.model.name).expanduser().is_dir():
+        from envrl.trainer.lora import LoraError, check_lora_model  # torch: only for LoRA runs
+
+        try:
+            check_lora_model(rl.trainer.lora, rl.model.name)
+        except LoraError as e:
+            raise ConfigError(str(e)) from None
     envs = [("orchestrator.envs", rl.orchestrator.envs), ("orchestrator.eval_envs", rl.orchestrator.eval_envs)]
     installed = installed_environment_ids()
     for key, table in envs:

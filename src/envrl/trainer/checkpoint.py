@@ -1,7 +1,8 @@
 """Training checkpoints: everything needed to continue a run bit for bit.
 
 Guarantee: `checkpoints/step_<k>/` is the state after k completed steps (model, optimizer,
-scheduler, each rank's RNG) and appears only when every rank's part is written and fsynced;
+scheduler, each rank's RNG; of the model only the weights that train, so a LoRA checkpoint holds
+the adapter) and appears only when every rank's part is written and fsynced;
 only the newest `keep` are retained, and older ones are deleted only after a newer one exists.
 """
 
@@ -19,13 +20,15 @@ import torch.distributed.checkpoint as dcp
 from loguru import logger
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from envrl.atomic import publish, temp_sibling
 from envrl.layout import checkpoint_dir, published_steps
 from envrl.trainer.parallel import Runtime, barrier
 
 TRAINER_STATE = "trainer_state.pt"
+LOAD_TRAINED = StateDictOptions(strict=False)
+"""Loading leaves the frozen weights alone; every trained one is still required, by `dcp.load`."""
 
 
 class RankCountMismatch(ValueError):
@@ -43,6 +46,15 @@ def _single_process_ok() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
+
+
+def _trained_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Model and optimizer state to checkpoint: of the model only the weights that train (all of
+    them, or with LoRA the adapter: the frozen base is `model.name`, loaded again on resume)."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    # every name of a frozen tensor: torch's ignore_frozen_params misses tied aliases (lm_head)
+    frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {"model": {k: v for k, v in model_state.items() if k not in frozen}, "optim": optim_state}
 
 
 def _rng_file(rank: int) -> str:
@@ -73,9 +85,8 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     barrier(runtime)
     try:
-        model_state, optim_state = get_state_dict(model, optimizer)
         with _single_process_ok():
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp, no_dist=not runtime.sharded)
+            dcp.save(_trained_state(model, optimizer), checkpoint_id=tmp, no_dist=not runtime.sharded)
         torch.save(_rng_state(), tmp / _rng_file(runtime.rank))
         if runtime.is_main:
             meta = {"step": step, "scheduler": scheduler.state_dict(), "world_size": runtime.world_size}
@@ -117,11 +128,12 @@ def load_checkpoint(
             f"{path} was written by {meta['world_size']} ranks but this run has {runtime.world_size}; "
             "resume with the same number of ranks (trainer.gpus / trainer.num_procs; RNG state is per rank)"
         )
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
+    state = _trained_state(model, optimizer)
     with _single_process_ok():
         dcp.load(state, checkpoint_id=path, no_dist=not runtime.sharded)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=LOAD_TRAINED
+    )
     scheduler.load_state_dict(meta["scheduler"])
     rng = torch.load(path / _rng_file(runtime.rank), weights_only=True)
     torch.set_rng_state(rng["torch"])

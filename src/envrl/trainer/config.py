@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
 from envrl.log import LogConfig
@@ -68,6 +68,30 @@ class LossConfig(BaseConfig):
         return self
 
 
+class LoraConfig(BaseConfig):
+    """LoRA through `peft`: the base model stays frozen and only low-rank adapters train."""
+
+    rank: int = Field(8, ge=1, le=512)
+    """Adapter rank r. vLLM serves it with `max_lora_rank` = the smallest rank it supports that
+    is >= r (1, 8, 16, 32, 64, 128, 256, 320, 512), which `rl` sets."""
+    alpha: float = Field(16.0, gt=0)
+    """Scaling numerator: the adapter's update is multiplied by alpha / rank."""
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    """Names of the decoder layers' linear modules that get adapters (the last part of the module
+    name, as in peft), and `lm_head` for the output projection; each must exist in the model,
+    checked before training starts."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training. Above 0 the trainer's logprobs are those of
+    a perturbed policy, so the importance ratio is no longer 1 on-policy: leave it 0 for RL."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("names no module: list the linear layers to adapt, e.g. ['q_proj', 'v_proj']")
+        return value
+
+
 class CheckpointConfig(BaseConfig):
     interval: int = Field(10, ge=0)
     """Save model + optimizer + scheduler + RNG every this many steps, and after the last one.
@@ -120,6 +144,10 @@ class TrainerConfig(BaseConfig):
     """How often to look for the next batch directory (one `stat` each time)."""
     wait_log_interval_s: float = Field(30.0, gt=0)
     """Log that the trainer is still waiting this often."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every weight (None: full fine-tuning). Each step then
+    publishes only the adapter, which the inference server hot-loads onto the base model it
+    keeps; the KL to the reference (`loss.ref_kl_coef`) uses the base with the adapter off."""
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
     ckpt: CheckpointConfig = CheckpointConfig()

@@ -11,10 +11,13 @@ from __future__ import annotations
 import math
 import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from loguru import logger
+from torch import nn
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.atomic import write_failure
@@ -24,10 +27,11 @@ from envrl.metrics import MetricsSink
 from envrl.samples import TrainingSample, read_batch
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from envrl.trainer.config import OptimConfig, TrainerConfig
+from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference
-from envrl.trainer.weights import publish_weights
+from envrl.trainer.weights import final_weights_dir, publish_final, publish_weights
 
 SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "ref_kl", "clipped", "masked", "tokens", "samples")
 
@@ -80,11 +84,16 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(config.model.name)
         self.pad_token_id = self.tokenizer.pad_token_id or 0
         self.model = build_model(config, runtime)
-        self.reference = build_reference(config, runtime) if config.loss.ref_kl_coef > 0 else None
-        """The frozen initial model the `ref_kl_coef` penalty pulls towards (None without one)."""
+        self.lora = is_lora(self.model)
+        with_reference = config.loss.ref_kl_coef > 0
+        self.reference = build_reference(config, runtime) if with_reference and not self.lora else None
+        """The frozen initial model the `ref_kl_coef` penalty pulls towards (None without one, and
+        with LoRA, whose reference is `self.model` with the adapter disabled)."""
+        self.with_reference = with_reference
         optim = config.optim
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+            trainable, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, optim, config.max_steps)
@@ -148,6 +157,10 @@ class Trainer:
         try:
             with ledger.span("publish", step):
                 publish_weights(self.model, self.tokenizer, target, self.runtime, self.base_config)
+            if done == config.max_steps:
+                published, target = target, final_weights_dir(config.output_dir)
+                with ledger.span("publish_final", step):
+                    publish_final(config.model.name, published, target, self.runtime, self.lora)
             if config.ckpt.interval and (done % config.ckpt.interval == 0 or done == config.max_steps):
                 target = checkpoint_dir(config.output_dir, done)
                 with ledger.span("checkpoint", step):
@@ -220,7 +233,7 @@ class Trainer:
             "loss": totals["loss"],
             "entropy": totals["entropy"] / n,
             "mismatch_kl": totals["mismatch_kl"] / n,
-            **({"ref_kl": totals["ref_kl"] / n} if self.reference is not None else {}),
+            **({"ref_kl": totals["ref_kl"] / n} if self.with_reference else {}),
             "clip_frac": totals["clipped"] / n,
             "mask_frac": totals["masked"] / n,
             "grad_norm": grad_norm,
@@ -236,14 +249,23 @@ class Trainer:
             "peak_mem_gib": peak_memory_gib(runtime.device),
         }
 
+    @contextmanager
+    def _reference_model(self) -> Iterator[nn.Module]:
+        """The reference policy: the frozen copy, or with LoRA the base model (adapter disabled)."""
+        if self.reference is not None:
+            yield self.reference
+            return
+        with self.model.disable_adapter():
+            yield self.model
+
     def _forward_backward(self, mb: MicroBatch) -> torch.Tensor:
         """Loss and backward on one micro-batch; returns its sums in `SUMS` order."""
         logits = packed_logits(self.model, mb)
         logprobs, entropy = token_logprobs(logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
         ref_logprobs = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logits = packed_logits(self.reference, mb)
+        if self.with_reference:
+            with torch.no_grad(), self._reference_model() as reference:
+                ref_logits = packed_logits(reference, mb)
                 ref_logprobs, _ = token_logprobs(ref_logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
                 del ref_logits
         loss, stats = policy_loss(

@@ -23,9 +23,10 @@ from envrl.samples import BatchError
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer, TrainingError
+from envrl.trainer.lora import LoraError
 from envrl.trainer.parallel import init_runtime, shutdown
 
-EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError, RankCountMismatch)
+EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError, RankCountMismatch, LoraError)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.trainer.attention import resolve_attn_implementation
 from envrl.trainer.config import TrainerConfig
+from envrl.trainer.lora import apply_lora
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ def init_runtime(config: TrainerConfig) -> Runtime:
 
 
 def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
-    """Load the HF model in fp32 and place it (sharded or not) on the runtime's device."""
+    """Load the HF model in fp32 (with `trainer.lora`: LoRA adapters on it, the base frozen) and
+    place it (sharded or not) on the runtime's device."""
     attn_implementation = resolve_attn_implementation(config.attn_implementation, runtime.device)
     model = AutoModelForCausalLM.from_pretrained(
         config.model.name, dtype=torch.float32, attn_implementation=attn_implementation
@@ -74,6 +76,8 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     model.config.use_cache = False
     if config.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.lora is not None:
+        model = apply_lora(model, config.lora, config.model.name)
     if runtime.sharded:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

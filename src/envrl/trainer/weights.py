@@ -1,13 +1,17 @@
-"""Weight hand-off: the trained policy as a plain HF directory the inference server reloads.
+"""Weight hand-off: the trained policy as a directory the inference server reloads.
 
 Guarantee: `weights/step_<k>/` appears only complete (temp dir, fsync, rename) and holds HF
 safetensors with exactly the tensor names of the base checkpoint (tied weights left out as HF
 does), its config and its tokenizer, in the base checkpoint's dtype, so both
-`AutoModelForCausalLM.from_pretrained` and `POST /update_weights` take it as is.
+`AutoModelForCausalLM.from_pretrained` and `POST /update_weights` take it as is; for a LoRA
+model it holds only the PEFT adapter (envrl.trainer.lora), which the server hot-loads onto its
+base. `weights/final/` is the last step's policy as a plain HF model (the adapter merged in).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -16,7 +20,17 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from envrl.atomic import atomic_dir
+from envrl.layout import weights_root
+from envrl.trainer.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
+
+FINAL = "final"
+"""`weights/final/`: the policy after the run's last step, kept for good (the orchestrator only
+deletes `step_<k>` directories)."""
+
+
+def final_weights_dir(output_dir: Path) -> Path:
+    return weights_root(output_dir) / FINAL
 
 
 def publish_weights(
@@ -35,7 +49,9 @@ def publish_weights(
         logger.warning(f"{final} already exists (written before a resume); keeping it")
         return False
     state = full_state_dict(model, runtime)
-    if runtime.is_main:
+    if runtime.is_main and is_lora(model):
+        publish_adapter(model, state, final)
+    elif runtime.is_main:
         dtype = export_dtype(base_config)
         state = _realias_tied(model, {name: tensor.to(dtype) for name, tensor in state.items()})
         with atomic_dir(final) as tmp:
@@ -67,3 +83,24 @@ def export_dtype(base_config: PretrainedConfig) -> torch.dtype:
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def publish_final(model_name: str, published: Path, final: Path, runtime: Runtime, lora: bool) -> None:
+    """Make the policy published at `published` loadable for good at `final` (main rank only).
+
+    A full model's files are hard-linked (no copy; they outlive `published`); an adapter is
+    merged into the base model `model_name` and saved as a plain HF model. A `final` left by an
+    earlier end of this run (before a resume that went further) is replaced.
+    """
+    if runtime.is_main:
+        if final.exists():
+            logger.warning(f"replacing {final} from an earlier end of this run")
+            shutil.rmtree(final)
+        if lora:
+            export_merged(model_name, published, final)
+        else:
+            with atomic_dir(final) as tmp:
+                for file in published.iterdir():
+                    os.link(file, tmp / file.name)
+        logger.info(f"final policy at {final}")
+    barrier(runtime)

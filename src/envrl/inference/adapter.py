@@ -1,0 +1,97 @@
+"""Serving a LoRA policy: the base model stays loaded, each step's adapter is hot-loaded onto it.
+
+Guarantee: after `PolicyAdapter.load(path)` every later request for the served model name
+(token-in/token-out and chat alike) runs with the adapter in `path`: vLLM's serving layer picks
+an adapter by the request's model name, and the adapter is registered under the served names
+themselves, always as the same adapter id reloaded in place, so a request that was routed while
+a reload waited (it holds the id, not the weights) also runs on the new adapter. A load that
+fails leaves the previous adapter (or the bare base) serving. `clear()` serves the base again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from envrl.config import ConfigError
+from envrl.inference.weights import WeightsError
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""The file that makes a weights directory a PEFT LoRA adapter instead of a full model."""
+SERVABLE_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.32 takes for `max_lora_rank`."""
+ADAPTER_NAME = "envrl-policy"
+ADAPTER_ID = 1
+
+
+def is_adapter_dir(path: Path) -> bool:
+    return (path / ADAPTER_CONFIG).is_file()
+
+
+def lora_serving_options(rank: int) -> dict[str, Any]:
+    """vLLM options that serve adapters of rank `rank`: LoRA on, the smallest servable max rank."""
+    return {"enable_lora": True, "max_lora_rank": next(r for r in SERVABLE_RANKS if r >= rank)}
+
+
+def check_adapter(path: Path, max_rank: int) -> None:
+    """WeightsError unless `path` holds a readable adapter config of a rank the server takes."""
+    try:
+        rank = int(json.loads((path / ADAPTER_CONFIG).read_text())["r"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise WeightsError(f"{path / ADAPTER_CONFIG} is not a readable PEFT adapter config: {e}") from None
+    if rank > max_rank:
+        raise WeightsError(
+            f"the adapter in {path} has rank {rank}, above this server's max_lora_rank {max_rank}; "
+            f"start it with inference.vllm.max_lora_rank >= {rank} (`rl` sets it from trainer.lora.rank)"
+        )
+
+
+def check_lora_support(architectures: list[str], model: str) -> None:
+    """ConfigError when vLLM has a class of its own for the model and that class cannot take LoRA
+    (an architecture vLLM only serves through transformers is left to vLLM to judge)."""
+    from vllm.model_executor.models import ModelRegistry, supports_lora
+
+    for arch in architectures:
+        registered = ModelRegistry.models.get(arch)
+        if registered is not None and not supports_lora(registered.load_model_cls()):
+            raise ConfigError(
+                f"trainer.lora / inference.vllm.enable_lora: vLLM cannot serve LoRA adapters for {model} "
+                f"(architecture {arch}); train it without trainer.lora (full fine-tuning)"
+            )
+
+
+class PolicyAdapter:
+    """The adapter the policy is served with; `engine` is vLLM's engine client, `models` its
+    `OpenAIServingModels` (the name -> adapter table its request handlers read)."""
+
+    def __init__(self, engine: Any, models: Any, served_names: list[str]) -> None:
+        self.engine = engine
+        self.models = models
+        self.served_names = served_names
+        self.path: str | None = None
+        """The adapter serving now (None: the bare base model)."""
+
+    async def load(self, path: Path) -> None:
+        """Load `path` in place of the current adapter; raises (the previous one keeps serving)."""
+        from vllm.lora.request import LoRARequest
+
+        def request(inplace: bool) -> LoRARequest:
+            return LoRARequest(
+                lora_name=ADAPTER_NAME, lora_int_id=ADAPTER_ID, lora_path=str(path), load_inplace=inplace
+            )
+
+        await self.engine.add_lora(request(inplace=True))
+        routed = request(inplace=False)  # requests carry it: in place would reload the files every step
+        for name in self.served_names:
+            self.models.lora_requests[name] = routed
+        self.path = str(path)
+
+    async def clear(self) -> None:
+        """Serve the bare base model again."""
+        if self.path is None:
+            return
+        for name in self.served_names:
+            self.models.lora_requests.pop(name, None)
+        await self.engine.remove_lora(ADAPTER_ID)
+        self.path = None
