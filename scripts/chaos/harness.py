@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from statistics import fmean
 
+from envrl.layout import published_steps, rollouts_root
 from envrl.serve.client import EnvClient, EnvServerError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,8 +162,10 @@ class RlRun:
             time.sleep(poll)
 
     def steps_done(self) -> int:
-        """Batches the orchestrator has published so far."""
-        return len(list((self.out / "rollouts").glob("step_*")))
+        """Batches the orchestrator has published so far (the newest step + 1: older batches may
+        already be deleted by batch retention)."""
+        steps = published_steps(rollouts_root(self.out))
+        return steps[-1] + 1 if steps else 0
 
     def finish(self, timeout: float = 1800.0) -> int:
         try:
@@ -236,7 +239,7 @@ class Row(TableRow):
 
 def account(out: Path, scenario: str, faults: str) -> Row:
     """The row of the finished run in `out` (see the module docstring)."""
-    steps = sorted(int(p.name.removeprefix("step_")) for p in (out / "rollouts").glob("step_*"))
+    steps = published_steps(rollouts_root(out))
     state = json.loads((out / "rollouts" / f"step_{steps[-1]}" / "orchestrator.json").read_text())
     counters, group_size = state["counters"], _group_size(out)
     lines = [json.loads(line) for line in (out / "rollouts" / "train.jsonl").read_text().splitlines()]
@@ -278,8 +281,8 @@ def check_unique_lines(out: Path) -> None:
     duplicates = {k[:2] for k in keys if keys.count(k) > 1}
     assert not duplicates, f"metrics.jsonl logs these (process, step) twice: {sorted(duplicates)}"
     lines = [json.loads(line) for line in (out / "rollouts" / "train.jsonl").read_text().splitlines()]
-    batches = len(list((out / "rollouts").glob("step_*")))
-    assert max(line["step"] for line in lines) == batches - 1, "train.jsonl has lines of a step with no batch"
+    newest = published_steps(rollouts_root(out))[-1]
+    assert max(line["step"] for line in lines) == newest, "train.jsonl has lines of a step with no batch"
 
 
 def report(row: Row) -> None:
