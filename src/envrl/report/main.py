@@ -67,7 +67,11 @@ def write_report(output_dir: Path) -> Path:
         lines, eval_ = train.get(step, []), evals.get(step, [])
         mark, path = fingerprint(output_dir, step, lines + eval_), out / "steps" / f"step_{step}.js"
         entry = manifest.get(str(step))
-        if entry is None or entry.get("mark") != mark or not path.exists():
+        if (
+            entry is None
+            or (entry.get("mark") != mark and not _only_batch_pruned(entry.get("mark"), mark))
+            or not path.exists()
+        ):
             where = f"{output_dir}/rollouts, step {step}"
             rollouts = step_rollouts(output_dir, step, parse_rollouts(lines, where)) + parse_rollouts(
                 eval_, where, split="eval"
@@ -85,6 +89,12 @@ def write_report(output_dir: Path) -> Path:
         f"in {time.monotonic() - started:.1f} s -> {index}"
     )
     return index
+
+
+def _only_batch_pruned(old: str | None, new: str) -> bool:
+    """The step's lines are unchanged and only its batch is gone (batch retention deleted it):
+    the step file written while the batch existed keeps the tokens it showed."""
+    return old is not None and new.endswith(":no-batch") and old.rsplit(":", 1)[0] == new.rsplit(":", 1)[0]
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:

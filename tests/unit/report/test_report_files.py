@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
-from envrl.layout import eval_rollouts_file
+from envrl.layout import batch_dir, eval_rollouts_file
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.report.main import main, write_report
 from envrl.report.page import STEP_FUNCTION
@@ -144,3 +145,12 @@ def test_an_eval_output_dir_gets_a_trace_browser_of_its_rollouts(tmp_path: Path)
         ("eval", "reverse-text", t.reward) for t in traces
     ]
     assert rollouts[2]["error"]["type"] == "ConnectError"
+
+
+def test_a_step_whose_batch_retention_deleted_keeps_the_tokens_its_file_showed(run_dir: Path) -> None:
+    report = write_report(run_dir).parent
+    before = step_data(report, 0)
+    assert any(r["samples"] for r in before["rollouts"])
+    shutil.rmtree(batch_dir(run_dir, 0))
+    write_report(run_dir)
+    assert step_data(report, 0) == before
