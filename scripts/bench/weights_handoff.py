@@ -1,7 +1,7 @@
 """The weight hand-off, two ways.
 
     uv run --no-sync python -m scripts.bench.weights_handoff [--gb 1] [--dir outputs/bench-weights] [--repeats 3]
-    uv run --no-sync python -m scripts.bench.weights_handoff --model tiny|smollm2 [--steps 5] [--rank 8]
+    uv run --no-sync python -m scripts.bench.weights_handoff --model tiny|smollm2|DIR [--steps 5] [--rank 8]
 
 Without `--model`: seconds per GB of safetensors written as the trainer publishes them (temp dir,
 fsync, rename) and read back as a reloading inference server reads them. Point `--dir` at the
@@ -15,7 +15,8 @@ trainer's `publish_weights` (the full fp32 model, or only the adapter) and the i
 real vLLM server. `tiny` is the repo's tiny model; `smollm2` is SmolLM2-135M's shape (Llama,
 hidden 576, 30 layers, 9 heads, 3 kv heads, intermediate 1536, vocabulary 49152, tied
 embeddings), randomly initialised and built once under `--dir` (timings do not depend on the
-values). LoRA: rank `--rank` on every linear module of the decoder layers and on `lm_head`.
+values); any other value is an HF model directory (e.g. `python scripts/tiny_model.py --shape
+qwen3-0.6b` builds Qwen3-0.6B's shape). LoRA: rank `--rank` on every linear module of the decoder layers and on `lm_head`.
 """
 
 from __future__ import annotations
@@ -167,11 +168,12 @@ def handoff(args: argparse.Namespace) -> None:
 
     transformers.utils.logging.disable_progress_bar()
 
-    model_dir = DEFAULT_DIR if args.model == "tiny" else smollm2_shape(args.dir / "smollm2-135m-random")
+    named = {"tiny": lambda: DEFAULT_DIR, "smollm2": lambda: smollm2_shape(args.dir / "smollm2-135m-random")}
+    model_dir = named[args.model]() if args.model in named else Path(args.model)
     print(f"{args.model} ({model_dir}), {args.steps} steps, medians; publish = trainer's publish_weights, "
           "reload = POST /update_weights until the new policy serves")  # fmt: skip
     for label, rank in (("full model", None), (f"LoRA rank {args.rank} adapter", args.rank)):
-        run_dir = args.dir / f"handoff-{args.model}-{'full' if rank is None else 'lora'}"
+        run_dir = args.dir / f"handoff-{model_dir.name}-{'full' if rank is None else 'lora'}"
         shutil.rmtree(run_dir, ignore_errors=True)
         publish, size = publish_times(model_dir, run_dir, args.steps, rank)
         reload = reload_times(model_dir, run_dir, args.steps, rank)
@@ -185,7 +187,7 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=1.0)
     parser.add_argument("--dir", type=Path, default=Path("outputs/bench-weights"))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--model", choices=["tiny", "smollm2"], default=None)
+    parser.add_argument("--model", default=None, help="tiny, smollm2, or an HF model directory")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rank", type=int, default=8)
     args = parser.parse_args()
