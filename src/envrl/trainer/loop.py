@@ -1,4 +1,5 @@
-"""The training loop: step n trains on `rollouts/step_<n>/` and publishes `weights/step_<n+1>/`.
+"""The training loop: step n trains on `rollouts/step_<n>/` and publishes `weights/step_<n+1>/`
+(the last step also `weights/final/`).
 
 Guarantee: a step either completes (optimizer stepped, weights published, checkpoint written on
 its interval, one metrics line) or stops the run with an error naming the step and the batch:
@@ -157,9 +158,8 @@ class Trainer:
         try:
             with ledger.span("publish", step):
                 publish_weights(self.model, self.tokenizer, target, self.runtime, self.base_config)
-            if done == config.max_steps:
-                published, target = target, final_weights_dir(config.output_dir)
-                with ledger.span("publish_final", step):
+                if done == config.max_steps:  # the run's policy, loadable for good
+                    published, target = target, final_weights_dir(config.output_dir)
                     publish_final(config.model.name, published, target, self.runtime, self.lora)
             if config.ckpt.interval and (done % config.ckpt.interval == 0 or done == config.max_steps):
                 target = checkpoint_dir(config.output_dir, done)

@@ -12,6 +12,7 @@ and the inference server's `/update_weights` take as is.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,7 +76,11 @@ def apply_lora(model: nn.Module, lora: LoraConfig, model_name: str) -> PeftModel
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, peft_config)
+    with warnings.catch_warnings():
+        # An adapted lm_head tied to the embeddings: the adapter acts on the output side only, as
+        # vLLM's does, and `export_merged` unties the head before merging, which is what peft warns of.
+        warnings.filterwarnings("ignore", message=".*ensure_weight_tying.*")
+        return get_peft_model(model, peft_config)
 
 
 def is_lora(model: nn.Module) -> bool:
