@@ -22,7 +22,7 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.atomic import write_failure
-from envrl.layout import batch_dir, checkpoint_dir, ledger_file, weights_dir
+from envrl.layout import batch_dir, checkpoint_dir, final_weights_dir, ledger_file, weights_dir
 from envrl.ledger import Ledger
 from envrl.metrics import MetricsSink
 from envrl.samples import TrainingSample, read_batch
@@ -32,7 +32,7 @@ from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference
-from envrl.trainer.weights import final_weights_dir, publish_final, publish_weights
+from envrl.trainer.weights import publish_final, publish_weights
 
 SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "ref_kl", "clipped", "masked", "tokens", "samples")
 
