@@ -10,6 +10,7 @@ adapter_model.safetensors) that appears only complete, which both `PeftModel.fro
 and the inference server's `/update_weights` take as is; `export_merged` computes what the
 adapter does, as a plain HF model.
 """
+
 from __future__ import annotations
 
 import json
