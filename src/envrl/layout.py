@@ -105,6 +105,11 @@ def checkpoint_dir(output_dir: Path, step: int) -> Path:
     return checkpoints_root(output_dir) / f"step_{step}"
 
 
+def final_weights_dir(output_dir: Path) -> Path:
+    """The run's final policy as a plain HF model, kept for good: `<output_dir>/weights/final/`."""
+    return weights_root(output_dir) / "final"
+
+
 def weights_dir(output_dir: Path, step: int) -> Path:
     """Where policy `step` is published: `<output_dir>/weights/step_<step>/`."""
     return weights_root(output_dir) / f"step_{step}"

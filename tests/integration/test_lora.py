@@ -141,6 +141,7 @@ def test_a_lora_run_learns_and_hands_off_only_adapters(tmp_path: Path) -> None:
     assert log.count("LoRA adapter hot-loaded from") >= 30 and "weights reloaded from" not in log
     config = json.loads((out / "weights" / "final" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]  # the merged export: a plain HF model
+    assert json.loads((out / "summary.json").read_text())["final_weights"] == str((out / "weights" / "final").resolve())
 
 
 def test_a_resumed_lora_run_serves_the_adapter_it_trains(tmp_path: Path) -> None:

@@ -100,7 +100,10 @@ def versions() -> dict[str, str | None]:
 
 
 def final_weights(output_dir: Path) -> str | None:
-    """The last complete published policy's directory, or None when none was published."""
+    """The run's final policy (`weights/final/`, a plain HF model), else the last complete published
+    policy's directory, or None when none was published."""
+    if (final := layout.final_weights_dir(output_dir)).is_dir():
+        return str(final.resolve())
     steps = layout.published_steps(layout.weights_root(output_dir))
     return str(layout.weights_dir(output_dir, steps[-1]).resolve()) if steps else None
 

@@ -1,4 +1,5 @@
-"""The training loop: step n trains on `rollouts/step_<n>/` and publishes `weights/step_<n+1>/`.
+"""The training loop: step n trains on `rollouts/step_<n>/` and publishes `weights/step_<n+1>/`
+(the last step also `weights/final/`).
 
 Guarantee: a step either completes (optimizer stepped, weights published, checkpoint written on
 its interval, one metrics line) or stops the run with an error naming the step and the batch:
@@ -21,7 +22,7 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.atomic import write_failure
-from envrl.layout import batch_dir, checkpoint_dir, ledger_file, weights_dir
+from envrl.layout import batch_dir, checkpoint_dir, final_weights_dir, ledger_file, weights_dir
 from envrl.ledger import Ledger
 from envrl.metrics import MetricsSink
 from envrl.samples import TrainingSample, read_batch
@@ -31,7 +32,7 @@ from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference
-from envrl.trainer.weights import final_weights_dir, publish_final, publish_weights
+from envrl.trainer.weights import publish_final, publish_weights
 
 SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "ref_kl", "clipped", "masked", "tokens", "samples")
 
@@ -157,9 +158,8 @@ class Trainer:
         try:
             with ledger.span("publish", step):
                 publish_weights(self.model, self.tokenizer, target, self.runtime, self.base_config)
-            if done == config.max_steps:
-                published, target = target, final_weights_dir(config.output_dir)
-                with ledger.span("publish_final", step):
+                if done == config.max_steps:  # the run's policy, loadable for good
+                    published, target = target, final_weights_dir(config.output_dir)
                     publish_final(config.model.name, published, target, self.runtime, self.lora)
             if config.ckpt.interval and (done % config.ckpt.interval == 0 or done == config.max_steps):
                 target = checkpoint_dir(config.output_dir, done)

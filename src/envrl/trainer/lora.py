@@ -1,17 +1,20 @@
-"""LoRA in the trainer: which modules get adapters, adding them, and what a step publishes.
+"""LoRA in the trainer: which modules get adapters, adding them, what a step publishes, and the
+merged export of the final policy.
 
 Guarantee: `apply_lora` adds `peft` adapters only to the decoder layers' linear modules (and
-`lm_head`) named in `trainer.lora.target_modules` (an unknown name is a one-line `LoraError` listing the names the
-model has, raised before any weight is loaded when `check_lora_model` runs first), freezes every
-base weight, and starts from B = 0, so step 0's policy is exactly the base model;
-`publish_adapter` writes a PEFT adapter directory (adapter_config.json +
+`lm_head`) named in `trainer.lora.target_modules` (an unknown name is a one-line `LoraError`
+listing the names the model has, raised before any weight is loaded when `check_lora_model`
+runs first), freezes every base weight, and starts from B = 0, so step 0's policy is exactly
+the base model; `publish_adapter` writes a PEFT adapter directory (adapter_config.json +
 adapter_model.safetensors) that appears only complete, which both `PeftModel.from_pretrained`
-and the inference server's `/update_weights` take as is.
+and the inference server's `/update_weights` take as is; `export_merged` computes what the
+adapter does, as a plain HF model.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,7 +78,11 @@ def apply_lora(model: nn.Module, lora: LoraConfig, model_name: str) -> PeftModel
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, peft_config)
+    with warnings.catch_warnings():
+        # An adapted lm_head tied to the embeddings: the adapter acts on the output side only, as
+        # vLLM's does, and `export_merged` unties the head before merging, which is what peft warns of.
+        warnings.filterwarnings("ignore", message=".*ensure_weight_tying.*")
+        return get_peft_model(model, peft_config)
 
 
 def is_lora(model: nn.Module) -> bool:

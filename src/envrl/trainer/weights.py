@@ -20,17 +20,8 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from envrl.atomic import atomic_dir
-from envrl.layout import weights_root
 from envrl.trainer.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
-
-FINAL = "final"
-"""`weights/final/`: the policy after the run's last step, kept for good (the orchestrator only
-deletes `step_<k>` directories)."""
-
-
-def final_weights_dir(output_dir: Path) -> Path:
-    return weights_root(output_dir) / FINAL
 
 
 def publish_weights(
