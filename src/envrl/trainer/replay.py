@@ -129,6 +129,9 @@ def replay(output_dir: Path, step: int) -> TensorDiff | None:
     finally:
         shutdown(runtime)
     target = weights_dir(output_dir, step + 1)
+    if config.lora is not None:
+        logger.warning(f"a LoRA run: loss and grad norm replayed; its adapter is not compared with {target} yet")
+        return None
     if not target.is_dir():
         logger.warning(f"{target} was not kept: no published policy to compare step {step}'s weights with")
         return None
