@@ -43,6 +43,7 @@ def restore_served_weights(base_url: str, model: str) -> None:
 
 def run_multi_turn(out: Path, vllm_server: Any) -> None:
     overrides = [("output_dir", str(out)), ("model.name", vllm_server.model), ("wandb.mode", "disabled")]
+    overrides.append(("orchestrator.batch_retention", "all"))  # the test reads batch 0 after the run
     run = resolve_run(resolve_config(RLConfig, [CONFIG], overrides))
     run.orchestrator.inference.base_url = vllm_server.base_url
     for env in [*run.orchestrator.envs, *run.orchestrator.eval_envs]:
