@@ -57,7 +57,9 @@ class Fault:
     died_at: float
     """`time.monotonic()` when the supervisor saw it dead."""
     seconds_lost: float | None = None
-    """Death to back again; None while it is not back (or never came back)."""
+    """Death to back again (or to its next death); None while it is open."""
+    back: bool = False
+    """It came back (not: it died again first, or the run ended first)."""
 
 
 @dataclass
@@ -102,7 +104,7 @@ class Supervisor:
             lost = fault.seconds_lost if fault.seconds_lost is not None else now - fault.died_at
             entry["restarts"] = self._restartable[fault.process].budget.total
             entry["seconds_lost"] += lost
-            entry["faults"].append({"exit": fault.exit, "seconds_lost": lost, "back": fault.seconds_lost is not None})
+            entry["faults"].append({"exit": fault.exit, "seconds_lost": lost, "back": fault.back})
         return out
 
     def check(self) -> None:
@@ -178,7 +180,7 @@ class Supervisor:
         if entry is None or entry.fault is None:
             return
         fault, entry.fault = entry.fault, None
-        fault.seconds_lost = time.monotonic() - fault.died_at
+        fault.seconds_lost, fault.back = time.monotonic() - fault.died_at, not again
         policy = entry.respawn.policy
         how = "died again before it was back" if again else "back"
         logger.info(
