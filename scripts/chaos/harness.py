@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -27,6 +28,7 @@ from pathlib import Path
 from statistics import fmean
 
 from envrl.layout import published_steps, rollouts_root
+from envrl.metrics import metric_float
 from envrl.serve.client import EnvClient, EnvServerError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,7 +247,8 @@ def account(out: Path, scenario: str, faults: str) -> Row:
     lines = [json.loads(line) for line in (out / "rollouts" / "train.jsonl").read_text().splitlines()]
     errors = sum(line["error"] is not None for line in lines)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rewards = [m["train/reward"] for m in sorted(metrics, key=lambda m: m["step"]) if "train/reward" in m]
+    rewards = [metric_float(m["train/reward"]) for m in sorted(metrics, key=lambda m: m["step"]) if "train/reward" in m]
+    rewards = [r for r in rewards if not math.isnan(r)]  # a step whose rollouts all failed has none
     retried = counters.get("retried_rollouts", 0)
     requeued = counters.get("requeued_rollouts", 0)
     pending = len(state["pending"]) * group_size

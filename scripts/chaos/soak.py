@@ -5,7 +5,7 @@
 Roles: an env worker (busy), the train env server, the inference server, the trainer, the
 orchestrator. Nobody types `--resume`: `rl` must bring every role back by itself. At the end it
 checks that the run finished by itself (exit 0), that every step was trained and reported once,
-that no rollout was lost or landed twice, and that no process of the run is left; then it prints
+that every group drawn landed once (replayed from the seeded sampler), and that no process of the run is left; then it prints
 the fault table (fault, count, seconds lost, rollouts re-run), the accounting row of
 scripts/chaos/harness.py and the RSS of each long-lived role after warm-up, at half way and at the end.
 """
@@ -21,7 +21,9 @@ import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
+from envrl.orchestrator.envs import TrainEnvs
 from scripts.chaos.harness import SMOKE, WORKER, RlRun, TableRow, account, check_unique_lines, cmdline, report
 from tests.integration.smoke import wait_no_survivors
 
@@ -117,22 +119,25 @@ def kill(run: RlRun, fault: str, rng: random.Random) -> int | None:
     return run.kill_one(ROLES[fault], rng)
 
 
-def duplicated_groups(out: Path, group_size: int) -> int:
-    """Groups of train.jsonl whose task and every completion equal another group's."""
+def group_tasks(out: Path, group_size: int) -> tuple[Counter[tuple[str, int]], Counter[tuple[str, int]]]:
+    """(env, task) of every group the run drew, replayed from the seeded sampler up to the final
+    state's positions, and of every group it accounted for: written to train.jsonl (a group's
+    lines are consecutive) or pending in that state. A group that landed twice shows as a task
+    counted more often than it was drawn."""
+    steps = sorted(int(p.name.removeprefix("step_")) for p in (out / "rollouts").glob("step_*"))
+    state = json.loads((out / "rollouts" / f"step_{steps[-1]}" / "orchestrator.json").read_text())
+    config = tomllib.loads((out / "configs" / "orchestrator.toml").read_text())
+    sizes = {env.get("name") or env["id"]: env["args"]["num_train"] for env in config["envs"]}
+    sampler = TrainEnvs([], config.get("seed", 0))
+    drawn: Counter[tuple[str, int]] = Counter()
+    for name, position in state["positions"].items():
+        env = SimpleNamespace(name=name, num_tasks=sizes[name])
+        sampler.positions[name] = 0
+        drawn.update((name, sampler.next_task(env)) for _ in range(position))  # type: ignore[arg-type]
     lines = [json.loads(line) for line in (out / "rollouts" / "train.jsonl").read_text().splitlines()]
-    keys = []
-    for i in range(0, len(lines) - group_size + 1, group_size):
-        group = lines[i : i + group_size]
-        completions = tuple(
-            tuple(
-                tuple(turn["tokens"]["completion_ids"]) if turn.get("tokens") else ()
-                for b in t["branches"]
-                for turn in b["turns"]
-            )
-            for t in group
-        )
-        keys.append((group[0]["env"], group[0]["task"]["idx"], completions))
-    return sum(n - 1 for key, n in Counter(keys).items() if n > 1 and any(key[2]))
+    landed = Counter((line["env"], line["task"]["idx"]) for line in lines[::group_size])
+    landed.update((group["env"], group["task_idx"]) for group in state["pending"])
+    return drawn, landed
 
 
 def main() -> None:
@@ -186,10 +191,11 @@ def main() -> None:
     row = account(out, "soak", f"{len(kills)} kills in {wall:.0f} s")
     if row.lost:
         problems.append(f"{row.lost} rollouts lost")
-    group_size = tomllib.loads(SMOKE.read_text())["orchestrator"]["group_size"]
-    duplicated = duplicated_groups(out, group_size)
-    if duplicated:
-        problems.append(f"{duplicated} groups appear twice in train.jsonl")
+    drawn, landed = group_tasks(out, tomllib.loads(SMOKE.read_text())["orchestrator"]["group_size"])
+    if landed - drawn:
+        problems.append(f"groups written more often than drawn (env, task: times): {dict(landed - drawn)}")
+    if drawn - landed:
+        problems.append(f"groups drawn but never written nor pending (env, task: times): {dict(drawn - landed)}")
 
     final_counter = rerun_counter(out)
     rerun: Counter[str] = Counter()

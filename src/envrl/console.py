@@ -119,8 +119,8 @@ class ProgressBoard:
         if process == "orchestrator":
             for env, reward in _per_env(record, "eval", "reward").items():
                 self._evals[env] = (step, reward)
-            if not any(k.startswith("train/") for k in record):
-                return None
+            if not any(k.startswith("train/") for k in record) or step in self._printed:
+                return None  # a printed step's line, read again after a resume rewrote the file, is not kept
             self._orchestrator[step] = record
         if process != self.ends_with or step in self._printed or metric_float(record.get("time")) < self.since:
             return None

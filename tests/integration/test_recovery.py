@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-from scripts.chaos.harness import RlRun, check_unique_lines, cmdline
+from scripts.chaos.harness import RlRun, account, check_unique_lines, cmdline
 from tests.integration.smoke import wait_no_survivors
 
 
@@ -27,12 +27,13 @@ def kill(run: RlRun, part: str) -> int:
 def test_a_killed_trainer_orchestrator_and_inference_come_back_and_the_run_finishes(tmp_path: Path) -> None:
     out, steps = tmp_path / "recover", 12
     with RlRun(out, "--max-steps", str(steps), "--trainer.ckpt.interval", "2") as run:
-        run.wait_until("batch 3", lambda: run.steps_done() >= 3)
-        kill(run, "envrl.trainer.main")
-        run.wait_until("batch 6", lambda: run.steps_done() >= 6)
-        kill(run, "envrl.orchestrator.main")
-        run.wait_until("batch 9", lambda: run.steps_done() >= 9)
+        # Each kill leaves steps that need the killed process back, so the run cannot end before it is.
+        run.wait_until("batch 2", lambda: run.steps_done() >= 2)
         kill(run, "envrl.inference.main")
+        run.wait_until("batch 5", lambda: run.steps_done() >= 5)
+        kill(run, "envrl.trainer.main")
+        run.wait_until("batch 8", lambda: run.steps_done() >= 8)
+        kill(run, "envrl.orchestrator.main")
         assert run.finish(600) == 0, run.tail()
         left = wait_no_survivors(run.marker)
         assert left == [], [cmdline(pid) for pid in left]
@@ -43,5 +44,6 @@ def test_a_killed_trainer_orchestrator_and_inference_come_back_and_the_run_finis
     assert all(f["back"] for r in recoveries.values() for f in r["faults"]), recoveries
     assert trained_steps(out) == list(range(steps))
     check_unique_lines(out)
+    assert account(out, "recovery", "trainer, orchestrator, inference").lost == 0
     launcher_log = (out / "logs" / "launcher.log").read_text()
     assert all(f"recovery: {name} was killed by SIGKILL; back after" in launcher_log for name in recoveries)

@@ -4,7 +4,9 @@ Guarantee: a `generate` that continues a turn this set answered goes to the repl
 it (its prefix is in that replica's cache); any other goes to the replica with the fewest calls of
 this process in flight (ties: in turn). A replica that stops answering (a dead or restarting
 server: no answer after the client's retries) is left out for `DOWN_S` seconds and the call goes
-to another one, so the others keep generating; with every replica down the call fails. `update_weights` reloads every replica in parallel and
+to another one, so the others keep generating; with every replica down the call tries again
+until one answers, for up to `ALL_DOWN_WAIT_S` seconds (a restarted replica comes back serving
+the newest policy, `launcher/recovery.py`), then fails. `update_weights` reloads every replica in parallel and
 returns only once all of them serve the new weights, or raises naming each replica (index and
 URL) that did not.
 """
@@ -53,6 +55,11 @@ same model and policy; never empty (read it as a list with `replica_urls`)."""
 
 DOWN_S = 10.0
 """Seconds a replica that did not answer is left out of the choice before it is tried again."""
+
+
+ALL_DOWN_WAIT_S = 120.0
+"""Seconds a call waits for some replica to answer again when none does (a replica restart takes
+tens of seconds on CPU), before it fails."""
 
 
 class ReplicaReloadError(InferenceError):
@@ -113,7 +120,8 @@ class InferenceReplicas:
         self, prompt_ids: list[int], sampling: dict[str, Any], *, continues: Sequence[int] | None = None
     ) -> TokenCompletion:
         """`InferenceClient.generate` on the replica `pick(continues)` chooses; on another one
-        while that one does not answer and another is up."""
+        while that one does not answer and another is up (see the module docstring)."""
+        all_down_since: float | None = None
         while True:
             index = self.pick(continues)
             self.in_flight[index] += 1
@@ -123,9 +131,14 @@ class InferenceReplicas:
             except HttpCallError as e:
                 if not _unanswered(e):
                     raise  # refused: the call's own fault, the same on every replica
-                self._down_until[index] = time.monotonic() + DOWN_S
-                if all(until > time.monotonic() for until in self._down_until):
-                    raise
+                now = time.monotonic()
+                self._down_until[index] = now + DOWN_S
+                if all(until > now for until in self._down_until):
+                    all_down_since = now if all_down_since is None else all_down_since
+                    if now - all_down_since >= ALL_DOWN_WAIT_S:
+                        raise
+                    self._down_until = [now] * len(self.clients)  # try them all again
+                    await asyncio.sleep(1.0)
             finally:
                 self.in_flight[index] -= 1
         if len(self.clients) > 1:

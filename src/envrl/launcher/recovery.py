@@ -5,8 +5,9 @@ cores), the trainer and the orchestrator with `--resume` added, so they continue
 published (the trainer from its newest checkpoint, retraining the published batches after it;
 the orchestrator after its newest batch, re-running the groups that were pending). A role counts
 as back once it has made up for the death: the trainer published a policy, the orchestrator a
-batch, newer than the newest at its death (or it finished); an inference replica answers
-`/health` and serves the newest published policy, loaded by the launcher.
+batch, newer than the newest at its death (or it finished); an inference replica, started on
+the newest published policy, answers `/health` and serves the newest one (loaded by the launcher
+if a newer one was published meanwhile).
 """
 
 from __future__ import annotations
@@ -65,7 +66,24 @@ def replica_respawn(
     command: Command, start: Callable[[Command], Child], policy: RestartPolicy, base_url: str, model: str, out: Path
 ) -> Respawn:
     token = next(iter(command.secret_env.values()), None)
-    return Respawn(lambda: start(command), policy, back=lambda: ReplicaBack(base_url, model, out, token))
+    return Respawn(
+        lambda: start(on_newest_policy(command, model, out)),
+        policy,
+        back=lambda: ReplicaBack(base_url, model, out, token),
+    )
+
+
+def on_newest_policy(command: Command, model: str, out: Path) -> Command:
+    """The replica's command loading the newest published policy instead of the base model, under
+    the base model's name (which its callers send): no call it answers comes from an older policy
+    (the policy it serves may run ahead of the orchestrator's by the steps published meanwhile, never
+    past a batch's own step). The first start, with nothing published, is the command itself."""
+    steps = published_steps(weights_root(out))
+    if not steps:
+        return command
+    newest = str(weights_dir(out, steps[-1]).resolve())
+    argv = [*command.argv, "--model.name", newest, "--vllm.served-model-name", model]
+    return command.model_copy(update={"argv": argv})
 
 
 class ReplicaBack:
@@ -96,8 +114,11 @@ class ReplicaBack:
         return True
 
     async def _load(self, step: int) -> None:
+        """Serve policy `step` (nothing to do when the replica started on it)."""
+        path = weights_dir(self.output_dir, step)
         client = InferenceClient(self.base_url, self.model, reload_token=self.token)
         try:
-            await client.update_weights(weights_dir(self.output_dir, step), step=step)
+            if await client.served_weights() != str(path.resolve()):
+                await client.update_weights(path, step=step)
         finally:
             await client.aclose()

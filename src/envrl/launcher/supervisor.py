@@ -2,7 +2,8 @@
 
 Guarantee: `watch` returns only when every process in `until` has exited 0. A process added with
 a `Respawn` that exits (non-zero, or at all when it is not in `until`) is started again while its
-`RestartPolicy` allows, and the run goes on; otherwise `watch` raises `ChildFailed` naming the
+`RestartPolicy` allows (its process group killed first: nothing it started outlives it or holds
+its port), and the run goes on; otherwise `watch` raises `ChildFailed` naming the
 first process that exited with the tail of its log. Each death is one `Fault`, closed (and logged
 in one line) when its process is back: its `Respawn.back` check passes, or it finished (exit 0).
 `stop_all` leaves nothing running: each process and its process group get SIGTERM, then SIGKILL
@@ -56,7 +57,9 @@ class Fault:
     died_at: float
     """`time.monotonic()` when the supervisor saw it dead."""
     seconds_lost: float | None = None
-    """Death to back again; None while it is not back (or never came back)."""
+    """Death to back again (or to its next death); None while it is open."""
+    back: bool = False
+    """It came back (not: it died again first, or the run ended first)."""
 
 
 @dataclass
@@ -101,7 +104,7 @@ class Supervisor:
             lost = fault.seconds_lost if fault.seconds_lost is not None else now - fault.died_at
             entry["restarts"] = self._restartable[fault.process].budget.total
             entry["seconds_lost"] += lost
-            entry["faults"].append({"exit": fault.exit, "seconds_lost": lost, "back": fault.seconds_lost is not None})
+            entry["faults"].append({"exit": fault.exit, "seconds_lost": lost, "back": fault.back})
         return out
 
     def check(self) -> None:
@@ -177,7 +180,7 @@ class Supervisor:
         if entry is None or entry.fault is None:
             return
         fault, entry.fault = entry.fault, None
-        fault.seconds_lost = time.monotonic() - fault.died_at
+        fault.seconds_lost, fault.back = time.monotonic() - fault.died_at, not again
         policy = entry.respawn.policy
         how = "died again before it was back" if again else "back"
         logger.info(

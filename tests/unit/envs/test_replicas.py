@@ -179,3 +179,21 @@ def test_a_reload_that_a_replica_did_not_answer_waits_for_it_and_loads_again(
 
     asyncio.run(main())
     assert len(restarting_server.requests) == FAST_RETRY.max_retries + 2
+
+
+def test_a_call_waits_for_a_replica_while_none_answers(servers: ExitStack) -> None:
+    def restarting(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        down = len(restarting_server.requests) <= FAST_RETRY.max_retries + 1  # every try of the first attempt
+        return (503, {"error": "starting"}) if down else completion(path, body)
+
+    restarting_server = serve(servers, restarting)
+
+    async def main() -> None:
+        replicas = InferenceReplicas([restarting_server.url], TINY_CHAT, retry=FAST_RETRY)
+        try:
+            assert (await replicas.generate([1, 2], {})).completion_ids == REPLY
+        finally:
+            await replicas.aclose()
+
+    asyncio.run(main())
+    assert len(restarting_server.requests) == FAST_RETRY.max_retries + 2

@@ -73,3 +73,34 @@ def test_a_process_that_finishes_while_coming_back_is_back(tmp_path: Path) -> No
         supervisor.stop_all()
     [fault] = supervisor.recoveries()["trainer"]["faults"]
     assert fault["back"]
+
+
+def test_a_process_killed_again_before_it_was_back_counts_two_faults_one_of_them_not_back(tmp_path: Path) -> None:
+    back, done = tmp_path / "back", tmp_path / "done"
+    waiter = [sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(done)!r}): time.sleep(0.02)"]
+
+    def start() -> Child:
+        return spawn(SLEEP, name="worker")
+
+    supervisor = Supervisor(grace=1.0)
+    supervisor.add(start(), Respawn(start, RestartPolicy(backoff_s=0.0), back=lambda: back.exists))
+    supervisor.add(spawn(waiter, name="trainer"))
+
+    def kill_twice_then_finish() -> None:
+        for _ in range(2):
+            pid = supervisor.children[0].pid
+            os.kill(pid, signal.SIGKILL)
+            _wait(lambda pid=pid: supervisor.children[0].pid != pid, "restart")
+        back.touch()
+        _wait(lambda: len(supervisor.faults) == 2 and supervisor.faults[1].back, "recovery")
+        done.touch()
+
+    killer = threading.Thread(target=kill_twice_then_finish)
+    killer.start()
+    try:
+        supervisor.watch(until={"trainer"})
+    finally:
+        killer.join()
+        supervisor.stop_all()
+    worker = supervisor.recoveries()["worker"]
+    assert worker["restarts"] == 2 and [f["back"] for f in worker["faults"]] == [False, True]

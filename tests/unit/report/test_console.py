@@ -159,3 +159,16 @@ def test_on_a_terminal_the_status_line_stays_below_step_lines_and_goes_at_the_en
     step_line, redrawn = line.split("\n")
     assert step_line.startswith("step 0 (1/2) |") and redrawn.startswith("running 0s"), "the line goes above the status"
     assert status.startswith("running 0s") and end == "", "no status line is left behind"
+
+
+def test_lines_of_printed_steps_read_again_after_a_resume_rewrite_are_not_kept() -> None:
+    board = ProgressBoard(total_steps=10)
+    orchestrator = {"process": "orchestrator", "time": 1000.0, "train/learnable/reward": 0.5}
+    trainer = {"process": "trainer", "time": 1000.0, "trainer/step_time_s": 1.0}
+    for step in range(3):
+        board.feed({"step": step, **orchestrator})
+        assert board.feed({"step": step, **trainer}) is not None
+    for step in range(3):  # the whole file again, as after a trainer's or orchestrator's restart
+        assert board.feed({"step": step, **orchestrator}) is None
+        assert board.feed({"step": step, **trainer}) is None
+    assert board._orchestrator == {}  # nothing held for steps already printed (a leak in a long run)
