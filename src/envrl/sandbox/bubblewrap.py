@@ -71,8 +71,9 @@ def check_readable(path: Path) -> None:
         raise SandboxStartError(f"sandbox image path {path} is not readable by others (mode o+r needed)")
 
 
-def bwrap_argv(config: SandboxConfig) -> list[str]:
-    """The full command line: `prlimit` with the limits, then bubblewrap, then the agent."""
+def bwrap_argv(config: SandboxConfig, uid: int) -> list[str]:
+    """The full command line: `setpriv` to the sandbox's host uid, `prlimit` with the limits, then
+    bubblewrap, then the agent."""
     python = config.python
     for path in [python, *config.image]:
         check_readable(path)
@@ -83,7 +84,8 @@ def bwrap_argv(config: SandboxConfig) -> list[str]:
             )
     if not any(python.resolve().is_relative_to(p.resolve()) or python.is_relative_to(p) for p in config.image):
         raise SandboxStartError(f"sandbox.python {python} is not inside any sandbox.image path {config.image}")
-    argv = [*config.limits.prlimit_argv(), bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns"]
+    argv = [*reaper.as_uid(uid), *config.limits.prlimit_argv(), bwrap_path(), "--unshare-all", "--unshare-user"]
+    argv += ["--disable-userns"]
     argv += ["--share-net"] if config.network else []
     argv += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
     argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
@@ -154,21 +156,20 @@ class BubblewrapSandbox(Sandbox):
             raise SandboxClosed("start() on a closed sandbox")
         loop = asyncio.get_running_loop()
         self._arm()
-        argv = bwrap_argv(self.config)
+        bwrap_argv(self.config, UID_BASE)  # a config that cannot start fails before a uid is claimed
         reaper.reap_now_and_then()
         while self._record is None:
             self._record = reaper.claim(UID_BASE + secrets.randbelow(UID_RANGE))
         self.uid = self._record.uid
+        argv = bwrap_argv(self.config, self.uid)
         limit = min(self.config.start_timeout_s, self.time_left("starting the sandbox"))
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env={"PATH": "/usr/bin:/bin"}, user=self.uid, group=self.uid, extra_groups=[], limit=MAX_FRAME,
+                env={"PATH": "/usr/bin:/bin"}, limit=MAX_FRAME,
             )  # fmt: skip
         except OSError as e:
-            raise SandboxStartError(
-                f"cannot start bubblewrap ({argv[len(self.config.limits.prlimit_argv())]}): {e}"
-            ) from e
+            raise SandboxStartError(f"cannot start the sandbox ({argv[0]}): {e}") from e
         self._tasks.append(loop.create_task(self._drain_stderr()))
         try:
             ready = await asyncio.wait_for(self._read_frame(), limit)

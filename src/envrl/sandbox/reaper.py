@@ -59,12 +59,20 @@ def start_time(pid: int) -> int | None:
     return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
+def as_uid(uid: int) -> list[str]:
+    """The command prefix that runs the rest as host user and group `uid`, with no other group
+    and no way to gain privileges (`setpriv`, so the caller still spawns with vfork: `Popen(user=)`
+    forks the whole, possibly large, env worker)."""
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin") or "setpriv"
+    return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
+
+
 def kill_uid(uid: int) -> None:
     """SIGKILL every process running as host user `uid` (a sandbox's own), in one `kill(-1)`."""
     kill = shutil.which("kill", path="/usr/bin:/bin") or "kill"
     with contextlib.suppress(subprocess.TimeoutExpired):
         subprocess.run(
-            [kill, "-9", "-1"], user=uid, group=uid, extra_groups=[], env={}, timeout=10,
+            [*as_uid(uid), kill, "-9", "-1"], env={}, timeout=10,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
 

@@ -42,17 +42,17 @@ def test_a_result_names_the_limit_it_hit_and_raises_its_typed_error(result, limi
 
 
 def test_the_default_argv_isolates_everything_and_shares_no_network() -> None:
-    argv = bwrap_argv(SandboxConfig())
+    argv = bwrap_argv(SandboxConfig(), 1_999_000_009)
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                  "--clearenv", "--cap-drop"):  # fmt: skip
         assert flag in argv
     assert "--share-net" not in argv
-    assert "--share-net" in bwrap_argv(SandboxConfig(network=True))
+    assert "--share-net" in bwrap_argv(SandboxConfig(network=True), 1_999_000_009)
 
 
 def test_an_image_under_the_sandboxes_own_tmp_is_refused() -> None:
     with pytest.raises(SandboxStartError, match="sandbox's own"):
-        bwrap_argv(SandboxConfig(image=[Path("/usr"), Path("/tmp")]))
+        bwrap_argv(SandboxConfig(image=[Path("/usr"), Path("/tmp")]), 1_999_000_009)
 
 
 def test_the_run_directory_must_be_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
