@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from envrl.sandbox import (
     SandboxDied,
     SandboxStartError,
     SandboxTimeout,
+    WarmPool,
 )
 from tests.integration.sandboxes import processes_of, run_dir, wait_gone
 
@@ -78,10 +80,10 @@ def test_the_episode_cap_counts_start_up_and_ends_the_sandbox() -> None:
 
 def test_an_idle_sandbox_is_killed_when_its_episode_cap_runs_out() -> None:
     async def main() -> None:
-        box = BubblewrapSandbox(SandboxConfig(episode_s=0.5))
+        box = BubblewrapSandbox(SandboxConfig(episode_s=2))
         await box.start()
         await box.run("sleep 60 >/dev/null 2>&1 &")
-        await asyncio.sleep(0.8)
+        await asyncio.sleep(box.deadline - time.monotonic() + 0.2)
         assert wait_gone(box.uid) == []
         with pytest.raises(SandboxTimeout):
             await box.run("true")
@@ -123,5 +125,31 @@ def test_close_during_a_running_command_leaves_nothing() -> None:
         assert wait_gone(box.uid) == []
         with pytest.raises((asyncio.CancelledError, SandboxClosed, SandboxDied)):
             await running
+
+    asyncio.run(main())
+
+
+def test_a_warm_pool_is_bounded_hands_each_sandbox_to_one_episode_and_closes_what_it_holds() -> None:
+    async def main() -> None:
+        config = SandboxConfig(episode_s=60)
+        pool = WarmPool(BubblewrapProvider(), config, size=2)
+        first = await pool.create(config)  # cold: the pool fills behind it
+        await asyncio.sleep(0)
+        while len(pool._ready) < 2:
+            await asyncio.sleep(0.05)
+        assert len(pool._ready) + len(pool._starting) == 2
+        warm = await pool.create(config)
+        assert warm is not first and warm.alive and warm.deadline > first.deadline  # its cap starts now
+        await warm.write_file("mark", "episode one")
+        await warm.close()
+        other = await pool.create(config)
+        with pytest.raises(FileNotFoundError):
+            await other.read_file("mark")  # a used sandbox never comes back
+        held = [*pool._ready]
+        await pool.aclose()
+        for box in [first, other]:
+            await box.close()
+        for box in [first, warm, other, *held]:
+            assert wait_gone(box.uid) == []
 
     asyncio.run(main())

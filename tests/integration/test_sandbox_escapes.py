@@ -316,19 +316,20 @@ def test_a_daemon_does_not_outlive_a_sigkilled_owner_and_the_reaper_clears_its_r
         owner.wait()
 
 
-def test_the_reaper_kills_a_sandbox_whose_owner_is_gone_and_no_other(run_dir: Path) -> None:
+def test_the_reaper_kills_every_process_of_a_sandbox_whose_owner_is_gone_and_no_other(run_dir: Path) -> None:
     dead_owner = subprocess.Popen(["true"])
     dead_owner.wait()
-    orphan, kept = subprocess.Popen(["sleep", "600"]), subprocess.Popen(["sleep", "600"])
+    orphan_uid, kept_uid = 1_999_000_001, 1_999_000_002
+    orphan = subprocess.Popen(["sleep", "600"], user=orphan_uid, group=orphan_uid, start_new_session=True)
+    kept = subprocess.Popen(["sleep", "600"], user=kept_uid, group=kept_uid)
     try:
-        start = reaper.start_time(orphan.pid)
-        assert start is not None
-        record = reaper.Record(pid=orphan.pid, start=start, owner=dead_owner.pid, owner_start=1, uid=12345)
+        record = reaper.Record(uid=orphan_uid, owner=dead_owner.pid, owner_start=1)
         record.path.write_text(json.dumps(dataclasses.asdict(record)))
-        ours = reaper.register(kept.pid, 12346)  # owned by this (live) process: left alone
-        assert [r.pid for r in reaper.reap()] == [orphan.pid]
+        ours = reaper.claim(kept_uid)  # owned by this (live) process: left alone
+        assert ours is not None and reaper.claim(kept_uid) is None  # one live sandbox per uid
+        assert [r.uid for r in reaper.reap()] == [orphan_uid]
         assert orphan.wait(5) == -9 and kept.poll() is None
-        assert ours is not None and ours.path.exists() and not record.path.exists()
+        assert ours.path.exists() and not record.path.exists()
     finally:
         for proc in (orphan, kept):
             proc.kill()

@@ -6,8 +6,8 @@ process has (so its processes can signal or trace nothing outside, and `limits.n
 only its own), with no capability, no environment from its owner, no inherited file descriptor
 but its protocol pipes, a read-only image and a fresh size-limited tmpfs as its only writable
 place. It dies with its owner (bubblewrap's `--die-with-parent`; the reaper for what survives
-that), at its episode cap, and on `close()`: bubblewrap's death SIGKILLs the pid namespace's
-init, and with it every process in the sandbox, daemons included.
+that), at its episode cap, and on `close()`: every process running as its uid is SIGKILLed at
+once, daemons and orphans included.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from envrl.sandbox import reaper
 from envrl.sandbox.base import CommandResult, Sandbox, SandboxConfig, SandboxProvider, started
 from envrl.sandbox.errors import SandboxClosed, SandboxDied, SandboxError, SandboxStartError, SandboxTimeout
@@ -35,6 +37,8 @@ UID_BASE = 1_000_000_000
 UID_RANGE = 1 << 24
 SANDBOX_UID = 65534
 """The user id (nobody) code sees inside the sandbox."""
+CLOSE_WAIT_S = 10.0
+"""How long `close` waits for bubblewrap to be reaped after SIGKILL (then logs and goes on)."""
 ANSWER_GRACE_S = 2.0
 """How long past a command's own timeout the agent may take to answer before it counts as dead."""
 MAX_FRAME = 64 << 20
@@ -67,8 +71,9 @@ def check_readable(path: Path) -> None:
         raise SandboxStartError(f"sandbox image path {path} is not readable by others (mode o+r needed)")
 
 
-def bwrap_argv(config: SandboxConfig) -> list[str]:
-    """The full command line: `prlimit` with the limits, then bubblewrap, then the agent."""
+def bwrap_argv(config: SandboxConfig, uid: int) -> list[str]:
+    """The full command line: `setpriv` to the sandbox's host uid, `prlimit` with the limits, then
+    bubblewrap, then the agent."""
     python = config.python
     for path in [python, *config.image]:
         check_readable(path)
@@ -79,7 +84,8 @@ def bwrap_argv(config: SandboxConfig) -> list[str]:
             )
     if not any(python.resolve().is_relative_to(p.resolve()) or python.is_relative_to(p) for p in config.image):
         raise SandboxStartError(f"sandbox.python {python} is not inside any sandbox.image path {config.image}")
-    argv = [*config.limits.prlimit_argv(), bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns"]
+    argv = [*reaper.as_uid(uid), *config.limits.prlimit_argv(), bwrap_path(), "--unshare-all", "--unshare-user"]
+    argv += ["--disable-userns"]
     argv += ["--share-net"] if config.network else []
     argv += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
     argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
@@ -102,8 +108,8 @@ class BubblewrapSandbox(Sandbox):
 
     def __init__(self, config: SandboxConfig) -> None:
         super().__init__(config)
-        self.uid = UID_BASE + secrets.randbelow(UID_RANGE)
-        """Its host user id: every process of this sandbox, and only those, runs as it."""
+        self.uid: int | None = None
+        """Its host user id, claimed at start: every process of this sandbox, and only those, runs as it."""
         self.proc: asyncio.subprocess.Process | None = None
         self._record: reaper.Record | None = None
         self._lock = asyncio.Lock()
@@ -133,23 +139,37 @@ class BubblewrapSandbox(Sandbox):
         self._watchdog = asyncio.get_running_loop().call_later(delay, self._kill)
 
     async def start(self) -> None:
+        """Start it; a cancel waits (bounded) for the start it cut short, after killing what it
+        started: asyncio cannot reap a half-started bubblewrap whose orphaned child holds its pipes."""
+        starting = asyncio.ensure_future(self._start())
+        try:
+            await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            self._kill()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(starting, CLOSE_WAIT_S)
+            self._kill()
+            raise
+
+    async def _start(self) -> None:
         if self._closed:
             raise SandboxClosed("start() on a closed sandbox")
         loop = asyncio.get_running_loop()
         self._arm()
-        argv = bwrap_argv(self.config)
+        bwrap_argv(self.config, UID_BASE)  # a config that cannot start fails before a uid is claimed
         reaper.reap_now_and_then()
+        while self._record is None:
+            self._record = reaper.claim(UID_BASE + secrets.randbelow(UID_RANGE))
+        self.uid = self._record.uid
+        argv = bwrap_argv(self.config, self.uid)
         limit = min(self.config.start_timeout_s, self.time_left("starting the sandbox"))
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env={"PATH": "/usr/bin:/bin"}, user=self.uid, group=self.uid, extra_groups=[], limit=MAX_FRAME,
+                env={"PATH": "/usr/bin:/bin"}, limit=MAX_FRAME,
             )  # fmt: skip
         except OSError as e:
-            raise SandboxStartError(
-                f"cannot start bubblewrap ({argv[len(self.config.limits.prlimit_argv())]}): {e}"
-            ) from e
-        self._record = reaper.register(self.proc.pid, self.uid)
+            raise SandboxStartError(f"cannot start the sandbox ({argv[0]}): {e}") from e
         self._tasks.append(loop.create_task(self._drain_stderr()))
         try:
             ready = await asyncio.wait_for(self._read_frame(), limit)
@@ -206,21 +226,26 @@ class BubblewrapSandbox(Sandbox):
             self._watchdog.cancel()
         self._kill()
         if self.proc is not None:
-            await asyncio.shield(self.proc.wait())
+            try:
+                await asyncio.wait_for(asyncio.shield(self.proc.wait()), CLOSE_WAIT_S)
+            except TimeoutError:
+                logger.error(
+                    f"sandbox uid {self.uid}: bubblewrap (pid {self.proc.pid}) outlived SIGKILL by {CLOSE_WAIT_S:g} s"
+                )
             if self.proc.stdin is not None:
                 self.proc.stdin.close()  # the last open pipe: the transport closes with it
         for task in self._tasks:
             task.cancel()
-        reaper.unregister(self._record)
-        self._record = None
+        reaper.release(self._record)
 
     # -- internals ---------------------------------------------------------------------------
 
     def _kill(self) -> None:
-        """SIGKILL bubblewrap: its init, and with it every process in the sandbox, dies."""
-        if self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
+        """SIGKILL every process of the sandbox: all run as its uid, whatever their place in the
+        tree: bubblewrap itself and a child of it orphaned by a kill during start-up included.
+        (Not `proc.kill()` besides: its poll would reap bubblewrap behind asyncio's child watcher.)"""
+        if self.uid is not None:
+            reaper.kill_uid(self.uid)
 
     async def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One op: its answer, `FileNotFoundError`/`OSError` for a file op the agent refused, else a SandboxError."""
@@ -253,7 +278,11 @@ class BubblewrapSandbox(Sandbox):
                 raise SandboxDied(f"the agent sent a {size}-byte frame (limit {MAX_FRAME})")
             return json.loads(await self.proc.stdout.readexactly(size))
         except asyncio.IncompleteReadError:
-            code = await asyncio.shield(self.proc.wait())
+            self._kill()  # the agent is gone: nothing of the sandbox may hold its pipes open
+            try:
+                code: int | str = await asyncio.wait_for(asyncio.shield(self.proc.wait()), CLOSE_WAIT_S)
+            except TimeoutError:
+                code = "no exit status"
             tail = self._stderr[-2000:].decode(errors="replace").strip()
             raise SandboxDied(f"bubblewrap exited with {code}" + (f": {tail}" if tail else "")) from None
 

@@ -1,14 +1,15 @@
-"""Records of live sandboxes, and the reaper that kills those whose owner is gone.
+"""Claims of live sandboxes, killing a sandbox by its user id, and the reaper of orphans.
 
-Guarantee: every started local sandbox has a record (its pid and start time, its owner's pid and
-start time) in a run directory only this user can read or write (mode 0700, checked), written
-before the sandbox runs any command and removed when it is closed. `reap()` SIGKILLs each
-sandbox whose owner process is no longer alive (pid gone or reused: start times differ) and
-removes its record; a record whose sandbox is gone is removed too. Killing a sandbox's
-bubblewrap process kills its pid namespace's init and with it everything in the sandbox. The
-sandboxes die with their owner anyway (bubblewrap's `--die-with-parent`); the reaper is the
-second line for what survives that (a SIGKILLed env worker or env server) and runs on every
-sandbox start at most every `REAP_INTERVAL_S`, and as `python -m envrl.sandbox.reaper`.
+Guarantee: every local sandbox claims its host user id before it starts, with a record (the
+uid, its owner's pid and start time) created exclusively in a run directory only this user can
+read or write (mode 0700, checked), so no two live sandboxes of this user share a uid; the
+record is removed when the sandbox is closed. `kill_uid` SIGKILLs every process running as a
+uid at once (`kill -9 -1` run as that uid), which is every process of that sandbox whatever its
+place in the process tree: an orphan of a bubblewrap killed mid-start included. `reap()` does
+that for each sandbox whose owner is no longer alive (pid gone, or reused: start times differ)
+and removes its record. Sandboxes die with their owner anyway (bubblewrap's `--die-with-parent`);
+the reaper is the second line for what survives that (a SIGKILLed env worker or env server). It
+runs on every sandbox start at most every `REAP_INTERVAL_S`, and as `python -m envrl.sandbox.reaper`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
+import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,63 +59,78 @@ def start_time(pid: int) -> int | None:
     return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
+def as_uid(uid: int) -> list[str]:
+    """The command prefix that runs the rest as host user and group `uid`, with no other group
+    and no way to gain privileges (`setpriv`, so the caller still spawns with vfork: `Popen(user=)`
+    forks the whole, possibly large, env worker)."""
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin") or "setpriv"
+    return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process running as host user `uid` (a sandbox's own), in one `kill(-1)`."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(  # the shell's own kill: procps is not on every minimal image
+            [*as_uid(uid), "/bin/sh", "-c", "kill -9 -1"], env={}, timeout=10,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Record:
-    pid: int
-    start: int
+    uid: int
     owner: int
     owner_start: int
-    uid: int
 
     @property
     def path(self) -> Path:
-        return run_dir() / f"{self.pid}-{self.start}.json"
+        return run_dir() / f"{self.uid}.json"
 
     def owner_alive(self) -> bool:
         return start_time(self.owner) == self.owner_start
 
-    def sandbox_alive(self) -> bool:
-        return start_time(self.pid) == self.start
 
-
-def register(pid: int, uid: int) -> Record | None:
-    """Record a just-started sandbox owned by this process (None if it is already gone)."""
-    start, owner_start = start_time(pid), start_time(os.getpid())
-    if start is None or owner_start is None:
+def claim(uid: int) -> Record | None:
+    """Claim `uid` for a sandbox owned by this process; None if a live sandbox already has it."""
+    owner_start = start_time(os.getpid())
+    assert owner_start is not None
+    record = Record(uid=uid, owner=os.getpid(), owner_start=owner_start)
+    try:
+        fd = os.open(record.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
         return None
-    record = Record(pid=pid, start=start, owner=os.getpid(), owner_start=owner_start, uid=uid)
-    tmp = record.path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(record)))
-    tmp.rename(record.path)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(asdict(record)))
     return record
 
 
-def unregister(record: Record | None) -> None:
+def release(record: Record | None) -> None:
+    """Give a closed sandbox's uid back (after `kill_uid`: nothing runs as it any more)."""
     if record is not None:
         with contextlib.suppress(FileNotFoundError):
             record.path.unlink()
 
 
 def reap() -> list[Record]:
-    """Kill the sandboxes of dead owners and drop stale records; return the records of those killed."""
-    killed: list[Record] = []
+    """Kill the sandboxes of dead owners and drop their records; return those records."""
+    reaped: list[Record] = []
     for path in run_dir().glob("*.json"):
         try:
             record = Record(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            continue
         except (OSError, ValueError, TypeError):
             with contextlib.suppress(OSError):
                 path.unlink()
             continue
         if record.owner_alive():
             continue
-        if record.sandbox_alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(record.pid, signal.SIGKILL)
-            killed.append(record)
-            logger.warning(f"reaped sandbox pid {record.pid} (uid {record.uid}): its owner pid {record.owner} is gone")
+        kill_uid(record.uid)
+        reaped.append(record)
+        logger.warning(f"reaped sandbox uid {record.uid}: its owner pid {record.owner} is gone")
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-    return killed
+    return reaped
 
 
 def reap_now_and_then() -> None:
@@ -126,8 +143,8 @@ def reap_now_and_then() -> None:
 
 
 def main() -> None:
-    killed = reap()
-    print(f"reaped {len(killed)} sandbox(es) in {run_dir()}")
+    reaped = reap()
+    print(f"reaped {len(reaped)} sandbox(es) in {run_dir()}")
     sys.exit(0)
 
 
