@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from envrl.layout import published_steps, rollouts_root
 from envrl.orchestrator.envs import TrainEnvs
 from scripts.chaos.harness import SMOKE, WORKER, RlRun, TableRow, account, check_unique_lines, cmdline, report
 from tests.integration.smoke import wait_no_survivors
@@ -101,7 +102,7 @@ def memory(run: RlRun) -> dict[str, float]:
 
 def rerun_counter(out: Path) -> int:
     """Retried plus requeued rollouts, from the state published with the newest batch."""
-    steps = sorted(int(p.name.removeprefix("step_")) for p in (out / "rollouts").glob("step_*"))
+    steps = published_steps(rollouts_root(out))
     if not steps:
         return 0
     try:
@@ -124,7 +125,7 @@ def group_tasks(out: Path, group_size: int) -> tuple[Counter[tuple[str, int]], C
     state's positions, and of every group it accounted for: written to train.jsonl (a group's
     lines are consecutive) or pending in that state. A group that landed twice shows as a task
     counted more often than it was drawn."""
-    steps = sorted(int(p.name.removeprefix("step_")) for p in (out / "rollouts").glob("step_*"))
+    steps = published_steps(rollouts_root(out))
     state = json.loads((out / "rollouts" / f"step_{steps[-1]}" / "orchestrator.json").read_text())
     config = tomllib.loads((out / "configs" / "orchestrator.toml").read_text())
     sizes = {env.get("name") or env["id"]: env["args"]["num_train"] for env in config["envs"]}
