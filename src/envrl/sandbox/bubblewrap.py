@@ -120,7 +120,7 @@ class BubblewrapSandbox(Sandbox):
 
     @property
     def pid(self) -> int | None:
-        """bubblewrap's pid (killing it kills the whole sandbox)."""
+        """bubblewrap's pid (None before start). To kill the sandbox, kill its uid (`_kill`)."""
         return None if self.proc is None else self.proc.pid
 
     def restart_clock(self) -> None:
