@@ -6,7 +6,8 @@ this process in flight (ties: in turn). A replica that stops answering (a dead o
 server: no answer after the client's retries) is left out for `DOWN_S` seconds and the call goes
 to another one, so the others keep generating; with every replica down the call tries again
 until one answers, for up to `ALL_DOWN_WAIT_S` seconds (a restarted replica comes back serving
-the newest policy, `launcher/recovery.py`), then fails. `update_weights` reloads every replica in parallel and
+the newest policy, `launcher/recovery.py`), then fails; a client whose retry policy allows no
+retry (`max_retries = 0`) fails at once instead. `update_weights` reloads every replica in parallel and
 returns only once all of them serve the new weights, or raises naming each replica (index and
 URL) that did not.
 """
@@ -89,6 +90,8 @@ class InferenceReplicas:
         if not base_urls:
             raise ValueError("inference replicas: give at least one base_url")
         self.clients = [InferenceClient(url, model, retry=retry, reload_token=reload_token) for url in base_urls]
+        self.wait_when_all_down = retry is None or retry.max_retries > 0
+        """Whether a call waits for a replica while none answers (a caller allowing no retry fails fast)."""
         self.in_flight = [0] * len(self.clients)
         """Calls of this process each replica is answering now."""
         self._turns: OrderedDict[int, int] = OrderedDict()
@@ -135,7 +138,7 @@ class InferenceReplicas:
                 self._down_until[index] = now + DOWN_S
                 if all(until > now for until in self._down_until):
                     all_down_since = now if all_down_since is None else all_down_since
-                    if now - all_down_since >= ALL_DOWN_WAIT_S:
+                    if not self.wait_when_all_down or now - all_down_since >= ALL_DOWN_WAIT_S:
                         raise
                     self._down_until = [now] * len(self.clients)  # try them all again
                     await asyncio.sleep(1.0)

@@ -12,6 +12,7 @@ import pytest
 
 from envrl.envs.chat_tokens import chat_renderer
 from envrl.envs.model_client import SamplingArgs, TrainClientConfig, build_client
+from envrl.http import HttpCallError
 from envrl.inference.replicas import InferenceReplicas, ReplicaReloadError
 from envrl.layout import weights_dir
 from envrl.orchestrator.policy import PolicyTracker
@@ -197,3 +198,18 @@ def test_a_call_waits_for_a_replica_while_none_answers(servers: ExitStack) -> No
 
     asyncio.run(main())
     assert len(restarting_server.requests) == FAST_RETRY.max_retries + 2
+
+
+def test_a_client_allowing_no_retry_fails_at_once_when_no_replica_answers(servers: ExitStack) -> None:
+    down = serve(servers, lambda path, body: (503, {"error": "starting"}))
+
+    async def main() -> None:
+        replicas = InferenceReplicas([down.url], TINY_CHAT, retry=FAST_RETRY.model_copy(update={"max_retries": 0}))
+        try:
+            with pytest.raises(HttpCallError):
+                await replicas.generate([1, 2], {})
+        finally:
+            await replicas.aclose()
+
+    asyncio.run(main())
+    assert len(down.requests) == 1  # one attempt, no wait for a restart
