@@ -5,13 +5,16 @@ Guarantee: at most `(keep + 1) * max_mb` (plus what is written between two looks
 Rotation copies the file, then truncates it in place: every writer (a child's stdout, loguru's
 file sink, vLLM's C-level prints) appends with O_APPEND, so it goes on writing at the new end of
 the same file and no process needs to reopen anything. A line written between the copy and the
-truncation is lost; that window is one `ftruncate` call.
+truncation is lost; that window is one `ftruncate` call. Nothing is read, written or truncated
+through a symlink: code running as the run's user cannot turn rotation against another file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import stat
 import threading
 from pathlib import Path
 
@@ -32,26 +35,40 @@ class LogRotationConfig(BaseConfig):
 
 
 def rotate_if_large(path: Path, config: LogRotationConfig) -> bool:
-    """Rotate `path` if it holds more than `config.max_mb` MiB; returns whether it did."""
+    """Rotate `path` if it is a regular file holding more than `config.max_mb` MiB; returns
+    whether it did. It is opened without following a symlink (one could point at a file envrl
+    did not write), and copied and truncated through that one descriptor."""
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # gone, a symlink (ELOOP), or not ours to write
         return False
-    if size <= config.max_mb * 1024**2:
-        return False
-    for i in range(config.keep - 1, 0, -1):
-        older = path.with_name(f"{path.name}.{i}")
-        if older.exists():
-            os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
-    with path.open("rb") as src, path.with_name(f"{path.name}.1").open("wb") as dst:
-        shutil.copyfileobj(src, dst, 1024**2)
-        os.truncate(path, 0)
+    with os.fdopen(fd, "rb") as src:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size <= config.max_mb * 1024**2:
+            return False
+        for i in range(config.keep - 1, 0, -1):
+            older = path.with_name(f"{path.name}.{i}")
+            if older.exists():
+                os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
+        newest = path.with_name(f"{path.name}.1")
+        with contextlib.suppress(FileNotFoundError):
+            newest.unlink()  # a link planted there is removed, never written through
+        with os.fdopen(os.open(newest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as dst:
+            shutil.copyfileobj(src, dst, 1024**2)
+        os.ftruncate(fd, 0)
     return True
 
 
 def rotate_logs(logs_dir: Path, config: LogRotationConfig) -> list[Path]:
-    """Rotate every `*.log` under `logs_dir` (env server logs included) that is over the limit."""
-    return [path for path in sorted(logs_dir.rglob("*.log")) if rotate_if_large(path, config)]
+    """Rotate every `*.log` under `logs_dir` (env server logs included) that is over the limit;
+    symlinked directories are not entered."""
+    logs = [
+        Path(root) / name
+        for root, _, files in os.walk(logs_dir, followlinks=False)
+        for name in files
+        if name.endswith(".log")
+    ]
+    return [path for path in sorted(logs) if rotate_if_large(path, config)]
 
 
 class LogRotator:

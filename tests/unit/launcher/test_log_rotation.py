@@ -63,3 +63,21 @@ def test_a_child_appending_to_its_log_keeps_writing_into_the_same_file_after_rot
 def test_the_rotator_stops_without_waiting_out_its_interval(tmp_path: Path) -> None:
     rotator = LogRotator(tmp_path, LogRotationConfig(), interval_s=3600).start()
     rotator.stop()  # would block for an hour if the wait were a sleep (pytest's timeout fails it)
+
+
+def test_a_log_that_is_a_symlink_is_never_truncated(tmp_path: Path) -> None:
+    # Code running as the run's user could plant logs/x.log -> a file envrl did not write.
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"p" * 5000)
+    logs = tmp_path / "logs"
+    (logs / "envs").mkdir(parents=True)
+    (logs / "x.log").symlink_to(precious)
+    (logs / "envs" / "linked").symlink_to(tmp_path, target_is_directory=True)
+    assert rotate_logs(logs, LogRotationConfig(max_mb=0.001)) == []
+    assert precious.read_bytes() == b"p" * 5000
+
+    (logs / "y.log").write_bytes(b"y" * 5000)  # a rotated copy's name planted as a link
+    (logs / "y.log.1").symlink_to(precious)
+    assert rotate_logs(logs, LogRotationConfig(max_mb=0.001, keep=1)) == [logs / "y.log"]
+    assert precious.read_bytes() == b"p" * 5000
+    assert (logs / "y.log.1").read_bytes() == b"y" * 5000 and not (logs / "y.log.1").is_symlink()
