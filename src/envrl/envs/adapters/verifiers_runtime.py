@@ -18,16 +18,18 @@ only active in a context that names a pool or a sandbox).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import verifiers.v1.rollout as vf_rollout
+import verifiers.v1.runtimes as vf_runtimes
 from verifiers.v1.runtimes import ProgramResult, Runtime, SubprocessConfig, SubprocessRuntime, register
 
 from envrl.envs.adapters.verifiers_sandbox import SandboxRuntime
@@ -45,7 +47,9 @@ class Placement:
 
 
 _PLACEMENT: ContextVar[Placement | None] = ContextVar("envrl_local_runtimes", default=None)
-_make_runtime = vf_rollout.make_runtime
+_make_runtime = vf_runtimes.make_runtime
+PORT_WAIT_S = 5.0
+"""How long a warm tool server's start waits for its port file (past it, verifiers polls as usual)."""
 
 
 class WarmSubprocessRuntime(SubprocessRuntime):
@@ -85,6 +89,8 @@ class WarmSubprocessRuntime(SubprocessRuntime):
             path = self.workdir / log
             run = await self._programs.start(sys.executable, f"-m {argv[2]}", [], full, self.workdir, path, path)
             self._warm_runs.append(run)
+            if port_file := full.get("MCP_PORT_FILE"):
+                await _reported(Path(port_file))
             return
         await super().run_background(argv, env, log)
 
@@ -105,6 +111,17 @@ class WarmSubprocessRuntime(SubprocessRuntime):
     def _host_env() -> dict[str, str]:
         """What SubprocessRuntime gives every process of its own: the host's variables minus API keys."""
         return {k: v for k, v in os.environ.items() if "API_KEY" not in k.upper()}
+
+
+async def _reported(port_file: Path) -> None:
+    """Wait (bounded) for a warm tool server to write its port to its port file: verifiers reads it
+    at once, then only once a second, so a fork that is ready in milliseconds would cost a second."""
+    deadline = asyncio.get_running_loop().time() + PORT_WAIT_S
+    while asyncio.get_running_loop().time() < deadline:
+        with contextlib.suppress(OSError):
+            if port_file.read_text().strip().isdigit():
+                return
+        await asyncio.sleep(0.005)
 
 
 def _activation(interpreter: str, env: dict[str, str]) -> dict[str, str]:
@@ -140,7 +157,9 @@ def _make_local_runtime(config: Any, name: str | None = None) -> Runtime:
 @contextlib.contextmanager
 def local_runtimes(placement: Placement) -> Iterator[None]:
     """Within this context (and the tasks it starts), verifiers' local programs run as `placement` says."""
-    vf_rollout.make_runtime = _make_local_runtime
+    # An episode's runtime comes from the rollout's `make_runtime`, a tool server's from
+    # `provision_runtime` (which looks `make_runtime` up in its own module).
+    vf_rollout.make_runtime = vf_runtimes.make_runtime = _make_local_runtime
     token = _PLACEMENT.set(placement)
     try:
         yield

@@ -41,7 +41,7 @@ import types
 from typing import TypedDict
 
 _PR_SET_PDEATHSIG = 1
-REPORT_AFTER_S = 3.0
+REPORT_AFTER_S = 1.0
 """When a run that is still running reports the modules it imported lazily."""
 READY = "warm-program-ready"
 """The line the server prints on stdout once it listens."""
