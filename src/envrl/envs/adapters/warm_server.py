@@ -16,6 +16,9 @@ tool server, reports them `REPORT_AFTER_S` into its life).
 
     PYTHON warm_server.py PROGRAM SOCKET       (PROGRAM: a file, or "-m NAME" for a module)
 
+The server runs the program's top level once (a module's under its own name), so its entry
+point must sit under `if __name__ == "__main__"`, as verifiers' programs and toolsets have it.
+
 Standard library only: it runs in the program's own interpreter (verifiers' uv script
 environment), where envrl is not installed. Imports are what a fresh interpreter spends its time
 on (~1.2 s of CPU for verifiers' chat program); a fork of this warm process skips them.
