@@ -201,7 +201,7 @@ def run_training(argv: Sequence[str]) -> None:
         supervisor.stop_all()
         rotator.stop()
         if outcome.status != "interrupted":  # after summary.json, which its headline reads
-            from envrl.report.main import write_report_at_end  # matplotlib: 1.6 s of every rl start otherwise
+            from envrl.report.main import write_report_at_end  # matplotlib's import would slow every rl start
 
             write_report_at_end(rl.output_dir)
     raise SystemExit(code)
