@@ -22,12 +22,13 @@ from typing import Any
 
 from envrl.envs import Environment, SamplingArgs, ScriptedClientConfig, build_client, load_environment
 from envrl.traces import Trace
-from scripts.tiny_model import DEFAULT_DIR
 
 PLACEMENTS: dict[str, dict[str, dict[str, Any]]] = {
     "agent-digits": {"host": {}, "sandbox": {"sandbox": {}}, "sandbox+warm": {"sandbox": {}, "warm": 8}},
     "verifiers": {"host": {}, "sandbox": {"sandbox": {}}},
 }
+TOKENIZER = "deps/models/tiny-chat"
+"""The tiny model's tokenizer (a path: scripts.tiny_model imports torch, absent from the verifiers venv)."""
 VERIFIERS = {"taskset": {"num_tasks": 64}, "agent": {"harness": {"id": "null"}}}
 
 
@@ -39,7 +40,7 @@ def environment(env: str, args: dict[str, Any]) -> Environment:
 
 async def measure(env_id: str, placement: str, args: dict[str, Any], n: int) -> str:
     env = environment(env_id, args)
-    client = build_client(ScriptedClientConfig(replies=["12 34", "5678"], tokenizer=str(DEFAULT_DIR)))
+    client = build_client(ScriptedClientConfig(replies=["12 34", "5678"], tokenizer=TOKENIZER))
     sampling = SamplingArgs(max_tokens=8)
 
     async def rollout(i: int) -> tuple[Trace, float]:
