@@ -15,8 +15,7 @@ from envrl.envs.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient
 from envrl.traces import Trace
 from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
-from tests.integration.test_verifiers import ACCESS, TIMEOUT, TOKENIZER, digit_share
-from tests.integration.verifiers_env import NULL_HARNESS, verifiers_env_server
+from tests.integration.verifiers_env import ACCESS, NULL_HARNESS, TIMEOUT, TOKENIZER, digit_share, verifiers_env_server
 
 REPLIES = ["12 13 14", "twelve"]
 
