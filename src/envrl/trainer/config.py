@@ -136,6 +136,12 @@ class TrainerConfig(BaseConfig):
     `document_sdpa` (causal sdpa per sample, no T×T mask). Any name transformers knows is
     passed through (`sdpa`, `eager`: dense T×T mask over the packed row; `flex_attention`: GPU
     only, torch has no flex backward on CPU). All keep packed samples apart."""
+    phase_threads: bool = False
+    """On one CPU process: compute with every usable core while the orchestrator waits for this
+    step's weights (it has published the newest batch the async bound allows, so vLLM idles),
+    and with the start-up count (OMP_NUM_THREADS, one beside vLLM on a CPU box) while it may
+    generate. Checked before each micro-batch's forward and backward, so the switch needs more
+    than one micro-batch a step (`max_tokens`) to happen mid-step. No effect on GPUs or ranks."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward to save memory."""
     batch_timeout_s: float = Field(3600.0, gt=0)
