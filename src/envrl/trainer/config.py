@@ -54,6 +54,10 @@ class LossConfig(BaseConfig):
     normalize: Literal["token", "sequence"] = "token"
     """`token`: sum over the batch's loss tokens / their count. `sequence`: mean over samples of
     each sample's token mean."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """`token`: each token's own ratio. `sequence` (GSPO; TRL's `importance_sampling_level =
+    "sequence"`): every trained token of a sample gets the sample's ratio exp(mean of its tokens'
+    log-ratios), clipped and masked as a whole (GSPO clips at ~3e-4/4e-4: set clip_low/clip_high)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty (k3 estimator) pulling the trainer towards the inference policy."""
     ref_kl_coef: float = Field(0.0, ge=0)

@@ -276,7 +276,14 @@ class Trainer:
                 ref_logprobs, _ = token_logprobs(ref_logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
                 del ref_logits
         loss, stats = policy_loss(
-            logprobs, mb.inference_logprobs, mb.advantages, mb.loss_mask, mb.weights, self.config.loss, ref_logprobs
+            logprobs,
+            mb.inference_logprobs,
+            mb.advantages,
+            mb.loss_mask,
+            mb.weights,
+            self.config.loss,
+            ref_logprobs,
+            mb.lengths,
         )
         self._follow_phase(step)
         # FSDP averages gradients over ranks; the weights already normalise over the whole batch.
