@@ -14,7 +14,6 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 from loguru import logger
@@ -22,17 +21,19 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.atomic import write_failure
-from envrl.layout import batch_dir, checkpoint_dir, final_weights_dir, ledger_file, weights_dir
+from envrl.layout import checkpoint_dir, final_weights_dir, ledger_file, weights_dir
 from envrl.ledger import Ledger
 from envrl.metrics import MetricsSink
-from envrl.samples import TrainingSample, read_batch
+from envrl.samples import TrainingSample
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference
-from envrl.trainer.weights import publish_final, publish_weights
+from envrl.trainer.weights import FileWeightPublisher, publish_final
+from envrl.transport.batches import BatchReceiver, BatchTimeout, FileBatchReceiver
+from envrl.transport.weights import WeightPublisher
 
 SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "ref_kl", "clipped", "masked", "tokens", "samples")
 
@@ -49,24 +50,6 @@ def lr_factor(step: int, optim: OptimConfig, max_steps: int) -> float:
         return 1.0
     progress = (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps)
     return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def wait_for_batch(path: Path, timeout_s: float, poll_s: float, log_every_s: float) -> float:
-    """Block until directory `path` exists; return the seconds waited, TrainingError past the deadline."""
-    start = time.monotonic()
-    next_log = start + log_every_s
-    while not path.is_dir():
-        waited = time.monotonic() - start
-        if waited > timeout_s:
-            raise TrainingError(
-                f"no batch at {path} after {waited:.0f}s (trainer.batch_timeout_s = {timeout_s:g}); "
-                "is the orchestrator running? see its log"
-            )
-        if time.monotonic() >= next_log:
-            logger.info(f"waiting for {path} ({waited:.0f}s so far, deadline {timeout_s:g}s)")
-            next_log += log_every_s
-        time.sleep(poll_s)
-    return time.monotonic() - start
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -102,6 +85,15 @@ class Trainer:
         self.metrics: MetricsSink | None = None
         self.ledger = Ledger(ledger_file(config.output_dir, "trainer") if runtime.is_main else None, "trainer")
         """The main rank's wait / compute / publish / checkpoint spans."""
+        self.batches: BatchReceiver = FileBatchReceiver(
+            config.output_dir,
+            timeout_s=config.batch_timeout_s,
+            poll_s=config.batch_poll_s,
+            log_every_s=config.wait_log_interval_s,
+        )
+        self.publisher: WeightPublisher = FileWeightPublisher(
+            config.output_dir, self.tokenizer, runtime, self.base_config
+        )
 
     def start_step(self) -> int:
         """Load the checkpoint asked for (if any) and return the first step to train."""
@@ -144,20 +136,22 @@ class Trainer:
     def run_step(self, step: int) -> dict[str, float]:
         """Wait for batch `step`, train on it, publish weights and (on the interval) a checkpoint."""
         config = self.config
-        path = batch_dir(config.output_dir, step)
         ledger = self.ledger
         with ledger.span("wait_batch", step):
-            waited = wait_for_batch(path, config.batch_timeout_s, config.batch_poll_s, config.wait_log_interval_s)
+            try:
+                waited = self.batches.wait(step)
+            except BatchTimeout as e:
+                raise TrainingError(str(e)) from None
         with ledger.span("read_batch", step):
-            samples = read_batch(path)
+            samples = self.batches.receive(step)
         with ledger.span("compute", step):
-            stats = self.train_on(step, samples, where=str(path))
+            stats = self.train_on(step, samples, where=self.batches.where(step))
         start = time.perf_counter()
         done = step + 1
         target = weights_dir(config.output_dir, done)
         try:
             with ledger.span("publish", step):
-                publish_weights(self.model, self.tokenizer, target, self.runtime, self.base_config)
+                self.publisher.publish(self.model, done, last=done == config.max_steps)
                 if done == config.max_steps:  # the run's policy, loadable for good
                     published, target = target, final_weights_dir(config.output_dir)
                     publish_final(config.model.name, published, target, self.runtime, self.lora)

@@ -20,8 +20,26 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from envrl.atomic import atomic_dir
+from envrl.layout import weights_dir
 from envrl.trainer.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
+
+
+class FileWeightPublisher:
+    """The filesystem transport of `envrl.transport.weights.WeightPublisher`: every policy as
+    files in `weights/step_<k>/` of `output_dir` (see `publish_weights`)."""
+
+    def __init__(
+        self, output_dir: Path, tokenizer: PreTrainedTokenizerBase, runtime: Runtime, base_config: PretrainedConfig
+    ) -> None:
+        self.output_dir = output_dir
+        self.tokenizer = tokenizer
+        self.runtime = runtime
+        self.base_config = base_config
+
+    def publish(self, model: nn.Module, step: int, *, last: bool) -> bool:
+        target = weights_dir(self.output_dir, step)
+        return publish_weights(model, self.tokenizer, target, self.runtime, self.base_config)
 
 
 def publish_weights(
