@@ -14,6 +14,7 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from loguru import logger
@@ -31,9 +32,11 @@ from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference
-from envrl.trainer.weights import FileWeightPublisher, publish_final
+from envrl.trainer.weights import publish_final, weight_publisher
 from envrl.transport.batches import BatchReceiver, BatchTimeout, FileBatchReceiver
-from envrl.transport.weights import WeightPublisher
+
+if TYPE_CHECKING:
+    from envrl.transport.weights import WeightPublisher
 
 SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "ref_kl", "clipped", "masked", "tokens", "samples")
 
@@ -91,8 +94,8 @@ class Trainer:
             poll_s=config.batch_poll_s,
             log_every_s=config.wait_log_interval_s,
         )
-        self.publisher: WeightPublisher = FileWeightPublisher(
-            config.output_dir, self.tokenizer, runtime, self.base_config
+        self.publisher: WeightPublisher = weight_publisher(
+            config.weights, config.output_dir, self.tokenizer, runtime, self.base_config, config.ckpt.interval
         )
 
     def start_step(self) -> int:

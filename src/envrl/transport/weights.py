@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
 
 from envrl.inference.replicas import InferenceReplicas, ReplicaReloadError
 from envrl.layout import published_steps, weights_dir, weights_root
+from envrl.transport import TRANSFER_FILE
 
 if TYPE_CHECKING:
     from torch import nn
-
-Transport = Literal["filesystem", "memory"]
-"""`trainer.weights.transport`: files every step, or tensors straight into the replicas' memory."""
 
 
 class WeightPublisher(Protocol):
@@ -48,6 +46,13 @@ class PolicyLoader(Protocol):
     def discard(self, step: int) -> None:
         """Policy `step` will not be loaded again: free what publishing it kept."""
         ...
+
+
+def file_policies(output_dir: Path) -> list[int]:
+    """The published policies a replica can start from or load alone: those written as files
+    (not the ones sent in memory, whose sender has moved on), oldest first."""
+    root = weights_root(output_dir)
+    return [step for step in published_steps(root) if not (weights_dir(output_dir, step) / TRANSFER_FILE).is_file()]
 
 
 class ReplicaPolicyLoader:
