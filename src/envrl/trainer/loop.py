@@ -34,6 +34,7 @@ from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference
 from envrl.trainer.weights import publish_final, weight_publisher
 from envrl.transport.batches import BatchReceiver, BatchTimeout, FileBatchReceiver
+from envrl.transport.memory import TransferError
 
 if TYPE_CHECKING:
     from envrl.transport.weights import WeightPublisher
@@ -132,6 +133,7 @@ class Trainer:
             for step in range(start, config.max_steps):
                 self.run_step(step)
         finally:
+            self.publisher.close()
             if self.metrics is not None:
                 self.metrics.close()
             self.ledger.close()
@@ -170,6 +172,8 @@ class Trainer:
                         self.runtime,
                         config.ckpt.keep,
                     )
+        except TransferError as e:  # a broadcast of an earlier policy broke
+            raise TrainingError(f"step {step}: {e}") from e
         except Exception as e:  # a full disk: OSError, or RuntimeError out of torch's writers
             raise TrainingError(f"step {step}: {write_failure(target, e)}") from e
         stats.update(wait_time_s=waited, publish_time_s=time.perf_counter() - start)

@@ -28,7 +28,7 @@ from envrl.layout import weights_dir
 from envrl.trainer.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
 from envrl.transport.config import WeightsConfig
-from envrl.transport.memory import TRANSFER_FILE, send_policy
+from envrl.transport.memory import TRANSFER_FILE, Backend, PolicySender
 
 if TYPE_CHECKING:
     from envrl.transport.weights import WeightPublisher
@@ -50,24 +50,31 @@ class FileWeightPublisher:
         target = weights_dir(self.output_dir, step)
         return publish_weights(model, self.tokenizer, target, self.runtime, self.base_config)
 
+    def close(self) -> None:
+        pass
+
 
 class MemoryWeightPublisher:
-    """The memory transport of `WeightPublisher`: policy k's tensors are broadcast by rank 0 to
-    every replica that loads it (the orchestrator has them join); the call returns once they
-    received them. A LoRA adapter, the last policy and every `files_every`-th policy go to
-    `files` instead: the first is small, the others must outlive the trainer (the final model,
-    and where a restarted replica starts)."""
+    """The memory transport of `WeightPublisher`: rank 0 snapshots policy k (the export dtype,
+    the base checkpoint's names) and serves it to the replicas when the orchestrator has them
+    load it (`PolicySender`), while training goes on. Snapshots older than the newest one served
+    are released (no replica will ask for them: the orchestrator loads the newest). A LoRA
+    adapter, the last policy and every `files_every`-th policy go to `files` instead: the first
+    is small, the others must outlive the trainer (the final model, and where a restarted
+    replica starts)."""
 
     def __init__(self, config: WeightsConfig, files: FileWeightPublisher, files_every: int) -> None:
         self.config = config
         self.files = files
         self.files_every = files_every
         runtime = files.runtime
-        self.backend = config.backend
-        if self.backend == "auto":
-            self.backend = "nccl" if runtime.device.type == "cuda" else "gloo"
+        self.backend: Backend = "nccl" if runtime.device.type == "cuda" else "gloo"
+        if config.backend != "auto":
+            self.backend = config.backend
+        self.senders: list[PolicySender] = []
 
     def publish(self, model: nn.Module, step: int, *, last: bool) -> bool:
+        self._release_served()
         on_files = self.files_every > 0 and step % self.files_every == 0
         if last or on_files or is_lora(model):
             return self.files.publish(model, step, last=last)
@@ -77,19 +84,35 @@ class MemoryWeightPublisher:
             return False
         state = full_state_dict(model, runtime)
         if runtime.is_main:
-            named = policy_tensors(model, state, export_dtype(self.files.base_config))
-            waited = send_policy(
+            sender = PolicySender(
                 step,
-                named,
-                backend=self.backend,  # type: ignore[arg-type]  # auto resolved above
+                policy_tensors(model, state, export_dtype(self.files.base_config)),
+                backend=self.backend,
                 host=self.config.host,
                 timeout_s=self.config.timeout_s,
                 bucket_bytes=self.config.bucket_mb * 2**20,
                 publish=lambda content: _publish_marker(target, content),
             )
-            logger.info(f"policy {step} sent in memory ({self.backend}; replicas came after {waited:.2f}s)")
+            self.senders.append(sender)
         barrier(runtime)
         return True
+
+    def _release_served(self) -> None:
+        """Raise the error of a broken broadcast; close the senders of every policy up to the
+        newest one served."""
+        if broken := next((s.error for s in self.senders if s.error is not None), None):
+            raise broken
+        served = [i for i, s in enumerate(self.senders) if s.served.is_set()]
+        if served:
+            for sender in self.senders[: served[-1] + 1]:
+                sender.close()
+            del self.senders[: served[-1] + 1]
+
+    def close(self) -> None:
+        """Finish the broadcasts under way, release every snapshot."""
+        for sender in self.senders:
+            sender.close()
+        self.senders.clear()
 
 
 def _publish_marker(target: Path, content: bytes) -> None:
@@ -100,14 +123,15 @@ def _publish_marker(target: Path, content: bytes) -> None:
 def policy_tensors(
     model: nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype
 ) -> list[tuple[str, torch.Tensor]]:
-    """The tensors a published policy holds, named as in the base checkpoint and in its dtype:
-    a tied parameter (lm_head tied to embed_tokens) once, under its first name, as HF saves it."""
+    """A copy of the tensors a published policy holds, named as in the base checkpoint and in
+    its dtype: a tied parameter (lm_head tied to embed_tokens) once, under its first name, as
+    HF saves it."""
     first: dict[int, str] = {}
     tied = set()
     for name, param in model.named_parameters(remove_duplicate=False):
         if first.setdefault(id(param), name) != name:
             tied.add(name)
-    return [(name, tensor.to(dtype)) for name, tensor in state.items() if name not in tied]
+    return [(name, tensor.to(dtype, copy=True)) for name, tensor in state.items() if name not in tied]
 
 
 def weight_publisher(

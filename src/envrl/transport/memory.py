@@ -1,11 +1,11 @@
 """Weights in memory: trainer rank 0 broadcasts a policy's tensors to every inference replica
 through vLLM's weight-transfer engines, no file in between.
 
-Guarantee: `send_policy` publishes `weights/step_<k>/transfer.json` (atomically: the address
-the replicas join and the name, dtype and shape of every tensor, in order), waits up to
-`timeout_s` for the replicas to join (they say how many they are), then broadcasts the tensors
-in that order, and returns once every replica received them, or raises `TransferError` naming
-what did not happen. Both ends cut the stream into the same buckets (`plan_buckets`, from the
+Guarantee: a `PolicySender` publishes `weights/step_<k>/transfer.json` (atomically: the
+address the replicas join and the name, dtype and shape of every tensor, in order), and from a
+thread, without holding up training, waits for the replicas to join (they say how many they
+are) and broadcasts the tensors in that order; `served` is set once every replica received
+them, `error` says what broke otherwise. Both ends cut the stream into the same buckets (`plan_buckets`, from the
 metadata alone), so no length travels with the data. `backend` is vLLM's `nccl` on GPU or
 envrl's `gloo` engine (`envrl.inference.transfer`, registered with vLLM's factory) on CPU: the
 same rendezvous, the same vLLM calls on the replica, only the collective differs.
@@ -14,6 +14,7 @@ same rendezvous, the same vLLM calls on the replica, only the collective differs
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+from loguru import logger
 from pydantic import BaseModel, ValidationError
 
 from envrl.transport import TRANSFER_FILE
@@ -133,54 +135,86 @@ def receive_gloo(group: dist.ProcessGroupGloo, info: TransferInfo) -> Iterator[l
         yield out
 
 
-def send_policy(
-    step: int,
-    named: Sequence[tuple[str, torch.Tensor]],
-    *,
-    backend: Backend,
-    host: str,
-    timeout_s: float,
-    bucket_bytes: int,
-    publish: Callable[[bytes], None],
-) -> float:
-    """Broadcast `named` as policy `step` to the replicas that join; `publish` writes the
-    `transfer.json` bytes it is given where the orchestrator finds them. Returns the seconds
-    spent waiting for the replicas to join."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout, use_libuv=True)
-    info = TransferInfo(
-        step=step,
-        backend=backend,
-        host=host,
-        port=store.port,
-        names=[n for n, _ in named],
-        dtype_names=[str(t.dtype).removeprefix("torch.") for _, t in named],
-        shapes=[list(t.shape) for _, t in named],
-        bucket_bytes=bucket_bytes,
-    )
-    publish(info.model_dump_json().encode())
-    start = time.monotonic()
-    try:
-        store.wait([WORLD_SIZE_KEY], timeout)
-    except (RuntimeError, dist.DistStoreError) as e:
-        raise TransferError(
-            f"no inference replica came for policy {step} at {host}:{store.port} within {timeout_s:g} s "
-            f"(trainer.weights.timeout_s): is the orchestrator running and loading policies? ({e})"
-        ) from None
-    waited = time.monotonic() - start
-    world_size = int(store.get(WORLD_SIZE_KEY))
-    tensors = [t for _, t in named]
-    try:
-        if backend == "gloo":
-            send_gloo(gloo_group(store, 0, world_size, timeout_s), tensors, info)
-        else:
-            _send_nccl(store, world_size, tensors)
-    except (RuntimeError, dist.DistError) as e:
-        raise TransferError(
-            f"broadcasting policy {step} to {world_size - 1} inference workers ({backend}) failed: {e}; "
-            "see the inference replicas' logs"
-        ) from None
-    return waited
+class PolicySender:
+    """Serves one published policy from trainer rank 0: opens a store on a free port, publishes
+    `transfer.json` through `publish`, and from a thread waits up to `timeout_s` for the
+    replicas (they set how many they are), then broadcasts `named` to them, once. The tensors
+    must be the sender's own (a snapshot): training goes on meanwhile."""
+
+    def __init__(
+        self,
+        step: int,
+        named: Sequence[tuple[str, torch.Tensor]],
+        *,
+        backend: Backend,
+        host: str,
+        timeout_s: float,
+        bucket_bytes: int,
+        publish: Callable[[bytes], None],
+    ) -> None:
+        self.step = step
+        self.timeout_s = timeout_s
+        self.store = dist.TCPStore(
+            host, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+        self.info = TransferInfo(
+            step=step,
+            backend=backend,
+            host=host,
+            port=self.store.port,
+            names=[n for n, _ in named],
+            dtype_names=[str(t.dtype).removeprefix("torch.") for _, t in named],
+            shapes=[list(t.shape) for _, t in named],
+            bucket_bytes=bucket_bytes,
+        )
+        self._tensors: list[torch.Tensor] | None = [t for _, t in named]
+        self.served = threading.Event()
+        """Set once every replica that came received the whole policy."""
+        self.error: TransferError | None = None
+        """Set when the broadcast broke (not when nobody came: a newer policy may have been loaded)."""
+        self.sending = threading.Event()
+        publish(self.info.model_dump_json().encode())
+        self._thread = threading.Thread(target=self._serve, name=f"policy-{step}-sender", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        info, start = self.info, time.monotonic()
+        try:
+            self.store.wait([WORLD_SIZE_KEY], datetime.timedelta(seconds=self.timeout_s))
+            world_size = int(self.store.get(WORLD_SIZE_KEY))
+        except (RuntimeError, dist.DistError, ValueError) as e:
+            logger.warning(f"no inference replica came for policy {self.step} within {self.timeout_s:g} s ({e})")
+            return
+        if world_size < 2 or self._tensors is None:  # closed: a newer policy serves already
+            return
+        self.sending.set()
+        waited, start = time.monotonic() - start, time.monotonic()
+        try:
+            if info.backend == "gloo":
+                send_gloo(gloo_group(self.store, 0, world_size, self.timeout_s), self._tensors, info)
+            else:
+                _send_nccl(self.store, world_size, self._tensors)
+        except (RuntimeError, dist.DistError) as e:
+            self.error = TransferError(
+                f"broadcasting policy {self.step} to {world_size - 1} inference workers ({info.backend}) failed: {e}; "
+                "see the inference replicas' logs"
+            )
+            return
+        finally:
+            self._tensors = None
+        logger.info(
+            f"policy {self.step} sent in memory to {world_size - 1} inference workers ({info.backend}): they came "
+            f"{waited:.2f} s after it was published, the broadcast took {time.monotonic() - start:.2f} s"
+        )
+        self.served.set()
+
+    def close(self) -> None:
+        """Stop serving: wait for a broadcast under way, else release the snapshot at once."""
+        if not self.sending.is_set():
+            self._tensors = None
+            # wakes the thread if it still waits (through a connection of its own: the thread's waits on the other)
+            dist.TCPStore(self.info.host, self.info.port, is_master=False).set(WORLD_SIZE_KEY, "0")
+        self._thread.join(self.timeout_s)
 
 
 def _send_nccl(store: dist.Store, world_size: int, tensors: Sequence[torch.Tensor]) -> None:

@@ -33,6 +33,10 @@ class WeightPublisher(Protocol):
         policy, which is always written as files (it outlives the run)."""
         ...
 
+    def close(self) -> None:
+        """The trainer is done: finish what is being sent, release what is held."""
+        ...
+
 
 class PolicyLoader(Protocol):
     def latest(self) -> int:

@@ -3,18 +3,16 @@ broadcast every receiver gets bit for bit, and a sender nobody comes for fails n
 
 import threading
 
-import pytest
 import torch
 import torch.distributed as dist
 
 from envrl.transport.memory import (
     WORLD_SIZE_KEY,
-    TransferError,
+    PolicySender,
     TransferInfo,
     gloo_group,
     plan_buckets,
     receive_gloo,
-    send_policy,
 )
 
 
@@ -48,18 +46,15 @@ def test_every_receiver_gets_the_sent_tensors_bit_for_bit():
         published.append(TransferInfo.model_validate_json(content))
         ready.set()
 
-    sender = threading.Thread(
-        target=send_policy,
-        args=(3, named),
-        kwargs=dict(backend="gloo", host="127.0.0.1", timeout_s=60, bucket_bytes=1024, publish=publish),
-    )
-    sender.start()
-    assert ready.wait(30)
+    sender = PolicySender(3, named, backend="gloo", host="127.0.0.1", timeout_s=60, bucket_bytes=1024, publish=publish)
+    assert ready.is_set()
     receivers = [threading.Thread(target=receive, args=(published[0], rank, 3, received)) for rank in (1, 2)]
     for thread in receivers:
         thread.start()
-    for thread in [sender, *receivers]:
+    for thread in receivers:
         thread.join(60)
+    assert sender.served.wait(60) and sender.error is None
+    sender.close()
     assert published[0].step == 3 and published[0].names == [name for name, _ in named]
     for rank in (1, 2):
         assert list(received[rank]) == [name for name, _ in named]
@@ -68,14 +63,11 @@ def test_every_receiver_gets_the_sent_tensors_bit_for_bit():
             assert torch.equal(received[rank][name], tensor)
 
 
-def test_a_policy_no_replica_comes_for_fails_naming_the_key_to_raise():
-    with pytest.raises(TransferError, match=r"no inference replica came for policy 2 .*trainer.weights.timeout_s"):
-        send_policy(
-            2,
-            [("w", torch.zeros(2))],
-            backend="gloo",
-            host="127.0.0.1",
-            timeout_s=0.5,
-            bucket_bytes=1024,
-            publish=lambda content: None,
-        )
+def test_a_closed_sender_releases_its_snapshot_and_stops_waiting():
+    sender = PolicySender(
+        2, [("w", torch.zeros(2))], backend="gloo", host="127.0.0.1", timeout_s=60, bucket_bytes=1024,
+        publish=lambda content: None,
+    )  # fmt: skip
+    sender.close()
+    assert not sender._thread.is_alive() and sender._tensors is None
+    assert not sender.served.is_set() and sender.error is None
