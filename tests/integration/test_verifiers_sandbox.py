@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,17 @@ from envrl.envs.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient
 from envrl.traces import Trace
 from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
-from tests.integration.verifiers_env import ACCESS, NULL_HARNESS, TIMEOUT, TOKENIZER, digit_share, verifiers_env_server
+from tests.integration.verifiers_env import (
+    ACCESS,
+    NULL_HARNESS,
+    TIMEOUT,
+    TOKENIZER,
+    cmdline,
+    digit_share,
+    verifiers_env_server,
+)
 
 REPLIES = ["12 13 14", "twelve"]
-
-
-def cmdline(pid: int) -> bytes:
-    with suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    return b""
 
 
 def test_sandboxed_harness_programs_reach_the_model_with_exact_tokens_and_leave_nothing(tmp_path: Path) -> None:
