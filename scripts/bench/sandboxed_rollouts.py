@@ -6,8 +6,9 @@
 The same task and the same scripted model (no model server: the time is the env's own) through
 each placement: `host` (agent-digits: a fresh interpreter per rollout; verifiers: the harness
 forked from a warm interpreter, the default), `sandbox` (one bubblewrap sandbox per rollout, the
-program's imports inside it), and for agent-digits `sandbox+warm` (sandboxes started ahead by a
-`WarmPool` of 8). One warm-up rollout (it builds the sandbox venv once per machine), then
+program's imports inside it) and `sandbox+warm` (8 sandboxes started ahead by a `WarmPool`; for
+verifiers each runs a warm server of the harness program inside, and the rollout's program is a
+fork of it). One warm-up rollout (it builds the sandbox venv once per machine), then
 `--rollouts` one after another (mean and median ms per rollout), then `--rollouts` at once (wall
 time). Error rollouts are counted, never timed.
 """
@@ -25,7 +26,11 @@ from envrl.traces import Trace
 
 PLACEMENTS: dict[str, dict[str, dict[str, Any]]] = {
     "agent-digits": {"host": {}, "sandbox": {"sandbox": {}}, "sandbox+warm": {"sandbox": {}, "warm": 8}},
-    "verifiers": {"host": {}, "sandbox": {"sandbox": {}}},
+    "verifiers": {
+        "host": {},
+        "sandbox": {"sandbox": {}, "warm": False},
+        "sandbox+warm": {"sandbox": {}, "warm": 8},
+    },
 }
 TOKENIZER = "deps/models/tiny-chat"
 """The tiny model's tokenizer (a path: scripts.tiny_model imports torch, absent from the verifiers venv)."""
