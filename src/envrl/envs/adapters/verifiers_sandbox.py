@@ -34,6 +34,7 @@ from verifiers.v1.runtimes.subprocess import SubprocessRuntimeInfo
 
 from envrl.envs.adapters import warm_server
 from envrl.sandbox import Sandbox, SandboxConfig, SandboxProvider, WarmPool
+from envrl.sandbox.bubblewrap import SANDBOX_PATH
 from envrl.sandbox.venv import sandbox_venv, venvs_root
 
 LOOPBACK = {"127.0.0.1", "localhost"}
@@ -42,8 +43,6 @@ SCRIPTS = ".vf-scripts"
 """Where prepared programs are written in the sandbox's workdir."""
 WARM = ".envrl-warm"
 """The warm server's directory in the sandbox's workdir (its socket, its runs' output)."""
-SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-"""The sandbox's own PATH (bubblewrap.py sets it)."""
 _WARM_SERVER = Path(warm_server.__file__).read_text()
 _WARM_CLIENT = (Path(__file__).parent / "warm_client.py").read_text()
 
