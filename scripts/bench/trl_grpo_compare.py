@@ -66,7 +66,7 @@ def run_envrl(model: str, steps: int, warmup: int, out: Path) -> dict[str, float
     """One `rl` run of the recipe; its median step and the median split of a steady step."""
     from envrl.ledger import read_ledger
     from envrl.report.timeline import step_splits
-    from scripts.chaos.harness import free_base_port, free_port
+    from tests.support.ports import free_base_port, free_port
 
     argv = [
         sys.executable, "-m", "envrl.launcher.main", "--config", str(RECIPE), "--model.name", model,

@@ -134,7 +134,7 @@ def reload_times(model_dir: Path, run_dir: Path, steps: int, rank: int | None) -
     from envrl.inference.server import start
     from envrl.layout import weights_dir
     from envrl.log import LogConfig
-    from scripts.chaos.harness import free_port
+    from tests.support.ports import free_port
 
     vllm = {"max_model_len": 512, **(lora_serving_options(rank) if rank is not None else {})}
     config = InferenceConfig(

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from scripts.chaos.harness import ROOT
 from scripts.convert_smollm2 import CUT_DOWN_SIZES, build_cut_down, config_mismatches
-from tests.integration.smoke import finish, metrics, rl_process, wait_no_survivors
+from tests.integration.smoke import finish, rl_process, wait_no_survivors
+from tests.support.chaos_runs import ROOT
+from tests.support.run_files import metric_lines
 
 RECIPE = ROOT / "configs" / "cpu" / "smollm2_reverse_text.toml"
 STEPS = 5
@@ -45,7 +46,7 @@ def test_the_smollm2_recipe_trains_a_cut_down_smollm2_with_lora(tmp_path: Path) 
         code, console = finish(proc, timeout=900)
         assert code == 0, console[-3000:]
         assert not wait_no_survivors(marker)
-    records = metrics(out)
+    records = metric_lines(out)
     assert sorted(m["step"] for m in records if "trainer/loss" in m) == list(range(STEPS))
     recipe = tomllib.loads(RECIPE.read_text())
     eval_env = recipe["orchestrator"]["eval_envs"][0]

@@ -42,8 +42,8 @@ class ContextLengthError(InferenceError):
 
 GENERATE_PATH = "/inference/v1/generate"
 """vLLM's token-in/token-out endpoint (served with `--enable-scale-out`, which envrl sets): ids
-and per-token logprobs in and out, no text. Measured against `/v1/completions` for 64 x 32
-tokens on the tiny model (same ids and logprobs for the same seeds): 10% less server CPU."""
+and per-token logprobs in and out, no text: the same ids and logprobs as `/v1/completions` for
+the same seeds, for less server CPU (docs/measurements.md)."""
 
 CONTEXT_LENGTH_REFUSAL = "maximum context length"
 """What vLLM's 400 answer says when a prompt is longer than its context."""
@@ -160,17 +160,23 @@ class InferenceClient:
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
     async def update_weights(
-        self, path: str | Path, step: int | None = None, timeout_s: float | None = None
+        self,
+        path: str | Path,
+        step: int | None = None,
+        timeout_s: float | None = None,
+        replica: tuple[int, int] = (0, 1),
     ) -> dict[str, Any]:
         """Make the server load the HF safetensors in `path` (policy `step`); returns once they serve.
 
         With a `step`, retries are safe: the server loads a step once and answers a repeated
         POST with its first answer. A bad path or a shape mismatch is raised as `HttpCallError`
         (status 400) with the server's explanation; the server keeps serving its previous weights
-        then. `timeout_s` shortens the server's own deadline for this reload.
+        then. `timeout_s` shortens the server's own deadline for this reload. `replica`: this
+        server's index among how many load `path` at once (a policy sent in memory needs it).
         """
         url = f"{self.base_url}/update_weights"
         payload: dict[str, Any] = {"path": str(Path(path).resolve()), "step": step}
+        payload["replica"], payload["replicas"] = replica
         if timeout_s is not None:
             payload["timeout_s"] = timeout_s
         body = await request_json(self._reload_http, "POST", url, payload, self.retry)

@@ -17,7 +17,12 @@ processing, on CPU the GEMM weight prepacking, that a plain `load_weights` skips
 our worker extension (envrl.inference.worker) to keep tied output embeddings in step.
 A directory holding a PEFT adapter (a `trainer.lora` run) is hot-loaded onto the base model
 instead (envrl.inference.adapter), which needs a server started with `enable_lora`; a full
-reload afterwards serves that model without an adapter.
+reload afterwards serves that model without an adapter. A directory holding `transfer.json`
+names a policy the trainer sends in memory (envrl.transport.memory): the server joins that
+broadcast through vLLM's own weight-transfer calls (`init_weight_transfer_engine`,
+`start/update/finish_weight_update`) on the engine it was started with, under this route's
+token, pause and deadline; a broken transfer cannot restore the previous weights (they were
+never on disk), so it is answered 500: restart the server.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from pydantic import BaseModel, Field
 from envrl.inference.adapter import PolicyAdapter, check_adapter, is_adapter_dir
 from envrl.inference.config import ReloadConfig
 from envrl.inference.warmup import WARMUP_ENV, warm_up
-from envrl.inference.weights import Shapes, WeightsError, check_replacement, read_shapes
+from envrl.inference.weights import Shapes, WeightsError, check_replacement, check_shapes, read_shapes
+from envrl.transport.memory import WORLD_SIZE_KEY, TransferInfo, is_transfer_dir, read_transfer
 
 PLUGIN_NAME = "envrl"
 RELOAD_ENV = "ENVRL_INFERENCE_RELOAD"
@@ -52,6 +58,10 @@ class UpdateWeightsRequest(BaseModel):
     """The policy step these weights are; a repeated POST of a loaded step is a no-op."""
     timeout_s: float | None = Field(None, gt=0)
     """A shorter deadline than the server's `inference.reload.timeout_s` for this call."""
+    replica: int = Field(0, ge=0)
+    replicas: int = Field(1, ge=1)
+    """This server's index among the `replicas` loading `path` at once: for a policy sent in
+    memory (`transfer.json`), its rank among the receivers and how many they are."""
 
 
 class WeightReloadPlugin:
@@ -70,6 +80,10 @@ class WeightReloadPlugin:
         self._adapter: PolicyAdapter | None = None
         """Set when the server was started with LoRA (`enable_lora`)."""
         self._max_lora_rank = 0
+        self._transfer_backend: str | None = None
+        """The weight-transfer engine vLLM was started with (`weight_transfer_config`), if any."""
+        self._tp_pp = 1
+        """Workers of this replica (tensor x pipeline parallel): each is one receiver."""
         self._lock = asyncio.Lock()
         self._config = ReloadConfig()
         self._loaded: tuple[int, str, dict[str, Any]] | None = None
@@ -86,6 +100,9 @@ class WeightReloadPlugin:
         model = Path(args.model)
         self._current = self._base = str(model.resolve()) if model.is_dir() else str(args.model)
         self._served = read_shapes(Path(args.model))
+        if (transfer := getattr(args, "weight_transfer_config", None)) is not None:
+            self._transfer_backend = transfer.backend if hasattr(transfer, "backend") else transfer["backend"]
+        self._tp_pp = args.tensor_parallel_size * args.pipeline_parallel_size
         if getattr(args, "enable_lora", False):
             models = state.openai_serving_models
             self._adapter = PolicyAdapter(engine_client, models, [p.name for p in models.base_model_paths])
@@ -131,7 +148,7 @@ class WeightReloadPlugin:
             except WeightsError as e:
                 logger.warning(f"weight reload refused: {e}")
                 return JSONResponse({"error": str(e)}, status_code=400)
-            failure, status = await self._reload(path, deadline)
+            failure, status = await self._reload(path, deadline, (request.replica, request.replicas))
         if failure is not None:
             logger.error(failure)
             return JSONResponse({"error": failure}, status_code=status)
@@ -139,13 +156,21 @@ class WeightReloadPlugin:
         answer = {"status": "ok", "path": str(path), "step": request.step, "seconds": seconds}
         if request.step is not None:
             self._loaded = (request.step, str(path), answer)
-        what = "LoRA adapter hot-loaded" if is_adapter_dir(path) else "weights reloaded"
+        what = (
+            "LoRA adapter hot-loaded"
+            if is_adapter_dir(path)
+            else "weights received in memory"
+            if is_transfer_dir(path)
+            else "weights reloaded"
+        )
         logger.info(f"{what} from {path} in {seconds:.2f}s")
         return JSONResponse(answer)
 
     def _check(self, path: Path) -> None:
         """WeightsError unless `path` can replace the served policy (read from headers and configs)."""
-        if not is_adapter_dir(path):
+        if is_transfer_dir(path):
+            self._check_transfer(path)
+        elif not is_adapter_dir(path):
             check_replacement(path, self._served)
         elif self._adapter is None:
             raise WeightsError(
@@ -155,7 +180,19 @@ class WeightReloadPlugin:
         else:
             check_adapter(path, self._max_lora_rank)
 
-    async def _reload(self, path: Path, deadline: float) -> tuple[str | None, int]:
+    def _check_transfer(self, path: Path) -> None:
+        try:
+            info = read_transfer(path)
+        except ValueError as e:
+            raise WeightsError(str(e)) from None
+        if info.backend != self._transfer_backend:
+            raise WeightsError(
+                f"{path} is sent in memory over {info.backend}, but this server's weight-transfer engine is "
+                f'{self._transfer_backend}; set inference.vllm.weight_transfer_config = {{backend = "{info.backend}"}}'
+            )
+        check_shapes(dict(zip(info.names, map(tuple, info.shapes), strict=True)), self._served, str(path))
+
+    async def _reload(self, path: Path, deadline: float, receivers: tuple[int, int]) -> tuple[str | None, int]:
         """Pause, load `path` (restoring the old weights if that fails), always resume; (failure, status)."""
         started = time.monotonic()
         try:
@@ -169,7 +206,7 @@ class WeightReloadPlugin:
                 )
             left = max(deadline - (time.monotonic() - started), 1e-3)
             try:
-                failure = await asyncio.wait_for(self._load(path), left)
+                failure = await asyncio.wait_for(self._load(path, receivers), left)
             except TimeoutError:
                 return (
                     f"loading {path} did not finish within the {deadline:g} s deadline (inference.reload.timeout_s); "
@@ -186,6 +223,11 @@ class WeightReloadPlugin:
                 return None, 200
             if is_adapter_dir(path):  # vLLM loads an adapter before it evicts the one serving
                 return f"{failure}; the previous policy from {self._current} keeps serving", 400
+            if is_transfer_dir(self._base):  # the weights serving before came from memory: no copy to restore
+                return (
+                    f"{failure}; the previous weights were received in memory and cannot be restored: restart the server",
+                    500,
+                )
             restore_failure = await self._load(self._base)
             if restore_failure is None:
                 return f"{failure}; the previous weights from {self._base} are restored and serving", 400
@@ -193,14 +235,38 @@ class WeightReloadPlugin:
         finally:
             await self._engine.resume_generation()
 
-    async def _load(self, path: Path | str) -> str | None:
-        """Hot-load the adapter in `path`, or reload the full weights in place from it on every
-        worker; the failure text, or None."""
+    async def _receive(self, info: TransferInfo, receivers: tuple[int, int]) -> None:
+        """Join the trainer's broadcast of policy `info.step` through vLLM's weight-transfer calls:
+        say how many receive (in the trainer's store), init, start, update, finish, release."""
+        from torch.distributed import TCPStore
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
+
+        replica, replicas = receivers
+        world_size = 1 + replicas * self._tp_pp
+        store = await asyncio.to_thread(TCPStore, info.host, info.port, is_master=False, use_libuv=True)
+        store.set(WORLD_SIZE_KEY, str(world_size))
+        init_info = info.init_info(rank_offset=1 + replica * self._tp_pp, world_size=world_size)
+        await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        try:
+            await self._engine.start_weight_update()
+            await self._engine.update_weights(WeightTransferUpdateRequest(update_info=info.update_info()))
+            await self._engine.finish_weight_update(weight_version=str(info.step))
+            await self._engine.collective_rpc("envrl_retie_output_embeddings")
+        finally:
+            await self._engine.shutdown_weight_transfer_engine()
+
+    async def _load(self, path: Path | str, receivers: tuple[int, int] = (0, 1)) -> str | None:
+        """Hot-load the adapter in `path`, receive the policy it names in memory (this server being
+        receiver `receivers[0]` of `receivers[1]`), or reload the full weights in place from it on
+        every worker; the failure text, or None."""
         path = Path(path)
         try:
             if is_adapter_dir(path):
                 assert self._adapter is not None  # _check refused adapters otherwise
                 await self._adapter.load(path)
+                return None
+            if is_transfer_dir(path):
+                await self._receive(read_transfer(path), receivers)
                 return None
             await self._engine.collective_rpc("envrl_reload_weights", args=(str(path),))
         except Exception as e:

@@ -157,7 +157,11 @@ class InferenceReplicas:
     async def update_weights(self, path: str | Path, step: int | None = None) -> None:
         """Reload every replica at once; return when all serve the weights in `path`."""
         results = await asyncio.gather(
-            *(client.update_weights(path, step=step) for client in self.clients), return_exceptions=True
+            *(
+                client.update_weights(path, step=step, replica=(i, len(self.clients)))
+                for i, client in enumerate(self.clients)
+            ),
+            return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         failed = [

@@ -4,7 +4,10 @@ run by `envrl.inference.main`, and spawned and awaited through `start` here.
 Guarantee: the process serves `model.name` on `host:port` with exactly the engine options of
 `inference.vllm` (over the CPU defaults when vLLM runs on CPU), logs vLLM's records through
 `setup_logging`, and keeps every file vLLM writes under `<output_dir>/inference/`, except its
-model-class records, shared between runs (`link_model_info_cache`).
+model-class records, shared between runs (`link_model_info_cache`). Every replica starts with a
+weight-transfer engine (vLLM's `weight_transfer_config`): vLLM's `nccl` on GPU, envrl's `gloo`
+(envrl.inference.transfer) on CPU, so a trainer publishing in memory can broadcast policies
+into it (`inference.vllm.weight_transfer_config` wins).
 """
 
 from __future__ import annotations
@@ -201,7 +204,13 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
             hint = f"; did you mean 'inference.vllm.{close[0]}'?" if close else ""
             raise ConfigError(f"unknown vLLM option 'inference.vllm.{key}'{hint}")
     cpu_lora = on_cpu and config.vllm.get("enable_lora", False)
-    options = {**(CPU_DEFAULTS if on_cpu else {}), **(CPU_LORA_DEFAULTS if cpu_lora else {}), **config.vllm}
+    transfer = {"weight_transfer_config": {"backend": "gloo" if on_cpu else "nccl"}}
+    options = {
+        **transfer,
+        **(CPU_DEFAULTS if on_cpu else {}),
+        **(CPU_LORA_DEFAULTS if cpu_lora else {}),
+        **config.vllm,
+    }
     argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port),
             "--worker-extension-cls", WORKER_EXTENSION, "--logprobs-mode", LOGPROBS_MODE,
             "--enable-scale-out"]  # fmt: skip

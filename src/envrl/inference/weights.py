@@ -54,7 +54,11 @@ def _header_shapes(file: Path) -> Shapes:
 
 def check_replacement(new_dir: Path, served: Shapes) -> None:
     """Raise WeightsError unless `new_dir` has exactly the tensors of `served`, shape for shape."""
-    new = read_shapes(new_dir)
+    check_shapes(read_shapes(new_dir), served, str(new_dir))
+
+
+def check_shapes(new: Shapes, served: Shapes, where: str) -> None:
+    """Raise WeightsError naming `where` unless `new` has exactly the tensors of `served`."""
     problems: list[str] = []
     if missing := sorted(served.keys() - new.keys()):
         problems.append(f"missing tensors {_few(missing)}")
@@ -68,7 +72,7 @@ def check_replacement(new_dir: Path, served: Shapes) -> None:
     if mismatched:
         problems.append(f"shape mismatch: {_few(mismatched)}")
     if problems:
-        raise WeightsError(f"weights in {new_dir} do not fit the served model: {'; '.join(problems)}")
+        raise WeightsError(f"weights in {where} do not fit the served model: {'; '.join(problems)}")
 
 
 def _few(items: list[str]) -> str:

@@ -4,7 +4,9 @@ Guarantee: after `envrl_reload_weights(path)` every parameter the model computes
 from `path`, including an output head tied to the input embeddings. vLLM's native in-place
 reload only re-processes layers whose weights it loaded, so a tied `lm_head` (absent from HF
 checkpoints) keeps computing with derived state of the old embeddings (on CPU, its prepacked
-GEMM copy); this extension re-ties it and redoes its post-load processing.
+GEMM copy); this extension re-ties it and redoes its post-load processing, also after an
+in-memory transfer (`envrl_retie_output_embeddings`). Importing it registers envrl's `gloo`
+weight-transfer engine with vLLM (envrl.inference.transfer), in the worker that builds it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any
 
 import torch
 
+import envrl.inference.transfer  # noqa: F401  (registers the gloo engine in this worker)
+
 
 class WeightReloadExtension:
     """Mixed into vLLM's Worker class by vLLM itself; `self` is the worker."""
@@ -20,6 +24,11 @@ class WeightReloadExtension:
     def envrl_reload_weights(self, path: str) -> None:
         worker: Any = self  # vLLM's Worker provides reload_weights and model_runner
         worker.reload_weights(weights_path=path, is_checkpoint_format=True)
+        retie_output_embeddings(worker.model_runner.get_model())
+
+    def envrl_retie_output_embeddings(self) -> None:
+        """After a weight transfer (vLLM's `finish_weight_update`): see `retie_output_embeddings`."""
+        worker: Any = self
         retie_output_embeddings(worker.model_runner.get_model())
 
 

@@ -25,6 +25,7 @@ from envrl.launcher.commands import Command
 from envrl.launcher.supervisor import Check, Respawn
 from envrl.layout import published_steps, rollouts_root, weights_dir, weights_root
 from envrl.process import Child, RestartPolicy
+from envrl.transport.weights import file_policies
 
 RESUME_FLAG = "--resume"
 
@@ -78,7 +79,7 @@ def on_newest_policy(command: Command, model: str, out: Path) -> Command:
     the base model's name (which its callers send): no call it answers comes from an older policy
     (the policy it serves may run ahead of the orchestrator's by the steps published meanwhile, never
     past a batch's own step). The first start, with nothing published, is the command itself."""
-    steps = published_steps(weights_root(out))
+    steps = file_policies(out)  # a policy sent in memory cannot be loaded again: its sender moved on
     if not steps:
         return command
     newest = str(weights_dir(out, steps[-1]).resolve())
@@ -103,7 +104,7 @@ class ReplicaBack:
         except httpx.HTTPError:
             return False
         loaded = None
-        while (steps := published_steps(weights_root(self.output_dir))) and steps[-1] != loaded:
+        while (steps := file_policies(self.output_dir)) and steps[-1] != loaded:
             loaded = steps[-1]
             try:
                 asyncio.run(self._load(loaded))

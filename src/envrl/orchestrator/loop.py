@@ -46,8 +46,9 @@ from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
 from envrl.orchestrator.stats import rollout_metrics, seq_len_note, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
-from envrl.samples import TrainingSample, write_batch
+from envrl.samples import TrainingSample
 from envrl.traces import Split, Trace, Turn, TurnTokens
+from envrl.transport.batches import BatchSender, FileBatchSender
 
 
 class BackgroundEvals:
@@ -117,6 +118,7 @@ class Orchestrator:
             resume_step=self.start_step if config.resume else None,
         )
         self.ledger = Ledger.of(self.output_dir, "orchestrator")
+        self.batches: BatchSender = FileBatchSender(self.output_dir)
         train = [self._make_env(env, "train") for env in config.envs]
         self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
         self.eval_envs = EvalEnvs([self._make_env(env, "eval") for env in config.eval_envs])
@@ -235,7 +237,7 @@ class Orchestrator:
             pending=self.scheduler.pending(),
             train_rollouts_bytes=rollouts.stat().st_size if rollouts.exists() else 0,
         )
-        write_batch(self.output_dir, step, samples, extra=state_bytes(state))
+        self.batches.send(step, samples, extra=state_bytes(state))
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -297,7 +299,8 @@ class Orchestrator:
 
     def _backfill_turn(self, turn: Turn) -> TurnTokens:
         """Tokens for a token-less turn. The tokenizer loads on the first such turn, not before:
-        most runs never see one, and loading it cost step 0 about 12 s on the smoke run."""
+        most runs never see one, and loading transformers' tokenizer stack is slow enough to show
+        in step 0's time (docs/measurements.md)."""
         if self._backfill is None:
             from transformers import AutoTokenizer
 

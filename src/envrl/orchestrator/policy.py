@@ -12,20 +12,20 @@ every replica serves a newer policy, keeping the `keep` most recent ones and, fo
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from pathlib import Path
 
 from loguru import logger
 
-from envrl.inference.replicas import InferenceReplicas, ReplicaReloadError
+from envrl.inference.replicas import InferenceReplicas
 from envrl.layout import published_steps, weights_dir, weights_root
 from envrl.ledger import Ledger
+from envrl.transport.weights import PolicyLoader, ReplicaPolicyLoader
 
 POLL_INTERVAL = 0.01
 """Seconds between looks for newly published weights while the trainer is below the bound: an
-on-policy step waits for the trainer every step and loses half this on average (a look lists one
-directory, ~20 us)."""
+on-policy step waits for the trainer every step and loses half this on average, and a look lists
+only one directory, so looking often costs little."""
 
 
 class PolicyTracker:
@@ -40,8 +40,11 @@ class PolicyTracker:
         keep_every: int = 0,
         current: int = 0,
         ledger: Ledger | None = None,
+        loader: PolicyLoader | None = None,
     ) -> None:
         self.inference = inference
+        self.loader = loader or ReplicaPolicyLoader(inference, output_dir, timeout)
+        """How published policies reach the replicas (envrl.transport.weights)."""
         self.output_dir = output_dir
         self.max_async_level = max_async_level
         self.timeout = timeout
@@ -69,8 +72,7 @@ class PolicyTracker:
                 await self.inference.update_weights(want)
 
     def latest_published(self) -> int:
-        steps = published_steps(weights_root(self.output_dir))
-        return steps[-1] if steps else 0
+        return self.loader.latest()
 
     async def ensure(self, step: int) -> None:
         """Serve the newest published policy; wait for the trainer if it is below the bound."""
@@ -96,16 +98,8 @@ class PolicyTracker:
                 await self._load(latest)
 
     async def _load(self, step: int) -> None:
-        path = weights_dir(self.output_dir, step)
         start = time.monotonic()
-        try:
-            await self.inference.update_weights(path, step=step)
-        except ReplicaReloadError as e:  # a replica down (restarting): wait for it, then once more
-            if not e.unanswered:
-                raise
-            logger.warning(f"{e}; waiting up to {self.timeout:g} s for every replica to serve, then loading again")
-            await self.inference.wait_until_ready(self.timeout)
-            await self.inference.update_weights(path, step=step)
+        await self.loader.load(step)
         replicas = len(self.inference.clients)
         where = "inference now serves" if replicas == 1 else f"all {replicas} inference replicas now serve"
         logger.info(f"{where} policy {step} (reload took {time.monotonic() - start:.1f} s)")
@@ -113,4 +107,4 @@ class PolicyTracker:
         for old in published_steps(weights_root(self.output_dir)):
             kept_for_good = self.keep_every > 0 and old % self.keep_every == 0
             if old <= step - self.keep and not kept_for_good:
-                shutil.rmtree(weights_dir(self.output_dir, old), ignore_errors=True)
+                self.loader.discard(old)

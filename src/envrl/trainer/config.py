@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from envrl.config import BaseConfig, ModelConfig
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
+from envrl.transport.config import WeightsConfig
 
 
 class OptimConfig(BaseConfig):
@@ -162,5 +163,7 @@ class TrainerConfig(BaseConfig):
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
     ckpt: CheckpointConfig = CheckpointConfig()
+    weights: WeightsConfig = WeightsConfig()
+    """How each step's policy reaches the inference replicas (envrl.transport.weights)."""
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()

@@ -14,7 +14,7 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from loguru import logger
@@ -22,17 +22,22 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.atomic import write_failure
-from envrl.layout import batch_dir, checkpoint_dir, final_weights_dir, ledger_file, weights_dir
+from envrl.layout import checkpoint_dir, final_weights_dir, ledger_file, weights_dir
 from envrl.ledger import Ledger
 from envrl.metrics import MetricsSink
-from envrl.samples import TrainingSample, read_batch
+from envrl.samples import TrainingSample
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference, phase_threads
-from envrl.trainer.weights import publish_final, publish_weights
+from envrl.trainer.weights import publish_final, weight_publisher
+from envrl.transport.batches import BatchReceiver, BatchTimeout, FileBatchReceiver
+from envrl.transport.memory import TransferError
+
+if TYPE_CHECKING:
+    from envrl.transport.weights import WeightPublisher
 
 SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "ref_kl", "clipped", "masked", "tokens", "samples")
 
@@ -49,24 +54,6 @@ def lr_factor(step: int, optim: OptimConfig, max_steps: int) -> float:
         return 1.0
     progress = (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps)
     return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def wait_for_batch(path: Path, timeout_s: float, poll_s: float, log_every_s: float) -> float:
-    """Block until directory `path` exists; return the seconds waited, TrainingError past the deadline."""
-    start = time.monotonic()
-    next_log = start + log_every_s
-    while not path.is_dir():
-        waited = time.monotonic() - start
-        if waited > timeout_s:
-            raise TrainingError(
-                f"no batch at {path} after {waited:.0f}s (trainer.batch_timeout_s = {timeout_s:g}); "
-                "is the orchestrator running? see its log"
-            )
-        if time.monotonic() >= next_log:
-            logger.info(f"waiting for {path} ({waited:.0f}s so far, deadline {timeout_s:g}s)")
-            next_log += log_every_s
-        time.sleep(poll_s)
-    return time.monotonic() - start
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -104,6 +91,15 @@ class Trainer:
         self.metrics: MetricsSink | None = None
         self.ledger = Ledger(ledger_file(config.output_dir, "trainer") if runtime.is_main else None, "trainer")
         """The main rank's wait / compute / publish / checkpoint spans."""
+        self.batches: BatchReceiver = FileBatchReceiver(
+            config.output_dir,
+            timeout_s=config.batch_timeout_s,
+            poll_s=config.batch_poll_s,
+            log_every_s=config.wait_log_interval_s,
+        )
+        self.publisher: WeightPublisher = weight_publisher(
+            config.weights, config.output_dir, self.tokenizer, runtime, self.base_config, config.ckpt.interval
+        )
 
     def start_step(self) -> int:
         """Load the checkpoint asked for (if any) and return the first step to train."""
@@ -139,6 +135,7 @@ class Trainer:
             for step in range(start, config.max_steps):
                 self.run_step(step)
         finally:
+            self.publisher.close()
             if self.metrics is not None:
                 self.metrics.close()
             self.ledger.close()
@@ -146,20 +143,22 @@ class Trainer:
     def run_step(self, step: int) -> dict[str, float]:
         """Wait for batch `step`, train on it, publish weights and (on the interval) a checkpoint."""
         config = self.config
-        path = batch_dir(config.output_dir, step)
         ledger = self.ledger
         with ledger.span("wait_batch", step):
-            waited = wait_for_batch(path, config.batch_timeout_s, config.batch_poll_s, config.wait_log_interval_s)
+            try:
+                waited = self.batches.wait(step)
+            except BatchTimeout as e:
+                raise TrainingError(str(e)) from None
         with ledger.span("read_batch", step):
-            samples = read_batch(path)
+            samples = self.batches.receive(step)
         with ledger.span("compute", step):
-            stats = self.train_on(step, samples, where=str(path))
+            stats = self.train_on(step, samples, where=self.batches.where(step))
         start = time.perf_counter()
         done = step + 1
         target = weights_dir(config.output_dir, done)
         try:
             with ledger.span("publish", step):
-                publish_weights(self.model, self.tokenizer, target, self.runtime, self.base_config)
+                self.publisher.publish(self.model, done, last=done == config.max_steps)
                 if done == config.max_steps:  # the run's policy, loadable for good
                     published, target = target, final_weights_dir(config.output_dir)
                     publish_final(config.model.name, published, target, self.runtime, self.lora)
@@ -175,6 +174,8 @@ class Trainer:
                         self.runtime,
                         config.ckpt.keep,
                     )
+        except TransferError as e:  # a broadcast of an earlier policy broke
+            raise TrainingError(f"step {step}: {e}") from e
         except Exception as e:  # a full disk: OSError, or RuntimeError out of torch's writers
             raise TrainingError(f"step {step}: {write_failure(target, e)}") from e
         stats.update(wait_time_s=waited, publish_time_s=time.perf_counter() - start)

@@ -6,6 +6,9 @@ does), its config and its tokenizer, in the base checkpoint's dtype, so both
 `AutoModelForCausalLM.from_pretrained` and `POST /update_weights` take it as is; for a LoRA
 model it holds only the PEFT adapter (envrl.trainer.lora), which the server hot-loads onto its
 base. `weights/final/` is the last step's policy as a plain HF model (the adapter merged in).
+`MemoryWeightPublisher` (`trainer.weights.transport = "memory"`) instead sends a full model's
+tensors, in the same dtype and under the same names, straight into the replicas
+(envrl.transport.memory), leaving only `transfer.json` in `weights/step_<k>/`.
 """
 
 from __future__ import annotations
@@ -13,15 +16,138 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from loguru import logger
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from envrl.atomic import atomic_dir
+from envrl.atomic import atomic_dir, write_file
+from envrl.layout import weights_dir
 from envrl.trainer.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
+from envrl.transport.config import WeightsConfig
+from envrl.transport.memory import TRANSFER_FILE, Backend, PolicySender
+
+if TYPE_CHECKING:
+    from envrl.transport.weights import WeightPublisher
+
+
+class FileWeightPublisher:
+    """The filesystem transport of `envrl.transport.weights.WeightPublisher`: every policy as
+    files in `weights/step_<k>/` of `output_dir` (see `publish_weights`)."""
+
+    def __init__(
+        self, output_dir: Path, tokenizer: PreTrainedTokenizerBase, runtime: Runtime, base_config: PretrainedConfig
+    ) -> None:
+        self.output_dir = output_dir
+        self.tokenizer = tokenizer
+        self.runtime = runtime
+        self.base_config = base_config
+
+    def publish(self, model: nn.Module, step: int, *, last: bool) -> bool:
+        target = weights_dir(self.output_dir, step)
+        return publish_weights(model, self.tokenizer, target, self.runtime, self.base_config)
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryWeightPublisher:
+    """The memory transport of `WeightPublisher`: rank 0 snapshots policy k (the export dtype,
+    the base checkpoint's names) and serves it to the replicas when the orchestrator has them
+    load it (`PolicySender`), while training goes on. Snapshots older than the newest one served
+    are released (no replica will ask for them: the orchestrator loads the newest). A LoRA
+    adapter, the last policy and every `files_every`-th policy go to `files` instead: the first
+    is small, the others must outlive the trainer (the final model, and where a restarted
+    replica starts)."""
+
+    def __init__(self, config: WeightsConfig, files: FileWeightPublisher, files_every: int) -> None:
+        self.config = config
+        self.files = files
+        self.files_every = files_every
+        runtime = files.runtime
+        self.backend: Backend = "nccl" if runtime.device.type == "cuda" else "gloo"
+        if config.backend != "auto":
+            self.backend = config.backend
+        self.senders: list[PolicySender] = []
+
+    def publish(self, model: nn.Module, step: int, *, last: bool) -> bool:
+        self._release_served()
+        on_files = self.files_every > 0 and step % self.files_every == 0
+        if last or on_files or is_lora(model):
+            return self.files.publish(model, step, last=last)
+        runtime, target = self.files.runtime, weights_dir(self.files.output_dir, step)
+        if target.exists():
+            logger.warning(f"{target} already exists (published before a resume); keeping it")
+            return False
+        state = full_state_dict(model, runtime)
+        if runtime.is_main:
+            sender = PolicySender(
+                step,
+                policy_tensors(model, state, export_dtype(self.files.base_config)),
+                backend=self.backend,
+                host=self.config.host,
+                timeout_s=self.config.timeout_s,
+                bucket_bytes=self.config.bucket_mb * 2**20,
+                publish=lambda content: _publish_marker(target, content),
+            )
+            self.senders.append(sender)
+        barrier(runtime)
+        return True
+
+    def _release_served(self) -> None:
+        """Raise the error of a broken broadcast; close the senders of every policy up to the
+        newest one served."""
+        if broken := next((s.error for s in self.senders if s.error is not None), None):
+            raise broken
+        served = [i for i, s in enumerate(self.senders) if s.served.is_set()]
+        if served:
+            for sender in self.senders[: served[-1] + 1]:
+                sender.close()
+            del self.senders[: served[-1] + 1]
+
+    def close(self) -> None:
+        """Finish the broadcasts under way, release every snapshot."""
+        for sender in self.senders:
+            sender.close()
+        self.senders.clear()
+
+
+def _publish_marker(target: Path, content: bytes) -> None:
+    with atomic_dir(target) as tmp:
+        write_file(tmp / TRANSFER_FILE, content)
+
+
+def policy_tensors(
+    model: nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype
+) -> list[tuple[str, torch.Tensor]]:
+    """A copy of the tensors a published policy holds, named as in the base checkpoint and in
+    its dtype: a tied parameter (lm_head tied to embed_tokens) once, under its first name, as
+    HF saves it."""
+    first: dict[int, str] = {}
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(param), name) != name:
+            tied.add(name)
+    return [(name, tensor.to(dtype, copy=True)) for name, tensor in state.items() if name not in tied]
+
+
+def weight_publisher(
+    config: WeightsConfig,
+    output_dir: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    runtime: Runtime,
+    base_config: PretrainedConfig,
+    files_every: int,
+) -> WeightPublisher:
+    """The publisher `trainer.weights.transport` names (files written every `files_every` steps
+    by the memory transport too: the checkpoint interval)."""
+    files = FileWeightPublisher(output_dir, tokenizer, runtime, base_config)
+    if config.transport == "filesystem":
+        return files
+    return MemoryWeightPublisher(config, files, files_every)
 
 
 def publish_weights(

@@ -1,0 +1,34 @@
+"""Config of the weight transport (`trainer.weights`).
+
+Guarantee: a validated `WeightsConfig` names one transport and one collective; the replicas'
+side is set by `rl` to match (envrl.inference.server).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from envrl.config import BaseConfig
+
+
+class WeightsConfig(BaseConfig):
+    """`trainer.weights`: how each step's policy reaches the inference replicas."""
+
+    transport: Literal["filesystem", "memory"] = "filesystem"
+    """`filesystem`: every policy as HF safetensors (or a LoRA adapter) in `weights/step_<k>/`,
+    which each replica reads. `memory`: trainer rank 0 broadcasts the tensors into every
+    replica through vLLM's weight-transfer engine (no disk); a LoRA adapter, the last policy and
+    every `ckpt.interval`-th one are still files (a restarted replica starts from the newest)."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """The collective of the memory transport: `auto` = nccl when the trainer runs on CUDA, else
+    gloo. The replicas' engine must match (`inference.vllm.weight_transfer_config`; `rl` starts
+    them with nccl on GPU, gloo on CPU)."""
+    host: str = "127.0.0.1"
+    """Address trainer rank 0 listens on for the replicas (memory transport): loopback when they
+    share the host, else an address they reach (the port is picked per policy)."""
+    timeout_s: float = Field(1800.0, gt=0)
+    """How long the trainer waits for the replicas to come for a policy sent in memory."""
+    bucket_mb: int = Field(256, ge=1)
+    """Size of one broadcast buffer (gloo); tensors are packed into buffers of up to this."""
