@@ -33,7 +33,7 @@ from envrl.inference.cpu_lora import STOCK_ENV
 from envrl.inference.server import start
 from envrl.log import LogConfig
 from envrl.trainer.lora import export_merged, publish_adapter
-from scripts.chaos.harness import free_port
+from tests.support.ports import free_port
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TEXTS = ["abcdefg", "qwertyui", "zxcvbnmlk", "poiuy"]
