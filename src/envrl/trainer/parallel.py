@@ -85,7 +85,7 @@ class PhaseThreads:
     batch of the run): it then waits for the trainer, and vLLM idles (evals aside). Other work
     on the machine is read from the runnable-thread count: a torch thread sharing a core with
     another process stalls every parallel region (each waits for its slowest thread), which on
-    a shared box made a step 2-3x slower than one thread (docs/trainer.md). A thread count holds
+    a shared box made a step slower than one thread did (docs/trainer.md). A thread count holds
     for a whole forward or backward pass; `follow` is called before each.
     """
 
