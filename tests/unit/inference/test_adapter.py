@@ -63,7 +63,9 @@ def served(tmp_path: Path) -> tuple[TestClient, FakeEngine, Any, Path]:
     engine = FakeEngine()
     models = SimpleNamespace(lora_requests={}, base_model_paths=[SimpleNamespace(name="policy")])
     plugin = WeightReloadPlugin()
-    args = Namespace(model=str(base), enable_lora=True, max_lora_rank=8)
+    args = Namespace(
+        model=str(base), enable_lora=True, max_lora_rank=8, tensor_parallel_size=1, pipeline_parallel_size=1
+    )
     asyncio.run(plugin.init_state(engine, SimpleNamespace(openai_serving_models=models), args))
     app = FastAPI()
     plugin.attach_router(app)
@@ -103,7 +105,9 @@ def test_a_server_without_lora_refuses_an_adapter_naming_the_option(tmp_path: Pa
     base.mkdir()
     save_file({"w": torch.zeros(2, 2)}, base / "model.safetensors")
     plugin = WeightReloadPlugin()
-    asyncio.run(plugin.init_state(None, None, Namespace(model=str(base))))
+    asyncio.run(
+        plugin.init_state(None, None, Namespace(model=str(base), tensor_parallel_size=1, pipeline_parallel_size=1))
+    )
     app = FastAPI()
     plugin.attach_router(app)
     refused = TestClient(app).post("/update_weights", json={"path": str(adapter_dir(tmp_path / "a", rank=8))})

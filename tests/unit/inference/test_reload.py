@@ -35,7 +35,9 @@ def test_with_a_token_set_the_route_refuses_callers_without_it(tmp_path: Path, m
     monkeypatch.setenv(RELOAD_ENV, ReloadConfig(token_env="TEST_RELOAD_TOKEN").model_dump_json())
     monkeypatch.setenv("TEST_RELOAD_TOKEN", "s3cret")
     plugin = WeightReloadPlugin()
-    asyncio.run(plugin.init_state(None, None, Namespace(model=str(served))))  # no engine: refusals never reach it
+    asyncio.run(
+        plugin.init_state(None, None, Namespace(model=str(served), tensor_parallel_size=1, pipeline_parallel_size=1))
+    )  # no engine: refusals never reach it
     app = FastAPI()
     plugin.attach_router(app)
     client = TestClient(app)
