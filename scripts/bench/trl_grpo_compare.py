@@ -12,7 +12,8 @@ temperature, the same reverse-text tasks and reward (LCS ratio), LoRA of the sam
 and modules, the same lr and gradient clip, no KL (`beta` 0), token-level loss (`dapo`, envrl's
 `normalize = "token"`), rewards unscaled. TRL generates with transformers (`use_vllm` off: TRL's
 vLLM modes need a GPU) and then trains, in one process on every core; gradient checkpointing,
-TRL's default, is off as in envrl. Its step is the time between `on_step_end` callbacks.
+TRL's default, is off as in envrl. Its step is the time between `on_step_end` callbacks, of
+which `_generate_and_score_completions` (generation, rewards, advantages) is timed apart.
 
 TRL is never an envrl dependency: its side runs in a throwaway environment that `uv run
 --isolated` builds from TRL, peft, the CPU torch the root pyproject pins (the `local-cpu-torch`
@@ -94,11 +95,13 @@ def run_trl(model: str, steps: int, warmup: int) -> dict[str, float]:
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"the TRL side exited with {proc.returncode}:\n{proc.stdout[-3000:]}")
     times = json.loads(lines[-1].removeprefix(RESULT))
-    return {"step s": median(times[warmup:])}
+    step, generation = median(times["steps"][warmup:]), median(times["generation"][warmup:])
+    return {"step s": step, "generation": generation, "training": step - generation, "torch threads": times["threads"]}
 
 
 def trl_worker(model: str, steps: int) -> None:
     """GRPOTrainer on the recipe's shapes (runs inside the TRL environment); prints the step times."""
+    import torch
     from datasets import Dataset
     from peft import LoraConfig
     from reverse_text import SYSTEM_PROMPT, lcs_ratio, make_tasks
@@ -136,9 +139,22 @@ def trl_worker(model: str, steps: int) -> None:
             model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows), peft_config=peft_config
         )
         trainer.add_callback(StepEnds())
+        generating: list[float] = []
+        generate = trainer._generate_and_score_completions  # generation, rewards, advantages
+
+        def timed(*args: object, **kwargs: object) -> object:
+            start = time.perf_counter()
+            result = generate(*args, **kwargs)
+            generating.append(time.perf_counter() - start)
+            return result
+
+        trainer._generate_and_score_completions = timed
         start = time.perf_counter()
         trainer.train()
-    print(RESULT + json.dumps([b - a for a, b in pairwise([start, *ends])]), flush=True)
+    steps = [b - a for a, b in pairwise([start, *ends])]
+    print(
+        RESULT + json.dumps({"steps": steps, "generation": generating, "threads": torch.get_num_threads()}), flush=True
+    )
 
 
 def main() -> None:
@@ -163,7 +179,12 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     if args.side in ("both", "trl"):
         results["trl"] = run_trl(model, args.steps, args.warmup)
-        print(f"TRL {TRL_VERSION} GRPOTrainer: {results['trl']['step s']:.2f} s/step", flush=True)
+        trl = results["trl"]
+        print(
+            f"TRL {TRL_VERSION} GRPOTrainer: {trl['step s']:.2f} s/step (generation and scoring {trl['generation']:.2f}, "
+            f"the rest {trl['training']:.2f}; {trl['torch threads']} torch threads)",
+            flush=True,
+        )
     if args.side in ("both", "envrl"):
         with tempfile.TemporaryDirectory() as tmp:
             results["envrl"] = run_envrl(model, args.steps + 1, args.warmup, Path(tmp) / "run")

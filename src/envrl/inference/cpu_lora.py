@@ -13,7 +13,13 @@ without the copies (measured in docs/trainer.md#speed-on-a-real-model).
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+STOCK_ENV = "ENVRL_STOCK_CPU_LORA"
+"""Set (to anything) in the inference server's environment to keep vLLM's own ops, e.g. to
+measure the difference (`scripts/bench/lora_generation.py --stock`)."""
 
 
 def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -79,7 +85,10 @@ def bgmv_expand_slice(
 
 
 def patch_cpu_lora() -> None:
-    """Route vLLM's CPU LoRA ops (direct calls and the `sgmv_*` wrappers) through the functions above."""
+    """Route vLLM's CPU LoRA ops (direct calls and the `sgmv_*` wrappers) through the functions
+    above, unless `STOCK_ENV` is set."""
+    if os.environ.get(STOCK_ENV):
+        return
     from vllm.lora.ops.torch_ops import lora_ops
     from vllm.lora.punica_wrapper import punica_cpu
 

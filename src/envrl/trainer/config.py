@@ -143,10 +143,11 @@ class TrainerConfig(BaseConfig):
     only, torch has no flex backward on CPU). All keep packed samples apart."""
     phase_threads: bool = False
     """On one CPU process: compute with every usable core while the orchestrator waits for this
-    step's weights (it has published the newest batch the async bound allows, so vLLM idles),
-    and with the start-up count (OMP_NUM_THREADS, one beside vLLM on a CPU box) while it may
-    generate. Checked before each micro-batch's forward and backward, so the switch needs more
-    than one micro-batch a step (`max_tokens`) to happen mid-step. No effect on GPUs or ranks."""
+    step's weights (it has published the newest batch the async bound allows, so vLLM idles)
+    and no other thread on the machine is runnable, else with the start-up count
+    (OMP_NUM_THREADS, one beside vLLM on a CPU box). Checked before each micro-batch's forward
+    and backward, so the switch needs more than one micro-batch a step (`max_tokens`) to happen
+    mid-step. No effect on GPUs or ranks."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward to save memory."""
     batch_timeout_s: float = Field(3600.0, gt=0)

@@ -10,6 +10,7 @@ how many torch threads one CPU process computes with, never what it computes.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,30 +69,49 @@ def init_runtime(config: TrainerConfig) -> Runtime:
     return runtime
 
 
+def running_threads() -> int:
+    """Threads runnable on the machine right now, this one included (/proc/loadavg)."""
+    return int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+
+
 class PhaseThreads:
     """Torch threads that follow the run's phase on one CPU process (`trainer.phase_threads`):
     the start-up count (OMP_NUM_THREADS: what `rl` leaves the trainer beside vLLM) while the
-    orchestrator may still generate, every core the process may use while it cannot.
+    orchestrator may still generate or anything else runs, every core the process may use
+    while the orchestrator cannot generate and nothing else is runnable.
 
     The orchestrator cannot generate once it has published the newest batch the async bound
     allows before this step's weights (`rollouts/step_<step + max_async_level>`, or the last
-    batch of the run): it then waits for the trainer, and vLLM idles (evals aside). A thread
-    count holds for a whole forward or backward pass; `follow` is called before each.
+    batch of the run): it then waits for the trainer, and vLLM idles (evals aside). Other work
+    on the machine is read from the runnable-thread count: a torch thread sharing a core with
+    another process stalls every parallel region (each waits for its slowest thread), which on
+    a shared box made a step slower than one thread did (docs/trainer.md). A thread count holds
+    for a whole forward or backward pass; `follow` is called before each.
     """
 
-    def __init__(self, output_dir: Path, max_async_level: int, max_steps: int, idle: int) -> None:
+    def __init__(
+        self,
+        output_dir: Path,
+        max_async_level: int,
+        max_steps: int,
+        idle: int,
+        running: Callable[[], int] = running_threads,
+    ) -> None:
         self.output_dir = output_dir
         self.max_async_level = max_async_level
         self.max_steps = max_steps
         self.busy = torch.get_num_threads()
         self.idle = idle
+        self.running = running
 
     def follow(self, step: int) -> None:
-        """Set the thread count for the next pass of `step`: one `stat` of the run directory."""
+        """Set the thread count for the next pass of `step`: one `stat` and one /proc read."""
         if self.idle == self.busy:
             return
         newest = min(step + self.max_async_level, self.max_steps - 1)
-        threads = self.idle if batch_dir(self.output_dir, newest).is_dir() else self.busy
+        # this thread runs; so may our own workers of the last pass, still spinning after it
+        alone = self.running() <= torch.get_num_threads()
+        threads = self.idle if alone and batch_dir(self.output_dir, newest).is_dir() else self.busy
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
 
