@@ -88,7 +88,7 @@ def plan_buckets(dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], bu
     buckets: list[list[int]] = []
     size = 0
     for i, (dtype_name, shape) in enumerate(zip(dtype_names, shapes, strict=True)):
-        nbytes = _nbytes(dtype_name, shape)
+        nbytes = tensor_bytes(dtype_name, shape)
         if not buckets or size + nbytes > bucket_bytes:
             buckets.append([])
             size = 0
@@ -97,7 +97,7 @@ def plan_buckets(dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], bu
     return buckets
 
 
-def _nbytes(dtype_name: str, shape: Sequence[int]) -> int:
+def tensor_bytes(dtype_name: str, shape: Sequence[int]) -> int:
     numel = 1
     for n in shape:
         numel *= n
@@ -124,7 +124,7 @@ def send_gloo(group: dist.ProcessGroupGloo, tensors: Sequence[torch.Tensor], inf
 def receive_gloo(group: dist.ProcessGroupGloo, info: TransferInfo) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """The `(name, tensor)` pairs of each bucket, as it arrives (on CPU)."""
     for bucket in plan_buckets(info.dtype_names, info.shapes, info.bucket_bytes):
-        sizes = [_nbytes(info.dtype_names[i], info.shapes[i]) for i in bucket]
+        sizes = [tensor_bytes(info.dtype_names[i], info.shapes[i]) for i in bucket]
         buffer = torch.empty(sum(sizes), dtype=torch.uint8)
         broadcast_gloo(group, buffer)
         out, offset = [], 0
@@ -168,6 +168,8 @@ class PolicySender:
             bucket_bytes=bucket_bytes,
         )
         self._tensors: list[torch.Tensor] | None = [t for _, t in named]
+        self._device = torch.cuda.current_device() if backend == "nccl" else None
+        """The trainer's GPU (the current device is per thread, so the sender's thread sets it)."""
         self.served = threading.Event()
         """Set once every replica that came received the whole policy."""
         self.error: TransferError | None = None
@@ -193,6 +195,7 @@ class PolicySender:
             if info.backend == "gloo":
                 send_gloo(gloo_group(self.store, 0, world_size, self.timeout_s), self._tensors, info)
             else:
+                torch.cuda.set_device(self._device)
                 _send_nccl(self.store, world_size, self._tensors)
         except (RuntimeError, dist.DistError) as e:
             self.error = TransferError(
