@@ -1,0 +1,34 @@
+"""`rl` on the CPU smoke config with every policy sent to the replica in memory (envrl's gloo
+engine through vLLM's weight-transfer API) learns as the same run does through files (the
+session's `smoke_run`), and the replica serves exactly the policy the trainer computes with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from statistics import fmean
+
+from tests.integration.smoke import SmokeRun, finish, metrics, rl_process, wait_no_survivors
+
+
+def per_step(out: Path, key: str) -> list[float]:
+    return [m[key] for m in sorted(metrics(out), key=lambda m: m["step"]) if key in m]
+
+
+def test_a_smoke_run_with_weights_in_memory_learns_like_one_with_files(smoke_run: SmokeRun, tmp_path: Path) -> None:
+    out = tmp_path / "memory"
+    with rl_process(out, "--trainer.weights.transport", "memory") as (proc, marker):
+        code, console = finish(proc, timeout=1500)
+        assert not wait_no_survivors(marker), "processes of the run survived it"
+    assert code == 0, console[-3000:]
+    sent = (out / "logs" / "inference.log").read_text().count("weights received in memory")
+    assert sent >= 30, "most policies (all but every 10th and the last) go through memory"
+    assert (out / "weights" / "step_39" / "transfer.json").is_file()
+    assert (out / "weights" / "step_40" / "model.safetensors").is_file()  # the last policy is files
+
+    rewards, file_rewards = per_step(out, "train/reward"), per_step(smoke_run.out, "train/reward")
+    assert len(rewards) == len(file_rewards) == 40
+    assert fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.3, rewards
+    assert abs(fmean(rewards[-5:]) - fmean(file_rewards[-5:])) < 0.1, (rewards, file_rewards)
+    # a policy received wrong would make the trainer's logprobs differ from the replica's
+    mismatch = per_step(out, "trainer/mismatch_kl")
+    assert max(abs(kl) for kl in mismatch) < 1e-3, mismatch
