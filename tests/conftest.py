@@ -8,8 +8,6 @@ A test that changes the served weights must restore them before it ends.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -17,20 +15,9 @@ from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
 from envrl.log import LogConfig
-from scripts.chaos.harness import free_port
 from scripts.tiny_model import DEFAULT_DIR
-
-VLLM_START_TIMEOUT = 600.0
-"""vLLM-CPU takes about a minute to start on an idle 2-core machine; far longer when it is busy."""
-
-
-@dataclass(frozen=True)
-class VLLMServer:
-    base_url: str
-    """Like "http://127.0.0.1:PORT", without "/v1"."""
-    model: str
-    """The served model name (the tiny model's directory): the `model` of every request."""
-    log_file: Path
+from tests.support.ports import free_port
+from tests.support.vllm_server import VLLM_START_TIMEOUT, VLLMServer
 
 
 @pytest.fixture(scope="session")

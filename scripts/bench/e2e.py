@@ -41,7 +41,8 @@ import httpx
 from envrl.ledger import read_ledger
 from envrl.report.timeline import step_splits
 from scripts.bench.floor import run_floor
-from scripts.chaos.harness import free_port
+from tests.support.ports import free_port
+from tests.support.run_files import metric_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,7 +164,7 @@ def run_envrl(
     ledger.stop()
     if code != 0:
         raise SystemExit(f"rl exited with {code}; see {out}/logs")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metric_lines(out)
     orch = [r for r in records if "perf/step_time" in r]
     trainer = [r for r in records if "trainer/step_time_s" in r]
     steady = slice(warmup, None) if steps > warmup + 2 else slice(None)  # the first steps include warm-up

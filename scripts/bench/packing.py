@@ -27,8 +27,8 @@ from envrl.config import BaseConfig, load_config
 from envrl.log import LogConfig, setup_logging
 from envrl.trainer.attention import DOCUMENT_SDPA, PADDING_SLACK
 from envrl.trainer.packing import MicroBatch, pack, packed_logits
-from scripts.bench.synthetic import synthetic_samples
 from scripts.tiny_model import DEFAULT_DIR
+from tests.support.samples import synthetic_samples
 
 MIXES: dict[str, tuple[int, tuple[int, int], tuple[int, int]]] = {
     # name: (samples, prompt_len range, completion_len range)

@@ -70,8 +70,8 @@ from envrl.trainer.config import TrainerConfig  # noqa: E402
 from envrl.trainer.loop import Trainer  # noqa: E402
 from envrl.trainer.parallel import Runtime, barrier, init_runtime, shutdown  # noqa: E402
 from envrl.trainer.weights import publish_weights  # noqa: E402
-from scripts.bench.synthetic import synthetic_samples  # noqa: E402
 from scripts.tiny_model import QWEN3_SHAPES, build_qwen3_model  # noqa: E402
+from tests.support.samples import synthetic_samples  # noqa: E402
 
 
 class BenchConfig(BaseConfig):

@@ -126,7 +126,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
     from envrl.trainer.parallel import build_model, init_runtime
     from envrl.trainer.weights import weight_publisher
     from envrl.transport.memory import read_transfer, tensor_bytes
-    from scripts.chaos.harness import free_port
+    from tests.support.ports import free_port
 
     vllm = {"max_model_len": 512, **(lora_serving_options(rank) if rank is not None else {})}
     server = InferenceConfig(

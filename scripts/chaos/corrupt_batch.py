@@ -11,7 +11,6 @@ on it (no metrics line for that step, no weights after it). Prints one table row
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -21,13 +20,14 @@ from pathlib import Path
 import msgpack
 
 from envrl.samples import BATCH_FILE
-from scripts.chaos.harness import RlRun, account, report
+from tests.support.chaos_runs import RlRun, account, report
+from tests.support.run_files import metric_lines
 
 COLUMNS = ("input_ids", "loss_mask", "inference_logprobs", "lengths", "advantage", "env", "task_idx", "policy_step")
 
 
 def trained_steps(out: Path) -> list[int]:
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = metric_lines(out)
     return [m["step"] for m in lines if "trainer/loss" in m]
 
 

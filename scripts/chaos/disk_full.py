@@ -23,7 +23,7 @@ from pathlib import Path
 
 from envrl.layout import published_steps
 from envrl.samples import read_batch
-from scripts.chaos.harness import RlRun, account, check_unique_lines, report, resume
+from tests.support.chaos_runs import RlRun, account, check_unique_lines, report, resume
 
 
 def fill(path: Path, stop: threading.Event) -> None:

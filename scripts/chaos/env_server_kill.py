@@ -2,7 +2,7 @@
 
     uv run --no-sync python -m scripts.chaos.env_server_kill [--at-step 10] [--out DIR]
 
-Prints one table row (scripts/chaos/harness.py); the run must finish, lose nothing and learn.
+Prints one table row (tests/support/chaos_runs.py); the run must finish, lose nothing and learn.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from scripts.chaos.harness import RlRun, account, check_unique_lines, report
+from tests.support.chaos_runs import RlRun, account, check_unique_lines, report
 
 
 def main() -> None:

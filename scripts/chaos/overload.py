@@ -30,7 +30,7 @@ import zmq
 
 from envrl.serve.client import EnvClient, EnvServerError
 from scripts.chaos.fuzz import SAMPLING, SCRIPTED, started_server
-from scripts.chaos.harness import TableRow, child_pids
+from tests.support.chaos_runs import TableRow, child_pids
 
 DROPPED = "does not read its answers"
 """What the server logs when it drops a client whose answers pile up (serve/sender.py)."""

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.chaos.harness import RlRun, account, check_unique_lines, report, resume
+from tests.support.chaos_runs import RlRun, account, check_unique_lines, report, resume
 
 TARGETS = {"orchestrator": "envrl.orchestrator.main", "trainer": "envrl.trainer.main"}
 

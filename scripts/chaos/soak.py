@@ -7,7 +7,7 @@ orchestrator. Nobody types `--resume`: `rl` must bring every role back by itself
 checks that the run finished by itself (exit 0), that every step was trained and reported once,
 that every group drawn landed once (replayed from the seeded sampler), and that no process of the run is left; then it prints
 the fault table (fault, count, seconds lost, rollouts re-run), the accounting row of
-scripts/chaos/harness.py and the RSS of each long-lived role after warm-up, at half way and at the end.
+tests/support/chaos_runs.py and the RSS of each long-lived role after warm-up, at half way and at the end.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from types import SimpleNamespace
 
 from envrl.layout import published_steps, rollouts_root
 from envrl.orchestrator.envs import TrainEnvs
-from scripts.chaos.harness import SMOKE, WORKER, RlRun, TableRow, account, check_unique_lines, cmdline, report
 from tests.integration.smoke import wait_no_survivors
+from tests.support.chaos_runs import SMOKE, WORKER, RlRun, TableRow, account, check_unique_lines, cmdline, report
+from tests.support.run_files import metric_lines
 
 ROLES = {
     "inference": "envrl.inference.main",
@@ -178,7 +179,7 @@ def main() -> None:
     problems = [f"rl exited {code}, not 0"] if code != 0 else []
     problems += [f"processes left behind: {[cmdline(pid) for pid in left]}"] if left else []
     summary = json.loads((out / "summary.json").read_text())
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = metric_lines(out)
     for process, key in (("trainer", "trainer/loss"), ("orchestrator", "train/reward")):
         steps = sorted(m["step"] for m in metrics if m.get("process") == process and key in m)
         if steps != list(range(args.steps)):

@@ -7,7 +7,7 @@ an idle worker tests nothing but the pool's restart). The env server re-runs a d
 rollouts once by itself (invisible to the orchestrator, so not in `retried`); the row's faults
 column counts those re-runs from the server's log.
 
-Prints one table row (scripts/chaos/harness.py); the run must finish, lose nothing and learn.
+Prints one table row (tests/support/chaos_runs.py); the run must finish, lose nothing and learn.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.chaos.harness import RlRun, account, check_unique_lines, report
+from tests.support.chaos_runs import RlRun, account, check_unique_lines, report
 
 
 def main() -> None:

@@ -44,9 +44,9 @@ def keep_alive_session(headers: Mapping[str, str] | None = None) -> aiohttp.Clie
 
     Why not httpx here: httpcore's pool scans every pooled connection (a readability syscall per
     idle one) each time a request enters or leaves, and its idle count is itself a scan, so a pool
-    holding the ~64 connections of one step's rollouts spends O(connections^2) per request (py-spy:
-    63% of the client's CPU in `_assign_requests_to_connections`); httpx's default limit of 20
-    kept-alive connections hides that by reconnecting the rest. aiohttp's connector reuses an
+    holding the connections of one step's rollouts spends O(connections^2) per request (profile in
+    docs/measurements.md); httpx's default cap on kept-alive connections hides that by
+    reconnecting the rest. aiohttp's connector reuses an
     idle connection in O(1). Create it inside the event loop that uses it.
     """
     return aiohttp.ClientSession(

@@ -12,6 +12,7 @@ from pathlib import Path
 from envrl.traces import Split
 
 _STEP_DIR = re.compile(r"step_(\d+)")
+_STEP_FILE = re.compile(r"step_(\d+)\.jsonl")
 
 
 def logs_dir(output_dir: Path) -> Path:
@@ -63,6 +64,13 @@ def eval_rollouts_root(output_dir: Path) -> Path:
 def eval_rollouts_file(output_dir: Path, step: int) -> Path:
     """Every Trace of the evals at `step`: `<output_dir>/rollouts/eval/step_<step>.jsonl`."""
     return eval_rollouts_root(output_dir) / f"step_{step}.jsonl"
+
+
+def eval_rollouts_files(output_dir: Path) -> dict[int, Path]:
+    """Every `rollouts/eval/step_<n>.jsonl` there is, by step."""
+    root = eval_rollouts_root(output_dir)
+    files = root.glob("step_*.jsonl") if root.is_dir() else []
+    return {int(m.group(1)): f for f in files if (m := _STEP_FILE.fullmatch(f.name))}
 
 
 def eval_results_root(output_dir: Path) -> Path:

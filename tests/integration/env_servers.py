@@ -6,11 +6,12 @@ exit stops it and SIGKILLs anything it started that is still alive, even when th
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ import msgpack
 import zmq
 
 from envrl.process import Child, spawn_sidecar
+from envrl.serve.client import EnvClient
 
 HERE = Path(__file__).parent
 ENV_SERVER = str(Path(sys.executable).parent / "env-server")
@@ -114,3 +116,13 @@ def raw_exchange(address: str, messages: list[list[bytes]]) -> list[dict[str, An
         return [msgpack.unpackb(dealer.recv()) for _ in messages]
     finally:
         dealer.close()
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
+    """Run one client coroutine to completion, failing the test instead of hanging past `timeout`."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def rollout(client: EnvClient, task_idx: int, **kwargs: Any) -> Any:
+    """One rollout of task `task_idx` with the scripted model client."""
+    return await client.run_rollout(task_idx, client=SCRIPTED, sampling=SAMPLING, **kwargs)

@@ -8,7 +8,6 @@ inherit; "nothing left running" means no process with that marker exists once `r
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,7 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.chaos.harness import MARKER, ROOT, SMOKE, free_base_port, free_port, marked_pids
+from tests.support.chaos_runs import MARKER, ROOT, SMOKE, marked_pids
+from tests.support.ports import free_base_port, free_port
 
 
 @contextmanager
@@ -57,10 +57,6 @@ def wait_no_survivors(marker: str, timeout: float = 10.0) -> list[int]:
     while (left := marked_pids(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
-
-
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from envrl.http import RetryPolicy
 from envrl.serve.client import EnvClient
 from envrl.traces import Trace
 from tests.integration.env_servers import running_env_server
-from tests.integration.smoke import finish, metrics, rl_process, wait_no_survivors
+from tests.integration.smoke import finish, rl_process, wait_no_survivors
+from tests.support.run_files import metric_lines
 
 ROOT = Path(__file__).parents[2]
 OPENENV_PROJECT = ROOT / "deps" / "envs" / "openenv-count"
@@ -96,7 +97,7 @@ def test_rl_trains_on_both_adapters(tmp_path: Path) -> None:
         code, console = finish(proc, timeout=1500)
         assert not wait_no_survivors(marker), "processes of the run survived it"
     assert code == 0, console[-3000:]
-    records = metrics(tmp_path)
+    records = metric_lines(tmp_path)
     for name in ("trl-count", "openenv-count"):
         rewards = [m[f"train/{name}/reward"] for m in records if f"train/{name}/reward" in m]
         # Each env gets about half of the 24 batches' groups; measured: 0.10 -> 0.29 (trl), 0.10 -> 0.28 (openenv),

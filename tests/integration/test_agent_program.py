@@ -72,3 +72,14 @@ def test_a_program_past_its_timeout_is_killed_with_what_it_started(vllm_server: 
     assert trace.error is not None and trace.error.type == "agent_timeout", trace.error
     child = int(pid_file.read_text())
     assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
+
+
+def test_a_sandboxed_openai_sdk_program_reaches_the_policy_with_exact_tokens(vllm_server: Any) -> None:
+    config = TrainClientConfig(base_url=vllm_server.base_url, model=vllm_server.model, retry=RETRY)
+    trace = first_task_rollout(load_environment("agent-digits", sandbox={}), config)
+    assert trace.error is None, trace.error
+    assert trace.num_turns == 2 and len(trace.branches) == 1  # through the forwarded proxy port, token-extending
+    draft, revision = trace.turns
+    assert revision.tokens.prompt_ids[: len(draft.tokens.prompt_ids)] == draft.tokens.prompt_ids
+    assert len(draft.tokens.completion_logprobs) == len(draft.tokens.completion_ids) > 0
+    assert trace.reward == digit_share(revision.response["content"].strip())

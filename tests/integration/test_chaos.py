@@ -20,11 +20,12 @@ import pytest
 
 from envrl.layout import published_steps
 from envrl.samples import BATCH_FILE, write_batch
-from scripts.bench.synthetic import synthetic_samples
 from scripts.chaos.corrupt_batch import flip_byte_in_column
-from scripts.chaos.harness import RlRun, account, check_unique_lines, resume
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
+from tests.support.chaos_runs import RlRun, account, check_unique_lines, resume
+from tests.support.run_files import metric_lines
+from tests.support.samples import synthetic_samples
 
 TRAINER = str(Path(sys.executable).parent / "trainer")
 
@@ -74,7 +75,7 @@ def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_
     assert row.lost == 0 and row.retried > 0, row
     check_unique_lines(out)
     assert sorted(trainer_steps(out)) == list(range(steps))
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metric_lines(out)
     assert sorted(m["step"] for m in records if "train/reward" in m) == list(range(steps))
 
 

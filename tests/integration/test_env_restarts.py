@@ -22,7 +22,7 @@ from envrl.orchestrator.envs import Env, EnvUnavailable
 from envrl.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
 from envrl.serve.client import EnvClient
 from envrl.serve.config import EnvServerConfig, EnvSpec, StaticPoolConfig
-from scripts.chaos.harness import free_port
+from tests.support.ports import free_port
 
 HERE = Path(__file__).parent
 SLEEP_TASK = 1  # bad_envs: task 1 sleeps `sleep` seconds, then scores 1.0

@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ from tests.integration.env_servers import (
     RunningServer,
     alive,
     raw_exchange,
+    rollout,
+    run,
     running_env_server,
     wait_until,
 )
@@ -41,14 +43,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
             "--timeout", '{"rollout": 2, "kill_grace": 1}', "--env.args", '{"sleep": 0.5}']  # fmt: skip
     with running_env_server(tmp_path_factory.mktemp("env-server"), *args) as running:
         yield running
-
-
-def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def rollout(client: EnvClient, task_idx: int, **kwargs: Any) -> Any:
-    return await client.run_rollout(task_idx, client=SCRIPTED, sampling=SAMPLING, **kwargs)
 
 
 def pool_back_to(server: RunningServer, workers: int) -> None:

@@ -8,7 +8,6 @@ module; the test that kills workers starts its own.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from tests.integration.env_servers import (
     SCRIPTED,
     RunningServer,
     raw_exchange,
+    run,
     running_env_server,
     wait_until,
 )
@@ -43,10 +43,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
             "--client-send-queue", "4096", "--client-stall-timeout", "1", "--model-access", access]  # fmt: skip
     with running_env_server(tmp, *args) as running:
         yield running
-
-
-def run(coro: Any, timeout: float = 60.0) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 def request(request_id: str, method: str, params: dict[str, Any] | None = None) -> list[bytes]:

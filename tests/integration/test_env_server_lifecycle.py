@@ -3,41 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq.auth
 
 from envrl.envs.model_client import ScriptedClientConfig
 from envrl.orchestrator.config import EnvConfig, SamplingParams
 from envrl.orchestrator.envs import Env
 from envrl.process import ChildFailed, spawn_sidecar
 from envrl.serve.client import EnvClient, EnvServerError
-from envrl.serve.config import CurveClientConfig
 from tests.integration.bad_envs import OK, SLEEP
+from tests.integration.curve_keys import make_curve_keys
 from tests.integration.env_servers import (
     ENV_SERVER,
-    SAMPLING,
-    SCRIPTED,
     alive,
+    rollout,
+    run,
     running_env_server,
     server_env,
     wait_until,
 )
-
-
-def run(coro: Any, timeout: float = 60.0) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def rollout(client: EnvClient, task_idx: int) -> Any:
-    return await client.run_rollout(task_idx, client=SCRIPTED, sampling=SAMPLING)
 
 
 def test_sigterm_drains_in_flight_rollouts_then_exits_0_quietly(tmp_path: Path) -> None:
@@ -101,32 +90,6 @@ def test_a_non_loopback_address_without_curve_keys_is_refused(tmp_path: Path) ->
         timeout=60,
     )
     assert result.returncode == 2 and "reachable from other hosts" in result.stderr and "--insecure" in result.stderr
-
-
-@dataclass
-class CurveKeys:
-    server: str
-    """The server's `--curve` option: its secret key and the directory of admitted client keys."""
-    client: CurveClientConfig
-    """An admitted client's keys."""
-    stranger: CurveClientConfig
-    """Keys of a client the server does not list."""
-
-
-def make_curve_keys(tmp_path: Path) -> CurveKeys:
-    keys, allowed, strangers = tmp_path / "keys", tmp_path / "allowed", tmp_path / "strangers"
-    for folder in (keys, allowed, strangers):
-        folder.mkdir()
-    server_public, server_secret = zmq.auth.create_certificates(keys, "server")
-    _, client_secret = zmq.auth.create_certificates(allowed, "client")
-    _, stranger_secret = zmq.auth.create_certificates(strangers, "stranger")
-    for secret in (server_secret, client_secret, stranger_secret):
-        os.chmod(secret, 0o600)  # as docs/protocol.md makes them (umask 077)
-    return CurveKeys(
-        server=f'{{"secret_key_file": "{server_secret}", "client_keys_dir": "{allowed}"}}',
-        client=CurveClientConfig(server_public_key_file=Path(server_public), secret_key_file=Path(client_secret)),
-        stranger=CurveClientConfig(server_public_key_file=Path(server_public), secret_key_file=Path(stranger_secret)),
-    )
 
 
 def test_curve_admits_clients_with_listed_keys_and_refuses_others(tmp_path: Path) -> None:

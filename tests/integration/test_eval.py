@@ -18,7 +18,7 @@ from statistics import fmean
 import pytest
 
 from envrl.orchestrator.jsonl import parse_trace_line
-from scripts.chaos.harness import free_port
+from tests.support.ports import free_port
 
 ONE_WORKER = ["--env.pool", '{"type": "static", "num_workers": 1}']
 """One worker per env server: scripted replies then come in call order, and start-up stays cheap."""

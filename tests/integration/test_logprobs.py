@@ -8,36 +8,22 @@ be ~0. Raw-logit logprobs against temperature-scaled trainer logprobs gave 2.75e
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient, TokenCompletion
+from envrl.inference.client import TokenCompletion
 from envrl.samples import TrainingSample
 from envrl.trainer.config import LossConfig
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import pack, packed_logits
 from scripts.tiny_model import DEFAULT_DIR
+from tests.integration.logprobs import PROMPTS, sample_completions
 
-PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900], [1, 64, 65]]
 MAX_KL = 1e-3
 """The bound of the issue; measured: 0 (logprob differences ~1e-7, whose k3 KL rounds to 0 in float32)."""
-
-
-def sample_completions(base_url: str, model: str, sampling: dict[str, Any]) -> list[TokenCompletion]:
-    async def main() -> list[TokenCompletion]:
-        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=120.0))
-        try:
-            calls = [client.generate(p, {**sampling, "max_tokens": 32, "seed": 100 + i}) for i, p in enumerate(PROMPTS)]
-            return list(await asyncio.gather(*calls))
-        finally:
-            await client.aclose()
-
-    return asyncio.run(main())
 
 
 def trainer_mismatch_kl(completions: list[TokenCompletion], temperature: float, top_p: float, top_k: int) -> float:

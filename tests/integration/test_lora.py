@@ -30,11 +30,13 @@ from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
 from envrl.log import LogConfig
 from envrl.trainer.lora import publish_adapter
-from scripts.chaos.harness import ROOT, free_port
 from scripts.tiny_model import DEFAULT_DIR
-from tests.conftest import VLLM_START_TIMEOUT, VLLMServer
-from tests.integration.smoke import finish, metrics, rl_process, wait_no_survivors
-from tests.integration.test_logprobs import PROMPTS, sample_completions
+from tests.integration.logprobs import PROMPTS, sample_completions
+from tests.integration.smoke import finish, rl_process, wait_no_survivors
+from tests.support.chaos_runs import ROOT
+from tests.support.ports import free_port
+from tests.support.run_files import metric_lines
+from tests.support.vllm_server import VLLM_START_TIMEOUT, VLLMServer
 
 LORA_CONFIG = ROOT / "configs" / "debug" / "lora.toml"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
@@ -130,7 +132,7 @@ def test_a_lora_run_learns_and_hands_off_only_adapters(tmp_path: Path) -> None:
         code, console = finish(proc, timeout=1500)
         assert code == 0, console[-3000:]
         assert not wait_no_survivors(marker)
-    records = metrics(out)
+    records = metric_lines(out)
     rewards = [m["train/reward"] for m in records if "train/reward" in m]
     print(f"LoRA smoke rewards: {[round(r, 2) for r in rewards]}")
     assert fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.3, rewards
@@ -154,6 +156,6 @@ def test_a_resumed_lora_run_serves_the_adapter_it_trains(tmp_path: Path) -> None
         with rl_process(out, *argv, *common, config=LORA_CONFIG) as (proc, _):
             code, console = finish(proc, timeout=900)
             assert code == 0, console[-3000:]
-    kls = {m["step"]: m["trainer/mismatch_kl"] for m in metrics(out) if "trainer/mismatch_kl" in m}
+    kls = {m["step"]: m["trainer/mismatch_kl"] for m in metric_lines(out) if "trainer/mismatch_kl" in m}
     assert sorted(kls) == list(range(5))
     assert all(abs(kl) < MAX_KL for kl in kls.values()), kls

@@ -8,7 +8,6 @@ the served weights are restored at the end. ~1-2 minutes on 2 cores.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from pathlib import Path
 from statistics import fmean
@@ -25,6 +24,7 @@ from envrl.samples import read_batch
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 from scripts.tiny_model import DEFAULT_DIR
+from tests.support.run_files import metric_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "debug" / "multi_turn.toml"
@@ -99,7 +99,7 @@ def test_multi_turn_run_learns_and_trains_exactly_the_generated_tokens(tmp_path:
             )
             position = start + len(turn.tokens.completion_ids)
 
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = metric_lines(out)
     rewards = [m["train/reward"] for m in metrics if "train/reward" in m]
     kls = [m["trainer/mismatch_kl"] for m in metrics if "trainer/mismatch_kl" in m]
     print(f"multi-turn rewards by step: {[round(r, 3) for r in rewards]}; mismatch KL max {max(kls):.2e}")

@@ -7,6 +7,7 @@ rollouts use a scripted model, so no vLLM is needed (the vLLM tests are in test_
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -109,6 +110,49 @@ def test_timed_out_rollouts_close_their_sessions(server: RunningServer) -> None:
             assert [t.error for t in again if t.error] == []
 
     asyncio.run(run())
+
+
+MCP_ROLLOUT = """
+import asyncio, json
+from envrl.envs import SamplingArgs, ScriptedClientConfig, load_environment
+from envrl.envs.model_client import ModelResponse, ScriptedClient
+
+def call(i, name, arguments):
+    return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+CALLS = [call(1, "next_numbers", json.dumps({"last": 5, "n": 2})), call(2, "next_numbers", "{not json"), call(3, "nope", "{}")]
+
+class ToolUser(ScriptedClient):
+    async def generate(self, messages, sampling, *, tools=None, previous=None):
+        self.calls += 1
+        if self.calls == 1:
+            return ModelResponse(message={"role": "assistant", "content": "", "tool_calls": CALLS}, finish_reason="tool_calls")
+        return ModelResponse(message={"role": "assistant", "content": "6 7"}, finish_reason="stop")
+
+async def main():
+    env = load_environment("openenv-count", mcp=True)
+    client = ToolUser(ScriptedClientConfig())
+    trace = await env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=8), scoring_timeout=30)
+    print(trace.model_dump_json())
+
+asyncio.run(main())
+"""
+"""One in-process rollout of openenv-count in MCP mode, run in the example's venv: the model calls
+a tool, a tool with arguments that are not JSON and an unknown tool, then answers."""
+
+
+def test_mcp_mode_offers_the_servers_tools_and_answers_each_tool_call_with_its_result_or_error() -> None:
+    done = subprocess.run([str(PYTHON), "-c", MCP_ROLLOUT], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trace = json.loads(done.stdout.strip().splitlines()[-1])
+    assert trace["error"] is None and trace["reward"] == 1.0  # the answer "6 7" through the `answer` tool
+    first, second = trace["branches"][0]["turns"]
+    assert [tool["function"]["name"] for tool in first["tools"]] == ["next_numbers", "answer"]
+    replies = second["prompt"][-3:]
+    assert [m["role"] for m in replies] == ["tool"] * 3 and [m["tool_call_id"] for m in replies] == ["c1", "c2", "c3"]
+    assert replies[0]["content"] == "6 7"
+    assert replies[1]["content"].startswith("error: the arguments are not JSON")
+    assert replies[2]["content"] == "error: Unknown tool: 'nope'"
 
 
 def test_a_crashed_openenv_server_gives_error_traces_not_a_dead_env_server(server: RunningServer) -> None:

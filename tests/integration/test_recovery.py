@@ -9,8 +9,8 @@ import os
 import signal
 from pathlib import Path
 
-from scripts.chaos.harness import RlRun, account, check_unique_lines, cmdline
 from tests.integration.smoke import wait_no_survivors
+from tests.support.chaos_runs import RlRun, account, check_unique_lines, cmdline
 
 
 def trained_steps(out: Path) -> list[int]:

@@ -11,9 +11,9 @@ from safetensors.torch import load_file, save_file
 
 from envrl.layout import batch_dir, configs_dir, weights_dir
 from envrl.samples import write_batch
-from scripts.bench.synthetic import synthetic_samples
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
+from tests.support.samples import synthetic_samples
 
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 240

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from scripts.chaos.harness import free_base_port
-from tests.integration.smoke import finish, metrics, rl_process, wait_no_survivors
+from tests.integration.smoke import finish, rl_process, wait_no_survivors
+from tests.support.ports import free_base_port
+from tests.support.run_files import metric_lines
 
 STEPS = 3
 RELOADED = re.compile(r"weights reloaded from (\S+)/step_(\d+) in")
@@ -38,6 +39,6 @@ def test_every_replica_serves_rollouts_and_loads_every_steps_weights(tmp_path: P
     assert not (logs / "inference.log").exists()
     # On-policy (max_async_level 0): a rollout sampled by a replica still on the old weights would
     # show as a mismatch between vLLM's and the trainer's logprobs (the step-0 level is < 1e-3).
-    kls = [m["trainer/mismatch_kl"] for m in metrics(out) if "trainer/mismatch_kl" in m]
+    kls = [m["trainer/mismatch_kl"] for m in metric_lines(out) if "trainer/mismatch_kl" in m]
     assert len(kls) == STEPS and all(abs(kl) < 1e-3 for kl in kls), kls
     assert "all 2 inference replicas now serve policy 2" in (logs / "orchestrator.log").read_text()

@@ -14,8 +14,9 @@ from statistics import fmean
 
 import pytest
 
-from scripts.chaos.harness import marked_pids
-from tests.integration.smoke import SmokeRun, finish, metrics, rl_process, wait_no_survivors
+from tests.integration.smoke import SmokeRun, finish, rl_process, wait_no_survivors
+from tests.support.chaos_runs import marked_pids
+from tests.support.run_files import metric_lines
 
 
 def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: SmokeRun) -> None:
@@ -23,10 +24,10 @@ def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: SmokeRun) -> Non
     assert code == 0, console[-3000:]
     assert not smoke_run.survivors, "processes of the run survived it"
 
-    rewards = [m["train/reward"] for m in metrics(out) if "train/reward" in m]
+    rewards = [m["train/reward"] for m in metric_lines(out) if "train/reward" in m]
     assert len(rewards) == 40
     assert fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.3, rewards
-    [first_kl] = [m["trainer/mismatch_kl"] for m in metrics(out) if m["step"] == 0 and "trainer/mismatch_kl" in m]
+    [first_kl] = [m["trainer/mismatch_kl"] for m in metric_lines(out) if m["step"] == 0 and "trainer/mismatch_kl" in m]
     assert abs(first_kl) < 1e-3
     assert "run finished: 40 steps" in console
 
@@ -65,7 +66,7 @@ def test_resumed_run_continues_step_numbering_and_metrics(tmp_path: Path, steps:
     with rl_process(out, "--max-steps", str(total), "--trainer.ckpt.interval", "1", "--resume") as (proc, marker):
         code, console = finish(proc, timeout=900)
         assert code == 0, console[-3000:]
-    records = metrics(out)
+    records = metric_lines(out)
     assert [m["step"] for m in records if "train/reward" in m] == list(range(total))
     assert [m["step"] for m in records if "trainer/loss" in m] == list(range(total))
     assert (out / "weights" / f"step_{total}").is_dir()

@@ -28,9 +28,10 @@ from envrl.config import config_to_toml, load_config
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
-from scripts.chaos.harness import MARKER, ROOT, marked_pids
 from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.smoke import finish, metrics, rl_process, wait_no_survivors
+from tests.integration.smoke import finish, rl_process, wait_no_survivors
+from tests.support.chaos_runs import MARKER, ROOT, marked_pids
+from tests.support.run_files import metric_lines
 
 STEPS = 3
 WEIGHT_ATOL = 1e-5
@@ -156,8 +157,8 @@ def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_
     assert config.num_procs == 2  # the same config; the launcher alone reads num_procs
     Trainer(config, init_runtime(config)).run()
 
-    two_steps = [m for m in metrics(out) if "trainer/grad_norm" in m][:STEPS]
-    one_steps = [m for m in metrics(one) if "trainer/grad_norm" in m]
+    two_steps = [m for m in metric_lines(out) if "trainer/grad_norm" in m][:STEPS]
+    one_steps = [m for m in metric_lines(one) if "trainer/grad_norm" in m]
     assert [m["step"] for m in one_steps] == [m["step"] for m in two_steps] == list(range(STEPS))
     for want, got in zip(one_steps, two_steps, strict=True):
         for key in COMPARED_METRICS:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from envrl.report.headline import headline
-from scripts.chaos.harness import RlRun
+from tests.support.chaos_runs import RlRun
 
 
 def _no_constants(name: str) -> NoReturn:

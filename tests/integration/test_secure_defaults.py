@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from envrl.inference.config import API_KEY_ENV, RELOAD_TOKEN_ENV
-from scripts.chaos.harness import marked_pids
-from tests.integration.smoke import finish, metrics, rl_process
+from tests.integration.smoke import finish, rl_process
+from tests.support.chaos_runs import marked_pids
+from tests.support.run_files import metric_lines
 
 SECRET = "ENVRL_TEST_CLOUD_KEY"
 
@@ -97,7 +98,7 @@ def test_reload_needs_the_run_s_token_and_env_servers_see_neither_it_nor_rl_s_se
             assert "PATH" in environ
         code, console = finish(proc, timeout=1500)
     assert code == 0, console[-3000:]  # every step's reload went through with the token
-    assert [m["step"] for m in metrics(out) if "trainer/loss" in m] == [0, 1, 2, 3]
+    assert [m["step"] for m in metric_lines(out) if "trainer/loss" in m] == [0, 1, 2, 3]
     logged = "\n".join(
         p.read_text(errors="replace") for p in out.rglob("*") if p.is_file() and p.suffix in (".log", ".toml", ".txt")
     )
@@ -115,4 +116,4 @@ def test_with_an_api_key_set_vllm_s_routes_demand_it_and_the_run_s_clients_send_
         assert _get(port, "/v1/models", {"Authorization": "Bearer run-api-key"}) == 200
         code, console = finish(proc, timeout=1500)
     assert code == 0, console[-3000:]  # the orchestrator and the env servers generated with the key
-    assert [m["step"] for m in metrics(out) if "trainer/loss" in m] == [0, 1]
+    assert [m["step"] for m in metric_lines(out) if "trainer/loss" in m] == [0, 1]

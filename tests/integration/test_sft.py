@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
+from tests.support.run_files import metric_lines
 
 RL = str(Path(sys.executable).parent / "rl")
 TIMEOUT_S = 300
@@ -18,7 +19,7 @@ WORDS = ["cat", "dog", "owl", "elk", "emu", "yak", "ant", "bee"]
 
 
 def sft_losses(out: Path) -> list[tuple[float, float]]:
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = metric_lines(out)
     return [(r["sft/loss"], r["sft/token_accuracy"]) for r in lines if r.get("process") == "sft"]
 
 

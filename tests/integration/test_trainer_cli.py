@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from envrl.layout import batch_dir
 from envrl.samples import BATCH_FILE, write_batch
-from scripts.bench.synthetic import synthetic_samples
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
+from tests.support.samples import synthetic_samples
 
 TRAINER = str(Path(sys.executable).parent / "trainer")
 TIMEOUT_S = 240

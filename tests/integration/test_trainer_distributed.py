@@ -14,7 +14,6 @@ order, so it must agree exactly, with nothing to tolerate.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -26,14 +25,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from envrl.config import resolve_config
-from envrl.samples import write_batch
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
-from scripts.bench.synthetic import synthetic_samples
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
+from tests.support.run_files import metric_lines, write_batches
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TIMEOUT_S = 240
@@ -58,15 +56,6 @@ WEIGHT_ATOL, WEIGHT_RTOL = 1e-6, 1e-5
 COMPARED_METRICS = ("trainer/loss", "trainer/grad_norm", "trainer/entropy", "trainer/mismatch_kl")
 
 
-def metric_lines(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def write_batches(out: Path) -> None:
-    for step in range(STEPS):  # 7 samples in 64-token rows: more rows than ranks, padded to an even count
-        write_batch(out, step, synthetic_samples(7, policy_step=step, seed=3))
-
-
 def torchrun_trainer(out: Path, **extra: str) -> None:
     cli = [f"--{key}={value}" for key, value in {**ARGS, "output-dir": str(out), **extra}.items()]
     proc = run_to_completion(
@@ -79,14 +68,16 @@ def torchrun_trainer(out: Path, **extra: str) -> None:
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One 2-rank run of STEPS steps with a checkpoint after every step (the newest two kept)."""
     out = tmp_path_factory.mktemp("two_ranks")
-    write_batches(out)
+    write_batches(
+        out, STEPS, count=7, seed=3
+    )  # 7 samples in 64-token rows: more rows than ranks, padded to an even count
     torchrun_trainer(out, **{"ckpt.interval": "1"})
     return out
 
 
 def test_two_sharded_ranks_match_one_process(two_ranks, tmp_path):
     one = tmp_path / "one"
-    write_batches(one)
+    write_batches(one, STEPS, count=7, seed=3)
     config = resolve_config(TrainerConfig, overrides=[*ARGS.items(), ("output-dir", str(one))])
     Trainer(config, init_runtime(config)).run()
 

@@ -26,9 +26,10 @@ from pydantic import BaseModel
 from envrl.config import config_to_toml, resolve_config
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.serve.config import CurveServerConfig
-from scripts.chaos.harness import MARKER, ROOT, SMOKE, free_port, marked_pids
-from tests.integration.smoke import metrics
-from tests.integration.test_env_server_lifecycle import make_curve_keys
+from tests.integration.curve_keys import make_curve_keys
+from tests.support.chaos_runs import MARKER, ROOT, SMOKE, marked_pids
+from tests.support.ports import free_port
+from tests.support.run_files import metric_lines
 
 STEPS = 3
 HOST_A, HOST_B = "127.0.0.1", "127.0.0.2"
@@ -129,7 +130,7 @@ def test_a_run_spread_over_two_hosts_trains_through_addresses_and_a_shared_dir(t
         assert reloads == [((out / "weights").resolve(), step) for step in range(1, STEPS)], reloads
         assert "trainer rank 0/2" in a.log("trainer"), "host B's rank did not join the rendezvous"
 
-    records = metrics(out)
+    records = metric_lines(out)
     assert [m["step"] for m in records if "train/reward" in m] == list(range(STEPS))
     assert [m["step"] for m in records if "trainer/loss" in m] == list(range(STEPS))
     assert (out / "weights" / f"step_{STEPS}" / "model.safetensors").exists()

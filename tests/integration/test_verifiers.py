@@ -20,18 +20,20 @@ import pytest
 
 from envrl.envs.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient, EnvServerError
-from envrl.traces import Trace
-from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.env_servers import RunningServer, alive, children, wait_until
-from tests.integration.verifiers_env import NULL_HARNESS, verifiers_env_server
+from tests.integration.verifiers_env import (
+    ACCESS,
+    DEAD,
+    NULL_HARNESS,
+    TIMEOUT,
+    TOKENIZER,
+    digit_share,
+    run_group,
+    verifiers_env_server,
+)
 
-TOKENIZER = str(DEFAULT_DIR)
 REPLIES = ["12 13 14", "twelve"]
 SCRIPTED = {"type": "scripted", "replies": REPLIES, "tokenizer": TOKENIZER}
-DEAD = "http://127.0.0.1:9"
-"""The discard port: no model server listens there."""
-ACCESS = ("--model-access", json.dumps({"tokenizers": [TOKENIZER], "base_urls": [DEAD]}))
-TIMEOUT = 300.0
 
 
 @pytest.fixture(scope="module")
@@ -39,20 +41,6 @@ def digits_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningS
     args = {"taskset": {"num_tasks": 4}, "eval_taskset": {"num_tasks": 2, "seed": 1}, "agent": NULL_HARNESS}
     with verifiers_env_server(tmp_path_factory.mktemp("verifiers"), args, *ACCESS) as server:
         yield server
-
-
-def run_group(address: str, n: int, client: dict[str, Any], task_idx: int = 0, split: str = "train") -> list[Trace]:
-    async def main() -> list[Trace]:
-        async with EnvClient(address, timeout=TIMEOUT) as env:
-            sampling = {"max_tokens": 8}
-            return await env.run_group(task_idx, n, client=client, sampling=sampling, split=split, seed=5)  # type: ignore[arg-type]
-
-    return asyncio.run(main())
-
-
-def digit_share(text: str) -> float:
-    chars = [c for c in text if not c.isspace()]
-    return sum(c in "0123456789" for c in chars) / len(chars) if chars else 0.0
 
 
 def test_verifiers_episodes_become_traces_with_every_model_call_as_a_token_turn(digits_server: RunningServer) -> None:

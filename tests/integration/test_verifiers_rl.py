@@ -10,8 +10,9 @@ from statistics import fmean
 
 import pytest
 
-from tests.integration.smoke import ROOT, finish, metrics, rl_process, wait_no_survivors
+from tests.integration.smoke import ROOT, finish, rl_process, wait_no_survivors
 from tests.integration.verifiers_env import example_python
+from tests.support.run_files import metric_lines
 
 CONFIG = ROOT / "configs" / "debug" / "verifiers.toml"
 REWARD = "train/verifiers:digits-count/reward"
@@ -30,7 +31,7 @@ def test_rl_trains_on_the_verifiers_example(tmp_path: Path) -> None:
         code, console = finish(proc, timeout=1500)
         assert not wait_no_survivors(marker), "processes of the run survived it (a warm harness server?)"
     assert code == 0, console[-3000:]
-    rewards = [m[REWARD] for m in metrics(tmp_path) if REWARD in m]
+    rewards = [m[REWARD] for m in metric_lines(tmp_path) if REWARD in m]
     assert len(rewards) == 24, rewards
     # Measured, first-5 vs last-5 step means: 0.099 -> 0.375, 0.090 -> 0.283, 0.093 -> 0.290,
     # 0.089 -> 0.357, 0.107 -> 0.385 (five runs); step-to-step noise is ~0.03 around the trend,

@@ -4,6 +4,7 @@ serves exactly those weights. Shares the session's vLLM-CPU server (`vllm_server
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,12 @@ from envrl.trainer.weights import policy_tensors
 from envrl.transport import TRANSFER_FILE
 from envrl.transport.memory import PolicySender, TransferInfo
 from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.test_inference import (
+from tests.integration.served_weights import (
     EXACT,
     generate_all,
     max_abs_diff,
     perturbed_copy,
     reference_logprobs,
-    run,
     update_weights,
 )
 
@@ -46,7 +46,7 @@ def send_in_memory(base_url: str, model: str, weights: Path, target: Path) -> No
         publish=lambda content: write_marker(target, content),
     )
     try:
-        run(update_weights(base_url, model, target))
+        asyncio.run(update_weights(base_url, model, target))
     finally:
         sender.close()
     assert sender.served.is_set() and sender.error is None
@@ -57,9 +57,9 @@ def test_a_policy_sent_in_memory_over_gloo_is_served_exactly(vllm_server, tmp_pa
     new_dir = perturbed_copy(DEFAULT_DIR, tmp_path / "perturbed")
     send_in_memory(vllm_server.base_url, vllm_server.model, new_dir, tmp_path / "weights" / "step_1")
     try:
-        completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+        completions = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))
     finally:
-        run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
+        asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
     new_diff = max_abs_diff(completions, reference_logprobs(new_dir, completions))
     old_diff = max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions))
     print(f"after a transfer in memory: max diff to the sent weights {new_diff:.2e}, to the old {old_diff:.2e}")
@@ -74,7 +74,7 @@ def test_a_policy_for_another_engine_is_refused_and_the_old_weights_serve(vllm_s
     target = tmp_path / "weights" / "step_1"
     write_marker(target, info.model_dump_json().encode())
     with pytest.raises(HttpCallError, match="over nccl, but this server's weight-transfer engine is gloo") as refused:
-        run(update_weights(vllm_server.base_url, vllm_server.model, target))
+        asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, target))
     assert refused.value.status == 400
-    completions = run(generate_all(vllm_server.base_url, vllm_server.model))
+    completions = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))
     assert max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions)) < EXACT

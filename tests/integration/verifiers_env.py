@@ -8,6 +8,7 @@ when the test failed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from collections.abc import Iterator
@@ -16,12 +17,20 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from envrl.serve.client import EnvClient
+from envrl.traces import Trace
 from tests.integration.env_servers import RunningServer, running_env_server
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parents[1] / "deps" / "envs" / "verifiers-digits"
 ENV_ID = "verifiers:digits-count"
 NULL_HARNESS = {"harness": {"id": "null"}}
+TOKENIZER = str(HERE.parents[1] / "deps" / "models" / "tiny-chat")
+DEAD = "http://127.0.0.1:9"
+"""The discard port: no model server listens there."""
+ACCESS = ("--model-access", json.dumps({"tokenizers": [TOKENIZER], "base_urls": [DEAD]}))
+"""Scripted clients with the tiny model's tokenizer may run; no model server is reachable."""
+TIMEOUT = 300.0
 ONE_WORKER = ("--pool", '{"type": "static", "num_workers": 1}')
 """Importing verifiers costs ~8 s of CPU per process: one worker is enough for a few rollouts."""
 
@@ -41,3 +50,20 @@ def verifiers_env_server(
     server_args = ("--env.args", json.dumps(env_args), *ONE_WORKER, *args)
     with running_env_server(tmp, *server_args, env_id=env_id, ready_timeout=180.0, python=example_python()) as server:
         yield server
+
+
+def run_group(address: str, n: int, client: dict[str, Any], task_idx: int = 0, split: str = "train") -> list[Trace]:
+    """`n` rollouts of one task through an env client (8 tokens a turn, seed 5)."""
+
+    async def main() -> list[Trace]:
+        async with EnvClient(address, timeout=TIMEOUT) as env:
+            sampling = {"max_tokens": 8}
+            return await env.run_group(task_idx, n, client=client, sampling=sampling, split=split, seed=5)  # type: ignore[arg-type]
+
+    return asyncio.run(main())
+
+
+def digit_share(text: str) -> float:
+    """digits-count's reward of a reply."""
+    chars = [c for c in text if not c.isspace()]
+    return sum(c in "0123456789" for c in chars) / len(chars) if chars else 0.0

@@ -1,4 +1,4 @@
-"""Environments: tasks, rollouts, rewards and the model clients they call (DESIGN §3)."""
+"""Environments: tasks, rollouts, rewards and the model clients they call (docs/environments.md)."""
 
 from envrl.envs.environment import Environment, Split, TaskSource
 from envrl.envs.model_client import (

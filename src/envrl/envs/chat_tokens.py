@@ -25,7 +25,7 @@ class ChatRenderer:
 
     def __init__(self, tokenizer_dir: str) -> None:
         # The fast tokenizer class alone, not AutoTokenizer: it does not import torch, which keeps
-        # env workers small (~80 MB instead of ~420 MB) and their forks for scoring cheap.
+        # env workers a fraction of the size (docs/measurements.md) and their forks for scoring cheap.
         from transformers import PreTrainedTokenizerFast
 
         self.tokenizer: PreTrainedTokenizerFast = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
@@ -107,5 +107,5 @@ class ChatRenderer:
 
 @lru_cache(maxsize=8)
 def chat_renderer(tokenizer_dir: str) -> ChatRenderer:
-    """One renderer per tokenizer directory per process (loading a tokenizer takes ~0.1 s)."""
+    """One renderer per tokenizer directory per process: loading a tokenizer is too slow to repeat per rollout."""
     return ChatRenderer(tokenizer_dir)

@@ -42,8 +42,8 @@ class ContextLengthError(InferenceError):
 
 GENERATE_PATH = "/inference/v1/generate"
 """vLLM's token-in/token-out endpoint (served with `--enable-scale-out`, which envrl sets): ids
-and per-token logprobs in and out, no text. Measured against `/v1/completions` for 64 x 32
-tokens on the tiny model (same ids and logprobs for the same seeds): 10% less server CPU."""
+and per-token logprobs in and out, no text: the same ids and logprobs as `/v1/completions` for
+the same seeds, for less server CPU (docs/measurements.md)."""
 
 CONTEXT_LENGTH_REFUSAL = "maximum context length"
 """What vLLM's 400 answer says when a prompt is longer than its context."""

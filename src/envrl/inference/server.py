@@ -155,12 +155,19 @@ def vllm_environment(config: InferenceConfig) -> dict[str, str]:
 
 
 def log_in_vllm_children() -> None:
-    """vLLM general plugin, run in each engine/worker process: log like the server process does.
+    """vLLM general plugin, run in each engine/worker process: log like the server process does,
+    and on CPU compute LoRA with one GEMM per adapter slot (`envrl.inference.cpu_lora`).
 
     vLLM starts its engine core with `spawn`, so the parent's logging setup is not inherited.
     """
     if raw := os.environ.get(LOG_ENV):
         setup_logging(LogConfig.model_validate_json(raw), process="inference")
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        from envrl.inference.cpu_lora import patch_cpu_lora
+
+        patch_cpu_lora()
 
 
 def option_argv(options: dict[str, Any]) -> list[str]:

@@ -101,13 +101,11 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
     token = {token_env: run.inference.reload.token() or secrets.token_urlsafe(32)}
     servers = []
     for server in run.env_servers:
-        key = env_server_key(server.split, server.name)
-        allowed = sorted({*server.pass_env, *server.config.model_access.api_key_envs} - {token_env})
         servers.append(
             Command(
-                name=f"{server.split} env server {server.name!r}",
-                argv=[server.python, "-m", "envrl.serve.main", "--config", str(config_file(out, key))],
-                allowed_env=allowed,
+                name=server.title,
+                argv=server.argv(config_file(out, env_server_key(server.split, server.name))),
+                allowed_env=server.allowed_env(withheld=frozenset({token_env})),
                 log_file=layout.env_log_file(out, server.split, server.name),
             )
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
 from envrl.inference.adapter import lora_serving_options
@@ -24,9 +24,10 @@ from envrl.launcher.replicas import replica_configs
 from envrl.log import LogConfig
 from envrl.metrics import WandbConfig
 from envrl.net import is_loopback_host
-from envrl.orchestrator.config import EnvConfig, OrchestratorConfig
+from envrl.orchestrator.config import OrchestratorConfig
 from envrl.process import RestartPolicy
-from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
+from envrl.serve.config import ModelAccessConfig
+from envrl.serve.launch import EnvServerLaunch
 from envrl.trainer.config import TrainerConfig
 
 SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb")
@@ -74,22 +75,6 @@ class RLConfig(BaseConfig):
     trainer: TrainerConfig = TrainerConfig()
     orchestrator: OrchestratorConfig
     inference: InferenceConfig = InferenceConfig()
-
-
-class EnvServerLaunch(BaseModel):
-    """An env server the launcher starts: the name its log and config go by, and its config."""
-
-    model_config = ConfigDict(frozen=True)
-
-    split: str
-    name: str
-    config: EnvServerConfig
-    python: str
-    """The interpreter it runs in (the env's `python` or `project`, else the launcher's)."""
-    restarts: RestartPolicy
-    """How the launcher restarts it when it dies (the env's `restarts`)."""
-    pass_env: list[str] = []
-    """Variables of `rl`'s environment it gets beyond the allow-list (the env's `pass_env`)."""
 
 
 class ResolvedRun(BaseModel):
@@ -154,16 +139,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
             env.address = f"tcp://127.0.0.1:{base + i}"
             # An env with its own client (a chat teacher, say) may use that client and nothing else.
             allowed = access if env.client is None else ModelAccessConfig.for_client(env.client)
-            servers.append(
-                EnvServerLaunch(
-                    split=split,
-                    name=env.resolved_name,
-                    config=_server_config(env, allowed),
-                    python=env.interpreter(),
-                    restarts=env.restarts,
-                    pass_env=env.pass_env,
-                )  # fmt: skip
-            )
+            servers.append(env.server_launch(split, env.address, allowed))
     run = ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
     _check_no_shared_port([*run.spawned_ports(), *external])
     _check_lengths(run)
@@ -210,9 +186,3 @@ def _same_host(a: str, b: str) -> bool:
     if a in WILDCARD_HOSTS or b in WILDCARD_HOSTS:
         return True
     return a == b or (is_loopback_host(a) and is_loopback_host(b) and "localhost" in (a, b))
-
-
-def _server_config(env: EnvConfig, model_access: ModelAccessConfig) -> EnvServerConfig:
-    assert env.address is not None
-    spec = EnvSpec(id=env.id, args=env.args)
-    return EnvServerConfig(env=spec, address=env.address, pool=env.pool, timeout=env.timeout, model_access=model_access)

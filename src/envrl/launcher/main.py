@@ -19,7 +19,7 @@ import importlib
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from importlib.metadata import version
 from pathlib import Path
@@ -41,8 +41,9 @@ from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.supervisor import Respawn, Supervisor
 from envrl.log import setup_logging
 from envrl.net import port_is_free
-from envrl.process import Child, ChildFailed, spawn, spawn_sidecar
+from envrl.process import Child, ChildFailed, spawn
 from envrl.progress import duration
+from envrl.serve.launch import start as start_env_server
 
 COMMANDS: dict[str, str] = {
     "eval": "envrl.orchestrator.evaluate",
@@ -201,7 +202,7 @@ def run_training(argv: Sequence[str]) -> None:
         supervisor.stop_all()
         rotator.stop()
         if outcome.status != "interrupted":  # after summary.json, which its headline reads
-            from envrl.report.main import write_report_at_end  # matplotlib: 1.6 s of every rl start otherwise
+            from envrl.report.main import write_report_at_end  # matplotlib's import would slow every rl start
 
             write_report_at_end(rl.output_dir)
     raise SystemExit(code)
@@ -265,11 +266,10 @@ def _start(
         respawn = recovery.replica_respawn(command, spawn_inference, restarts.inference, url, model, out)
         inference[command.name] = supervisor.add(spawn_inference(command), respawn)
     for server, command in zip(run.env_servers, plan.env_servers, strict=True):
-        child, address = spawn_sidecar(
-            command.argv, name=command.name, log_file=command.log_file, env=command.environ()
+        start_server = partial(
+            start_env_server, server, log_file=command.log_file, argv=command.argv, environ=command.environ()
         )
-        supervisor.add(child, Respawn(partial(_restart_sidecar, command), server.restarts))
-        logger.info(f"{server.split} env {server.name!r} serving at {address}")
+        supervisor.add(_server_child(start_server), Respawn(partial(_server_child, start_server), server.restarts))
     trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts.trainer, out)
     supervisor.add(spawn_trainer(plan.trainer), trainer)
     orchestrator = recovery.orchestrator_respawn(plan.orchestrator, _spawn, restarts.orchestrator, out)
@@ -279,17 +279,15 @@ def _start(
     wait_for_replicas(inference, configs, supervisor, deadline)
 
 
+def _server_child(start_server: Callable[[], tuple[Child, str]]) -> Child:
+    """An env server started (again) on the fixed address its config names, so clients reconnect to it."""
+    return start_server()[0]
+
+
 def _spawn(command: Command, cores: list[int] | None = None) -> Child:
     child = spawn(command.argv, name=command.name, log_file=command.log_file, env=command.environ())
     if cores is not None:
         pin(child.popen.pid, cores)
-    return child
-
-
-def _restart_sidecar(command: Command) -> Child:
-    """The same server again: its config names its fixed address, so clients reconnect to it."""
-    child, address = spawn_sidecar(command.argv, name=command.name, log_file=command.log_file, env=command.environ())
-    logger.info(f"{command.name} serving at {address} again")
     return child
 
 

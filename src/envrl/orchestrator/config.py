@@ -24,7 +24,16 @@ from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.retention import BatchRetention
 from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.process import RestartPolicy
-from envrl.serve.config import CurveClientConfig, ElasticPoolConfig, EnvTimeoutConfig, PoolConfig
+from envrl.serve.config import (
+    CurveClientConfig,
+    ElasticPoolConfig,
+    EnvServerConfig,
+    EnvSpec,
+    EnvTimeoutConfig,
+    ModelAccessConfig,
+    PoolConfig,
+)
+from envrl.serve.launch import EnvServerLaunch
 
 UNTRAINABLE_SAMPLING = ("min_p", "logit_bias", "min_tokens", "repetition_penalty", "presence_penalty",
                         "frequency_penalty", "bad_words", "allowed_token_ids")  # fmt: skip
@@ -114,6 +123,24 @@ class EnvConfig(BaseConfig):
         raise ConfigError(
             f"env {self.resolved_name!r}: python {path} does not exist; point `python` at a venv's bin/python "
             "that has envrl installed (e.g. `uv venv DIR && uv pip install -p DIR/bin/python -e .`)"
+        )
+
+    def server_launch(self, split: str, address: str, model_access: ModelAccessConfig) -> EnvServerLaunch:
+        """The server of this env on `address`, for whoever starts it (serve/launch.py); a model
+        client may reach and load only what `model_access` allows."""
+        return EnvServerLaunch(
+            split=split,
+            name=self.resolved_name,
+            config=EnvServerConfig(
+                env=EnvSpec(id=self.id, args=self.args),
+                address=address,
+                pool=self.pool,
+                timeout=self.timeout,
+                model_access=model_access,
+            ),
+            python=self.interpreter(),
+            restarts=self.restarts,
+            pass_env=self.pass_env,
         )
 
     def sampling_args(self, base: SamplingParams) -> SamplingArgs:

@@ -23,10 +23,11 @@ from loguru import logger
 from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.layout import env_log_file
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingParams
-from envrl.process import Child, ChildFailed, Restart, RestartBudget, allowed_environ, config_argv, spawn_sidecar
+from envrl.process import Child, ChildFailed, Restart, RestartBudget
 from envrl.seeds import attempt_seed
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
-from envrl.serve.config import EnvServerConfig, EnvSpec, ModelAccessConfig
+from envrl.serve.config import ModelAccessConfig
+from envrl.serve.launch import start as start_env_server
 from envrl.traces import Error, Split, Trace, WireTask
 
 CLIENT_SLACK = 30.0
@@ -86,7 +87,6 @@ class Env:
         if address is None:
             self._child, address = await asyncio.to_thread(self._spawn, "tcp://127.0.0.1:0")
             atexit.register(self._child.stop, 5.0)
-            logger.info(f"{self.split} env {self.name!r}: spawned env server at {address} (log: {self.log_file})")
         timeout = self.config.timeout.rollout
         self._client = EnvClient(
             address,
@@ -104,21 +104,9 @@ class Env:
         )
 
     def _spawn(self, address: str) -> tuple[Child, str]:
-        server = EnvServerConfig(
-            env=EnvSpec(id=self.config.id, args=self.config.args),
-            address=address,
-            pool=self.config.pool,
-            timeout=self.config.timeout,
-            model_access=ModelAccessConfig.for_client(self.client_config),
-        )
-        argv = [self.config.interpreter(), "-m", "envrl.serve.main", *config_argv(server)]
-        return spawn_sidecar(
-            argv,
-            env=allowed_environ([*self.config.pass_env, *server.model_access.api_key_envs]),
-            name=f"{self.split} env server {self.name!r}",
-            log_file=self.log_file,
-            ready_timeout=self.ready_timeout,
-        )
+        """The env's server on `address`, started as `rl`'s launcher starts it (serve/launch.py)."""
+        launch = self.config.server_launch(self.split, address, ModelAccessConfig.for_client(self.client_config))
+        return start_env_server(launch, log_file=self.log_file, ready_timeout=self.ready_timeout)
 
     async def shutdown(self) -> None:
         if self._back is not None:

@@ -299,7 +299,8 @@ class Orchestrator:
 
     def _backfill_turn(self, turn: Turn) -> TurnTokens:
         """Tokens for a token-less turn. The tokenizer loads on the first such turn, not before:
-        most runs never see one, and loading it cost step 0 about 12 s on the smoke run."""
+        most runs never see one, and loading transformers' tokenizer stack is slow enough to show
+        in step 0's time (docs/measurements.md)."""
         if self._backfill is None:
             from transformers import AutoTokenizer
 

@@ -24,8 +24,8 @@ from envrl.transport.weights import PolicyLoader, ReplicaPolicyLoader
 
 POLL_INTERVAL = 0.01
 """Seconds between looks for newly published weights while the trainer is below the bound: an
-on-policy step waits for the trainer every step and loses half this on average (a look lists one
-directory, ~20 us)."""
+on-policy step waits for the trainer every step and loses half this on average, and a look lists
+only one directory, so looking often costs little."""
 
 
 class PolicyTracker:

@@ -18,7 +18,7 @@ from loguru import logger
 from pydantic import BaseModel
 
 from envrl.atomic import filter_lines
-from envrl.layout import batch_dir, eval_rollouts_root, published_steps, rollouts_root, train_rollouts_file
+from envrl.layout import batch_dir, eval_rollouts_files, published_steps, rollouts_root, train_rollouts_file
 
 STATE_FILE = "orchestrator.json"
 """The state's file name inside a batch directory."""
@@ -68,8 +68,8 @@ def load_resume_state(output_dir: Path) -> OrchestratorState | None:
         state = OrchestratorState.model_validate_json(file.read_text())
     last = state.step if state is not None else -1
     _drop_later_rollouts(train_rollouts_file(output_dir), last, state.train_rollouts_bytes if state else 0)
-    for file in sorted(eval_rollouts_root(output_dir).glob("step_*.jsonl")):
-        if int(file.stem.removeprefix("step_")) > last:
+    for step, file in sorted(eval_rollouts_files(output_dir).items()):
+        if step > last:
             file.unlink()
             logger.info(f"removed {file}: evaluated after the last published batch (evaluated again if due)")
     return state

@@ -23,10 +23,11 @@ from envrl.layout import (
     batch_dir,
     configs_dir,
     eval_results_root,
-    eval_rollouts_file,
+    eval_rollouts_files,
     metrics_file,
     published_steps,
     train_rollouts_file,
+    weights_dir,
     weights_root,
 )
 from envrl.metrics import metric_float
@@ -110,8 +111,7 @@ def train_lines(output_dir: Path) -> dict[int, list[str]]:
 def eval_lines(output_dir: Path) -> dict[int, list[str]]:
     """The complete lines of every `rollouts/eval/step_<n>.jsonl`, by step."""
     by_step: dict[int, list[str]] = defaultdict(list)
-    root = eval_rollouts_file(output_dir, 0).parent
-    for path in sorted(root.glob("step_*.jsonl")) if root.is_dir() else []:
+    for _, path in sorted(eval_rollouts_files(output_dir).items()):
         _lines_by_step(path, by_step)
     return dict(by_step)
 
@@ -202,9 +202,8 @@ def step_rollouts(output_dir: Path, step: int, rollouts: list[Rollout]) -> list[
 def tokenizer_source(output_dir: Path) -> str | None:
     """Where the run's tokenizer lives: the newest published weights (they carry it), else the
     model named in the run's orchestrator config."""
-    root = weights_root(output_dir)
-    for step in reversed(published_steps(root)):
-        candidate = root / f"step_{step}"
+    for step in reversed(published_steps(weights_root(output_dir))):
+        candidate = weights_dir(output_dir, step)
         if (candidate / "tokenizer_config.json").exists():
             return str(candidate)
     config = configs_dir(output_dir) / "orchestrator.toml"

@@ -78,8 +78,10 @@ def _run(request):
     limit = int(request["max_output"])
     deadline = time.monotonic() + float(request["timeout"])
     stdin = request.get("stdin")
+    env = dict(os.environ)
+    env.update(request.get("env") or {})
     proc = subprocess.Popen(
-        cmd, shell=isinstance(cmd, str), cwd=request.get("cwd") or None, start_new_session=True,
+        cmd, shell=isinstance(cmd, str), cwd=request.get("cwd") or None, start_new_session=True, env=env,
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip

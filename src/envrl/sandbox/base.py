@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -136,10 +136,18 @@ class Sandbox(abc.ABC):
         stdin: str | None = None,
         cwd: str | None = None,
         isolate: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> CommandResult:
         """Run `cmd` (a shell line, or argv) in the sandbox's working directory, or `cwd`.
         `timeout` defaults to `command_timeout_s` and is cut to what the episode has left.
-        `isolate`: first kill everything earlier commands left running (a verdict nothing else touches)."""
+        `isolate`: first kill everything earlier commands left running (a verdict nothing else touches).
+        `env`: variables set for this command over the sandbox's own (PATH, HOME, LANG, TMPDIR)."""
+
+    async def forward_host_ports(self, ports: Sequence[int]) -> None:
+        """Let code in the sandbox reach these host loopback TCP ports at the same address
+        (`127.0.0.1:PORT` inside means `127.0.0.1:PORT` of the host) and no other; the rest of
+        the network stays as `network` says. A provider that cannot raises `NotImplementedError`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot forward host ports into the sandbox")
 
     @abc.abstractmethod
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:

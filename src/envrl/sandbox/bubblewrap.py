@@ -21,7 +21,7 @@ import shutil
 import stat
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from loguru import logger
 
 from envrl.sandbox import reaper
 from envrl.sandbox.base import CommandResult, Sandbox, SandboxConfig, SandboxProvider, started
+from envrl.sandbox.bridge import MOUNT, HostBridge
 from envrl.sandbox.errors import SandboxClosed, SandboxDied, SandboxError, SandboxStartError, SandboxTimeout
 
 UID_BASE = 1_000_000_000
@@ -44,6 +45,7 @@ ANSWER_GRACE_S = 2.0
 MAX_FRAME = 64 << 20
 _HEADER = struct.Struct(">I")
 _AGENT = (Path(__file__).parent / "agent.py").read_text()
+_FORWARDER = (Path(__file__).parent / "forwarder.py").read_text()
 
 
 def bwrap_path() -> str:
@@ -71,9 +73,9 @@ def check_readable(path: Path) -> None:
         raise SandboxStartError(f"sandbox image path {path} is not readable by others (mode o+r needed)")
 
 
-def bwrap_argv(config: SandboxConfig, uid: int) -> list[str]:
+def bwrap_argv(config: SandboxConfig, uid: int, bridge: Path | None = None) -> list[str]:
     """The full command line: `setpriv` to the sandbox's host uid, `prlimit` with the limits, then
-    bubblewrap, then the agent."""
+    bubblewrap (with the host `bridge` directory read-only at `bridge.MOUNT`), then the agent."""
     python = config.python
     for path in [python, *config.image]:
         check_readable(path)
@@ -95,6 +97,7 @@ def bwrap_argv(config: SandboxConfig, uid: int) -> list[str]:
         for name in ("bin", "lib", "lib64", "sbin"):
             if Path(f"/usr/{name}").is_dir():
                 argv += ["--symlink", f"usr/{name}", f"/{name}"]
+    argv += ["--ro-bind", str(bridge), MOUNT] if bridge is not None else []
     work = config.workdir
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(config.limits.disk_mib << 20), "--tmpfs", work]
     argv += ["--symlink", work, "/tmp"] if work != "/tmp" else []
@@ -117,6 +120,8 @@ class BubblewrapSandbox(Sandbox):
         self._stderr = bytearray()
         self._tasks: list[asyncio.Task[Any]] = []
         self._watchdog: asyncio.TimerHandle | None = None
+        self._bridge: HostBridge | None = None
+        self._forwarded: set[int] = set()
 
     @property
     def pid(self) -> int | None:
@@ -161,7 +166,8 @@ class BubblewrapSandbox(Sandbox):
         while self._record is None:
             self._record = reaper.claim(UID_BASE + secrets.randbelow(UID_RANGE))
         self.uid = self._record.uid
-        argv = bwrap_argv(self.config, self.uid)
+        self._bridge = HostBridge(self.uid)
+        argv = bwrap_argv(self.config, self.uid, self._bridge.directory)
         limit = min(self.config.start_timeout_s, self.time_left("starting the sandbox"))
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -194,6 +200,7 @@ class BubblewrapSandbox(Sandbox):
         stdin: str | None = None,
         cwd: str | None = None,
         isolate: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> CommandResult:
         wanted = self.config.command_timeout_s if timeout is None else timeout
         left = self.time_left(f"running {_short(cmd)}")
@@ -201,6 +208,7 @@ class BubblewrapSandbox(Sandbox):
         request = {
             "op": "run", "cmd": cmd if isinstance(cmd, str) else list(cmd), "timeout": min(wanted, left),
             "stdin": stdin, "cwd": cwd, "isolate": isolate, "max_output": self.config.limits.max_output_kib << 10,
+            "env": dict(env or {}),
         }  # fmt: skip
         answer = await self._call(request, min(wanted, left) + ANSWER_GRACE_S)
         result = CommandResult(**answer)
@@ -208,6 +216,24 @@ class BubblewrapSandbox(Sandbox):
             await self.close()
             self.time_left(f"running {_short(cmd)}")
         return result
+
+    async def forward_host_ports(self, ports: Sequence[int]) -> None:
+        """The host bridge allows `ports`, and a forwarder in the sandbox listens on the new ones
+        (a command timeout or `isolate` kills it with the rest: call this again after one). With
+        `network = true` the sandbox shares the host's loopback already: nothing to do."""
+        if self.config.network:
+            return
+        new = sorted(set(ports) - self._forwarded)
+        if not new:
+            return
+        if self._bridge is None:
+            raise SandboxClosed("forward_host_ports() before start()")
+        await self._bridge.allow(new)
+        argv = [str(self.config.python), "-I", "-S", "-c", _FORWARDER, self._bridge.socket_in_sandbox, *map(str, new)]
+        result = await self.run(argv, timeout=min(self.config.command_timeout_s, 10.0))
+        if result.exit_code != 0:
+            raise SandboxStartError(f"the sandbox's forwarder to host ports {new} failed: {result.stderr[-500:]}")
+        self._forwarded.update(new)
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         raw = data.encode() if isinstance(data, str) else data
@@ -236,6 +262,8 @@ class BubblewrapSandbox(Sandbox):
                 self.proc.stdin.close()  # the last open pipe: the transport closes with it
         for task in self._tasks:
             task.cancel()
+        if self._bridge is not None:
+            await self._bridge.close()
         reaper.release(self._record)
 
     # -- internals ---------------------------------------------------------------------------

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from loguru import logger
 
+from envrl.sandbox import bridge
+
 RUN_DIR_ENV = "ENVRL_SANDBOX_RUN_DIR"
 """Overrides the run directory (tests give each test its own)."""
 REAP_INTERVAL_S = 10.0
@@ -126,6 +128,7 @@ def reap() -> list[Record]:
         if record.owner_alive():
             continue
         kill_uid(record.uid)
+        bridge.remove(record.uid)
         reaped.append(record)
         logger.warning(f"reaped sandbox uid {record.uid}: its owner pid {record.owner} is gone")
         with contextlib.suppress(FileNotFoundError):

@@ -6,11 +6,11 @@ Guarantee: every message that arrives on a `SocketPump`'s socket is handed, in o
 arrival was signalled while we were sending: ZMQ's fd is edge-triggered, so every send is
 followed by one more drain. Messages given to `send` leave together at the end of the loop
 iteration, in order: one burst wakes ZMQ's I/O thread once, where a send per callback would wake
-it (~15 us) every time.
+it every time.
 
 `send_frames` / `recv_frames` call pyzmq's Cython socket methods with plain int flags: pyzmq's
-`send_multipart` / `recv_multipart` wrappers cost ~1.5 us a message in Python (type checks,
-`enum.Flag` arithmetic), several times the send itself.
+`send_multipart` / `recv_multipart` wrappers spend more per message in Python (type checks,
+`enum.Flag` arithmetic) than the send itself (docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ POLLIN = int(zmq.POLLIN)
 MAX_BATCH = 4096
 """Most messages read from one socket per loop turn, so neither side starves the other."""
 SMALL_BATCH = 4
-"""Messages read with an EVENTS check after each (~1.2 us); beyond, reads go on until zmq.Again (~3 us once)."""
+"""Messages read with an EVENTS check after each; beyond, reads go on until zmq.Again, which costs
+more once than an EVENTS check but less than many of them."""
 raw_send: Callable[..., Any] = _RawSocket.send
 """`raw_send(socket, frame, flags)`: send one frame, no Python-level wrapper."""
 raw_recv: Callable[..., bytes] = _RawSocket.recv

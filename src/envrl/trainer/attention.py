@@ -116,7 +116,9 @@ def document_sdpa_forward(
     outputs = []
     for g in document_layout.groups:
         parts = [x[:, g.start : g.end] for x in (q, k, v)]
-        if g.gather is None:  # 4-D: sdpa's flash/efficient kernels refuse 3-D inputs (math: 8x slower on CPU)
+        if (
+            g.gather is None
+        ):  # 4-D: sdpa's flash/efficient kernels refuse 3-D inputs (the math kernel is far slower on CPU)
             lone = [x.unsqueeze(0) for x in parts]
             out = F.scaled_dot_product_attention(*lone, dropout_p=dropout, is_causal=True, scale=scaling)[0]
         else:

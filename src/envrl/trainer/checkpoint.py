@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from envrl.atomic import publish, temp_sibling
-from envrl.layout import checkpoint_dir, published_steps
+from envrl.layout import checkpoint_dir, checkpoints_root, published_steps
 from envrl.trainer.parallel import Runtime, barrier
 
 TRAINER_STATE = "trainer_state.pt"
@@ -37,7 +37,7 @@ class RankCountMismatch(ValueError):
 
 def list_checkpoints(output_dir: Path) -> list[int]:
     """Steps with a published checkpoint, oldest first."""
-    return published_steps(Path(output_dir) / "checkpoints")
+    return published_steps(checkpoints_root(output_dir))
 
 
 @contextmanager

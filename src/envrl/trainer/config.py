@@ -55,6 +55,10 @@ class LossConfig(BaseConfig):
     normalize: Literal["token", "sequence"] = "token"
     """`token`: sum over the batch's loss tokens / their count. `sequence`: mean over samples of
     each sample's token mean."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """`token`: each token's own ratio. `sequence` (GSPO; TRL's `importance_sampling_level =
+    "sequence"`): every trained token of a sample gets the sample's ratio exp(mean of its tokens'
+    log-ratios), clipped and masked as a whole (GSPO clips at ~3e-4/4e-4: set clip_low/clip_high)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty (k3 estimator) pulling the trainer towards the inference policy."""
     ref_kl_coef: float = Field(0.0, ge=0)
@@ -137,6 +141,12 @@ class TrainerConfig(BaseConfig):
     `document_sdpa` (causal sdpa per sample, no T×T mask). Any name transformers knows is
     passed through (`sdpa`, `eager`: dense T×T mask over the packed row; `flex_attention`: GPU
     only, torch has no flex backward on CPU). All keep packed samples apart."""
+    phase_threads: bool = False
+    """On one CPU process: compute with every usable core while the orchestrator waits for this
+    step's weights (it has published the newest batch the async bound allows, so vLLM idles),
+    and with the start-up count (OMP_NUM_THREADS, one beside vLLM on a CPU box) while it may
+    generate. Checked before each micro-batch's forward and backward, so the switch needs more
+    than one micro-batch a step (`max_tokens`) to happen mid-step. No effect on GPUs or ranks."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward to save memory."""
     batch_timeout_s: float = Field(3600.0, gt=0)

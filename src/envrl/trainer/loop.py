@@ -31,7 +31,7 @@ from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
-from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference
+from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference, phase_threads
 from envrl.trainer.weights import publish_final, weight_publisher
 from envrl.transport.batches import BatchReceiver, BatchTimeout, FileBatchReceiver
 from envrl.transport.memory import TransferError
@@ -86,6 +86,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, optim, config.max_steps)
         )
+        self.threads = phase_threads(config, runtime)
+        """Torch threads that follow generation's phase (None: the start-up count throughout)."""
         self.metrics: MetricsSink | None = None
         self.ledger = Ledger(ledger_file(config.output_dir, "trainer") if runtime.is_main else None, "trainer")
         """The main rank's wait / compute / publish / checkpoint spans."""
@@ -212,7 +214,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(len(SUMS), dtype=torch.float64, device=runtime.device)
         for micro_batch in mine:
-            sums += self._forward_backward(micro_batch.to(runtime.device))
+            sums += self._forward_backward(step, micro_batch.to(runtime.device))
         all_reduce_sum(sums, runtime)
         totals = dict(zip(SUMS, sums.tolist(), strict=True))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.optim.max_grad_norm)
@@ -259,8 +261,13 @@ class Trainer:
         with self.model.disable_adapter():
             yield self.model
 
-    def _forward_backward(self, mb: MicroBatch) -> torch.Tensor:
-        """Loss and backward on one micro-batch; returns its sums in `SUMS` order."""
+    def _follow_phase(self, step: int) -> None:
+        if self.threads is not None:
+            self.threads.follow(step)
+
+    def _forward_backward(self, step: int, mb: MicroBatch) -> torch.Tensor:
+        """Loss and backward on one micro-batch of `step`; returns its sums in `SUMS` order."""
+        self._follow_phase(step)
         logits = packed_logits(self.model, mb)
         logprobs, entropy = token_logprobs(logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
         ref_logprobs = None
@@ -270,8 +277,16 @@ class Trainer:
                 ref_logprobs, _ = token_logprobs(ref_logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
                 del ref_logits
         loss, stats = policy_loss(
-            logprobs, mb.inference_logprobs, mb.advantages, mb.loss_mask, mb.weights, self.config.loss, ref_logprobs
+            logprobs,
+            mb.inference_logprobs,
+            mb.advantages,
+            mb.loss_mask,
+            mb.weights,
+            self.config.loss,
+            ref_logprobs,
+            mb.lengths,
         )
+        self._follow_phase(step)
         # FSDP averages gradients over ranks; the weights already normalise over the whole batch.
         (loss * self.runtime.world_size).backward()
         tokens = float(mb.num_tokens if mb.num_samples else 0)

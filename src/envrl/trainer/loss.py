@@ -77,6 +77,7 @@ def policy_loss(
     weights: torch.Tensor,
     config: LossConfig,
     ref_logprobs: torch.Tensor | None = None,
+    lengths: tuple[int, ...] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted policy-gradient loss over the tokens where `loss_mask` is true, and stat sums.
 
@@ -88,7 +89,9 @@ def policy_loss(
     With `ratio_mask`, tokens whose r is outside [mask_low, mask_high] contribute nothing (their
     weight is not redistributed). All tensors are [T]; `weights` carry the normalisation.
     A NaN inference logprob (a back-filled turn: the behaviour policy is unknown) counts as
-    on-policy: ratio 1 and no mismatch.
+    on-policy: ratio 1 and no mismatch. With `ratio_level = "sequence"` (GSPO) the log-ratio of
+    every token is its sample's mean over trained tokens (samples of `lengths` tokens, in row
+    order), so the ratio, its clipping and `ratio_mask` act per sample; the KL terms stay per token.
     """
     inference_logprobs = torch.where(torch.isnan(inference_logprobs), logprobs.detach(), inference_logprobs)
     keep = loss_mask
@@ -97,11 +100,17 @@ def policy_loss(
         true_log_ratio = logprobs - inference_logprobs
         mismatch_kl = torch.where(loss_mask, _k3(true_log_ratio), 0.0).sum()
         if config.ratio_mask:
-            r = torch.exp(true_log_ratio)
+            masked_by = true_log_ratio
+            if config.ratio_level == "sequence":
+                masked_by = _sample_mean(true_log_ratio, loss_mask, _lengths(lengths, loss_mask))
+            r = torch.exp(masked_by)
             masked = loss_mask & ((r < config.mask_low) | (r > config.mask_high))
             keep = loss_mask & ~masked
     # Zeroed outside `keep`, so an extreme ratio on an untrained token cannot turn into a NaN grad.
     log_ratio = torch.where(keep, logprobs - inference_logprobs, 0.0)
+    token_log_ratio = log_ratio
+    if config.ratio_level == "sequence":
+        log_ratio = torch.where(keep, _sample_mean(log_ratio, keep, _lengths(lengths, loss_mask)), 0.0)
     ratio = torch.exp(log_ratio)
     loss = -ratio * advantages
     clipped = torch.zeros_like(loss_mask)
@@ -110,7 +119,7 @@ def policy_loss(
         clipped = keep & (clipped_loss > loss)
         loss = torch.maximum(loss, clipped_loss)
     if config.kl_coef > 0:
-        loss = loss + config.kl_coef * _k3(log_ratio)
+        loss = loss + config.kl_coef * _k3(token_log_ratio)
     ref_kl = torch.zeros((), device=logprobs.device)
     if ref_logprobs is not None:
         ref_log_ratio = torch.where(keep, logprobs - ref_logprobs, 0.0)
@@ -126,6 +135,22 @@ def policy_loss(
         "ref_kl": ref_kl,
     }
     return total, stats
+
+
+def _lengths(lengths: tuple[int, ...] | None, loss_mask: torch.Tensor) -> tuple[int, ...]:
+    """The row's sample lengths; without them the row is one sample."""
+    return lengths if lengths is not None else (loss_mask.shape[0],)
+
+
+def _sample_mean(values: torch.Tensor, mask: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
+    """[T]: each token gets the mean of `values` over its sample's `mask` tokens (0 where it has none)."""
+    sample = torch.repeat_interleave(
+        torch.arange(len(lengths), device=values.device), torch.tensor(lengths, device=values.device)
+    )
+    weights = mask.to(values.dtype)
+    sums = values.new_zeros(len(lengths)).index_add(0, sample, values * weights)
+    counts = values.new_zeros(len(lengths)).index_add(0, sample, weights)
+    return (sums / counts.clamp(min=1))[sample]
 
 
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:

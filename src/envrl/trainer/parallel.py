@@ -3,13 +3,15 @@
 Guarantee: `build_model` returns a model that trains the same way on either path: fp32 on one
 CPU process; on GPUs (or several ranks) each decoder layer is FSDP2-sharded with fp32 master
 weights, compute in `dtype` and gradients reduced in fp32. Collectives here are no-ops when
-there is no process group, so callers never branch on the runtime.
+there is no process group, so callers never branch on the runtime. `PhaseThreads` changes only
+how many torch threads one CPU process computes with, never what it computes.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -17,6 +19,7 @@ from loguru import logger
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from envrl.layout import batch_dir
 from envrl.trainer.attention import resolve_attn_implementation
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.lora import apply_lora
@@ -63,6 +66,42 @@ def init_runtime(config: TrainerConfig) -> Runtime:
         f"{torch.get_num_threads()} torch threads on cores {sorted(os.sched_getaffinity(0))})"
     )
     return runtime
+
+
+class PhaseThreads:
+    """Torch threads that follow the run's phase on one CPU process (`trainer.phase_threads`):
+    the start-up count (OMP_NUM_THREADS: what `rl` leaves the trainer beside vLLM) while the
+    orchestrator may still generate, every core the process may use while it cannot.
+
+    The orchestrator cannot generate once it has published the newest batch the async bound
+    allows before this step's weights (`rollouts/step_<step + max_async_level>`, or the last
+    batch of the run): it then waits for the trainer, and vLLM idles (evals aside). A thread
+    count holds for a whole forward or backward pass; `follow` is called before each.
+    """
+
+    def __init__(self, output_dir: Path, max_async_level: int, max_steps: int, idle: int) -> None:
+        self.output_dir = output_dir
+        self.max_async_level = max_async_level
+        self.max_steps = max_steps
+        self.busy = torch.get_num_threads()
+        self.idle = idle
+
+    def follow(self, step: int) -> None:
+        """Set the thread count for the next pass of `step`: one `stat` of the run directory."""
+        if self.idle == self.busy:
+            return
+        newest = min(step + self.max_async_level, self.max_steps - 1)
+        threads = self.idle if batch_dir(self.output_dir, newest).is_dir() else self.busy
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+
+
+def phase_threads(config: TrainerConfig, runtime: Runtime) -> PhaseThreads | None:
+    """The trainer's `PhaseThreads` on one CPU process with `trainer.phase_threads`, else None."""
+    if not config.phase_threads or runtime.device.type != "cpu" or runtime.world_size > 1:
+        return None
+    idle = len(os.sched_getaffinity(0))  # pinned (`cpus.pin`): only the trainer's own cores
+    return PhaseThreads(config.output_dir, config.max_async_level, config.max_steps, idle)
 
 
 def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:

@@ -139,3 +139,48 @@ def test_a_sigkilled_warm_server_takes_its_live_run_and_the_run_s_children_with_
         for pid in pids:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+MODULE = """
+import json, os, sys, time
+from . import helper
+
+if __name__ == "__main__":  # the warm server imports the module once: only the entry point is per run
+    print(json.dumps({"name": __name__, "package": __package__, "path0": sys.path[0], "argv": sys.argv[1:], "helper": helper.X}), flush=True)
+    print("on stderr", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    with open(os.environ["MARKER"] + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(os.environ["MARKER"] + ".tmp", os.environ["MARKER"])
+    time.sleep(600)  # a server: runs until it is killed
+"""
+
+
+def test_a_module_runs_as_python_m_would_and_a_started_run_dies_when_killed(tmp_path: Path) -> None:
+    package = tmp_path / "warmpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helper.py").write_text("X = 42\n")
+    (package / "serve.py").write_text(MODULE)
+    workdir, log, marker = tmp_path / "work", tmp_path / "server.log", tmp_path / "pid"
+    workdir.mkdir()
+    env = {"PYTHONPATH": str(tmp_path), "MARKER": str(marker), "PATH": os.environ["PATH"]}
+
+    async def main() -> int:
+        pool = WarmPrograms()
+        try:
+            run = await pool.start(sys.executable, "-m warmpkg.serve", ["--flag"], env, workdir, log, log)
+            await asyncio.to_thread(wait_until, marker.exists, 30, "the module started")
+            pid = int(marker.read_text())
+            run.kill()
+            await asyncio.to_thread(wait_until, lambda: not alive(pid), 10, "the killed run is gone")
+            return pid
+        finally:
+            await pool.aclose()
+
+    asyncio.run(main())
+    first, second = log.read_text().splitlines()[:2]
+    info = json.loads(first)
+    assert info == {"name": "__main__", "package": "warmpkg", "path0": str(workdir), "argv": ["--flag"], "helper": 42}
+    assert second == "on stderr"  # stdout and stderr share the one log, as `> LOG 2>&1`
+    assert not warm_servers()

@@ -7,7 +7,7 @@ from loguru import logger
 
 from envrl.inference import client as inference_client
 from envrl.inference.client import InferenceClient
-from scripts.chaos.harness import free_port
+from tests.support.ports import free_port
 
 
 def test_waiting_for_a_missing_server_says_so_while_it_lasts_then_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

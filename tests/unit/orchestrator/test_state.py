@@ -6,7 +6,7 @@ from envrl.layout import eval_rollouts_file, train_rollouts_file
 from envrl.orchestrator.state import OrchestratorState, PendingGroup, load_resume_state, state_bytes
 from envrl.process import RestartBudget, RestartPolicy
 from envrl.samples import write_batch
-from scripts.bench.synthetic import synthetic_samples
+from tests.support.samples import synthetic_samples
 
 
 def state(step: int) -> OrchestratorState:

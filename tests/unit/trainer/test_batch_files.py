@@ -8,7 +8,7 @@ import pytest
 from envrl.atomic import atomic_dir
 from envrl.layout import batch_dir
 from envrl.samples import BATCH_FILE, BatchError, read_batch, write_batch
-from scripts.bench.synthetic import synthetic_samples
+from tests.support.samples import synthetic_samples
 
 
 def test_batch_round_trips_exactly(tmp_path):

@@ -151,3 +151,24 @@ def test_unknown_inference_logprob_counts_as_on_policy():
     ] == [True, True]
     expected_kl = sum(E(-d) - 1 + d for d in (-0.5, 0.5))
     assert math.isclose(stats["mismatch_kl"].item(), expected_kl, rel_tol=1e-5)
+
+
+def test_sequence_level_ratio_gives_each_sample_the_mean_of_its_token_log_ratios():
+    """GSPO: two samples of two tokens; each sample's log-ratios average to 0 (ratio 1), and the
+    gradient of exp(mean) spreads the sample's summed advantage evenly over its tokens."""
+    logprobs = (INFERENCE + torch.tensor([0.5, -0.5, 0.5, -0.5])).requires_grad_()
+    config = LossConfig(ppo_clip=False, ratio_level="sequence")
+    loss, _ = policy_loss(logprobs, INFERENCE, ADVANTAGES, ALL, WEIGHTS, config, lengths=(2, 2))
+    loss.backward()
+    assert math.isclose(loss.item(), -0.25 * ADVANTAGES.sum().item(), rel_tol=1e-6)
+    assert logprobs.grad.tolist() == pytest.approx([-0.25 * 3 / 2] * 2 + [0.25 * 1.5 / 2] * 2)
+
+
+def test_sequence_level_clipping_stops_the_whole_sample():
+    logprobs = (INFERENCE + torch.tensor([0.5, 0.4, 0.0, 0.1])).requires_grad_()
+    config = LossConfig(ppo_clip=True, clip_low=0.2, clip_high=0.2, ratio_level="sequence")
+    loss, stats = policy_loss(logprobs, INFERENCE, ADVANTAGES, ALL, WEIGHTS, config, lengths=(2, 2))
+    loss.backward()
+    # sample 0: mean 0.45, r = 1.57 > 1.2 with A > 0: clipped; sample 1: r = 1.05, inside
+    assert logprobs.grad[:2].tolist() == [0.0, 0.0] and all(g != 0 for g in logprobs.grad[2:].tolist())
+    assert stats["clipped"].item() == 2

@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM
 from envrl.samples import TrainingSample
 from envrl.trainer.attention import DOCUMENT_SDPA, document_layout, resolve_attn_implementation
 from envrl.trainer.packing import balanced_bins, pack, packed_logits, shard
-from scripts.bench.synthetic import synthetic_samples
 from scripts.tiny_model import DEFAULT_DIR
+from tests.support.samples import synthetic_samples
 
 
 def sample(prompt: int, completion: int, first_id: int = 5) -> TrainingSample:

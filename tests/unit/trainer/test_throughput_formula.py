@@ -2,9 +2,9 @@
 
 import pytest
 
-from scripts.bench.synthetic import synthetic_samples
 from scripts.bench.trainer_throughput import PEAK_BF16_TFLOPS, PRIME_RL_TOKENS_PER_S, matmul_params, model_flops
 from scripts.tiny_model import build_tokenizer, qwen3_config
+from tests.support.samples import synthetic_samples
 
 
 def test_flop_count_turns_prime_rls_published_throughput_into_its_published_mfu(tmp_path):

@@ -6,48 +6,19 @@ from itertools import pairwise
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envrl.config import resolve_config
 from envrl.layout import batch_dir
 from envrl.samples import BATCH_FILE, BatchError, write_batch
 from envrl.trainer.checkpoint import list_checkpoints
-from envrl.trainer.config import OptimConfig, TrainerConfig
-from envrl.trainer.loop import Trainer, TrainingError, lr_factor
-from envrl.trainer.parallel import init_runtime
+from envrl.trainer.config import OptimConfig
+from envrl.trainer.loop import TrainingError, lr_factor
 from envrl.trainer.weights import publish_weights
-from scripts.bench.synthetic import synthetic_samples
 from scripts.tiny_model import DEFAULT_DIR
-
-
-def make_trainer(tmp_path, **overrides) -> Trainer:
-    base = {
-        "model": {"name": str(DEFAULT_DIR)},
-        "output_dir": str(tmp_path),
-        "max_tokens": 128,
-        "batch_timeout_s": 30,
-        "optim": {"lr": 3e-3},
-        "wandb": {"mode": "disabled"},
-    }
-    config = resolve_config(TrainerConfig, base=base, overrides=[(k, json.dumps(v)) for k, v in overrides.items()])
-    return Trainer(config, init_runtime(config))
-
-
-def write_batches(tmp_path, steps: int, seed: int = 0) -> None:
-    """The same samples for every step (a fixed batch), tagged with the step's own policy."""
-    for step in range(steps):
-        write_batch(tmp_path, step, synthetic_samples(6, policy_step=step, seed=seed))
-
-
-def tensor_names(directory) -> list[str]:
-    with safe_open(directory / "model.safetensors", "pt") as f:
-        return sorted(f.keys())
-
-
-def metric_lines(tmp_path) -> list[dict]:
-    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+from tests.support.run_files import metric_lines, write_batches
+from tests.support.samples import synthetic_samples
+from tests.unit.trainer.trainers import make_trainer, tensor_names
 
 
 def test_loss_goes_down_on_a_fixed_batch(tmp_path):

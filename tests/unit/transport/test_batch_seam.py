@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from envrl.transport.batches import BatchTimeout, FileBatchReceiver, FileBatchSender
-from scripts.bench.synthetic import synthetic_samples
+from tests.support.samples import synthetic_samples
 
 
 def receiver(tmp_path, timeout_s: float = 5.0) -> FileBatchReceiver:

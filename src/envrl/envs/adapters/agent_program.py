@@ -10,6 +10,12 @@ functions. A program that exits non-zero, outlives `timeout_s` or is cancelled i
 whole process group and the rollout is an error Trace (`agent_exit`, `agent_timeout`), never a
 reward. The program gets only the variables it is given (`OPENAI_*`, `PATH`, `HOME`, `LANG`
 and `env`), none of the worker's.
+
+With `sandbox` set, the program runs in a sandbox of its own per rollout instead (envrl.sandbox:
+no network but the chat proxy's port, no host files but its image, a uid of its own, limits),
+started with `files` in its workdir and closed with everything in it when the episode ends, at
+`timeout_s` and on cancellation; a failure of the sandbox itself is an error Trace of its
+`sandbox_*` type. The same URL reaches the proxy inside (its port is forwarded, sandbox/bridge.py).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from envrl.envs.environment import Environment, TaskSource, append_turn
 from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
+from envrl.sandbox import BubblewrapProvider, Sandbox, SandboxConfig, SandboxProvider, WarmPool
 from envrl.traces import Message, Task
 
 PASSED_THROUGH = ("PATH", "HOME", "LANG", "VIRTUAL_ENV")
@@ -56,14 +63,28 @@ class AgentProgramEnvironment(Environment):
         timeout_s: float = 300.0,
         env: Mapping[str, str] | None = None,
         max_output_bytes: int = 1 << 20,
+        sandbox: SandboxConfig | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        warm: int = 0,
+        provider: SandboxProvider | None = None,
     ) -> None:
+        """`sandbox`: run each rollout's program in a sandbox of this config (`command` then names
+        paths inside it: its image, or `files`, written to its workdir before the program starts);
+        `warm` keeps that many sandboxes started ahead; `provider` replaces the local bubblewrap
+        one. The program's stdout is then limited by `sandbox.limits.max_output_kib` too."""
         super().__init__(tasks=tasks, eval_tasks=eval_tasks, rubric=rubric)
         if not command:
             raise ValueError("command must name the agent program to run, e.g. ['python', 'my_agent.py']")
+        if files and sandbox is None:
+            raise ValueError("files are written into the program's sandbox: give `sandbox` too")
         self.command = list(command)
         self.timeout_s = timeout_s
         self.extra_env = dict(env or {})
         self.max_output_bytes = max_output_bytes
+        self.sandbox = sandbox
+        self.files = dict(files or {})
+        self._provider = provider
+        self._warm = warm
         self.proxy = ChatProxy()
         self._proxy_started: asyncio.Lock | None = None
 
@@ -76,7 +97,10 @@ class AgentProgramEnvironment(Environment):
         session_id = secrets.token_hex(16)
         session = self.proxy.open(session_id, client, sampling)
         try:
-            answer = await self._run(state, session_id, client)
+            if self.sandbox is None:
+                answer = await self._run(state, session_id, client)
+            else:
+                answer = await self._run_sandboxed(state, self.sandbox, session_id, client)
         finally:
             self.proxy.close(session_id)
             for turn in session.turns:
@@ -122,6 +146,42 @@ class AgentProgramEnvironment(Environment):
             )
         return stdout.decode(errors="replace").strip()
 
+    async def _run_sandboxed(
+        self, state: RolloutState, config: SandboxConfig, session_id: str, client: ModelClient
+    ) -> str:
+        box = await self._sandboxes(config).create(config)
+        try:
+            return await self._in_sandbox(box, state, session_id, client)
+        finally:
+            await asyncio.shield(box.close())
+
+    async def _in_sandbox(self, box: Sandbox, state: RolloutState, session_id: str, client: ModelClient) -> str:
+        await box.forward_host_ports([self.proxy.port])
+        for path, data in self.files.items():
+            await box.write_file(path, data)
+        environ = self._session_env(session_id, client)
+        task = json.dumps(state.task.model_dump(mode="json"))
+        result = await box.run(self.command, stdin=task, timeout=self.timeout_s, env=environ)
+        if result.timed_out:
+            raise AgentProgramError(
+                f"{self.command[0]} ran past timeout_s = {self.timeout_s:g} s in its sandbox and was killed",
+                "agent_timeout",
+            )
+        if result.exit_code != 0:
+            tail = result.stderr[-STDERR_TAIL_BYTES:]
+            raise AgentProgramError(
+                f"{self.command[0]} exited with {result.exit_code} in its sandbox; stderr ends:\n{tail}", "agent_exit"
+            )
+        return result.stdout[: self.max_output_bytes].strip()
+
+    def _sandboxes(self, config: SandboxConfig) -> SandboxProvider:
+        """The provider, made on first use (a warm pool starts sandboxes on this worker's loop)."""
+        if self._provider is None:
+            self._provider = BubblewrapProvider()
+            if self._warm:
+                self._provider = WarmPool(self._provider, config, size=self._warm)
+        return self._provider
+
     async def _talk(self, proc: asyncio.subprocess.Process, task: bytes) -> tuple[bytes, bytes]:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a program that ignores its task
@@ -135,9 +195,13 @@ class AgentProgramEnvironment(Environment):
         return stdout, stderr
 
     def _environ(self, session_id: str, client: ModelClient) -> dict[str, str]:
-        config = getattr(client, "config", None)
+        """A program on the host: the few worker variables it needs, then the session's."""
         environ = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
-        return environ | {
+        return environ | self._session_env(session_id, client)
+
+    def _session_env(self, session_id: str, client: ModelClient) -> dict[str, str]:
+        config = getattr(client, "config", None)
+        return {
             "OPENAI_BASE_URL": self.proxy.session_url(session_id),
             "OPENAI_API_KEY": "envrl-session",
             "OPENAI_MODEL": getattr(config, "model", None) or "envrl",
@@ -148,6 +212,8 @@ class AgentProgramEnvironment(Environment):
         """Nothing per rollout: the program and its session are gone when `episode` returns."""
 
     async def aclose(self) -> None:
+        if self._provider is not None:
+            await self._provider.aclose()
         await self.proxy.stop()
 
 

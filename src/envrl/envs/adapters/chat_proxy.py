@@ -49,6 +49,8 @@ class ChatProxy:
         self.runner: web.AppRunner | None = None
         self.base_url = ""
         """Like http://127.0.0.1:PORT/v1, once started."""
+        self.port = 0
+        """The loopback port it listens on, once started."""
 
     async def start(self) -> None:
         app = web.Application(client_max_size=64 * 2**20)
@@ -59,8 +61,8 @@ class ChatProxy:
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
         logger.info(f"chat proxy serving {self.base_url}")
 
     async def stop(self) -> None:

@@ -4,7 +4,10 @@ Guarantee: a rollout opens at most one session and always closes it (after a fai
 cancellation too); a server at capacity (`max_concurrent_envs`) makes the rollout wait for a free
 session, never fail; a server that is down, crashes or drops the session makes that rollout an
 error Trace. Every completion becomes exactly one `step` action; the episode ends when the server
-says `done` (or at `max_turns`, truncated). A server given as `app` is started once per env
+says `done` (or at `max_turns`, truncated). With `mcp` (an OpenEnv `MCPEnvironment`), the tools
+the server lists after `reset` are offered to the model, each tool call of a completion becomes
+one `call_tool` step whose result (or error) is the call's tool message, and a completion
+without tool calls is the `action` step. A server given as `app` is started once per env
 server, as its child (dies with it), on a port it binds itself; its workers reuse it.
 """
 
@@ -169,6 +172,7 @@ class OpenEnvEnvironment(Environment):
         message_timeout: float = 60.0,
         max_sessions: int | None = None,
         capacity_poll: float = 0.05,
+        mcp: bool = False,
         **kwargs: Any,
     ) -> None:
         if (url is None) == (app is None):
@@ -192,6 +196,7 @@ class OpenEnvEnvironment(Environment):
         self.capacity_poll = capacity_poll
         self.sessions = None if max_sessions is None else asyncio.Semaphore(max_sessions)
         """This process's sessions at once: beyond it rollouts wait here, in order, instead of polling."""
+        self.mcp = mcp
 
     def prompt(self, task: Task) -> list[Message]:
         """The system prompt only: the first observation comes from `reset` (in `setup`)."""
@@ -205,6 +210,9 @@ class OpenEnvEnvironment(Environment):
         first = await self._open(state, self.reset_args(state.task))
         state.trace.metrics["openenv_wait_s"] = time.monotonic() - start
         state.data["steps"] = [first]
+        if self.mcp:
+            listed = await state.data["session"].result("step", {"type": "list_tools"})
+            state.data["tools"] = [_openai_tool(tool) for tool in listed.observation.get("tools", [])]
         messages = self._messages(first)
         state.prompt.extend(messages)
         state.messages.extend(messages)
@@ -227,13 +235,42 @@ class OpenEnvEnvironment(Environment):
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 2, MAX_CAPACITY_POLL)
 
+    def tools(self, state: RolloutState) -> list[dict[str, Any]] | None:
+        """The MCP server's tools (listed after `reset`); None without `mcp`."""
+        return state.data.get("tools") or None
+
     async def env_response(self, state: RolloutState) -> list[Message]:
+        last = state.last_turn
+        calls = (last.response.get("tool_calls") or []) if self.mcp and last is not None else []
+        if calls:
+            return [await self._call_tool(state, call) for call in calls]
         action = self.completion_to_action(state.completion)
         result = await state.data["session"].result("step", action)
         state.data["steps"].append(result)
         if result.done:
             state.stop("completed")
         return self._messages(result)
+
+    async def _call_tool(self, state: RolloutState, call: dict[str, Any]) -> Message:
+        """One tool call as a `call_tool` step; a malformed call or a failed tool is the call's
+        tool message (the model's doing), a broken session an error Trace (raised)."""
+        function = call.get("function") or {}
+        arguments = function.get("arguments") or {}
+        reply: Message = {"role": "tool", "tool_call_id": call.get("id") or ""}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except ValueError as e:
+                return reply | {"content": f"error: the arguments are not JSON ({e})"}
+        action = {"type": "call_tool", "tool_name": function.get("name", ""), "arguments": arguments}
+        result = await state.data["session"].result("step", action)
+        state.data["steps"].append(result)
+        if result.done:
+            state.stop("completed")
+        error = result.observation.get("error")
+        if error:
+            return reply | {"content": f"error: {error.get('message', error)}"}
+        return reply | {"content": _tool_text(result.observation.get("result"))}
 
     def _messages(self, result: StepResult) -> list[Message]:
         messages = self.observation_to_messages(result.observation)
@@ -262,6 +299,24 @@ def step_rewards(state: RolloutState) -> float | None:
 
 
 _REWARDS = {"final": final_reward, "steps": step_rewards}
+
+
+def _openai_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """An MCP tool listing (name, description, input_schema) as an OpenAI function tool."""
+    schema = tool.get("input_schema") or tool.get("inputSchema") or {"type": "object", "properties": {}}
+    function = {"name": tool["name"], "description": tool.get("description") or "", "parameters": schema}
+    return {"type": "function", "function": function}
+
+
+def _tool_text(result: Any) -> str:
+    """A tool result as text: an MCP result's text contents joined, anything else as JSON."""
+    if isinstance(result, dict) and isinstance(result.get("content"), list):
+        texts = [c.get("text", "") for c in result["content"] if isinstance(c, dict) and c.get("type") == "text"]
+        if texts:
+            return "\n".join(texts)
+        if result.get("structured_content") is not None:
+            return json.dumps(result["structured_content"])
+    return result if isinstance(result, str) else json.dumps(result)
 
 
 def _seeds(count: int, base: int) -> Callable[[], list[Task]]:

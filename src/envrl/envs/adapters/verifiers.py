@@ -23,10 +23,12 @@ from verifiers.v1.utils.loaders import load_environment as load_vf_environment
 from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset_config_type
 
 from envrl.envs.adapters.chat_proxy import ChatProxy, Session
-from envrl.envs.adapters.verifiers_runtime import warm_programs
+from envrl.envs.adapters.verifiers_runtime import Placement, local_runtimes
+from envrl.envs.adapters.verifiers_sandbox import episode_sandbox
 from envrl.envs.adapters.warm_programs import WarmPrograms
 from envrl.envs.environment import Environment, append_turn
 from envrl.envs.model_client import ModelClient, SamplingArgs
+from envrl.sandbox import BubblewrapProvider, SandboxConfig
 from envrl.traces import Error, Span, Task, Timing, Trace, WireTask
 
 SUPPORTED_VERSION = "0.4."
@@ -46,10 +48,19 @@ class VerifiersTask(Task):
 class VerifiersEnvironment(Environment):
     """Tasks from the verifiers taskset (train) and `eval_taskset` (eval); rollouts are episodes."""
 
-    def __init__(self, env: vf.Env, eval_taskset: vf.Taskset | None = None, *, warm: bool = True) -> None:
+    def __init__(
+        self,
+        env: vf.Env,
+        eval_taskset: vf.Taskset | None = None,
+        *,
+        warm: bool = True,
+        sandbox: SandboxConfig | None = None,
+    ) -> None:
         self.vf_env = env
         self.programs = WarmPrograms() if warm else None
-        """Where local harness programs are forked from (None: a fresh interpreter per rollout)."""
+        """Where local programs are forked from (None: a fresh interpreter per rollout)."""
+        self.placement = Placement(self.programs, sandbox, BubblewrapProvider() if sandbox is not None else None)
+        """Where episodes run their local programs: in a sandbox each when `sandbox` is set, else warm."""
         self._vf_tasks: dict[str, list[vf.Task]] = {}
         self._vf_sources = {"train": env.taskset, "eval": eval_taskset}
         super().__init__(tasks=lambda: self._load("train"), eval_tasks=lambda: self._load("eval"))
@@ -112,7 +123,7 @@ class VerifiersEnvironment(Environment):
                 self.proxy.open(trace.id, client, sampling)
 
             (slot,) = self.vf_env.slots(vf_task)
-            with warm_programs(self.programs) if self.programs else contextlib.nullcontext():
+            with local_runtimes(self.placement):
                 episode = await self.vf_env.run_slot(slot, ctx, on_trace=minted)
             sessions = {sid: self.proxy.sessions[sid] for sid in opened if sid in self.proxy.sessions}
             trace = _to_trace(wire, episode, sessions)
@@ -211,13 +222,19 @@ def _env_config(taskset_id: str, config: dict[str, Any]) -> vf.EnvConfig:
 
 
 def load_environment(
-    taskset_id: str, eval_taskset: dict[str, Any] | None = None, warm: bool = True, **config: Any
+    taskset_id: str,
+    eval_taskset: dict[str, Any] | None = None,
+    warm: bool = True,
+    sandbox: dict[str, Any] | None = None,
+    **config: Any,
 ) -> Environment:
     """`verifiers:<taskset-id>` with env args = verifiers' env config (`taskset`, `agent`, ...).
 
     `eval_taskset`: taskset keys (over `taskset`'s) whose tasks form the eval split (none if unset).
     `warm`: fork the local `subprocess` runtime's harness programs from a warm interpreter per
     program (default); false starts a fresh interpreter per rollout, as verifiers itself does.
+    `sandbox`: run each episode's agent runtime (its harness program and what that runs) in an
+    envrl sandbox of this config (a `SandboxConfig` as a dict, `{}` for the defaults) instead.
     """
     if not verifiers.__version__.startswith(SUPPORTED_VERSION):
         raise RuntimeError(
@@ -236,4 +253,5 @@ def load_environment(
     if eval_taskset is not None:
         data = {**config.get("taskset", {}), **eval_taskset, "id": taskset_id}
         evals = load_taskset(taskset_config_type(taskset_id).model_validate(data))
-    return VerifiersEnvironment(env, evals, warm=warm)
+    boxed = episode_sandbox(sandbox) if sandbox is not None else None
+    return VerifiersEnvironment(env, evals, warm=warm, sandbox=boxed)

@@ -1,7 +1,11 @@
-"""verifiers' local `subprocess` runtime with its harness programs started from warm interpreters.
+"""verifiers' local `subprocess` runtime with its harness programs started from warm interpreters,
+or inside a sandbox per episode.
 
-Guarantee: inside `warm_programs(pool)`, every runtime verifiers makes for a `subprocess` config
-is a `WarmSubprocessRuntime`: it runs a harness's prepared program (`prepare_uv_script`) through
+Guarantee: inside `local_runtimes(pool, sandbox)`, the runtime verifiers makes for an episode's
+agent (a `subprocess` config) is a `SandboxRuntime` when `sandbox` is given
+(verifiers_sandbox.py); every other runtime verifiers makes for a `subprocess` config (the
+episode's without a sandbox, its tool servers') is a `WarmSubprocessRuntime` when `pool` is
+given: it runs a harness's prepared program (`prepare_uv_script`) through
 the pool (in a child forked from a warm interpreter of that program, warm_programs.py), with the
 argv, environment and working directory the plain runtime would have given it, and answers the
 same `ProgramResult`; everything else it runs exactly as the plain runtime does.
@@ -9,25 +13,43 @@ same `ProgramResult`; everything else it runs exactly as the plain runtime does.
 Why: a fresh interpreter spends ~1.2 s of CPU importing verifiers' chat program (openai, mcp)
 for every rollout; a fork of one that already imported it starts in milliseconds. verifiers
 0.4 has no runtime registry, so the seam is its rollout's `make_runtime` (wrapped once, and
-only active in a context that names a pool).
+only active in a context that names a pool or a sandbox).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
-from pathlib import PurePosixPath
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import verifiers.v1.rollout as vf_rollout
+import verifiers.v1.runtimes as vf_runtimes
 from verifiers.v1.runtimes import ProgramResult, Runtime, SubprocessConfig, SubprocessRuntime, register
 
-from envrl.envs.adapters.warm_programs import WarmPrograms
+from envrl.envs.adapters.verifiers_sandbox import SandboxRuntime
+from envrl.envs.adapters.warm_programs import WarmPrograms, WarmRun
+from envrl.sandbox import SandboxConfig, SandboxProvider
 
-_POOL: ContextVar[WarmPrograms | None] = ContextVar("envrl_warm_programs", default=None)
-_make_runtime = vf_rollout.make_runtime
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the adapter's episodes run local programs: warm forks, and/or one sandbox per episode."""
+
+    programs: WarmPrograms | None = None
+    sandbox: SandboxConfig | None = None
+    provider: SandboxProvider | None = None
+
+
+_PLACEMENT: ContextVar[Placement | None] = ContextVar("envrl_local_runtimes", default=None)
+_make_runtime = vf_runtimes.make_runtime
+PORT_WAIT_S = 5.0
+"""How long a warm tool server's start waits for its port file (past it, verifiers polls as usual)."""
 
 
 class WarmSubprocessRuntime(SubprocessRuntime):
@@ -38,6 +60,8 @@ class WarmSubprocessRuntime(SubprocessRuntime):
         self._programs = programs
         self._prepared: dict[tuple[str, ...], tuple[str, str, bool]] = {}
         """The argv prefix `prepare_uv_script` returned -> (interpreter, program, activated)."""
+        self._warm_runs: list[WarmRun] = []
+        """Tool servers running as warm forks, killed at teardown."""
 
     async def prepare_uv_script(
         self, script: str | bytes, env: dict[str, str] | None = None, *, activate: bool = True
@@ -50,13 +74,54 @@ class WarmSubprocessRuntime(SubprocessRuntime):
     async def run_program(self, argv: list[str], env: dict[str, str]) -> ProgramResult:
         for prefix, (interpreter, program, activated) in self._prepared.items():
             if tuple(argv[: len(prefix)]) == prefix and self.workdir is not None:
-                # The environment SubprocessRuntime.run builds (host variables minus API keys).
-                full = {k: v for k, v in os.environ.items() if "API_KEY" not in k.upper()} | self.process_env(env)
+                full = self._host_env() | self.process_env(env)
                 if activated:
                     full |= _activation(interpreter, full)
                 run = await self._programs.run(interpreter, program, argv[len(prefix) :], full, self.workdir)
                 return ProgramResult(exit_code=run.exit_code, stdout=run.stdout, stderr=run.stderr)
         return await super().run_program(argv, env)
+
+    async def run_background(self, argv: list[str], env: dict[str, str], log: str) -> None:
+        """A tool server verifiers starts as `python -m MODULE` (an MCP toolset): forked from a warm
+        interpreter that imported the module, killed when the runtime stops; anything else as verifiers runs it."""
+        if len(argv) == 3 and argv[:2] == [sys.executable, "-m"] and self.workdir is not None:
+            full = self._host_env() | self.process_env(env)
+            path = self.workdir / log
+            run = await self._programs.start(sys.executable, f"-m {argv[2]}", [], full, self.workdir, path, path)
+            self._warm_runs.append(run)
+            if port_file := full.get("MCP_PORT_FILE"):
+                await _reported(Path(port_file))
+            return
+        await super().run_background(argv, env, log)
+
+    async def teardown(self) -> None:
+        self._kill_warm_runs()
+        await super().teardown()
+
+    def cleanup(self) -> None:
+        self._kill_warm_runs()
+        super().cleanup()
+
+    def _kill_warm_runs(self) -> None:
+        runs, self._warm_runs = self._warm_runs, []
+        for run in runs:
+            run.kill()
+
+    @staticmethod
+    def _host_env() -> dict[str, str]:
+        """What SubprocessRuntime gives every process of its own: the host's variables minus API keys."""
+        return {k: v for k, v in os.environ.items() if "API_KEY" not in k.upper()}
+
+
+async def _reported(port_file: Path) -> None:
+    """Wait (bounded) for a warm tool server to write its port to its port file: verifiers reads it
+    at once, then only once a second, so a fork that is ready in milliseconds would cost a second."""
+    deadline = asyncio.get_running_loop().time() + PORT_WAIT_S
+    while asyncio.get_running_loop().time() < deadline:
+        with contextlib.suppress(OSError):
+            if port_file.read_text().strip().isdigit():
+                return
+        await asyncio.sleep(0.005)
 
 
 def _activation(interpreter: str, env: dict[str, str]) -> dict[str, str]:
@@ -71,22 +136,32 @@ def _activation(interpreter: str, env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def _make_warm_runtime(config: Any, name: str | None = None) -> Runtime:
-    """verifiers' `make_runtime`, but a `subprocess` runtime in a pool's context is a warm one."""
-    programs = _POOL.get()
-    if programs is None or type(config) is not SubprocessConfig:
+def _make_local_runtime(config: Any, name: str | None = None) -> Runtime:
+    """verifiers' `make_runtime`, but a `subprocess` runtime in a placement's context is sandboxed
+    (an episode's: the rollout names its runtime by its trace id; tool servers' runtimes have no
+    name and stay on the host) or warm."""
+    placement = _PLACEMENT.get()
+    if placement is None or type(config) is not SubprocessConfig:
         return _make_runtime(config, name)
-    runtime = WarmSubprocessRuntime(config, name, programs)
+    runtime: Runtime
+    if placement.sandbox is not None and placement.provider is not None and name is not None:
+        runtime = SandboxRuntime(config, name, placement.sandbox, placement.provider)
+    elif placement.programs is not None:
+        runtime = WarmSubprocessRuntime(config, name, placement.programs)
+    else:
+        return _make_runtime(config, name)
     register(runtime)
     return runtime
 
 
 @contextlib.contextmanager
-def warm_programs(programs: WarmPrograms) -> Iterator[None]:
-    """Within this context (and the tasks it starts), verifiers' local harness programs run warm."""
-    vf_rollout.make_runtime = _make_warm_runtime
-    token = _POOL.set(programs)
+def local_runtimes(placement: Placement) -> Iterator[None]:
+    """Within this context (and the tasks it starts), verifiers' local programs run as `placement` says."""
+    # An episode's runtime comes from the rollout's `make_runtime`, a tool server's from
+    # `provision_runtime` (which looks `make_runtime` up in its own module).
+    vf_rollout.make_runtime = vf_runtimes.make_runtime = _make_local_runtime
+    token = _PLACEMENT.set(placement)
     try:
         yield
     finally:
-        _POOL.reset(token)
+        _PLACEMENT.reset(token)

@@ -1,10 +1,10 @@
 """Programs run by forks of warm interpreters: the client side of warm_server.py.
 
-Guarantee: `WarmPrograms.run` runs `interpreter program *args` with the given environment and
+Guarantee: `WarmPrograms.run` runs `interpreter program *args` (or `interpreter -m NAME *args`) with the given environment and
 working directory in a child forked from that program's warm server (one per program, started
 on its first run, restarted if it died) and returns its exit code, stdout and stderr as a fresh
 interpreter's run would give them; a run whose caller is cancelled is killed with its process
-group. `aclose` (or the death of this process, even by SIGKILL) stops the servers and their
+group; `start` does the same without waiting (a server the caller `kill`s when done). `aclose` (or the death of this process, even by SIGKILL) stops the servers and their
 live runs; a server that dies (even by SIGKILL) takes its runs with it, and their process groups
 are killed by the callers that were waiting on them.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -49,32 +50,52 @@ class WarmPrograms:
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def run(self, interpreter: str, program: str, args: list[str], env: dict[str, str], cwd: Path) -> ProgramRun:
-        """`interpreter program *args` with `env` in `cwd`, run by a fork of the program's warm server."""
-        socket_path = await self._server(interpreter, program, env)
+        """`interpreter program *args` with `env` in `cwd`, run by a fork of the program's warm server
+        (`program`: a file, or "-m NAME" for a module)."""
         run_id = uuid.uuid4().hex
         out, err = self._path(f"{run_id}.out"), self._path(f"{run_id}.err")
-        request = warm_server.RunRequest(args=args, env=env, cwd=str(cwd), stdout=str(out), stderr=str(err))
+        run = await self.start(interpreter, program, args, env, cwd, out, err)
+        try:
+            code = await run.wait()
+            return ProgramRun(exit_code=code, stdout=_read(out), stderr=_read(err))
+        finally:
+            run.kill()
+            for path in (out, err):
+                path.unlink(missing_ok=True)
+
+    async def start(
+        self,
+        interpreter: str,
+        program: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        stdout: Path,
+        stderr: Path,
+    ) -> WarmRun:
+        """Start a run writing to `stdout` and `stderr` (the same path: one log) and return at once."""
+        socket_path = await self._server(interpreter, program, env)
+        request = warm_server.RunRequest(args=args, env=env, cwd=str(cwd), stdout=str(stdout), stderr=str(stderr))
         reader, writer = await asyncio.open_unix_connection(str(socket_path))
         try:
             writer.write(json.dumps(request).encode() + b"\n")
             await writer.drain()
-            started, exited = await reader.readline(), await reader.readline()
-            if not started.strip().isdigit() or not exited.strip().lstrip(b"-").isdigit():
-                if started.strip().isdigit():  # the server died under a started run: the kernel killed the
-                    _kill_group(int(started))  # run (its parent-death signal), its group is left to us
-                raise RuntimeError(
-                    f"the warm server of {program} ended run {run_id} without an exit code "
-                    f"({(started + exited).decode(errors='replace').strip() or 'no answer'}); see {self._log(program)}"
-                )
-            return ProgramRun(exit_code=int(exited), stdout=_read(out), stderr=_read(err))
-        finally:
-            # Closing the connection before the run exited (a cancelled rollout) makes the server kill it.
+            started = await reader.readline()
+        except BaseException:
             writer.close()
-            for path in (out, err):
-                path.unlink(missing_ok=True)
+            raise
+        run = WarmRun(
+            reader, writer, int(started) if started.strip().isdigit() else None, f"{program} ({self._log(program)})"
+        )
+        if run.pid is None:
+            run.kill()
+            raise RuntimeError(
+                f"the warm server of {program} refused a run: {started.decode(errors='replace').strip()}"
+            )
+        return run
 
     async def _server(self, interpreter: str, program: str, env: dict[str, str]) -> Path:
-        socket_path = self._path(f"{Path(program).stem[:16]}.sock")
+        socket_path = self._path(f"{_name(program)}.sock")
         async with self._locks.setdefault(program, asyncio.Lock()):
             server = self._servers.get(program)
             if server is not None and server.returncode is None:
@@ -97,7 +118,7 @@ class WarmPrograms:
                     f"the warm server of {program} did not start within {READY_TIMEOUT:g} s "
                     f"(exit {server.returncode}); its log: {self._log(program)}"
                 )
-            logger.info(f"warm server of verifiers program {Path(program).name} ready (pid {server.pid})")
+            logger.info(f"warm server of {program} ready (pid {server.pid})")
             return socket_path
 
     def _path(self, name: str) -> Path:
@@ -107,7 +128,7 @@ class WarmPrograms:
         return self._dir / name
 
     def _log(self, program: str) -> Path:
-        return self._path(f"{Path(program).stem[:16]}.log")
+        return self._path(f"{_name(program)}.log")
 
     async def aclose(self) -> None:
         """Stop every server (each kills its live runs) and remove their sockets and files."""
@@ -116,6 +137,28 @@ class WarmPrograms:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+class WarmRun:
+    """A started run: `wait()` for its exit code; `kill()` (or closing its caller) stops it with its group."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int | None, what: str) -> None:
+        self._reader, self._writer, self.pid, self._what = reader, writer, pid, what
+
+    async def wait(self) -> int:
+        exited = await self._reader.readline()
+        if not exited.strip().lstrip(b"-").isdigit():
+            if self.pid is not None:  # the server died under a started run: the kernel killed the
+                _kill_group(self.pid)  # run (its parent-death signal), its group is left to us
+            raise RuntimeError(
+                f"the warm server of {self._what} ended run {self.pid} without an exit code "
+                f"({exited.decode(errors='replace').strip() or 'no answer'})"
+            )
+        return int(exited)
+
+    def kill(self) -> None:
+        """Closing the connection before the run exited makes the server kill it (a no-op after its exit)."""
+        self._writer.close()
 
 
 async def _stop(server: asyncio.subprocess.Process) -> None:
@@ -135,6 +178,12 @@ def _kill_group(pgid: int) -> None:
     while the group has a member, that id is not given to another process)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _name(program: str) -> str:
+    """A short file name for a program's socket and log (a unix socket path must fit in 108 bytes)."""
+    stem = Path(program.removeprefix("-m ")).stem[:12]
+    return f"{stem}-{hashlib.sha256(program.encode()).hexdigest()[:8]}"
 
 
 def _read(path: Path) -> str:

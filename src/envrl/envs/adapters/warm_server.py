@@ -1,6 +1,7 @@
 """A warm interpreter for one Python program: it imports the program once, then forks a child per run.
 
-Guarantee: every run executes the program's unchanged source as `__main__`, with the argv,
+Guarantee: every run executes the program's unchanged source as `__main__` (a file as `python
+FILE` runs it, a module as `python -m NAME` does, `sys.path[0]` included), with the argv,
 environment and working directory of its request, in a session of its own (stdin /dev/null,
 stdout and stderr to the request's files), and its exit code (negative: killed by that signal)
 is answered on the request's connection. A run whose connection closes before it exits is
@@ -10,9 +11,13 @@ itself, every live run gets SIGKILL from the kernel (its parent-death signal) an
 waiting on it kills the run's process group (warm_programs.py), the socket's directory (its
 parent's, holding the runs' output files) is removed and the server exits. Modules a
 run imported lazily (httpx's transport on the first client, say) are imported by the server
-after that run, so later forks start with them.
+after that run, so later forks start with them (a run that serves until it is killed, an MCP
+tool server, reports them `REPORT_AFTER_S` into its life).
 
-    PYTHON warm_server.py PROGRAM SOCKET
+    PYTHON warm_server.py PROGRAM SOCKET       (PROGRAM: a file, or "-m NAME" for a module)
+
+The server runs the program's top level once (a module's under its own name), so its entry
+point must sit under `if __name__ == "__main__"`, as verifiers' programs and toolsets have it.
 
 Standard library only: it runs in the program's own interpreter (verifiers' uv script
 environment), where envrl is not installed. Imports are what a fresh interpreter spends its time
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
+import importlib.util
 import json
 import os
 import random
@@ -31,11 +38,14 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import traceback
 import types
 from typing import TypedDict
 
 _PR_SET_PDEATHSIG = 1
+REPORT_AFTER_S = 1.0
+"""When a run that is still running reports the modules it imported lazily."""
 READY = "warm-program-ready"
 """The line the server prints on stdout once it listens."""
 
@@ -56,13 +66,47 @@ _pool_dir = "."
 """The socket's directory (set by `main`): the runs' output files and lists of imported modules."""
 
 
-def main(program: str, address: str) -> None:
+class Program:
+    """What each run executes, loaded once: a file (`python FILE`) or a module (`python -m NAME`)."""
+
+    def __init__(self, spec: str) -> None:
+        self.module = spec[3:] if spec.startswith("-m ") else None
+        if self.module is None:
+            self.path = os.path.abspath(spec)
+            sys.path[0] = os.path.dirname(self.path)  # as `python FILE` has it (not this server's directory)
+            with open(spec, encoding="utf-8") as f:
+                self.code = compile(f.read(), spec, "exec")
+            # The program's imports, done once; its `if __name__ == "__main__"` entry point stays inert.
+            exec(self.code, self.main("__envrl_warm__").__dict__)
+            return
+        sys.path[0] = os.getcwd()
+        self.spec = importlib.util.find_spec(self.module)
+        if self.spec is None or self.spec.origin is None or self.spec.loader is None:
+            raise ModuleNotFoundError(f"no module named {self.module!r} (to run as -m)")
+        importlib.import_module(self.module)  # its imports and definitions, once
+        self.path = self.spec.origin
+        self.code = self.spec.loader.get_code(self.module)  # type: ignore[attr-defined]
+
+    def main(self, name: str = "__main__") -> types.ModuleType:
+        module = types.ModuleType(name)
+        module.__file__ = self.path
+        if self.module is not None:
+            module.__package__ = self.module.rpartition(".")[0]
+            module.__spec__ = self.spec
+            module.__loader__ = self.spec.loader
+        sys.modules[name] = module
+        return module
+
+    def enter(self, cwd: str) -> None:
+        """In a run: `sys.path[0]` as the interpreter would have set it."""
+        if self.module is not None:
+            sys.path[0] = cwd
+
+
+def main(spec: str, address: str) -> None:
     global _pool_dir
     _pool_dir = os.path.dirname(os.path.abspath(address))
-    with open(program, encoding="utf-8") as f:
-        code = compile(f.read(), program, "exec")
-    # The program's imports, done once; its `if __name__ == "__main__"` entry point stays inert.
-    exec(code, _module("__envrl_warm__", program).__dict__)
+    program = Program(spec)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(128)
@@ -82,7 +126,7 @@ def main(program: str, address: str) -> None:
                 return
             if kind == "accept":
                 conn, _ = listener.accept()
-                pid = _start(conn, code, program)
+                pid = _start(conn, program)
                 if pid:
                     runs[pid] = conn
                     selector.register(conn, selectors.EVENT_READ, ("conn", pid))
@@ -104,7 +148,7 @@ def main(program: str, address: str) -> None:
                     conn.close()
 
 
-def _start(conn: socket.socket, code: types.CodeType, program: str) -> int:
+def _start(conn: socket.socket, program: Program) -> int:
     """Fork a run for the request on `conn` and answer its pid; 0 (conn closed) for a bad request."""
     conn.settimeout(30.0)
     try:
@@ -119,7 +163,7 @@ def _start(conn: socket.socket, code: types.CodeType, program: str) -> int:
     server = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _run(request, code, program, server)
+        _run(request, program, server)
     with contextlib.suppress(OSError):  # a caller already gone is noticed by the selector: the run is killed
         conn.sendall(f"{pid}\n".encode())
     return pid
@@ -132,7 +176,7 @@ def _die_with_server(server: int) -> None:
         os._exit(1)
 
 
-def _run(request: RunRequest, code: types.CodeType, program: str, server: int) -> None:
+def _run(request: RunRequest, program: Program, server: int) -> None:
     """Child side: become the program, as a fresh `python PROGRAM ARGS...` would be, and exit."""
     status = 1
     try:
@@ -143,6 +187,9 @@ def _run(request: RunRequest, code: types.CodeType, program: str, server: int) -
             (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
             (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
         ):
+            if fd == 2 and path == request["stdout"]:
+                os.dup2(1, 2)  # one log for both, as `> LOG 2>&1`
+                continue
             opened = os.open(path, flags, 0o600)
             os.dup2(opened, fd)
             os.close(opened)
@@ -150,13 +197,18 @@ def _run(request: RunRequest, code: types.CodeType, program: str, server: int) -
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = [program, *request["args"]]
+        sys.argv = [program.path, *request["args"]]
+        program.enter(request["cwd"])
         random.seed()  # a fork shares its parent's random state; a fresh interpreter would not
         before = set(sys.modules)
+        report = threading.Timer(REPORT_AFTER_S, lambda: _report_imports(sorted(set(sys.modules) - before)))
+        report.daemon = True
+        report.start()
         try:
-            exec(code, _module("__main__", program).__dict__)
+            exec(program.code, program.main().__dict__)
             status = 0
         finally:
+            report.cancel()
             _report_imports(sorted(set(sys.modules) - before))
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -193,13 +245,6 @@ def _learn_imports(pid: int) -> None:
             if name not in sys.modules:
                 with contextlib.suppress(Exception):
                     __import__(name)
-
-
-def _module(name: str, program: str) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__file__ = program
-    sys.modules[name] = module
-    return module
 
 
 def _kill(pid: int) -> None:

@@ -17,7 +17,6 @@ import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,34 +29,14 @@ from statistics import fmean
 from envrl.layout import published_steps, rollouts_root
 from envrl.metrics import metric_float
 from envrl.serve.client import EnvClient, EnvServerError
+from tests.support.ports import free_base_port, free_port
+from tests.support.run_files import metric_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "debug" / "cpu_smoke.toml"
 MARKER = "ENVRL_CHAOS_RUN"
 WORKER = "envrl.serve.worker"
 """A substring of every env worker's command line."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_base_port() -> int:
-    """A base port whose train (base + i) and eval (base + 1000 + i) ports are free now."""
-    for _ in range(100):
-        base = free_port()
-        if base + 1010 > 65000:
-            continue
-        try:
-            for port in (base, base + 1, base + 1000, base + 1001):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port block found")
 
 
 def marked_pids(marker: str) -> list[int]:
@@ -246,7 +225,7 @@ def account(out: Path, scenario: str, faults: str) -> Row:
     counters, group_size = state["counters"], _group_size(out)
     lines = [json.loads(line) for line in (out / "rollouts" / "train.jsonl").read_text().splitlines()]
     errors = sum(line["error"] is not None for line in lines)
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = metric_lines(out)
     rewards = [metric_float(m["train/reward"]) for m in sorted(metrics, key=lambda m: m["step"]) if "train/reward" in m]
     rewards = [r for r in rewards if not math.isnan(r)]  # a step whose rollouts all failed has none
     retried = counters.get("retried_rollouts", 0)
@@ -277,7 +256,7 @@ def _group_size(out: Path) -> int:
 
 def check_unique_lines(out: Path) -> None:
     """AssertionError if a step is logged twice by one process, or train.jsonl has a step's rollouts twice."""
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = metric_lines(out)
     keys = [
         (m["process"], m["step"], tuple(sorted(k for k in m if k not in ("step", "time", "process")))) for m in metrics
     ]

@@ -1,0 +1,3 @@
+from digits_tools.taskset import DigitsToolsTaskset
+
+__all__ = ["DigitsToolsTaskset"]

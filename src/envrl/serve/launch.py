@@ -1,0 +1,72 @@
+"""How an env server is started, and started again after it died: one description, one command,
+one spawn, whoever starts it (`rl`'s launcher, or a standalone orchestrator for an env without an
+`address`).
+
+Guarantee: an `EnvServerLaunch` holds everything that decides the server process (its config,
+interpreter, the variables it may see beyond the allow-list, its restart policy), and `start`
+spawns exactly that process and returns the address it bound; starting it again on its own
+address brings back the same server, so clients reconnect to it. Who restarts it is the one that
+started it: the launcher under `rl`, the orchestrator standalone; both go through `start`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loguru import logger
+from pydantic import BaseModel, ConfigDict
+
+from envrl.process import Child, RestartPolicy, allowed_environ, config_argv, spawn_sidecar
+from envrl.serve.config import EnvServerConfig
+
+
+class EnvServerLaunch(BaseModel):
+    """An env server to start: the split and name its log and config go by, and what it runs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    split: str
+    name: str
+    config: EnvServerConfig
+    python: str
+    """The interpreter it runs in (the env's `python` or `project`, else the starter's own)."""
+    restarts: RestartPolicy
+    """How it is restarted when it dies (the env's `restarts`)."""
+    pass_env: list[str] = []
+    """Variables of the starter's environment it gets beyond the allow-list (the env's `pass_env`)."""
+
+    @property
+    def title(self) -> str:
+        """How logs and errors name it: `train env server 'reverse-text'`."""
+        return f"{self.split} env server {self.name!r}"
+
+    def argv(self, config_file: Path | None = None) -> list[str]:
+        """Its command: the config from `config_file` (written by the launcher) or as flags."""
+        source = ["--config", str(config_file)] if config_file is not None else config_argv(self.config)
+        return [self.python, "-m", "envrl.serve.main", *source]
+
+    def allowed_env(self, withheld: frozenset[str] = frozenset()) -> list[str]:
+        """Names it may see beyond the allow-list: `pass_env` and its model's API key variables,
+        never one of `withheld` (the inference reload token)."""
+        return sorted({*self.pass_env, *self.config.model_access.api_key_envs} - withheld)
+
+
+def start(
+    launch: EnvServerLaunch,
+    *,
+    log_file: Path,
+    argv: list[str] | None = None,
+    environ: dict[str, str] | None = None,
+    ready_timeout: float = 120.0,
+) -> tuple[Child, str]:
+    """Spawn the server (`argv`/`environ` default to `launch.argv()` and its allowed environment)
+    and wait until it reports the address it bound."""
+    child, address = spawn_sidecar(
+        argv or launch.argv(),
+        name=launch.title,
+        log_file=log_file,
+        env=environ if environ is not None else allowed_environ(launch.allowed_env()),
+        ready_timeout=ready_timeout,
+    )
+    logger.info(f"{launch.title} serving at {address} (log: {log_file})")
+    return child, address
