@@ -225,9 +225,11 @@ def _send_nccl(store: dist.Store, world_size: int, tensors: Sequence[torch.Tenso
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
     from vllm.distributed.utils import StatelessProcessGroup
     from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
+    from vllm.utils.nccl import unpinned_nccl_env
 
     device = torch.cuda.current_device()
-    group = PyNcclCommunicator(StatelessProcessGroup(rank=0, world_size=world_size, store=store), device=device)
+    with unpinned_nccl_env():  # as vLLM's own trainer-side rendezvous (nccl_common)
+        group = PyNcclCommunicator(StatelessProcessGroup(rank=0, world_size=world_size, store=store), device=device)
     try:
         packed_nccl_broadcast_producer(
             iterator=((None, t.to(device)) for t in tensors),
