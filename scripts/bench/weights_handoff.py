@@ -10,6 +10,7 @@ are dropped from the page cache (posix_fadvise DONTNEED, no root needed), so the
 the disk or the network filesystem, not from memory.
 
     uv run --no-sync python -m scripts.bench.weights_handoff --ledger RUN_DIR [RUN_DIR ...]
+    uv run --no-sync python -m scripts.bench.weights_handoff --broadcast [--gb 1.2]
 
 With `--model`: the pause per step of the real hand-off, from the trainer's publish until the
 replica serves the new policy, through envrl's own code on a real vLLM server: the full model
@@ -20,6 +21,9 @@ hidden 576, 30 layers, 9 heads, 3 kv heads, intermediate 1536, vocabulary 49152,
 embeddings), randomly initialised and built once under `--dir` (timings do not depend on the
 values); any other value is an HF model directory (e.g. `python scripts/tiny_model.py --shape
 qwen3-0.6b` builds Qwen3-0.6B's shape). LoRA: rank `--rank` on every linear module of the decoder layers and on `lm_head`.
+
+With `--broadcast`: the memory transport's own floor, the gloo broadcast of `--gb` GB to one
+receiving process with nothing loaded.
 
 With `--ledger`: for finished runs (e.g. the smoke config with each transport), the share of
 step time the time ledger gives to the weight publish (trainer) and the reload (replicas).
@@ -203,6 +207,49 @@ def handoff(args: argparse.Namespace) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def _receive_only(host: str, port: int, info_json: str) -> None:
+    """The receiving end of `broadcast_floor`, in a process of its own."""
+    import torch.distributed as dist
+
+    from envrl.transport.memory import WORLD_SIZE_KEY, TransferInfo, gloo_group, receive_gloo
+
+    info = TransferInfo.model_validate_json(info_json)
+    store = dist.TCPStore(host, port, is_master=False)
+    store.set(WORLD_SIZE_KEY, "2")
+    for _ in receive_gloo(gloo_group(store, 1, 2, 600.0), info):
+        pass
+
+
+def broadcast_floor(gb: float, repeats: int) -> None:
+    """Seconds per GB of the gloo broadcast alone (bf16 tensors, 256 MB buckets, one receiving
+    process, nothing loaded): the memory transport's floor on this machine."""
+    import multiprocessing
+
+    from envrl.transport.memory import PolicySender
+
+    named = list(state_dict(gb).items())
+    size_gb = sum(t.numel() * t.element_size() for _, t in named) / 1e9
+    seconds = []
+    for _ in range(repeats):
+        published: list[bytes] = []
+        sender = PolicySender(
+            1, named, backend="gloo", host="127.0.0.1", timeout_s=600.0, bucket_bytes=256 * 2**20,
+            publish=published.append,
+        )  # fmt: skip
+        receiver = multiprocessing.get_context("spawn").Process(
+            target=_receive_only, args=("127.0.0.1", sender.info.port, published[0].decode())
+        )
+        receiver.start()
+        assert sender.sending.wait(600)
+        start = time.perf_counter()
+        assert sender.served.wait(600)
+        seconds.append(time.perf_counter() - start)
+        receiver.join()
+        sender.close()
+    print(f"gloo broadcast alone, {size_gb:.2f} GB x {repeats}: {median(seconds) / size_gb:.2f} s/GB "
+          "(median, from the group's forming to the last byte)")  # fmt: skip
+
+
 def ledger_shares(run_dirs: list[Path]) -> None:
     """For each run dir: the median step's wall time and the shares of it the ledger gives to
     the weight hand-off (`publish` on the trainer, `reload_weights` on the replicas)."""
@@ -227,12 +274,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank of the adapter line (0: none)")
     parser.add_argument("--transport", nargs="+", default=["filesystem", "memory"], choices=["filesystem", "memory"])
+    parser.add_argument("--broadcast", action="store_true", help="the gloo broadcast alone, --gb GB of tensors")
     parser.add_argument(
         "--ledger", type=Path, nargs="+", default=None, help="run dirs: the hand-off's share of step time"
     )
     args = parser.parse_args()
     if args.ledger is not None:
         ledger_shares(args.ledger)
+    elif args.broadcast:
+        broadcast_floor(args.gb, args.repeats)
     elif args.model is None:
         filesystem(args)
     else:

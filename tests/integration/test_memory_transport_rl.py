@@ -11,11 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import fmean
 
-from tests.integration.smoke import SmokeRun, finish, metrics, rl_process, wait_no_survivors
+from tests.integration.smoke import SmokeRun, finish, rl_process, wait_no_survivors
+from tests.support.run_files import metric_lines
 
 
 def per_step(out: Path, key: str) -> list[float]:
-    return [m[key] for m in sorted(metrics(out), key=lambda m: m["step"]) if key in m]
+    return [m[key] for m in sorted(metric_lines(out), key=lambda m: m["step"]) if key in m]
 
 
 def test_a_smoke_run_with_weights_in_memory_learns_like_one_with_files(smoke_run: SmokeRun, tmp_path: Path) -> None:

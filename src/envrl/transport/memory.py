@@ -108,27 +108,45 @@ def gloo_group(store: dist.Store, rank: int, world_size: int, timeout_s: float) 
     return dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout_s))
 
 
-def broadcast_gloo(group: dist.ProcessGroupGloo, buffer: torch.Tensor) -> None:
+def broadcast_gloo(group: dist.ProcessGroupGloo, buffer: torch.Tensor) -> dist.Work:
+    """Start broadcasting `buffer` from rank 0 (gloo runs it on its own thread); `.wait()` it."""
     options = dist.BroadcastOptions()
     options.rootRank = 0
-    group.broadcast([buffer], options).wait()
+    return group.broadcast([buffer], options)
 
 
 def send_gloo(group: dist.ProcessGroupGloo, tensors: Sequence[torch.Tensor], info: TransferInfo) -> None:
-    """Broadcast `tensors` from rank 0, one flat byte buffer per bucket."""
+    """Broadcast `tensors` from rank 0, one flat byte buffer per bucket; the next bucket is
+    packed while the previous one is on the wire."""
+    in_flight: dist.Work | None = None
     for bucket in plan_buckets(info.dtype_names, info.shapes, info.bucket_bytes):
         parts = [tensors[i].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8) for i in bucket]
-        broadcast_gloo(group, torch.cat(parts) if len(parts) > 1 else parts[0])
+        buffer = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if in_flight is not None:
+            in_flight.wait()
+        in_flight = broadcast_gloo(group, buffer)
+    if in_flight is not None:
+        in_flight.wait()
 
 
 def receive_gloo(group: dist.ProcessGroupGloo, info: TransferInfo) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """The `(name, tensor)` pairs of each bucket, as it arrives (on CPU)."""
-    for bucket in plan_buckets(info.dtype_names, info.shapes, info.bucket_bytes):
-        sizes = [tensor_bytes(info.dtype_names[i], info.shapes[i]) for i in bucket]
-        buffer = torch.empty(sum(sizes), dtype=torch.uint8)
-        broadcast_gloo(group, buffer)
+    """The `(name, tensor)` pairs of each bucket, as it arrives (on CPU); the next bucket is
+    received while the caller loads this one."""
+    buckets = plan_buckets(info.dtype_names, info.shapes, info.bucket_bytes)
+
+    def post(bucket: list[int]) -> tuple[torch.Tensor, dist.Work]:
+        buffer = torch.empty(sum(tensor_bytes(info.dtype_names[i], info.shapes[i]) for i in bucket), dtype=torch.uint8)
+        return buffer, broadcast_gloo(group, buffer)
+
+    pending = post(buckets[0]) if buckets else None
+    for n, bucket in enumerate(buckets):
+        assert pending is not None
+        buffer, work = pending
+        work.wait()
+        pending = post(buckets[n + 1]) if n + 1 < len(buckets) else None
         out, offset = [], 0
-        for i, size in zip(bucket, sizes, strict=True):
+        for i in bucket:
+            size = tensor_bytes(info.dtype_names[i], info.shapes[i])
             dtype = getattr(torch, info.dtype_names[i])
             out.append((info.names[i], buffer[offset : offset + size].view(dtype).reshape(info.shapes[i])))
             offset += size
