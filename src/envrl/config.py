@@ -42,6 +42,9 @@ class BaseConfig(BaseModel):
 
     cli_aliases: ClassVar[dict[str, str]] = {}
     """Short flags of an entry point's config: {"n": "num-examples"} makes `-n 20` mean `--num-examples 20`."""
+    owned_keys: ClassVar[frozenset[str]] = frozenset()
+    """Dotted keys (and whole sections) that the entry point sets itself: left out of `--help`, and
+    the entry point refuses them when given (e.g. `rl` sets `trainer.output_dir` from `output_dir`)."""
 
 
 class ConfigError(Exception):
@@ -351,10 +354,13 @@ def config_help(cls: type[BaseModel], prog: str, epilog: str = "") -> str:
         ),
     ]
     shorts = list(cls.cli_aliases.items()) if issubclass(cls, BaseConfig) else []
+    owned = cls.owned_keys if issubclass(cls, BaseConfig) else frozenset()
     sections: dict[str, list[str]] = {}
 
     def walk(model: type[BaseModel], prefix: str, section: str) -> None:
         for name, field in model.model_fields.items():
+            if f"{prefix}{name}" in owned:
+                continue
             key = f"{prefix}{name}".replace("_", "-")
             sub = [t for t in _unwrap(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
             if len(sub) == 1 and len(_unwrap(field.annotation)) == 1:

@@ -11,6 +11,7 @@ guess which of two values wins; so are two processes of the run on one TCP port.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
@@ -31,6 +32,13 @@ from envrl.serve.launch import EnvServerLaunch
 from envrl.trainer.config import TrainerConfig
 
 SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb")
+SET_BY_RL = {
+    "trainer.resume": "--resume",
+    "orchestrator.resume": "--resume",
+    "orchestrator.inference.base_url": "inference.port and inference.replicas",
+    "orchestrator.inference.reload_token_env": "inference.reload.token_env",
+}
+"""Keys of a process's config that `rl` sets from its own keys (beyond the shared ones)."""
 EVAL_PORT_OFFSET = 1000
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -76,6 +84,20 @@ class RLConfig(BaseConfig):
     orchestrator: OrchestratorConfig
     inference: InferenceConfig = InferenceConfig()
 
+    owned_keys: ClassVar[frozenset[str]] = frozenset(
+        [
+            f"{name}.{key}"
+            for name, section in (
+                ("trainer", TrainerConfig),
+                ("orchestrator", OrchestratorConfig),
+                ("inference", InferenceConfig),
+            )
+            for key in SHARED_KEYS
+            if key in section.model_fields
+        ]
+        + list(SET_BY_RL)
+    )
+
 
 class ResolvedRun(BaseModel):
     trainer: TrainerConfig
@@ -106,6 +128,9 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
             raise ConfigError(f"'{name}.{key}' is shared by every process: set '{key}' at the top level instead")
         updates = {key: value for key, value in shared.items() if key in type(section).model_fields}
         resolved[name] = section.model_copy(update=updates, deep=True)
+    for dotted, source in SET_BY_RL.items():
+        if _was_set(rl, dotted):
+            raise ConfigError(f"'{dotted}' is set by rl from {source}: remove it from the config")
 
     trainer = resolved["trainer"]
     orchestrator = resolved["orchestrator"]
@@ -179,6 +204,16 @@ def _check_no_shared_port(users: list[tuple[str, int, str]]) -> None:
                     f"{other} and {who} would both use port {port}: change env_server_base_port, "
                     "inference.port or the env's address"
                 )
+
+
+def _was_set(config: BaseModel, dotted: str) -> bool:
+    """Whether the user's config gave `dotted` (every section on its path given, and the key)."""
+    *path, key = dotted.split(".")
+    for name in path:
+        if name not in config.model_fields_set:
+            return False
+        config = getattr(config, name)
+    return key in config.model_fields_set
 
 
 def _same_host(a: str, b: str) -> bool:

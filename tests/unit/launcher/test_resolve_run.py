@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from envrl.config import ConfigError, resolve_config
+from envrl.config import ConfigError, config_help, resolve_config
 from envrl.launcher.config import EVAL_PORT_OFFSET, RLConfig, resolve_run
 
 TWO_TRAIN_TWO_EVAL = [
@@ -39,6 +39,24 @@ def test_a_shared_key_set_inside_a_section_is_an_error_naming_it(key: str) -> No
     dotted = key.replace("-", "_")
     with pytest.raises(ConfigError, match=f"'{dotted}' is shared by every process: set '{dotted.split('.')[1]}'"):
         resolve_run(rl)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "source"),
+    [
+        ("orchestrator.inference.base-url", "http://127.0.0.1:9", "inference.port and inference.replicas"),
+        ("trainer.resume", "true", "--resume"),
+    ],
+)
+def test_a_key_rl_sets_itself_is_refused_naming_where_it_comes_from(key: str, value: str, source: str) -> None:
+    with pytest.raises(ConfigError, match=f"'{key.replace('-', '_')}' is set by rl from {source}"):
+        resolve_run(rl_config((key, value)))
+
+
+def test_rl_help_leaves_out_the_keys_rl_sets_itself() -> None:
+    flags = {line.split()[0] for line in config_help(RLConfig, "rl").splitlines() if line.startswith("  --")}
+    assert "--output-dir" in flags and "--inference.port" in flags
+    assert not flags & {"--trainer.output-dir", "--orchestrator.seed", "--orchestrator.inference.base-url"}
 
 
 def test_the_orchestrator_reaches_the_inference_server_the_launcher_starts() -> None:
