@@ -6,8 +6,7 @@ a child is killed and reaped as soon as one of its calls times out or is cancell
 function cannot outlive its deadline (or its caller) as a thread would. At most `os.cpu_count()`
 children run at once; waiting for one does not count against the deadline. Each call gets a child
 of its own unless it is `shared`: shared calls that are waiting when a child starts run in it one
-after another, because a fork costs more than cheap scoring (3-13 ms on the 2-core CI box, by
-load); each one's deadline counts from the moment the call before it answered, and when a call
+after another, because a fork costs more than cheap scoring (docs/measurements.md); each one's deadline counts from the moment the call before it answered, and when a call
 times out, dies or is cancelled, the calls after it go back to the front of the queue and run in a
 fresh child. A shared function sees the side effects of the ones before it in its child, and one
 that writes to the answer pipe itself could answer for them: share only pure functions that run

@@ -76,15 +76,14 @@ def cpu_environment(eager: bool) -> dict[str, str]:
       starts the engine core as a process of its own (vLLM's AsyncLLM always does).
     - `TORCHDYNAMO_DISABLE=1` when the model runs eagerly (`enforce_eager`, the CPU default):
       vLLM's sampler still wraps two small helpers in `torch.compile`, and the first request
-      asking for logprobs then traces them and builds C++ kernels with g++ (~20 s on 2 cores,
-      again in every run: the compile cache is under the run's TMPDIR). Eagerly they compute
+      asking for logprobs then traces them and builds C++ kernels with g++ (seconds of CPU,
+      again in every run: the compile cache is under the run's TMPDIR; docs/measurements.md). Eagerly they compute
       the same ranks and masks.
     - `OMP_NUM_THREADS` (unless set already): all usable cores but one, the one vLLM's
       multiprocess executor keeps for the scheduler and the API server. vLLM sizes (and pins)
       the worker's threads only when it starts the worker as a process; in-process, the
       worker keeps torch's default of one thread per core, whose spin-waiting competes with
-      the API server (measured on 2 cores: 16 × 16 tokens in 1.1–1.8 s instead of 0.1–0.4 s,
-      in two of three runs).
+      the API server (docs/measurements.md).
     """
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if "OMP_NUM_THREADS" not in os.environ:

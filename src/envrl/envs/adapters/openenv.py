@@ -40,7 +40,7 @@ CAPACITY_REACHED = "CAPACITY_REACHED"
 CLOSE_TIMEOUT = 5.0
 """Seconds a session's close may take before the socket is dropped (the server frees it either way)."""
 START_TIMEOUT = 300.0
-"""Seconds an `app` server may take to start (openenv-core's imports alone take ~10 s of CPU)."""
+"""Seconds an `app` server may take to start (openenv-core's imports alone are slow: docs/measurements.md)."""
 MAX_CAPACITY_POLL = 0.25
 """Longest wait between two tries for a session of a server at capacity (seconds, jittered ±50%)."""
 URL_ENV_PREFIX = "ENVRL_OPENENV_URL_"

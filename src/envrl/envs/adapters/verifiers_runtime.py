@@ -10,8 +10,8 @@ the pool (in a child forked from a warm interpreter of that program, warm_progra
 argv, environment and working directory the plain runtime would have given it, and answers the
 same `ProgramResult`; everything else it runs exactly as the plain runtime does.
 
-Why: a fresh interpreter spends ~1.2 s of CPU importing verifiers' chat program (openai, mcp)
-for every rollout; a fork of one that already imported it starts in milliseconds. verifiers
+Why: a fresh interpreter spends most of its start importing verifiers' chat program (openai,
+mcp) for every rollout; a fork of one that already imported it skips that (docs/measurements.md). verifiers
 0.4 has no runtime registry, so the seam is its rollout's `make_runtime` (wrapped once, and
 only active in a context that names a pool or a sandbox).
 """

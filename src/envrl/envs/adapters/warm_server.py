@@ -21,7 +21,7 @@ point must sit under `if __name__ == "__main__"`, as verifiers' programs and too
 
 Standard library only: it runs in the program's own interpreter (verifiers' uv script
 environment), where envrl is not installed. Imports are what a fresh interpreter spends its time
-on (~1.2 s of CPU for verifiers' chat program); a fork of this warm process skips them.
+on (docs/measurements.md); a fork of this warm process skips them.
 """
 
 from __future__ import annotations
