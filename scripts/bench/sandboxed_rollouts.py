@@ -1,13 +1,18 @@
-"""Per-rollout cost of running an agent program or a verifiers harness in a sandbox, against the host.
+"""Per-rollout cost of where an env's programs run: an agent program or a verifiers harness in a
+sandbox against the host, and verifiers' per-rollout MCP tool servers forked warm against fresh.
 
     uv run --no-sync python -m scripts.bench.sandboxed_rollouts --env agent-digits [--rollouts 8]
     deps/envs/verifiers-digits/.venv/bin/python -m scripts.bench.sandboxed_rollouts --env verifiers
+    deps/envs/verifiers-digits/.venv/bin/python -m scripts.bench.sandboxed_rollouts --env verifiers-tools
 
 The same task and the same scripted model (no model server: the time is the env's own) through
 each placement: `host` (agent-digits: a fresh interpreter per rollout; verifiers: the harness
 forked from a warm interpreter, the default), `sandbox` (one bubblewrap sandbox per rollout, the
-program's imports inside it), and for agent-digits `sandbox+warm` (sandboxes started ahead by a
-`WarmPool` of 8). One warm-up rollout (it builds the sandbox venv once per machine), then
+program's imports inside it) and `sandbox+warm` (8 sandboxes started ahead by a `WarmPool`; for
+verifiers each runs a warm server of the harness program inside, and the rollout's program is a
+fork of it). `verifiers-tools` (digits-tools: a tool server per rollout, started by verifiers as
+`python -m digits_tools.tools`): `warm` forks it from a warm interpreter of the module, `cold`
+starts it fresh as verifiers does. One warm-up rollout (it builds the sandbox venv once per machine), then
 `--rollouts` one after another (mean and median ms per rollout), then `--rollouts` at once (wall
 time). Error rollouts are counted, never timed.
 """
@@ -25,7 +30,12 @@ from envrl.traces import Trace
 
 PLACEMENTS: dict[str, dict[str, dict[str, Any]]] = {
     "agent-digits": {"host": {}, "sandbox": {"sandbox": {}}, "sandbox+warm": {"sandbox": {}, "warm": 8}},
-    "verifiers": {"host": {}, "sandbox": {"sandbox": {}}},
+    "verifiers": {
+        "host": {},
+        "sandbox": {"sandbox": {}, "warm": False},
+        "sandbox+warm": {"sandbox": {}, "warm": 8},
+    },
+    "verifiers-tools": {"warm": {}, "cold": {"warm": False}},
 }
 TOKENIZER = "deps/models/tiny-chat"
 """The tiny model's tokenizer (a path: scripts.tiny_model imports torch, absent from the verifiers venv)."""
@@ -35,6 +45,8 @@ VERIFIERS = {"taskset": {"num_tasks": 64}, "agent": {"harness": {"id": "null"}}}
 def environment(env: str, args: dict[str, Any]) -> Environment:
     if env == "verifiers":
         return load_environment("verifiers:digits-count", **VERIFIERS, **args)
+    if env == "verifiers-tools":
+        return load_environment("verifiers:digits-tools", **VERIFIERS, **args)
     return load_environment(env, **args)
 
 

@@ -9,14 +9,24 @@ shared filesystem a multi-node run would use (docs/scale.md). Before each read t
 are dropped from the page cache (posix_fadvise DONTNEED, no root needed), so the read comes from
 the disk or the network filesystem, not from memory.
 
-With `--model`: the seconds per step of the real hand-off, full model against LoRA adapter: the
-trainer's `publish_weights` (the full fp32 model, or only the adapter) and the inference server's
-`POST /update_weights` (a full reload, or an adapter hot-load), through envrl's own code on a
-real vLLM server. `tiny` is the repo's tiny model; `smollm2` is SmolLM2-135M's shape (Llama,
+    uv run --no-sync python -m scripts.bench.weights_handoff --ledger RUN_DIR [RUN_DIR ...]
+    uv run --no-sync python -m scripts.bench.weights_handoff --broadcast [--gb 1.2]
+
+With `--model`: the pause per step of the real hand-off, from the trainer's publish until the
+replica serves the new policy, through envrl's own code on a real vLLM server: the full model
+over `--transport filesystem` (HF safetensors written, then `POST /update_weights` reloads
+them) and `memory` (the trainer snapshots the policy, the same POST has the replica receive it
+over the gloo engine, no disk), and a LoRA adapter over the filesystem (hot-loaded). `tiny` is the repo's tiny model; `smollm2` is SmolLM2-135M's shape (Llama,
 hidden 576, 30 layers, 9 heads, 3 kv heads, intermediate 1536, vocabulary 49152, tied
 embeddings), randomly initialised and built once under `--dir` (timings do not depend on the
 values); any other value is an HF model directory (e.g. `python scripts/tiny_model.py --shape
 qwen3-0.6b` builds Qwen3-0.6B's shape). LoRA: rank `--rank` on every linear module of the decoder layers and on `lm_head`.
+
+With `--broadcast`: the memory transport's own floor, the gloo broadcast of `--gb` GB to one
+receiving process with nothing loaded.
+
+With `--ledger`: for finished runs (e.g. the smoke config with each transport), the share of
+step time the time ledger gives to the weight publish (trainer) and the reload (replicas).
 """
 
 from __future__ import annotations
@@ -101,31 +111,13 @@ def smollm2_shape(out: Path) -> Path:
     return out
 
 
-def publish_times(model_dir: Path, run_dir: Path, steps: int, rank: int | None) -> tuple[list[float], float]:
-    """Seconds of each `publish_weights` of policies 1..steps, and the size of one in MB."""
+def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank: int | None) -> dict[str, float]:
+    """Medians over policies 1..steps of one trainer and one vLLM server: `publish` (the trainer
+    blocked in its publisher), `reload` (the orchestrator's `POST /update_weights`, the replica
+    paused) and `pause` (publish start until the replica serves the new policy), and `mb`, what
+    one policy is (files written, or bytes broadcast)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from envrl.layout import weights_dir
-    from envrl.trainer.config import TrainerConfig
-    from envrl.trainer.parallel import build_model, init_runtime
-    from envrl.trainer.weights import publish_weights
-
-    lora = None if rank is None else {"rank": rank, "alpha": 2 * rank, "target_modules": LORA_TARGETS}
-    config = TrainerConfig.model_validate({"model": {"name": str(model_dir)}, "output_dir": str(run_dir), "lora": lora})
-    runtime = init_runtime(config)
-    model = build_model(config, runtime)
-    tokenizer, base_config = AutoTokenizer.from_pretrained(model_dir), AutoConfig.from_pretrained(model_dir)
-    seconds = []
-    for step in range(1, steps + 1):
-        start = time.perf_counter()
-        publish_weights(model, tokenizer, weights_dir(run_dir, step), runtime, base_config)
-        seconds.append(time.perf_counter() - start)
-    size = sum(f.stat().st_size for f in weights_dir(run_dir, 1).iterdir()) / 1e6
-    return seconds, size
-
-
-def reload_times(model_dir: Path, run_dir: Path, steps: int, rank: int | None) -> list[float]:
-    """Seconds of each `POST /update_weights` of policies 1..steps, as the orchestrator sends it."""
     from envrl.config import ModelConfig
     from envrl.http import RetryPolicy
     from envrl.inference.adapter import lora_serving_options
@@ -134,31 +126,61 @@ def reload_times(model_dir: Path, run_dir: Path, steps: int, rank: int | None) -
     from envrl.inference.server import start
     from envrl.layout import weights_dir
     from envrl.log import LogConfig
+    from envrl.trainer.config import TrainerConfig
+    from envrl.trainer.parallel import build_model, init_runtime
+    from envrl.trainer.weights import weight_publisher
+    from envrl.transport.memory import read_transfer, tensor_bytes
     from tests.support.ports import free_port
 
     vllm = {"max_model_len": 512, **(lora_serving_options(rank) if rank is not None else {})}
-    config = InferenceConfig(
+    server = InferenceConfig(
         model=ModelConfig(name=str(model_dir)), output_dir=run_dir, port=free_port(), vllm=vllm,
         log=LogConfig(file=run_dir / "inference.log"), warmup_requests=0,
     )  # fmt: skip
-    child = start(config, log_file=run_dir / "inference.stdout.log", ready_timeout=900)
+    child = start(server, log_file=run_dir / "inference.stdout.log", ready_timeout=900)
+    lora = None if rank is None else {"rank": rank, "alpha": 2 * rank, "target_modules": LORA_TARGETS}
+    config = TrainerConfig.model_validate(
+        {
+            "model": {"name": str(model_dir)},
+            "output_dir": str(run_dir),
+            "lora": lora,
+            "weights": {"transport": transport},
+        }
+    )
+    runtime = init_runtime(config)
+    model = build_model(config, runtime)
+    tokenizer, base_config = AutoTokenizer.from_pretrained(model_dir), AutoConfig.from_pretrained(model_dir)
+    publisher = weight_publisher(config.weights, run_dir, tokenizer, runtime, base_config, files_every=0)
 
-    async def reload_all() -> list[float]:
-        client = InferenceClient(config.base_url, config.model.name, RetryPolicy(max_retries=0, timeout=600.0))
+    async def hand_off_all() -> dict[str, list[float]]:
+        client = InferenceClient(server.base_url, server.model.name, RetryPolicy(max_retries=0, timeout=900.0))
+        times: dict[str, list[float]] = {"publish": [], "reload": [], "pause": []}
         try:
-            seconds = []
             for step in range(1, steps + 1):
                 start_s = time.perf_counter()
+                publisher.publish(model, step, last=False)
+                published_s = time.perf_counter()
                 await client.update_weights(weights_dir(run_dir, step), step=step)
-                seconds.append(time.perf_counter() - start_s)
-            return seconds
+                done_s = time.perf_counter()
+                times["publish"].append(published_s - start_s)
+                times["reload"].append(done_s - published_s)
+                times["pause"].append(done_s - start_s)
+            return times
         finally:
             await client.aclose()
 
     try:
-        return asyncio.run(reload_all())
+        times = asyncio.run(hand_off_all())
     finally:
+        publisher.close()
         child.stop(grace=30.0)
+    first = weights_dir(run_dir, 1)
+    if (first / "transfer.json").is_file():
+        info = read_transfer(first)
+        size = sum(map(tensor_bytes, info.dtype_names, info.shapes))
+    else:
+        size = sum(f.stat().st_size for f in first.iterdir())
+    return {name: median(values) for name, values in times.items()} | {"mb": size / 1e6}
 
 
 def handoff(args: argparse.Namespace) -> None:
@@ -170,16 +192,77 @@ def handoff(args: argparse.Namespace) -> None:
 
     named = {"tiny": lambda: DEFAULT_DIR, "smollm2": lambda: smollm2_shape(args.dir / "smollm2-135m-random")}
     model_dir = named[args.model]() if args.model in named else Path(args.model)
-    print(f"{args.model} ({model_dir}), {args.steps} steps, medians; publish = trainer's publish_weights, "
-          "reload = POST /update_weights until the new policy serves")  # fmt: skip
-    for label, rank in (("full model", None), (f"LoRA rank {args.rank} adapter", args.rank)):
-        run_dir = args.dir / f"handoff-{model_dir.name}-{'full' if rank is None else 'lora'}"
+    print(f"{args.model} ({model_dir}), {args.steps} steps, medians; publish = the trainer blocked in its publisher, "
+          "reload = POST /update_weights (the replica paused), pause = publish start until the replica serves "
+          "the new policy")  # fmt: skip
+    variants = [(transport, "full model", None) for transport in args.transport]
+    if args.rank:
+        variants.append(("filesystem", f"LoRA rank {args.rank} adapter", args.rank))
+    for transport, label, rank in variants:
+        run_dir = args.dir / f"handoff-{model_dir.name}-{transport}-{'full' if rank is None else 'lora'}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        publish, size = publish_times(model_dir, run_dir, args.steps, rank)
-        reload = reload_times(model_dir, run_dir, args.steps, rank)
-        print(f"  {label:<22} {size:9.1f} MB  publish {median(publish):6.3f} s  reload {median(reload):6.3f} s  "
-              f"hand-off {median(publish) + median(reload):6.3f} s/step")  # fmt: skip
+        t = pause_times(model_dir, run_dir, args.steps, transport, rank)
+        print(f"  {label:<22} {transport:<10} {t['mb']:9.1f} MB  publish {t['publish']:6.3f} s  "
+              f"reload {t['reload']:6.3f} s  pause {t['pause']:6.3f} s/step")  # fmt: skip
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _receive_only(host: str, port: int, info_json: str) -> None:
+    """The receiving end of `broadcast_floor`, in a process of its own."""
+    import torch.distributed as dist
+
+    from envrl.transport.memory import WORLD_SIZE_KEY, TransferInfo, gloo_group, receive_gloo
+
+    info = TransferInfo.model_validate_json(info_json)
+    store = dist.TCPStore(host, port, is_master=False)
+    store.set(WORLD_SIZE_KEY, "2")
+    for _ in receive_gloo(gloo_group(store, 1, 2, 600.0), info):
+        pass
+
+
+def broadcast_floor(gb: float, repeats: int) -> None:
+    """Seconds per GB of the gloo broadcast alone (bf16 tensors, 256 MB buckets, one receiving
+    process, nothing loaded): the memory transport's floor on this machine."""
+    import multiprocessing
+
+    from envrl.transport.memory import PolicySender
+
+    named = list(state_dict(gb).items())
+    size_gb = sum(t.numel() * t.element_size() for _, t in named) / 1e9
+    seconds = []
+    for _ in range(repeats):
+        published: list[bytes] = []
+        sender = PolicySender(
+            1, named, backend="gloo", host="127.0.0.1", timeout_s=600.0, bucket_bytes=256 * 2**20,
+            publish=published.append,
+        )  # fmt: skip
+        receiver = multiprocessing.get_context("spawn").Process(
+            target=_receive_only, args=("127.0.0.1", sender.info.port, published[0].decode())
+        )
+        receiver.start()
+        assert sender.sending.wait(600)
+        start = time.perf_counter()
+        assert sender.served.wait(600)
+        seconds.append(time.perf_counter() - start)
+        receiver.join()
+        sender.close()
+    print(f"gloo broadcast alone, {size_gb:.2f} GB x {repeats}: {median(seconds) / size_gb:.2f} s/GB "
+          "(median, from the group's forming to the last byte)")  # fmt: skip
+
+
+def ledger_shares(run_dirs: list[Path]) -> None:
+    """For each run dir: the median step's wall time and the shares of it the ledger gives to
+    the weight hand-off (`publish` on the trainer, `reload_weights` on the replicas)."""
+    from envrl.ledger import read_ledger
+    from envrl.report.timeline import step_splits
+
+    for run_dir in run_dirs:
+        splits = step_splits(read_ledger(run_dir))[1:]  # step 0 includes start-up
+        wall = sum(s.wall for s in splits)
+        publish = sum(s.parts["publish"] for s in splits) / wall
+        reload = sum(s.parts["reload_weights"] for s in splits) / wall
+        print(f"{run_dir}: {len(splits)} steps, median step {median(s.wall for s in splits):.3f} s; "
+              f"weight publish {publish:.1%}, weight reload {reload:.1%}, together {publish + reload:.1%} of step time")  # fmt: skip
 
 
 def main() -> None:
@@ -189,9 +272,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=None, help="tiny, smollm2, or an HF model directory")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--rank", type=int, default=8, help="LoRA rank of the adapter line (0: none)")
+    parser.add_argument("--transport", nargs="+", default=["filesystem", "memory"], choices=["filesystem", "memory"])
+    parser.add_argument("--broadcast", action="store_true", help="the gloo broadcast alone, --gb GB of tensors")
+    parser.add_argument(
+        "--ledger", type=Path, nargs="+", default=None, help="run dirs: the hand-off's share of step time"
+    )
     args = parser.parse_args()
-    if args.model is None:
+    if args.ledger is not None:
+        ledger_shares(args.ledger)
+    elif args.broadcast:
+        broadcast_floor(args.gb, args.repeats)
+    elif args.model is None:
         filesystem(args)
     else:
         handoff(args)

@@ -1,7 +1,8 @@
 """`verifiers:<id>` with `sandbox`: each episode's harness program runs in an envrl sandbox of its
 own (on the system python, in a venv of its PEP 723 dependencies), reaches verifiers' interception
-server through a forwarded port, and leaves no sandbox behind. One env server in the example's
-venv (importing verifiers costs each env process ~8 s of CPU)."""
+server through a forwarded port, and leaves no sandbox behind; once the program is known, later
+episodes get sandboxes started ahead with it running warm inside. One env server in the
+example's venv (importing verifiers costs each env process ~8 s of CPU)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,19 @@ from envrl.envs.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient
 from envrl.traces import Trace
 from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
-from tests.integration.verifiers_env import ACCESS, NULL_HARNESS, TIMEOUT, TOKENIZER, digit_share, verifiers_env_server
+from tests.integration.verifiers_env import (
+    ACCESS,
+    NULL_HARNESS,
+    TIMEOUT,
+    TOKENIZER,
+    cmdline,
+    digit_share,
+    verifiers_env_server,
+)
 
 REPLIES = ["12 13 14", "twelve"]
+SANDBOXES_AHEAD = 4
+"""envrl.envs.adapters.verifiers.SANDBOXES_AHEAD (verifiers is not installed in this venv)."""
 
 
 def test_sandboxed_harness_programs_reach_the_model_with_exact_tokens_and_leave_nothing(tmp_path: Path) -> None:
@@ -25,17 +36,23 @@ def test_sandboxed_harness_programs_reach_the_model_with_exact_tokens_and_leave_
     # Each call waits a second, so the harness programs are seen running in their sandboxes.
     client = {"type": "scripted", "replies": REPLIES, "tokenizer": TOKENIZER, "delay": 1.0}
     seen: list[int] = []
+    warm_servers: set[int] = set()
     with verifiers_env_server(tmp_path, args, *ACCESS) as server:
 
         async def main() -> list[Trace]:
             async with EnvClient(server.address, timeout=TIMEOUT) as env:
-                return await env.run_group(0, 2, client=client, sampling={"max_tokens": 8}, seed=5)  # type: ignore[arg-type]
+                sampling = {"max_tokens": 8}
+                first = await env.run_group(0, 2, client=client, sampling=sampling, seed=5)  # type: ignore[arg-type]
+                await asyncio.sleep(5)  # sandboxes are started ahead, their warm servers import the program
+                return first + await env.run_group(1, 2, client=client, sampling=sampling, seed=5)  # type: ignore[arg-type]
 
         done = threading.Event()
 
         def watch() -> None:
             while not done.is_set():
-                seen.append(len(processes_of(ALL_SANDBOXES)))
+                pids = processes_of(ALL_SANDBOXES)
+                seen.append(len(pids))
+                warm_servers.update(p for p in pids if b".envrl-warm.server.py" in cmdline(p))
                 done.wait(0.05)
 
         watcher = threading.Thread(target=watch)
@@ -45,9 +62,13 @@ def test_sandboxed_harness_programs_reach_the_model_with_exact_tokens_and_leave_
         finally:
             done.set()
             watcher.join()
-        assert wait_gone(ALL_SANDBOXES) == []  # closed at the episode's end, the server still up
+        # The episodes' sandboxes were closed at their end: what is left is the pool started ahead.
+        live = {Path(f"/proc/{pid}").stat().st_uid for pid in processes_of(ALL_SANDBOXES)}
+        assert len(live) <= SANDBOXES_AHEAD
+    assert wait_gone(ALL_SANDBOXES) == []  # and those die with the env server
     renderer = chat_renderer(TOKENIZER)
     assert max(seen) >= 4  # two sandboxes, each with its agent and the harness program (and more)
+    assert warm_servers  # sandboxes started ahead ran a warm server of the harness program
     for trace in traces:
         assert trace.error is None, trace.error
         (turn,) = trace.turns

@@ -8,7 +8,6 @@ tool server outlives the rollout. One env server in the example's venv.
 
 from __future__ import annotations
 
-from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -18,18 +17,13 @@ from tests.integration.verifiers_env import (
     ACCESS,
     NULL_HARNESS,
     TOKENIZER,
+    cmdline,
     digit_share,
     run_group,
     verifiers_env_server,
 )
 
 TOOL_MODULE = b"digits_tools.tools"
-
-
-def cmdline(pid: int) -> bytes:
-    with suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    return b""
 
 
 def test_each_rollout_gets_a_tool_server_forked_warm_and_none_outlives_its_rollout(tmp_path: Path) -> None:

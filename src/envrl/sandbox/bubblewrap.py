@@ -42,6 +42,8 @@ CLOSE_WAIT_S = 10.0
 """How long `close` waits for bubblewrap to be reaped after SIGKILL (then logs and goes on)."""
 ANSWER_GRACE_S = 2.0
 """How long past a command's own timeout the agent may take to answer before it counts as dead."""
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""PATH inside a sandbox."""
 MAX_FRAME = 64 << 20
 _HEADER = struct.Struct(">I")
 _AGENT = (Path(__file__).parent / "agent.py").read_text()
@@ -102,7 +104,7 @@ def bwrap_argv(config: SandboxConfig, uid: int, bridge: Path | None = None) -> l
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(config.limits.disk_mib << 20), "--tmpfs", work]
     argv += ["--symlink", work, "/tmp"] if work != "/tmp" else []
     argv += ["--chdir", work, "--setenv", "HOME", work, "--setenv", "TMPDIR", work, "--setenv", "LANG", "C.UTF-8"]
-    argv += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+    argv += ["--setenv", "PATH", SANDBOX_PATH, "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
     return [*argv, "--", str(python), "-I", "-S", "-c", _AGENT]
 
 

@@ -1,7 +1,8 @@
 """A bounded pool of warm sandboxes in front of a provider, for fast episode starts.
 
 Guarantee: at most `size` sandboxes are kept ready or starting; `create` hands out a live warm
-one when it has one of the same config (its episode cap restarted at hand-out, so each episode
+one (already through `prepare`, when given: a program started in it ahead) when it has one of
+the same config (its episode cap restarted at hand-out, so each episode
 still gets its whole cap), else starts one as the provider would, and refills in the background.
 A warm sandbox is used by one episode only and never returns to the pool: nothing one episode
 left behind is seen by the next. A warm sandbox that dies or ages past its cap while waiting is
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 from loguru import logger
 
@@ -21,12 +23,20 @@ from envrl.sandbox.errors import SandboxError
 
 
 class WarmPool(SandboxProvider):
-    def __init__(self, provider: SandboxProvider, config: SandboxConfig, size: int) -> None:
+    def __init__(
+        self,
+        provider: SandboxProvider,
+        config: SandboxConfig,
+        size: int,
+        prepare: Callable[[Sandbox], Awaitable[None]] | None = None,
+    ) -> None:
         if size < 1:
             raise ValueError(f"a warm pool needs size >= 1, got {size}")
         self.provider = provider
         self.config = config
         self.size = size
+        self.prepare = prepare
+        """Run on each warm sandbox before it waits in the pool (a sandbox it fails on is dropped)."""
         self._ready: deque[Sandbox] = deque()
         self._starting: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -56,6 +66,15 @@ class WarmPool(SandboxProvider):
         except SandboxError as e:  # the episode that needs one starts it itself and sees the error
             logger.warning(f"warm pool: a sandbox failed to start: {e}")
             return
+        if self.prepare is not None:
+            try:
+                await self.prepare(box)
+            except BaseException as e:  # an episode then starts its own, unprepared
+                await asyncio.shield(box.close())
+                if not isinstance(e, Exception):
+                    raise
+                logger.warning(f"warm pool: preparing a sandbox failed: {type(e).__name__}: {e}")
+                return
         if self._closed:
             await box.close()
         else:

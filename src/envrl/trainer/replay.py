@@ -30,6 +30,7 @@ from envrl.trainer.checkpoint import RankCountMismatch, load_checkpoint
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import full_state_dict, init_runtime, shutdown
+from envrl.transport import TRANSFER_FILE
 
 COMPARED = ("loss", "grad_norm")
 """The step metrics a replay recomputes and sets beside the logged ones."""
@@ -132,8 +133,8 @@ def replay(output_dir: Path, step: int) -> TensorDiff | None:
     if config.lora is not None:
         logger.warning(f"a LoRA run: loss and grad norm replayed; its adapter is not compared with {target} yet")
         return None
-    if not target.is_dir():
-        logger.warning(f"{target} was not kept: no published policy to compare step {step}'s weights with")
+    if not target.is_dir() or (target / TRANSFER_FILE).is_file():
+        logger.warning(f"{target} was not kept as files: no published policy to compare step {step}'s weights with")
         return None
     diff = first_difference(state, published_state(target))
     if diff is None:

@@ -88,7 +88,7 @@ def plan_buckets(dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], bu
     buckets: list[list[int]] = []
     size = 0
     for i, (dtype_name, shape) in enumerate(zip(dtype_names, shapes, strict=True)):
-        nbytes = _nbytes(dtype_name, shape)
+        nbytes = tensor_bytes(dtype_name, shape)
         if not buckets or size + nbytes > bucket_bytes:
             buckets.append([])
             size = 0
@@ -97,7 +97,7 @@ def plan_buckets(dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], bu
     return buckets
 
 
-def _nbytes(dtype_name: str, shape: Sequence[int]) -> int:
+def tensor_bytes(dtype_name: str, shape: Sequence[int]) -> int:
     numel = 1
     for n in shape:
         numel *= n
@@ -108,27 +108,45 @@ def gloo_group(store: dist.Store, rank: int, world_size: int, timeout_s: float) 
     return dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout_s))
 
 
-def broadcast_gloo(group: dist.ProcessGroupGloo, buffer: torch.Tensor) -> None:
+def broadcast_gloo(group: dist.ProcessGroupGloo, buffer: torch.Tensor) -> dist.Work:
+    """Start broadcasting `buffer` from rank 0 (gloo runs it on its own thread); `.wait()` it."""
     options = dist.BroadcastOptions()
     options.rootRank = 0
-    group.broadcast([buffer], options).wait()
+    return group.broadcast([buffer], options)
 
 
 def send_gloo(group: dist.ProcessGroupGloo, tensors: Sequence[torch.Tensor], info: TransferInfo) -> None:
-    """Broadcast `tensors` from rank 0, one flat byte buffer per bucket."""
+    """Broadcast `tensors` from rank 0, one flat byte buffer per bucket; the next bucket is
+    packed while the previous one is on the wire."""
+    in_flight: dist.Work | None = None
     for bucket in plan_buckets(info.dtype_names, info.shapes, info.bucket_bytes):
         parts = [tensors[i].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8) for i in bucket]
-        broadcast_gloo(group, torch.cat(parts) if len(parts) > 1 else parts[0])
+        buffer = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if in_flight is not None:
+            in_flight.wait()
+        in_flight = broadcast_gloo(group, buffer)
+    if in_flight is not None:
+        in_flight.wait()
 
 
 def receive_gloo(group: dist.ProcessGroupGloo, info: TransferInfo) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """The `(name, tensor)` pairs of each bucket, as it arrives (on CPU)."""
-    for bucket in plan_buckets(info.dtype_names, info.shapes, info.bucket_bytes):
-        sizes = [_nbytes(info.dtype_names[i], info.shapes[i]) for i in bucket]
-        buffer = torch.empty(sum(sizes), dtype=torch.uint8)
-        broadcast_gloo(group, buffer)
+    """The `(name, tensor)` pairs of each bucket, as it arrives (on CPU); the next bucket is
+    received while the caller loads this one."""
+    buckets = plan_buckets(info.dtype_names, info.shapes, info.bucket_bytes)
+
+    def post(bucket: list[int]) -> tuple[torch.Tensor, dist.Work]:
+        buffer = torch.empty(sum(tensor_bytes(info.dtype_names[i], info.shapes[i]) for i in bucket), dtype=torch.uint8)
+        return buffer, broadcast_gloo(group, buffer)
+
+    pending = post(buckets[0]) if buckets else None
+    for n, bucket in enumerate(buckets):
+        assert pending is not None
+        buffer, work = pending
+        work.wait()
+        pending = post(buckets[n + 1]) if n + 1 < len(buckets) else None
         out, offset = [], 0
-        for i, size in zip(bucket, sizes, strict=True):
+        for i in bucket:
+            size = tensor_bytes(info.dtype_names[i], info.shapes[i])
             dtype = getattr(torch, info.dtype_names[i])
             out.append((info.names[i], buffer[offset : offset + size].view(dtype).reshape(info.shapes[i])))
             offset += size
@@ -168,6 +186,8 @@ class PolicySender:
             bucket_bytes=bucket_bytes,
         )
         self._tensors: list[torch.Tensor] | None = [t for _, t in named]
+        self._device = torch.cuda.current_device() if backend == "nccl" else None
+        """The trainer's GPU (the current device is per thread, so the sender's thread sets it)."""
         self.served = threading.Event()
         """Set once every replica that came received the whole policy."""
         self.error: TransferError | None = None
@@ -193,6 +213,7 @@ class PolicySender:
             if info.backend == "gloo":
                 send_gloo(gloo_group(self.store, 0, world_size, self.timeout_s), self._tensors, info)
             else:
+                torch.cuda.set_device(self._device)
                 _send_nccl(self.store, world_size, self._tensors)
         except (RuntimeError, dist.DistError) as e:
             self.error = TransferError(
@@ -222,9 +243,11 @@ def _send_nccl(store: dist.Store, world_size: int, tensors: Sequence[torch.Tenso
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
     from vllm.distributed.utils import StatelessProcessGroup
     from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
+    from vllm.utils.nccl import unpinned_nccl_env
 
     device = torch.cuda.current_device()
-    group = PyNcclCommunicator(StatelessProcessGroup(rank=0, world_size=world_size, store=store), device=device)
+    with unpinned_nccl_env():  # as vLLM's own trainer-side rendezvous (nccl_common)
+        group = PyNcclCommunicator(StatelessProcessGroup(rank=0, world_size=world_size, store=store), device=device)
     try:
         packed_nccl_broadcast_producer(
             iterator=((None, t.to(device)) for t in tensors),

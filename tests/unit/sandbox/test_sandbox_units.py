@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -9,7 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from envrl.sandbox import CommandResult, Limits, SandboxConfig, SandboxLimit, SandboxOOM, SandboxTimeout, reaper
+from envrl.sandbox import (
+    CommandResult,
+    Limits,
+    Sandbox,
+    SandboxConfig,
+    SandboxLimit,
+    SandboxOOM,
+    SandboxProvider,
+    SandboxTimeout,
+    WarmPool,
+    reaper,
+)
 from envrl.sandbox.bubblewrap import bwrap_argv
 from envrl.sandbox.errors import SandboxStartError
 
@@ -74,3 +86,60 @@ def test_records_of_dead_owners_and_garbage_are_dropped(tmp_path: Path, monkeypa
     assert [r.uid for r in reaper.reap()] == [record.uid]
     assert list(reaper.run_dir().iterdir()) == []
     assert reaper.start_time(os.getpid()) is not None
+
+
+class _Box(Sandbox):
+    """A sandbox that runs nothing: for the pool's bookkeeping."""
+
+    closed = False
+
+    async def start(self) -> None:
+        pass
+
+    async def run(self, cmd, *, timeout=None, stdin=None, cwd=None, isolate=False, env=None) -> CommandResult:  # noqa: ANN001
+        return CommandResult(0, "", "")
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        pass
+
+    async def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes:
+        return b""
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class _Provider(SandboxProvider):
+    def __init__(self) -> None:
+        self.made: list[_Box] = []
+
+    async def create(self, config: SandboxConfig) -> Sandbox:
+        self.made.append(_Box(config))
+        return self.made[-1]
+
+
+def test_a_warm_pool_hands_out_sandboxes_it_prepared_and_closes_those_it_could_not() -> None:
+    prepared: list[Sandbox] = []
+
+    async def prepare(box: Sandbox) -> None:
+        if len(prepared) == 1:
+            prepared.append(box)
+            raise RuntimeError("the program did not start")
+        prepared.append(box)
+
+    async def main() -> tuple[_Provider, list[Sandbox]]:
+        provider, config = _Provider(), SandboxConfig()
+        pool = WarmPool(provider, config, size=2, prepare=prepare)
+        first = await pool.create(config)  # nothing warm yet: started for the caller, not prepared
+        while len(pool._ready) < 1 or pool._starting:
+            await asyncio.sleep(0.01)
+        handed = [first, await pool.create(config)]
+        await pool.aclose()
+        return provider, handed
+
+    provider, (first, second) = asyncio.run(main())
+    assert first not in prepared and second is prepared[0]  # the pool's prepared one
+    assert prepared[1].closed  # the one whose preparation failed was closed, never handed out
+    assert [box.closed for box in provider.made if box not in (first, second, prepared[1])] == [True] * (
+        len(provider.made) - 3
+    )  # what was still warm at aclose was closed

@@ -24,7 +24,7 @@ from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset
 
 from envrl.envs.adapters.chat_proxy import ChatProxy, Session
 from envrl.envs.adapters.verifiers_runtime import Placement, local_runtimes
-from envrl.envs.adapters.verifiers_sandbox import episode_sandbox
+from envrl.envs.adapters.verifiers_sandbox import EpisodeSandboxes, episode_sandbox
 from envrl.envs.adapters.warm_programs import WarmPrograms
 from envrl.envs.environment import Environment, append_turn
 from envrl.envs.model_client import ModelClient, SamplingArgs
@@ -35,6 +35,8 @@ SUPPORTED_VERSION = "0.4."
 """The verifiers minor version this adapter is tested with (deps/envs/verifiers-digits pins it)."""
 TESTED_HARNESS = "null"
 """The harness the adapter is tested with: verifiers' plain chat loop (no tools)."""
+SANDBOXES_AHEAD = 4
+"""With `sandbox` and `warm = true`: sandboxes kept started ahead, each running its harness program warm."""
 PROXY_KEY_ENV = "ENVRL_VERIFIERS_PROXY_KEY"
 """An API-key variable nobody sets: the proxy needs no key, and verifiers must not send a Prime key."""
 
@@ -53,13 +55,15 @@ class VerifiersEnvironment(Environment):
         env: vf.Env,
         eval_taskset: vf.Taskset | None = None,
         *,
-        warm: bool = True,
+        warm: bool | int = True,
         sandbox: SandboxConfig | None = None,
     ) -> None:
         self.vf_env = env
         self.programs = WarmPrograms() if warm else None
         """Where local programs are forked from (None: a fresh interpreter per rollout)."""
-        self.placement = Placement(self.programs, sandbox, BubblewrapProvider() if sandbox is not None else None)
+        size = SANDBOXES_AHEAD if warm is True else int(warm)
+        sandboxes = None if sandbox is None else EpisodeSandboxes(BubblewrapProvider(), sandbox, size)
+        self.placement = Placement(self.programs, sandboxes)
         """Where episodes run their local programs: in a sandbox each when `sandbox` is set, else warm."""
         self._vf_tasks: dict[str, list[vf.Task]] = {}
         self._vf_sources = {"train": env.taskset, "eval": eval_taskset}
@@ -161,6 +165,8 @@ class VerifiersEnvironment(Environment):
             await self.proxy.stop()
             if self.programs is not None:
                 await self.programs.aclose()
+            if self.placement.sandboxes is not None:
+                await self.placement.sandboxes.aclose()
 
     async def aclose(self) -> None:
         """Stop verifiers' serving resources and the proxy (an env worker's loop does it on exit)."""
@@ -224,7 +230,7 @@ def _env_config(taskset_id: str, config: dict[str, Any]) -> vf.EnvConfig:
 def load_environment(
     taskset_id: str,
     eval_taskset: dict[str, Any] | None = None,
-    warm: bool = True,
+    warm: bool | int = True,
     sandbox: dict[str, Any] | None = None,
     **config: Any,
 ) -> Environment:
@@ -234,7 +240,9 @@ def load_environment(
     `warm`: fork the local `subprocess` runtime's harness programs from a warm interpreter per
     program (default); false starts a fresh interpreter per rollout, as verifiers itself does.
     `sandbox`: run each episode's agent runtime (its harness program and what that runs) in an
-    envrl sandbox of this config (a `SandboxConfig` as a dict, `{}` for the defaults) instead.
+    envrl sandbox of this config (a `SandboxConfig` as a dict, `{}` for the defaults) instead;
+    `warm` then keeps that many sandboxes (true: `SANDBOXES_AHEAD`) started ahead, each with its
+    harness program imported by a warm server inside.
     """
     if not verifiers.__version__.startswith(SUPPORTED_VERSION):
         raise RuntimeError(

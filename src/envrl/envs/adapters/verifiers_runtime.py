@@ -1,8 +1,8 @@
 """verifiers' local `subprocess` runtime with its harness programs started from warm interpreters,
 or inside a sandbox per episode.
 
-Guarantee: inside `local_runtimes(pool, sandbox)`, the runtime verifiers makes for an episode's
-agent (a `subprocess` config) is a `SandboxRuntime` when `sandbox` is given
+Guarantee: inside `local_runtimes(placement)`, the runtime verifiers makes for an episode's
+agent (a `subprocess` config) is a `SandboxRuntime` when the placement has sandboxes
 (verifiers_sandbox.py); every other runtime verifiers makes for a `subprocess` config (the
 episode's without a sandbox, its tool servers') is a `WarmSubprocessRuntime` when `pool` is
 given: it runs a harness's prepared program (`prepare_uv_script`) through
@@ -32,9 +32,8 @@ import verifiers.v1.rollout as vf_rollout
 import verifiers.v1.runtimes as vf_runtimes
 from verifiers.v1.runtimes import ProgramResult, Runtime, SubprocessConfig, SubprocessRuntime, register
 
-from envrl.envs.adapters.verifiers_sandbox import SandboxRuntime
+from envrl.envs.adapters.verifiers_sandbox import EpisodeSandboxes, SandboxRuntime
 from envrl.envs.adapters.warm_programs import WarmPrograms, WarmRun
-from envrl.sandbox import SandboxConfig, SandboxProvider
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,7 @@ class Placement:
     """Where the adapter's episodes run local programs: warm forks, and/or one sandbox per episode."""
 
     programs: WarmPrograms | None = None
-    sandbox: SandboxConfig | None = None
-    provider: SandboxProvider | None = None
+    sandboxes: EpisodeSandboxes | None = None
 
 
 _PLACEMENT: ContextVar[Placement | None] = ContextVar("envrl_local_runtimes", default=None)
@@ -144,8 +142,8 @@ def _make_local_runtime(config: Any, name: str | None = None) -> Runtime:
     if placement is None or type(config) is not SubprocessConfig:
         return _make_runtime(config, name)
     runtime: Runtime
-    if placement.sandbox is not None and placement.provider is not None and name is not None:
-        runtime = SandboxRuntime(config, name, placement.sandbox, placement.provider)
+    if placement.sandboxes is not None and name is not None:
+        runtime = SandboxRuntime(config, name, placement.sandboxes)
     elif placement.programs is not None:
         runtime = WarmSubprocessRuntime(config, name, placement.programs)
     else:

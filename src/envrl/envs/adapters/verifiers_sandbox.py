@@ -9,29 +9,42 @@ PEP 723 program runs on the sandbox's interpreter in a venv of its declared depe
 (envrl.sandbox.venv, built once per machine). The only host ports the sandbox reaches are the
 routes verifiers hands the runtime before the agent starts (its interception server, the tool
 servers), at the same URLs (`prepare_execution`). Tool servers verifiers starts for an episode
-in runtimes of their own stay on the host, as with the plain runtime.
+in runtimes of their own stay on the host, as with the plain runtime. With `warm` > 0, once an
+episode has prepared its harness program, later episodes take their sandbox from a pool whose
+sandboxes already run a warm server of that program (warm_server.py, imported ahead inside the
+sandbox), and the program's run is a fork of it (warm_client.py): each episode still has a
+sandbox of its own, and the imports are paid before the episode instead of in it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 import shlex
 import tomllib
+import weakref
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from verifiers.v1.runtimes import ProgramResult, Runtime, SubprocessConfig
 from verifiers.v1.runtimes.subprocess import SubprocessRuntimeInfo
 
-from envrl.sandbox import Sandbox, SandboxConfig, SandboxProvider
+from envrl.envs.adapters import warm_server
+from envrl.sandbox import Sandbox, SandboxConfig, SandboxProvider, WarmPool
+from envrl.sandbox.bubblewrap import SANDBOX_PATH
 from envrl.sandbox.venv import sandbox_venv, venvs_root
 
 LOOPBACK = {"127.0.0.1", "localhost"}
 _PEP723 = re.compile(r"^# /// script\s*$(.*?)^# ///\s*$", re.MULTILINE | re.DOTALL)
 SCRIPTS = ".vf-scripts"
 """Where prepared programs are written in the sandbox's workdir."""
+WARM = ".envrl-warm"
+"""The warm server's directory in the sandbox's workdir (its socket, its runs' output)."""
+_WARM_SERVER = Path(warm_server.__file__).read_text()
+_WARM_CLIENT = (Path(__file__).parent / "warm_client.py").read_text()
 
 
 def script_dependencies(script: str) -> list[str]:
@@ -43,18 +56,61 @@ def script_dependencies(script: str) -> list[str]:
     return list(tomllib.loads(text).get("dependencies", []))
 
 
+class EpisodeSandboxes:
+    """Where an env's episodes get their sandboxes: started fresh, or, with `warm` > 0 once the
+    harness program is known (`learn`), from a pool of sandboxes already running its warm server."""
+
+    def __init__(self, provider: SandboxProvider, config: SandboxConfig, warm: int = 0) -> None:
+        self.provider = provider
+        self.config = config
+        self.warm = warm
+        self.pool: WarmPool | None = None
+        self.program: str | None = None
+        """The program (its path in the sandbox) the pool's warm servers run."""
+        self.prepared: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+        """Sandboxes whose warm server of `program` was started."""
+
+    async def create(self) -> Sandbox:
+        return await (self.pool or self.provider).create(self.config)
+
+    def learn(self, path: str, script: str, venv: Path) -> None:
+        """The harness program episodes run: from now on, sandboxes are started ahead with it warm."""
+        if self.warm > 0 and self.pool is None:
+            self.program = path
+
+            async def prepare(box: Sandbox) -> None:
+                await self._start_warm_server(box, path, script, venv)
+
+            self.pool = WarmPool(self.provider, self.config, self.warm, prepare=prepare)
+
+    async def _start_warm_server(self, box: Sandbox, path: str, script: str, venv: Path) -> None:
+        work = self.config.workdir
+        await box.write_file(path, script)
+        await box.write_file(f"{work}/{WARM}.server.py", _WARM_SERVER)
+        server = [str(venv / "bin" / "python"), f"{work}/{WARM}.server.py", f"{work}/{path}", f"{work}/{WARM}/s.sock"]
+        await box.run(["mkdir", "-p", f"{work}/{WARM}"])
+        # Its stdin is a pipe that never closes: the server lives as long as the sandbox.
+        line = f"(sleep 2147483647 | {shlex.join(server)}) > {work}/{WARM}.log 2>&1 < /dev/null &"
+        await box.run(["sh", "-c", line])
+        self.prepared.add(box)
+
+    async def aclose(self) -> None:
+        if self.pool is not None:
+            await self.pool.aclose()
+
+
 class SandboxRuntime(Runtime):
     """A verifiers `Runtime` over one envrl sandbox (the `subprocess` runtime's contract, sandboxed)."""
 
-    def __init__(
-        self, config: SubprocessConfig, name: str | None, sandbox: SandboxConfig, provider: SandboxProvider
-    ) -> None:
+    def __init__(self, config: SubprocessConfig, name: str | None, sandboxes: EpisodeSandboxes) -> None:
         super().__init__(name)
         self.config = config
         self.info = SubprocessRuntimeInfo(**config.model_dump())
-        self.sandbox_config = sandbox
-        self.provider = provider
+        self.sandboxes = sandboxes
+        self.sandbox_config = sandboxes.config
         self.box: Sandbox | None = None
+        self._warm: dict[tuple[str, ...], Path] = {}
+        """Argv prefixes of programs this sandbox runs warm -> their venv."""
 
     @property
     def _box(self) -> Sandbox:
@@ -63,7 +119,7 @@ class SandboxRuntime(Runtime):
         return self.box
 
     async def start(self) -> None:
-        self.box = await self.provider.create(self.sandbox_config)
+        self.box = await self.sandboxes.create()
         self.info.id = self.sandbox_config.workdir
 
     async def teardown(self) -> None:
@@ -75,9 +131,23 @@ class SandboxRuntime(Runtime):
         return ProgramResult(exit_code=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
     async def run_program(self, argv: list[str], env: dict[str, str]) -> ProgramResult:
-        """The harness program, bounded by what the episode's sandbox has left (not a command timeout)."""
+        """The harness program, bounded by what the episode's sandbox has left (not a command timeout);
+        a fork of the sandbox's warm server of it when there is one."""
         box = self._box
-        result = await box.run(argv, env=self.process_env(env), timeout=box.time_left("the harness program"))
+        left = box.time_left("the harness program")
+        for prefix, venv in self._warm.items():
+            if tuple(argv[: len(prefix)]) == prefix:
+                work = self.sandbox_config.workdir
+                activated = {"VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:{SANDBOX_PATH}"} if len(prefix) > 2 else {}
+                request = {
+                    "args": argv[len(prefix) :], "env": self.process_env(env) | activated, "cwd": work,
+                    "stdout": f"{work}/{WARM}/run.out", "stderr": f"{work}/{WARM}/run.err",
+                }  # fmt: skip
+                client = [str(self.sandbox_config.python), "-I", "-S", "-c", _WARM_CLIENT, f"{work}/{WARM}/s.sock"]
+                result = await box.run(client, stdin=json.dumps(request), timeout=left)
+                break
+        else:
+            result = await box.run(argv, env=self.process_env(env), timeout=left)
         return ProgramResult(exit_code=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
     async def run_background(self, argv: list[str], env: dict[str, str], log: str) -> None:
@@ -99,10 +169,12 @@ class SandboxRuntime(Runtime):
         path = f"{SCRIPTS}/{hashlib.sha256(text.encode()).hexdigest()}.py"
         await self._box.write_file(path, text)
         interpreter = str(venv / "bin" / "python")
-        if not activate:
-            return [interpreter, path]
         exports = f'export VIRTUAL_ENV={shlex.quote(str(venv))} PATH="{venv}/bin:$PATH"; exec "$@"'
-        return ["sh", "-c", exports, "uv-script", interpreter, path]
+        argv = [interpreter, path] if not activate else ["sh", "-c", exports, "uv-script", interpreter, path]
+        if self._box in self.sandboxes.prepared and self.sandboxes.program == path:
+            self._warm[tuple(argv)] = venv
+        self.sandboxes.learn(path, text, venv)
+        return argv
 
     async def prepare_execution(self, routes: list[str] | None) -> None:
         """Open the sandbox's way to the episode's host routes (interception, tool servers)."""
