@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from envrl.envs.environment import Environment
 from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.envs.state import RolloutState
+from envrl.envs.tool_calls import Family
+from envrl.envs.tool_calls import parse as parse_family
 from envrl.sandbox.errors import SandboxError
 from envrl.traces import Message
 
@@ -126,7 +128,9 @@ def tools_of(cls: type) -> dict[str, Tool]:
 
 
 def parse_tool_calls(message: Message) -> list[ToolCall | ToolCallError]:
-    """Tool calls from structured `tool_calls` (OpenAI) or `<tool_call>{json}</tool_call>` text."""
+    """Tool calls from structured `tool_calls` (OpenAI), `<tool_call>{json}</tool_call>` text, or
+    text in another family's syntax (`[TOOL_CALLS]...`, Llama-3 `{"name": ...}`), which a client
+    that parsed it would have made structured: such text that does not parse is an error."""
     if message.get("tool_calls"):
         calls = []
         for call in message["tool_calls"]:
@@ -139,6 +143,13 @@ def parse_tool_calls(message: Message) -> list[ToolCall | ToolCallError]:
             calls.append(parsed)
         return calls
     text = message.get("content") or ""
+    family = _other_family(text)
+    if family is not None:
+        parsed = parse_family(text, family)
+        if parsed.get("tool_calls"):
+            return parse_tool_calls(parsed)
+        example = _EXAMPLES[family]
+        return [ToolCallError(f"the tool call does not parse (write {example}): {text.strip()[:200]}")]
     calls: list[ToolCall | ToolCallError] = []
     for body in _TOOL_CALL.findall(text):
         try:
@@ -150,6 +161,23 @@ def parse_tool_calls(message: Message) -> list[ToolCall | ToolCallError]:
     if text.count("<tool_call>") > len(_TOOL_CALL.findall(text)):
         calls.append(ToolCallError("a <tool_call> was opened but not closed with </tool_call>"))
     return calls
+
+
+_EXAMPLES: dict[Family, str] = {
+    "mistral": '[TOOL_CALLS][{"name": NAME, "arguments": {...}}]',
+    "llama3": '{"name": NAME, "parameters": {...}}',
+}
+
+
+def _other_family(text: str) -> Family | None:
+    """The non-Hermes family whose call syntax `text` starts (None: Hermes or plain text)."""
+    if "<tool_call>" in text:
+        return None
+    if "[TOOL_CALLS]" in text:
+        return "mistral"
+    if "<|python_tag|>" in text or text.lstrip().startswith('{"name"'):
+        return "llama3"
+    return None
 
 
 def _json_arguments(arguments: Any) -> Any:

@@ -205,3 +205,18 @@ def test_the_share_of_turns_with_valid_calls_counts_parse_name_and_argument_erro
     assert trace.metrics["valid_tool_call_share"] == 2 / 6
     one_bad = run(call("add", amount=1) + call("nope"), "done")  # a turn is valid only if all its calls are
     assert one_bad.metrics["valid_tool_call_share"] == 0.0
+
+
+def test_calls_in_the_mistral_and_llama3_syntax_run_and_malformed_ones_are_explained() -> None:
+    trace = run(
+        '[TOOL_CALLS][{"name": "add", "arguments": {"amount": 2}}]',
+        '{"name": "add", "parameters": {"amount": 3}}',
+        '[TOOL_CALLS][{"name": "add", "arguments": {amount: 2}}]',
+        '<|python_tag|>{"name": "add", "parameters": [1]}',
+        "done",
+    )
+    replies = tool_replies(trace)
+    assert replies[:2] == ["2", "5"]
+    assert replies[2].startswith('Error: the tool call does not parse (write [TOOL_CALLS][{"name": NAME')
+    assert replies[3].startswith('Error: the tool call does not parse (write {"name": NAME, "parameters"')
+    assert trace.error is None and trace.num_turns == 5 and trace.metrics["valid_tool_call_turns"] == 2.0
