@@ -52,7 +52,9 @@ def write_demos(path: Path, count: int = 256, wrong_share: float = 0.5, seed: in
 
 def fine_tune(data: Path, out: Path, *args: str) -> Path:
     """`rl sft` in this process; returns the published model directory."""
-    config = load_config(sft.SFTConfig, ["--data", str(data), "--output-dir", str(out), *SFT_ARGS, *args])
+    config = load_config(
+        sft.SFTConfig, prog="rl sft", argv=["--data", str(data), "--output-dir", str(out), *SFT_ARGS, *args]
+    )
     runtime = init_runtime(config.trainer_config(1))
     try:
         return sft.run(config, runtime)
