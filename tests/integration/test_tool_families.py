@@ -132,7 +132,7 @@ def fit(renderers: dict[str, ChatRenderer], tools: list[dict[str, Any]], out: Pa
         torch.tensor([r.render(conversation(tools), tools, generation_prompt=False)]) for r in renderers.values()
     ]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(150):
+    for _ in range(400):
         optimizer.zero_grad()
         sum(model(ids, labels=ids).loss for ids in documents).backward()
         optimizer.step()
