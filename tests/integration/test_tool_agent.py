@@ -22,9 +22,8 @@ from compass import load_environment as load_compass
 from compass import make_tasks
 from compass.demos import demonstration, solver_moves
 
-from envrl.config import ModelConfig, load_config, resolve_config
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient
+from envrl.config import load_config, resolve_config
+from envrl.envs import TrainClientConfig
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.orchestrator.loop import Orchestrator
 from envrl.trainer import sft
@@ -62,27 +61,16 @@ def fine_tune(data: Path, out: Path, *args: str) -> Path:
         shutdown(runtime)
 
 
-def serve(vllm_server: Any, weights: Path) -> None:
-    async def main() -> None:
-        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
-        try:
-            await client.update_weights(weights)
-        finally:
-            await client.aclose()
-
-    asyncio.run(main())
-
-
 def run_tool_agent(out: Path, start: Path, vllm_server: Any, *overrides: tuple[str, Any]) -> list[dict[str, Any]]:
-    """The tool-agent config from `start`'s weights (served first, the tiny model's restored after);
-    returns each step's train metrics."""
-    settings = [("output_dir", str(out)), ("model.name", vllm_server.model), ("wandb.mode", "disabled"), *overrides]
+    """The tool-agent config from `start`'s weights (the orchestrator loads them into the session's
+    server first; the tiny model's are restored after); returns each step's train metrics."""
+    settings = [("output_dir", str(out)), ("model.name", str(start)), ("wandb.mode", "disabled"), *overrides]
     run = resolve_run(resolve_config(RLConfig, [CONFIG], settings))
     run.orchestrator.inference.base_url = vllm_server.base_url
     for env in run.orchestrator.envs:
         env.address = None  # a sidecar env server, spawned by the orchestrator
-    # The served name stays the session's; the trainer starts from the fine-tuned weights.
-    run.trainer.model = ModelConfig(name=str(start))
+        # Requests name the model the session's server serves; the orchestrator loads `start` into it first.
+        env.client = TrainClientConfig(base_url=vllm_server.base_url, model=vllm_server.model, tokenizer=str(start))
     trainer = Trainer(run.trainer, init_runtime(run.trainer))
     failure: list[BaseException] = []
 
@@ -92,7 +80,6 @@ def run_tool_agent(out: Path, start: Path, vllm_server: Any, *overrides: tuple[s
         except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
             failure.append(e)
 
-    serve(vllm_server, start)
     thread = threading.Thread(target=train, daemon=True)
     thread.start()
     try:
