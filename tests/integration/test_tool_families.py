@@ -132,10 +132,15 @@ def fit(renderers: dict[str, ChatRenderer], tools: list[dict[str, Any]], out: Pa
         torch.tensor([r.render(conversation(tools), tools, generation_prompt=False)]) for r in renderers.values()
     ]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(400):
-        optimizer.zero_grad()
-        sum(model(ids, labels=ids).loss for ids in documents).backward()
-        optimizer.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # matrices this small only lose to thread hand-offs on a busy box
+    try:
+        for _ in range(400):
+            optimizer.zero_grad()
+            sum(model(ids, labels=ids).loss for ids in documents).backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
     model.save_pretrained(out, safe_serialization=True)
     return out
 
