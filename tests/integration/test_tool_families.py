@@ -198,10 +198,13 @@ def test_a_tool_using_rollout_trains_exactly_the_generated_tokens_with_vllms_log
     config = TrainClientConfig(
         base_url=vllm_server.base_url, model=vllm_server.model, tokenizer=str(tokenizers[family]), retry=RETRY
     )
-    sampling = SamplingArgs(max_tokens=48, temperature=1.0, seed=3)
-    trace = rollout(env, config, sampling)
-
-    assert trace.error is None, trace.error
+    # The fitted model writes the call in ~98% of draws; a few seeds make sure one rollout has it.
+    for seed in range(5):
+        sampling = SamplingArgs(max_tokens=48, temperature=1.0, seed=seed)
+        trace = rollout(env, config, sampling)
+        assert trace.error is None, trace.error
+        if trace.turns[0].response.get("tool_calls"):
+            break
     first, second = trace.turns  # a call, then (fitted: a text answer) after the tool's reply
     [call] = first.response["tool_calls"]
     assert call["function"] == {"name": "get", "arguments": json.dumps({"key": "a"})}
@@ -229,5 +232,5 @@ def test_a_tool_using_rollout_trains_exactly_the_generated_tokens_with_vllms_log
     recomputed = [logprobs[i - 1].item() for i in positions]
     vllm = [sample.inference_logprobs[i] for i in positions]
     error = max(abs(a - b) for a, b in zip(recomputed, vllm, strict=True))
-    print(f"{family}: {len(positions)} generated tokens over 2 turns, max |logprob error| {error:.2e}")
+    print(f"{family} (seed {seed}): {len(positions)} generated tokens over 2 turns, max |logprob error| {error:.2e}")
     assert error < MAX_LOGPROB_ERROR
