@@ -5,9 +5,10 @@ named direction ends the episode, any other direction is refused with an error r
 can act on. The reward reads only that instance: 1 / (moves made) once arrived, else 0, so a
 first call in the right direction earns most and every wrong call costs.
 
-Why the tiny random model can learn it: the answer is one of four words picked by one word of
-the prompt (a mapping from a small fixed set, not a copy of an arbitrary string), wrapped in a
-fixed tool-call syntax that `rl sft` on `compass.demos` teaches.
+Why it suits the tiny random model better than kv-store: the answer is one of four words picked
+by one word of the prompt (a mapping from a small fixed set, not a copy of an arbitrary string),
+wrapped in a fixed tool-call syntax that `rl sft` on `compass.demos` teaches (what RL learns from
+there so far: docs/agents.md).
 """
 
 from __future__ import annotations
