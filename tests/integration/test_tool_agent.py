@@ -1,4 +1,4 @@
-"""A tool agent learns on CPU: `rl sft` on compass demonstrations, then RL from those weights.
+"""A tool agent on CPU: `rl sft` on compass demonstrations, then RL from those weights.
 
 The recipe of docs/agents.md at CI size: demonstrations written by `compass.demos` (half of them
 start with a wrong move and its error reply), `rl sft` on them (in this process), then
