@@ -4,13 +4,18 @@ Guarantee: each rollout gets a fresh instance from the factory, `reset(**task_fi
 before the first model turn, every tool call the model writes is either executed with arguments
 that validate strictly against the method's type hints, or answered with an error tool message
 saying what was wrong (bad JSON, unknown tool, invalid arguments, the tool's own exception);
+an async tool that runs past `tool_timeout` is cancelled and answered the same way (a sync tool
+runs on the worker's loop: one that blocks is the env server's stuck-worker case, an error Trace);
 a tool's `SandboxError` is the sandbox failing, not the model: it ends the rollout as an error
 Trace of its type;
 nothing is coerced. A tool ends the episode by setting `self.done = True`; `max_turns` bounds it.
+Each Trace reports `valid_tool_call_share`: the share of its model turns whose tool calls all
+parsed, named a tool and had valid arguments (what the tool then answered does not matter).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import re
@@ -21,7 +26,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from envrl.envs.environment import Environment
+from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.envs.state import RolloutState
+from envrl.envs.tool_calls import Family
+from envrl.envs.tool_calls import parse as parse_family
 from envrl.sandbox.errors import SandboxError
 from envrl.traces import Message
 
@@ -120,7 +128,9 @@ def tools_of(cls: type) -> dict[str, Tool]:
 
 
 def parse_tool_calls(message: Message) -> list[ToolCall | ToolCallError]:
-    """Tool calls from structured `tool_calls` (OpenAI) or `<tool_call>{json}</tool_call>` text."""
+    """Tool calls from structured `tool_calls` (OpenAI), `<tool_call>{json}</tool_call>` text, or
+    text in another family's syntax (`[TOOL_CALLS]...`, Llama-3 `{"name": ...}`), which a client
+    that parsed it would have made structured: such text that does not parse is an error."""
     if message.get("tool_calls"):
         calls = []
         for call in message["tool_calls"]:
@@ -133,6 +143,13 @@ def parse_tool_calls(message: Message) -> list[ToolCall | ToolCallError]:
             calls.append(parsed)
         return calls
     text = message.get("content") or ""
+    family = _other_family(text)
+    if family is not None:
+        parsed = parse_family(text, family)
+        if parsed.get("tool_calls"):
+            return parse_tool_calls(parsed)
+        example = _EXAMPLES[family]
+        return [ToolCallError(f"the tool call does not parse (write {example}): {text.strip()[:200]}")]
     calls: list[ToolCall | ToolCallError] = []
     for body in _TOOL_CALL.findall(text):
         try:
@@ -144,6 +161,23 @@ def parse_tool_calls(message: Message) -> list[ToolCall | ToolCallError]:
     if text.count("<tool_call>") > len(_TOOL_CALL.findall(text)):
         calls.append(ToolCallError("a <tool_call> was opened but not closed with </tool_call>"))
     return calls
+
+
+_EXAMPLES: dict[Family, str] = {
+    "mistral": '[TOOL_CALLS][{"name": NAME, "arguments": {...}}]',
+    "llama3": '{"name": NAME, "parameters": {...}}',
+}
+
+
+def _other_family(text: str) -> Family | None:
+    """The non-Hermes family whose call syntax `text` starts (None: Hermes or plain text)."""
+    if "<tool_call>" in text:
+        return None
+    if "[TOOL_CALLS]" in text:
+        return "mistral"
+    if "<|python_tag|>" in text or text.lstrip().startswith('{"name"'):
+        return "llama3"
+    return None
 
 
 def _json_arguments(arguments: Any) -> Any:
@@ -168,9 +202,18 @@ class ToolEnvironment(Environment):
     """A multi-turn env whose model calls the tools of `tool_class`; reward functions get `env`."""
 
     def __init__(
-        self, *, tool_class: type, factory: Callable[[], Any] | None = None, max_turns: int = 8, **kwargs: Any
+        self,
+        *,
+        tool_class: type,
+        factory: Callable[[], Any] | None = None,
+        max_turns: int = 8,
+        tool_timeout: float | None = 60.0,
+        **kwargs: Any,
     ) -> None:
+        """`tool_timeout`: seconds an async tool call may run before it is cancelled and the model
+        told so (None: no limit but the rollout's own timeout)."""
         super().__init__(max_turns=max_turns, **kwargs)
+        self.tool_timeout = tool_timeout
         self.tool_class = tool_class
         self.factory = factory or tool_class
         self.tool_by_name = tools_of(tool_class)
@@ -187,22 +230,34 @@ class ToolEnvironment(Environment):
             if inspect.isawaitable(result):
                 await result
 
+    async def episode(self, state: RolloutState, client: ModelClient, sampling: SamplingArgs) -> None:
+        await super().episode(state, client, sampling)
+        metrics, turns = state.trace.metrics, state.trace.num_turns
+        if turns:
+            metrics["valid_tool_call_share"] = metrics.get("valid_tool_call_turns", 0.0) / turns
+
     async def env_response(self, state: RolloutState) -> list[Message]:
         calls = parse_tool_calls(state.messages[-1])
         if not calls:
             state.stop("completed")
             return []
-        replies = []
+        replies, valid = [], True
         for i, call in enumerate(calls):
             # The model's own id, else one unique in the rollout: turn number and position.
             call_id = call.id if isinstance(call, ToolCall) and call.id else f"call_{state.trace.num_turns}_{i}"
-            replies.append({"role": "tool", "tool_call_id": call_id, "content": await self._run(state, call)})
+            content, well_formed = await self._run(state, call)
+            valid = valid and well_formed
+            replies.append({"role": "tool", "tool_call_id": call_id, "content": content})
             if getattr(state.env, "done", False):
                 state.stop("tool_ended")
                 break
+        if valid:
+            metrics = state.trace.metrics
+            metrics["valid_tool_call_turns"] = metrics.get("valid_tool_call_turns", 0.0) + 1
         return replies
 
-    async def _run(self, state: RolloutState, call: ToolCall | ToolCallError) -> str:
+    async def _run(self, state: RolloutState, call: ToolCall | ToolCallError) -> tuple[str, bool]:
+        """The tool's reply and whether the call itself was valid (parsed, a known tool, valid arguments)."""
         metrics = state.trace.metrics
         metrics["tool_calls"] = metrics.get("tool_calls", 0.0) + 1
         try:
@@ -211,12 +266,25 @@ class ToolEnvironment(Environment):
             tool = self.tool_by_name.get(call.name)
             if tool is None:
                 raise ToolCallError(f"there is no tool {call.name!r}; the tools are: {', '.join(self.tool_by_name)}")
-            return await tool.call(state.env, call.arguments)
+            return await self._call(tool, state.env, call.arguments), True
         except SandboxError:
             raise  # the sandbox failed, not the model: an error Trace of its type, not a tool message
         except Exception as e:  # noqa: BLE001 - the model is told what went wrong and may try again
             metrics["tool_errors"] = metrics.get("tool_errors", 0.0) + 1
-            return f"Error: {e}" if isinstance(e, ToolCallError) else f"Error: {type(e).__name__}: {e}"
+            if isinstance(e, ToolCallError):
+                return f"Error: {e}", False
+            return f"Error: {type(e).__name__}: {e}", True
+
+    async def _call(self, tool: Tool, instance: Any, arguments: dict[str, Any]) -> str:
+        if self.tool_timeout is None or not tool.is_async:
+            return await tool.call(instance, arguments)
+        try:
+            async with asyncio.timeout(self.tool_timeout) as deadline:
+                return await tool.call(instance, arguments)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the tool's own TimeoutError
+            raise TimeoutError(f"tool {tool.name} did not answer within {self.tool_timeout}s (tool_timeout)") from None
 
     async def cleanup(self, state: RolloutState) -> None:
         close = getattr(state.env, "close", None)

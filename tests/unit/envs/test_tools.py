@@ -169,3 +169,54 @@ def test_tool_replies_carry_call_ids_turns_record_the_schemas_and_the_last_repli
         {"role": "assistant", "tool_calls": [{"id": "abc", "function": {"name": "add", "arguments": {}}}]}
     )
     assert parsed.id == "abc"
+
+
+class Slow:
+    """Tools that never answer in time: an async one that sleeps, one whose own TimeoutError is its error."""
+
+    async def wait(self) -> str:
+        """Wait for a long time."""
+        await asyncio.sleep(3600)
+        return "never"
+
+    async def flaky(self) -> str:
+        """Time out on its own."""
+        raise TimeoutError("the backend timed out")
+
+
+def test_an_async_tool_that_hangs_is_cancelled_at_tool_timeout_and_the_model_told() -> None:
+    env = ToolEnvironment(tool_class=Slow, tasks=[GoalTask(idx=0, prompt="wait", goal=0)], tool_timeout=0.2)
+    client = ScriptedClient(ScriptedClientConfig(replies=[call("wait") + call("flaky"), "ok"], tokenizer=TINY_CHAT))
+    trace = asyncio.run(env.run_rollout(env.get_task("train", 0), client, SamplingArgs(max_tokens=32)))
+    assert trace.error is None and trace.num_turns == 2 and trace.stop_reason == "completed"
+    assert tool_replies(trace) == [
+        "Error: TimeoutError: tool wait did not answer within 0.2s (tool_timeout)",
+        "Error: TimeoutError: the backend timed out",
+    ]
+
+
+def test_the_share_of_turns_with_valid_calls_counts_parse_name_and_argument_errors_not_tool_errors() -> None:
+    # valid (the tool raises: still a valid call) | bad JSON | unknown tool | bad arguments | valid | text
+    trace = run(
+        call("divide", by=0), "<tool_call>{x}</tool_call>", call("nope"), call("add", amount="1"), call("add", amount=5),
+        "done",
+    )  # fmt: skip
+    assert trace.num_turns == 6 and trace.metrics["valid_tool_call_turns"] == 2.0
+    assert trace.metrics["valid_tool_call_share"] == 2 / 6
+    one_bad = run(call("add", amount=1) + call("nope"), "done")  # a turn is valid only if all its calls are
+    assert one_bad.metrics["valid_tool_call_share"] == 0.0
+
+
+def test_calls_in_the_mistral_and_llama3_syntax_run_and_malformed_ones_are_explained() -> None:
+    trace = run(
+        '[TOOL_CALLS][{"name": "add", "arguments": {"amount": 2}}]',
+        '{"name": "add", "parameters": {"amount": 3}}',
+        '[TOOL_CALLS][{"name": "add", "arguments": {amount: 2}}]',
+        '<|python_tag|>{"name": "add", "parameters": [1]}',
+        "done",
+    )
+    replies = tool_replies(trace)
+    assert replies[:2] == ["2", "5"]
+    assert replies[2].startswith('Error: the tool call does not parse (write [TOOL_CALLS][{"name": NAME')
+    assert replies[3].startswith('Error: the tool call does not parse (write {"name": NAME, "parameters"')
+    assert trace.error is None and trace.num_turns == 5 and trace.metrics["valid_tool_call_turns"] == 2.0

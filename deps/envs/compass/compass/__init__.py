@@ -1,0 +1,77 @@
+"""compass: walk in the direction the user names by calling the `move` tool.
+
+Guarantee: the one tool is a method of a plain class (one instance per rollout); a move in the
+named direction ends the episode, any other direction is refused with an error reply the model
+can act on. The reward reads only that instance: 1 / (moves made) once arrived, else 0, so a
+first call in the right direction earns most and every wrong call costs.
+
+Why it suits the tiny random model better than kv-store: the answer is one of four words picked
+by one word of the prompt (a mapping from a small fixed set, not a copy of an arbitrary string),
+wrapped in a fixed tool-call syntax that `rl sft` on `compass.demos` teaches (what RL learns from
+there so far: docs/agents.md).
+"""
+
+from __future__ import annotations
+
+import random
+
+from envrl.envs import Rubric, ToolEnvironment
+from envrl.traces import Task
+
+DIRECTIONS = ("up", "down", "left", "right")
+VERBS = ("Go", "Move", "Walk", "Head")
+
+
+class WalkTask(Task):
+    prompt: str
+    direction: str
+
+
+class Walker:
+    """The tools the model sees. `done` ends the episode."""
+
+    def __init__(self) -> None:
+        self.goal = ""
+        self.moves = 0
+        self.done = False
+
+    def reset(self, prompt: str, direction: str) -> None:
+        self.goal, self.moves, self.done = direction, 0, False
+
+    def move(self, direction: str) -> str:
+        """Take one step.
+
+        Args:
+            direction: up, down, left or right.
+        """
+        self.moves += 1
+        if direction not in DIRECTIONS:
+            raise ValueError(f"unknown direction {direction!r}; use up, down, left or right")
+        if direction != self.goal:
+            raise ValueError(f"blocked: a wall is {direction}")
+        self.done = True
+        return "arrived"
+
+
+def arrived(env: Walker) -> float:
+    """1 / moves once the walker arrived (1.0 for a right first move), 0 otherwise."""
+    return 1.0 / env.moves if env.done else 0.0
+
+
+def make_tasks(count: int, seed: int) -> list[WalkTask]:
+    rng = random.Random(seed)
+    tasks = []
+    for i in range(count):
+        direction = rng.choice(DIRECTIONS)
+        tasks.append(WalkTask(idx=i, prompt=f"{rng.choice(VERBS)} {direction}.", direction=direction))
+    return tasks
+
+
+def load_environment(num_train: int = 256, num_eval: int = 32, seed: int = 0, max_turns: int = 4) -> ToolEnvironment:
+    return ToolEnvironment(
+        tool_class=Walker,
+        tasks=lambda: make_tasks(num_train, seed),
+        eval_tasks=lambda: make_tasks(num_eval, seed + 1),
+        rubric=Rubric({arrived: 1.0}),
+        max_turns=max_turns,
+    )
