@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.http import RetryPolicy
 from envrl.inference.client import InferenceClient, TokenCompletion
+from scripts.tiny_model import DEFAULT_DIR
 
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900]]
 SAMPLING = {"max_tokens": 24, "temperature": 1.0, "seed": 1234}
@@ -73,3 +74,8 @@ def perturbed_copy(src: Path, dst: Path, scale: float = 0.05) -> Path:
             param.add_(torch.randn(param.shape, generator=generator) * scale)
     model.save_pretrained(dst)
     return dst
+
+
+def restore_served_weights(base_url: str, model: str) -> None:
+    """Serve the tiny model's own weights again (what a test that changed them must do before it ends)."""
+    asyncio.run(update_weights(base_url, model, DEFAULT_DIR))

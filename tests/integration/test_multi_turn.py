@@ -14,8 +14,6 @@ from statistics import fmean
 from typing import Any
 
 from envrl.config import resolve_config
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.layout import batch_dir
 from envrl.orchestrator.jsonl import parse_trace_line
@@ -23,22 +21,11 @@ from envrl.orchestrator.loop import Orchestrator
 from envrl.samples import read_batch
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
-from scripts.tiny_model import DEFAULT_DIR
+from tests.integration.served_weights import restore_served_weights
 from tests.support.run_files import metric_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "debug" / "multi_turn.toml"
-
-
-def restore_served_weights(base_url: str, model: str) -> None:
-    async def main() -> None:
-        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=300.0))
-        try:
-            await client.update_weights(DEFAULT_DIR)
-        finally:
-            await client.aclose()
-
-    asyncio.run(main())
 
 
 def run_multi_turn(out: Path, vllm_server: Any) -> None:

@@ -29,7 +29,7 @@ from envrl.orchestrator.loop import Orchestrator
 from envrl.trainer import sft
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime, shutdown
-from tests.integration.test_multi_turn import restore_served_weights
+from tests.integration.served_weights import restore_served_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "debug" / "tool_agent.toml"

@@ -29,7 +29,7 @@ from envrl.inference.client import InferenceClient
 from envrl.orchestrator.trajectories import trace_to_samples
 from envrl.traces import Message, Task, Trace
 from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.test_multi_turn import restore_served_weights
+from tests.integration.served_weights import restore_served_weights
 
 RETRY = RetryPolicy(max_retries=1, timeout=120.0)
 MAX_LOGPROB_ERROR = 1e-4
