@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from envrl.envs.tool_calls import UnknownToolFormat, family_of
+from envrl.envs.tool_calls import TOOL_MARKERS, UnknownToolFormat, family_of
 from envrl.envs.tool_calls import parse as parse_tool_calls
 from envrl.traces import Message, Turn
 
@@ -37,21 +37,28 @@ class ChatRenderer:
         self.eos_id: int = eos
         self.tool_family = family_of(self.tokenizer.chat_template)
         """How the template asks the model to call tools (None: it teaches no syntax envrl parses)."""
+        special = set(self.tokenizer.all_special_tokens) | {
+            t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special
+        }
+        self._markers: dict[int, str] = {
+            self.tokenizer.convert_tokens_to_ids(marker): marker for marker in TOOL_MARKERS if marker in special
+        }
+        """Tool-call markers that are special tokens in this tokenizer (Mistral's `[TOOL_CALLS]`,
+        Llama-3's `<|python_tag|>`): kept when a completion is decoded for its tool calls."""
         self.tokenizer_dir = tokenizer_dir
 
     def assistant_message(self, completion_ids: list[int], tools: list[dict[str, Any]] | None) -> Message:
         """The assistant message of a completion: its text, with structured `tool_calls` when the
         model was shown tools and wrote calls in its family's syntax (envs/tool_calls.py)."""
-        text = self.decode(completion_ids)
         if not tools:
-            return {"role": "assistant", "content": text}
+            return {"role": "assistant", "content": self.decode(completion_ids)}
         if self.tool_family is None:
             raise UnknownToolFormat(
                 f"the chat template of {self.tokenizer_dir} teaches no tool-call syntax envrl parses "
                 "(hermes <tool_call>, llama3 JSON, mistral [TOOL_CALLS]), yet the model was given tools; "
                 "use a model whose template renders tools, or an env without tools"
             )
-        return parse_tool_calls(text, self.tool_family)
+        return parse_tool_calls(self._decode_keeping_markers(completion_ids), self.tool_family)
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> list[int]:
         text = self.tokenizer.apply_chat_template(
@@ -65,6 +72,18 @@ class ChatRenderer:
     def decode(self, ids: list[int]) -> str:
         """The visible text of a completion: special tokens such as eos are dropped."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _decode_keeping_markers(self, ids: list[int]) -> str:
+        """`decode`, except that tool-call markers which are special tokens stay in the text, so
+        the family's parser sees them (every other special token is still dropped)."""
+        if not self._markers or not any(i in self._markers for i in ids):
+            return self.decode(ids)
+        parts, start = [], 0
+        for at, token in enumerate(ids):
+            if token in self._markers:
+                parts += [self.decode(ids[start:at]), self._markers[token]]
+                start = at + 1
+        return "".join([*parts, self.decode(ids[start:])])
 
     def prompt_ids(
         self, messages: list[Message], tools: list[dict[str, Any]] | None, previous: Turn | None

@@ -26,6 +26,11 @@ _MISTRAL_NAMED = re.compile(
 )
 
 
+TOOL_MARKERS = ("[TOOL_CALLS]", "[ARGS]", "<|python_tag|>")
+"""Tokens that open a tool call (or its arguments) in a family's syntax; some tokenizers make
+them special tokens, which decoding for the calls must keep (envs/chat_tokens.py)."""
+
+
 class UnknownToolFormat(ValueError):
     """A model whose chat template teaches no tool-call syntax envrl parses was given tools."""
 

@@ -84,3 +84,31 @@ def test_a_turn_without_tokens_cannot_be_extended() -> None:
     turn = first_turn("3 4 5")
     turn.tokens = None
     assert RENDERER.extend([*turn.prompt, turn.response, {"role": "user", "content": "x"}], None, turn) is None
+
+
+MISTRAL_TEMPLATE = (
+    "{%- for m in messages %}{%- if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
+    "{%- else %}{{ m.content }}{%- endif %}{%- endfor %}"
+    "{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{%- endif %}"
+    "{%- if false %}[TOOL_CALLS]{%- endif %}"
+)
+
+
+def test_tool_call_markers_that_are_special_tokens_survive_decoding(tmp_path) -> None:
+    """Mistral's tokenizers make `[TOOL_CALLS]` a special token: the calls still parse, and the
+    eos after them is still dropped."""
+    tokenizer = RENDERER.tokenizer.__class__.from_pretrained(TINY_CHAT)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    tokenizer.chat_template = MISTRAL_TEMPLATE
+    tokenizer.save_pretrained(tmp_path)
+    renderer = chat_renderer(str(tmp_path))
+    ids = [
+        *renderer.encode("Sure."),
+        renderer.tokenizer.convert_tokens_to_ids("[TOOL_CALLS]"),
+        *renderer.encode('[{"name": "add", "arguments": {"a": 1}}]'),
+        renderer.eos_id,
+    ]
+    message = renderer.assistant_message(ids, TOOLS)
+    assert message["content"] == "Sure."
+    assert [call["function"]["name"] for call in message["tool_calls"]] == ["add"]
+    assert renderer.decode(ids) == 'Sure.[{"name": "add", "arguments": {"a": 1}}]'  # visible text: no markers
