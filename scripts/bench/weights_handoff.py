@@ -43,21 +43,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from envrl.atomic import atomic_dir
+from scripts.convert_smollm2 import SMOLLM2_CONFIG
 
 TENSOR_BYTES = 64 * 2**20
 """Size of each tensor (an embedding or a large projection of a ~1B model in bf16)."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
-SMOLLM2_SHAPE = {
-    "hidden_size": 576,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "intermediate_size": 1536,
-    "vocab_size": 49152,
-    "head_dim": 64,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 8192,
-}
+SMOLLM2_SHAPE = {key: value for key, value in SMOLLM2_CONFIG.items() if key != "architectures"}
 
 
 def state_dict(gb: float) -> dict[str, torch.Tensor]:
