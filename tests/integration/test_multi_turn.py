@@ -7,8 +7,6 @@ the served weights are restored at the end. ~1-2 minutes on 2 cores.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -17,11 +15,8 @@ from envrl.config import resolve_config
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.layout import batch_dir
 from envrl.orchestrator.jsonl import parse_trace_line
-from envrl.orchestrator.loop import Orchestrator
 from envrl.samples import read_batch
-from envrl.trainer.loop import Trainer
-from envrl.trainer.parallel import init_runtime
-from tests.integration.served_weights import restore_served_weights
+from tests.integration.in_process_run import train_in_process
 from tests.support.run_files import metric_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,27 +27,7 @@ def run_multi_turn(out: Path, vllm_server: Any) -> None:
     overrides = [("output_dir", str(out)), ("model.name", vllm_server.model), ("wandb.mode", "disabled")]
     overrides.append(("orchestrator.batch_retention", "all"))  # the test reads batch 0 after the run
     run = resolve_run(resolve_config(RLConfig, [CONFIG], overrides))
-    run.orchestrator.inference.base_url = vllm_server.base_url
-    for env in [*run.orchestrator.envs, *run.orchestrator.eval_envs]:
-        env.address = None  # a sidecar env server, spawned by the orchestrator
-    trainer = Trainer(run.trainer, init_runtime(run.trainer))
-    failure: list[BaseException] = []
-
-    def train() -> None:
-        try:
-            trainer.run()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
-            failure.append(e)
-
-    thread = threading.Thread(target=train, daemon=True)
-    thread.start()
-    try:
-        asyncio.run(Orchestrator(run.orchestrator).run())
-        thread.join(timeout=600)
-    finally:
-        restore_served_weights(vllm_server.base_url, vllm_server.model)
-    assert not failure, failure
-    assert not thread.is_alive(), "the trainer did not finish"
+    train_in_process(run, vllm_server)
 
 
 def test_multi_turn_run_learns_and_trains_exactly_the_generated_tokens(tmp_path: Path, vllm_server: Any) -> None:

