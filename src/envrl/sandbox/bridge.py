@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import os
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from loguru import logger
+
+from envrl.sandbox.user_dirs import owned_dir
 
 MOUNT = "/run/envrl-bridge"
 """Where a sandbox sees its bridge directory."""
@@ -32,16 +33,7 @@ HEADER_TIMEOUT_S = 10.0
 def bridges_root() -> Path:
     """The per-user parent of bridge directories: ours, mode 0711 (reachable, not listable), checked."""
     path = Path(tempfile.gettempdir()) / f"envrl-bridges-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o711)
-    info = path.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise PermissionError(
-            f"sandbox bridge directory {path} must be a directory owned by uid {os.getuid()} that no one else may "
-            f"write (it is uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}); remove it"
-        )
-    path.chmod(0o711)
-    return path
+    return owned_dir(path, 0o711, refuse=0o022, what="sandbox bridge directory", fix="remove it")
 
 
 def directory_of(uid: int) -> Path:

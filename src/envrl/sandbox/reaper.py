@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 from loguru import logger
 
 from envrl.sandbox import bridge
+from envrl.sandbox.user_dirs import owned_dir
 
 RUN_DIR_ENV = "ENVRL_SANDBOX_RUN_DIR"
 """Overrides the run directory (tests give each test its own)."""
@@ -39,15 +39,7 @@ _last_reap = 0.0
 def run_dir() -> Path:
     """The per-user directory of sandbox records, created 0700 and checked to be ours and private."""
     path = Path(os.environ.get(RUN_DIR_ENV) or Path(tempfile.gettempdir()) / f"envrl-sandboxes-{os.getuid()}")
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700, parents=True)
-    info = path.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(
-            f"sandbox run directory {path} must be a directory owned by uid {os.getuid()} with mode 0700 "
-            f"(it is uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}); remove it or set {RUN_DIR_ENV}"
-        )
-    return path
+    return owned_dir(path, 0o700, refuse=0o077, what="sandbox run directory", fix=f"remove it or set {RUN_DIR_ENV}")
 
 
 def start_time(pid: int) -> int | None:

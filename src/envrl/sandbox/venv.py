@@ -11,7 +11,6 @@ Packages come from uv (its cache, else the package index), as `uv pip install` w
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import os
@@ -22,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from envrl.sandbox.errors import SandboxStartError
+from envrl.sandbox.user_dirs import owned_dir
 
 VENVS_ENV = "ENVRL_SANDBOX_VENVS"
 """Overrides where sandbox venvs are kept (a directory any user can reach)."""
@@ -33,16 +33,7 @@ BUILD_TIMEOUT_S = 600.0
 def venvs_root() -> Path:
     """Ours, mode 0755, no one else may write it (checked): outside /tmp, the sandbox's own /tmp."""
     path = Path(os.environ.get(VENVS_ENV) or Path("/var/tmp") / f"envrl-sandbox-venvs-{os.getuid()}")
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o755, parents=True)
-    info = path.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise PermissionError(
-            f"sandbox venv directory {path} must be a directory owned by uid {os.getuid()} that no one else may "
-            f"write (it is uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}); remove it or set {VENVS_ENV}"
-        )
-    path.chmod(0o755)
-    return path
+    return owned_dir(path, 0o755, refuse=0o022, what="sandbox venv directory", fix=f"remove it or set {VENVS_ENV}")
 
 
 def sandbox_venv(requirements: Sequence[str], python: Path = SYSTEM_PYTHON) -> Path:
