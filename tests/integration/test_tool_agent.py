@@ -19,7 +19,7 @@ from typing import Any
 
 from compass import load_environment as load_compass
 from compass import make_tasks
-from compass.demos import demonstration, solver_moves
+from compass.demos import demonstration, solver_calls
 
 from envrl.config import load_config, resolve_config
 from envrl.envs import TrainClientConfig
@@ -41,7 +41,7 @@ def write_demos(path: Path, count: int = 256, wrong_share: float = 0.5, seed: in
     rng = random.Random(seed)
 
     async def conversations() -> list[dict[str, Any]]:
-        return [await demonstration(env, t, solver_moves(t, rng, wrong_share)) for t in make_tasks(count, seed)]
+        return [await demonstration(env, t, solver_calls(t, rng, wrong_share)) for t in make_tasks(count, seed)]
 
     path.write_text("".join(json.dumps(c) + "\n" for c in asyncio.run(conversations())))
     return path

@@ -2,13 +2,14 @@
 
 Guarantee: the one tool is a method of a plain class (one instance per rollout); a move in the
 named direction ends the episode, any other direction is refused with an error reply the model
-can act on. The reward reads only that instance: 1 / (moves made) once arrived, else 0, so a
-first call in the right direction earns most and every wrong call costs.
+can act on, and so is a call to a tool that does not exist. The reward reads only the rollout:
+1 / (model turns) once arrived, else 0, so the right call on the first turn earns most and every
+wasted turn costs.
 
 Why it suits the tiny random model better than kv-store: the answer is one of four words picked
 by one word of the prompt (a mapping from a small fixed set, not a copy of an arbitrary string),
-wrapped in a fixed tool-call syntax that `rl sft` on `compass.demos` teaches (what RL learns from
-there so far: docs/agents.md).
+wrapped in a fixed tool-call syntax that `rl sft` on `compass.demos` teaches; what RL learns from
+there (docs/agents.md) is to stop wasting the first turn the way the demonstrations do.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from __future__ import annotations
 import random
 
 from envrl.envs import Rubric, ToolEnvironment
-from envrl.traces import Task
+from envrl.traces import Task, Trace
 
-DIRECTIONS = ("up", "down", "left", "right")
-VERBS = ("Go", "Move", "Walk", "Head")
+DIRECTIONS = ("left", "right")
 
 
 class WalkTask(Task):
@@ -32,38 +32,38 @@ class Walker:
 
     def __init__(self) -> None:
         self.goal = ""
-        self.moves = 0
         self.done = False
 
     def reset(self, prompt: str, direction: str) -> None:
-        self.goal, self.moves, self.done = direction, 0, False
+        self.goal, self.done = direction, False
 
     def move(self, direction: str) -> str:
         """Take one step.
 
         Args:
-            direction: up, down, left or right.
+            direction: where to go.
         """
-        self.moves += 1
         if direction not in DIRECTIONS:
-            raise ValueError(f"unknown direction {direction!r}; use up, down, left or right")
+            raise ValueError(f"unknown direction {direction!r}; use left or right")
         if direction != self.goal:
             raise ValueError(f"blocked: a wall is {direction}")
         self.done = True
         return "arrived"
 
 
-def arrived(env: Walker) -> float:
-    """1 / moves once the walker arrived (1.0 for a right first move), 0 otherwise."""
-    return 1.0 / env.moves if env.done else 0.0
+def arrived(env: Walker, trace: Trace) -> float:
+    """1 / model turns once the walker arrived (1.0 for the right call on the first turn), 0 otherwise."""
+    return 1.0 / trace.num_turns if env.done else 0.0
 
 
 def make_tasks(count: int, seed: int) -> list[WalkTask]:
+    """ "Go <direction>." with a direction drawn per task; one verb, so the direction word always
+    sits at the same place in the prompt (the tiny model finds it by position)."""
     rng = random.Random(seed)
     tasks = []
     for i in range(count):
         direction = rng.choice(DIRECTIONS)
-        tasks.append(WalkTask(idx=i, prompt=f"{rng.choice(VERBS)} {direction}.", direction=direction))
+        tasks.append(WalkTask(idx=i, prompt=f"Go {direction}.", direction=direction))
     return tasks
 
 
