@@ -63,6 +63,7 @@ COLUMNS = [
     "input_ids",
     "loss_mask",
     "inference_logprobs",
+    "policy_steps",
     "lengths",
     "advantage",
     "env",
