@@ -190,7 +190,7 @@ class WeightReloadPlugin:
             if is_transfer_dir(path)
             else "weights reloaded"
         )
-        logger.info(f"{what} from {path} in {seconds:.2f}s")
+        logger.info(f"{what} from {path} in {seconds:.2f}s (requests in flight: {request.in_flight})")
         return JSONResponse(answer)
 
     def _check(self, path: Path) -> None:
