@@ -14,8 +14,8 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
-from envrl.log import LogConfig
-from envrl.net import is_loopback_host
+from envrl.runtime.net import is_loopback_host
+from envrl.telemetry.log import LogConfig
 
 RELOAD_TOKEN_ENV = "ENVRL_RELOAD_TOKEN"
 """Default environment variable holding the `/update_weights` token (tokens never go into configs)."""

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from envrl import layout
+from envrl.data import layout
 from envrl.launcher.config import ResolvedRun
 from envrl.launcher.cpus import CpuPlan, trainer_env, vllm_is_cpu_build
 from envrl.launcher.placement import Placement
-from envrl.process import allowed_environ
+from envrl.runtime.process import allowed_environ
 
 TORCHRUN_RANK_ENV = "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
 """What torchrun adds to each rank's environment (the only per-rank difference)."""
@@ -85,7 +85,7 @@ def trainer_argv(python: str, ranks: int, config: Path) -> list[str]:
     # --local-addr: MASTER_ADDR is 127.0.0.1, not this host's name (which may resolve to a public interface)
     torchrun = [python, "-m", "envrl.launcher.torchrun", "--standalone", "--local-addr", "127.0.0.1"]
     torchrun += ["--nproc-per-node", str(ranks)]
-    return [*torchrun, "-m", "envrl.guarded", *args]  # each rank: die with torchrun, then the trainer
+    return [*torchrun, "-m", "envrl.runtime.guarded", *args]  # each rank: die with torchrun, then the trainer
 
 
 def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) -> LaunchPlan:

@@ -20,7 +20,7 @@ from loguru import logger
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from envrl.layout import batch_dir
+from envrl.data.layout import batch_dir
 from envrl.trainer.attention import resolve_attn_implementation
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.lora import apply_lora

@@ -13,7 +13,7 @@ from envrl.inference.config import RELOAD_TOKEN_ENV
 from envrl.launcher.commands import LaunchPlan, launch_plan
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.placement import place
-from envrl.process import spawn
+from envrl.runtime.process import spawn
 
 ENVS = '[{"id": "reverse-text", "pass_env": ["ENVRL_TEST_PASSED"]}]'
 
