@@ -16,8 +16,8 @@ import httpx
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl.inference.config import API_KEY_ENV, api_key
 from envrl.runtime.http import HttpCallError, RetryPolicy, bearer, keep_alive_session, request_json
+from envrl.runtime.secrets import API_KEY_ENV, api_key
 
 WAIT_REPORT_S = 30.0
 """Seconds between the lines saying that the client still waits for its server."""

@@ -13,7 +13,6 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
-from envrl.inference.config import RELOAD_TOKEN_ENV
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
 from envrl.model.replicas import ReplicaUrls, replica_urls
 from envrl.orchestrator.advantage import AdvantageConfig
@@ -22,6 +21,7 @@ from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.runtime.http import RetryPolicy
 from envrl.runtime.net import is_loopback
 from envrl.runtime.process import RestartPolicy
+from envrl.runtime.secrets import RELOAD_TOKEN_ENV
 from envrl.serve.config import (
     CurveClientConfig,
     ElasticPoolConfig,

@@ -29,8 +29,8 @@ from loguru import logger
 from pydantic import BaseModel, Field
 
 from envrl.config import BaseConfig
-from envrl.inference.config import API_KEY_ENV
 from envrl.runtime.lifeline import PARENT_PID_ENV
+from envrl.runtime.secrets import API_KEY_ENV
 
 READY_FD_ENV = "ENVRL_READY_FD"
 """Set by `spawn_sidecar`: the pipe fd on which the child writes its ready line."""
