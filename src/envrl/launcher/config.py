@@ -188,10 +188,11 @@ def _check_lengths(run: ResolvedRun) -> None:
                 raise ConfigError(
                     f"{where} = {max_tokens} leaves no room for a prompt in inference.vllm.max_model_len = {context}"
                 )
-    if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.max_tokens:
+    if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.micro_batch_tokens:
         raise ConfigError(
-            f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.max_tokens = {trainer.max_tokens}, the "
-            "tokens of one micro-batch: lower seq_len or raise trainer.max_tokens"
+            f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.micro_batch_tokens = "
+            f"{trainer.micro_batch_tokens}, the tokens of one micro-batch: lower seq_len or raise "
+            "trainer.micro_batch_tokens"
         )
 
 

@@ -226,7 +226,7 @@ class OrchestratorConfig(BaseConfig):
     seq_len: int | None = Field(None, ge=2)
     """Most tokens of one training sample (None: no limit). Longer samples are handled per
     `seq_len_policy`; counted per env (`train/<env>/seq_truncated`, `seq_dropped`). Keep it
-    <= trainer.max_tokens, or the trainer gives such samples a micro-batch of their own."""
+    <= trainer.micro_batch_tokens, or the trainer gives such samples a micro-batch of their own."""
     seq_len_policy: SeqLenPolicy = "truncate"
     """`truncate`: keep the first `seq_len` tokens (later tokens are not trained; a sample left
     with nothing to train is dropped). `drop`: leave the sample out of the batch."""
