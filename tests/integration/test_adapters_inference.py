@@ -28,7 +28,7 @@ from tests.support.run_files import metric_lines
 ROOT = Path(__file__).parents[2]
 OPENENV_PROJECT = ROOT / "deps" / "envs" / "openenv-count"
 OPENENV_PYTHON = OPENENV_PROJECT / ".venv" / "bin" / "python"
-RETRY = RetryPolicy(max_retries=1, timeout=120.0)
+RETRY = RetryPolicy(max_retries=1, timeout_s=120.0)
 SAMPLING = SamplingArgs(max_tokens=8, temperature=1.0, seed=3)
 
 pytestmark = pytest.mark.skipif(

@@ -74,7 +74,7 @@ class RLConfig(BaseConfig):
     """Start over: delete the earlier run in `output_dir` (only what rl wrote there; a directory rl
     did not create is refused)."""
     restarts: RoleRestarts = RoleRestarts()
-    shutdown_grace: float = Field(15.0, gt=0)
+    shutdown_grace_s: float = Field(15.0, gt=0)
     """Seconds each process gets to exit after SIGTERM before it is killed."""
     log: LogConfig = LogConfig()
     log_rotation: LogRotationConfig = LogRotationConfig()
@@ -97,6 +97,8 @@ class RLConfig(BaseConfig):
         ]
         + list(SET_BY_RL)
     )
+
+    renamed_keys: ClassVar[dict[str, str]] = {"shutdown_grace": "shutdown_grace_s"}
 
 
 class ResolvedRun(BaseModel):

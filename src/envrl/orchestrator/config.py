@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -69,7 +69,7 @@ class EnvConfig(BaseConfig):
     """Worker pool of a spawned sidecar server."""
     max_retries: int = Field(2, ge=0)
     """Re-runs of a rollout that came back with an error before it counts as failed."""
-    reconnect_timeout: float = Field(300.0, gt=0)
+    reconnect_timeout_s: float = Field(300.0, gt=0)
     """Seconds to wait for a lost env server (connection dropped, or silent) to answer again before
     the orchestrator fails; rollouts lost with it are re-run once it is back."""
     pass_env: list[str] = []
@@ -88,6 +88,8 @@ class EnvConfig(BaseConfig):
     server. A chat client (`type = "eval"`, e.g. a teacher behind an OpenAI API) gives token-less
     turns, which training back-fills with the student's chat template (their tokens count as
     on-policy: importance ratio 1)."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"reconnect_timeout": "reconnect_timeout_s"}
 
     @model_validator(mode="after")
     def _remote_needs_curve(self) -> EnvConfig:
@@ -167,7 +169,7 @@ class EvalEnvConfig(EnvConfig):
     rollouts_per_example) are always reported. Each k must be at most rollouts_per_example."""
     at_end: bool = True
     """Also evaluate the final policy after the last step (waiting for the trainer to publish it,
-    at most `weights_timeout`)."""
+    at most `weights_timeout_s`)."""
 
     @model_validator(mode="after")
     def _pass_at_fits(self) -> EvalEnvConfig:
@@ -190,7 +192,7 @@ class InferenceClientConfig(BaseConfig):
     """The envrl inference server (vLLM), without /v1, or a list of replicas serving the same model
     (on this host or others; `rl` sets it from `inference.replicas`). Env servers spread model
     calls across them; each step's weights are loaded on all of them before the step dispatches."""
-    ready_timeout: float = Field(600.0, gt=0)
+    ready_timeout_s: float = Field(600.0, gt=0)
     """Seconds to wait for the servers to answer at start-up. Under `rl` it is also the launcher's
     limit, counted from the servers' launch (before the orchestrator starts), so it is the run's one
     inference start-up limit and the launcher's error names this key."""
@@ -198,6 +200,8 @@ class InferenceClientConfig(BaseConfig):
     reload_token_env: str = RELOAD_TOKEN_ENV
     """Environment variable with the servers' `/update_weights` token, sent when set (a server
     off loopback requires it; see inference.reload)."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"ready_timeout": "ready_timeout_s"}
 
     @property
     def base_urls(self) -> list[str]:
@@ -238,7 +242,7 @@ class OrchestratorConfig(BaseConfig):
     """Eval environments: train env keys plus num_examples, interval, at_start, at_end, pass_at and
     pass_threshold (docs/config.md)."""
     inference: InferenceClientConfig = InferenceClientConfig()
-    weights_timeout: float = Field(1800.0, gt=0)
+    weights_timeout_s: float = Field(1800.0, gt=0)
     """Seconds to wait for the trainer's weights when generation is max_async_level steps ahead."""
     keep_weights: int = Field(2, ge=1)
     """Weight directories kept once the inference server has moved past them."""
@@ -249,12 +253,17 @@ class OrchestratorConfig(BaseConfig):
     batch_retention: BatchRetention = "checkpoints"
     """`checkpoints`: delete each batch once a checkpoint after it exists (a resume, a trainer
     restart and `rl replay` read only the batches from a checkpoint on); `all`: keep every batch."""
-    env_ready_timeout: float = Field(300.0, gt=0)
+    env_ready_timeout_s: float = Field(300.0, gt=0)
     """Seconds for a spawned env server to start, or an external one to answer."""
     resume: bool = False
     """Continue from the orchestrator state saved in output_dir."""
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()
+
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "weights_timeout": "weights_timeout_s",
+        "env_ready_timeout": "env_ready_timeout_s",
+    }
 
     @model_validator(mode="after")
     def _consistent(self) -> OrchestratorConfig:

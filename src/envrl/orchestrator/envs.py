@@ -4,7 +4,7 @@ Guarantee: a rollout call on an `Env` returns one Trace per rollout asked for: r
 `max_retries` times while they come back with errors, and re-run without limit (each counted in
 `retried_rollouts`) when the server was lost, once it answers again; a sidecar server that died
 is restarted on its address (`restarts`). Only a server that is not back within
-`reconnect_timeout` (or a sidecar out of restarts) raises `EnvUnavailable`. A sidecar server an
+`reconnect_timeout_s` (or a sidecar out of restarts) raises `EnvUnavailable`. A sidecar server an
 `Env` spawned is stopped by `shutdown()` or, at the latest, at interpreter exit. The orchestrator
 never imports environment code: it only talks to servers.
 """
@@ -87,10 +87,10 @@ class Env:
         if address is None:
             self._child, address = await asyncio.to_thread(self._spawn, "tcp://127.0.0.1:0")
             atexit.register(self._child.stop, 5.0)
-        timeout = self.config.timeout.rollout
+        timeout = self.config.timeout.rollout_s
         self._client = EnvClient(
             address,
-            timeout=None if timeout is None else timeout + self.config.timeout.kill_grace + CLIENT_SLACK,
+            timeout=None if timeout is None else timeout + self.config.timeout.kill_grace_s + CLIENT_SLACK,
             curve=self.config.curve,
         )
         info = await self._client.wait_until_ready(self.ready_timeout)
@@ -185,18 +185,18 @@ class Env:
     async def _reconnect(self) -> None:
         """Restart a dead sidecar on its address; wait for the server to answer health again."""
         assert self._client is not None
-        address, timeout = self._client.address, self.config.reconnect_timeout
+        address, timeout = self._client.address, self.config.reconnect_timeout_s
         if self._child is not None and await asyncio.to_thread(self._child.wait, 1.0) is not None:
             await self._restart_sidecar(address)
         logger.warning(
-            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout)"
+            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout_s)"
         )
         try:
             await self._client.wait_until_ready(timeout)
         except EnvServerError as e:
             raise EnvUnavailable(
                 f"{self.split} env {self.name!r}: the env server at {address} did not answer again within {timeout:g} s "
-                f"({e}); restart it, or raise envs.reconnect_timeout"
+                f"({e}); restart it, or raise envs.reconnect_timeout_s"
             ) from None
         logger.info(f"{self.split} env {self.name!r}: the server at {address} answers again; lost rollouts are re-run")
 

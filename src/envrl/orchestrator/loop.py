@@ -126,7 +126,7 @@ class Orchestrator:
             self.inference,
             self.output_dir,
             max_async_level=config.max_async_level,
-            timeout=config.weights_timeout,
+            timeout=config.weights_timeout_s,
             keep=config.keep_weights,
             keep_every=config.keep_weights_every,
             ledger=self.ledger,
@@ -182,7 +182,7 @@ class Orchestrator:
             client=client,
             sampling=self.config.sampling,
             output_dir=self.output_dir,
-            ready_timeout=self.config.env_ready_timeout,
+            ready_timeout=self.config.env_ready_timeout_s,
             counters=self.counters if split == "train" else Counter(),
         )
 
@@ -209,7 +209,7 @@ class Orchestrator:
 
     async def _start(self) -> None:
         logger.info(f"waiting for the inference server at {self.config.inference.base_url}")
-        await self.inference.wait_until_ready(self.config.inference.ready_timeout)
+        await self.inference.wait_until_ready(self.config.inference.ready_timeout_s)
         await self.policy.start_from(self.config.model.name)
         await asyncio.gather(*(env.start() for env in self._all_envs))
         logger.info(f"target env shares: {self._fmt_shares(self.train_envs.shares())}")
