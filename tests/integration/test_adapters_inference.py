@@ -92,7 +92,7 @@ def test_rl_trains_on_both_adapters(tmp_path: Path) -> None:
         {"id": "trl-count", "ratio": 1, "pool": {"type": "static"}},
         {"id": "openenv-count", "project": str(OPENENV_PROJECT), "ratio": 1, "pool": {"type": "static"}},
     ]
-    overrides = ["--max-steps", "24", "--orchestrator.envs", json.dumps(envs), "--orchestrator.eval-envs", "[]"]
+    overrides = ["--max-steps", "24", "--orchestrator.envs", json.dumps(envs), "--orchestrator.eval.env", "[]"]
     with rl_process(tmp_path, *overrides) as (proc, marker):
         code, console = finish(proc, timeout=1500)
         assert not wait_no_survivors(marker), "processes of the run survived it"

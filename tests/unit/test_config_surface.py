@@ -56,6 +56,7 @@ def test_a_renamed_key_names_a_key_that_exists_and_is_not_one_itself(model_name:
             "did you mean 'trainer.micro_batch_tokens'? (the key was renamed)",
         ),
         ([("shutdown-grace", "5")], "did you mean 'shutdown_grace_s'?"),
+        ([("orchestrator.eval-envs", "[]")], "did you mean 'orchestrator.eval.env'? (the key was renamed)"),
         ([("orchestrator.weights-timeout", "5")], "did you mean 'orchestrator.weights_timeout_s'?"),
         ([("orchestrator.inference.retry.timeout", "5")], "did you mean 'orchestrator.inference.retry.timeout_s'?"),
         (

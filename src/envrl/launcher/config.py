@@ -144,6 +144,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
         inference.vllm = {**lora_serving_options(trainer.lora.rank), **inference.vllm}
     if "keep_weights_every" not in orchestrator.model_fields_set:  # loadable policies at every checkpoint
         orchestrator.keep_weights_every = trainer.ckpt.interval
+    orchestrator.max_inflight = orchestrator.inflight_limit  # derived from the run's max_async_level
     replica_configs(inference)  # a replica port past 65535 is a config error now, not at spawn
     orchestrator.inference.base_url = inference.base_url if inference.replicas == 1 else inference.base_urls
     orchestrator.inference.reload_token_env = inference.reload.token_env
@@ -153,7 +154,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     access = ModelAccessConfig(base_urls=orchestrator.inference.base_urls, tokenizers=[orchestrator.model.name])
     for split, envs, base in (
         ("train", orchestrator.envs, rl.env_server_base_port),
-        ("eval", orchestrator.eval_envs, rl.env_server_base_port + EVAL_PORT_OFFSET),
+        ("eval", orchestrator.eval.env, rl.env_server_base_port + EVAL_PORT_OFFSET),
     ):
         for i, env in enumerate(envs):
             if env.address is not None:
@@ -178,7 +179,7 @@ def _check_lengths(run: ResolvedRun) -> None:
     training sample longer than the trainer's micro-batch budget."""
     orchestrator, trainer = run.orchestrator, run.trainer
     context = run.inference.vllm.get("max_model_len")
-    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval_envs", orchestrator.eval_envs)):
+    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval.env", orchestrator.eval.env)):
         for i, env in enumerate(envs):
             max_tokens = env.sampling_args(orchestrator.sampling).max_tokens
             if isinstance(context, int) and max_tokens >= context:

@@ -17,12 +17,13 @@ import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from loguru import logger
 
 from envrl.envs.model_client import ClientConfig, SamplingArgs
 from envrl.layout import env_log_file
-from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingParams
+from envrl.orchestrator.config import EnvConfig, SamplingParams, TrainEnvConfig
 from envrl.process import Child, ChildFailed, Restart, RestartBudget
 from envrl.seeds import attempt_seed
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
@@ -38,12 +39,16 @@ class EnvUnavailable(RuntimeError):
     """An env server that did not come back (the message names it, its address and the config key)."""
 
 
-class Env:
-    """One environment behind its env server, with this run's client and sampling args."""
+C = TypeVar("C", bound=EnvConfig)
+
+
+class Env(Generic[C]):
+    """One environment behind its env server, with this run's client and sampling args; `config`
+    is the env's table, a train env's or an eval env's (`Env[EvalEnvConfig]`)."""
 
     def __init__(
         self,
-        config: EnvConfig,
+        config: C,
         *,
         split: Split,
         client: ClientConfig,
@@ -227,7 +232,7 @@ class Env:
 class TrainEnvs:
     """The train envs: picks an env by ratio and a task by a seeded per-epoch shuffle."""
 
-    def __init__(self, envs: list[Env], seed: int, positions: dict[str, int] | None = None) -> None:
+    def __init__(self, envs: list[Env[TrainEnvConfig]], seed: int, positions: dict[str, int] | None = None) -> None:
         self.envs = envs
         self.seed = seed
         self.positions: dict[str, int] = {env.name: 0 for env in envs} | (positions or {})
@@ -242,7 +247,7 @@ class TrainEnvs:
         total = sum(weights.values())
         return {name: w / total for name, w in weights.items()}
 
-    def by_name(self, name: str) -> Env:
+    def by_name(self, name: str) -> Env[TrainEnvConfig]:
         """The train env called `name` (resumed pending groups name their env)."""
         for env in self.envs:
             if env.name == name:
@@ -251,7 +256,7 @@ class TrainEnvs:
             f"the resumed run has a train env {name!r} this config lacks (train envs: {[e.name for e in self.envs]})"
         )
 
-    def pick(self, rng: random.Random) -> Env:
+    def pick(self, rng: random.Random) -> Env[TrainEnvConfig]:
         shares = self.shares()
         return rng.choices(self.envs, weights=[shares[env.name] for env in self.envs])[0]
 
@@ -266,20 +271,3 @@ class TrainEnvs:
             self._orders[env.name] = (epoch, order)
         self.positions[env.name] = position + 1
         return order[offset]
-
-
-class EvalEnvs:
-    """The eval envs, each with its own schedule (`interval`, `at_start`)."""
-
-    def __init__(self, envs: list[Env]) -> None:
-        self.envs = envs
-
-    def due(self, step: int) -> list[Env]:
-        """Envs to evaluate before training step `step` (step 0: those marked `at_start`)."""
-        out = []
-        for env in self.envs:
-            config = env.config
-            assert isinstance(config, EvalEnvConfig)
-            if (step == 0 and config.at_start) or (step > 0 and step % config.interval == 0):
-                out.append(env)
-        return out

@@ -36,8 +36,8 @@ from envrl.layout import (
 from envrl.ledger import Ledger
 from envrl.metrics import MetricsSink
 from envrl.orchestrator.advantage import batch_reward_std, group_advantages, trained_rollouts
-from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
-from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
+from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
+from envrl.orchestrator.envs import C, Env, TrainEnvs
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
@@ -121,7 +121,7 @@ class Orchestrator:
         self.batches: BatchSender = FileBatchSender(self.output_dir)
         train = [self._make_env(env, "train") for env in config.envs]
         self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
-        self.eval_envs = EvalEnvs([self._make_env(env, "eval") for env in config.eval_envs])
+        self.eval_envs = [self._make_env(env, "eval") for env in config.eval.env]
         self.policy = PolicyTracker(
             self.inference,
             self.output_dir,
@@ -134,7 +134,7 @@ class Orchestrator:
         shape = BatchShape(
             group_size=config.group_size,
             batch_size=config.batch_size,
-            max_inflight=config.max_inflight,
+            max_inflight=config.inflight_limit,
             max_async_level=config.max_async_level,
             max_steps=config.max_steps,
         )
@@ -170,7 +170,7 @@ class Orchestrator:
 
     # -- set-up and tear-down ---------------------------------------------------------------------
 
-    def _make_env(self, env_config: EnvConfig, split: Split) -> Env:
+    def _make_env(self, env_config: C, split: Split) -> Env[C]:
         model = self.config.model.name
         tokenizer = str(Path(model).resolve()) if Path(model).exists() else model
         client = env_config.client or TrainClientConfig(
@@ -205,7 +205,7 @@ class Orchestrator:
 
     @property
     def _all_envs(self) -> list[Env]:
-        return [*self.train_envs.envs, *self.eval_envs.envs]
+        return [*self.train_envs.envs, *self.eval_envs]
 
     async def _start(self) -> None:
         logger.info(f"waiting for the inference server at {self.config.inference.base_url}")
@@ -250,8 +250,9 @@ class Orchestrator:
                 self._append_rollouts(
                     train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces
                 )
-            for env in self.eval_envs.due(step):
-                self.evals.start(self._evaluate(env, step, self.policy.current))
+            if self.config.eval.due(step):
+                for env in self.eval_envs:
+                    self.evals.start(self._evaluate(env, step, self.policy.current))
             with self.ledger.span("wait_rollouts", step):
                 groups = await self.scheduler.collect(step, self.policy.current)
             with self.ledger.span("batching", step):
@@ -376,21 +377,21 @@ class Orchestrator:
     # -- evaluation -------------------------------------------------------------------------------
 
     async def _final_evals(self) -> None:
-        """Evaluate the final policy (weights/step_<max_steps>) on the envs marked `at_end`."""
-        envs = [env for env in self.eval_envs.envs if isinstance(env.config, EvalEnvConfig) and env.config.at_end]
-        if not envs:
+        """Evaluate the final policy (weights/step_<max_steps>) on every eval env (`eval.at_end`)."""
+        envs = self.eval_envs
+        if not envs or not self.config.eval.at_end:
             return
         final = self.config.max_steps
         logger.info(f"waiting for the final policy {final} to evaluate it on {[env.name for env in envs]}")
         await self.policy.ensure(final + self.config.max_async_level)
         await asyncio.gather(*(self._evaluate(env, final, self.policy.current) for env in envs))
 
-    async def _evaluate(self, env: Env, step: int, policy_step: int) -> None:
+    async def _evaluate(self, env: Env[EvalEnvConfig], step: int, policy_step: int) -> None:
         """The one eval runner on this env's grid (the `eval` command's seeds and limits), within
         max_inflight; its rollouts go to `rollouts/eval/step_<step>.jsonl`, its metrics under `eval/`."""
         started = time.monotonic()
         grid = EvalGrid(env, seed=self.config.seed)
-        await run_grids([grid], self.config.max_inflight)
+        await run_grids([grid], self.config.inflight_limit)
         path = eval_rollouts_file(self.output_dir, step)
         for group in grid.groups():
             self._append_rollouts(path, step, env, policy_step, group)

@@ -112,7 +112,7 @@ class TrainerConfig(BaseConfig):
     model: ModelConfig = ModelConfig()
     output_dir: Path = Path("outputs/run")
     """Run directory: reads `rollouts/step_<n>/`, writes `weights/`, `checkpoints/`, `metrics.jsonl`."""
-    max_steps: int = Field(10, ge=1)
+    max_steps: int = Field(20, ge=1)
     """Stop after this many optimizer steps (step n trains on rollouts/step_<n>)."""
     max_async_level: int = Field(1, ge=0)
     """Batch n must come from policies >= n - max_async_level; an older sample is an error."""

@@ -110,8 +110,8 @@ def test_an_earlier_run_in_output_dir_needs_resume_or_clean(tmp_path: Path, caps
             "orchestrator.envs[0].id 'reverse-txt': no installed environment has this id; did you mean 'reverse-text'?",
         ),
         (
-            [*ONE_ENV, "--orchestrator.eval-envs", '[{"id": "lernable"}]'],
-            "orchestrator.eval_envs[0].id 'lernable': no installed environment has this id; did you mean 'learnable'?",
+            [*ONE_ENV, "--orchestrator.eval.env", '[{"id": "lernable"}]'],
+            "orchestrator.eval.env[0].id 'lernable': no installed environment has this id; did you mean 'learnable'?",
         ),
     ],
 )

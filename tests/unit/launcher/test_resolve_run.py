@@ -9,7 +9,7 @@ from envrl.launcher.config import EVAL_PORT_OFFSET, RLConfig, resolve_run
 
 TWO_TRAIN_TWO_EVAL = [
     ("orchestrator.envs", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
-    ("orchestrator.eval-envs", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
+    ("orchestrator.eval.env", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
 ]
 
 
@@ -76,7 +76,7 @@ def test_train_and_eval_env_servers_get_consecutive_ports_in_their_own_blocks() 
     ]
     assert [(s.split, s.name, s.config.address) for s in run.env_servers] == expected
     # The orchestrator connects to exactly the addresses the servers bind.
-    addresses = [env.address for env in [*run.orchestrator.envs, *run.orchestrator.eval_envs]]
+    addresses = [env.address for env in [*run.orchestrator.envs, *run.orchestrator.eval.env]]
     assert addresses == [address for _, _, address in expected]
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from envrl.envs.model_client import ScriptedClientConfig
-from envrl.orchestrator.config import EnvConfig, SamplingParams
+from envrl.orchestrator.config import SamplingParams, TrainEnvConfig
 from envrl.orchestrator.envs import Env, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
 from envrl.orchestrator.state import PendingGroup
@@ -19,7 +19,7 @@ class AnsweringEnv(Env):
 
     def __init__(self, hang: frozenset[int] = frozenset()) -> None:
         super().__init__(
-            EnvConfig(id="x"),
+            TrainEnvConfig(id="x"),
             split="train",
             client=ScriptedClientConfig(),
             sampling=SamplingParams(),
