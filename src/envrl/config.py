@@ -8,6 +8,7 @@ value came from, and the closest valid key; entry points turn it into exit code 
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import shutil
@@ -321,7 +322,7 @@ def resolve_config(
     """Build `cls` from `base` values, then TOML files, then CLI overrides; raise ConfigError."""
     layers = _Layers()
     if base:
-        layers.merge(base, "the caller's defaults")
+        layers.merge(copy.deepcopy(base), "the caller's defaults")  # later layers merge into it
     for path in config_files:
         layers.merge(read_toml(Path(path)), str(path))
     for name, raw in overrides:
