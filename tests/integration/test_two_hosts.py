@@ -92,7 +92,7 @@ def wait_healthy(host: Host, role: str, url: str, timeout: float = 900) -> None:
 def test_a_run_spread_over_two_hosts_trains_through_addresses_and_a_shared_dir(tmp_path: Path) -> None:
     out = tmp_path / "shared" / "run"
     overrides = [("output-dir", str(out)), ("max-steps", str(STEPS)), ("max-async-level", "0"),
-                 ("orchestrator.eval-envs", "[]"), ("inference.host", HOST_B), ("inference.port", str(free_port()))]  # fmt: skip
+                 ("orchestrator.eval.env", "[]"), ("inference.host", HOST_B), ("inference.port", str(free_port()))]  # fmt: skip
     run = resolve_run(resolve_config(RLConfig, [SMOKE], overrides=overrides))
     keys = make_curve_keys(tmp_path)
     env_address = f"tcp://{HOST_B}:{free_port()}"
