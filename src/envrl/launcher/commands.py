@@ -20,11 +20,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from envrl import layout
+from envrl.data import layout
 from envrl.launcher.config import ResolvedRun
 from envrl.launcher.cpus import CpuPlan, trainer_env, vllm_is_cpu_build
 from envrl.launcher.placement import Placement
-from envrl.process import allowed_environ
+from envrl.runtime.process import allowed_environ
 
 TORCHRUN_RANK_ENV = "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
 """What torchrun adds to each rank's environment (the only per-rank difference)."""
@@ -93,7 +93,7 @@ def trainer_argv(
         torchrun += ["--nnodes", str(nodes), "--node-rank", str(node_rank)]
         torchrun += ["--master-addr", master, "--master-port", str(port)]
     torchrun += ["--nproc-per-node", str(ranks)]
-    return [*torchrun, "-m", "envrl.guarded", *args]  # each rank: die with torchrun, then the trainer
+    return [*torchrun, "-m", "envrl.runtime.guarded", *args]  # each rank: die with torchrun, then the trainer
 
 
 def inference_command(name: str, out: Path, env: dict[str, str], token: dict[str, str]) -> Command:

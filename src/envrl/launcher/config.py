@@ -22,13 +22,13 @@ from envrl.inference.config import InferenceConfig
 from envrl.launcher.cpus import CpusConfig
 from envrl.launcher.log_rotation import LogRotationConfig
 from envrl.launcher.replicas import replica_configs
-from envrl.log import LogConfig
-from envrl.metrics import WandbConfig
-from envrl.net import is_loopback_host
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.process import RestartPolicy
+from envrl.runtime.net import is_loopback_host
+from envrl.runtime.process import RestartPolicy
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.launch import EnvServerLaunch
+from envrl.telemetry.log import LogConfig
+from envrl.telemetry.metrics import WandbConfig
 from envrl.trainer.config import TrainerConfig
 
 SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb")

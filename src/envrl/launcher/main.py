@@ -28,9 +28,8 @@ from typing import Any, NoReturn
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
-from envrl.console import RunConsole
+from envrl.data import layout
 from envrl.launcher import preflight, recovery, run_dir, summary
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
 from envrl.launcher.config import ResolvedRun, RLConfig, RoleRestarts, resolve_run
@@ -40,14 +39,15 @@ from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.slurm import write_sbatch
 from envrl.launcher.supervisor import Respawn, Supervisor
-from envrl.log import setup_logging
-from envrl.net import port_is_free
-from envrl.process import Child, ChildFailed, spawn
-from envrl.progress import duration
+from envrl.runtime.net import port_is_free
+from envrl.runtime.process import Child, ChildFailed, spawn
 from envrl.serve.launch import start as start_env_server
+from envrl.telemetry.console import RunConsole
+from envrl.telemetry.log import setup_logging
+from envrl.telemetry.progress import duration
 
 COMMANDS: dict[str, str] = {
-    "eval": "envrl.orchestrator.evaluate",
+    "eval": "envrl.eval.main",
     "report": "envrl.report.main",
     "envs": "envrl.envs.registry",
     "replay": "envrl.trainer.replay",

@@ -21,7 +21,7 @@ from loguru import logger
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from envrl.layout import batch_dir
+from envrl.data.layout import batch_dir
 from envrl.trainer.attention import resolve_attn_implementation
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loading import load_shards, model_files

@@ -4,13 +4,13 @@ import random
 from collections import Counter
 from pathlib import Path
 
-from envrl.envs.model_client import ScriptedClientConfig
+from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingParams
-from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
+from envrl.orchestrator.env_handles import EnvHandle, EvalEnvs, TrainEnvs
 
 
-def make_env(name: str, num_tasks: int, ratio: float | None = None, config_cls=EnvConfig, **fields) -> Env:
-    env = Env(
+def make_env(name: str, num_tasks: int, ratio: float | None = None, config_cls=EnvConfig, **fields) -> EnvHandle:
+    env = EnvHandle(
         config_cls(id="x", name=name, ratio=ratio, **fields),
         split="train",
         client=ScriptedClientConfig(),
