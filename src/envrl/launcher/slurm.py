@@ -26,13 +26,13 @@ from urllib.parse import urlsplit
 import zmq.auth
 from pydantic import BaseModel
 
-from envrl import layout
+from envrl.data import layout
 from envrl.config import config_to_toml, resolve_config
 from envrl.launcher.commands import Command, config_file, env_server_key, inference_command, launch_plan, trainer_argv
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.placement import place
 from envrl.launcher.replicas import replica_configs, replica_name
-from envrl.net import is_loopback_host
+from envrl.runtime.net import is_loopback_host
 from envrl.serve.config import CurveClientConfig, CurveServerConfig
 
 FINISHING = ("trainer", "orchestrator")
