@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 import zmq.auth
 from pydantic import BaseModel
 
-from envrl.data import layout
 from envrl.config import config_to_toml, resolve_config
+from envrl.data import layout
 from envrl.launcher.commands import Command, config_file, env_server_key, inference_command, launch_plan, trainer_argv
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.placement import place
