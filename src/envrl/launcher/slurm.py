@@ -181,7 +181,7 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
         f"#SBATCH --nodes={slurm.nodes}",
         "#SBATCH --ntasks-per-node=1",
         *([f"#SBATCH --gpus-per-node={slurm.gpus_per_node}"] if slurm.gpus_per_node else []),
-        f"#SBATCH --output={layout.logs_dir(out)}/slurm-%j.out",
+        f"#SBATCH --output={layout.logs_dir(out).resolve()}/slurm-%j.out",
         *[f"#SBATCH {option}" for option in slurm.sbatch],
         "# Written by `rl --slurm` (envrl.launcher.slurm) from the run's resolved config; submit with sbatch.",
         "# One srun step per process on its host; logs in the run's logs/. The run directory must be on a",
@@ -225,6 +225,7 @@ def write_sbatch(rl: RLConfig) -> Path:
     """Store the run's config and its batch script under `<output_dir>/slurm/`; the script's path."""
     folder = rl.output_dir / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
+    layout.logs_dir(rl.output_dir).mkdir(parents=True, exist_ok=True)  # SLURM opens the job's log there
     stored = folder / "rl.toml"
     kept = rl.model_copy()
     kept.__pydantic_fields_set__ = rl.model_fields_set - {"clean"}
