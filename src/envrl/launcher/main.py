@@ -70,7 +70,7 @@ EXAMPLES = """examples:
   rl --config configs/debug/cpu_smoke.toml --max-steps 100 --orchestrator.batch-size 64
   rl --resume --output-dir outputs/cpu_smoke --max-steps 80   continue a run, for longer
   rl --config x.toml --dry-run                                each process's config and command
-  rl --config configs/gpu/two_nodes.toml --slurm              a SLURM batch script for several hosts ([slurm])"""
+  rl --config x.toml --slurm                                  a SLURM batch script for several hosts"""
 
 
 class Interrupted(Exception):
