@@ -3,7 +3,8 @@
 Guarantee: after `load_shards`, every tensor of a model that was built on the meta device and then
 FSDP2-sharded holds its checkpoint value, cast to the parameter's dtype, or (for what a checkpoint
 does not hold: LoRA adapters, non-persistent buffers such as rotary `inv_freq`) the value the
-engines initialise it to; a tensor with neither is a `LoadError` naming it and the files. Each rank
+engines initialise it to (peft's adapter init, transformers' `_init_weights`); a parameter that
+is neither in the files nor an adapter is a `LoadError` naming it and the files. Each rank
 reads from the safetensors files only the rows of its own shard, one bounded chunk at a time with
 the file mapped only while that chunk is read, so no rank holds more than its shard plus one chunk:
 a model bigger than one host's memory per rank loads. (`torch.distributed.checkpoint`'s
