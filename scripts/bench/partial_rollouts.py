@@ -40,11 +40,11 @@ from statistics import fmean, median
 import httpx
 
 from envrl.config import ModelConfig
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient, TokenCompletion
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
-from envrl.log import LogConfig
+from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.runtime.http import RetryPolicy
+from envrl.telemetry.log import LogConfig
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.served_weights import perturbed_copy, reference_logprobs, running_requests
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from envrl.envs.model_client import SamplingArgs
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient, TokenCompletion
+from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
+from envrl.model.client import SamplingArgs
+from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.orchestrator.trajectories import trace_to_samples
-from envrl.traces import Branch, Trace, Turn, TurnTokens, WireTask
+from envrl.runtime.http import RetryPolicy
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.served_weights import (
     EXACT,

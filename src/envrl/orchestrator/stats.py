@@ -14,9 +14,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from statistics import fmean
 
+from envrl.data.samples import TrainingSample
+from envrl.data.traces import Trace
 from envrl.orchestrator.trajectories import SeqLenCounts
-from envrl.samples import TrainingSample
-from envrl.traces import Trace
 
 
 def _mean(values: Sequence[float]) -> float:

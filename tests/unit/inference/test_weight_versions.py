@@ -2,8 +2,8 @@
 
 import pytest
 
-from envrl.inference.client import InferenceError, token_policy_steps
 from envrl.inference.reload import UNLABELLED
+from envrl.model.inference import InferenceError, token_policy_steps
 
 
 def test_spans_become_a_policy_step_per_token_and_unlabelled_weights_none() -> None:

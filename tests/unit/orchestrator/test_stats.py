@@ -4,10 +4,10 @@ import math
 
 import pytest
 
+from envrl.data.samples import TrainingSample
+from envrl.data.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
 from envrl.orchestrator.config import EvalEnvConfig
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics, token_metrics, why_unscored
-from envrl.samples import TrainingSample
-from envrl.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
 
 
 def traces(*kinds: str) -> list[Trace]:
