@@ -135,7 +135,9 @@ def main() -> None:
             weights = perturbed_copy(DEFAULT_DIR, Path(tmp) / "step_1")
 
             async def measure(way: str) -> list[tuple[float, float, float, float, float]]:
-                client = InferenceClient(config.base_url, config.model.name, RetryPolicy(max_retries=0, timeout=900.0))
+                client = InferenceClient(
+                    config.base_url, config.model.name, RetryPolicy(max_retries=0, timeout_s=900.0)
+                )
                 results = []
                 try:
                     for _ in range(args.repeats):

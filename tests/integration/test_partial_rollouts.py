@@ -30,7 +30,7 @@ def generate_across_reload(base_url: str, model: str, new_dir: Path, step: int) 
     """A long generation with a reload to `new_dir` (policy `step`, in-flight kept) in its middle."""
 
     async def scenario() -> TokenCompletion:
-        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=300.0))
+        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=300.0))
         try:
             generation = await long_generation_running(client, base_url, PROMPTS[0])
             await client.update_weights(new_dir, step=step, in_flight="recompute")
