@@ -20,7 +20,8 @@ the whole context (~1e-6 is exact; more means the token was not sampled by that 
     uv run --no-sync python -m scripts.bench.partial_rollouts --runs RUN_DIR [RUN_DIR ...]
 
 With `--runs`: for finished runs (the smoke config with `orchestrator.partial_rollouts` off and
-on), one table row each from its `metrics.jsonl`: step 0's `trainer/mismatch_kl`, the mean train
+on), one table row each from its `metrics.jsonl`: step 0's `trainer/mismatch_kl` and its mean
+over the run (later steps train on tokens up to `max_async_level` policies old), the mean train
 reward of the last 5 steps, and over the run the tokens generated, trained and dropped as stale,
 the stale groups, the samples spanning a weight update and the trained tokens by policy lag.
 """
@@ -90,7 +91,11 @@ def run_row(run: Path) -> str:
     """One table row of the finished run in `run` (see the module docstring)."""
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = {m["step"]: m for m in lines if m.get("process") == "orchestrator" and "train/reward" in m}
-    kl0 = next(m["trainer/mismatch_kl"] for m in lines if m.get("process") == "trainer" and m["step"] == 0)
+    kl = {
+        m["step"]: m["trainer/mismatch_kl"]
+        for m in lines
+        if m.get("process") == "trainer" and "trainer/mismatch_kl" in m
+    }
     last = [train[step]["train/reward"] for step in sorted(train)[-5:]]
     totals: Counter[str] = Counter()
     for m in train.values():
@@ -99,7 +104,7 @@ def run_row(run: Path) -> str:
     stale_groups = train[max(train)].get("counters/stale_groups", 0)
     lags = " ".join(f"{k.removeprefix('tokens/')}={totals[k]:.0f}" for k in sorted(totals) if "lag_" in k)
     return (
-        f"| {run.name} | {kl0:.1e} | {fmean(last):.3f} | {totals['tokens/generated']:.0f} | {totals['trained']:.0f} "
+        f"| {run.name} | {kl[0]:.1e} | {fmean(kl.values()):.4f} | {fmean(last):.3f} | {totals['tokens/generated']:.0f} | {totals['trained']:.0f} "
         f"| {totals['tokens/stale']:.0f} | {stale_groups} | {totals['samples_spanning_update']:.0f} | {lags} |"
     )
 
@@ -113,9 +118,9 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/bench/partial_rollouts"))
     args = parser.parse_args()
     if args.runs:
-        print("| run | step-0 mismatch KL | reward last 5 | tokens generated | trained | stale | stale groups "
+        print("| run | step-0 mismatch KL | mean mismatch KL | reward last 5 | tokens generated | trained | stale | stale groups "
               "| samples spanning an update | trained tokens by lag |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for run in args.runs:
             print(run_row(run))
         return
