@@ -40,13 +40,13 @@ class Group:
     traces: list[Trace]
     dispatched: float = field(default_factory=time.time)
     """When it was dispatched (wall clock, as the ledger and Trace.timing)."""
-    counted_step: int = -1
-    """The policy the off-policy bound counts the group as (see the module docstring); set at
-    dispatch to `policy_step`, with partial rollouts to its oldest token's step once done."""
+    oldest_step: int | None = None
+    """With partial rollouts, once done: the oldest policy step of any of its tokens."""
 
-    def __post_init__(self) -> None:
-        if self.counted_step < 0:
-            self.counted_step = self.policy_step
+    @property
+    def counted_step(self) -> int:
+        """The policy the off-policy bound counts the group as (see the module docstring)."""
+        return self.policy_step if self.oldest_step is None else self.oldest_step
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class Scheduler:
                 group = self._inflight.pop(task)
                 group.traces = task.result()
                 if self.partial_rollouts:
-                    group.counted_step = oldest_policy_step(group.traces, group.policy_step)
+                    group.oldest_step = oldest_policy_step(group.traces, group.policy_step)
                 if group.counted_step < step - self.shape.max_async_level:
                     self._stale.append(group)
                 else:
