@@ -98,7 +98,7 @@ def test_the_slurm_slices_of_two_hosts_train_through_addresses_and_a_shared_dir(
     plan = plan_job(resolve_config(RLConfig, [SMOKE], overrides=overrides), [HOST_A, HOST_B])
     write_job_files(plan)
     assert [c.name for c in plan.hosts[0].commands] == ["trainer", "orchestrator"]
-    assert [c.name for c in plan.hosts[1].commands] == ["inference", "train env server 'reverse-text'", "trainer-node1"]
+    assert [c.name for c in plan.hosts[1].commands] == ["inference", "train env server 'learnable'", "trainer-node1"]
     token = {"ENVRL_RELOAD_TOKEN": uuid.uuid4().hex}  # the job's environment holds it (the batch script)
 
     with two_hosts() as (a, b):
@@ -116,7 +116,7 @@ def test_the_slurm_slices_of_two_hosts_train_through_addresses_and_a_shared_dir(
         reloads = [(Path(path), int(step)) for path, step in RELOADED.findall(b.log("inference"))]
         assert reloads == [((out / "weights").resolve(), step) for step in range(1, STEPS)], reloads
         assert "trainer rank 0/2" in a.log("trainer"), "host B's rank did not join the rendezvous"
-        assert plan.configs["envs/train/reverse-text"].curve is not None, "host B's env server is not behind CURVE"
+        assert plan.configs["envs/train/learnable"].curve is not None, "host B's env server is not behind CURVE"
 
     records = metric_lines(out)
     assert [m["step"] for m in records if "train/reward" in m] == list(range(STEPS))
