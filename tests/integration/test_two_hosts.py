@@ -7,7 +7,7 @@ Host B (127.0.0.2) runs the inference server, the env server (behind CURVE: it i
 where the orchestrator runs; the keys are the ones the job makes) and trainer rank 1; host A
 (127.0.0.1) runs trainer rank 0 (torchrun's rendezvous) and the orchestrator. Batches and weights
 cross "hosts" through the output dir, as they would through a shared filesystem (docs/scale.md).
-Starts one vLLM, so it runs under the heavy lock (measured: 100 s on 2 shared cores).
+Starts one vLLM, so it runs under the heavy lock.
 """
 
 from __future__ import annotations
