@@ -151,7 +151,7 @@ def run_envrl(
         "--orchestrator.batch-size", str(prompts * group), "--orchestrator.group-size", str(group),
         "--orchestrator.max-inflight", str(2 * prompts * group),
         "--orchestrator.sampling.max-tokens", str(max_tokens), "--wandb.mode", "disabled", "--clean",
-        "--orchestrator.eval-envs", "[]",  # the floor evaluates nothing; evals every 10 steps would skew steady steps
+        "--orchestrator.eval.env", "[]",  # the floor evaluates nothing; evals every 10 steps would skew steady steps
         "--cpus.pin", json.dumps(pin),
     ]  # fmt: skip
     port = free_port()

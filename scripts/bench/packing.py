@@ -46,7 +46,7 @@ class BenchConfig(BaseConfig):
     mixes: list[str] = list(MIXES)
     """Names from MIXES."""
     max_tokens: int = 4096
-    """Micro-batch token budget (the trainer's `max_tokens`)."""
+    """Micro-batch token budget (the trainer's `micro_batch_tokens`)."""
     reps: int = 3
     """Timed forward/backward passes per variant (the best counts), after one warm-up."""
     threads: int = 0

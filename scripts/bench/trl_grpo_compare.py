@@ -70,7 +70,7 @@ def run_envrl(model: str, steps: int, warmup: int, out: Path) -> dict[str, float
 
     argv = [
         sys.executable, "-m", "envrl.launcher.main", "--config", str(RECIPE), "--model.name", model,
-        "--output-dir", str(out), "--max-steps", str(steps), "--orchestrator.eval-envs", "[]",
+        "--output-dir", str(out), "--max-steps", str(steps), "--orchestrator.eval.env", "[]",
         "--inference.port", str(free_port()), "--env-server-base-port", str(free_base_port()),
         "--wandb.mode", "disabled", "--clean",
     ]  # fmt: skip

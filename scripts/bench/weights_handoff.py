@@ -144,7 +144,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
     publisher = weight_publisher(config.weights, run_dir, tokenizer, runtime, base_config, files_every=0)
 
     async def hand_off_all() -> dict[str, list[float]]:
-        client = InferenceClient(server.base_url, server.model.name, RetryPolicy(max_retries=0, timeout=900.0))
+        client = InferenceClient(server.base_url, server.model.name, RetryPolicy(max_retries=0, timeout_s=900.0))
         times: dict[str, list[float]] = {"publish": [], "reload": [], "pause": []}
         try:
             for step in range(1, steps + 1):

@@ -18,7 +18,7 @@ PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900], [
 
 def sample_completions(base_url: str, model: str, sampling: dict[str, Any]) -> list[TokenCompletion]:
     async def main() -> list[TokenCompletion]:
-        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=120.0))
+        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=120.0))
         try:
             calls = [client.generate(p, {**sampling, "max_tokens": 32, "seed": 100 + i}) for i, p in enumerate(PROMPTS)]
             return list(await asyncio.gather(*calls))

@@ -24,7 +24,7 @@ EXACT = 1e-4
 
 
 async def generate_all(base_url: str, model: str) -> list[TokenCompletion]:
-    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=120.0))
+    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=120.0))
     try:
         return list(
             await asyncio.gather(
@@ -36,7 +36,7 @@ async def generate_all(base_url: str, model: str) -> list[TokenCompletion]:
 
 
 async def update_weights(base_url: str, model: str, path: Path) -> None:
-    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=300.0))
+    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=300.0))
     try:
         await client.update_weights(path)
     finally:

@@ -28,7 +28,7 @@ from tests.support.run_files import metric_lines
 ROOT = Path(__file__).parents[2]
 OPENENV_PROJECT = ROOT / "deps" / "envs" / "openenv-count"
 OPENENV_PYTHON = OPENENV_PROJECT / ".venv" / "bin" / "python"
-RETRY = RetryPolicy(max_retries=1, timeout=120.0)
+RETRY = RetryPolicy(max_retries=1, timeout_s=120.0)
 SAMPLING = SamplingArgs(max_tokens=8, temperature=1.0, seed=3)
 
 pytestmark = pytest.mark.skipif(
@@ -92,7 +92,7 @@ def test_rl_trains_on_both_adapters(tmp_path: Path) -> None:
         {"id": "trl-count", "ratio": 1, "pool": {"type": "static"}},
         {"id": "openenv-count", "project": str(OPENENV_PROJECT), "ratio": 1, "pool": {"type": "static"}},
     ]
-    overrides = ["--max-steps", "24", "--orchestrator.envs", json.dumps(envs), "--orchestrator.eval-envs", "[]"]
+    overrides = ["--max-steps", "24", "--orchestrator.envs", json.dumps(envs), "--orchestrator.eval.env", "[]"]
     with rl_process(tmp_path, *overrides) as (proc, marker):
         code, console = finish(proc, timeout=1500)
         assert not wait_no_survivors(marker), "processes of the run survived it"

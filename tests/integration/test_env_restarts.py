@@ -39,7 +39,7 @@ def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> EnvHandle:
         args={"sleep": 2.0},
         pool=StaticPoolConfig(num_workers=1),
         restarts=restarts,
-        reconnect_timeout=60,
+        reconnect_timeout_s=60,
     )
     return EnvHandle(
         config,

@@ -126,7 +126,7 @@ def test_the_orchestrators_env_config_carries_curve_keys_to_an_external_server(t
 
 
 def test_elastic_pool_grows_under_load_and_retires_idle_workers(tmp_path: Path) -> None:
-    pool = '{"type": "elastic", "min_workers": 1, "max_workers": 2, "multiplex": 2, "idle_timeout": 1}'
+    pool = '{"type": "elastic", "min_workers": 1, "max_workers": 2, "multiplex": 2, "idle_timeout_s": 1}'
     with running_env_server(tmp_path, "--pool", pool, "--env.args", '{"sleep": 1.5}') as server:
 
         async def go() -> None:

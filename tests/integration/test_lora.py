@@ -91,7 +91,7 @@ def scored(model: torch.nn.Module, completions: list[TokenCompletion]) -> list[f
 
 def reload(server: VLLMServer, path: Path, step: int) -> None:
     async def main() -> None:
-        client = InferenceClient(server.base_url, server.model, RetryPolicy(max_retries=0, timeout=120.0))
+        client = InferenceClient(server.base_url, server.model, RetryPolicy(max_retries=0, timeout_s=120.0))
         try:
             await client.update_weights(path, step=step)
         finally:

@@ -128,7 +128,7 @@ def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_
         "trainer.optim.eps": "1.0",
         "trainer.ckpt.interval": "0",
         "orchestrator.batch-size": "8",
-        "orchestrator.eval-envs": "[]",
+        "orchestrator.eval.env": "[]",
     }
     with rl_process(out, *[arg for key, value in overrides.items() for arg in (f"--{key}", value)]) as (proc, marker):
 

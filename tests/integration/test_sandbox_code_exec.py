@@ -68,7 +68,7 @@ def test_the_episode_cap_is_a_typed_error_trace_never_a_reward() -> None:
     assert wait_gone(ALL_SANDBOXES) == []
 
 
-SLOW_MODEL = {"type": "scripted", "replies": [_call("print(1)"), "```python\nprint(1)\n```"], "delay": 1.0}
+SLOW_MODEL = {"type": "scripted", "replies": [_call("print(1)"), "```python\nprint(1)\n```"], "delay_s": 1.0}
 
 
 def test_the_env_server_serves_sandboxed_rollouts_and_sigkills_leave_no_sandbox(tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ def wait_healthy(host: Host, name: str, url: str, timeout: float = 900) -> None:
 def test_the_slurm_slices_of_two_hosts_train_through_addresses_and_a_shared_dir(tmp_path: Path) -> None:
     out = tmp_path / "shared" / "run"
     overrides = [("output-dir", str(out)), ("max-steps", str(STEPS)), ("max-async-level", "0"),
-                 ("orchestrator.eval-envs", "[]"), ("inference.port", str(free_port())),
+                 ("orchestrator.eval.env", "[]"), ("inference.port", str(free_port())),
                  ("env-server-base-port", str(free_port())), ("slurm.nodes", "2"), ("slurm.trainer-nodes", "2"),
                  ("slurm.inference-nodes", "1"), ("slurm.env-node", "1"),
                  ("slurm.rendezvous-port", str(free_port()))]  # fmt: skip

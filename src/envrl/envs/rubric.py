@@ -172,7 +172,7 @@ class Rubric:
             self._fail(scorable, e.error)
         except TimeoutError:
             names = ", ".join(_name(fn) for fn in [*self.rewards, *self.group_rewards])
-            message = f"reward functions ({names}) did not finish within {timeout}s (timeout.scoring)"
+            message = f"reward functions ({names}) did not finish within {timeout}s (timeout.scoring_s)"
             self._fail(scorable, Error(type="scoring_timeout", message=message))
         except Exception as e:  # noqa: BLE001 - scoring never raises; the failure goes into the traces
             self._fail(scorable, Error.from_exception(e))

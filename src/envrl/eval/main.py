@@ -78,9 +78,11 @@ class EvalConfig(BaseConfig):
     """An earlier eval's output_dir: keep its successful rollouts, re-run the rest, write results there."""
     max_error_rate: float | None = Field(None, ge=0, le=1)
     """Exit 1 when more than this share of an env's rollouts failed (None: only when all of them did)."""
-    env_ready_timeout: float = Field(300.0, gt=0)
+    env_ready_timeout_s: float = Field(300.0, gt=0)
     """Seconds for a spawned env server to start, or an external one to answer."""
     log: LogConfig = LogConfig()
+
+    renamed_keys: ClassVar[dict[str, str]] = {"env_ready_timeout": "env_ready_timeout_s"}
 
     @field_validator("env", mode="before")
     @classmethod
@@ -198,7 +200,7 @@ class Evaluation:
                 client=config.client,
                 sampling=config.sampling,
                 output_dir=config.output_dir,
-                ready_timeout=config.env_ready_timeout,
+                ready_timeout=config.env_ready_timeout_s,
             )
             for env in config.env
         ]

@@ -105,7 +105,7 @@ class RLConfig(BaseConfig):
     """Start over: delete the earlier run in `output_dir` (only what rl wrote there; a directory rl
     did not create is refused)."""
     restarts: RoleRestarts = RoleRestarts()
-    shutdown_grace: float = Field(15.0, gt=0)
+    shutdown_grace_s: float = Field(15.0, gt=0)
     """Seconds each process gets to exit after SIGTERM before it is killed."""
     log: LogConfig = LogConfig()
     log_rotation: LogRotationConfig = LogRotationConfig()
@@ -130,6 +130,8 @@ class RLConfig(BaseConfig):
         ]
         + list(SET_BY_RL)
     )
+
+    renamed_keys: ClassVar[dict[str, str]] = {"shutdown_grace": "shutdown_grace_s"}
 
 
 class ResolvedRun(BaseModel):
@@ -175,6 +177,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
         inference.vllm = {**lora_serving_options(trainer.lora.rank), **inference.vllm}
     if "keep_weights_every" not in orchestrator.model_fields_set:  # loadable policies at every checkpoint
         orchestrator.keep_weights_every = trainer.ckpt.interval
+    orchestrator.max_inflight = orchestrator.inflight_limit  # derived from the run's max_async_level
     replica_configs(inference)  # a replica port past 65535 is a config error now, not at spawn
     orchestrator.inference.base_url = inference.base_url if inference.replicas == 1 else inference.base_urls
     orchestrator.inference.reload_token_env = inference.reload.token_env
@@ -184,7 +187,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     access = ModelAccessConfig(base_urls=orchestrator.inference.base_urls, tokenizers=[orchestrator.model.name])
     for split, envs, base in (
         ("train", orchestrator.envs, rl.env_server_base_port),
-        ("eval", orchestrator.eval_envs, rl.env_server_base_port + EVAL_PORT_OFFSET),
+        ("eval", orchestrator.eval.env, rl.env_server_base_port + EVAL_PORT_OFFSET),
     ):
         for i, env in enumerate(envs):
             if env.address is not None:
@@ -209,7 +212,7 @@ def _check_lengths(run: ResolvedRun) -> None:
     training sample longer than the trainer's micro-batch budget."""
     orchestrator, trainer = run.orchestrator, run.trainer
     context = run.inference.vllm.get("max_model_len")
-    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval_envs", orchestrator.eval_envs)):
+    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval.env", orchestrator.eval.env)):
         for i, env in enumerate(envs):
             max_tokens = env.sampling_args(orchestrator.sampling).max_tokens
             if isinstance(context, int) and max_tokens >= context:
@@ -221,10 +224,11 @@ def _check_lengths(run: ResolvedRun) -> None:
                 raise ConfigError(
                     f"{where} = {max_tokens} leaves no room for a prompt in inference.vllm.max_model_len = {context}"
                 )
-    if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.max_tokens:
+    if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.micro_batch_tokens:
         raise ConfigError(
-            f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.max_tokens = {trainer.max_tokens}, the "
-            "tokens of one micro-batch: lower seq_len or raise trainer.max_tokens"
+            f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.micro_batch_tokens = "
+            f"{trainer.micro_batch_tokens}, the tokens of one micro-batch: lower seq_len or raise "
+            "trainer.micro_batch_tokens"
         )
 
 

@@ -13,7 +13,7 @@ import asyncio
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -130,9 +130,11 @@ class ScriptedClientConfig(_Plain):
     """Replies served in order, one per call, cycling when exhausted."""
     tokenizer: str | None = None
     """If set, turns carry tokens rendered with this tokenizer's chat template (reply + eos)."""
-    delay: float = 0.0
+    delay_s: float = 0.0
     """Seconds each call waits before answering (to exercise timeouts and cancellation)."""
     finish_reason: str = "stop"
+
+    renamed_keys: ClassVar[dict[str, str]] = {"delay": "delay_s"}
 
 
 ClientConfig = Annotated[TrainClientConfig | EvalClientConfig | ScriptedClientConfig, Field(discriminator="type")]
@@ -283,8 +285,8 @@ class ScriptedClient(ModelClient):
     ) -> ModelResponse:
         reply = self.respond(messages) if self.respond else self.config.replies[self.calls % len(self.config.replies)]
         self.calls += 1
-        if self.config.delay:
-            await asyncio.sleep(self.config.delay)
+        if self.config.delay_s:
+            await asyncio.sleep(self.config.delay_s)
         tokens = None
         if self.renderer is not None:
             prompt_ids = self.renderer.prompt_ids(messages, tools, previous)

@@ -4,7 +4,7 @@ Guarantee: a rollout call on an `EnvHandle` returns one Trace per rollout asked 
 `max_retries` times while they come back with errors, and re-run without limit (each counted in
 `retried_rollouts`) when the server was lost, once it answers again; a sidecar server that died
 is restarted on its address (`restarts`). Only a server that is not back within
-`reconnect_timeout` (or a sidecar out of restarts) raises `EnvUnavailable`. A sidecar server an
+`reconnect_timeout_s` (or a sidecar out of restarts) raises `EnvUnavailable`. A sidecar server an
 `EnvHandle` spawned is stopped by `shutdown()` or, at the latest, at interpreter exit. The orchestrator
 never imports environment code: it only talks to servers.
 """
@@ -17,6 +17,7 @@ import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from loguru import logger
 
@@ -24,7 +25,7 @@ from envrl.data.layout import env_log_file
 from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
 from envrl.model.client import ClientConfig, SamplingArgs
-from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingParams
+from envrl.orchestrator.config import EnvConfig, SamplingParams, TrainEnvConfig
 from envrl.runtime.process import Child, ChildFailed, Restart, RestartBudget
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.config import ModelAccessConfig
@@ -38,12 +39,16 @@ class EnvUnavailable(RuntimeError):
     """An env server that did not come back (the message names it, its address and the config key)."""
 
 
-class EnvHandle:
-    """One environment behind its env server, with this run's client and sampling args."""
+C = TypeVar("C", bound=EnvConfig)
+
+
+class EnvHandle(Generic[C]):
+    """One environment behind its env server, with this run's client and sampling args; `config`
+    is the env's table, a train env's or an eval env's (`EnvHandle[EvalEnvConfig]`)."""
 
     def __init__(
         self,
-        config: EnvConfig,
+        config: C,
         *,
         split: Split,
         client: ClientConfig,
@@ -87,10 +92,10 @@ class EnvHandle:
         if address is None:
             self._child, address = await asyncio.to_thread(self._spawn, "tcp://127.0.0.1:0")
             atexit.register(self._child.stop, 5.0)
-        timeout = self.config.timeout.rollout
+        timeout = self.config.timeout.rollout_s
         self._client = EnvClient(
             address,
-            timeout=None if timeout is None else timeout + self.config.timeout.kill_grace + CLIENT_SLACK,
+            timeout=None if timeout is None else timeout + self.config.timeout.kill_grace_s + CLIENT_SLACK,
             curve=self.config.curve,
         )
         info = await self._client.wait_until_ready(self.ready_timeout)
@@ -185,18 +190,18 @@ class EnvHandle:
     async def _reconnect(self) -> None:
         """Restart a dead sidecar on its address; wait for the server to answer health again."""
         assert self._client is not None
-        address, timeout = self._client.address, self.config.reconnect_timeout
+        address, timeout = self._client.address, self.config.reconnect_timeout_s
         if self._child is not None and await asyncio.to_thread(self._child.wait, 1.0) is not None:
             await self._restart_sidecar(address)
         logger.warning(
-            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout)"
+            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout_s)"
         )
         try:
             await self._client.wait_until_ready(timeout)
         except EnvServerError as e:
             raise EnvUnavailable(
                 f"{self.split} env {self.name!r}: the env server at {address} did not answer again within {timeout:g} s "
-                f"({e}); restart it, or raise envs.reconnect_timeout"
+                f"({e}); restart it, or raise envs.reconnect_timeout_s"
             ) from None
         logger.info(f"{self.split} env {self.name!r}: the server at {address} answers again; lost rollouts are re-run")
 
@@ -227,7 +232,9 @@ class EnvHandle:
 class TrainEnvs:
     """The train envs: picks an env by ratio and a task by a seeded per-epoch shuffle."""
 
-    def __init__(self, envs: list[EnvHandle], seed: int, positions: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, envs: list[EnvHandle[TrainEnvConfig]], seed: int, positions: dict[str, int] | None = None
+    ) -> None:
         self.envs = envs
         self.seed = seed
         self.positions: dict[str, int] = {env.name: 0 for env in envs} | (positions or {})
@@ -242,7 +249,7 @@ class TrainEnvs:
         total = sum(weights.values())
         return {name: w / total for name, w in weights.items()}
 
-    def by_name(self, name: str) -> EnvHandle:
+    def by_name(self, name: str) -> EnvHandle[TrainEnvConfig]:
         """The train env called `name` (resumed pending groups name their env)."""
         for env in self.envs:
             if env.name == name:
@@ -251,7 +258,7 @@ class TrainEnvs:
             f"the resumed run has a train env {name!r} this config lacks (train envs: {[e.name for e in self.envs]})"
         )
 
-    def pick(self, rng: random.Random) -> EnvHandle:
+    def pick(self, rng: random.Random) -> EnvHandle[TrainEnvConfig]:
         shares = self.shares()
         return rng.choices(self.envs, weights=[shares[env.name] for env in self.envs])[0]
 
@@ -266,20 +273,3 @@ class TrainEnvs:
             self._orders[env.name] = (epoch, order)
         self.positions[env.name] = position + 1
         return order[offset]
-
-
-class EvalEnvs:
-    """The eval envs, each with its own schedule (`interval`, `at_start`)."""
-
-    def __init__(self, envs: list[EnvHandle]) -> None:
-        self.envs = envs
-
-    def due(self, step: int) -> list[EnvHandle]:
-        """Envs to evaluate before training step `step` (step 0: those marked `at_start`)."""
-        out = []
-        for env in self.envs:
-            config = env.config
-            assert isinstance(config, EvalEnvConfig)
-            if (step == 0 and config.at_start) or (step > 0 and step % config.interval == 0):
-                out.append(env)
-        return out

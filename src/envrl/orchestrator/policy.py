@@ -83,7 +83,7 @@ class PolicyTracker:
             now = time.monotonic()
             if now - start > self.timeout:
                 raise TimeoutError(
-                    f"waited {self.timeout:g} s (weights_timeout) for {weights_dir(self.output_dir, required)}; "
+                    f"waited {self.timeout:g} s (weights_timeout_s) for {weights_dir(self.output_dir, required)}; "
                     "is the trainer running and reading the batches?"
                 )
             if now >= next_report:

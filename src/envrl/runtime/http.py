@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import httpx
@@ -21,16 +21,22 @@ from pydantic import BaseModel, ConfigDict
 
 
 class RetryPolicy(BaseModel):
-    model_config = ConfigDict(use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     max_retries: int = 3
     """Retries after the first attempt, for connection errors, timeouts and 5xx responses."""
-    backoff: float = 0.5
+    backoff_s: float = 0.5
     """Seconds before the first retry; doubles each retry."""
-    max_backoff: float = 8.0
+    max_backoff_s: float = 8.0
     """Longest wait between retries, in seconds."""
-    timeout: float = 120.0
+    timeout_s: float = 120.0
     """Deadline of one attempt, in seconds."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "backoff": "backoff_s",
+        "max_backoff": "max_backoff_s",
+        "timeout": "timeout_s",
+    }
 
 
 IDLE_EXPIRY_S = 4.0
@@ -71,20 +77,20 @@ async def request_json(
 ) -> Any:
     """`method` `url` with a JSON body; return the decoded JSON response, retrying per `policy`."""
     policy = policy or RetryPolicy()
-    delay = policy.backoff
+    delay = policy.backoff_s
     last_failure = ""
     for attempt in range(policy.max_retries + 1):
         if attempt:
             logger.debug(f"{method} {url}: retry {attempt}/{policy.max_retries} in {delay:.1f}s after {last_failure}")
             await asyncio.sleep(delay)
-            delay = min(delay * 2, policy.max_backoff)
+            delay = min(delay * 2, policy.max_backoff_s)
         try:
             if isinstance(client, aiohttp.ClientSession):
-                timeout = aiohttp.ClientTimeout(total=policy.timeout)
+                timeout = aiohttp.ClientTimeout(total=policy.timeout_s)
                 async with client.request(method, url, json=payload, timeout=timeout) as answer:
                     status, body = answer.status, await answer.read()
             else:
-                response = await client.request(method, url, json=payload, timeout=policy.timeout)
+                response = await client.request(method, url, json=payload, timeout=policy.timeout_s)
                 status, body = response.status_code, response.content
         except (httpx.TransportError, httpx.TimeoutException, aiohttp.ClientError, OSError, TimeoutError) as e:
             last_failure = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

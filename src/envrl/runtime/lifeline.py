@@ -21,7 +21,7 @@ PARENT_PID_ENV = "ENVRL_PARENT_PID"
 
 ORPHAN_GRACE_S = 15.0
 """Seconds an orphan gets to stop on `die_with_parent`'s signal before it SIGKILLs itself (the
-launcher's own `shutdown_grace` plays this part while it lives)."""
+launcher's own `shutdown_grace_s` plays this part while it lives)."""
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36

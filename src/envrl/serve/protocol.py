@@ -33,7 +33,7 @@ SHUTTING_DOWN: ErrorType = "shutting_down"  # the server is draining (SIGTERM) a
 INTERNAL_ERROR: ErrorType = "internal_error"  # handling it failed in the server or a worker (a bug: see the log)
 
 # Error Trace types (a run_* result whose trace has `error.type` set by the server, not the env).
-TIMEOUT = "timeout"  # the rollout ran past timeout.rollout
+TIMEOUT = "timeout"  # the rollout ran past timeout.rollout_s
 WORKER_DIED = "worker_died"  # its worker process died while running it, and again on each re-run
 UNENCODABLE = "unencodable_trace"  # the env returned a Trace msgpack cannot carry (a set, a datetime, ...)
 

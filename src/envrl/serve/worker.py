@@ -1,7 +1,7 @@
 """One env worker process: runs up to `multiplex` rollouts at once on an asyncio event loop.
 
 Guarantee: every run op the server sends is answered exactly once with a finished client-bound
-frame (a Trace; an error Trace when the env fails, runs past `timeout.rollout` or returns a Trace
+frame (a Trace; an error Trace when the env fails, runs past `timeout.rollout_s` or returns a Trace
 msgpack cannot carry; an error response when its task or model client cannot be had, or for a
 cancel, even one that lands before the rollout started), and the worker dies with its server, even a SIGKILLed one.
 """
@@ -37,7 +37,7 @@ from envrl.telemetry.log import LogConfig, LogLevel, setup_logging
 
 MAX_CACHED_CLIENTS = 16
 SWEEP_INTERVAL = 0.1
-"""Seconds between checks for rollouts past `timeout.rollout` (one sweep instead of a timer each)."""
+"""Seconds between checks for rollouts past `timeout.rollout_s` (one sweep instead of a timer each)."""
 UNENCODABLE_ERRORS = (TypeError, ValueError, OverflowError)
 """What msgpack raises for a value it cannot carry: an unsupported type, a non-str key, an int past 64 bits."""
 WORKER_IDENTITY_ENV = "ENVRL_WORKER_IDENTITY"
@@ -142,8 +142,8 @@ class Worker:
             logger.warning(f"req={request_id}: cannot start it: {type(e).__name__}: {e}")
             self._done(token, p.error_response(request_id, p.BAD_REQUEST, f"{method}: {type(e).__name__}: {e}"))
             return
-        if self.config.timeout.rollout is not None:
-            self.deadlines[token] = now + self.config.timeout.rollout
+        if self.config.timeout.rollout_s is not None:
+            self.deadlines[token] = now + self.config.timeout.rollout_s
         cached.users += 1
         self.client_of[token] = cached
         job = self.running[token] = self.loop.create_task(
@@ -197,9 +197,9 @@ class Worker:
         if token not in self.timed_out:
             logger.info("cancelled")
             return p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
-        limit = self.config.timeout.rollout
-        logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
-        error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
+        limit = self.config.timeout.rollout_s
+        logger.warning(f"rollout ran past timeout.rollout_s = {limit:g} s; answered with a timeout error Trace")
+        error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout_s = {limit:g} s")
         return self._result_frame(
             request_id, task, [Trace.from_error(task, error, is_truncated=True) for _ in range(n or 1)], n
         )
@@ -238,7 +238,7 @@ class Worker:
                     self.running[token].cancel()
 
     async def _rollouts(self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int | None) -> list[Trace]:
-        scoring = self.config.timeout.scoring
+        scoring = self.config.timeout.scoring_s
         try:
             if n is not None:
                 return await self.env.run_group(task, client, sampling, n, scoring_timeout=scoring)

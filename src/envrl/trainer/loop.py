@@ -206,7 +206,7 @@ class Trainer:
         """One optimizer step on `samples` (this rank trains its share); returns the step's metrics."""
         config, runtime = self.config, self.runtime
         staleness = self._check_staleness(step, samples, where) if samples else [0]
-        micro_batches = pack(samples, config.max_tokens, config.loss.normalize, where, runtime.world_size)
+        micro_batches = pack(samples, config.micro_batch_tokens, config.loss.normalize, where, runtime.world_size)
         mine = shard(micro_batches, runtime.rank, runtime.world_size, self.pad_token_id)
         if runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(runtime.device)

@@ -215,7 +215,7 @@ def test_cancelling_a_rollout_propagates_and_still_cleans_up() -> None:
     async def main() -> None:
         env = Tracked(tasks=TASKS)
         rollout = asyncio.create_task(
-            env.run_rollout(env.get_task("train", 0), scripted("x", tokens=False, delay=30.0), SAMPLING)
+            env.run_rollout(env.get_task("train", 0), scripted("x", tokens=False, delay_s=30.0), SAMPLING)
         )
         await asyncio.sleep(0.05)
         rollout.cancel()

@@ -27,7 +27,7 @@ from envrl.runtime.http import RetryPolicy
 from tests.unit.envs.helpers import TINY_CHAT
 
 Handler = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
-FAST_RETRY = RetryPolicy(max_retries=2, backoff=0.01, timeout=10.0)
+FAST_RETRY = RetryPolicy(max_retries=2, backoff_s=0.01, timeout_s=10.0)
 
 
 class Recorder:
@@ -111,7 +111,7 @@ def test_client_configs_round_trip_as_a_tagged_union() -> None:
     for config in (
         TrainClientConfig(base_url="http://127.0.0.1:8000", model="m"),
         EvalClientConfig(base_url="http://127.0.0.1:8000/v1", model="m", return_tokens=True),
-        ScriptedClientConfig(replies=["a", "b"], delay=0.5),
+        ScriptedClientConfig(replies=["a", "b"], delay_s=0.5),
     ):
         assert adapter.validate_json(adapter.dump_json(config)) == config
     assert isinstance(adapter.validate_python({"type": "scripted"}), ScriptedClientConfig)

@@ -172,7 +172,7 @@ class Gauge:
 
 
 class CountingEnv:
-    """Stands in for a started `Env`: answers run_group after a pause, counting rollouts in flight."""
+    """Stands in for a started `EnvHandle`: answers run_group after a pause, counting rollouts in flight."""
 
     def __init__(self, name: str, group_scoring: bool, gauge: Gauge) -> None:
         self.name, self.group_scoring, self.num_tasks = name, group_scoring, 100

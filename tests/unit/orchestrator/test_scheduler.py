@@ -8,7 +8,7 @@ from pathlib import Path
 from envrl.data.seeds import rollout_seed
 from envrl.data.traces import Trace, WireTask
 from envrl.model.client import ScriptedClientConfig
-from envrl.orchestrator.config import EnvConfig, SamplingParams
+from envrl.orchestrator.config import SamplingParams, TrainEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
 from envrl.orchestrator.state import PendingGroup
@@ -19,7 +19,7 @@ class AnsweringEnv(EnvHandle):
 
     def __init__(self, hang: frozenset[int] = frozenset()) -> None:
         super().__init__(
-            EnvConfig(id="x"),
+            TrainEnvConfig(id="x"),
             split="train",
             client=ScriptedClientConfig(),
             sampling=SamplingParams(),

@@ -87,7 +87,7 @@ def test_a_connection_the_server_dropped_while_idle_costs_a_retry_not_the_call()
         server = Server(close_after_each=True)
         async with server as url:
             pool = keep_alive_session()
-            quick = RetryPolicy(max_retries=1, backoff=0.01)
+            quick = RetryPolicy(max_retries=1, backoff_s=0.01)
             for i in range(3):  # each call after the first may go out on a connection the server then drops
                 assert await request_json(pool, "POST", f"{url}/x", {"i": i}, quick) == {"echo": {"i": i}}
             assert server.requests == 3 and server.connections >= 3

@@ -57,7 +57,7 @@ def test_config_argv_rebuilds_the_same_config_in_a_child() -> None:
         env={"id": "pkg.mod:load", "args": {"n": 3, "name": "a b"}},
         address="tcp://127.0.0.1:0",
         pool=StaticPoolConfig(num_workers=2, multiplex=8),
-        timeout={"rollout": None, "scoring": 5},
+        timeout={"rollout_s": None, "scoring_s": 5},
         log={"file": "/tmp/x.log"},
     )
     parsed = _split_argv(config_argv(config))
