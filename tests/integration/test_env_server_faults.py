@@ -116,7 +116,10 @@ def test_an_allowed_endpoint_and_key_variable_reach_the_worker(server: RunningSe
         "retry": NO_RETRY,
     }
     plain = {"type": "eval", "base_url": ALLOWED_URL, "model": "m", "retry": NO_RETRY}
-    runs = [rollout_request("k", OK, bind(server.address, keyed)), rollout_request("p", OK, bind(server.address, plain))]
+    runs = [
+        rollout_request("k", OK, bind(server.address, keyed)),
+        rollout_request("p", OK, bind(server.address, plain)),
+    ]
     answers = {a["id"]: a for a in raw_exchange(server.address, runs)}
     assert "ENVRL_TEST_ALLOWED_KEY (api_key_env) is not set" in answers["k"]["error"]["message"]
     assert answers["p"]["ok"] and answers["p"]["result"]["traces"][0]["error"] is not None

@@ -95,7 +95,9 @@ def test_allowed_urls_keys_and_tokenizers_pass_and_others_name_their_field() -> 
 @pytest.mark.parametrize("tokenizer", ["t" * 5000, "a/" * 3000, "nul\x00byte"])
 def test_a_tokenizer_no_file_system_could_hold_is_a_bad_request_shown_cut(tokenizer: str) -> None:
     """Before: `Path.exists` raised ENAMETOOLONG in the broker: internal_error and a traceback per request."""
-    message = refusal(checker(tokenizers=["deps/models"]), "bind", {"client": {"type": "scripted", "tokenizer": tokenizer}})
+    message = refusal(
+        checker(tokenizers=["deps/models"]), "bind", {"client": {"type": "scripted", "tokenizer": tokenizer}}
+    )
     assert "params.client.tokenizer" in message and "is not allowed by this server" in message
     assert len(message) < 600
 
