@@ -183,11 +183,12 @@ def test_a_model_is_bound_once_and_runs_name_it_by_id(server: RunningServer) -> 
     assert bind(server.address, dict(SCRIPTED)) == model != bind(server.address, {"type": "scripted", "replies": ["x"]})
     run_params = {"task_idx": OK, "sampling": SAMPLING}
     pack = msgpack.packb
-    ran, unknown, refused = raw_exchange(server.address, [
+    answers = raw_exchange(server.address, [
         [pack({"id": "a", "method": "run", "params": {**run_params, "model": model}})],
         [pack({"id": "b", "method": "run", "params": {**run_params, "model": "0123456789abcdef"}})],
         [pack({"id": "c", "method": "bind", "params": {"client": {"type": "eval", "base_url": "http://x/v1", "model": "m"}}})],
     ])  # fmt: skip
+    ran, unknown, refused = sorted(answers, key=lambda answer: answer["id"])
     assert ran["ok"] and [t["reward"] for t in ran["result"]["traces"]] == [1.0]
     assert not unknown["ok"] and unknown["error"]["type"] == "unknown_model"
     assert not refused["ok"] and refused["error"]["type"] == "bad_request"

@@ -180,7 +180,7 @@ class ProtocolError(Exception):
 
 
 _packer = msgpack.Packer(use_bin_type=True)
-"""Reused: `msgpack.packb` builds a Packer (and its buffer) per call, half the cost of a small frame.
+"""Reused: `msgpack.packb` builds a Packer (and its buffer) per call, which every small frame would pay again.
 `pack` runs in C without releasing the GIL, so threads sharing it cannot interleave."""
 
 
