@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from envrl.process import spawn_sidecar
+from envrl.runtime.process import spawn_sidecar
 from envrl.serve.client import EnvClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def main() -> None:
     results = {}
     for env_id, python in ENVS.items():
         argv = [str(python), "-m", "envrl.serve.main", "--env.id", env_id, "--address", "tcp://127.0.0.1:0",
-                "--pool", '{"type": "static", "num_workers": 1}', "--timeout.scoring", "null",
+                "--pool", '{"type": "static", "num_workers": 1}', "--timeout.scoring_s", "null",
                 "--env.args", json.dumps(ARGS.get(env_id, {}))]  # fmt: skip
         child, address = spawn_sidecar(argv, name=f"env server {env_id}", ready_timeout=300)
         try:

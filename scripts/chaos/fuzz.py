@@ -46,7 +46,7 @@ BAD_CLIENTS: list[Any] = [
     {"type": "scripted", "tokenizer": "/etc"},
     {"type": "scripted", "replies": "not a list"},
     {"type": "nope"},
-    {"type": "scripted", "delay": math.nan},
+    {"type": "scripted", "delay_s": math.nan},
 ]
 BAD_N: list[Any] = [0, -1, 2**63 - 1, 2**64 - 1, 10**6, 1.0, "3", None, [2], math.nan]
 
@@ -296,12 +296,12 @@ async def _serves(address: str) -> bool:
 def started_server(*args: str, name: str = "fuzzed env-server") -> Iterator[tuple[str, int]]:
     """A reverse-text env server on a free port with options `args` (defaults: 1 static worker,
     scoring in a thread): its (address, pid); stopped on exit (saying so if it had died)."""
-    from envrl.process import spawn_sidecar
+    from envrl.runtime.process import spawn_sidecar
 
     argv = [
         sys.executable, "-m", "envrl.serve.main", "--env.id", "reverse-text", "--address", "tcp://127.0.0.1:0",
         "--pool", '{"type": "static", "num_workers": 1}',
-        "--timeout", '{"rollout": 5, "scoring": null}',  # scoring in a thread: no fork per rollout
+        "--timeout", '{"rollout_s": 5, "scoring_s": null}',  # scoring in a thread: no fork per rollout
         *args,
     ]  # fmt: skip
     child, address = spawn_sidecar(argv, name=name, ready_timeout=120)

@@ -111,7 +111,7 @@ def overload(seconds: float, workers: int, multiplex: int, stall_timeout: float 
         args = [
             "--pool", f'{{"type": "static", "num_workers": {workers}, "multiplex": {multiplex}}}',
             "--max-queued", str(capacity), "--client-send-queue", "4096",
-            "--client-stall-timeout", str(stall_timeout), "--log.file", str(log),
+            "--client-stall-timeout-s", str(stall_timeout), "--log.file", str(log),
         ]  # fmt: skip
         with started_server(*args, name="overloaded env-server") as (address, pid):
             rss = [rss_mib(pid)]

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient, TokenCompletion
+from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.runtime.http import RetryPolicy
 from scripts.tiny_model import DEFAULT_DIR
 
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900]]
@@ -24,7 +24,7 @@ EXACT = 1e-4
 
 
 async def generate_all(base_url: str, model: str) -> list[TokenCompletion]:
-    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=120.0))
+    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=120.0))
     try:
         return list(
             await asyncio.gather(
@@ -36,7 +36,7 @@ async def generate_all(base_url: str, model: str) -> list[TokenCompletion]:
 
 
 async def update_weights(base_url: str, model: str, path: Path) -> None:
-    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=300.0))
+    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=300.0))
     try:
         await client.update_weights(path)
     finally:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from envrl.layout import published_steps
-from envrl.samples import BATCH_FILE, write_batch
+from envrl.data.layout import published_steps
+from envrl.data.samples import BATCH_FILE, write_batch
 from scripts.chaos.corrupt_batch import flip_byte_in_column
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
@@ -82,7 +82,7 @@ def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_
 def trainer_config(tmp_path: Path, out: Path, max_steps: int) -> Path:
     config = tmp_path / "trainer.toml"
     config.write_text(
-        f'output_dir = "{out}"\nmax_steps = {max_steps}\nmax_tokens = 128\nbatch_timeout_s = 30\n'
+        f'output_dir = "{out}"\nmax_steps = {max_steps}\nmicro_batch_tokens = 128\nbatch_timeout_s = 30\n'
         f'[model]\nname = "{DEFAULT_DIR}"\n[ckpt]\ninterval = 1\nkeep = 1\n[wandb]\nmode = "disabled"\n'
     )
     return config

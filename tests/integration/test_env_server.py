@@ -42,7 +42,7 @@ CAPACITY, MAX_QUEUED = 8, 4
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     args = ["--pool", POOL, "--max-queued", str(MAX_QUEUED), "--max-frame-bytes", "65536",
-            "--timeout", '{"rollout": 2, "kill_grace": 1}', "--env.args", '{"sleep": 0.5}']  # fmt: skip
+            "--timeout", '{"rollout_s": 2, "kill_grace_s": 1}', "--env.args", '{"sleep": 0.5}']  # fmt: skip
     with running_env_server(tmp_path_factory.mktemp("env-server"), *args) as running:
         yield running
 

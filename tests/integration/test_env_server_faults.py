@@ -1,7 +1,7 @@
 """The env server against faults from outside: early cancels, killed workers, clients that stop
 reading, Traces msgpack cannot carry, requests for model endpoints the server does not allow.
 
-One server (1 static worker x 64, kill_grace 30 s, the smallest client send queue (4096), 1 s stall timeout,
+One server (1 static worker x 64, kill_grace_s 30, the smallest client send queue (4096), 1 s stall timeout,
 on an ipc:// socket so that a client that stops reading fills its buffers fast) is shared by the
 module; the test that kills workers starts its own.
 """
@@ -31,7 +31,7 @@ from tests.integration.env_servers import (
 )
 
 ALLOWED_URL = "http://127.0.0.1:9/v1"
-NO_RETRY = {"max_retries": 0, "timeout": 5.0}
+NO_RETRY = {"max_retries": 0, "timeout_s": 5.0}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     tmp = tmp_path_factory.mktemp("faults")
     access = f'{{"base_urls": ["{ALLOWED_URL}"], "api_key_envs": ["ENVRL_TEST_ALLOWED_KEY"]}}'
     args = ["--address", f"ipc://{tmp}/env.sock", "--pool", '{"type": "static", "num_workers": 1, "multiplex": 64}',
-            "--timeout", '{"rollout": 20, "kill_grace": 30}', "--env.args", '{"sleep": 0.5}',
-            "--client-send-queue", "4096", "--client-stall-timeout", "1", "--model-access", access]  # fmt: skip
+            "--timeout", '{"rollout_s": 20, "kill_grace_s": 30}', "--env.args", '{"sleep": 0.5}',
+            "--client-send-queue", "4096", "--client-stall-timeout-s", "1", "--model-access", access]  # fmt: skip
     with running_env_server(tmp, *args) as running:
         yield running
 
@@ -63,7 +63,7 @@ def test_a_cancel_sent_with_its_run_is_answered_cancelled_at_once_and_spares_the
     server: RunningServer, model: str
 ) -> None:
     """Each run and its cancel land in one worker batch: the rollout is cancelled before its body
-    runs. The answer must still come (within the 10 s receive timeout, far below kill_grace = 30 s)
+    runs. The answer must still come (within the 10 s receive timeout, far below kill_grace_s = 30)
     and the worker, with its other rollout, must be left alone."""
     workers = server.workers()
     messages = [rollout_request("other", SLEEP, model)]

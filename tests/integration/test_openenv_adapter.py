@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """One server for the module (importing openenv-core's server takes ~10 s of CPU); the crash test runs last."""
     with running_env_server(
-        tmp_path_factory.mktemp("openenv"), "--pool", POOL, "--timeout.rollout", "5", "--env.args", '{"turns": 2}',
+        tmp_path_factory.mktemp("openenv"), "--pool", POOL, "--timeout.rollout_s", "5", "--env.args", '{"turns": 2}',
         env_id="openenv-count", python=str(PYTHON), ready_timeout=300,
     ) as running:  # fmt: skip
         yield running
@@ -71,7 +71,7 @@ def test_each_completion_is_a_step_and_step_rewards_are_summed(server: RunningSe
 
 
 def test_rollouts_beyond_the_servers_session_capacity_wait_instead_of_failing(server: RunningServer) -> None:
-    slow = {**DIGITS, "delay": 0.05}
+    slow = {**DIGITS, "delay_s": 0.05}
 
     async def run() -> None:
         async with EnvClient(server.address, model=slow) as client:
@@ -91,7 +91,7 @@ def test_rollouts_beyond_the_servers_session_capacity_wait_instead_of_failing(se
 
 def test_timed_out_rollouts_close_their_sessions(server: RunningServer) -> None:
     """Rollouts cancelled at the rollout timeout hold every session; if one leaked, the next wave would wait forever."""
-    stuck = {**DIGITS, "delay": 30.0}
+    stuck = {**DIGITS, "delay_s": 30.0}
 
     async def run() -> None:
         async with EnvClient(server.address, model=stuck) as client, EnvClient(server.address, model=DIGITS) as fine:
@@ -111,7 +111,7 @@ def test_timed_out_rollouts_close_their_sessions(server: RunningServer) -> None:
 MCP_ROLLOUT = """
 import asyncio, json
 from envrl.envs import SamplingArgs, ScriptedClientConfig, load_environment
-from envrl.envs.model_client import ModelResponse, ScriptedClient
+from envrl.model.client import ModelResponse, ScriptedClient
 
 def call(i, name, arguments):
     return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}

@@ -10,10 +10,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from envrl.envs.model_client import SamplingArgs, ScriptedClient, ScriptedClientConfig
+from envrl.data.traces import Message
 from envrl.envs.registry import load_environment
+from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.serve.client import EnvClient
-from envrl.traces import Message
 from tests.integration.env_servers import running_env_server, wait_until
 from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 
@@ -68,7 +68,7 @@ def test_the_episode_cap_is_a_typed_error_trace_never_a_reward() -> None:
     assert wait_gone(ALL_SANDBOXES) == []
 
 
-SLOW_MODEL = {"type": "scripted", "replies": [_call("print(1)"), "```python\nprint(1)\n```"], "delay": 1.0}
+SLOW_MODEL = {"type": "scripted", "replies": [_call("print(1)"), "```python\nprint(1)\n```"], "delay_s": 1.0}
 
 
 def test_the_env_server_serves_sandboxed_rollouts_and_sigkills_leave_no_sandbox(tmp_path: Path) -> None:

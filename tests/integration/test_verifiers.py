@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from envrl.envs.chat_tokens import chat_renderer
+from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient, EnvServerError
 from tests.integration.env_servers import RunningServer, alive, children, wait_until
 from tests.integration.verifiers_env import (
@@ -74,7 +74,7 @@ def test_the_eval_split_is_the_eval_taskset(digits_server: RunningServer) -> Non
 
 
 def test_a_failing_model_call_gives_an_error_trace_that_names_it(digits_server: RunningServer) -> None:
-    client = {"type": "train", "base_url": DEAD, "model": TOKENIZER, "retry": {"max_retries": 0, "timeout": 5.0}}
+    client = {"type": "train", "base_url": DEAD, "model": TOKENIZER, "retry": {"max_retries": 0, "timeout_s": 5.0}}
     (trace,) = run_group(digits_server.address, 1, client)
     assert trace.reward is None and trace.stop_reason == "error" and trace.error is not None
     assert "chat proxy" in trace.error.message and "model call 0 failed" in trace.error.message, trace.error
@@ -98,7 +98,7 @@ def warm_processes(server: RunningServer) -> tuple[list[int], list[int]]:
 
 
 def test_a_cancelled_verifiers_rollout_stops_its_harness_program(digits_server: RunningServer) -> None:
-    hanging = {**SCRIPTED, "delay": 600.0}  # the model call never answers in the test's time
+    hanging = {**SCRIPTED, "delay_s": 600.0}  # the model call never answers in the test's time
 
     async def main() -> None:
         async with EnvClient(digits_server.address, model=hanging, timeout=TIMEOUT) as env:
@@ -118,7 +118,7 @@ def test_a_cancelled_verifiers_rollout_stops_its_harness_program(digits_server: 
 
 
 def test_a_killed_worker_takes_its_warm_harness_server_and_runs_with_it(tmp_path: Path) -> None:
-    hanging = {**SCRIPTED, "delay": 600.0}
+    hanging = {**SCRIPTED, "delay_s": 600.0}
     with verifiers_env_server(tmp_path, {"taskset": {"num_tasks": 1}, "agent": NULL_HARNESS}, *ACCESS) as server:
 
         async def main() -> None:

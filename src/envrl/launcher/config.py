@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
 from envrl.inference.adapter import lora_serving_options
@@ -22,13 +22,13 @@ from envrl.inference.config import InferenceConfig
 from envrl.launcher.cpus import CpusConfig
 from envrl.launcher.log_rotation import LogRotationConfig
 from envrl.launcher.replicas import replica_configs
-from envrl.log import LogConfig
-from envrl.metrics import WandbConfig
-from envrl.net import is_loopback_host
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.process import RestartPolicy
+from envrl.runtime.net import is_loopback_host
+from envrl.runtime.process import RestartPolicy
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.launch import EnvServerLaunch
+from envrl.telemetry.log import LogConfig
+from envrl.telemetry.metrics import WandbConfig
 from envrl.trainer.config import TrainerConfig
 
 SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb")
@@ -55,6 +55,37 @@ class RoleRestarts(BaseConfig):
     """The orchestrator: started again as `--resume` does, after its newest published batch."""
 
 
+class SlurmConfig(BaseConfig):
+    """Where the roles go when `rl --slurm` writes a SLURM batch script (launcher/slurm.py): host i
+    is the i-th host of the job's node list. Read by `rl --slurm` only."""
+
+    nodes: int = Field(2, ge=1)
+    """Hosts of the job (`#SBATCH --nodes`)."""
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs asked for on each host (`#SBATCH --gpus-per-node`; 0: none, a CPU job)."""
+    trainer_nodes: int = Field(1, ge=1)
+    """The first this many hosts run the trainer: torchrun on each, one rank per device of
+    `trainer.gpus` (else `trainer.num_procs` ranks), rendezvous on host 0."""
+    inference_nodes: int = Field(1, ge=1)
+    """The last this many hosts each run `inference.replicas` servers on `inference.gpus`."""
+    env_node: int = -1
+    """The host of the env servers (an index; negative counts from the end). Off host 0, where
+    the orchestrator runs, they serve over CURVE with keys the job makes in the run directory."""
+    rendezvous_port: int = Field(29500, ge=1, le=65535)
+    """torchrun's rendezvous port on host 0."""
+    sbatch: list[str] = []
+    """More `#SBATCH` options, as given: `["--partition=gpu", "--time=24:00:00"]`."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> SlurmConfig:
+        for key in ("trainer_nodes", "inference_nodes"):
+            if getattr(self, key) > self.nodes:
+                raise ValueError(f"{key} = {getattr(self, key)} is more than nodes = {self.nodes}")
+        if not -self.nodes <= self.env_node < self.nodes:
+            raise ValueError(f"env_node = {self.env_node} names no host of {self.nodes}")
+        return self
+
+
 class RLConfig(BaseConfig):
     model: ModelConfig = ModelConfig()
     output_dir: Path = Path("outputs/rl")
@@ -74,12 +105,14 @@ class RLConfig(BaseConfig):
     """Start over: delete the earlier run in `output_dir` (only what rl wrote there; a directory rl
     did not create is refused)."""
     restarts: RoleRestarts = RoleRestarts()
-    shutdown_grace: float = Field(15.0, gt=0)
+    shutdown_grace_s: float = Field(15.0, gt=0)
     """Seconds each process gets to exit after SIGTERM before it is killed."""
     log: LogConfig = LogConfig()
     log_rotation: LogRotationConfig = LogRotationConfig()
     """Every process's log under `logs/` is rotated past `max_mb`, `keep` older copies kept."""
     cpus: CpusConfig = CpusConfig()
+    slurm: SlurmConfig = SlurmConfig()
+    """Host placement of `rl --slurm`'s batch script (several hosts)."""
     trainer: TrainerConfig = TrainerConfig()
     orchestrator: OrchestratorConfig
     inference: InferenceConfig = InferenceConfig()
@@ -97,6 +130,8 @@ class RLConfig(BaseConfig):
         ]
         + list(SET_BY_RL)
     )
+
+    renamed_keys: ClassVar[dict[str, str]] = {"shutdown_grace": "shutdown_grace_s"}
 
 
 class ResolvedRun(BaseModel):
@@ -142,6 +177,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
         inference.vllm = {**lora_serving_options(trainer.lora.rank), **inference.vllm}
     if "keep_weights_every" not in orchestrator.model_fields_set:  # loadable policies at every checkpoint
         orchestrator.keep_weights_every = trainer.ckpt.interval
+    orchestrator.max_inflight = orchestrator.inflight_limit  # derived from the run's max_async_level
     replica_configs(inference)  # a replica port past 65535 is a config error now, not at spawn
     orchestrator.inference.base_url = inference.base_url if inference.replicas == 1 else inference.base_urls
     orchestrator.inference.reload_token_env = inference.reload.token_env
@@ -151,7 +187,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     access = ModelAccessConfig(base_urls=orchestrator.inference.base_urls, tokenizers=[orchestrator.model.name])
     for split, envs, base in (
         ("train", orchestrator.envs, rl.env_server_base_port),
-        ("eval", orchestrator.eval_envs, rl.env_server_base_port + EVAL_PORT_OFFSET),
+        ("eval", orchestrator.eval.env, rl.env_server_base_port + EVAL_PORT_OFFSET),
     ):
         for i, env in enumerate(envs):
             if env.address is not None:
@@ -176,7 +212,7 @@ def _check_lengths(run: ResolvedRun) -> None:
     training sample longer than the trainer's micro-batch budget."""
     orchestrator, trainer = run.orchestrator, run.trainer
     context = run.inference.vllm.get("max_model_len")
-    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval_envs", orchestrator.eval_envs)):
+    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval.env", orchestrator.eval.env)):
         for i, env in enumerate(envs):
             max_tokens = env.sampling_args(orchestrator.sampling).max_tokens
             if isinstance(context, int) and max_tokens >= context:
@@ -188,10 +224,11 @@ def _check_lengths(run: ResolvedRun) -> None:
                 raise ConfigError(
                     f"{where} = {max_tokens} leaves no room for a prompt in inference.vllm.max_model_len = {context}"
                 )
-    if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.max_tokens:
+    if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.micro_batch_tokens:
         raise ConfigError(
-            f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.max_tokens = {trainer.max_tokens}, the "
-            "tokens of one micro-batch: lower seq_len or raise trainer.max_tokens"
+            f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.micro_batch_tokens = "
+            f"{trainer.micro_batch_tokens}, the tokens of one micro-batch: lower seq_len or raise "
+            "trainer.micro_batch_tokens"
         )
 
 

@@ -14,7 +14,7 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from envrl.envs.model_client import ClientConfig
+from envrl.model.client import ClientConfig
 from envrl.serve import protocol as p
 
 MAX_MODELS = 64

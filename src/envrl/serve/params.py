@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from envrl.envs.model_client import ClientConfig
+from envrl.model.client import ClientConfig
 from envrl.serve import protocol as p
 from envrl.serve.config import ModelAccessConfig
 

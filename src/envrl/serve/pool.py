@@ -164,10 +164,10 @@ class WorkerPool:
         return max(self.config.min_workers, math.ceil(demand / self._per_worker(self.config)))
 
     def _retire_idle(self, live: list[WorkerHandle], wanted: int, now: float) -> list[WorkerHandle]:
-        """Mark retiring the workers above `wanted` that have been idle past `idle_timeout`."""
+        """Mark retiring the workers above `wanted` that have been idle past `idle_timeout_s`."""
         if not isinstance(self.config, ElasticPoolConfig) or len(live) <= wanted:
             return []
-        timeout = self.config.idle_timeout
+        timeout = self.config.idle_timeout_s
         idle = [w for w in live if w.ready and not w.load and now - w.idle_since > timeout]
         retired = idle[: len(live) - wanted]
         for worker in retired:

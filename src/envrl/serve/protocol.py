@@ -18,8 +18,8 @@ from typing import Any, Literal, NamedTuple, get_args
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from envrl.envs.model_client import ClientConfig, SamplingArgs
-from envrl.traces import Split, Trace
+from envrl.data.traces import Split, Trace
+from envrl.model.client import ClientConfig, SamplingArgs
 
 PROTOCOL_VERSION = 2
 
@@ -45,7 +45,7 @@ SHUTTING_DOWN: ErrorType = "shutting_down"  # the server is draining (SIGTERM) a
 INTERNAL_ERROR: ErrorType = "internal_error"  # handling it failed in the server or a worker (a bug: see the log)
 
 # Error Trace types (a `run` result whose trace has `error.type` set by the server, not the env).
-TIMEOUT = "timeout"  # the rollout ran past timeout.rollout
+TIMEOUT = "timeout"  # the rollout ran past timeout.rollout_s
 WORKER_DIED = "worker_died"  # its worker process died while running it, and again on each re-run
 UNENCODABLE = "unencodable_trace"  # the env returned a Trace msgpack cannot carry (a set, a datetime, ...)
 

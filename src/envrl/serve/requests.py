@@ -14,10 +14,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from envrl.data.traces import Error, Trace
 from envrl.envs.environment import Environment
 from envrl.serve import protocol as p
 from envrl.serve.models import Model
-from envrl.traces import Error, Trace
 
 
 @dataclass(eq=False, slots=True)

@@ -23,9 +23,9 @@ from typing import Any
 import zmq
 from loguru import logger
 
+from envrl.data.traces import Error
 from envrl.envs.environment import Environment
-from envrl.log import Throttle
-from envrl.process import Child, report_ready
+from envrl.runtime.process import Child, report_ready
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.models import ModelRegistry
@@ -48,7 +48,7 @@ from envrl.serve.zmqio import (
     recv_batch,
     send_frames,
 )  # fmt: skip
-from envrl.traces import Error
+from envrl.telemetry.log import Throttle
 
 WORKER_STOP_GRACE = 3.0
 SWEEP_INTERVAL = 0.1
@@ -69,7 +69,7 @@ class EnvServer:
         self.pool = WorkerPool(config.pool)
         self.processes = WorkerProcesses(config, sockets.workers_address)
         self.sender = ClientSender(
-            sockets.clients, config.client_send_queue, config.client_stall_timeout, self._on_client_dropped
+            sockets.clients, config.client_send_queue, config.client_stall_timeout_s, self._on_client_dropped
         )
         self.outbox: dict[int, tuple[list[list[Any]], list[bytes]]] = {}
         """Per worker id, the ops and their frames (model configs, work) to send it at the next `_flush`."""
@@ -151,8 +151,8 @@ class EnvServer:
         if self.draining_until is not None:
             logger.warning("second stop signal: stopping without waiting for in-flight rollouts")
             return True
-        self.draining_until = time.monotonic() + self.config.drain_timeout
-        logger.info(f"{signals[0]}: draining {len(self.requests)} requests for up to {self.config.drain_timeout:g} s")
+        self.draining_until = time.monotonic() + self.config.drain_timeout_s
+        logger.info(f"{signals[0]}: draining {len(self.requests)} requests for up to {self.config.drain_timeout_s:g} s")
         return False
 
     def _reap_exited(self, events: dict[Any, int]) -> None:
@@ -312,7 +312,7 @@ class EnvServer:
         elif not request.cancel_requested:
             request.cancel_requested = True
             self._send_op(request.worker, [p.OP_CANCEL, request.token])
-            request.set_deadline(time.monotonic() + self.config.timeout.kill_grace)
+            request.set_deadline(time.monotonic() + self.config.timeout.kill_grace_s)
         return True
 
     def _answer(self, identity: bytes, frame: bytes) -> None:
@@ -331,8 +331,8 @@ class EnvServer:
         the request's work frame, sent at the next `_flush`."""
         request.worker = worker.id
         self.pool.assign(worker, request.token)
-        if self.config.timeout.rollout is not None:
-            limit = self.config.timeout.rollout + self.config.timeout.kill_grace
+        if self.config.timeout.rollout_s is not None:
+            limit = self.config.timeout.rollout_s + self.config.timeout.kill_grace_s
             request.set_deadline(time.monotonic() + limit)
         ops, frames = self.outbox.setdefault(worker.id, ([], []))
         model = request.model
@@ -413,7 +413,7 @@ class EnvServer:
             self._finish(request, request.error_answer(self.env, Error(type=p.WORKER_DIED, message=message)))
 
     def _kill_overdue(self, now: float) -> None:
-        """A worker that let a rollout pass its deadline by kill_grace is stuck: kill and replace it."""
+        """A worker that let a rollout pass its deadline by kill_grace_s is stuck: kill and replace it."""
         if now < self.next_sweep:
             return
         self.next_sweep = now + SWEEP_INTERVAL
@@ -421,15 +421,13 @@ class EnvServer:
             if request.token not in self.requests.by_token or request.worker is None:
                 continue  # answered when an earlier overdue request's worker was killed
             worker = self.pool.workers[request.worker]
-            grace = self.config.timeout.kill_grace
+            grace = self.config.timeout.kill_grace_s
             if request.cancel_requested:
                 what = f"did not stop request {request.request_id} within {grace:g} s of its cancel"
                 frame = p.error_response(request.request_id, p.CANCELLED, f"request {request.request_id} was cancelled")
             else:
-                what = f"did not finish request {request.request_id} within timeout.rollout + {grace:g} s"
-                message = (
-                    f"the rollout ran past timeout.rollout = {self.config.timeout.rollout:g} s and its worker was stuck"
-                )
+                what = f"did not finish request {request.request_id} within timeout.rollout_s + {grace:g} s"
+                message = f"the rollout ran past timeout.rollout_s = {self.config.timeout.rollout_s:g} s and its worker was stuck"
                 frame = request.error_answer(self.env, Error(type=p.TIMEOUT, message=message), is_truncated=True)
             logger.warning(f"req={request.request_id}: worker {worker.id} {what} (blocking code?); killing it")
             self._finish(request, frame)

@@ -1,7 +1,7 @@
 """One env worker process: runs up to `multiplex` rollouts at once on an asyncio event loop.
 
 Guarantee: every run op the server sends is answered exactly once with a finished client-bound
-frame (its traces; error Traces when the env fails, runs past `timeout.rollout` or returns a Trace
+frame (its traces; error Traces when the env fails, runs past `timeout.rollout_s` or returns a Trace
 msgpack cannot carry; an error response when its task or model client cannot be had, or for a
 cancel, even one that lands before the rollout started), and the worker dies with its server, even a SIGKILLed one.
 It trusts its server: a run op carries a request the server validated (`protocol.decode_work`
@@ -12,7 +12,7 @@ uses it any more.
 
 from __future__ import annotations
 
-from envrl.lifeline import die_with_parent
+from envrl.runtime.lifeline import die_with_parent
 
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
@@ -31,16 +31,16 @@ from loguru import logger
 from pydantic import TypeAdapter
 
 from envrl.config import BaseConfig, load_config
-from envrl.envs.model_client import ClientConfig, ModelClient, SamplingArgs, build_client
+from envrl.data.traces import Error, Task, Trace
 from envrl.envs.registry import load_environment
-from envrl.log import LogConfig, LogLevel, setup_logging
+from envrl.model.client import ClientConfig, ModelClient, SamplingArgs, build_client
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvSpec, EnvTimeoutConfig
 from envrl.serve.zmqio import Frames, SocketPump
-from envrl.traces import Error, Task, Trace
+from envrl.telemetry.log import LogConfig, LogLevel, setup_logging
 
 SWEEP_INTERVAL = 0.1
-"""Seconds between checks for rollouts past `timeout.rollout` (one sweep instead of a timer each)."""
+"""Seconds between checks for rollouts past `timeout.rollout_s` (one sweep instead of a timer each)."""
 UNENCODABLE_ERRORS = (TypeError, ValueError, OverflowError)
 """What msgpack raises for a value it cannot carry: an unsupported type, a non-str key, an int past 64 bits."""
 WORKER_IDENTITY_ENV = "ENVRL_WORKER_IDENTITY"
@@ -149,8 +149,8 @@ class Worker:
             logger.warning(f"req={work.request_id}: cannot start it: {type(e).__name__}: {e}")
             self._done(token, p.error_response(work.request_id, p.BAD_REQUEST, f"run: {type(e).__name__}: {e}"))
             return
-        if self.config.timeout.rollout is not None:
-            self.deadlines[token] = now + self.config.timeout.rollout
+        if self.config.timeout.rollout_s is not None:
+            self.deadlines[token] = now + self.config.timeout.rollout_s
         bound.users += 1
         self.client_of[token] = bound
         job = self.running[token] = self.loop.create_task(
@@ -219,9 +219,9 @@ class Worker:
         if token not in self.timed_out:
             logger.info("cancelled")
             return p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
-        limit = self.config.timeout.rollout
-        logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
-        error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
+        limit = self.config.timeout.rollout_s
+        logger.warning(f"rollout ran past timeout.rollout_s = {limit:g} s; answered with a timeout error Trace")
+        error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout_s = {limit:g} s")
         return self._result_frame(request_id, task, [Trace.from_error(task, error, is_truncated=True)] * n)
 
     def _result_frame(self, request_id: str, task: Task, traces: list[Trace]) -> bytes:
@@ -258,7 +258,7 @@ class Worker:
 
     async def _rollouts(self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int) -> list[Trace]:
         try:
-            return await self.env.run_group(task, client, sampling, n, scoring_timeout=self.config.timeout.scoring)
+            return await self.env.run_group(task, client, sampling, n, scoring_timeout=self.config.timeout.scoring_s)
         except Exception as e:  # the env broke its never-raise contract; still an answer
             logger.error(f"the environment raised {type(e).__name__}: {e} instead of returning an error Trace")
             return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n)]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from envrl.envs.model_client import ScriptedClientConfig
+from envrl.model.client import ScriptedClientConfig
 from envrl.serve import protocol as p
 from envrl.serve.models import ModelRegistry
 

@@ -1,0 +1,73 @@
+"""The keys users write: every renamed key points at a key that exists, and the old name is
+refused with a one-line did-you-mean naming the new one, wherever it was given."""
+
+import typing
+
+import pytest
+from pydantic import BaseModel
+
+from envrl.config import ConfigError, _field_types, _unwrap, resolve_config
+from envrl.eval.main import EvalConfig
+from envrl.launcher.config import RLConfig
+from envrl.serve.config import EnvServerConfig
+from envrl.trainer.sft import SFTConfig
+
+ENTRY_POINTS: list[type[BaseModel]] = [RLConfig, EvalConfig, EnvServerConfig, SFTConfig]
+ONE_ENV = {"orchestrator": {"envs": [{"id": "reverse-text"}]}}
+
+
+def models_in(model: type[BaseModel], seen: set[type[BaseModel]]) -> set[type[BaseModel]]:
+    """`model` and every model reachable through its fields (list items and union members too)."""
+    if model in seen:
+        return seen
+    seen.add(model)
+    for field in model.model_fields.values():
+        for tp in _unwrap(field.annotation):
+            inner = _unwrap(typing.get_args(tp)[0]) if typing.get_origin(tp) is list else [tp]
+            for sub in inner:
+                if isinstance(sub, type) and issubclass(sub, BaseModel):
+                    models_in(sub, seen)
+    return seen
+
+
+RENAMED = sorted(
+    {
+        (model.__name__, old, new)
+        for entry in ENTRY_POINTS
+        for model in models_in(entry, set())
+        for old, new in getattr(model, "renamed_keys", {}).items()
+    }
+)
+
+
+@pytest.mark.parametrize(("model_name", "old", "new"), RENAMED)
+def test_a_renamed_key_names_a_key_that_exists_and_is_not_one_itself(model_name: str, old: str, new: str) -> None:
+    model = next(m for entry in ENTRY_POINTS for m in models_in(entry, set()) if m.__name__ == model_name)
+    assert old not in model.model_fields, f"{model_name}.{old} is still a key"
+    assert _field_types(model, new.split(".")), f"{model_name}: {old} -> {new}, which is no key"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            [("trainer.max-tokens", "512")],
+            "unknown config key 'trainer.max_tokens' (from --trainer.max-tokens on the command line); "
+            "did you mean 'trainer.micro_batch_tokens'? (the key was renamed)",
+        ),
+        ([("shutdown-grace", "5")], "did you mean 'shutdown_grace_s'?"),
+        ([("orchestrator.eval-envs", "[]")], "did you mean 'orchestrator.eval.env'? (the key was renamed)"),
+        ([("orchestrator.weights-timeout", "5")], "did you mean 'orchestrator.weights_timeout_s'?"),
+        ([("orchestrator.inference.retry.timeout", "5")], "did you mean 'orchestrator.inference.retry.timeout_s'?"),
+        (
+            [("orchestrator.envs", '[{"id": "reverse-text", "timeout": {"rollout": 5}}]')],
+            "did you mean 'orchestrator.envs[0].timeout.rollout_s'?",
+        ),
+    ],
+)
+def test_an_old_key_on_the_command_line_is_refused_naming_its_new_key(
+    overrides: list[tuple[str, str]], message: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        resolve_config(RLConfig, overrides=overrides, base=ONE_ENV)
+    assert message in str(error.value) and "\n" not in str(error.value)
