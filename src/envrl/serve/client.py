@@ -33,7 +33,7 @@ UNAVAILABLE = "unavailable"
 TIMEOUT = "timeout"
 """EnvServerError type: the call's own deadline passed (client-side)."""
 BAD_RESPONSE = "bad_response"
-"""EnvServerError type: the server's answer is not a protocol v1 response (client-side)."""
+"""EnvServerError type: the server's answer is not a response of this protocol version (client-side)."""
 MAX_REBINDS = 2
 """Times one `run` call binds its model again after `unknown_model` before it gives up."""
 TICK = 0.1
@@ -277,7 +277,7 @@ class EnvClient:
                 logger.warning(f"env server {self.address} reported a protocol error: {response.error}")
 
     def _on_bad_response(self, frame: bytes, error: Exception) -> None:
-        """Fail the call a frame that is no protocol v1 response answers, if its id can be read;
+        """Fail the call a frame that is no response of this protocol version answers, if its id can be read;
         else drop it. Either way it is logged."""
         what = f"{type(error).__name__}: {error}".splitlines()[0]
         try:
