@@ -95,11 +95,6 @@ class RunParams(_Wire):
     seed: int | None = Field(None, strict=True)
     """Overrides `sampling.seed` when given; rollout i of the group samples with seed + i."""
 
-    def sampling_args(self) -> SamplingArgs:
-        if self.seed is None:
-            return self.sampling
-        return self.sampling.model_copy(update={"seed": self.seed})
-
 
 class CancelParams(_Wire):
     request_id: str
@@ -335,7 +330,9 @@ class Work(NamedTuple):
 
 def encode_work(request_id: str, params: RunParams) -> bytes:
     """The worker's frame of an accepted `run` request (validated values, not the client's bytes)."""
-    sampling = params.sampling_args().model_dump()
+    sampling = params.sampling.model_dump()
+    if params.seed is not None:
+        sampling["seed"] = params.seed
     return encode([request_id, params.model, params.split, params.task_idx, params.n, sampling])
 
 

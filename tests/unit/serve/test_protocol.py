@@ -91,19 +91,19 @@ def test_an_error_type_outside_the_protocol_is_refused_on_both_sides() -> None:
         p.decode_response(msgpack.packb({"id": "1", "ok": False, "error": {"type": "oops", "message": "?"}}))
 
 
-def test_the_run_seed_overrides_the_sampling_seed() -> None:
-    params = p.RunParams.model_validate(
-        {"task_idx": 0, "n": 2, "model": "m", "sampling": {"max_tokens": 4, "seed": 1}, "seed": 9}
-    )
-    assert params.sampling_args().seed == 9 and params.split == "train"
-
-
 def test_a_worker_reads_back_exactly_the_values_the_server_accepted() -> None:
     """The work frame carries the validated values (the seed applied, defaults filled), not the
     client's bytes: a worker trusts it and checks nothing again."""
     params = p.RunParams.model_validate(
-        {"task_idx": 2, "split": "eval", "n": 3, "model": "m", "sampling": {"max_tokens": 4, "stop": ["x"]}, "seed": 9}
+        {
+            "task_idx": 2,
+            "split": "eval",
+            "n": 3,
+            "model": "m",
+            "sampling": {"max_tokens": 4, "seed": 1, "stop": ["x"]},
+            "seed": 9,
+        }
     )
     work = p.decode_work(p.encode_work("req", params))
     assert (work.request_id, work.model, work.split, work.task_idx, work.n) == ("req", "m", "eval", 2, 3)
-    assert work.sampling == params.sampling_args() and work.sampling.seed == 9
+    assert work.sampling == params.sampling.model_copy(update={"seed": 9})  # the run's seed overrides sampling's
