@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from envrl.serve.client import EnvServerError
+from envrl.serve.client import EnvClient, EnvServerError
 from tests.integration.bad_envs import BEHAVIOURS, BURN, DIE, HANG, OK, RAISE, SLEEP
 from tests.integration.env_servers import (
     SAMPLING,
@@ -193,6 +193,19 @@ def test_a_model_is_bound_once_and_runs_name_it_by_id(server: RunningServer) -> 
     assert not unknown["ok"] and unknown["error"]["type"] == "unknown_model"
     assert not refused["ok"] and refused["error"]["type"] == "bad_request"
     assert "model_access.base_urls" in refused["error"]["message"]
+
+
+def test_clients_of_different_models_share_one_server_each_with_its_own_model(server: RunningServer) -> None:
+    """Two orchestrators on one server: each binds its own model and its rollouts use it."""
+
+    async def go() -> tuple[list[str], list[str]]:
+        models = [{"type": "scripted", "replies": [reply]} for reply in ("first", "second")]
+        async with EnvClient(server.address, model=models[0]) as a, EnvClient(server.address, model=models[1]) as b:
+            runs = await asyncio.gather(*(client.run(OK, n=2, sampling=SAMPLING) for client in (a, b, a, b)))
+        replies = [[t.turns[0].response["content"] for t in traces] for traces in runs]
+        return replies[0] + replies[2], replies[1] + replies[3]
+
+    assert run(go()) == (["first"] * 4, ["second"] * 4)
 
 
 def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: RunningServer) -> None:
