@@ -40,6 +40,22 @@ RENAMED = sorted(
 )
 
 
+REMOVED = sorted(
+    {
+        (model.__name__, old)
+        for entry in ENTRY_POINTS
+        for model in models_in(entry, set())
+        for old in getattr(model, "removed_keys", {})
+    }
+)
+
+
+@pytest.mark.parametrize(("model_name", "old"), REMOVED)
+def test_a_removed_key_is_no_key(model_name: str, old: str) -> None:
+    model = next(m for entry in ENTRY_POINTS for m in models_in(entry, set()) if m.__name__ == model_name)
+    assert old not in model.model_fields, f"{model_name}.{old} is still a key"
+
+
 @pytest.mark.parametrize(("model_name", "old", "new"), RENAMED)
 def test_a_renamed_key_names_a_key_that_exists_and_is_not_one_itself(model_name: str, old: str, new: str) -> None:
     model = next(m for entry in ENTRY_POINTS for m in models_in(entry, set()) if m.__name__ == model_name)
@@ -56,6 +72,11 @@ def test_a_renamed_key_names_a_key_that_exists_and_is_not_one_itself(model_name:
             "did you mean 'trainer.micro_batch_tokens'? (the key was renamed)",
         ),
         ([("shutdown-grace", "5")], "did you mean 'shutdown_grace_s'?"),
+        (
+            [("trainer.batch-poll-s", "1")],
+            "unknown config key 'trainer.batch_poll_s' (from --trainer.batch-poll-s on the command line); it was "
+            "removed: the trainer polls every 20 ms (envrl.transport.batches.POLL_S)",
+        ),
         ([("orchestrator.eval-envs", "[]")], "did you mean 'orchestrator.eval.env'? (the key was renamed)"),
         ([("orchestrator.weights-timeout", "5")], "did you mean 'orchestrator.weights_timeout_s'?"),
         ([("orchestrator.inference.retry.timeout", "5")], "did you mean 'orchestrator.inference.retry.timeout_s'?"),
