@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from envrl.process import spawn_sidecar
+from envrl.runtime.process import spawn_sidecar
 from envrl.serve.client import EnvClient
 
 ROOT = Path(__file__).resolve().parents[2]

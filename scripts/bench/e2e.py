@@ -38,8 +38,8 @@ from statistics import fmean, median
 
 import httpx
 
-from envrl.ledger import read_ledger
 from envrl.report.timeline import step_splits
+from envrl.telemetry.ledger import read_ledger
 from scripts.bench.floor import run_floor
 from tests.support.ports import free_port
 from tests.support.run_files import metric_lines

@@ -30,8 +30,8 @@ TASK_BYTES = 1000
 
 
 def load_environment(num_tasks: int = 64) -> Any:
+    from envrl.data.traces import Task, Trace, WireTask
     from envrl.envs import Environment
-    from envrl.traces import Task, Trace, WireTask
 
     class PayloadTask(Task):
         payload: str
@@ -228,7 +228,7 @@ def main() -> None:
 
     import msgpack
 
-    from envrl.process import spawn_sidecar
+    from envrl.runtime.process import spawn_sidecar
     from envrl.serve import protocol as p
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
@@ -271,7 +271,7 @@ def main() -> None:
 
     # The reference: the same request and response bytes through a bare ROUTER echo.
     trace = load_environment().wire[0]
-    from envrl.traces import Trace
+    from envrl.data.traces import Trace
 
     reply = {"ok": True, "result": Trace(task=trace, reward=1.0, stop_reason="completed").to_wire()}
     request = {

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import zmq
 
-from envrl.layout import published_steps
+from envrl.data.layout import published_steps
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.params import ParamsChecker
 from envrl.serve.zmqio import EVENTS, NOBLOCK, raw_recv, raw_send

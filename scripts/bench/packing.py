@@ -24,7 +24,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from envrl.config import BaseConfig, load_config
-from envrl.log import LogConfig, setup_logging
+from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.attention import DOCUMENT_SDPA, PADDING_SLACK
 from envrl.trainer.packing import MicroBatch, pack, packed_logits
 from scripts.tiny_model import DEFAULT_DIR

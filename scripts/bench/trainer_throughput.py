@@ -63,9 +63,9 @@ import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from envrl.config import BaseConfig, load_config, resolve_config  # noqa: E402
-from envrl.layout import weights_dir  # noqa: E402
-from envrl.log import LogConfig, setup_logging  # noqa: E402
-from envrl.samples import TrainingSample, read_batch, write_batch  # noqa: E402
+from envrl.data.layout import weights_dir  # noqa: E402
+from envrl.data.samples import TrainingSample, read_batch, write_batch  # noqa: E402
+from envrl.telemetry.log import LogConfig, setup_logging  # noqa: E402
 from envrl.trainer.config import TrainerConfig  # noqa: E402
 from envrl.trainer.loop import Trainer  # noqa: E402
 from envrl.trainer.parallel import Runtime, barrier, init_runtime, shutdown  # noqa: E402

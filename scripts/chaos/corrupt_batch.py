@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgpack
 
-from envrl.samples import BATCH_FILE
+from envrl.data.samples import BATCH_FILE
 from tests.support.chaos_runs import RlRun, account, report
 from tests.support.run_files import metric_lines
 

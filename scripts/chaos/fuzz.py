@@ -286,7 +286,7 @@ async def _serves(address: str) -> bool:
 def started_server(*args: str, name: str = "fuzzed env-server") -> Iterator[tuple[str, int]]:
     """A reverse-text env server on a free port with options `args` (defaults: 1 static worker,
     scoring in a thread): its (address, pid); stopped on exit (saying so if it had died)."""
-    from envrl.process import spawn_sidecar
+    from envrl.runtime.process import spawn_sidecar
 
     argv = [
         sys.executable, "-m", "envrl.serve.main", "--env.id", "reverse-text", "--address", "tcp://127.0.0.1:0",

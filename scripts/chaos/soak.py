@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from envrl.layout import published_steps, rollouts_root
-from envrl.orchestrator.envs import TrainEnvs
+from envrl.data.layout import published_steps, rollouts_root
+from envrl.orchestrator.env_handles import TrainEnvs
 from tests.integration.smoke import wait_no_survivors
 from tests.support.chaos_runs import SMOKE, WORKER, RlRun, TableRow, account, check_unique_lines, cmdline, report
 from tests.support.run_files import metric_lines

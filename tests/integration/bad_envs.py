@@ -13,8 +13,8 @@ import os
 import signal
 from typing import Any
 
+from envrl.data.traces import Task, Trace, WireTask
 from envrl.envs import Environment, ModelClient, Rubric, SamplingArgs
-from envrl.traces import Task, Trace, WireTask
 
 BEHAVIOURS = ("ok", "sleep", "raise", "hang", "burn", "die", "unencodable")
 OK, SLEEP, RAISE, HANG, BURN, DIE, UNENCODABLE = range(len(BEHAVIOURS))

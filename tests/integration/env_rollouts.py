@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from envrl.data.traces import Trace
 from envrl.envs import Environment, SamplingArgs, build_client
-from envrl.http import RetryPolicy
-from envrl.traces import Trace
+from envrl.runtime.http import RetryPolicy
 
 RETRY = RetryPolicy(max_retries=1, timeout_s=120.0)
 EOS = 2

@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from envrl.process import Child, spawn_sidecar
+from envrl.runtime.process import Child, spawn_sidecar
 from envrl.serve.client import EnvClient
 
 HERE = Path(__file__).parent

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from envrl.data.traces import Task, Trace
 from envrl.envs import Environment, ModelClient, Rubric, SamplingArgs
-from envrl.traces import Task, Trace
 
 
 class PromptTask(Task):

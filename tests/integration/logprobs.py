@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient, TokenCompletion
+from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.runtime.http import RetryPolicy
 
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900], [1, 64, 65]]
 

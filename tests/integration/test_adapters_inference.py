@@ -17,10 +17,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from envrl.data.traces import Trace
 from envrl.envs import SamplingArgs, TrainClientConfig, build_client, load_environment
-from envrl.http import RetryPolicy
+from envrl.runtime.http import RetryPolicy
 from envrl.serve.client import EnvClient
-from envrl.traces import Trace
 from tests.integration.env_servers import running_env_server
 from tests.integration.smoke import finish, rl_process, wait_no_survivors
 from tests.support.run_files import metric_lines

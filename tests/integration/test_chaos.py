@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from envrl.layout import published_steps
-from envrl.samples import BATCH_FILE, write_batch
+from envrl.data.layout import published_steps
+from envrl.data.samples import BATCH_FILE, write_batch
 from scripts.chaos.corrupt_batch import flip_byte_in_column
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion

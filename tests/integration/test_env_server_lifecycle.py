@@ -1,4 +1,4 @@
-"""Env server start-up, shutdown, security and scaling, each with its own real server process."""
+"""EnvHandle server start-up, shutdown, security and scaling, each with its own real server process."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from envrl.envs.model_client import ScriptedClientConfig
+from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import EnvConfig, SamplingParams
-from envrl.orchestrator.envs import Env
-from envrl.process import ChildFailed, spawn_sidecar
+from envrl.orchestrator.env_handles import EnvHandle
+from envrl.runtime.process import ChildFailed, spawn_sidecar
 from envrl.serve.client import EnvClient, EnvServerError
 from tests.integration.bad_envs import OK, SLEEP
 from tests.integration.curve_keys import make_curve_keys
@@ -112,7 +112,7 @@ def test_the_orchestrators_env_config_carries_curve_keys_to_an_external_server(t
     keys = make_curve_keys(tmp_path)
     with running_env_server(tmp_path, "--curve", keys.server) as server:
         config = EnvConfig(id="bad_envs:load_environment", address=server.address, curve=keys.client)
-        env = Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingParams(max_tokens=8),
+        env = EnvHandle(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingParams(max_tokens=8),
                   output_dir=tmp_path, ready_timeout=20)  # fmt: skip
 
         async def go() -> list[Any]:

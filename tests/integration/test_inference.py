@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from envrl.http import HttpCallError, RetryPolicy
-from envrl.inference.client import InferenceClient, TokenCompletion
-from envrl.inference.replicas import InferenceReplicas
+from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.policy import PolicyTracker
+from envrl.runtime.http import HttpCallError, RetryPolicy
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.served_weights import (
     EXACT,

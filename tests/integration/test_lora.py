@@ -23,12 +23,12 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from envrl.config import ModelConfig
-from envrl.http import RetryPolicy
 from envrl.inference.adapter import lora_serving_options
-from envrl.inference.client import InferenceClient, TokenCompletion
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
-from envrl.log import LogConfig
+from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.runtime.http import RetryPolicy
+from envrl.telemetry.log import LogConfig
 from envrl.trainer.lora import publish_adapter
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.logprobs import PROMPTS, sample_completions

@@ -115,7 +115,7 @@ def test_timed_out_rollouts_close_their_sessions(server: RunningServer) -> None:
 MCP_ROLLOUT = """
 import asyncio, json
 from envrl.envs import SamplingArgs, ScriptedClientConfig, load_environment
-from envrl.envs.model_client import ModelResponse, ScriptedClient
+from envrl.model.client import ModelResponse, ScriptedClient
 
 def call(i, name, arguments):
     return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}

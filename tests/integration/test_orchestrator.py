@@ -19,16 +19,16 @@ from statistics import fmean
 import pytest
 
 from envrl.config import ModelConfig, config_to_toml
-from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
-from envrl.layout import batch_dir, weights_dir
-from envrl.lifeline import PARENT_PID_ENV
-from envrl.metrics import WandbConfig
+from envrl.data.layout import batch_dir, weights_dir
+from envrl.data.samples import read_batch
+from envrl.data.seeds import attempt_seed
+from envrl.model.client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.config import EvalEnvConfig, EvalsConfig, OrchestratorConfig, SamplingParams, TrainEnvConfig
-from envrl.orchestrator.envs import Env
+from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.loop import Orchestrator
-from envrl.samples import read_batch
-from envrl.seeds import attempt_seed
+from envrl.runtime.lifeline import PARENT_PID_ENV
 from envrl.serve.config import StaticPoolConfig
+from envrl.telemetry.metrics import WandbConfig
 
 HERE = Path(__file__).parent
 POOL = StaticPoolConfig(num_workers=1)
@@ -179,7 +179,7 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
     )
 
     async def run() -> list:
-        env = Env(
+        env = EnvHandle(
             config,
             split="train",
             client=ScriptedClientConfig(replies=["hi"]),

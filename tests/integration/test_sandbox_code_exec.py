@@ -10,10 +10,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from envrl.envs.model_client import SamplingArgs, ScriptedClient, ScriptedClientConfig
+from envrl.data.traces import Message
 from envrl.envs.registry import load_environment
+from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.serve.client import EnvClient
-from envrl.traces import Message
 from tests.integration.env_servers import running_env_server, wait_until
 from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 

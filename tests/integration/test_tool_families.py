@@ -22,12 +22,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from envrl.data.traces import Message, Task, Trace
 from envrl.envs import Rubric, SamplingArgs, ToolEnvironment, TrainClientConfig, build_client
-from envrl.envs.chat_tokens import ChatRenderer
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient
+from envrl.model.chat_tokens import ChatRenderer
+from envrl.model.inference import InferenceClient
 from envrl.orchestrator.trajectories import trace_to_samples
-from envrl.traces import Message, Task, Trace
+from envrl.runtime.http import RetryPolicy
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.served_weights import restore_served_weights
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.layout import batch_dir
-from envrl.samples import BATCH_FILE, write_batch
+from envrl.data.layout import batch_dir
+from envrl.data.samples import BATCH_FILE, write_batch
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
 from tests.support.samples import synthetic_samples

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from envrl.envs.chat_tokens import chat_renderer
+from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient, EnvServerError
 from tests.integration.env_servers import RunningServer, alive, children, wait_until
 from tests.integration.verifiers_env import (

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from envrl.envs.chat_tokens import chat_renderer
+from envrl.data.traces import Trace
+from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient
-from envrl.traces import Trace
 from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 from tests.integration.verifiers_env import (
     ACCESS,

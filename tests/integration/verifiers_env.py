@@ -17,8 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from envrl.data.traces import Trace
 from envrl.serve.client import EnvClient
-from envrl.traces import Trace
 from tests.integration.env_servers import RunningServer, running_env_server
 
 HERE = Path(__file__).resolve().parent

@@ -7,8 +7,8 @@ import pytest
 from pydantic import BaseModel
 
 from envrl.config import ConfigError, _field_types, _unwrap, resolve_config
+from envrl.eval.main import EvalConfig
 from envrl.launcher.config import RLConfig
-from envrl.orchestrator.evaluate import EvalConfig
 from envrl.serve.config import EnvServerConfig
 from envrl.trainer.sft import SFTConfig
 

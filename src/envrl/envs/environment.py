@@ -13,11 +13,11 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from envrl.envs.model_client import ModelClient, SamplingArgs
+from envrl.data.traces import Branch, Error, Message, Split, Task, Trace, Turn, WireTask
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
-from envrl.inference.client import ContextLengthError
-from envrl.traces import Branch, Error, Message, Split, Task, Trace, Turn, WireTask
+from envrl.model.client import ModelClient, SamplingArgs
+from envrl.model.inference import ContextLengthError
 
 TaskSource = Sequence[Task] | Callable[[], Iterable[Task]]
 """A list of tasks, or a function that builds them (from a seed, no downloads) on first use."""

@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from envrl.data.traces import Error, Span
 from envrl.envs.forked import ForkedCallError, run_forked
 from envrl.envs.state import RolloutState
 from envrl.sandbox.errors import SandboxError
-from envrl.traces import Error, Span
 
 RewardFn = Callable[..., Any]
 """`fn(**asked) -> float | None` (or an awaitable of one; None: not applicable to this rollout).

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
 from envrl.inference.adapter import lora_serving_options
@@ -22,13 +22,13 @@ from envrl.inference.config import InferenceConfig
 from envrl.launcher.cpus import CpusConfig
 from envrl.launcher.log_rotation import LogRotationConfig
 from envrl.launcher.replicas import replica_configs
-from envrl.log import LogConfig
-from envrl.metrics import WandbConfig
-from envrl.net import is_loopback_host
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.process import RestartPolicy
+from envrl.runtime.net import is_loopback_host
+from envrl.runtime.process import RestartPolicy
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.launch import EnvServerLaunch
+from envrl.telemetry.log import LogConfig
+from envrl.telemetry.metrics import WandbConfig
 from envrl.trainer.config import TrainerConfig
 
 SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb", "log")
@@ -54,6 +54,37 @@ class RoleRestarts(BaseConfig):
     """The trainer: started again from its newest checkpoint, retraining the batches after it."""
     orchestrator: RestartPolicy = RestartPolicy()
     """The orchestrator: started again as `--resume` does, after its newest published batch."""
+
+
+class SlurmConfig(BaseConfig):
+    """Where the roles go when `rl --slurm` writes a SLURM batch script (launcher/slurm.py): host i
+    is the i-th host of the job's node list. Read by `rl --slurm` only."""
+
+    nodes: int = Field(2, ge=1)
+    """Hosts of the job (`#SBATCH --nodes`)."""
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs asked for on each host (`#SBATCH --gpus-per-node`; 0: none, a CPU job)."""
+    trainer_nodes: int = Field(1, ge=1)
+    """The first this many hosts run the trainer: torchrun on each, one rank per device of
+    `trainer.gpus` (else `trainer.num_procs` ranks), rendezvous on host 0."""
+    inference_nodes: int = Field(1, ge=1)
+    """The last this many hosts each run `inference.replicas` servers on `inference.gpus`."""
+    env_node: int = -1
+    """The host of the env servers (an index; negative counts from the end). Off host 0, where
+    the orchestrator runs, they serve over CURVE with keys the job makes in the run directory."""
+    rendezvous_port: int = Field(29500, ge=1, le=65535)
+    """torchrun's rendezvous port on host 0."""
+    sbatch: list[str] = []
+    """More `#SBATCH` options, as given: `["--partition=gpu", "--time=24:00:00"]`."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> SlurmConfig:
+        for key in ("trainer_nodes", "inference_nodes"):
+            if getattr(self, key) > self.nodes:
+                raise ValueError(f"{key} = {getattr(self, key)} is more than nodes = {self.nodes}")
+        if not -self.nodes <= self.env_node < self.nodes:
+            raise ValueError(f"env_node = {self.env_node} names no host of {self.nodes}")
+        return self
 
 
 class RLConfig(BaseConfig):
@@ -82,6 +113,8 @@ class RLConfig(BaseConfig):
     log_rotation: LogRotationConfig = LogRotationConfig()
     """Every process's log under `logs/` is rotated past `max_mb`, `keep` older copies kept."""
     cpus: CpusConfig = CpusConfig()
+    slurm: SlurmConfig = SlurmConfig()
+    """Host placement of `rl --slurm`'s batch script (several hosts)."""
     trainer: TrainerConfig = TrainerConfig()
     orchestrator: OrchestratorConfig
     inference: InferenceConfig = InferenceConfig()

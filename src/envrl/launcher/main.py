@@ -28,9 +28,8 @@ from typing import Any, NoReturn
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
-from envrl.console import RunConsole
+from envrl.data import layout
 from envrl.launcher import preflight, recovery, run_dir, summary
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
 from envrl.launcher.config import ResolvedRun, RLConfig, RoleRestarts, resolve_run
@@ -38,15 +37,17 @@ from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_c
 from envrl.launcher.log_rotation import LogRotator
 from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.replicas import wait_for_replicas
+from envrl.launcher.slurm import write_sbatch
 from envrl.launcher.supervisor import Respawn, Supervisor
-from envrl.log import setup_logging
-from envrl.net import port_is_free
-from envrl.process import Child, ChildFailed, spawn
-from envrl.progress import duration
+from envrl.runtime.net import port_is_free
+from envrl.runtime.process import Child, ChildFailed, spawn
 from envrl.serve.launch import start as start_env_server
+from envrl.telemetry.console import RunConsole
+from envrl.telemetry.log import setup_logging
+from envrl.telemetry.progress import duration
 
 COMMANDS: dict[str, str] = {
-    "eval": "envrl.orchestrator.evaluate",
+    "eval": "envrl.eval.main",
     "report": "envrl.report.main",
     "envs": "envrl.envs.registry",
     "replay": "envrl.trainer.replay",
@@ -56,7 +57,7 @@ COMMANDS: dict[str, str] = {
 shell (`eval` is a builtin). Adding a command is one line here."""
 
 
-USAGE = """usage: rl --config FILE.toml [--section.key VALUE ...] [--resume | --clean] [--dry-run]
+USAGE = """usage: rl --config FILE.toml [--section.key VALUE ...] [--resume | --clean] [--dry-run | --slurm]
        rl COMMAND ...        commands: eval, report, envs, sft, replay (rl COMMAND --help)
        rl --help             every option;  rl --version
 
@@ -68,7 +69,8 @@ EXAMPLES = """examples:
   rl --config configs/debug/cpu_smoke.toml                    the smoke run
   rl --config configs/debug/cpu_smoke.toml --max-steps 100 --orchestrator.batch-size 64
   rl --resume --output-dir outputs/cpu_smoke --max-steps 80   continue a run, for longer
-  rl --config x.toml --dry-run                                each process's config and command"""
+  rl --config x.toml --dry-run                                each process's config and command
+  rl --config x.toml --slurm                                  a SLURM batch script for several hosts"""
 
 
 class Interrupted(Exception):
@@ -156,11 +158,17 @@ def run_training(argv: Sequence[str]) -> None:
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    slurm = "--slurm" in argv  # write the run as a SLURM batch script (launcher/slurm.py) instead of running it
+    argv = [arg for arg in argv if arg != "--slurm"]
     rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text, epilog=epilog)
     try:
         run, placement, cpus = _plan(rl)
-        _check_devices(rl, visible_gpus(), vllm_is_cpu_build())
+        if not slurm:  # the hosts of a SLURM job are not this one
+            _check_devices(rl, visible_gpus(), vllm_is_cpu_build())
         run_dir.prepare(rl)
+        if slurm:
+            print(write_sbatch(rl))
+            return
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from envrl.data.seeds import eval_seed
+from envrl.data.traces import Trace
 from envrl.orchestrator.config import EvalEnvConfig
-from envrl.orchestrator.envs import Env
+from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics
-from envrl.seeds import eval_seed
-from envrl.traces import Trace
 
 Pair = tuple[int, int]
 """(task index, rollout index) within one env's grid."""
@@ -41,7 +41,7 @@ class Unit:
 class EvalGrid:
     """One env's n x r grid: the pairs done so far, the calls that complete it, each pair's seed."""
 
-    def __init__(self, env: Env[EvalEnvConfig], *, seed: int) -> None:
+    def __init__(self, env: EnvHandle[EvalEnvConfig], *, seed: int) -> None:
         self.env = env
         self.config = env.config
         self.seed = seed

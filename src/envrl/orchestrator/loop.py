@@ -23,21 +23,20 @@ from typing import Any
 
 from loguru import logger
 
-from envrl.atomic import fsync_file, write_failure
-from envrl.envs.model_client import TrainClientConfig
-from envrl.inference.replicas import InferenceReplicas
-from envrl.layout import (
+from envrl.data.layout import (
     eval_rollouts_file,
     metrics_file,
     published_steps,
     rollouts_root,
     train_rollouts_file,
 )
-from envrl.ledger import Ledger
-from envrl.metrics import MetricsSink
+from envrl.data.samples import TrainingSample
+from envrl.data.traces import Split, Trace, Turn, TurnTokens
+from envrl.model.client import TrainClientConfig
+from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.advantage import batch_reward_std, group_advantages, trained_rollouts
 from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
-from envrl.orchestrator.envs import C, Env, TrainEnvs
+from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
@@ -46,8 +45,9 @@ from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
 from envrl.orchestrator.stats import rollout_metrics, seq_len_note, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
-from envrl.samples import TrainingSample
-from envrl.traces import Split, Trace, Turn, TurnTokens
+from envrl.runtime.atomic import fsync_file, write_failure
+from envrl.telemetry.ledger import Ledger
+from envrl.telemetry.metrics import MetricsSink
 from envrl.transport.batches import BatchSender, FileBatchSender
 
 
@@ -170,13 +170,13 @@ class Orchestrator:
 
     # -- set-up and tear-down ---------------------------------------------------------------------
 
-    def _make_env(self, env_config: C, split: Split) -> Env[C]:
+    def _make_env(self, env_config: C, split: Split) -> EnvHandle[C]:
         model = self.config.model.name
         tokenizer = str(Path(model).resolve()) if Path(model).exists() else model
         client = env_config.client or TrainClientConfig(
             base_url=self.config.inference.base_url, model=model, tokenizer=tokenizer, retry=self.config.inference.retry
         )
-        return Env(
+        return EnvHandle(
             env_config,
             split=split,
             client=client,
@@ -204,7 +204,7 @@ class Orchestrator:
         return state
 
     @property
-    def _all_envs(self) -> list[Env]:
+    def _all_envs(self) -> list[EnvHandle]:
         return [*self.train_envs.envs, *self.eval_envs]
 
     async def _start(self) -> None:
@@ -310,7 +310,7 @@ class Orchestrator:
 
     # -- outputs ----------------------------------------------------------------------------------
 
-    def _append_rollouts(self, path: Path, step: int, env: Env, policy_step: int, traces: list[Trace]) -> None:
+    def _append_rollouts(self, path: Path, step: int, env: EnvHandle, policy_step: int, traces: list[Trace]) -> None:
         try:
             append_lines(path, (trace_line(t, step=step, env=env.name, policy_step=policy_step) for t in traces))
         except OSError as e:  # a full disk: name the file (a resume drops the cut line)
@@ -386,7 +386,7 @@ class Orchestrator:
         await self.policy.ensure(final + self.config.max_async_level)
         await asyncio.gather(*(self._evaluate(env, final, self.policy.current) for env in envs))
 
-    async def _evaluate(self, env: Env[EvalEnvConfig], step: int, policy_step: int) -> None:
+    async def _evaluate(self, env: EnvHandle[EvalEnvConfig], step: int, policy_step: int) -> None:
         """The one eval runner on this env's grid (the `eval` command's seeds and limits), within
         max_inflight; its rollouts go to `rollouts/eval/step_<step>.jsonl`, its metrics under `eval/`."""
         started = time.monotonic()

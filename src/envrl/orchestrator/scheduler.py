@@ -17,18 +17,18 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from envrl.ledger import Ledger
-from envrl.orchestrator.envs import Env, TrainEnvs
+from envrl.data.seeds import train_group_seed
+from envrl.data.traces import Error, Trace, WireTask
+from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.state import PendingGroup
-from envrl.seeds import train_group_seed
-from envrl.traces import Error, Trace, WireTask
+from envrl.telemetry.ledger import Ledger
 
 
 @dataclass
 class Group:
     """One task's `group_size` rollouts, dispatched under policy `policy_step` (traces once done)."""
 
-    env: Env
+    env: EnvHandle
     task_idx: int
     seed: int
     policy_step: int
@@ -105,7 +105,7 @@ class Scheduler:
             task = asyncio.create_task(env.run_group(task_idx, shape.group_size, seed))
             self._inflight[task] = Group(env, task_idx, seed, policy, [])
 
-    def _next_group(self) -> tuple[Env, int, int]:
+    def _next_group(self) -> tuple[EnvHandle, int, int]:
         """A requeued group (its first dispatch died with the crashed run), else a new draw."""
         if self._requeued:
             redo = self._requeued.pop(0)

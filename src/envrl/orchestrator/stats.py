@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from statistics import fmean
 
+from envrl.data.traces import Trace
 from envrl.orchestrator.trajectories import SeqLenCounts
-from envrl.traces import Trace
 
 
 def _mean(values: Sequence[float]) -> float:

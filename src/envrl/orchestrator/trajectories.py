@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from envrl.envs.model_client import SamplingArgs
-from envrl.samples import TrainingSample
-from envrl.traces import Trace, Turn, TurnTokens
+from envrl.data.samples import TrainingSample
+from envrl.data.traces import Trace, Turn, TurnTokens
+from envrl.model.client import SamplingArgs
 
 UNKNOWN_LOGPROB = math.nan
 """Inference logprob of a back-filled token: the behaviour policy's value is unknown, so the

@@ -12,8 +12,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from envrl.data.layout import configs_dir, eval_results_root, eval_summary_file
 from envrl.launcher.summary import summary_file
-from envrl.layout import configs_dir, eval_results_root, eval_summary_file
 
 LOG_TAIL_LINES = 40
 LOG_TAIL_BYTES = 64 * 1024

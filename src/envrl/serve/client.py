@@ -20,7 +20,8 @@ import zmq.auth
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl.envs.model_client import (
+from envrl.data.traces import Trace
+from envrl.model.client import (
     ClientConfig,
     EvalClientConfig,
     SamplingArgs,
@@ -30,7 +31,6 @@ from envrl.envs.model_client import (
 from envrl.serve import protocol as p
 from envrl.serve.config import CurveClientConfig, load_secret_certificate
 from envrl.serve.zmqio import Frames, SocketPump
-from envrl.traces import Trace
 
 UNAVAILABLE = "unavailable"
 """EnvServerError type: the server is dead or unreachable (client-side; never sent by a server)."""

@@ -15,10 +15,10 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from envrl.config import BaseConfig
-from envrl.envs.model_client import ClientConfig, EvalClientConfig, TrainClientConfig
-from envrl.log import LogConfig
-from envrl.net import is_loopback
+from envrl.model.client import ClientConfig, EvalClientConfig, TrainClientConfig
+from envrl.runtime.net import is_loopback
 from envrl.serve.zmqio import MAX_BATCH
+from envrl.telemetry.log import LogConfig
 
 
 class StaticPoolConfig(BaseConfig):

@@ -14,8 +14,8 @@ from typing import Any, Literal, get_args
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from envrl.envs.model_client import ClientConfig, SamplingArgs
-from envrl.traces import Split, Trace
+from envrl.data.traces import Split, Trace
+from envrl.model.client import ClientConfig, SamplingArgs
 
 PROTOCOL_VERSION = 1
 

@@ -13,9 +13,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from envrl.data.traces import Error, Trace
 from envrl.envs.environment import Environment
 from envrl.serve import protocol as p
-from envrl.traces import Error, Trace
 
 
 @dataclass(eq=False, slots=True)

@@ -21,9 +21,9 @@ from typing import Any
 import zmq
 from loguru import logger
 
+from envrl.data.traces import Error
 from envrl.envs.environment import Environment
-from envrl.log import Throttle
-from envrl.process import Child, report_ready
+from envrl.runtime.process import Child, report_ready
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.params import ParamsChecker
@@ -45,7 +45,7 @@ from envrl.serve.zmqio import (
     recv_batch,
     send_frames,
 )  # fmt: skip
-from envrl.traces import Error
+from envrl.telemetry.log import Throttle
 
 WORKER_STOP_GRACE = 3.0
 SWEEP_INTERVAL = 0.1

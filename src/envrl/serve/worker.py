@@ -8,7 +8,7 @@ cancel, even one that lands before the rollout started), and the worker dies wit
 
 from __future__ import annotations
 
-from envrl.lifeline import die_with_parent
+from envrl.runtime.lifeline import die_with_parent
 
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
@@ -27,13 +27,13 @@ import zmq
 from loguru import logger
 
 from envrl.config import BaseConfig, load_config
-from envrl.envs.model_client import ClientConfig, ModelClient, SamplingArgs, build_client
+from envrl.data.traces import Error, Task, Trace
 from envrl.envs.registry import load_environment
-from envrl.log import LogConfig, LogLevel, setup_logging
+from envrl.model.client import ClientConfig, ModelClient, SamplingArgs, build_client
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvSpec, EnvTimeoutConfig
 from envrl.serve.zmqio import Frames, SocketPump
-from envrl.traces import Error, Task, Trace
+from envrl.telemetry.log import LogConfig, LogLevel, setup_logging
 
 MAX_CACHED_CLIENTS = 16
 SWEEP_INTERVAL = 0.1

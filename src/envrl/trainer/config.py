@@ -13,8 +13,8 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
-from envrl.log import LogConfig
-from envrl.metrics import WandbConfig
+from envrl.telemetry.log import LogConfig
+from envrl.telemetry.metrics import WandbConfig
 from envrl.transport.config import WeightsConfig
 
 

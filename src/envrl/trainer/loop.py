@@ -21,11 +21,11 @@ from loguru import logger
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer
 
-from envrl.atomic import write_failure
-from envrl.layout import checkpoint_dir, final_weights_dir, ledger_file, weights_dir
-from envrl.ledger import Ledger
-from envrl.metrics import MetricsSink
-from envrl.samples import TrainingSample
+from envrl.data.layout import checkpoint_dir, final_weights_dir, ledger_file, weights_dir
+from envrl.data.samples import TrainingSample
+from envrl.runtime.atomic import write_failure
+from envrl.telemetry.ledger import Ledger
+from envrl.telemetry.metrics import MetricsSink
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora

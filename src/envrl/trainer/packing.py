@@ -17,7 +17,7 @@ import torch
 from loguru import logger
 from torch import nn
 
-from envrl.samples import TrainingSample
+from envrl.data.samples import TrainingSample
 from envrl.trainer.attention import DOCUMENT_SDPA, document_layout
 
 

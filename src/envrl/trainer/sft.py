@@ -24,12 +24,12 @@ from pydantic import Field
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.config import BaseConfig, ModelConfig, load_config
-from envrl.envs.chat_tokens import ChatRenderer
-from envrl.layout import logs_dir, metrics_file, weights_root
-from envrl.log import LogConfig, setup_logging
-from envrl.metrics import MetricsSink, WandbConfig
-from envrl.progress import duration
-from envrl.samples import TrainingSample
+from envrl.data.layout import logs_dir, metrics_file, weights_root
+from envrl.data.samples import TrainingSample
+from envrl.model.chat_tokens import ChatRenderer
+from envrl.telemetry.log import LogConfig, setup_logging
+from envrl.telemetry.metrics import MetricsSink, WandbConfig
+from envrl.telemetry.progress import duration
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.loop import lr_factor
 from envrl.trainer.loss import token_logprobs

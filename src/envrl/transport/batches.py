@@ -15,8 +15,8 @@ from typing import Protocol
 
 from loguru import logger
 
-from envrl.layout import batch_dir
-from envrl.samples import TrainingSample, read_batch, write_batch
+from envrl.data.layout import batch_dir
+from envrl.data.samples import TrainingSample, read_batch, write_batch
 
 
 class BatchTimeout(TimeoutError):

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from envrl.data.traces import Message, Task, Trace, TurnTokens
 from envrl.envs import (
     Environment,
     ModelClient,
@@ -16,8 +17,7 @@ from envrl.envs import (
     ScriptedClient,
     ScriptedClientConfig,
 )
-from envrl.inference.client import ContextLengthError
-from envrl.traces import Message, Task, Trace, TurnTokens
+from envrl.model.inference import ContextLengthError
 from tests.unit.envs.helpers import TINY_CHAT
 
 SAMPLING = SamplingArgs(max_tokens=16)

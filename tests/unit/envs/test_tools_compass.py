@@ -11,7 +11,7 @@ from compass import DIRECTIONS, load_environment, make_tasks
 from compass.demos import call, demonstration, solver_moves
 
 from envrl.envs import SamplingArgs, ScriptedClient, ScriptedClientConfig
-from envrl.envs.chat_tokens import chat_renderer
+from envrl.model.chat_tokens import chat_renderer
 from envrl.trainer.sft_data import load_demonstrations
 from tests.unit.envs.helpers import TINY_CHAT
 

@@ -70,7 +70,7 @@ def test_dry_run_prints_every_command_line_with_its_devices(capsys: pytest.Captu
     assert "-m envrl.serve.main --config" in server and "reverse-text.toml" in server
     assert trainer.startswith("CUDA_VISIBLE_DEVICES=5,6 ")
     assert (
-        "-m envrl.launcher.torchrun --standalone --local-addr 127.0.0.1 --nproc-per-node 2 -m envrl.guarded envrl.trainer.main --config"
+        "-m envrl.launcher.torchrun --standalone --local-addr 127.0.0.1 --nproc-per-node 2 -m envrl.runtime.guarded envrl.trainer.main --config"
         in trainer
     )
     assert note.startswith("#   torchrun starts 2 ranks, each with its own RANK, LOCAL_RANK")

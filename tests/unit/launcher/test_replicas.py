@@ -14,7 +14,7 @@ from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.main import main
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.supervisor import Supervisor
-from envrl.process import ChildFailed, spawn
+from envrl.runtime.process import ChildFailed, spawn
 
 ONE_ENV = ("orchestrator.envs", '[{"id": "reverse-text"}]')
 

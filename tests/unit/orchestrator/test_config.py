@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from envrl.config import ConfigError, resolve_config
-from envrl.envs.model_client import TrainClientConfig
+from envrl.model.client import TrainClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.serve.config import StaticPoolConfig
 

@@ -5,16 +5,16 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-from envrl.envs.model_client import ScriptedClientConfig
+from envrl.data.seeds import rollout_seed
+from envrl.data.traces import Trace, WireTask
+from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import SamplingParams, TrainEnvConfig
-from envrl.orchestrator.envs import Env, TrainEnvs
+from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
 from envrl.orchestrator.state import PendingGroup
-from envrl.seeds import rollout_seed
-from envrl.traces import Trace, WireTask
 
 
-class AnsweringEnv(Env):
+class AnsweringEnv(EnvHandle):
     """A train env whose server is this process: call k answers at once, unless k is in `hang`."""
 
     def __init__(self, hang: frozenset[int] = frozenset()) -> None:
@@ -45,7 +45,7 @@ class AnsweringEnv(Env):
         return [Trace(task=WireTask(idx=task_idx), reward=1.0) for _ in range(n)]
 
 
-def scheduler(env: Env, *, max_inflight: int = 64, max_steps: int = 10, seed: int = 0, **fields) -> Scheduler:
+def scheduler(env: EnvHandle, *, max_inflight: int = 64, max_steps: int = 10, seed: int = 0, **fields) -> Scheduler:
     shape = BatchShape(group_size=2, batch_size=4, max_inflight=max_inflight, max_async_level=1, max_steps=max_steps)
     return Scheduler(TrainEnvs([env], seed=seed), shape, seed=seed, counters=Counter(), **fields)
 

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
+from envrl.data.traces import Error, Trace, WireTask
 from envrl.orchestrator.config import EvalEnvConfig
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics, why_unscored
-from envrl.traces import Error, Trace, WireTask
 
 
 def traces(*kinds: str) -> list[Trace]:

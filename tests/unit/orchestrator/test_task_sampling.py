@@ -4,13 +4,13 @@ import random
 from collections import Counter
 from pathlib import Path
 
-from envrl.envs.model_client import ScriptedClientConfig
+from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import EvalsConfig, SamplingParams, TrainEnvConfig
-from envrl.orchestrator.envs import Env, TrainEnvs
+from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 
 
-def make_env(name: str, num_tasks: int, ratio: float | None = None) -> Env[TrainEnvConfig]:
-    env = Env(
+def make_env(name: str, num_tasks: int, ratio: float | None = None) -> EnvHandle[TrainEnvConfig]:
+    env = EnvHandle(
         TrainEnvConfig(id="x", name=name, ratio=ratio),
         split="train",
         client=ScriptedClientConfig(),

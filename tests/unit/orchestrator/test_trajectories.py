@@ -5,9 +5,9 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from envrl.envs.model_client import SamplingArgs
+from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
+from envrl.model.client import SamplingArgs
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
-from envrl.traces import Branch, Trace, Turn, TurnTokens, WireTask
 from scripts.tiny_model import DEFAULT_DIR
 
 USER = {"role": "user", "content": "hi"}

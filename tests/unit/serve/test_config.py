@@ -7,8 +7,8 @@ import pytest
 import zmq.auth
 
 from envrl.config import ConfigError, _split_argv, resolve_config
-from envrl.net import is_loopback
-from envrl.process import config_argv
+from envrl.runtime.net import is_loopback
+from envrl.runtime.process import config_argv
 from envrl.serve.config import ElasticPoolConfig, EnvServerConfig, StaticPoolConfig, load_secret_certificate
 
 

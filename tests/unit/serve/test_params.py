@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
 from envrl.inference.config import InferenceConfig, ReloadConfig
 from envrl.launcher.config import RLConfig, resolve_run
+from envrl.model.client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
 from envrl.orchestrator.config import OrchestratorConfig, TrainEnvConfig
 from envrl.serve import protocol as p
 from envrl.serve.config import ModelAccessConfig

@@ -5,8 +5,8 @@ import msgpack
 import pytest
 from pydantic import ValidationError
 
+from envrl.data.traces import Error, Trace, WireTask
 from envrl.serve import protocol as p
-from envrl.traces import Error, Trace, WireTask
 
 
 def parse(message: object, limit: int = 1 << 20) -> p.RequestMessage:

@@ -5,9 +5,9 @@ import zlib
 import msgpack
 import pytest
 
-from envrl.atomic import atomic_dir
-from envrl.layout import batch_dir
-from envrl.samples import BATCH_FILE, BatchError, read_batch, write_batch
+from envrl.data.layout import batch_dir
+from envrl.data.samples import BATCH_FILE, BatchError, read_batch, write_batch
+from envrl.runtime.atomic import atomic_dir
 from tests.support.samples import synthetic_samples
 
 

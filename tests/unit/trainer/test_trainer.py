@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envrl.layout import batch_dir
-from envrl.samples import BATCH_FILE, BatchError, write_batch
+from envrl.data.layout import batch_dir
+from envrl.data.samples import BATCH_FILE, BatchError, write_batch
 from envrl.trainer.checkpoint import list_checkpoints
 from envrl.trainer.config import OptimConfig
 from envrl.trainer.loop import TrainingError, lr_factor

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import random
 
+from envrl.data.traces import Task
 from envrl.envs import Rubric, ToolEnvironment
-from envrl.traces import Task
 
 DIRECTIONS = ("up", "down", "left", "right")
 VERBS = ("Go", "Move", "Walk", "Head")

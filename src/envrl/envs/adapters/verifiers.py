@@ -22,14 +22,14 @@ from verifiers.v1.configs.agent import agent_config_fields
 from verifiers.v1.utils.loaders import load_environment as load_vf_environment
 from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset_config_type
 
+from envrl.data.traces import Error, Span, Task, Timing, Trace, WireTask
 from envrl.envs.adapters.chat_proxy import ChatProxy, Session
 from envrl.envs.adapters.verifiers_runtime import Placement, local_runtimes
 from envrl.envs.adapters.verifiers_sandbox import EpisodeSandboxes, episode_sandbox
 from envrl.envs.adapters.warm_programs import WarmPrograms
 from envrl.envs.environment import Environment, append_turn
-from envrl.envs.model_client import ModelClient, SamplingArgs
+from envrl.model.client import ModelClient, SamplingArgs
 from envrl.sandbox import BubblewrapProvider, SandboxConfig
-from envrl.traces import Error, Span, Task, Timing, Trace, WireTask
 
 SUPPORTED_VERSION = "0.4."
 """The verifiers minor version this adapter is tested with (deps/envs/verifiers-digits pins it)."""
