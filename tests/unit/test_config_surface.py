@@ -1,14 +1,17 @@
 """The keys users write: every renamed key points at a key that exists, and the old name is
 refused with a one-line did-you-mean naming the new one, wherever it was given."""
 
+import re
+import tomllib
 import typing
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
 from envrl.config import ConfigError, _field_types, _unwrap, resolve_config
 from envrl.eval.main import EvalConfig
-from envrl.launcher.config import RLConfig
+from envrl.launcher.config import RLConfig, resolve_run
 from envrl.serve.config import EnvServerConfig
 from envrl.trainer.sft import SFTConfig
 
@@ -92,3 +95,12 @@ def test_an_old_key_on_the_command_line_is_refused_naming_its_new_key(
     with pytest.raises(ConfigError) as error:
         resolve_config(RLConfig, overrides=overrides, base=ONE_ENV)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_minimal_config_of_the_docs_resolves_into_a_run() -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "config.md").read_text()
+    minimal = re.search(r"## Minimal config.*?```toml\n(.*?)```", docs, re.S)
+    assert minimal, "docs/config.md has no TOML block under '## Minimal config'"
+    run = resolve_run(RLConfig.model_validate(tomllib.loads(minimal.group(1))))
+    assert [server.name for server in run.env_servers] == ["reverse-text"]
+    assert run.orchestrator.max_inflight == 64  # derived: batch_size 32 * (max_async_level 1 + 1)

@@ -119,7 +119,7 @@ def plan_job(rl: RLConfig, hosts: Sequence[str]) -> JobPlan:
         update = {"address": address, "model_access": access, "curve": server_keys}
         configs[env_server_key(server.split, server.name)] = server.config.model_copy(update=update)
         start(slurm.env_node, command)
-    for env in [*run.orchestrator.envs, *run.orchestrator.eval_envs]:
+    for env in [*run.orchestrator.envs, *run.orchestrator.eval.env]:
         if env.address in moved:
             env.address, env.curve = moved[env.address], client_keys
 
