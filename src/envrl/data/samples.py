@@ -83,6 +83,8 @@ _TOKEN_COLUMNS = {"input_ids": "i", "loss_mask": "B", "inference_logprobs": "d",
 _SAMPLE_COLUMNS = tuple(name for name in TrainingSample.model_fields if name not in _TOKEN_COLUMNS)
 """Per-sample columns, one msgpack list each: every other field of `TrainingSample`, so a field
 added later is written, read and checksummed without an edit here."""
+BATCH_COLUMNS = (*_TOKEN_COLUMNS, "lengths", *_SAMPLE_COLUMNS)
+"""Every column of a batch file, in the order they are written."""
 
 
 class BatchError(ValueError):

@@ -173,6 +173,11 @@ class EvalEnvConfig(EnvConfig):
     """More k for pass@k (unbiased estimator), e.g. [4, 8]; pass@1 and pass@r (r =
     rollouts_per_example) are always reported. Each k must be at most rollouts_per_example."""
 
+    removed_keys: ClassVar[dict[str, str]] = {
+        key: f"one schedule for every eval env: set orchestrator.eval.{key} (`rl eval` evaluates once)"
+        for key in ("interval", "at_start", "at_end")
+    }
+
     @model_validator(mode="after")
     def _pass_at_fits(self) -> EvalEnvConfig:
         check_pass_at(self)
@@ -187,9 +192,6 @@ def check_pass_at(env: EvalEnvConfig) -> None:
             f"eval env {env.resolved_name!r}: pass_at {bad} outside 1..rollouts_per_example ({env.rollouts_per_example}); "
             "raise rollouts_per_example or drop those k"
         )
-
-
-SCHEDULE_KEYS = ("interval", "at_start", "at_end")
 
 
 class EvalsConfig(BaseConfig):
@@ -215,8 +217,7 @@ class EvalsConfig(BaseConfig):
 def complete_eval_envs(data: Any) -> Any:
     """Raw orchestrator config data with every `eval.env` table that names a `train_env`
     completed by that train env's keys (its own keys win; `ratio` and `name` stay the train
-    env's). A shorthand of the file a user writes: the validated config holds complete eval envs.
-    A schedule key left in an eval env table (they used to be per env) is an error naming its home."""
+    env's). A shorthand of the file a user writes: the validated config holds complete eval envs."""
     evals = data.get("eval") if isinstance(data, dict) else None
     tables = evals.get("env") if isinstance(evals, dict) else None
     if not isinstance(tables, list):
@@ -230,9 +231,6 @@ def complete_eval_envs(data: Any) -> Any:
         if not isinstance(table, dict):
             completed.append(table)
             continue
-        for key in SCHEDULE_KEYS:
-            if key in table:
-                raise ValueError(f"eval.env[{i}].{key}: every eval env runs on one schedule; set eval.{key} instead")
         if "train_env" not in table:
             completed.append(table)
             continue
