@@ -23,7 +23,17 @@ from envrl.data.samples import BATCH_FILE
 from tests.support.chaos_runs import RlRun, account, report
 from tests.support.run_files import metric_lines
 
-COLUMNS = ("input_ids", "loss_mask", "inference_logprobs", "lengths", "advantage", "env", "task_idx", "policy_step")
+COLUMNS = (
+    "input_ids",
+    "loss_mask",
+    "inference_logprobs",
+    "policy_steps",
+    "lengths",
+    "advantage",
+    "env",
+    "task_idx",
+    "policy_step",
+)
 
 
 def trained_steps(out: Path) -> list[int]:

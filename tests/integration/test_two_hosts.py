@@ -7,7 +7,7 @@ Host B (127.0.0.2) runs the inference server, the env server (behind CURVE: it i
 where the orchestrator runs; the keys are the ones the job makes) and trainer rank 1; host A
 (127.0.0.1) runs trainer rank 0 (torchrun's rendezvous) and the orchestrator. Batches and weights
 cross "hosts" through the output dir, as they would through a shared filesystem (docs/scale.md).
-Starts one vLLM, so it runs under the heavy lock (measured: 100 s on 2 shared cores).
+Starts one vLLM, so it runs under the heavy lock.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def test_the_slurm_slices_of_two_hosts_train_through_addresses_and_a_shared_dir(
     plan = plan_job(resolve_config(RLConfig, [SMOKE], overrides=overrides), [HOST_A, HOST_B])
     write_job_files(plan)
     assert [c.name for c in plan.hosts[0].commands] == ["trainer", "orchestrator"]
-    assert [c.name for c in plan.hosts[1].commands] == ["inference", "train env server 'reverse-text'", "trainer-node1"]
+    assert [c.name for c in plan.hosts[1].commands] == ["inference", "train env server 'learnable'", "trainer-node1"]
     token = {"ENVRL_RELOAD_TOKEN": uuid.uuid4().hex}  # the job's environment holds it (the batch script)
 
     with two_hosts() as (a, b):
@@ -116,7 +116,7 @@ def test_the_slurm_slices_of_two_hosts_train_through_addresses_and_a_shared_dir(
         reloads = [(Path(path), int(step)) for path, step in RELOADED.findall(b.log("inference"))]
         assert reloads == [((out / "weights").resolve(), step) for step in range(1, STEPS)], reloads
         assert "trainer rank 0/2" in a.log("trainer"), "host B's rank did not join the rendezvous"
-        assert plan.configs["envs/train/reverse-text"].curve is not None, "host B's env server is not behind CURVE"
+        assert plan.configs["envs/train/learnable"].curve is not None, "host B's env server is not behind CURVE"
 
     records = metric_lines(out)
     assert [m["step"] for m in records if "train/reward" in m] == list(range(STEPS))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import transformers
 from torch.distributed.tensor import DTensor, Shard
 from transformers import AutoModelForCausalLM
 
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="load the whole model on every rank, then shard")
     parser.add_argument("--lora", action="store_true", help="with LoRA adapters on every linear module")
     args = parser.parse_args()
+    transformers.utils.logging.disable_progress_bar()
     overrides = [("model.name", str(args.model_dir)), ("output-dir", str(args.out_dir)), ("wandb.mode", "disabled")]
     if args.lora:
         overrides.append(("lora.rank", "8"))
