@@ -71,8 +71,7 @@ def overrides(steps: int) -> list[str]:
     argv = ["--max-steps", str(steps)]
     for key, tables in (("envs", smoke["envs"]), ("eval.env", smoke["eval"]["env"])):
         argv += [f"--orchestrator.{key}", json.dumps([{**env, "restarts": BUDGET} for env in tables])]
-    for role in ("inference", "trainer", "orchestrator"):
-        argv += [item for key, value in BUDGET.items() for item in (f"--restarts.{role}.{key}", str(value))]
+    argv += [item for key, value in BUDGET.items() for item in (f"--restarts.{key}", str(value))]
     return argv
 
 

@@ -37,7 +37,7 @@ def trainer_steps(out: Path) -> list[int]:
 def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_resume(tmp_path: Path) -> None:
     out, steps = tmp_path / "chaos", 10
     rng = random.Random(0)
-    no_restarts = ("--restarts.trainer.max-restarts", "0", "--restarts.orchestrator.max-restarts", "0")
+    no_restarts = ("--restarts.max-restarts", "0")
     with RlRun(out, "--max-steps", str(steps), "--trainer.ckpt.interval", "2", *no_restarts) as run:
         run.wait_until("batch 1", lambda: run.steps_done() >= 1)
         stop, worker_kills = threading.Event(), []

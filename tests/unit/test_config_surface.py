@@ -76,6 +76,11 @@ def test_a_renamed_key_names_a_key_that_exists_and_is_not_one_itself(model_name:
         ),
         ([("shutdown-grace", "5")], "did you mean 'shutdown_grace_s'?"),
         (
+            [("restarts.trainer.max-restarts", "0")],
+            "'restarts.trainer' (from --restarts.trainer.max-restarts on the "
+            "command line); it was removed: one policy for every process rl starts",
+        ),
+        (
             [("trainer.batch-poll-s", "1")],
             "unknown config key 'trainer.batch_poll_s' (from --trainer.batch-poll-s on the command line); it was "
             "removed: the trainer polls every 20 ms (envrl.transport.batches.POLL_S)",

@@ -39,7 +39,7 @@ class ReloadConfig(BaseConfig):
 
 class InferenceConfig(BaseConfig):
     model: ModelConfig = ModelConfig()
-    output_dir: Path = Path("outputs")
+    output_dir: Path = Path("outputs/run")
     """Run directory; vLLM's caches, RPC sockets and temp files go under `<output_dir>/inference/`."""
     host: str = "127.0.0.1"
     """Interface the OpenAI-compatible server binds."""

@@ -44,16 +44,18 @@ EVAL_PORT_OFFSET = 1000
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
-class RoleRestarts(BaseConfig):
-    """How `rl` restarts its own processes when one dies, without user action (an env server
-    follows its env's `restarts`). A role whose budget is spent ends the run; `--resume` goes on."""
+class RunRestarts(RestartPolicy):
+    """How `rl` restarts each of its own processes when it dies, without user action: an inference
+    replica (on its port, with the newest policy), the trainer (from its newest checkpoint) and the
+    orchestrator (after its newest published batch), each with a budget of its own of this shape
+    (an env server follows its env's `restarts`). A process whose budget is spent ends the run;
+    `--resume` goes on."""
 
-    inference: RestartPolicy = RestartPolicy()
-    """Each inference replica: started again on its port and loaded with the newest policy."""
-    trainer: RestartPolicy = RestartPolicy()
-    """The trainer: started again from its newest checkpoint, retraining the batches after it."""
-    orchestrator: RestartPolicy = RestartPolicy()
-    """The orchestrator: started again as `--resume` does, after its newest published batch."""
+    removed_keys: ClassVar[dict[str, str]] = {
+        role: "one policy for every process rl starts, each with its own budget: set restarts.max_restarts, "
+        "window_s, backoff_s, max_backoff_s"
+        for role in ("inference", "trainer", "orchestrator")
+    }
 
 
 class SlurmConfig(BaseConfig):
@@ -105,7 +107,7 @@ class RLConfig(BaseConfig):
     clean: bool = False
     """Start over: delete the earlier run in `output_dir` (only what rl wrote there; a directory rl
     did not create is refused)."""
-    restarts: RoleRestarts = RoleRestarts()
+    restarts: RunRestarts = RunRestarts()
     shutdown_grace_s: float = Field(15.0, gt=0)
     """Seconds each process gets to exit after SIGTERM before it is killed."""
     log: LogConfig = LogConfig()

@@ -5,7 +5,7 @@ Guarantee: every process this command starts is stopped before it returns, whate
 (a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
 itself is SIGKILLed), torchrun's trainer ranks included (`launcher/torchrun.py`). A process that
 dies is restarted within its budget (an env server on its address, per its env's `restarts`;
-inference, trainer and orchestrator per `restarts.<role>`, as `launcher/recovery.py` says), and
+inference, trainer and orchestrator per `restarts`, each with its own budget, as `launcher/recovery.py` says), and
 what each death cost goes to `summary.json`; a death past its budget ends the run, which
 `--resume` continues. Exit code: 0 when trainer and
 orchestrator finished, 1 when a process failed (it is named, with the tail of its log), 2 for a
@@ -32,7 +32,7 @@ from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.data import layout
 from envrl.launcher import preflight, recovery, run_dir, summary
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
-from envrl.launcher.config import ResolvedRun, RLConfig, RoleRestarts, resolve_run
+from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
 from envrl.launcher.log_rotation import LogRotator
 from envrl.launcher.placement import Placement, place, visible_gpus
@@ -40,7 +40,7 @@ from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.slurm import write_sbatch
 from envrl.launcher.supervisor import Respawn, Supervisor
 from envrl.runtime.net import port_is_free
-from envrl.runtime.process import Child, ChildFailed, spawn
+from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn
 from envrl.serve.launch import start as start_env_server
 from envrl.telemetry.console import RunConsole
 from envrl.telemetry.log import setup_logging
@@ -256,7 +256,7 @@ def _busy_ports(run: ResolvedRun) -> str:
 
 
 def _start(
-    run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: CpuPlan | None, restarts: RoleRestarts
+    run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: CpuPlan | None, restarts: RestartPolicy
 ) -> None:
     """Start every process, each with its way back when it dies (`launcher/recovery.py`)."""
     if cpus is not None:
@@ -271,16 +271,16 @@ def _start(
     inference = {}
     for command in plan.inference:
         url, model = configs[command.name].base_url, run.orchestrator.model.name
-        respawn = recovery.replica_respawn(command, spawn_inference, restarts.inference, url, model, out)
+        respawn = recovery.replica_respawn(command, spawn_inference, restarts, url, model, out)
         inference[command.name] = supervisor.add(spawn_inference(command), respawn)
     for server, command in zip(run.env_servers, plan.env_servers, strict=True):
         start_server = partial(
             start_env_server, server, log_file=command.log_file, argv=command.argv, environ=command.environ()
         )
         supervisor.add(_server_child(start_server), Respawn(partial(_server_child, start_server), server.restarts))
-    trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts.trainer, out)
+    trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts, out)
     supervisor.add(spawn_trainer(plan.trainer), trainer)
-    orchestrator = recovery.orchestrator_respawn(plan.orchestrator, _spawn, restarts.orchestrator, out)
+    orchestrator = recovery.orchestrator_respawn(plan.orchestrator, _spawn, restarts, out)
     supervisor.add(_spawn(plan.orchestrator), orchestrator)
     logger.info(f"trainer and orchestrator started; logs in {plan.trainer.log_file.parent}")
     # Trainer and orchestrator import and load while vLLM starts; the orchestrator waits for it.

@@ -6,6 +6,7 @@ ratios on all train envs or on none, and a batch that holds whole groups.
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -237,8 +238,11 @@ def complete_eval_envs(data: Any) -> Any:
         own = {key: value for key, value in table.items() if key != "train_env"}
         source = train.get(table["train_env"])
         if source is None:
+            names = sorted(map(str, train))
+            close = difflib.get_close_matches(str(table["train_env"]), names, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(
-                f"eval.env[{i}].train_env {table['train_env']!r} is not a train env; train envs: {sorted(map(str, train))}"
+                f"eval.env[{i}].train_env {table['train_env']!r} is not a train env; {hint}train envs: {names}"
             )
         inherited = {key: value for key, value in source.items() if key not in ("ratio", "name")}
         completed.append({"name": table["train_env"], **inherited, **own})

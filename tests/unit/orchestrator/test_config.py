@@ -132,10 +132,8 @@ def test_an_eval_env_may_take_a_train_envs_keys_and_set_only_what_differs() -> N
 
 
 def test_an_eval_env_naming_no_train_env_is_an_error_listing_them() -> None:
-    with pytest.raises(
-        ConfigError, match=r"eval.env\[0\].train_env 'lernable' is not a train env; train envs: \['a'\]"
-    ):
-        resolve(envs=[{"id": "a"}], eval={"env": [{"train_env": "lernable"}]})
+    with pytest.raises(ConfigError, match=r"train_env 'lernable' is not a train env; did you mean 'learnable'\? train"):
+        resolve(envs=[{"id": "a"}, {"id": "learnable"}], eval={"env": [{"train_env": "lernable"}]})
 
 
 def test_an_eval_env_has_no_ratio_and_no_schedule_of_its_own() -> None:
