@@ -37,11 +37,11 @@ GROUP = 4
 
 async def measure(address: str, groups: int, in_flight: int) -> tuple[float, float]:
     """(median ms per rollout one group at a time, ms per rollout with `in_flight` groups at once)."""
-    async with EnvClient(address) as client:
+    async with EnvClient(address, model=CLIENT) as client:
 
         async def group(i: int) -> float:
             start = time.perf_counter()
-            traces = await client.run_group(i % 64, GROUP, client=CLIENT, sampling=SAMPLING)
+            traces = await client.run(i % 64, n=GROUP, sampling=SAMPLING)
             assert all(t.error is None for t in traces), [t.error for t in traces]
             return (time.perf_counter() - start) * 1000 / GROUP
 

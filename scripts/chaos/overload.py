@@ -89,14 +89,14 @@ def silent_client(address: str, stop: threading.Event, sent: list[int]) -> None:
 async def reading_clients(address: str, offered: int, seconds: float, counts: Counter[str]) -> None:
     """`offered` loops, each one rollout call after another, for `seconds`."""
     deadline = time.monotonic() + seconds
-    async with EnvClient(address, timeout=30.0) as client:
+    async with EnvClient(address, model=SCRIPTED, timeout=30.0) as client:
         await client.wait_until_ready(60)
 
         async def loop(i: int) -> None:
             while time.monotonic() < deadline:
                 counts["sent"] += 1
                 try:
-                    await client.run_rollout(i % 4, client=SCRIPTED, sampling=SAMPLING)
+                    await client.run(i % 4, sampling=SAMPLING)
                     counts["answered"] += 1
                 except EnvServerError as e:
                     counts["at_capacity" if e.type == "at_capacity" else f"error:{e.type}"] += 1

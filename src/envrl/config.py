@@ -49,6 +49,9 @@ class BaseConfig(BaseModel):
     renamed_keys: ClassVar[dict[str, str]] = {}
     """Former keys of this model and the key (dotted, relative to the model) that replaced each:
     an old key given in a config is refused with a did-you-mean naming its new key."""
+    removed_keys: ClassVar[dict[str, str]] = {}
+    """Former keys of this model that have no successor, and what took their place: an old key
+    given in a config is refused with that explanation."""
 
 
 class ConfigError(Exception):
@@ -275,6 +278,9 @@ def _describe(error: dict[str, Any], model: type[BaseModel], layers: _Layers) ->
     if kind == "extra_forbidden":
         parents = _models_at(model, loc[:-1], layers.data)
         valid = sorted({name for m in parents for name in m.model_fields})
+        removed = [why for m in parents if (why := getattr(m, "removed_keys", {}).get(str(loc[-1])))]
+        if removed:
+            return f"unknown config key '{key}'{where}; it was removed: {removed[0]}"
         renamed = [new for m in parents if (new := getattr(m, "renamed_keys", {}).get(str(loc[-1])))]
         close = renamed or _nested_home(parents, str(loc[-1]))
         close = close or difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)

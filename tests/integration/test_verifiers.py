@@ -105,9 +105,9 @@ def test_a_cancelled_verifiers_rollout_stops_its_harness_program(digits_server: 
     hanging = {**SCRIPTED, "delay_s": 600.0}  # the model call never answers in the test's time
 
     async def main() -> None:
-        async with EnvClient(digits_server.address, timeout=TIMEOUT) as env:
+        async with EnvClient(digits_server.address, model=hanging, timeout=TIMEOUT) as env:
             sampling = {"max_tokens": 8}
-            pending = asyncio.ensure_future(env.run_rollout(0, client=hanging, sampling=sampling, request_id="hang"))
+            pending = asyncio.ensure_future(env.run(0, sampling=sampling, request_id="hang"))
             started = lambda: len(warm_processes(digits_server)[1]) == 1  # noqa: E731
             await asyncio.to_thread(wait_until, started, 120, "the harness program started")
             (server,), (program,) = warm_processes(digits_server)
@@ -126,8 +126,8 @@ def test_a_killed_worker_takes_its_warm_harness_server_and_runs_with_it(tmp_path
     with verifiers_env_server(tmp_path, {"taskset": {"num_tasks": 1}, "agent": NULL_HARNESS}, *ACCESS) as server:
 
         async def main() -> None:
-            async with EnvClient(server.address, timeout=TIMEOUT) as env:
-                pending = asyncio.ensure_future(env.run_rollout(0, client=hanging, sampling={"max_tokens": 8}))
+            async with EnvClient(server.address, model=hanging, timeout=TIMEOUT) as env:
+                pending = asyncio.ensure_future(env.run(0, sampling={"max_tokens": 8}))
                 started = lambda: len(warm_processes(server)[1]) == 1  # noqa: E731
                 await asyncio.to_thread(wait_until, started, 120, "the harness program started")
                 (warm,), (program,) = warm_processes(server)

@@ -40,11 +40,11 @@ def test_sandboxed_harness_programs_reach_the_model_with_exact_tokens_and_leave_
     with verifiers_env_server(tmp_path, args, *ACCESS) as server:
 
         async def main() -> list[Trace]:
-            async with EnvClient(server.address, timeout=TIMEOUT) as env:
+            async with EnvClient(server.address, model=client, timeout=TIMEOUT) as env:
                 sampling = {"max_tokens": 8}
-                first = await env.run_group(0, 2, client=client, sampling=sampling, seed=5)  # type: ignore[arg-type]
+                first = await env.run(0, n=2, sampling=sampling, seed=5)
                 await asyncio.sleep(5)  # sandboxes are started ahead, their warm servers import the program
-                return first + await env.run_group(1, 2, client=client, sampling=sampling, seed=5)  # type: ignore[arg-type]
+                return first + await env.run(1, n=2, sampling=sampling, seed=5)
 
         done = threading.Event()
 

@@ -1,7 +1,8 @@
 """Training samples: what the orchestrator hands the trainer, one per Trace branch.
 
 Guarantee: every sample's per-token lists have the same length, the loss mask is 0/1, and
-inference logprobs are 0 wherever the mask is 0, so the trainer never has to guess alignment.
+inference logprobs are 0 and policy steps -1 wherever the mask is 0, so the trainer never has
+to guess alignment.
 A batch directory written by `write_batch` is complete when visible and reads back to equal
 samples through `read_batch`, or fails with a `BatchError` naming the file.
 """
@@ -34,7 +35,11 @@ class TrainingSample(BaseModel):
     env: str
     task_idx: int
     policy_step: int
-    """The trainer step whose weights generated this sample (for off-policy bookkeeping)."""
+    """The policy the off-policy bound counts this sample as: the oldest of its tokens' steps
+    (with partial rollouts), else the one serving when its rollout was dispatched."""
+    policy_steps: list[int] = []
+    """Per token, the policy step whose weights sampled it; -1 where `loss_mask` is 0. Left
+    empty, every trained token gets `policy_step`."""
     temperature: float = 1.0
     """Sampling temperature of the generated tokens: the trainer divides its logits by it, so both
     sides of the importance ratio are the distribution that sampled."""
@@ -46,15 +51,19 @@ class TrainingSample(BaseModel):
     @model_validator(mode="after")
     def _aligned(self) -> TrainingSample:
         n = len(self.input_ids)
-        if len(self.loss_mask) != n or len(self.inference_logprobs) != n:
+        if not self.policy_steps and n:
+            self.policy_steps = [self.policy_step if m else -1 for m in self.loss_mask]
+        if len(self.loss_mask) != n or len(self.inference_logprobs) != n or len(self.policy_steps) != n:
             raise ValueError(
-                f"input_ids ({n}), loss_mask ({len(self.loss_mask)}) and inference_logprobs "
-                f"({len(self.inference_logprobs)}) must have the same length"
+                f"input_ids ({n}), loss_mask ({len(self.loss_mask)}), inference_logprobs "
+                f"({len(self.inference_logprobs)}) and policy_steps ({len(self.policy_steps)}) must have the same length"
             )
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError("loss_mask must hold only 0 and 1")
         if any(lp != 0.0 for lp, m in zip(self.inference_logprobs, self.loss_mask, strict=True) if m == 0):
             raise ValueError("inference_logprobs must be 0 where loss_mask is 0")
+        if any((p != -1) if m == 0 else (p < 0) for p, m in zip(self.policy_steps, self.loss_mask, strict=True)):
+            raise ValueError("policy_steps must be -1 where loss_mask is 0 and a step (>= 0) where it is 1")
         if not (self.temperature > 0 and 0 < self.top_p <= 1 and self.top_k >= 0):
             raise ValueError(
                 f"sampling of sample must have temperature > 0, 0 < top_p <= 1, top_k >= 0; "
@@ -67,13 +76,15 @@ class TrainingSample(BaseModel):
 # Batch files: the orchestrator -> trainer hand-off (format documented in docs/trainer.md)
 
 BATCH_FORMAT = "envrl-batch"
-BATCH_VERSION = 2
+BATCH_VERSION = 3
 BATCH_FILE = "batch.msgpack"
-_TOKEN_COLUMNS = {"input_ids": "i", "loss_mask": "B", "inference_logprobs": "d"}
+_TOKEN_COLUMNS = {"input_ids": "i", "loss_mask": "B", "inference_logprobs": "d", "policy_steps": "i"}
 """Per-token columns: packed little-endian arrays, all samples concatenated, cut by `lengths`."""
 _SAMPLE_COLUMNS = tuple(name for name in TrainingSample.model_fields if name not in _TOKEN_COLUMNS)
 """Per-sample columns, one msgpack list each: every other field of `TrainingSample`, so a field
 added later is written, read and checksummed without an edit here."""
+BATCH_COLUMNS = (*_TOKEN_COLUMNS, "lengths", *_SAMPLE_COLUMNS)
+"""Every column of a batch file, in the order they are written."""
 
 
 class BatchError(ValueError):

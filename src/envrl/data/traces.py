@@ -46,6 +46,10 @@ class TurnTokens(StrictModel):
     completion_ids: list[int]
     completion_logprobs: list[float]
     """Logprob of each sampled completion token under the inference policy."""
+    completion_policy_steps: list[int | None] | None = None
+    """The policy step whose weights sampled each completion token (None for a token of weights
+    without a step, such as the run's initial model); None when the server does not say. A call
+    that a weight reload interrupted (partial rollouts) holds two steps or more."""
 
     @model_validator(mode="after")
     def _logprobs_match_completion(self) -> TurnTokens:
@@ -53,6 +57,12 @@ class TurnTokens(StrictModel):
             raise ValueError(
                 f"{len(self.completion_ids)} completion ids but {len(self.completion_logprobs)} logprobs; "
                 "logprobs must be given for every sampled token, never padded or truncated"
+            )
+        steps = self.completion_policy_steps
+        if steps is not None and len(steps) != len(self.completion_ids):
+            raise ValueError(
+                f"{len(self.completion_ids)} completion ids but {len(steps)} policy steps; "
+                "a policy step must be given for every sampled token, or none"
             )
         return self
 

@@ -1,8 +1,8 @@
 """`RLConfig`: one file for a whole run, resolved ONCE into each process's own complete config.
 
 Guarantee: `resolve_run` is the only place where values flow between sections: shared keys
-(model, output_dir, max_steps, max_async_level, seed) are copied from the top level into every
-section, env servers get their fixed ports and log files, and every process gets the addresses
+(model, output_dir, max_steps, max_async_level, seed, wandb, log) are copied from the top level
+into every section, env servers get their fixed ports and log files, and every process gets the addresses
 of the others. (Log files are not in the configs: the launcher sends each process's output to
 `<output_dir>/logs/`.) A shared key set inside a section is an error, so nobody has to
 guess which of two values wins; so are two processes of the run on one TCP port.
@@ -31,14 +31,15 @@ from envrl.telemetry.log import LogConfig
 from envrl.telemetry.metrics import WandbConfig
 from envrl.trainer.config import TrainerConfig
 
-SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb")
+SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb", "log")
 SET_BY_RL = {
     "trainer.resume": "--resume",
     "orchestrator.resume": "--resume",
     "orchestrator.inference.base_url": "inference.port and inference.replicas",
     "orchestrator.inference.reload_token_env": "inference.reload.token_env",
+    "log.file": "output_dir (every process logs to <output_dir>/logs/<process>.log)",
 }
-"""Keys of a process's config that `rl` sets from its own keys (beyond the shared ones)."""
+"""Keys that `rl` sets from its own keys (beyond the shared ones), in a process's section or its own."""
 EVAL_PORT_OFFSET = 1000
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -108,6 +109,7 @@ class RLConfig(BaseConfig):
     shutdown_grace_s: float = Field(15.0, gt=0)
     """Seconds each process gets to exit after SIGTERM before it is killed."""
     log: LogConfig = LogConfig()
+    """Every process's log level (each one's output goes to `<output_dir>/logs/`)."""
     log_rotation: LogRotationConfig = LogRotationConfig()
     """Every process's log under `logs/` is rotated past `max_mb`, `keep` older copies kept."""
     cpus: CpusConfig = CpusConfig()

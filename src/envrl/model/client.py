@@ -2,7 +2,8 @@
 
 Guarantee: every client answers `generate(messages, sampling, tools=..., previous=...)` with the
 assistant message, and the train and scripted-with-tokenizer clients also with the exact prompt
-and completion token ids and the sampled tokens' logprobs (validated to be the same length).
+and completion token ids and the sampled tokens' logprobs (validated to be the same length);
+the train client also with the policy step that sampled each token, as the server labels them.
 A `ClientConfig` is plain data, so it can cross the env-server wire; the train client keeps the
 branch's tokens (see `chat_tokens`), never re-tokenising earlier turns.
 """
@@ -198,7 +199,12 @@ class TrainClient(ModelClient):
         if previous is not None and previous.tokens is not None:
             continues = [*previous.tokens.prompt_ids, *previous.tokens.completion_ids]
         out = await self.inference.generate(prompt_ids, sampling.to_request(), continues=continues)
-        tokens = TurnTokens(prompt_ids=prompt_ids, completion_ids=out.completion_ids, completion_logprobs=out.logprobs)
+        tokens = TurnTokens(
+            prompt_ids=prompt_ids,
+            completion_ids=out.completion_ids,
+            completion_logprobs=out.logprobs,
+            completion_policy_steps=out.policy_steps,
+        )
         message = self.renderer.assistant_message(out.completion_ids, tools)
         finish = "tool_calls" if message.get("tool_calls") and out.finish_reason == "stop" else out.finish_reason
         return ModelResponse(message=message, tokens=tokens, finish_reason=finish)

@@ -29,6 +29,26 @@ class TokenCompletion(BaseModel):
     """Logprob of each sampled token under the serving policy; same length as `completion_ids`."""
     finish_reason: str
     """As vLLM reports it: "stop", "length", ..."""
+    policy_steps: list[int | None] | None = None
+    """The policy step whose weights sampled each token (None: weights loaded without a step);
+    None when the server labels no token. Two steps when a reload came mid-generation."""
+
+
+def token_policy_steps(spans: Any, num_tokens: int) -> list[int | None] | None:
+    """Per token, the policy step of vLLM's `weight_versions` spans (`{"version", "start", "end"}`
+    over output-token indexes; a version that is not a step number, such as reload.UNLABELLED,
+    is None); None without spans. InferenceError unless the spans cover the tokens exactly."""
+    if not spans:
+        return None
+    steps: list[int | None] = []
+    for span in spans:
+        version = str(span["version"])
+        if span["start"] != len(steps) or span["end"] < span["start"]:
+            raise InferenceError(f"weight_versions spans {spans} do not tile {num_tokens} tokens")
+        steps += [int(version) if version.isdigit() else None] * (span["end"] - span["start"])
+    if len(steps) != num_tokens:
+        raise InferenceError(f"weight_versions spans {spans} cover {len(steps)} tokens, not {num_tokens}")
+    return steps
 
 
 class InferenceError(RuntimeError):
@@ -117,6 +137,7 @@ class InferenceClient:
             completion_ids = choice["token_ids"]
             logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
             finish_reason = choice["finish_reason"]
+            spans = choice.get("weight_versions")
         except (KeyError, IndexError, TypeError) as e:
             raise InferenceError(
                 f"POST {url}: unexpected response shape ({type(e).__name__}: {e}): {str(body)[:500]}"
@@ -127,7 +148,10 @@ class InferenceClient:
                 f"{len(logprobs)} logprobs; the server must return one logprob per token"
             )
         return TokenCompletion(
-            completion_ids=completion_ids, logprobs=logprobs, finish_reason=finish_reason or "unknown"
+            completion_ids=completion_ids,
+            logprobs=logprobs,
+            finish_reason=finish_reason or "unknown",
+            policy_steps=token_policy_steps(spans, len(completion_ids)),
         )
 
     async def wait_until_ready(self, timeout: float) -> None:
@@ -165,6 +189,7 @@ class InferenceClient:
         step: int | None = None,
         timeout_s: float | None = None,
         replica: tuple[int, int] = (0, 1),
+        in_flight: str = "wait",
     ) -> dict[str, Any]:
         """Make the server load the HF safetensors in `path` (policy `step`); returns once they serve.
 
@@ -173,9 +198,10 @@ class InferenceClient:
         (status 400) with the server's explanation; the server keeps serving its previous weights
         then. `timeout_s` shortens the server's own deadline for this reload. `replica`: this
         server's index among how many load `path` at once (a policy sent in memory needs it).
+        `in_flight`: what happens to generations running meanwhile (reload.IN_FLIGHT_PAUSE).
         """
         url = f"{self.base_url}/update_weights"
-        payload: dict[str, Any] = {"path": str(Path(path).resolve()), "step": step}
+        payload: dict[str, Any] = {"path": str(Path(path).resolve()), "step": step, "in_flight": in_flight}
         payload["replica"], payload["replicas"] = replica
         if timeout_s is not None:
             payload["timeout_s"] = timeout_s

@@ -86,10 +86,14 @@ class InferenceReplicas:
         model: str,
         retry: RetryPolicy | None = None,
         reload_token: str | None = None,
+        reload_in_flight: str = "wait",
     ) -> None:
         if not base_urls:
             raise ValueError("inference replicas: give at least one base_url")
         self.clients = [InferenceClient(url, model, retry=retry, reload_token=reload_token) for url in base_urls]
+        self.reload_in_flight = reload_in_flight
+        """What a reload does with the generations in flight on each replica (reload.IN_FLIGHT_PAUSE):
+        "recompute" for partial rollouts, else "wait"."""
         self.wait_when_all_down = retry is None or retry.max_retries > 0
         """Whether a call waits for a replica while none answers (a caller allowing no retry fails fast)."""
         self.in_flight = [0] * len(self.clients)
@@ -158,7 +162,7 @@ class InferenceReplicas:
         """Reload every replica at once; return when all serve the weights in `path`."""
         results = await asyncio.gather(
             *(
-                client.update_weights(path, step=step, replica=(i, len(self.clients)))
+                client.update_weights(path, step=step, replica=(i, len(self.clients)), in_flight=self.reload_in_flight)
                 for i, client in enumerate(self.clients)
             ),
             return_exceptions=True,

@@ -95,6 +95,7 @@ class EnvHandle(Generic[C]):
         timeout = self.config.timeout.rollout_s
         self._client = EnvClient(
             address,
+            model=self.client_config,
             timeout=None if timeout is None else timeout + self.config.timeout.kill_grace_s + CLIENT_SLACK,
             curve=self.config.curve,
         )
@@ -126,33 +127,25 @@ class EnvHandle(Generic[C]):
             atexit.unregister(child.stop)
 
     async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
-        """`n` rollouts of one task: one group call for group-scored envs, else `n` rollout calls.
+        """`n` rollouts of one task: one call of n for group-scored envs, else `n` calls of one
+        (spread over the server's workers, each retried on its own).
 
         Rollout i samples with seed `seed + i`; retries (and `attempt` > 0: callers re-running
         rollouts that failed before) sample with salted seeds (`attempt_seed`).
         """
         if self.group_scoring:
             return await self._with_retries(
-                task_idx, n, attempt, lambda a: self._call_group(task_idx, n, attempt_seed(seed, a))
+                task_idx, n, attempt, lambda a: self._call(task_idx, n, attempt_seed(seed, a))
             )
         singles = [
-            self._with_retries(task_idx, 1, attempt, lambda a, i=i: self._call_one(task_idx, attempt_seed(seed + i, a)))
+            self._with_retries(task_idx, 1, attempt, lambda a, i=i: self._call(task_idx, 1, attempt_seed(seed + i, a)))
             for i in range(n)
         ]
         return [trace for traces in await asyncio.gather(*singles) for trace in traces]
 
-    async def _call_group(self, task_idx: int, n: int, seed: int) -> list[Trace]:
+    async def _call(self, task_idx: int, n: int, seed: int) -> list[Trace]:
         assert self._client is not None
-        return await self._client.run_group(
-            task_idx, n, client=self.client_config, sampling=self.sampling, split=self.split, seed=seed
-        )
-
-    async def _call_one(self, task_idx: int, seed: int) -> list[Trace]:
-        assert self._client is not None
-        trace = await self._client.run_rollout(
-            task_idx, client=self.client_config, sampling=self.sampling, split=self.split, seed=seed
-        )
-        return [trace]
+        return await self._client.run(task_idx, n=n, sampling=self.sampling, split=self.split, seed=seed)
 
     async def _with_retries(
         self, task_idx: int, n: int, first_attempt: int, call: Callable[[int], Awaitable[list[Trace]]]

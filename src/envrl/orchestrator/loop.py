@@ -43,7 +43,7 @@ from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import disk_use, prune_batches
 from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
-from envrl.orchestrator.stats import rollout_metrics, seq_len_note, why_unscored
+from envrl.orchestrator.stats import rollout_metrics, seq_len_note, token_metrics, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.runtime.atomic import fsync_file, write_failure
 from envrl.telemetry.ledger import Ledger
@@ -108,6 +108,7 @@ class Orchestrator:
             model=config.model.name,
             retry=config.inference.retry,
             reload_token=os.environ.get(config.inference.reload_token_env),
+            reload_in_flight="recompute" if config.partial_rollouts else "wait",
         )
         self.metrics = MetricsSink(
             metrics_file(self.output_dir),
@@ -146,6 +147,7 @@ class Orchestrator:
             dispatched=resumed.dispatched if resumed else 0,
             requeued=resumed.pending if resumed else (),
             ledger=self.ledger,
+            partial_rollouts=config.partial_rollouts,
         )
         self.evals = BackgroundEvals()
         self.seq_counts: dict[str, SeqLenCounts] = {}
@@ -246,9 +248,10 @@ class Orchestrator:
         started = time.monotonic()
         with self.ledger.span("step", step):
             await self.policy.ensure(step)
-            for group in self.scheduler.drop_stale(step):
+            stale = self.scheduler.drop_stale(step)
+            for group in stale:
                 self._append_rollouts(
-                    train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces
+                    train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.traces
                 )
             if self.config.eval.due(step):
                 for env in self.eval_envs:
@@ -259,7 +262,7 @@ class Orchestrator:
                 with self.ledger.span("samples", step):
                     samples = self._to_samples(step, groups)
                 with self.ledger.span("metrics", step):
-                    self._report(step, groups, samples, time.monotonic() - started)
+                    self._report(step, groups, stale, samples, time.monotonic() - started)
                 with self.ledger.span("publish_batch", step):
                     self._publish(step, samples)
             if self.config.batch_retention == "checkpoints":
@@ -274,7 +277,7 @@ class Orchestrator:
         batch_std = batch_reward_std(rewards)
         for group, good, group_rewards in zip(groups, scored, rewards, strict=True):
             self._append_rollouts(
-                train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces
+                train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.traces
             )
             self.counters["error_rollouts"] += sum(t.has_error for t in group.traces)
             self.counters["unscored_rollouts"] += sum(not t.has_error and t.reward is None for t in group.traces)
@@ -289,7 +292,7 @@ class Orchestrator:
                     trace,
                     advantage=advantage,
                     env=group.env.name,
-                    policy_step=group.policy_step,
+                    policy_step=group.counted_step,
                     sampling=group.env.sampling,
                     backfill=self._backfill_turn,
                 )
@@ -316,12 +319,14 @@ class Orchestrator:
         except OSError as e:  # a full disk: name the file (a resume drops the cut line)
             raise OSError(e.errno, write_failure(path, e), str(path)) from e
 
-    def _report(self, step: int, groups: list[Group], samples: list[TrainingSample], seconds: float) -> None:
+    def _report(
+        self, step: int, groups: list[Group], stale: list[Group], samples: list[TrainingSample], seconds: float
+    ) -> None:
         metrics: dict[str, Any] = {}
         traces_by_env: dict[str, list[Trace]] = {}
         for group in groups:
             traces_by_env.setdefault(group.env.name, []).extend(group.traces)
-            metrics.setdefault(f"train/{group.env.name}/staleness", []).append(float(step - group.policy_step))
+            metrics.setdefault(f"train/{group.env.name}/staleness", []).append(float(step - group.counted_step))
         total = sum(len(t) for t in traces_by_env.values())
         for name, traces in traces_by_env.items():
             metrics.update(rollout_metrics(f"train/{name}", traces))
@@ -341,6 +346,12 @@ class Orchestrator:
                 "train/error_rate": sum(t.has_error for t in all_traces) / max(total, 1),
                 "train/samples": len(samples),
                 "train/trained_tokens": sum(sum(s.loss_mask) for s in samples),
+                **token_metrics(
+                    step,
+                    [*all_traces, *(t for g in stale for t in g.traces)],
+                    [t for g in stale for t in g.traces],
+                    samples,
+                ),
                 "perf/step_time": seconds,
                 "perf/rollouts_per_s": total / seconds if seconds > 0 else 0.0,
                 "perf/wait_for_trainer": self.policy.waited,

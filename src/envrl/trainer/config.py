@@ -152,10 +152,6 @@ class TrainerConfig(BaseConfig):
     """Recompute each decoder layer's activations in backward to save memory."""
     batch_timeout_s: float = Field(3600.0, gt=0)
     """Fail if `rollouts/step_<n>/` has not appeared this long after the trainer started waiting."""
-    batch_poll_s: float = Field(0.02, gt=0)
-    """How often to look for the next batch directory (one `stat` each time)."""
-    wait_log_interval_s: float = Field(30.0, gt=0)
-    """Log that the trainer is still waiting this often."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (None: full fine-tuning). Each step then
     publishes only the adapter, which the inference server hot-loads onto the base model it
@@ -169,3 +165,7 @@ class TrainerConfig(BaseConfig):
     wandb: WandbConfig = WandbConfig()
 
     renamed_keys: ClassVar[dict[str, str]] = {"max_tokens": "micro_batch_tokens"}
+    removed_keys: ClassVar[dict[str, str]] = {
+        "batch_poll_s": "the trainer polls every 20 ms (envrl.transport.batches.POLL_S)",
+        "wait_log_interval_s": "the trainer logs its wait every 30 s (envrl.transport.batches.WAIT_LOG_S)",
+    }

@@ -91,12 +91,7 @@ class Trainer:
         self.metrics: MetricsSink | None = None
         self.ledger = Ledger(ledger_file(config.output_dir, "trainer") if runtime.is_main else None, "trainer")
         """The main rank's wait / compute / publish / checkpoint spans."""
-        self.batches: BatchReceiver = FileBatchReceiver(
-            config.output_dir,
-            timeout_s=config.batch_timeout_s,
-            poll_s=config.batch_poll_s,
-            log_every_s=config.wait_log_interval_s,
-        )
+        self.batches: BatchReceiver = FileBatchReceiver(config.output_dir, timeout_s=config.batch_timeout_s)
         self.publisher: WeightPublisher = weight_publisher(
             config.weights, config.output_dir, self.tokenizer, runtime, self.base_config, config.ckpt.interval
         )

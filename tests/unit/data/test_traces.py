@@ -107,3 +107,9 @@ def test_timing_measure_records_the_span_even_when_the_block_fails() -> None:
     with pytest.raises(RuntimeError), timing.measure("scoring"):
         raise RuntimeError("boom")
     assert timing.scoring is not None and timing.scoring.duration >= 0
+
+
+def test_policy_steps_must_match_completion_length() -> None:
+    TurnTokens(prompt_ids=[1], completion_ids=[2, 3], completion_logprobs=[-1.0, -1.0], completion_policy_steps=[0, 1])
+    with pytest.raises(ValidationError, match="2 completion ids but 1 policy steps"):
+        TurnTokens(prompt_ids=[1], completion_ids=[2, 3], completion_logprobs=[-1.0, -1.0], completion_policy_steps=[0])

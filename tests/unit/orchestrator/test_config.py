@@ -142,7 +142,7 @@ def test_an_eval_env_has_no_ratio_and_no_schedule_of_its_own() -> None:
     with pytest.raises(ConfigError, match=r"unknown config key 'eval.env\[0\].ratio'"):
         resolve(envs=[{"id": "a"}], eval={"env": [{"id": "b", "ratio": 1.0}]})
     with pytest.raises(
-        ConfigError, match=r"eval.env\[0\].interval: every eval env runs on one schedule; set eval.interval"
+        ConfigError, match=r"'eval.env\[0\].interval'.*removed: one schedule .*orchestrator.eval.interval"
     ):
         resolve(envs=[{"id": "a"}], eval={"env": [{"id": "b", "interval": 5}]})
 

@@ -107,7 +107,7 @@ def test_corrupt_batch_is_reported_with_its_path(tmp_path):
 
 
 def test_missing_batch_times_out_naming_the_directory(tmp_path):
-    trainer = make_trainer(tmp_path, max_steps=1, batch_timeout_s=0.3, batch_poll_s=0.05)
+    trainer = make_trainer(tmp_path, max_steps=1, batch_timeout_s=0.3)
     with pytest.raises(TrainingError, match=r"no batch at .*rollouts/step_0 after"):
         trainer.run()
 

@@ -94,17 +94,12 @@ class VerifiersEnvironment(Environment):
         trace = await self.run_rollout(task, client, sampling)
         return trace.model_copy(update={"reward": None, "metrics": {}})
 
-    async def run_rollout(
-        self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None
-    ) -> Trace:
-        """One episode, scored by verifiers (its own `agent.timeout.scoring` bounds scoring)."""
-        return await self._episode(task, client, sampling)
-
     async def run_group(
         self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int, *, scoring_timeout: float | None = None
     ) -> list[Trace]:
-        """`n` independent episodes (verifiers couples agents within an episode, not across
-        episodes); with a seed, episode i samples with seed + i, like native envs."""
+        """`n` independent episodes, each scored by verifiers (its own `agent.timeout.scoring`
+        bounds scoring; verifiers couples agents within an episode, not across episodes); with a
+        seed, episode i samples with seed + i, like native envs."""
         seeds = [None if sampling.seed is None else sampling.seed + i for i in range(n)]
         seeded = [sampling.model_copy(update={"seed": seed}) for seed in seeds]
         return list(await asyncio.gather(*(self._episode(task, client, args) for args in seeded)))
