@@ -37,9 +37,13 @@ SCRIPTED = {"type": "scripted", "replies": REPLIES, "tokenizer": TOKENIZER}
 
 
 @pytest.fixture(scope="module")
-def digits_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def digits_server(tmp_path_factory: pytest.TempPathFactory, vllm_server: Any) -> Iterator[RunningServer]:
+    """The module's server: scripted clients (the tiny model's tokenizer, a dead model URL) and
+    the session's vLLM may both reach it, so no test pays for a second import of verifiers."""
     args = {"taskset": {"num_tasks": 4}, "eval_taskset": {"num_tasks": 2, "seed": 1}, "agent": NULL_HARNESS}
-    with verifiers_env_server(tmp_path_factory.mktemp("verifiers"), args, *ACCESS) as server:
+    tokenizers = sorted({TOKENIZER, vllm_server.model})
+    access = json.dumps({"tokenizers": tokenizers, "base_urls": [DEAD, vllm_server.base_url]})
+    with verifiers_env_server(tmp_path_factory.mktemp("verifiers"), args, "--model-access", access) as server:
         yield server
 
 
@@ -158,16 +162,13 @@ def test_a_verifiers_env_raising_in_its_rollout_gives_error_traces_and_keeps_ser
 
 
 def test_verifiers_turns_against_vllm_carry_the_policys_exact_tokens_and_logprobs(
-    vllm_server: Any, tmp_path: Path
+    vllm_server: Any, digits_server: RunningServer
 ) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     client = {"type": "train", "base_url": vllm_server.base_url, "model": vllm_server.model}
-    access = {"tokenizers": [vllm_server.model], "base_urls": [vllm_server.base_url]}
-    args = {"taskset": {"num_tasks": 4}, "agent": NULL_HARNESS}
-    with verifiers_env_server(tmp_path, args, "--model-access", json.dumps(access)) as server:
-        traces = run_group(server.address, 2, client)
+    traces = run_group(digits_server.address, 2, client)
     renderer = chat_renderer(vllm_server.model)
     model = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32).eval()
     for trace in traces:
