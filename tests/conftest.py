@@ -14,7 +14,7 @@ import pytest
 from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
-from envrl.log import LogConfig
+from envrl.telemetry.log import LogConfig
 from scripts.tiny_model import DEFAULT_DIR
 from tests.support.ports import free_port
 from tests.support.vllm_server import VLLM_START_TIMEOUT, VLLMServer

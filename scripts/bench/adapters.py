@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from envrl.process import spawn_sidecar
+from envrl.runtime.process import spawn_sidecar
 from envrl.serve.client import EnvClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,11 +37,11 @@ GROUP = 4
 
 async def measure(address: str, groups: int, in_flight: int) -> tuple[float, float]:
     """(median ms per rollout one group at a time, ms per rollout with `in_flight` groups at once)."""
-    async with EnvClient(address) as client:
+    async with EnvClient(address, model=CLIENT) as client:
 
         async def group(i: int) -> float:
             start = time.perf_counter()
-            traces = await client.run_group(i % 64, GROUP, client=CLIENT, sampling=SAMPLING)
+            traces = await client.run(i % 64, n=GROUP, sampling=SAMPLING)
             assert all(t.error is None for t in traces), [t.error for t in traces]
             return (time.perf_counter() - start) * 1000 / GROUP
 
@@ -68,7 +68,7 @@ def main() -> None:
     results = {}
     for env_id, python in ENVS.items():
         argv = [str(python), "-m", "envrl.serve.main", "--env.id", env_id, "--address", "tcp://127.0.0.1:0",
-                "--pool", '{"type": "static", "num_workers": 1}', "--timeout.scoring", "null",
+                "--pool", '{"type": "static", "num_workers": 1}', "--timeout.scoring_s", "null",
                 "--env.args", json.dumps(ARGS.get(env_id, {}))]  # fmt: skip
         child, address = spawn_sidecar(argv, name=f"env server {env_id}", ready_timeout=300)
         try:

@@ -38,8 +38,8 @@ from statistics import fmean, median
 
 import httpx
 
-from envrl.ledger import read_ledger
 from envrl.report.timeline import step_splits
+from envrl.telemetry.ledger import read_ledger
 from scripts.bench.floor import run_floor
 from tests.support.ports import free_port
 from tests.support.run_files import metric_lines
@@ -151,7 +151,7 @@ def run_envrl(
         "--orchestrator.batch-size", str(prompts * group), "--orchestrator.group-size", str(group),
         "--orchestrator.max-inflight", str(2 * prompts * group),
         "--orchestrator.sampling.max-tokens", str(max_tokens), "--wandb.mode", "disabled", "--clean",
-        "--orchestrator.eval-envs", "[]",  # the floor evaluates nothing; evals every 10 steps would skew steady steps
+        "--orchestrator.eval.env", "[]",  # the floor evaluates nothing; evals every 10 steps would skew steady steps
         "--cpus.pin", json.dumps(pin),
     ]  # fmt: skip
     port = free_port()

@@ -30,8 +30,8 @@ TASK_BYTES = 1000
 
 
 def load_environment(num_tasks: int = 64) -> Any:
+    from envrl.data.traces import Task, Trace, WireTask
     from envrl.envs import Environment
-    from envrl.traces import Task, Trace, WireTask
 
     class PayloadTask(Task):
         payload: str
@@ -44,10 +44,10 @@ def load_environment(num_tasks: int = 64) -> Any:
             super().__init__(tasks=tasks)
             self.wire = [WireTask.model_validate(t.model_dump()) for t in tasks]
 
-        async def run_rollout(
-            self, task: Task, client: Any, sampling: Any, *, scoring_timeout: float | None = None
-        ) -> Trace:
-            return Trace(task=self.wire[task.idx], reward=1.0, stop_reason="completed")
+        async def run_group(
+            self, task: Task, client: Any, sampling: Any, n: int, *, scoring_timeout: float | None = None
+        ) -> list[Trace]:
+            return [Trace(task=self.wire[task.idx], reward=1.0, stop_reason="completed")] * n
 
     return ConstantEnv()
 
@@ -99,16 +99,16 @@ class CpuMeter:
 async def measure_env_server(address: str, server_pid: int, in_flight: int, seconds: float) -> dict[str, float]:
     from envrl.serve.client import EnvClient
 
-    client_config, sampling = {"type": "scripted"}, {"max_tokens": 1}
+    sampling = {"max_tokens": 1}
     latencies: list[float] = []
-    async with EnvClient(address, timeout=60) as client:
+    async with EnvClient(address, model={"type": "scripted"}, timeout=60) as client:
         await client.wait_until_ready(60)
         stop_at = 0.0
 
         async def lane(i: int, record: bool) -> None:
             while time.perf_counter() < stop_at:
                 start = time.perf_counter()
-                await client.run_rollout(i % 64, client=client_config, sampling=sampling)
+                await client.run(i % 64, sampling=sampling)
                 if record:
                     latencies.append(time.perf_counter() - start)
 
@@ -206,9 +206,11 @@ def overload(address: str, offered: int) -> tuple[int, int]:
     sock.setsockopt(zmq.RCVTIMEO, 60_000)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
-    params = {"task_idx": 0, "client": {"type": "scripted"}, "sampling": {"max_tokens": 1}}
+    sock.send(msgpack.packb({"id": "bind", "method": "bind", "params": {"client": {"type": "scripted"}}}))
+    model = msgpack.unpackb(sock.recv())["result"]["model"]
+    params = {"task_idx": 0, "model": model, "sampling": {"max_tokens": 1}}
     for i in range(offered):
-        sock.send(msgpack.packb({"id": str(i), "method": "run_rollout", "params": params}))
+        sock.send(msgpack.packb({"id": str(i), "method": "run", "params": params}))
     answers = [msgpack.unpackb(sock.recv()) for _ in range(offered)]
     sock.close()
     return sum(a["ok"] for a in answers), sum(not a["ok"] and a["error"]["type"] == "at_capacity" for a in answers)
@@ -228,7 +230,7 @@ def main() -> None:
 
     import msgpack
 
-    from envrl.process import spawn_sidecar
+    from envrl.runtime.process import spawn_sidecar
     from envrl.serve import protocol as p
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
@@ -244,7 +246,7 @@ def main() -> None:
             "env_server:load_environment",
             "--address",
             "tcp://127.0.0.1:0",
-            "--log-level",
+            "--log.level",
             "WARNING",
             *pool_args,
         ]
@@ -271,18 +273,12 @@ def main() -> None:
 
     # The reference: the same request and response bytes through a bare ROUTER echo.
     trace = load_environment().wire[0]
-    from envrl.traces import Trace
+    from envrl.data.traces import Trace
 
-    reply = {"ok": True, "result": Trace(task=trace, reward=1.0, stop_reason="completed").to_wire()}
+    reply = {"ok": True, "result": {"traces": [Trace(task=trace, reward=1.0, stop_reason="completed").to_wire()]}}
     request = {
-        "method": "run_rollout",
-        "params": {
-            "task_idx": 0,
-            "split": "train",
-            "client": {"type": "scripted"},
-            "sampling": {"max_tokens": 1},
-            "seed": None,
-        },
+        "method": "run",
+        "params": {"task_idx": 0, "split": "train", "n": 1, "model": "0" * 16, "sampling": {"max_tokens": 1}},
     }
     echo = subprocess.Popen(
         [sys.executable, "-c", ECHO_SERVER, msgpack.packb(reply).hex()], stdout=subprocess.PIPE, text=True
@@ -295,7 +291,7 @@ def main() -> None:
         echo.wait()
 
     print(
-        f"\nresponse frame {len(p.ok_response('x', Trace.from_wire(reply['result'])))} bytes; {os.cpu_count()} CPUs; {args.seconds:g} s per figure\n"
+        f"\nresponse frame {len(p.ok_response('x', p.RunResult.model_validate(reply['result'])))} bytes; {os.cpu_count()} CPUs; {args.seconds:g} s per figure\n"
     )
     print(
         f"{'path':38} {'in flight':>9} {'rt/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'rt/s vs echo':>13} {'p99 vs echo':>12}"

@@ -22,8 +22,8 @@ from statistics import fmean, median
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.envs.chat_tokens import chat_renderer
 from envrl.envs.registry import load_environment
+from envrl.model.chat_tokens import chat_renderer
 from scripts.tiny_model import DEFAULT_DIR as TINY_MODEL
 
 

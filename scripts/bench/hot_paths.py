@@ -3,7 +3,7 @@
     uv run --no-sync python -m scripts.bench.hot_paths [--repeats 20000]
 
 Prints one line per cost (docs/measurements.md lists them with the design choice each explains):
-- a rollout request's params validated by `ParamsChecker.rollout` (pydantic-core), per request;
+- a `run` request's params validated by `ParamsChecker.run` (pydantic-core), per request;
 - one message sent and received over an inproc ZMQ PAIR through pyzmq's `send_multipart` /
   `recv_multipart` wrappers against the raw Cython `send`/`recv` envrl calls (serve/zmqio.py);
 - an EVENTS check on a socket, and one `recv` that ends in zmq.Again;
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import zmq
 
-from envrl.layout import published_steps
+from envrl.data.layout import published_steps
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.params import ParamsChecker
 from envrl.serve.zmqio import EVENTS, NOBLOCK, raw_recv, raw_send
@@ -63,10 +63,8 @@ def main() -> None:
     n = parser.parse_args().repeats
 
     checker = ParamsChecker({"train": 100, "eval": 0}, max_group_size=64, model_access=ModelAccessConfig())
-    params = {"task_idx": 3, "split": "train", "client": {"type": "scripted", "replies": ["hi"]}, "sampling": {}}
-    print(
-        f"rollout params validated:          {per_call_us(lambda: checker.rollout('run_rollout', params, 'r'), n):8.2f} us"
-    )
+    params = {"task_idx": 3, "split": "train", "model": "0123456789abcdef", "sampling": {}}
+    print(f"run params validated:              {per_call_us(lambda: checker.run(params, 'r'), n):8.2f} us")
 
     ctx = zmq.Context()
     a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)

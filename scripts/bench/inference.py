@@ -25,10 +25,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from envrl.config import ModelConfig
-from envrl.inference.client import InferenceClient
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
-from envrl.log import LogConfig
+from envrl.model.inference import InferenceClient
+from envrl.telemetry.log import LogConfig
 from scripts.tiny_model import DEFAULT_DIR
 
 

@@ -27,11 +27,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envrl.config import ModelConfig
 from envrl.inference.adapter import lora_serving_options
-from envrl.inference.client import InferenceClient
 from envrl.inference.config import InferenceConfig
 from envrl.inference.cpu_lora import STOCK_ENV
 from envrl.inference.server import start
-from envrl.log import LogConfig
+from envrl.model.inference import InferenceClient
+from envrl.telemetry.log import LogConfig
 from envrl.trainer.lora import export_merged, publish_adapter
 from tests.support.ports import free_port
 

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from envrl.config import BaseConfig, load_config
-from envrl.log import LogConfig, setup_logging
+from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.attention import DOCUMENT_SDPA, PADDING_SLACK
 from envrl.trainer.packing import MicroBatch, pack, packed_logits
 from scripts.tiny_model import DEFAULT_DIR
@@ -46,7 +46,7 @@ class BenchConfig(BaseConfig):
     mixes: list[str] = list(MIXES)
     """Names from MIXES."""
     max_tokens: int = 4096
-    """Micro-batch token budget (the trainer's `max_tokens`)."""
+    """Micro-batch token budget (the trainer's `micro_batch_tokens`)."""
     reps: int = 3
     """Timed forward/backward passes per variant (the best counts), after one warm-up."""
     threads: int = 0

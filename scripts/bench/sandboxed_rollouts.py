@@ -25,8 +25,8 @@ import statistics
 import time
 from typing import Any
 
+from envrl.data.traces import Trace
 from envrl.envs import Environment, SamplingArgs, ScriptedClientConfig, build_client, load_environment
-from envrl.traces import Trace
 
 PLACEMENTS: dict[str, dict[str, dict[str, Any]]] = {
     "agent-digits": {"host": {}, "sandbox": {"sandbox": {}}, "sandbox+warm": {"sandbox": {}, "warm": 8}},

@@ -34,7 +34,7 @@ def cpu_s() -> tuple[float, float]:
 async def one_round(rollouts: int) -> float:
     env = learnable.load_environment()
     client = ScriptedClient(ScriptedClientConfig(replies=["12 13 14 x"]))
-    sampling, timeout = SamplingArgs(max_tokens=32), EnvTimeoutConfig().scoring
+    sampling, timeout = SamplingArgs(max_tokens=32), EnvTimeoutConfig().scoring_s
     start = time.perf_counter()
     traces = await asyncio.gather(
         *(env.run_rollout(env.get_task("train", i), client, sampling, scoring_timeout=timeout) for i in range(rollouts))

@@ -63,9 +63,9 @@ import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from envrl.config import BaseConfig, load_config, resolve_config  # noqa: E402
-from envrl.layout import weights_dir  # noqa: E402
-from envrl.log import LogConfig, setup_logging  # noqa: E402
-from envrl.samples import TrainingSample, read_batch, write_batch  # noqa: E402
+from envrl.data.layout import weights_dir  # noqa: E402
+from envrl.data.samples import TrainingSample, read_batch, write_batch  # noqa: E402
+from envrl.telemetry.log import LogConfig, setup_logging  # noqa: E402
 from envrl.trainer.config import TrainerConfig  # noqa: E402
 from envrl.trainer.loop import Trainer  # noqa: E402
 from envrl.trainer.parallel import Runtime, barrier, init_runtime, shutdown  # noqa: E402
@@ -78,7 +78,7 @@ class BenchConfig(BaseConfig):
     shape: str = "qwen3-0.6b"
     """A `scripts/tiny_model.py` Qwen3 shape, built with random weights: `qwen3-0.6b` or `qwen3-tiny` (CPU)."""
     seq_len: int = 16384
-    """Tokens of one packed row (the trainer's `max_tokens`)."""
+    """Tokens of one packed row (the trainer's `micro_batch_tokens`)."""
     sample_len: int | None = None
     """Tokens per sample; default `seq_len`: one sample fills a row, the costliest attention at that
     length. Shorter samples are packed several to a row."""
@@ -190,7 +190,7 @@ def main() -> None:
         base={
             "model": {"name": str(model)},
             "output_dir": str(run_dir),
-            "max_tokens": bench.seq_len,
+            "micro_batch_tokens": bench.seq_len,
             "activation_checkpointing": bench.activation_checkpointing,
             "attn_implementation": bench.attn_implementation,
             "dtype": bench.dtype,

@@ -64,13 +64,13 @@ def recipe_shapes(recipe: Path) -> dict:
 
 def run_envrl(model: str, steps: int, warmup: int, out: Path) -> dict[str, float]:
     """One `rl` run of the recipe; its median step and the median split of a steady step."""
-    from envrl.ledger import read_ledger
     from envrl.report.timeline import step_splits
+    from envrl.telemetry.ledger import read_ledger
     from tests.support.ports import free_base_port, free_port
 
     argv = [
         sys.executable, "-m", "envrl.launcher.main", "--config", str(RECIPE), "--model.name", model,
-        "--output-dir", str(out), "--max-steps", str(steps), "--orchestrator.eval-envs", "[]",
+        "--output-dir", str(out), "--max-steps", str(steps), "--orchestrator.eval.env", "[]",
         "--inference.port", str(free_port()), "--env-server-base-port", str(free_base_port()),
         "--wandb.mode", "disabled", "--clean",
     ]  # fmt: skip

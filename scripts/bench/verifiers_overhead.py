@@ -19,9 +19,9 @@ import time
 from statistics import fmean, median
 from typing import Any
 
+from envrl.data.traces import Task
 from envrl.envs import Environment, Rubric, ScriptedClientConfig, load_environment
-from envrl.envs.model_client import ModelClient, ModelResponse, SamplingArgs, ScriptedClient
-from envrl.traces import Task
+from envrl.model.client import ModelClient, ModelResponse, SamplingArgs, ScriptedClient
 
 TINY_MODEL = "deps/models/tiny-chat"
 

@@ -42,7 +42,7 @@ from statistics import median
 import torch
 from safetensors.torch import load_file, save_file
 
-from envrl.atomic import atomic_dir
+from envrl.runtime.atomic import atomic_dir
 from scripts.convert_smollm2 import SMOLLM2_CONFIG
 
 TENSOR_BYTES = 64 * 2**20
@@ -110,13 +110,13 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
     from transformers import AutoConfig, AutoTokenizer
 
     from envrl.config import ModelConfig
-    from envrl.http import RetryPolicy
+    from envrl.data.layout import weights_dir
     from envrl.inference.adapter import lora_serving_options
-    from envrl.inference.client import InferenceClient
     from envrl.inference.config import InferenceConfig
     from envrl.inference.server import start
-    from envrl.layout import weights_dir
-    from envrl.log import LogConfig
+    from envrl.model.inference import InferenceClient
+    from envrl.runtime.http import RetryPolicy
+    from envrl.telemetry.log import LogConfig
     from envrl.trainer.config import TrainerConfig
     from envrl.trainer.parallel import build_model, init_runtime
     from envrl.trainer.weights import weight_publisher
@@ -144,7 +144,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
     publisher = weight_publisher(config.weights, run_dir, tokenizer, runtime, base_config, files_every=0)
 
     async def hand_off_all() -> dict[str, list[float]]:
-        client = InferenceClient(server.base_url, server.model.name, RetryPolicy(max_retries=0, timeout=900.0))
+        client = InferenceClient(server.base_url, server.model.name, RetryPolicy(max_retries=0, timeout_s=900.0))
         times: dict[str, list[float]] = {"publish": [], "reload": [], "pause": []}
         try:
             for step in range(1, steps + 1):
@@ -244,8 +244,8 @@ def broadcast_floor(gb: float, repeats: int) -> None:
 def ledger_shares(run_dirs: list[Path]) -> None:
     """For each run dir: the median step's wall time and the shares of it the ledger gives to
     the weight hand-off (`publish` on the trainer, `reload_weights` on the replicas)."""
-    from envrl.ledger import read_ledger
     from envrl.report.timeline import step_splits
+    from envrl.telemetry.ledger import read_ledger
 
     for run_dir in run_dirs:
         splits = step_splits(read_ledger(run_dir))[1:]  # step 0 includes start-up

@@ -19,11 +19,9 @@ from pathlib import Path
 
 import msgpack
 
-from envrl.samples import BATCH_FILE
+from envrl.data.samples import BATCH_COLUMNS, BATCH_FILE
 from tests.support.chaos_runs import RlRun, account, report
 from tests.support.run_files import metric_lines
-
-COLUMNS = ("input_ids", "loss_mask", "inference_logprobs", "lengths", "advantage", "env", "task_idx", "policy_step")
 
 
 def trained_steps(out: Path) -> list[int]:
@@ -43,11 +41,11 @@ def flip_byte_in_column(file: Path, column: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--column", choices=COLUMNS, default=None)
+    parser.add_argument("--column", choices=BATCH_COLUMNS, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    column = args.column or random.Random(args.seed).choice(COLUMNS)
+    column = args.column or random.Random(args.seed).choice(BATCH_COLUMNS)
     out = args.out or Path(tempfile.mkdtemp(prefix="chaos-")) / "corrupt-batch"
     with RlRun(out) as run:
         run.wait_until("5 trained steps", lambda: (out / "metrics.jsonl").exists() and len(trained_steps(out)) >= 5)

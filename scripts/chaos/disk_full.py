@@ -21,8 +21,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from envrl.layout import published_steps
-from envrl.samples import read_batch
+from envrl.data.layout import published_steps
+from envrl.data.samples import read_batch
 from tests.support.chaos_runs import RlRun, account, check_unique_lines, report, resume
 
 

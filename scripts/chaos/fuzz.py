@@ -8,9 +8,9 @@ afterwards still answers `health` and runs a real rollout.
     .venv/bin/python scripts/chaos/fuzz.py [--frames 100000] [--seed 0] [--address tcp://...]
 
 Without --address it starts `env-server --env.id reverse-text` (1 static worker) on a free port
-and stops it afterwards. The frames: well-formed health/info/rollouts/groups/cancels, and the same
+and stops it afterwards. The frames: well-formed health/info/bind/run/cancel requests, and the same
 with wrong types in every params field (lists, maps, NaN/inf, 64-bit extremes, bytes, nesting),
-missing and unknown keys, bad and huge `n`, disallowed model endpoints, garbage bytes, truncated
+missing and unknown keys, bad and huge `n`, unknown model ids, disallowed model endpoints, garbage bytes, truncated
 msgpack, oversized and multi-frame messages. tests/integration/test_env_server_fuzz.py runs a
 CI-sized share of it.
 """
@@ -46,7 +46,7 @@ BAD_CLIENTS: list[Any] = [
     {"type": "scripted", "tokenizer": "/etc"},
     {"type": "scripted", "replies": "not a list"},
     {"type": "nope"},
-    {"type": "scripted", "delay": math.nan},
+    {"type": "scripted", "delay_s": math.nan},
 ]
 BAD_N: list[Any] = [0, -1, 2**63 - 1, 2**64 - 1, 10**6, 1.0, "3", None, [2], math.nan]
 
@@ -103,9 +103,11 @@ def owed_id(frames: list[bytes], max_frame_bytes: int) -> str | None:
 class FrameMaker:
     """Random request messages (lists of frames), reproducible from `seed`."""
 
-    def __init__(self, seed: int, num_tasks: int, max_frame_bytes: int) -> None:
+    def __init__(self, seed: int, num_tasks: int, max_frame_bytes: int, model: str) -> None:
         self.rng = random.Random(seed)
         self.num_tasks = num_tasks
+        self.model = model
+        """The id `SCRIPTED` is bound under."""
         self.max_frame_bytes = max_frame_bytes
         self.count = 0
         self.sent_ids: list[str] = []
@@ -114,12 +116,12 @@ class FrameMaker:
         self.count += 1
         return f"f{self.count}"
 
-    def valid_params(self, method: str) -> dict[str, Any]:
+    def run_params(self) -> dict[str, Any]:
         rng = self.rng
-        params: dict[str, Any] = {"task_idx": rng.randrange(self.num_tasks), "client": SCRIPTED, "sampling": SAMPLING}
+        params: dict[str, Any] = {"task_idx": rng.randrange(self.num_tasks), "model": self.model, "sampling": SAMPLING}
         if rng.random() < 0.3:
             params["seed"] = rng.randrange(1000)
-        if method == "run_group":
+        if rng.random() < 0.4:
             params["n"] = rng.randint(1, 3)
         return params
 
@@ -146,7 +148,7 @@ class FrameMaker:
         rng = self.rng
         message: dict[Any, Any] = {
             "id": self.new_id(),
-            "method": rng.choice(["health", "run_rollout", "cancel"]),
+            "method": rng.choice(["health", "run", "cancel"]),
             "params": {},
         }
         key = rng.choice(["id", "method", "params", "extra"])
@@ -157,13 +159,15 @@ class FrameMaker:
 
     def request(self) -> dict[str, Any]:
         rng = self.rng
-        method = rng.choices(["health", "info", "run_rollout", "run_group", "cancel", "bogus"], [2, 1, 6, 4, 3, 1])[0]
+        method = rng.choices(["health", "info", "bind", "run", "cancel", "bogus"], [2, 1, 2, 10, 3, 1])[0]
         request_id = self.new_id() if rng.random() > 0.01 or not self.sent_ids else rng.choice(self.sent_ids[-50:])
         if method == "cancel":
             target = rng.choice(self.sent_ids[-200:]) if self.sent_ids and rng.random() < 0.7 else self.new_id()
             params: dict[str, Any] = {"request_id": target}
-        elif method in ("run_rollout", "run_group"):
-            params = self.valid_params(method)
+        elif method == "run":
+            params = self.run_params()
+        elif method == "bind":
+            params = {"client": SCRIPTED}
         else:
             params = {}
         if rng.random() < 0.75:
@@ -174,20 +178,25 @@ class FrameMaker:
         return {"id": request_id, "method": method, "params": params}
 
     def confuse(self, method: str, params: dict[str, Any]) -> None:
-        """Break `params` one way: a wrong-typed field, a missing or unknown key, a bad n, a bad client."""
+        """Break `params` one way: a wrong-typed field, a missing or unknown key, a bad n, a bad client,
+        an unknown model."""
         rng = self.rng
         how = rng.random()
         keys = list(params) or ["task_idx"]
         if how < 0.45:
-            params[rng.choice([*keys, "split", "seed", "n", "client", "sampling", "request_id"])] = rng.choice(NASTY)
+            params[rng.choice([*keys, "split", "seed", "n", "model", "client", "sampling", "request_id"])] = rng.choice(
+                NASTY
+            )
         elif how < 0.55 and params:
             del params[rng.choice(keys)]
         elif how < 0.62:
             params[rng.choice(["unknown", "x", "task", ""])] = rng.choice(NASTY)
         elif how < 0.72:
             params["n"] = rng.choice(BAD_N)
-        elif how < 0.82:
+        elif how < 0.77:
             params["client"] = rng.choice(BAD_CLIENTS)
+        elif how < 0.82:
+            params["model"] = rng.choice(["0123456789abcdef", self.model[::-1], ""])
         elif how < 0.92:
             sampling = dict(SAMPLING)
             sampling[rng.choice(["max_tokens", "temperature", "top_p", "stop", "seed", "extra", "bogus"])] = rng.choice(
@@ -202,8 +211,8 @@ def fuzz(address: str, frames: int, seed: int = 0, max_frame_bytes: int = 65536,
          progress_every: int = 0, answer_timeout: float = 60.0) -> FuzzReport:  # fmt: skip
     """Send `frames` messages to the server at `address`, at most `window` owed answers unread, and
     check the answers; then check the server still serves (`alive`)."""
-    num_tasks = asyncio.run(_num_tasks(address))
-    maker = FrameMaker(seed, num_tasks, max_frame_bytes)
+    num_tasks, model = asyncio.run(_num_tasks_and_model(address))
+    maker = FrameMaker(seed, num_tasks, max_frame_bytes, model)
     report = FuzzReport()
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
@@ -262,11 +271,12 @@ def _count(report: FuzzReport, answer: dict[str, Any]) -> int:
     return paid
 
 
-async def _num_tasks(address: str) -> int:
+async def _num_tasks_and_model(address: str) -> tuple[int, str]:
+    """The server's train task count, and the id it binds `SCRIPTED` under."""
     from envrl.serve.client import EnvClient
 
     async with EnvClient(address) as client:
-        return (await client.wait_until_ready(60)).num_tasks
+        return (await client.wait_until_ready(60)).num_tasks, await client.bind(SCRIPTED)
 
 
 async def _serves(address: str) -> bool:
@@ -274,9 +284,9 @@ async def _serves(address: str) -> bool:
     from envrl.serve.client import EnvClient, EnvServerError
 
     try:
-        async with EnvClient(address, timeout=30) as client:
+        async with EnvClient(address, model=SCRIPTED, timeout=30) as client:
             health = await asyncio.wait_for(client.health(), 5)
-            trace = await client.run_rollout(0, client=SCRIPTED, sampling=SAMPLING)
+            (trace,) = await client.run(0, sampling=SAMPLING)
             return health.status == "ok" and trace.error is None
     except (EnvServerError, TimeoutError):
         return False
@@ -286,12 +296,12 @@ async def _serves(address: str) -> bool:
 def started_server(*args: str, name: str = "fuzzed env-server") -> Iterator[tuple[str, int]]:
     """A reverse-text env server on a free port with options `args` (defaults: 1 static worker,
     scoring in a thread): its (address, pid); stopped on exit (saying so if it had died)."""
-    from envrl.process import spawn_sidecar
+    from envrl.runtime.process import spawn_sidecar
 
     argv = [
         sys.executable, "-m", "envrl.serve.main", "--env.id", "reverse-text", "--address", "tcp://127.0.0.1:0",
         "--pool", '{"type": "static", "num_workers": 1}',
-        "--timeout", '{"rollout": 5, "scoring": null}',  # scoring in a thread: no fork per rollout
+        "--timeout", '{"rollout_s": 5, "scoring_s": null}',  # scoring in a thread: no fork per rollout
         *args,
     ]  # fmt: skip
     child, address = spawn_sidecar(argv, name=name, ready_timeout=120)

@@ -89,14 +89,14 @@ def silent_client(address: str, stop: threading.Event, sent: list[int]) -> None:
 async def reading_clients(address: str, offered: int, seconds: float, counts: Counter[str]) -> None:
     """`offered` loops, each one rollout call after another, for `seconds`."""
     deadline = time.monotonic() + seconds
-    async with EnvClient(address, timeout=30.0) as client:
+    async with EnvClient(address, model=SCRIPTED, timeout=30.0) as client:
         await client.wait_until_ready(60)
 
         async def loop(i: int) -> None:
             while time.monotonic() < deadline:
                 counts["sent"] += 1
                 try:
-                    await client.run_rollout(i % 4, client=SCRIPTED, sampling=SAMPLING)
+                    await client.run(i % 4, sampling=SAMPLING)
                     counts["answered"] += 1
                 except EnvServerError as e:
                     counts["at_capacity" if e.type == "at_capacity" else f"error:{e.type}"] += 1
@@ -111,7 +111,7 @@ def overload(seconds: float, workers: int, multiplex: int, stall_timeout: float 
         args = [
             "--pool", f'{{"type": "static", "num_workers": {workers}, "multiplex": {multiplex}}}',
             "--max-queued", str(capacity), "--client-send-queue", "4096",
-            "--client-stall-timeout", str(stall_timeout), "--log.file", str(log),
+            "--client-stall-timeout-s", str(stall_timeout), "--log.file", str(log),
         ]  # fmt: skip
         with started_server(*args, name="overloaded env-server") as (address, pid):
             rss = [rss_mib(pid)]

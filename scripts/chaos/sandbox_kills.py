@@ -36,7 +36,7 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="chaos-")) / "sandbox-kills"
     rng = random.Random(args.seed)
     kills: collections.Counter[str] = collections.Counter()
-    overrides = ["--config", str(CODE_EXEC), "--orchestrator.eval-envs", "[]", "--max-steps", str(args.steps)]
+    overrides = ["--config", str(CODE_EXEC), "--orchestrator.eval.env", "[]", "--max-steps", str(args.steps)]
     with RlRun(out, *overrides) as run:
         run.wait_until("the first batch", lambda: run.steps_done() >= 1)
         while run.proc.poll() is None:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from envrl.layout import published_steps, rollouts_root
-from envrl.orchestrator.envs import TrainEnvs
+from envrl.data.layout import published_steps, rollouts_root
+from envrl.orchestrator.env_handles import TrainEnvs
 from tests.integration.smoke import wait_no_survivors
 from tests.support.chaos_runs import SMOKE, WORKER, RlRun, TableRow, account, check_unique_lines, cmdline, report
 from tests.support.run_files import metric_lines
@@ -69,10 +69,9 @@ def overrides(steps: int) -> list[str]:
     """The smoke config for `steps` steps with budgets no soak spends (the kills are the test)."""
     smoke = tomllib.loads(SMOKE.read_text())["orchestrator"]
     argv = ["--max-steps", str(steps)]
-    for key in ("envs", "eval_envs"):
-        argv += [f"--orchestrator.{key}", json.dumps([{**env, "restarts": BUDGET} for env in smoke[key]])]
-    for role in ("inference", "trainer", "orchestrator"):
-        argv += [item for key, value in BUDGET.items() for item in (f"--restarts.{role}.{key}", str(value))]
+    for key, tables in (("envs", smoke["envs"]), ("eval.env", smoke["eval"]["env"])):
+        argv += [f"--orchestrator.{key}", json.dumps([{**env, "restarts": BUDGET} for env in tables])]
+    argv += [item for key, value in BUDGET.items() for item in (f"--restarts.{key}", str(value))]
     return argv
 
 

@@ -8,6 +8,7 @@ value came from, and the closest valid key; entry points turn it into exit code 
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import shutil
@@ -45,6 +46,12 @@ class BaseConfig(BaseModel):
     owned_keys: ClassVar[frozenset[str]] = frozenset()
     """Dotted keys (and whole sections) that the entry point sets itself: left out of `--help`, and
     the entry point refuses them when given (e.g. `rl` sets `trainer.output_dir` from `output_dir`)."""
+    renamed_keys: ClassVar[dict[str, str]] = {}
+    """Former keys of this model and the key (dotted, relative to the model) that replaced each:
+    an old key given in a config is refused with a did-you-mean naming its new key."""
+    removed_keys: ClassVar[dict[str, str]] = {}
+    """Former keys of this model that have no successor, and what took their place: an old key
+    given in a config is refused with that explanation."""
 
 
 class ConfigError(Exception):
@@ -271,9 +278,15 @@ def _describe(error: dict[str, Any], model: type[BaseModel], layers: _Layers) ->
     if kind == "extra_forbidden":
         parents = _models_at(model, loc[:-1], layers.data)
         valid = sorted({name for m in parents for name in m.model_fields})
-        close = _nested_home(parents, str(loc[-1])) or difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+        removed = [why for m in parents if (why := getattr(m, "removed_keys", {}).get(str(loc[-1])))]
+        if removed:
+            return f"unknown config key '{key}'{where}; it was removed: {removed[0]}"
+        renamed = [new for m in parents if (new := getattr(m, "renamed_keys", {}).get(str(loc[-1])))]
+        close = renamed or _nested_home(parents, str(loc[-1]))
+        close = close or difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
         parent = _display_key(loc[:-1])
-        hint = f"; did you mean '{_display_key((*loc[:-1], close[0]))}'?" if close else ""
+        hint = f"; did you mean '{_display_key((*loc[:-1], *close[0].split('.')))}'?" if close else ""
+        hint += " (the key was renamed)" if renamed else ""
         if not close and valid:
             hint = f"; valid keys{' under ' + repr(parent) if parent else ''}: {', '.join(valid)}"
         return f"unknown config key '{key}'{where}{hint}"
@@ -315,7 +328,7 @@ def resolve_config(
     """Build `cls` from `base` values, then TOML files, then CLI overrides; raise ConfigError."""
     layers = _Layers()
     if base:
-        layers.merge(base, "the caller's defaults")
+        layers.merge(copy.deepcopy(base), "the caller's defaults")  # later layers merge into it
     for path in config_files:
         layers.merge(read_toml(Path(path)), str(path))
     for name, raw in overrides:

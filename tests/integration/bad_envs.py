@@ -1,7 +1,7 @@
 """Environments that misbehave on purpose, for env-server tests (loaded as 'bad_envs:load_environment').
 
 Task i behaves as BEHAVIOURS[i]: a normal rollout, one that sleeps, one that raises out of
-run_rollout (breaking the never-raise contract), one that hangs, one that burns the CPU
+run_group (breaking the never-raise contract), one that hangs, one that burns the CPU
 without ever yielding, one that SIGKILLs its own worker process, and one that returns a Trace
 msgpack cannot carry (a set in its task).
 """
@@ -13,8 +13,8 @@ import os
 import signal
 from typing import Any
 
+from envrl.data.traces import Task, Trace, WireTask
 from envrl.envs import Environment, ModelClient, Rubric, SamplingArgs
-from envrl.traces import Task, Trace, WireTask
 
 BEHAVIOURS = ("ok", "sleep", "raise", "hang", "burn", "die", "unencodable")
 OK, SLEEP, RAISE, HANG, BURN, DIE, UNENCODABLE = range(len(BEHAVIOURS))
@@ -34,9 +34,9 @@ class BadEnv(Environment):
         super().__init__(**kwargs)
         self.sleep = sleep
 
-    async def run_rollout(
-        self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None
-    ) -> Trace:
+    async def run_group(
+        self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int, *, scoring_timeout: float | None = None
+    ) -> list[Trace]:
         assert isinstance(task, BehaviourTask)
         if task.behaviour == "sleep":
             await asyncio.sleep(self.sleep)
@@ -50,8 +50,8 @@ class BadEnv(Environment):
         elif task.behaviour == "die":
             os.kill(os.getpid(), signal.SIGKILL)
         elif task.behaviour == "unencodable":
-            return Trace(task=WireTask(idx=task.idx, tags={"a", "b"}), reward=1.0)
-        return await super().run_rollout(task, client, sampling, scoring_timeout=scoring_timeout)
+            return [Trace(task=WireTask(idx=task.idx, tags={"a", "b"}), reward=1.0)] * n
+        return await super().run_group(task, client, sampling, n, scoring_timeout=scoring_timeout)
 
 
 def load_environment(sleep: float = 1.0) -> BadEnv:

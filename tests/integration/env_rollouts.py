@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from envrl.data.traces import Trace
 from envrl.envs import Environment, SamplingArgs, build_client
-from envrl.http import RetryPolicy
-from envrl.traces import Trace
+from envrl.runtime.http import RetryPolicy
 
-RETRY = RetryPolicy(max_retries=1, timeout=120.0)
+RETRY = RetryPolicy(max_retries=1, timeout_s=120.0)
 EOS = 2
 # Three random tokens, then eos (min_tokens masks eos until then; the bias makes it certain after).
 # The random tiny model would otherwise almost never stop, and every rollout would end at turn 1.

@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from envrl.process import Child, spawn_sidecar
+from envrl.runtime.process import Child, spawn_sidecar
 from envrl.serve.client import EnvClient
 
 HERE = Path(__file__).parent
@@ -124,5 +124,18 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
 
 
 async def rollout(client: EnvClient, task_idx: int, **kwargs: Any) -> Any:
-    """One rollout of task `task_idx` with the scripted model client."""
-    return await client.run_rollout(task_idx, client=SCRIPTED, sampling=SAMPLING, **kwargs)
+    """One rollout of task `task_idx` with the client's model (`SCRIPTED` in `scripted_client`)."""
+    (trace,) = await client.run(task_idx, sampling=SAMPLING, **kwargs)
+    return trace
+
+
+def scripted_client(address: str, **kwargs: Any) -> EnvClient:
+    """An `EnvClient` of the server at `address` whose rollouts use the `SCRIPTED` model."""
+    return EnvClient(address, model=SCRIPTED, **kwargs)
+
+
+def bind(address: str, client: dict[str, Any] = SCRIPTED) -> str:
+    """The model id of `client` on the server at `address` (a raw `bind`), for raw `run` requests."""
+    (answer,) = raw_exchange(address, [[msgpack.packb({"id": "bind", "method": "bind", "params": {"client": client}})]])
+    assert answer["ok"], answer
+    return answer["result"]["model"]

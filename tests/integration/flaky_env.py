@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from envrl.data.traces import Task, Trace
 from envrl.envs import Environment, ModelClient, Rubric, SamplingArgs
-from envrl.traces import Task, Trace
 
 
 class PromptTask(Task):
@@ -27,16 +27,16 @@ class FlakyEnv(Environment):
         self.marker_dir = marker_dir
         self.failures = failures
 
-    async def run_rollout(
-        self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None
-    ) -> Trace:
+    async def run_group(
+        self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int, *, scoring_timeout: float | None = None
+    ) -> list[Trace]:
         attempts = self.marker_dir / f"task_{task.idx}"
         with attempts.open("a") as f:
             f.write(f"{sampling.seed}\n")
         tried = len(attempts.read_text().splitlines())
         if tried <= self.failures:
             raise RuntimeError(f"flaky failure {tried} of task {task.idx}")
-        return await super().run_rollout(task, client, sampling, scoring_timeout=scoring_timeout)
+        return await super().run_group(task, client, sampling, n, scoring_timeout=scoring_timeout)
 
 
 def load_environment(marker_dir: str, failures: int = 1) -> FlakyEnv:

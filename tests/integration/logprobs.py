@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient, TokenCompletion
+from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.runtime.http import RetryPolicy
 
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900], [1, 64, 65]]
 
 
 def sample_completions(base_url: str, model: str, sampling: dict[str, Any]) -> list[TokenCompletion]:
     async def main() -> list[TokenCompletion]:
-        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=120.0))
+        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=120.0))
         try:
             calls = [client.generate(p, {**sampling, "max_tokens": 32, "seed": 100 + i}) for i, p in enumerate(PROMPTS)]
             return list(await asyncio.gather(*calls))

@@ -8,13 +8,15 @@ same weights give the same tokens; `reference_logprobs` recomputes their logprob
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
+import httpx
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient, TokenCompletion
+from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.runtime.http import RetryPolicy
 from scripts.tiny_model import DEFAULT_DIR
 
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900]]
@@ -24,7 +26,7 @@ EXACT = 1e-4
 
 
 async def generate_all(base_url: str, model: str) -> list[TokenCompletion]:
-    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=120.0))
+    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=120.0))
     try:
         return list(
             await asyncio.gather(
@@ -36,7 +38,7 @@ async def generate_all(base_url: str, model: str) -> list[TokenCompletion]:
 
 
 async def update_weights(base_url: str, model: str, path: Path) -> None:
-    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=300.0))
+    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=300.0))
     try:
         await client.update_weights(path)
     finally:
@@ -79,3 +81,23 @@ def perturbed_copy(src: Path, dst: Path, scale: float = 0.05) -> Path:
 def restore_served_weights(base_url: str, model: str) -> None:
     """Serve the tiny model's own weights again (what a test that changed them must do before it ends)."""
     asyncio.run(update_weights(base_url, model, DEFAULT_DIR))
+
+
+async def running_requests(http: httpx.AsyncClient, base_url: str) -> float:
+    metrics = (await http.get(f"{base_url}/metrics", timeout=10.0)).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{")
+    )
+
+
+async def long_generation_running(
+    client: InferenceClient, base_url: str, prompt: list[int]
+) -> asyncio.Task[TokenCompletion]:
+    """A 1500-token generation of `prompt`, returned once vLLM reports it running."""
+    generation = asyncio.create_task(client.generate(prompt, {"max_tokens": 1500, "ignore_eos": True, "seed": 7}))
+    deadline = time.monotonic() + 60.0
+    async with httpx.AsyncClient() as http:
+        while await running_requests(http, base_url) < 1:
+            assert time.monotonic() < deadline and not generation.done(), "the generation was never seen running"
+            await asyncio.sleep(0.05)
+    return generation

@@ -17,10 +17,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from envrl.data.traces import Trace
 from envrl.envs import SamplingArgs, TrainClientConfig, build_client, load_environment
-from envrl.http import RetryPolicy
+from envrl.runtime.http import RetryPolicy
 from envrl.serve.client import EnvClient
-from envrl.traces import Trace
 from tests.integration.env_servers import running_env_server
 from tests.integration.smoke import finish, rl_process, wait_no_survivors
 from tests.support.run_files import metric_lines
@@ -28,7 +28,7 @@ from tests.support.run_files import metric_lines
 ROOT = Path(__file__).parents[2]
 OPENENV_PROJECT = ROOT / "deps" / "envs" / "openenv-count"
 OPENENV_PYTHON = OPENENV_PROJECT / ".venv" / "bin" / "python"
-RETRY = RetryPolicy(max_retries=1, timeout=120.0)
+RETRY = RetryPolicy(max_retries=1, timeout_s=120.0)
 SAMPLING = SamplingArgs(max_tokens=8, temperature=1.0, seed=3)
 
 pytestmark = pytest.mark.skipif(
@@ -76,8 +76,9 @@ def test_openenv_rollouts_from_the_examples_venv_give_exact_token_traces(vllm_se
     ) as server:  # fmt: skip
 
         async def main() -> Trace:
-            async with EnvClient(server.address) as env_client:
-                return await env_client.run_rollout(0, client=client, sampling=SAMPLING.model_dump(), seed=3)
+            async with EnvClient(server.address, model=client) as env_client:
+                (trace,) = await env_client.run(0, sampling=SAMPLING, seed=3)
+                return trace
 
         trace = asyncio.run(main())
     assert_exact_tokens(trace, vllm_server.model)
@@ -92,7 +93,7 @@ def test_rl_trains_on_both_adapters(tmp_path: Path) -> None:
         {"id": "trl-count", "ratio": 1, "pool": {"type": "static"}},
         {"id": "openenv-count", "project": str(OPENENV_PROJECT), "ratio": 1, "pool": {"type": "static"}},
     ]
-    overrides = ["--max-steps", "24", "--orchestrator.envs", json.dumps(envs), "--orchestrator.eval-envs", "[]"]
+    overrides = ["--max-steps", "24", "--orchestrator.envs", json.dumps(envs), "--orchestrator.eval.env", "[]"]
     with rl_process(tmp_path, *overrides) as (proc, marker):
         code, console = finish(proc, timeout=1500)
         assert not wait_no_survivors(marker), "processes of the run survived it"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from envrl.layout import published_steps
-from envrl.samples import BATCH_FILE, write_batch
+from envrl.data.layout import published_steps
+from envrl.data.samples import BATCH_FILE, write_batch
 from scripts.chaos.corrupt_batch import flip_byte_in_column
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
@@ -37,7 +37,7 @@ def trainer_steps(out: Path) -> list[int]:
 def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_resume(tmp_path: Path) -> None:
     out, steps = tmp_path / "chaos", 10
     rng = random.Random(0)
-    no_restarts = ("--restarts.trainer.max-restarts", "0", "--restarts.orchestrator.max-restarts", "0")
+    no_restarts = ("--restarts.max-restarts", "0")
     with RlRun(out, "--max-steps", str(steps), "--trainer.ckpt.interval", "2", *no_restarts) as run:
         run.wait_until("batch 1", lambda: run.steps_done() >= 1)
         stop, worker_kills = threading.Event(), []
@@ -82,7 +82,7 @@ def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_
 def trainer_config(tmp_path: Path, out: Path, max_steps: int) -> Path:
     config = tmp_path / "trainer.toml"
     config.write_text(
-        f'output_dir = "{out}"\nmax_steps = {max_steps}\nmax_tokens = 128\nbatch_timeout_s = 30\n'
+        f'output_dir = "{out}"\nmax_steps = {max_steps}\nmicro_batch_tokens = 128\nbatch_timeout_s = 30\n'
         f'[model]\nname = "{DEFAULT_DIR}"\n[ckpt]\ninterval = 1\nkeep = 1\n[wandb]\nmode = "disabled"\n'
     )
     return config

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from envrl.envs.model_client import ScriptedClientConfig
 from envrl.launcher.supervisor import Respawn, Supervisor
+from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import EnvConfig, SamplingParams
-from envrl.orchestrator.envs import Env, EnvUnavailable
-from envrl.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
+from envrl.orchestrator.env_handles import EnvHandle, EnvUnavailable
+from envrl.runtime.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
 from envrl.serve.client import EnvClient
 from envrl.serve.config import EnvServerConfig, EnvSpec, StaticPoolConfig
 from tests.support.ports import free_port
@@ -33,15 +33,15 @@ def _bad_envs_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
 
 
-def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> Env:
+def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> EnvHandle:
     config = EnvConfig(
         id="bad_envs:load_environment",
         args={"sleep": 2.0},
         pool=StaticPoolConfig(num_workers=1),
         restarts=restarts,
-        reconnect_timeout=60,
+        reconnect_timeout_s=60,
     )
-    return Env(
+    return EnvHandle(
         config,
         split="train",
         client=ScriptedClientConfig(replies=["hi"]),
@@ -51,7 +51,7 @@ def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> Env:
     )
 
 
-async def kill_server_once_running(env: Env) -> int:
+async def kill_server_once_running(env: EnvHandle) -> int:
     """SIGKILL the sidecar as soon as it reports a rollout in flight; return the pid killed."""
     async with EnvClient(env.address) as probe:
         while (await probe.info()).in_flight == 0:

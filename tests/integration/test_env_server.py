@@ -26,10 +26,12 @@ from tests.integration.env_servers import (
     SCRIPTED,
     RunningServer,
     alive,
+    bind,
     raw_exchange,
     rollout,
     run,
     running_env_server,
+    scripted_client,
     wait_until,
 )
 
@@ -40,14 +42,14 @@ CAPACITY, MAX_QUEUED = 8, 4
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     args = ["--pool", POOL, "--max-queued", str(MAX_QUEUED), "--max-frame-bytes", "65536",
-            "--timeout", '{"rollout": 2, "kill_grace": 1}', "--env.args", '{"sleep": 0.5}']  # fmt: skip
+            "--timeout", '{"rollout_s": 2, "kill_grace_s": 1}', "--env.args", '{"sleep": 0.5}']  # fmt: skip
     with running_env_server(tmp_path_factory.mktemp("env-server"), *args) as running:
         yield running
 
 
 def pool_back_to(server: RunningServer, workers: int) -> None:
     async def ready_workers() -> int:
-        async with EnvClient(server.address) as client:
+        async with scripted_client(server.address) as client:
             return (await client.info()).workers
 
     wait_until(
@@ -57,23 +59,23 @@ def pool_back_to(server: RunningServer, workers: int) -> None:
 
 def test_health_and_info_describe_the_server(server: RunningServer) -> None:
     async def go() -> None:
-        async with EnvClient(server.address) as client:
+        async with scripted_client(server.address) as client:
             assert (await client.health()).status == "ok"
             info = await client.info()
-            assert info.protocol_version == 1 and info.env_id == "bad_envs:load_environment"
+            assert info.protocol_version == 2 and info.env_id == "bad_envs:load_environment"
             assert (info.num_tasks, info.num_eval_tasks, info.group_scoring) == (len(BEHAVIOURS), 1, False)
             assert (info.workers, info.capacity, info.max_queued, info.in_flight) == (2, CAPACITY, MAX_QUEUED, 0)
 
     run(go())
 
 
-def test_run_rollout_and_run_group_return_scored_traces(server: RunningServer) -> None:
+def test_run_returns_one_scored_trace_per_rollout_of_the_group(server: RunningServer) -> None:
     async def go() -> None:
-        async with EnvClient(server.address) as client:
+        async with scripted_client(server.address) as client:
             trace = await rollout(client, OK)
             assert (trace.task.idx, trace.reward, trace.error) == (OK, 1.0, None)
             assert trace.turns[0].response["content"] == "hi"
-            group = await client.run_group(OK, 3, client=SCRIPTED, sampling=SAMPLING, seed=7)
+            group = await client.run(OK, n=3, sampling=SAMPLING, seed=7)
             assert [t.reward for t in group] == [1.0, 1.0, 1.0]
             eval_trace = await rollout(client, 0, split="eval")
             assert eval_trace.reward == 1.0
@@ -85,7 +87,7 @@ def test_many_concurrent_requests_on_one_socket_are_each_answered_by_id(server: 
     """Far more requests than capacity + queue: the client backs off on at_capacity; all finish."""
 
     async def go() -> None:
-        async with EnvClient(server.address) as client:
+        async with scripted_client(server.address) as client:
             ids = [OK, OK, OK, SLEEP] * 12
             traces = await asyncio.gather(*(rollout(client, i) for i in ids))
             assert [t.task.idx for t in traces] == ids
@@ -96,7 +98,7 @@ def test_many_concurrent_requests_on_one_socket_are_each_answered_by_id(server: 
 
 def test_env_exception_comes_back_as_an_error_trace(server: RunningServer) -> None:
     async def go() -> None:
-        async with EnvClient(server.address) as client:
+        async with scripted_client(server.address) as client:
             trace = await rollout(client, RAISE, request_id="raise-1")
             assert trace.error is not None and trace.error.type == "RuntimeError"
             assert "on purpose" in trace.error.message and trace.reward is None
@@ -108,7 +110,7 @@ def test_env_exception_comes_back_as_an_error_trace(server: RunningServer) -> No
 
 def test_hanging_rollout_is_stopped_at_the_rollout_timeout(server: RunningServer) -> None:
     async def go() -> None:
-        async with EnvClient(server.address) as client:
+        async with scripted_client(server.address) as client:
             trace = await rollout(client, HANG)
             assert trace.error is not None and trace.error.type == "timeout" and trace.is_truncated
 
@@ -117,7 +119,7 @@ def test_hanging_rollout_is_stopped_at_the_rollout_timeout(server: RunningServer
 
 def test_cpu_bound_rollout_gets_its_worker_killed_and_replaced(server: RunningServer) -> None:
     async def go() -> tuple[Any, Any]:
-        async with EnvClient(server.address) as client:
+        async with scripted_client(server.address) as client:
             return await asyncio.gather(rollout(client, BURN), rollout(client, OK))
 
     stuck, fine = run(go())
@@ -128,7 +130,7 @@ def test_cpu_bound_rollout_gets_its_worker_killed_and_replaced(server: RunningSe
 
 def test_cancel_stops_a_running_rollout_and_answers_it_cancelled(server: RunningServer) -> None:
     async def go() -> None:
-        async with EnvClient(server.address) as client:
+        async with scripted_client(server.address) as client:
             hanging = asyncio.ensure_future(rollout(client, HANG, request_id="hang-1"))
             await asyncio.sleep(0.2)
             assert (await client.info()).in_flight == 1
@@ -152,7 +154,7 @@ def test_cancel_stops_a_running_rollout_and_answers_it_cancelled(server: Running
 
 def test_sigkilled_worker_mid_rollout_its_requests_are_rerun_and_the_pool_refilled(server: RunningServer) -> None:
     async def go() -> list[Any]:
-        async with EnvClient(server.address) as client:
+        async with scripted_client(server.address) as client:
             pending = [asyncio.ensure_future(rollout(client, SLEEP)) for _ in range(CAPACITY)]
             await asyncio.sleep(0.2)  # all running: 4 on each worker
             os.kill(server.workers()[0], signal.SIGKILL)
@@ -165,7 +167,7 @@ def test_sigkilled_worker_mid_rollout_its_requests_are_rerun_and_the_pool_refill
 
 def test_request_that_kills_every_worker_is_answered_worker_died(server: RunningServer) -> None:
     async def go() -> Any:
-        async with EnvClient(server.address) as client:
+        async with scripted_client(server.address) as client:
             return await rollout(client, DIE)
 
     trace = run(go())
@@ -174,17 +176,50 @@ def test_request_that_kills_every_worker_is_answered_worker_died(server: Running
     pool_back_to(server, 2)
 
 
+def test_a_model_is_bound_once_and_runs_name_it_by_id(server: RunningServer) -> None:
+    """Equal clients share one id; a run naming no binding gets `unknown_model`; a client the
+    server's `model_access` does not allow is refused at `bind`."""
+    model = bind(server.address)
+    assert bind(server.address, dict(SCRIPTED)) == model != bind(server.address, {"type": "scripted", "replies": ["x"]})
+    run_params = {"task_idx": OK, "sampling": SAMPLING}
+    pack = msgpack.packb
+    answers = raw_exchange(server.address, [
+        [pack({"id": "a", "method": "run", "params": {**run_params, "model": model}})],
+        [pack({"id": "b", "method": "run", "params": {**run_params, "model": "0123456789abcdef"}})],
+        [pack({"id": "c", "method": "bind", "params": {"client": {"type": "eval", "base_url": "http://x/v1", "model": "m"}}})],
+    ])  # fmt: skip
+    ran, unknown, refused = sorted(answers, key=lambda answer: answer["id"])
+    assert ran["ok"] and [t["reward"] for t in ran["result"]["traces"]] == [1.0]
+    assert not unknown["ok"] and unknown["error"]["type"] == "unknown_model"
+    assert not refused["ok"] and refused["error"]["type"] == "bad_request"
+    assert "model_access.base_urls" in refused["error"]["message"]
+
+
+def test_clients_of_different_models_share_one_server_each_with_its_own_model(server: RunningServer) -> None:
+    """Two orchestrators on one server: each binds its own model and its rollouts use it."""
+
+    async def go() -> tuple[list[str], list[str]]:
+        models = [{"type": "scripted", "replies": [reply]} for reply in ("first", "second")]
+        async with EnvClient(server.address, model=models[0]) as a, EnvClient(server.address, model=models[1]) as b:
+            runs = await asyncio.gather(*(client.run(OK, n=2, sampling=SAMPLING) for client in (a, b, a, b)))
+        replies = [[t.turns[0].response["content"] for t in traces] for traces in runs]
+        return replies[0] + replies[2], replies[1] + replies[3]
+
+    assert run(go()) == (["first"] * 4, ["second"] * 4)
+
+
 def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: RunningServer) -> None:
     pack = msgpack.packb
+    model = bind(server.address)
     cases = {
         "not msgpack": ([b"\xc1\xc1\xc1"], "bad_request", None),
         "not a map": ([pack([1, 2])], "bad_request", None),
         "id not a string": ([pack({"id": 5, "method": "health"})], "bad_request", None),
         "two frames": ([pack({"id": "a", "method": "health"}), b"x"], "bad_request", "a"),
         "unknown method": ([pack({"id": "b", "method": "explode", "params": {}})], "unknown_method", "b"),
-        "missing task_idx": ([pack({"id": "c", "method": "run_rollout", "params": {}})], "bad_request", "c"),
+        "missing task_idx": ([pack({"id": "c", "method": "run", "params": {}})], "bad_request", "c"),
         "task out of range": (
-            [pack({"id": "d", "method": "run_rollout", "params": {"task_idx": 99}})],
+            [pack({"id": "d", "method": "run", "params": {"task_idx": 99, "model": model, "sampling": SAMPLING}})],
             "bad_request",
             "d",
         ),
@@ -193,8 +228,8 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
                 pack(
                     {
                         "id": "e",
-                        "method": "run_rollout",
-                        "params": {"task_idx": 0, "client": SCRIPTED, "sampling": {"max_tokens": "many"}},
+                        "method": "run",
+                        "params": {"task_idx": 0, "model": model, "sampling": {"max_tokens": "many"}},
                     }
                 )
             ],
@@ -203,7 +238,7 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
         ),
         "oversized": ([pack({"id": "f", "method": "health", "params": {"pad": "x" * 70_000}})], "too_large", None),
         "split a list": (
-            [pack({"id": "h", "method": "run_rollout", "params": {"split": [1], "task_idx": 0}})],
+            [pack({"id": "h", "method": "run", "params": {"split": [1], "task_idx": 0}})],
             "bad_request",
             "h",
         ),
@@ -217,8 +252,8 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
                 pack(
                     {
                         "id": "j",
-                        "method": "run_group",
-                        "params": {"task_idx": 0, "n": 2**64 - 1, "client": SCRIPTED, "sampling": SAMPLING},
+                        "method": "run",
+                        "params": {"task_idx": 0, "n": 2**64 - 1, "model": model, "sampling": SAMPLING},
                     }
                 )
             ],
@@ -241,7 +276,8 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
 
 def test_requests_beyond_capacity_and_queue_get_at_capacity(server: RunningServer) -> None:
     offered = 4 * (CAPACITY + MAX_QUEUED)
-    request = {"method": "run_rollout", "params": {"task_idx": SLEEP, "client": SCRIPTED, "sampling": SAMPLING}}
+    params = {"task_idx": SLEEP, "model": bind(server.address), "sampling": SAMPLING}
+    request = {"method": "run", "params": params}
     answers = raw_exchange(server.address, [[msgpack.packb({"id": str(i), **request})] for i in range(offered)])
     rejected = [a for a in answers if not a["ok"]]
     assert all(a["error"]["type"] == "at_capacity" for a in rejected)
@@ -257,7 +293,7 @@ def test_a_server_that_dies_fails_pending_calls_fast_takes_its_workers_along_and
         workers = server.workers()
 
         async def go() -> float:
-            async with EnvClient(server.address, health_interval=0.2, dead_after=1.0) as client:
+            async with scripted_client(server.address, health_interval=0.2, dead_after=1.0) as client:
                 pending = asyncio.ensure_future(rollout(client, HANG))
                 await asyncio.sleep(0.3)
                 loop = asyncio.get_running_loop()
@@ -286,4 +322,4 @@ def test_the_minimal_client_in_docs_protocol_md_works_as_written(server: Running
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     answers = dict(line.split(" ", 1) for line in result.stdout.splitlines())
-    assert "'protocol_version': 1" in answers["1"] and "'reward': 1.0" in answers["2"]
+    assert "'protocol_version': 2" in answers["1"] and "'reward': 1.0" in answers["3"]

@@ -1,5 +1,5 @@
-"""The env worker's model clients: shared by the rollouts that ask for the same client, and never
-closed under a rollout that still uses one."""
+"""Bound model clients: a binding the server drops to make room is never one a rollout still
+uses, and a run naming a dropped binding is told to bind again."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
+import zmq
 
-from envrl.serve.worker import MAX_CACHED_CLIENTS
+from envrl.serve.models import MAX_MODELS
 from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.env_servers import SAMPLING, raw_exchange, running_env_server
+from tests.integration.env_servers import SAMPLING, running_env_server
 
 ANSWER_AFTER_S = 1.5
-"""How long the model server takes per call: long enough that the first rollout is still waiting
-when the later ones push its client out of the cache."""
+"""How long the model server takes per call: long enough that the slow rollout is still waiting
+when the later bindings fill the server's registry."""
 
 
 class SlowChat(BaseHTTPRequestHandler):
@@ -58,25 +60,45 @@ def slow_model_server() -> Iterator[str]:
         server.server_close()
 
 
-def test_a_client_pushed_out_of_the_cache_is_not_closed_under_its_running_rollout(
+def test_a_binding_in_use_is_never_dropped_and_a_dropped_one_is_unknown_model(
     tmp_path: Path, slow_model_server: str
 ) -> None:
-    """Before: the 17th distinct client closed the first one while its call was in flight, and
-    that rollout failed although nothing was wrong with it."""
+    """Bind a slow train client and start its rollout; bind a scripted client and run it once (its
+    worker builds that client); then bind until the registry is full: the idle scripted binding
+    is dropped (and closed in its worker), the slow one, in use, is not, and its rollout finishes."""
     access = json.dumps({"base_urls": [slow_model_server], "tokenizers": [str(DEFAULT_DIR)]})
     args = ["--pool", '{"type": "static", "num_workers": 1, "multiplex": 64}', "--model-access", access]
-    requests = []
-    for i in range(MAX_CACHED_CLIENTS + 2):  # each a distinct client map: only the retry count differs
-        client = {
-            "type": "train",
-            "base_url": slow_model_server,
-            "model": str(DEFAULT_DIR),
-            "retry": {"max_retries": i},
-        }
-        params = {"task_idx": 0, "client": client, "sampling": SAMPLING}
-        requests.append([msgpack.packb({"id": f"r{i}", "method": "run_rollout", "params": params})])
+    slow = {"type": "train", "base_url": slow_model_server, "model": str(DEFAULT_DIR), "retry": {"max_retries": 0}}
     with running_env_server(tmp_path, *args, env_id="reverse-text") as server:
-        answers = {a["id"]: a for a in raw_exchange(server.address, requests)}
-    assert set(answers) == {f"r{i}" for i in range(len(requests))}
-    failed = {i: a["result"]["error"] for i, a in answers.items() if not a["ok"] or a["result"]["error"]}
-    assert not failed, failed
+        dealer = zmq.Context.instance().socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+        dealer.connect(server.address)
+        answers: dict[str, Any] = {}
+
+        def send(request_id: str, method: str, params: dict[str, Any]) -> None:
+            dealer.send(msgpack.packb({"id": request_id, "method": method, "params": params}))
+
+        def call(request_id: str, method: str | None = None, params: dict[str, Any] | None = None) -> Any:
+            if method is not None:
+                send(request_id, method, params or {})
+            while request_id not in answers:
+                answer = msgpack.unpackb(dealer.recv())
+                answers[answer["id"]] = answer
+            return answers[request_id]
+
+        def run_params(model: str) -> dict[str, Any]:
+            return {"task_idx": 0, "model": model, "sampling": SAMPLING}
+
+        try:
+            slow_model = call("bind-slow", "bind", {"client": slow})["result"]["model"]
+            dropped = call("bind-0", "bind", {"client": {"type": "scripted", "replies": ["0"]}})["result"]["model"]
+            assert call("run-0", "run", run_params(dropped))["ok"]
+            send("run-slow", "run", run_params(slow_model))
+            for i in range(1, MAX_MODELS):
+                assert call(f"bind-{i}", "bind", {"client": {"type": "scripted", "replies": [str(i)]}})["ok"]
+            assert call("run-dropped", "run", run_params(dropped))["error"]["type"] == "unknown_model"
+            finished = call("run-slow")
+        finally:
+            dealer.close()
+    assert finished["ok"] and finished["result"]["traces"][0]["error"] is None, finished

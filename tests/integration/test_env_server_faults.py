@@ -1,7 +1,7 @@
 """The env server against faults from outside: early cancels, killed workers, clients that stop
 reading, Traces msgpack cannot carry, requests for model endpoints the server does not allow.
 
-One server (1 static worker x 64, kill_grace 30 s, the smallest client send queue (4096), 1 s stall timeout,
+One server (1 static worker x 64, kill_grace_s 30, the smallest client send queue (4096), 1 s stall timeout,
 on an ipc:// socket so that a client that stops reading fills its buffers fast) is shared by the
 module; the test that kills workers starts its own.
 """
@@ -18,20 +18,20 @@ import msgpack
 import pytest
 import zmq
 
-from envrl.serve.client import EnvClient
 from tests.integration.bad_envs import HANG, OK, SLEEP, UNENCODABLE
 from tests.integration.env_servers import (
     SAMPLING,
-    SCRIPTED,
     RunningServer,
+    bind,
     raw_exchange,
     run,
     running_env_server,
+    scripted_client,
     wait_until,
 )
 
 ALLOWED_URL = "http://127.0.0.1:9/v1"
-NO_RETRY = {"max_retries": 0, "timeout": 5.0}
+NO_RETRY = {"max_retries": 0, "timeout_s": 5.0}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     tmp = tmp_path_factory.mktemp("faults")
     access = f'{{"base_urls": ["{ALLOWED_URL}"], "api_key_envs": ["ENVRL_TEST_ALLOWED_KEY"]}}'
     args = ["--address", f"ipc://{tmp}/env.sock", "--pool", '{"type": "static", "num_workers": 1, "multiplex": 64}',
-            "--timeout", '{"rollout": 20, "kill_grace": 30}', "--env.args", '{"sleep": 0.5}',
-            "--client-send-queue", "4096", "--client-stall-timeout", "1", "--model-access", access]  # fmt: skip
+            "--timeout", '{"rollout_s": 20, "kill_grace_s": 30}', "--env.args", '{"sleep": 0.5}',
+            "--client-send-queue", "4096", "--client-stall-timeout-s", "1", "--model-access", access]  # fmt: skip
     with running_env_server(tmp, *args) as running:
         yield running
 
@@ -49,29 +49,37 @@ def request(request_id: str, method: str, params: dict[str, Any] | None = None) 
     return [msgpack.packb({"id": request_id, "method": method, "params": params or {}})]
 
 
-def rollout_request(request_id: str, task_idx: int, client: dict[str, Any] = SCRIPTED) -> list[bytes]:
-    return request(request_id, "run_rollout", {"task_idx": task_idx, "client": client, "sampling": SAMPLING})
+@pytest.fixture(scope="module")
+def model(server: RunningServer) -> str:
+    """The id of the `SCRIPTED` model on the module's server."""
+    return bind(server.address)
 
 
-def test_a_cancel_sent_with_its_run_is_answered_cancelled_at_once_and_spares_the_worker(server: RunningServer) -> None:
+def rollout_request(request_id: str, task_idx: int, model: str) -> list[bytes]:
+    return request(request_id, "run", {"task_idx": task_idx, "model": model, "sampling": SAMPLING})
+
+
+def test_a_cancel_sent_with_its_run_is_answered_cancelled_at_once_and_spares_the_worker(
+    server: RunningServer, model: str
+) -> None:
     """Each run and its cancel land in one worker batch: the rollout is cancelled before its body
-    runs. The answer must still come (within the 10 s receive timeout, far below kill_grace = 30 s)
+    runs. The answer must still come (within the 10 s receive timeout, far below kill_grace_s = 30)
     and the worker, with its other rollout, must be left alone."""
     workers = server.workers()
-    messages = [rollout_request("other", SLEEP)]
+    messages = [rollout_request("other", SLEEP, model)]
     for i in range(20):
-        messages += [rollout_request(f"v{i}", SLEEP), request(f"c{i}", "cancel", {"request_id": f"v{i}"})]
+        messages += [rollout_request(f"v{i}", SLEEP, model), request(f"c{i}", "cancel", {"request_id": f"v{i}"})]
     by_id = {answer["id"]: answer for answer in raw_exchange(server.address, messages)}
     for i in range(20):
         assert by_id[f"v{i}"]["error"]["type"] == "cancelled", by_id[f"v{i}"]
         assert by_id[f"c{i}"]["result"] == {"cancelled": True}
-    assert by_id["other"]["ok"] and by_id["other"]["result"]["reward"] == 1.0
+    assert by_id["other"]["ok"] and by_id["other"]["result"]["traces"][0]["reward"] == 1.0
     assert server.workers() == workers
 
 
-def test_a_trace_msgpack_cannot_carry_comes_back_as_an_error_trace(server: RunningServer) -> None:
-    (answer,) = raw_exchange(server.address, [rollout_request("u", UNENCODABLE)])
-    trace = answer["result"]
+def test_a_trace_msgpack_cannot_carry_comes_back_as_an_error_trace(server: RunningServer, model: str) -> None:
+    (answer,) = raw_exchange(server.address, [rollout_request("u", UNENCODABLE, model)])
+    (trace,) = answer["result"]["traces"]
     assert trace["error"]["type"] == "unencodable_trace" and "set" in trace["error"]["message"]
     assert trace["task"]["idx"] == UNENCODABLE and trace["reward"] is None
 
@@ -92,14 +100,14 @@ def test_a_trace_msgpack_cannot_carry_comes_back_as_an_error_trace(server: Runni
 def test_a_client_asking_for_what_the_server_does_not_allow_is_refused_naming_field_and_option(
     server: RunningServer, client: dict[str, Any], field: str, option: str
 ) -> None:
-    (answer,) = raw_exchange(server.address, [rollout_request("x", OK, client)])
+    (answer,) = raw_exchange(server.address, [request("x", "bind", {"client": client})])
     assert answer["error"]["type"] == "bad_request"
     assert f"params.client.{field}" in answer["error"]["message"] and option in answer["error"]["message"]
 
 
 def test_an_allowed_endpoint_and_key_variable_reach_the_worker(server: RunningServer) -> None:
     """Allowed: the worker builds the client (the key variable is unset there, so building fails,
-    which proves the request got past the allowlist) or calls the closed port (an error Trace)."""
+    which proves the binding got past the allowlist) or calls the closed port (an error Trace)."""
     keyed = {
         "type": "eval",
         "base_url": ALLOWED_URL,
@@ -108,22 +116,23 @@ def test_an_allowed_endpoint_and_key_variable_reach_the_worker(server: RunningSe
         "retry": NO_RETRY,
     }
     plain = {"type": "eval", "base_url": ALLOWED_URL, "model": "m", "retry": NO_RETRY}
-    answers = {
-        a["id"]: a
-        for a in raw_exchange(server.address, [rollout_request("k", OK, keyed), rollout_request("p", OK, plain)])
-    }
+    runs = [
+        rollout_request("k", OK, bind(server.address, keyed)),
+        rollout_request("p", OK, bind(server.address, plain)),
+    ]
+    answers = {a["id"]: a for a in raw_exchange(server.address, runs)}
     assert "ENVRL_TEST_ALLOWED_KEY (api_key_env) is not set" in answers["k"]["error"]["message"]
-    assert answers["p"]["ok"] and answers["p"]["result"]["error"] is not None
+    assert answers["p"]["ok"] and answers["p"]["result"]["traces"][0]["error"] is not None
 
 
-def test_a_client_that_stops_reading_is_dropped_and_its_requests_cancelled(server: RunningServer) -> None:
+def test_a_client_that_stops_reading_is_dropped_and_its_requests_cancelled(server: RunningServer, model: str) -> None:
     context = zmq.Context.instance()
     stalled = context.socket(zmq.DEALER)
     stalled.setsockopt(zmq.LINGER, 0)
     stalled.setsockopt(zmq.RCVHWM, 1)
     stalled.connect(server.address)
     try:
-        stalled.send_multipart(rollout_request("stalled-hang", HANG))
+        stalled.send_multipart(rollout_request("stalled-hang", HANG, model))
         for i in range(
             20_000
         ):  # 5 MB of `info` answers: 2 x 4096 queued, ~400 KB of socket buffers, the rest overflows
@@ -131,7 +140,7 @@ def test_a_client_that_stops_reading_is_dropped_and_its_requests_cancelled(serve
         wait_until(lambda: "does not read its answers" in server.log_file.read_text(), 30, "the stalled client dropped")
 
         async def in_flight() -> int:
-            async with EnvClient(server.address) as client:
+            async with scripted_client(server.address) as client:
                 return (await client.info()).in_flight
 
         wait_until(lambda: run(in_flight()) == 0, 10, "the stalled client's hanging rollout cancelled")
@@ -171,11 +180,11 @@ def test_workers_killed_from_outside_before_ready_are_replaced_and_the_server_ke
             os.kill(pid, signal.SIGKILL)
 
         async def go() -> Any:
-            async with EnvClient(server.address) as client:
+            async with scripted_client(server.address) as client:
                 await client.wait_until_ready(60)
-                return await client.run_rollout(OK, client=SCRIPTED, sampling=SAMPLING)
+                return await client.run(OK, sampling=SAMPLING)
 
-        assert run(go()).reward == 1.0
+        assert run(go())[0].reward == 1.0
         assert server.child.poll() is None
         outside = server.log_file.read_text().count("a kill from outside, not counted as a start-up failure")
         assert outside >= 4, server.log_file.read_text()[-3000:]

@@ -12,13 +12,14 @@ from typing import Any
 import msgpack
 import zmq
 
+from envrl.serve import protocol as p
 from envrl.serve.protocol import WORKER_DONE, WORKER_READY
 from tests.integration.bad_envs import HANG
 from tests.integration.bad_envs import SLEEP as SLEEP_TASK
-from tests.integration.env_servers import SAMPLING, SCRIPTED, raw_exchange, running_env_server, wait_until
+from tests.integration.env_servers import SAMPLING, bind, raw_exchange, running_env_server, wait_until
 
-METHODS = ["health", "info", "run_rollout", "run_group", "cancel", "reboot"]
-PARAM_KEYS = ["task_idx", "split", "client", "sampling", "seed", "n", "request_id", "retry", "type"]
+METHODS = ["health", "info", "bind", "run", "cancel", "reboot"]
+PARAM_KEYS = ["task_idx", "split", "client", "model", "sampling", "seed", "n", "request_id", "retry", "type"]
 
 
 def wrong_value(rng: random.Random, depth: int = 0) -> Any:
@@ -85,9 +86,9 @@ def test_a_client_sending_decode_bombs_does_not_stop_the_others_being_answered(t
         assert server.child.poll() is None
 
 
-def rollout_request(request_id: str, task_idx: int) -> bytes:
-    params = {"task_idx": task_idx, "client": SCRIPTED, "sampling": SAMPLING}
-    return msgpack.packb({"id": request_id, "method": "run_rollout", "params": params})
+def rollout_request(request_id: str, task_idx: int, model: str) -> bytes:
+    params = {"task_idx": task_idx, "model": model, "sampling": SAMPLING}
+    return msgpack.packb({"id": request_id, "method": "run", "params": params})
 
 
 def test_only_the_servers_own_workers_can_answer_on_its_worker_socket(tmp_path: Path) -> None:
@@ -110,7 +111,7 @@ def test_only_the_servers_own_workers_can_answer_on_its_worker_socket(tmp_path: 
         stranger.setsockopt(zmq.IDENTITY, b"not-a-worker")
         stranger.connect(address)
         try:
-            client.send(rollout_request("slow", SLEEP_TASK))
+            client.send(rollout_request("slow", SLEEP_TASK, bind(server.address)))
             time.sleep(0.3)  # the rollout is running (it sleeps 1 s); forge its answer now
             for token in range(8):
                 stranger.send_multipart([WORKER_DONE, msgpack.packb([token]), forged])
@@ -119,7 +120,7 @@ def test_only_the_servers_own_workers_can_answer_on_its_worker_socket(tmp_path: 
         finally:
             client.close()
             stranger.close()
-        assert answer["id"] == "slow" and answer["ok"] and answer["result"]["reward"] == 1.0, answer
+        assert answer["id"] == "slow" and answer["ok"] and answer["result"]["traces"][0]["reward"] == 1.0, answer
         assert server.child.poll() is None, "the server died"
         assert "from an unknown peer" in server.log_file.read_text()
 
@@ -130,12 +131,16 @@ def info(address: str) -> dict[str, Any]:
 
 
 def test_unanswered_requests_are_bounded_by_bytes_per_client_and_in_total(tmp_path: Path) -> None:
-    """Before: accepted requests were bounded by count only, whatever their frames' size."""
+    """Before: accepted requests were bounded by count only, whatever their frames' size. What the
+    server holds of a request is its worker's frame (`encode_work`), about the request's size."""
     pad = "x" * 400  # request ids are free-form strings: a frame of about 500 bytes
-    size = len(rollout_request(f"r00{pad}", SLEEP_TASK))
+    model = "m" * 16  # a bound model's id is 16 characters
+    params = p.RunParams.model_validate({"task_idx": SLEEP_TASK, "model": model, "sampling": SAMPLING})
+    size = len(p.encode_work(f"r00{pad}", params))
     args = ["--pool", '{"type": "static", "num_workers": 1}', "--env.args", '{"sleep": 30.0}',
             "--max-client-bytes", str(4 * size), "--max-pending-bytes", str(6 * size)]  # fmt: skip
     with running_env_server(tmp_path, *args) as server:
+        model = bind(server.address)
         context = zmq.Context.instance()
         first, second = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
         try:
@@ -144,10 +149,10 @@ def test_unanswered_requests_are_bounded_by_bytes_per_client_and_in_total(tmp_pa
                 sock.setsockopt(zmq.RCVTIMEO, 10_000)
                 sock.connect(server.address)
             for i in range(5):
-                first.send(rollout_request(f"r{i:02d}{pad}", SLEEP_TASK))
+                first.send(rollout_request(f"r{i:02d}{pad}", SLEEP_TASK, model))
             refused = msgpack.unpackb(first.recv())
             for i in range(10, 13):
-                second.send(rollout_request(f"r{i:02d}{pad}", SLEEP_TASK))
+                second.send(rollout_request(f"r{i:02d}{pad}", SLEEP_TASK, model))
             refused_in_total = msgpack.unpackb(second.recv())
         finally:
             first.close()
@@ -165,13 +170,14 @@ def test_a_departed_clients_requests_are_cancelled(tmp_path: Path) -> None:
     closes its connection. Before: the server ran them all for nobody, holding their frames."""
     args = ["--pool", '{"type": "static", "num_workers": 1, "multiplex": 2}', "--env.args", '{"sleep": 1.0}']
     with running_env_server(tmp_path, *args) as server:
+        model = bind(server.address)
         context = zmq.Context.instance()
         client = context.socket(zmq.DEALER)
         client.setsockopt(zmq.LINGER, 0)
         client.connect(server.address)
         try:
             for i, task in enumerate([HANG, SLEEP_TASK, HANG, HANG, HANG, HANG]):
-                client.send(rollout_request(f"gone-{i}", task))
+                client.send(rollout_request(f"gone-{i}", task, model))
             wait_until(lambda: info(server.address)["queued"] == 4, 10.0, "4 requests queued behind 2 running")
         finally:
             client.close()

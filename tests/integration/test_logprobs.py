@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.inference.client import TokenCompletion
-from envrl.samples import TrainingSample
+from envrl.data.samples import TrainingSample
+from envrl.model.inference import TokenCompletion
 from envrl.trainer.config import LossConfig
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import pack, packed_logits

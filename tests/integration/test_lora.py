@@ -23,12 +23,12 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from envrl.config import ModelConfig
-from envrl.http import RetryPolicy
 from envrl.inference.adapter import lora_serving_options
-from envrl.inference.client import InferenceClient, TokenCompletion
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
-from envrl.log import LogConfig
+from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.runtime.http import RetryPolicy
+from envrl.telemetry.log import LogConfig
 from envrl.trainer.lora import publish_adapter
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.logprobs import PROMPTS, sample_completions
@@ -91,7 +91,7 @@ def scored(model: torch.nn.Module, completions: list[TokenCompletion]) -> list[f
 
 def reload(server: VLLMServer, path: Path, step: int) -> None:
     async def main() -> None:
-        client = InferenceClient(server.base_url, server.model, RetryPolicy(max_retries=0, timeout=120.0))
+        client = InferenceClient(server.base_url, server.model, RetryPolicy(max_retries=0, timeout_s=120.0))
         try:
             await client.update_weights(path, step=step)
         finally:

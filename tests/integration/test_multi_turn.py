@@ -12,10 +12,10 @@ from statistics import fmean
 from typing import Any
 
 from envrl.config import resolve_config
+from envrl.data.layout import batch_dir
+from envrl.data.samples import read_batch
 from envrl.launcher.config import RLConfig, resolve_run
-from envrl.layout import batch_dir
 from envrl.orchestrator.jsonl import parse_trace_line
-from envrl.samples import read_batch
 from tests.integration.in_process_run import train_in_process
 from tests.support.run_files import metric_lines
 

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """One server for the module (importing openenv-core's server takes ~10 s of CPU); the crash test runs last."""
     with running_env_server(
-        tmp_path_factory.mktemp("openenv"), "--pool", POOL, "--timeout.rollout", "5", "--env.args", '{"turns": 2}',
+        tmp_path_factory.mktemp("openenv"), "--pool", POOL, "--timeout.rollout_s", "5", "--env.args", '{"turns": 2}',
         env_id="openenv-count", python=str(PYTHON), ready_timeout=300,
     ) as running:  # fmt: skip
         yield running
@@ -57,9 +57,9 @@ def test_the_examples_venv_is_light() -> None:
 
 def test_each_completion_is_a_step_and_step_rewards_are_summed(server: RunningServer) -> None:
     async def run() -> None:
-        async with EnvClient(server.address) as client:
-            mixed = {"type": "scripted", "replies": ["12 13", "ab"]}
-            trace = await client.run_rollout(3, client=mixed, sampling={"max_tokens": 8}, seed=0)
+        mixed = {"type": "scripted", "replies": ["12 13", "ab"]}
+        async with EnvClient(server.address, model=mixed) as client:
+            (trace,) = await client.run(3, sampling={"max_tokens": 8}, seed=0)
             assert trace.error is None, trace.error
             assert trace.num_turns == 2 and trace.stop_reason == "completed"
             assert trace.reward == pytest.approx(1.0)  # 1.0 for "12 13", 0.0 for "ab"
@@ -71,16 +71,17 @@ def test_each_completion_is_a_step_and_step_rewards_are_summed(server: RunningSe
 
 
 def test_rollouts_beyond_the_servers_session_capacity_wait_instead_of_failing(server: RunningServer) -> None:
-    slow = {**DIGITS, "delay": 0.05}
+    slow = {**DIGITS, "delay_s": 0.05}
 
     async def run() -> None:
-        async with EnvClient(server.address) as client:
-            traces = await asyncio.gather(
-                *(
-                    client.run_rollout(i, client=slow, sampling={"max_tokens": 8})
-                    for i in range(3 * MAX_CONCURRENT_ENVS)
+        async with EnvClient(server.address, model=slow) as client:
+            traces = [
+                trace
+                for traces in await asyncio.gather(
+                    *(client.run(i, sampling={"max_tokens": 8}) for i in range(3 * MAX_CONCURRENT_ENVS))
                 )
-            )
+                for trace in traces
+            ]
         assert [t.error for t in traces if t.error] == []
         assert all(t.reward == pytest.approx(2.0) for t in traces)
         assert max(t.metrics["openenv_wait_s"] for t in traces) > 0.05  # some waited for a free session
@@ -90,24 +91,19 @@ def test_rollouts_beyond_the_servers_session_capacity_wait_instead_of_failing(se
 
 def test_timed_out_rollouts_close_their_sessions(server: RunningServer) -> None:
     """Rollouts cancelled at the rollout timeout hold every session; if one leaked, the next wave would wait forever."""
-    stuck = {**DIGITS, "delay": 30.0}
+    stuck = {**DIGITS, "delay_s": 30.0}
 
     async def run() -> None:
-        async with EnvClient(server.address) as client:
+        async with EnvClient(server.address, model=stuck) as client, EnvClient(server.address, model=DIGITS) as fine:
             timed_out = await asyncio.gather(
-                *(client.run_rollout(i, client=stuck, sampling={"max_tokens": 8}) for i in range(MAX_CONCURRENT_ENVS))
+                *(client.run(i, sampling={"max_tokens": 8}) for i in range(MAX_CONCURRENT_ENVS))
             )
-            assert {t.error.type for t in timed_out if t.error} == {"timeout"}
+            assert {t.error.type for (t,) in timed_out if t.error} == {"timeout"}
             again = await asyncio.wait_for(
-                asyncio.gather(
-                    *(
-                        client.run_rollout(i, client=DIGITS, sampling={"max_tokens": 8})
-                        for i in range(MAX_CONCURRENT_ENVS)
-                    )
-                ),
+                asyncio.gather(*(fine.run(i, sampling={"max_tokens": 8}) for i in range(MAX_CONCURRENT_ENVS))),
                 timeout=30,
             )
-            assert [t.error for t in again if t.error] == []
+            assert [t.error for (t,) in again if t.error] == []
 
     asyncio.run(run())
 
@@ -115,7 +111,7 @@ def test_timed_out_rollouts_close_their_sessions(server: RunningServer) -> None:
 MCP_ROLLOUT = """
 import asyncio, json
 from envrl.envs import SamplingArgs, ScriptedClientConfig, load_environment
-from envrl.envs.model_client import ModelResponse, ScriptedClient
+from envrl.model.client import ModelResponse, ScriptedClient
 
 def call(i, name, arguments):
     return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
@@ -161,8 +157,8 @@ def test_a_crashed_openenv_server_gives_error_traces_not_a_dead_env_server(serve
     wait_until(lambda: not alive(pid), 10, "the OpenEnv server is dead")
 
     async def run() -> None:
-        async with EnvClient(server.address) as client:
-            traces = await client.run_group(0, 4, client=DIGITS, sampling={"max_tokens": 8})
+        async with EnvClient(server.address, model=DIGITS) as client:
+            traces = await client.run(0, n=4, sampling={"max_tokens": 8})
             assert {t.error.type for t in traces if t.error} == {"OpenEnvError"}
             assert all("cannot connect to the OpenEnv server" in t.error.message for t in traces if t.error)
             assert (await client.health()).status == "ok"

@@ -19,16 +19,16 @@ from statistics import fmean
 import pytest
 
 from envrl.config import ModelConfig, config_to_toml
-from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
-from envrl.layout import batch_dir, weights_dir
-from envrl.lifeline import PARENT_PID_ENV
-from envrl.metrics import WandbConfig
-from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig, SamplingParams
-from envrl.orchestrator.envs import Env
+from envrl.data.layout import batch_dir, weights_dir
+from envrl.data.samples import read_batch
+from envrl.data.seeds import attempt_seed
+from envrl.model.client import EvalClientConfig, ScriptedClientConfig
+from envrl.orchestrator.config import EvalEnvConfig, EvalsConfig, OrchestratorConfig, SamplingParams, TrainEnvConfig
+from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.loop import Orchestrator
-from envrl.samples import read_batch
-from envrl.seeds import attempt_seed
+from envrl.runtime.lifeline import PARENT_PID_ENV
 from envrl.serve.config import StaticPoolConfig
+from envrl.telemetry.metrics import WandbConfig
 
 HERE = Path(__file__).parent
 POOL = StaticPoolConfig(num_workers=1)
@@ -45,14 +45,14 @@ def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> Orchestrato
         max_inflight=16,
         sampling=SamplingParams(max_tokens=12),
         envs=[
-            EnvConfig(id="reverse-text", ratio=1.0, pool=POOL, sampling={"temperature": 0.7, "top_p": 0.9}),
-            EnvConfig(id="distinct-rank", ratio=1.0, pool=POOL),
+            TrainEnvConfig(id="reverse-text", ratio=1.0, pool=POOL, sampling={"temperature": 0.7, "top_p": 0.9}),
+            TrainEnvConfig(id="distinct-rank", ratio=1.0, pool=POOL),
         ],
-        eval_envs=[
-            EvalEnvConfig(
-                id="learnable", num_examples=3, rollouts_per_example=2, at_start=True, at_end=False, pool=POOL
-            )
-        ],
+        eval=EvalsConfig(
+            env=[EvalEnvConfig(id="learnable", num_examples=3, rollouts_per_example=2, pool=POOL)],
+            at_start=True,
+            at_end=False,
+        ),
         inference={"base_url": vllm_server.base_url},
         wandb=WandbConfig(mode="disabled"),
     )
@@ -129,7 +129,11 @@ def test_standalone_run_writes_valid_batches_from_every_env_and_prints_a_line_pe
 def test_on_policy_run_waits_for_the_trainer_and_reloads_its_weights(tmp_path: Path, vllm_server) -> None:
     """max_async_level 0: batch 1 must come from policy 1, published only after batch 0 exists."""
     config = orchestrator_config(
-        tmp_path, vllm_server, max_async_level=0, envs=[EnvConfig(id="reverse-text", pool=POOL)], eval_envs=[]
+        tmp_path,
+        vllm_server,
+        max_async_level=0,
+        envs=[TrainEnvConfig(id="reverse-text", pool=POOL)],
+        eval=EvalsConfig(),
     )
     out = config.output_dir
 
@@ -167,7 +171,7 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     markers = tmp_path / "markers"
     markers.mkdir()
-    config = EnvConfig(
+    config = TrainEnvConfig(
         id="flaky_env:load_environment",
         args={"marker_dir": str(markers), "failures": 1},
         pool=POOL,
@@ -175,7 +179,7 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
     )
 
     async def run() -> list:
-        env = Env(
+        env = EnvHandle(
             config,
             split="train",
             client=ScriptedClientConfig(replies=["hi"]),
@@ -199,8 +203,8 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
 def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: Path, vllm_server) -> None:
     """`client = {type = "eval"}` on an env: token-less turns, back-filled with the student's template."""
     chat = EvalClientConfig(base_url=f"{vllm_server.base_url}/v1", model=vllm_server.model)
-    env = EnvConfig(id="reverse-text", pool=POOL, client=chat)
-    config = orchestrator_config(tmp_path, vllm_server, max_steps=1, batch_size=4, envs=[env], eval_envs=[])
+    env = TrainEnvConfig(id="reverse-text", pool=POOL, client=chat)
+    config = orchestrator_config(tmp_path, vllm_server, max_steps=1, batch_size=4, envs=[env], eval=EvalsConfig())
     asyncio.run(Orchestrator(config).run())
     rollouts = read_jsonl(config.output_dir / "rollouts" / "train.jsonl")
     assert all(r["error"] is None and r["branches"][0]["turns"][0]["tokens"] is None for r in rollouts)
@@ -212,9 +216,9 @@ def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: 
 
 
 def test_samples_past_seq_len_are_truncated_and_counted_per_env(tmp_path: Path, vllm_server) -> None:
-    env = EnvConfig(id="learnable", args={"turns": 3}, pool=POOL)
+    env = TrainEnvConfig(id="learnable", args={"turns": 3}, pool=POOL)
     config = orchestrator_config(
-        tmp_path, vllm_server, max_steps=1, batch_size=8, envs=[env], eval_envs=[], seq_len=48,
+        tmp_path, vllm_server, max_steps=1, batch_size=8, envs=[env], eval=EvalsConfig(), seq_len=48,
         sampling=SamplingParams(max_tokens=8),
     )  # fmt: skip
     asyncio.run(Orchestrator(config).run())

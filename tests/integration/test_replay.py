@@ -9,8 +9,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from envrl.layout import batch_dir, configs_dir, weights_dir
-from envrl.samples import write_batch
+from envrl.data.layout import batch_dir, configs_dir, weights_dir
+from envrl.data.samples import write_batch
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
 from tests.support.samples import synthetic_samples
@@ -26,7 +26,7 @@ def test_replay_matches_the_run_bit_for_bit_then_names_a_tampered_tensor(tmp_pat
     config = configs_dir(out) / "trainer.toml"
     config.parent.mkdir(parents=True)
     config.write_text(
-        f'output_dir = "{out}"\nmax_steps = 3\nmax_tokens = 128\n'
+        f'output_dir = "{out}"\nmax_steps = 3\nmicro_batch_tokens = 128\n'
         f'[model]\nname = "{DEFAULT_DIR}"\n[optim]\nlr = 3e-3\n'
         '[ckpt]\ninterval = 1\nkeep = 3\n[wandb]\nmode = "disabled"\n'
     )

@@ -23,7 +23,7 @@ def test_every_replica_serves_rollouts_and_loads_every_steps_weights(tmp_path: P
     out = tmp_path / "replicas"
     overrides = [
         "--inference.replicas", "2", "--inference.port", str(free_base_port()),  # base and base + 1 are free
-        "--max-steps", str(STEPS), "--max-async-level", "0", "--orchestrator.eval-envs", "[]",
+        "--max-steps", str(STEPS), "--max-async-level", "0", "--orchestrator.eval.env", "[]",
     ]  # fmt: skip
     with rl_process(out, *overrides) as (proc, marker):
         code, console = finish(proc, timeout=1200)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from envrl.layout import (
+from envrl.data.layout import (
     batch_dir,
     eval_rollouts_file,
     published_steps,
@@ -25,12 +25,12 @@ from envrl.layout import (
     rollouts_root,
     train_rollouts_file,
 )
-from envrl.ledger import read_ledger
+from envrl.data.samples import read_batch
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.report.main import write_report
 from envrl.report.plots import PLOTS
 from envrl.report.timeline import step_splits
-from envrl.samples import read_batch
+from envrl.telemetry.ledger import read_ledger
 from tests.integration.smoke import SmokeRun
 from tests.unit.report.runs import (
     FAILED_LOG_TAIL,

@@ -45,7 +45,7 @@ PARENT = """
 import sys, time
 from pathlib import Path
 from envrl.launcher.commands import trainer_argv
-from envrl.process import spawn
+from envrl.runtime.process import spawn
 spawn(trainer_argv(sys.executable, 2, Path(sys.argv[1])), name="trainer", log_file=Path(sys.argv[2]))
 print("spawned", flush=True)
 time.sleep(3600)
@@ -61,7 +61,7 @@ def rank_pids(marker: str) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"envrl.guarded" in cmdline and b"envrl.launcher.torchrun" not in cmdline:
+        if b"envrl.runtime.guarded" in cmdline and b"envrl.launcher.torchrun" not in cmdline:
             ranks.append(pid)
     return ranks
 
@@ -128,7 +128,7 @@ def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_
         "trainer.optim.eps": "1.0",
         "trainer.ckpt.interval": "0",
         "orchestrator.batch-size": "8",
-        "orchestrator.eval-envs": "[]",
+        "orchestrator.eval.env": "[]",
     }
     with rl_process(out, *[arg for key, value in overrides.items() for arg in (f"--{key}", value)]) as (proc, marker):
 

@@ -13,11 +13,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from envrl.data.traces import Task, Trace
 from envrl.envs import Rubric
 from envrl.envs.adapters.agent_program import AgentProgramEnvironment
-from envrl.envs.model_client import SamplingArgs, ScriptedClient, ScriptedClientConfig
+from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.sandbox import SandboxConfig, bridge
-from envrl.traces import Task, Trace
 from tests.integration.sandboxes import ALL_SANDBOXES, run_dir, wait_gone
 
 __all__ = ["run_dir"]

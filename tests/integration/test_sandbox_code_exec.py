@@ -10,10 +10,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from envrl.envs.model_client import SamplingArgs, ScriptedClient, ScriptedClientConfig
+from envrl.data.traces import Message
 from envrl.envs.registry import load_environment
+from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.serve.client import EnvClient
-from envrl.traces import Message
 from tests.integration.env_servers import running_env_server, wait_until
 from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 
@@ -68,7 +68,7 @@ def test_the_episode_cap_is_a_typed_error_trace_never_a_reward() -> None:
     assert wait_gone(ALL_SANDBOXES) == []
 
 
-SLOW_MODEL = {"type": "scripted", "replies": [_call("print(1)"), "```python\nprint(1)\n```"], "delay": 1.0}
+SLOW_MODEL = {"type": "scripted", "replies": [_call("print(1)"), "```python\nprint(1)\n```"], "delay_s": 1.0}
 
 
 def test_the_env_server_serves_sandboxed_rollouts_and_sigkills_leave_no_sandbox(tmp_path: Path) -> None:
@@ -76,30 +76,25 @@ def test_the_env_server_serves_sandboxed_rollouts_and_sigkills_leave_no_sandbox(
     with running_env_server(tmp_path, "--pool", pool, env_id="code-exec", ready_timeout=120) as server:
 
         async def go() -> None:
-            async with EnvClient(server.address) as client:
-                traces = await asyncio.gather(
-                    *(client.run_rollout(i, client=SLOW_MODEL, sampling={"max_tokens": 64}) for i in range(4))
-                )
-                assert all(t.error is None and t.reward is not None for t in traces), [t.error for t in traces]
+            async with EnvClient(server.address, model=SLOW_MODEL) as client:
+                traces = await asyncio.gather(*(client.run(i, sampling={"max_tokens": 64}) for i in range(4)))
+                assert all(t.error is None and t.reward is not None for (t,) in traces), [t.error for (t,) in traces]
                 assert wait_gone(ALL_SANDBOXES) == []
                 # SIGKILL the worker while its sandboxes live: they die with it; the rollouts are
                 # answered (re-run on the replacement worker), and the next one is served.
-                pending = [
-                    asyncio.ensure_future(client.run_rollout(i, client=SLOW_MODEL, sampling={"max_tokens": 64}))
-                    for i in range(3)
-                ]
+                pending = [asyncio.ensure_future(client.run(i, sampling={"max_tokens": 64})) for i in range(3)]
                 await asyncio.to_thread(
                     wait_until, lambda: len(processes_of(ALL_SANDBOXES)) >= 3, 30, "sandboxes started"
                 )
                 (worker,) = server.workers()
                 os.kill(worker, signal.SIGKILL)
                 assert await asyncio.to_thread(wait_gone, ALL_SANDBOXES, 10) == []
-                for trace in await asyncio.gather(*pending):
+                for (trace,) in await asyncio.gather(*pending):
                     assert trace.error is None or trace.error.type == "worker_died"
-                trace = await client.run_rollout(0, client=SLOW_MODEL, sampling={"max_tokens": 64})
+                (trace,) = await client.run(0, sampling={"max_tokens": 64})
                 assert trace.error is None and trace.reward is not None
                 # SIGKILL the server itself while a sandbox lives: its worker and the sandbox follow.
-                lost = asyncio.ensure_future(client.run_rollout(1, client=SLOW_MODEL, sampling={"max_tokens": 64}))
+                lost = asyncio.ensure_future(client.run(1, sampling={"max_tokens": 64}))
                 await asyncio.to_thread(
                     wait_until, lambda: len(processes_of(ALL_SANDBOXES)) >= 3, 30, "sandbox started"
                 )

@@ -22,16 +22,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from envrl.data.traces import Message, Task, Trace
 from envrl.envs import Rubric, SamplingArgs, ToolEnvironment, TrainClientConfig, build_client
-from envrl.envs.chat_tokens import ChatRenderer
-from envrl.http import RetryPolicy
-from envrl.inference.client import InferenceClient
+from envrl.model.chat_tokens import ChatRenderer
+from envrl.model.inference import InferenceClient
 from envrl.orchestrator.trajectories import trace_to_samples
-from envrl.traces import Message, Task, Trace
+from envrl.runtime.http import RetryPolicy
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.served_weights import restore_served_weights
 
-RETRY = RetryPolicy(max_retries=1, timeout=120.0)
+RETRY = RetryPolicy(max_retries=1, timeout_s=120.0)
 MAX_LOGPROB_ERROR = 1e-4
 """The issue's bound; float32 on both sides differs by ~1e-7 (tests/integration/test_logprobs.py)."""
 
@@ -147,7 +147,7 @@ def fit(renderers: dict[str, ChatRenderer], tools: list[dict[str, Any]], out: Pa
 
 def serve(base_url: str, model: str, weights: Path) -> None:
     async def main() -> None:
-        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout=300.0))
+        client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=300.0))
         try:
             await client.update_weights(weights)
         finally:

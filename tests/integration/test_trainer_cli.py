@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.layout import batch_dir
-from envrl.samples import BATCH_FILE, write_batch
+from envrl.data.layout import batch_dir
+from envrl.data.samples import BATCH_FILE, write_batch
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
 from tests.support.samples import synthetic_samples
@@ -30,7 +30,7 @@ def test_trainer_learns_publishes_resumes_and_names_a_corrupt_batch(tmp_path):
         write_batch(out, step, synthetic_samples(6, policy_step=step, seed=7))
     config = tmp_path / "trainer.toml"
     config.write_text(
-        f'output_dir = "{out}"\nmax_steps = 3\nmax_tokens = 128\n'
+        f'output_dir = "{out}"\nmax_steps = 3\nmicro_batch_tokens = 128\n'
         f'[model]\nname = "{DEFAULT_DIR}"\n[optim]\nlr = 3e-3\n[loss]\nppo_clip = false\n'
         '[ckpt]\ninterval = 1\nkeep = 1\n[wandb]\nmode = "disabled"\n'
     )

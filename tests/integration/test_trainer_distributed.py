@@ -38,7 +38,7 @@ TIMEOUT_S = 240
 STEPS = 3
 ARGS = {
     "max-steps": str(STEPS),
-    "max-tokens": "64",
+    "micro-batch-tokens": "64",
     "model.name": str(DEFAULT_DIR),
     "optim.lr": "1.0",
     "optim.eps": "1.0",  # lr / eps = 1: weights differ by at most what the gradients differ by

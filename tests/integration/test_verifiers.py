@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from envrl.envs.chat_tokens import chat_renderer
+from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient, EnvServerError
 from tests.integration.env_servers import RunningServer, alive, children, wait_until
 from tests.integration.verifiers_env import (
@@ -37,9 +37,13 @@ SCRIPTED = {"type": "scripted", "replies": REPLIES, "tokenizer": TOKENIZER}
 
 
 @pytest.fixture(scope="module")
-def digits_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def digits_server(tmp_path_factory: pytest.TempPathFactory, vllm_server: Any) -> Iterator[RunningServer]:
+    """The module's server: scripted clients (the tiny model's tokenizer, a dead model URL) and
+    the session's vLLM may both reach it, so no test pays for a second import of verifiers."""
     args = {"taskset": {"num_tasks": 4}, "eval_taskset": {"num_tasks": 2, "seed": 1}, "agent": NULL_HARNESS}
-    with verifiers_env_server(tmp_path_factory.mktemp("verifiers"), args, *ACCESS) as server:
+    tokenizers = sorted({TOKENIZER, vllm_server.model})
+    access = json.dumps({"tokenizers": tokenizers, "base_urls": [DEAD, vllm_server.base_url]})
+    with verifiers_env_server(tmp_path_factory.mktemp("verifiers"), args, "--model-access", access) as server:
         yield server
 
 
@@ -74,7 +78,7 @@ def test_the_eval_split_is_the_eval_taskset(digits_server: RunningServer) -> Non
 
 
 def test_a_failing_model_call_gives_an_error_trace_that_names_it(digits_server: RunningServer) -> None:
-    client = {"type": "train", "base_url": DEAD, "model": TOKENIZER, "retry": {"max_retries": 0, "timeout": 5.0}}
+    client = {"type": "train", "base_url": DEAD, "model": TOKENIZER, "retry": {"max_retries": 0, "timeout_s": 5.0}}
     (trace,) = run_group(digits_server.address, 1, client)
     assert trace.reward is None and trace.stop_reason == "error" and trace.error is not None
     assert "chat proxy" in trace.error.message and "model call 0 failed" in trace.error.message, trace.error
@@ -98,12 +102,12 @@ def warm_processes(server: RunningServer) -> tuple[list[int], list[int]]:
 
 
 def test_a_cancelled_verifiers_rollout_stops_its_harness_program(digits_server: RunningServer) -> None:
-    hanging = {**SCRIPTED, "delay": 600.0}  # the model call never answers in the test's time
+    hanging = {**SCRIPTED, "delay_s": 600.0}  # the model call never answers in the test's time
 
     async def main() -> None:
-        async with EnvClient(digits_server.address, timeout=TIMEOUT) as env:
+        async with EnvClient(digits_server.address, model=hanging, timeout=TIMEOUT) as env:
             sampling = {"max_tokens": 8}
-            pending = asyncio.ensure_future(env.run_rollout(0, client=hanging, sampling=sampling, request_id="hang"))
+            pending = asyncio.ensure_future(env.run(0, sampling=sampling, request_id="hang"))
             started = lambda: len(warm_processes(digits_server)[1]) == 1  # noqa: E731
             await asyncio.to_thread(wait_until, started, 120, "the harness program started")
             (server,), (program,) = warm_processes(digits_server)
@@ -118,12 +122,12 @@ def test_a_cancelled_verifiers_rollout_stops_its_harness_program(digits_server: 
 
 
 def test_a_killed_worker_takes_its_warm_harness_server_and_runs_with_it(tmp_path: Path) -> None:
-    hanging = {**SCRIPTED, "delay": 600.0}
+    hanging = {**SCRIPTED, "delay_s": 600.0}
     with verifiers_env_server(tmp_path, {"taskset": {"num_tasks": 1}, "agent": NULL_HARNESS}, *ACCESS) as server:
 
         async def main() -> None:
-            async with EnvClient(server.address, timeout=TIMEOUT) as env:
-                pending = asyncio.ensure_future(env.run_rollout(0, client=hanging, sampling={"max_tokens": 8}))
+            async with EnvClient(server.address, model=hanging, timeout=TIMEOUT) as env:
+                pending = asyncio.ensure_future(env.run(0, sampling={"max_tokens": 8}))
                 started = lambda: len(warm_processes(server)[1]) == 1  # noqa: E731
                 await asyncio.to_thread(wait_until, started, 120, "the harness program started")
                 (warm,), (program,) = warm_processes(server)
@@ -158,16 +162,13 @@ def test_a_verifiers_env_raising_in_its_rollout_gives_error_traces_and_keeps_ser
 
 
 def test_verifiers_turns_against_vllm_carry_the_policys_exact_tokens_and_logprobs(
-    vllm_server: Any, tmp_path: Path
+    vllm_server: Any, digits_server: RunningServer
 ) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     client = {"type": "train", "base_url": vllm_server.base_url, "model": vllm_server.model}
-    access = {"tokenizers": [vllm_server.model], "base_urls": [vllm_server.base_url]}
-    args = {"taskset": {"num_tasks": 4}, "agent": NULL_HARNESS}
-    with verifiers_env_server(tmp_path, args, "--model-access", json.dumps(access)) as server:
-        traces = run_group(server.address, 2, client)
+    traces = run_group(digits_server.address, 2, client)
     renderer = chat_renderer(vllm_server.model)
     model = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32).eval()
     for trace in traces:

@@ -26,7 +26,7 @@ def example_venv() -> None:
 def test_rl_trains_on_the_verifiers_example(tmp_path: Path) -> None:
     """24 steps of 16 rollouts (the config as it is, without the smoke run's eval env): the reward rises.
     73-89 s on the shared 2-core CPU machine, vLLM's start included (five runs)."""
-    overrides = ["--config", str(CONFIG), "--orchestrator.eval-envs", "[]"]
+    overrides = ["--config", str(CONFIG), "--orchestrator.eval.env", "[]"]
     with rl_process(tmp_path, *overrides) as (proc, marker):
         code, console = finish(proc, timeout=1500)
         assert not wait_no_survivors(marker), "processes of the run survived it (a warm harness server?)"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from envrl.envs.chat_tokens import chat_renderer
+from envrl.data.traces import Trace
+from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient
-from envrl.traces import Trace
 from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 from tests.integration.verifiers_env import (
     ACCESS,
@@ -34,17 +34,17 @@ SANDBOXES_AHEAD = 4
 def test_sandboxed_harness_programs_reach_the_model_with_exact_tokens_and_leave_nothing(tmp_path: Path) -> None:
     args = {"taskset": {"num_tasks": 4}, "agent": NULL_HARNESS, "sandbox": {"episode_s": 120}}
     # Each call waits a second, so the harness programs are seen running in their sandboxes.
-    client = {"type": "scripted", "replies": REPLIES, "tokenizer": TOKENIZER, "delay": 1.0}
+    client = {"type": "scripted", "replies": REPLIES, "tokenizer": TOKENIZER, "delay_s": 1.0}
     seen: list[int] = []
     warm_servers: set[int] = set()
     with verifiers_env_server(tmp_path, args, *ACCESS) as server:
 
         async def main() -> list[Trace]:
-            async with EnvClient(server.address, timeout=TIMEOUT) as env:
+            async with EnvClient(server.address, model=client, timeout=TIMEOUT) as env:
                 sampling = {"max_tokens": 8}
-                first = await env.run_group(0, 2, client=client, sampling=sampling, seed=5)  # type: ignore[arg-type]
+                first = await env.run(0, n=2, sampling=sampling, seed=5)
                 await asyncio.sleep(5)  # sandboxes are started ahead, their warm servers import the program
-                return first + await env.run_group(1, 2, client=client, sampling=sampling, seed=5)  # type: ignore[arg-type]
+                return first + await env.run(1, n=2, sampling=sampling, seed=5)
 
         done = threading.Event()
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.atomic import atomic_dir, write_file
-from envrl.http import HttpCallError
+from envrl.runtime.atomic import atomic_dir, write_file
+from envrl.runtime.http import HttpCallError
 from envrl.trainer.weights import policy_tensors
 from envrl.transport import TRANSFER_FILE
 from envrl.transport.memory import PolicySender, TransferInfo

@@ -17,8 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from envrl.data.traces import Trace
 from envrl.serve.client import EnvClient
-from envrl.traces import Trace
 from tests.integration.env_servers import RunningServer, running_env_server
 
 HERE = Path(__file__).resolve().parent
@@ -56,9 +56,8 @@ def run_group(address: str, n: int, client: dict[str, Any], task_idx: int = 0, s
     """`n` rollouts of one task through an env client (8 tokens a turn, seed 5)."""
 
     async def main() -> list[Trace]:
-        async with EnvClient(address, timeout=TIMEOUT) as env:
-            sampling = {"max_tokens": 8}
-            return await env.run_group(task_idx, n, client=client, sampling=sampling, split=split, seed=5)  # type: ignore[arg-type]
+        async with EnvClient(address, model=client, timeout=TIMEOUT) as env:
+            return await env.run(task_idx, n=n, sampling={"max_tokens": 8}, split=split, seed=5)  # type: ignore[arg-type]
 
     return asyncio.run(main())
 

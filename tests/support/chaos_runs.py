@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from statistics import fmean
 
-from envrl.layout import published_steps, rollouts_root
-from envrl.metrics import metric_float
+from envrl.data.layout import published_steps, rollouts_root
 from envrl.serve.client import EnvClient, EnvServerError
+from envrl.telemetry.metrics import metric_float
 from tests.support.ports import free_base_port, free_port
 from tests.support.run_files import metric_lines
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from envrl.samples import write_batch
+from envrl.data.samples import write_batch
 from tests.support.samples import synthetic_samples
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from envrl.samples import TrainingSample
+from envrl.data.samples import TrainingSample
 
 
 def synthetic_samples(

@@ -36,6 +36,9 @@ class TrainerConfig(BaseConfig):
     optim: OptimConfig = OptimConfig()
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    micro_batch_tokens: int = 4096
+
+    renamed_keys = {"max_tokens": "micro_batch_tokens", "learning_rate": "optim.lr"}
 
 
 class RunConfig(BaseConfig):
@@ -124,6 +127,14 @@ def test_unknown_key_inside_union_member_suggests_that_members_key(
 def test_unknown_cli_key_is_attributed_to_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     err = load_error(capsys, ["--traner.optim.lr", "1"])
     assert "'traner'" in err and "command line" in err and "did you mean 'trainer'" in err
+
+
+def test_a_renamed_key_is_refused_naming_its_new_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path, "a.toml", "[trainer]\nmax_tokens = 512\n")
+    err = load_error(capsys, ["--config", str(a)])
+    assert f"unknown config key 'trainer.max_tokens' (from {a}); did you mean 'trainer.micro_batch_tokens'?" in err
+    err = load_error(capsys, ["--trainer.learning-rate", "1e-3"])
+    assert "'trainer.learning_rate'" in err and "did you mean 'trainer.optim.lr'? (the key was renamed)" in err
 
 
 def test_wrong_type_names_key_source_and_value(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,7 +1,11 @@
 """Environments: tasks, rollouts, rewards and the model clients they call (docs/environments.md)."""
 
 from envrl.envs.environment import Environment, Split, TaskSource
-from envrl.envs.model_client import (
+from envrl.envs.registry import EnvironmentNotFound, installed_environment_ids, load_environment
+from envrl.envs.rubric import Rubric
+from envrl.envs.state import RolloutState
+from envrl.envs.tools import ToolEnvironment
+from envrl.model.client import (
     ClientConfig,
     EvalClientConfig,
     ModelClient,
@@ -12,10 +16,6 @@ from envrl.envs.model_client import (
     TrainClientConfig,
     build_client,
 )
-from envrl.envs.registry import EnvironmentNotFound, installed_environment_ids, load_environment
-from envrl.envs.rubric import Rubric
-from envrl.envs.state import RolloutState
-from envrl.envs.tools import ToolEnvironment
 
 __all__ = [
     "ClientConfig",

@@ -1,6 +1,6 @@
 """The Environment base: tasks, the rollout loop (single- and multi-turn) and scoring.
 
-Guarantee: `rollout`, `run_rollout` and `run_group` never raise (cancellation aside): any failure
+Guarantee: `rollout` and `run_group` (and `run_rollout`, its n = 1) never raise (cancellation aside): any failure
 in setup, a model call, an env hook or a reward function becomes `Trace.error` with reward None.
 Every model call is recorded as a Turn with its tokens; a turn whose prompt tokens extend the
 previous turn's prompt + completion continues its Branch, any other turn starts a new one.
@@ -13,11 +13,11 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from envrl.envs.model_client import ModelClient, SamplingArgs
+from envrl.data.traces import Branch, Error, Message, Split, Task, Trace, Turn, WireTask
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
-from envrl.inference.client import ContextLengthError
-from envrl.traces import Branch, Error, Message, Split, Task, Trace, Turn, WireTask
+from envrl.model.client import ModelClient, SamplingArgs
+from envrl.model.inference import ContextLengthError
 
 TaskSource = Sequence[Task] | Callable[[], Iterable[Task]]
 """A list of tasks, or a function that builds them (from a seed, no downloads) on first use."""
@@ -147,22 +147,11 @@ class Environment:
         finally:
             await self._cleanup(state)
 
-    async def run_rollout(
-        self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None
-    ) -> Trace:
-        """Generate and score one rollout (a group-scored env sees a group of one)."""
-        state = self._new_state(task)
-        try:
-            await self._generate(state, client, sampling)
-            await self.rubric.score(state, scoring_timeout)
-            return state.trace
-        finally:
-            await self._cleanup(state)
-
     async def run_group(
         self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int, *, scoring_timeout: float | None = None
     ) -> list[Trace]:
-        """`n` rollouts of one task, scored together. With a seed, rollout i samples with seed + i."""
+        """`n` rollouts of one task, scored together (n = 1: one rollout). With a seed, rollout i
+        samples with seed + i. The one entry point an env server calls: override this one."""
         states = [self._new_state(task) for _ in range(n)]
         try:
             seeds = [None if sampling.seed is None else sampling.seed + i for i in range(n)]
@@ -170,11 +159,18 @@ class Environment:
             await asyncio.gather(*(self._generate(s, client, args) for s, args in zip(states, seeded, strict=True)))
             if self.group_scoring:
                 await self.rubric.score_group(states, scoring_timeout)
-            else:
+            else:  # each rollout's failures and deadline its own
                 await asyncio.gather(*(self.rubric.score(s, scoring_timeout) for s in states))
             return [s.trace for s in states]
         finally:
             await asyncio.gather(*(self._cleanup(s) for s in states))
+
+    async def run_rollout(
+        self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None
+    ) -> Trace:
+        """One scored rollout: `run_group` with n = 1."""
+        (trace,) = await self.run_group(task, client, sampling, 1, scoring_timeout=scoring_timeout)
+        return trace
 
     def _new_state(self, task: Task) -> RolloutState:
         trace = Trace(task=WireTask.model_validate(task.model_dump()))

@@ -39,8 +39,8 @@ from typing import Any
 
 import msgpack
 
-from envrl.lifeline import become_subreaper, set_parent_death_signal
-from envrl.process import kill_tree
+from envrl.runtime.lifeline import become_subreaper, set_parent_death_signal
+from envrl.runtime.process import kill_tree
 
 MAX_SHARED = 64
 """Calls one child runs at most (a bound on how long later calls wait behind slow ones)."""

@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from envrl.data.traces import Error, Span
 from envrl.envs.forked import ForkedCallError, run_forked
 from envrl.envs.state import RolloutState
 from envrl.sandbox.errors import SandboxError
-from envrl.traces import Error, Span
 
 RewardFn = Callable[..., Any]
 """`fn(**asked) -> float | None` (or an awaitable of one; None: not applicable to this rollout).
@@ -172,7 +172,7 @@ class Rubric:
             self._fail(scorable, e.error)
         except TimeoutError:
             names = ", ".join(_name(fn) for fn in [*self.rewards, *self.group_rewards])
-            message = f"reward functions ({names}) did not finish within {timeout}s (timeout.scoring)"
+            message = f"reward functions ({names}) did not finish within {timeout}s (timeout.scoring_s)"
             self._fail(scorable, Error(type="scoring_timeout", message=message))
         except Exception as e:  # noqa: BLE001 - scoring never raises; the failure goes into the traces
             self._fail(scorable, Error.from_exception(e))

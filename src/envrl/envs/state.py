@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from envrl.traces import Message, Task, Trace, Turn
+from envrl.data.traces import Message, Task, Trace, Turn
 
 
 @dataclass(eq=False)

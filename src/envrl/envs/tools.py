@@ -25,13 +25,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from envrl.data.traces import Message
 from envrl.envs.environment import Environment
-from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.envs.state import RolloutState
-from envrl.envs.tool_calls import Family
-from envrl.envs.tool_calls import parse as parse_family
+from envrl.model.client import ModelClient, SamplingArgs
+from envrl.model.tool_calls import Family
+from envrl.model.tool_calls import parse as parse_family
 from envrl.sandbox.errors import SandboxError
-from envrl.traces import Message
 
 NOT_TOOLS = frozenset({"reset", "close"})
 """Public methods with a lifecycle meaning, never offered to the model."""

@@ -14,19 +14,9 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
-from envrl.log import LogConfig
-from envrl.net import is_loopback_host
-
-RELOAD_TOKEN_ENV = "ENVRL_RELOAD_TOKEN"
-"""Default environment variable holding the `/update_weights` token (tokens never go into configs)."""
-API_KEY_ENV = "ENVRL_INFERENCE_API_KEY"
-"""Environment variable holding the key vLLM demands on its generation routes (vLLM's `--api-key`,
-handed over as `VLLM_API_KEY`) and every envrl client sends, when set."""
-
-
-def api_key() -> str | None:
-    """The inference API key of this process's environment, if any."""
-    return os.environ.get(API_KEY_ENV) or None
+from envrl.runtime.net import is_loopback_host
+from envrl.runtime.secrets import RELOAD_TOKEN_ENV
+from envrl.telemetry.log import LogConfig
 
 
 class ReloadConfig(BaseConfig):
@@ -49,7 +39,7 @@ class ReloadConfig(BaseConfig):
 
 class InferenceConfig(BaseConfig):
     model: ModelConfig = ModelConfig()
-    output_dir: Path = Path("outputs")
+    output_dir: Path = Path("outputs/run")
     """Run directory; vLLM's caches, RPC sockets and temp files go under `<output_dir>/inference/`."""
     host: str = "127.0.0.1"
     """Interface the OpenAI-compatible server binds."""

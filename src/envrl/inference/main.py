@@ -8,7 +8,7 @@ config error (unknown vLLM options included).
 
 from __future__ import annotations
 
-from envrl.lifeline import die_with_parent
+from envrl.runtime.lifeline import die_with_parent
 
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
@@ -20,8 +20,8 @@ from pathlib import Path
 from envrl.config import ConfigError, load_config
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import cpu_environment, link_model_info_cache, vllm_args, vllm_environment
-from envrl.log import setup_logging
-from envrl.net import port_is_free
+from envrl.runtime.net import port_is_free
+from envrl.telemetry.log import setup_logging
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -6,9 +6,14 @@ later request) or is refused with an error naming the problem while the previous
 serving; whatever happens, generation is resumed before the response. Reloads are serialised
 and idempotent per policy step: a repeated POST of a step already loaded (a client retrying
 after a lost answer) changes nothing and gets the first answer again. Each reload has a
-server-side deadline (`inference.reload.timeout_s`). Requests in flight when one starts finish
-on the old weights (generation is paused in vLLM's "wait" mode), requests arriving meanwhile
-wait and run on the new. Off loopback, callers must send the token (`inference.reload`).
+server-side deadline (`inference.reload.timeout_s`). Requests arriving during a reload wait and
+run on the new weights; what happens to those in flight when it starts is the caller's choice
+(`in_flight`, see `IN_FLIGHT_PAUSE`): by default they finish on the old weights first (vLLM's
+"wait" pause); for partial rollouts they are frozen and go on under the new weights after the
+load. Every token a request generates is labelled with the policy step that sampled it (vLLM's
+weight version, returned as `weight_versions` spans): the step of the last reload that gave one;
+the weights the server started with, or loaded without a step, have a label that is no number. Off loopback,
+callers must send the token (`inference.reload`).
 
 Shipped to vLLM as an endpoint plugin (entry point group `vllm.endpoint_plugins`, enabled by
 `VLLM_PLUGINS=envrl`), so the server is vLLM's own OpenAI server with this one route added.
@@ -33,7 +38,7 @@ import os
 import time
 from argparse import Namespace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Header
 from fastapi.responses import JSONResponse
@@ -50,6 +55,24 @@ PLUGIN_NAME = "envrl"
 RELOAD_ENV = "ENVRL_INFERENCE_RELOAD"
 """Carries `inference.reload` (JSON) from the entry point to the plugin."""
 
+InFlight = Literal["wait", "recompute", "keep"]
+IN_FLIGHT_PAUSE: dict[str, tuple[str, bool]] = {
+    "wait": ("wait", True),
+    "recompute": ("keep", True),
+    "keep": ("keep", False),
+}
+"""vLLM's `pause_generation(mode, clear_cache)` for each `in_flight` choice. `wait`: requests in
+flight finish on the old weights before the load (it waits for the longest). `recompute`:
+they are frozen in the scheduler, their KV cache dropped (vLLM preempts them), and after the
+load they are prefilled again from prompt + tokens so far, so every later token is exactly the
+new policy's sample. `keep`: frozen with their KV cache, so later tokens attend to keys and
+values the old weights computed (a distribution of neither policy), and the prefix cache keeps
+old-weight blocks that new requests may reuse; measured, not used by the orchestrator
+(docs/scale.md)."""
+
+UNLABELLED = "unlabelled"
+"""Weight version of weights loaded without a policy step (vLLM labels those it started with "default")."""
+
 
 class UpdateWeightsRequest(BaseModel):
     path: str
@@ -58,6 +81,8 @@ class UpdateWeightsRequest(BaseModel):
     """The policy step these weights are; a repeated POST of a loaded step is a no-op."""
     timeout_s: float | None = Field(None, gt=0)
     """A shorter deadline than the server's `inference.reload.timeout_s` for this call."""
+    in_flight: InFlight = "wait"
+    """What happens to generations running when the reload starts (see `IN_FLIGHT_PAUSE`)."""
     replica: int = Field(0, ge=0)
     replicas: int = Field(1, ge=1)
     """This server's index among the `replicas` loading `path` at once: for a policy sent in
@@ -148,7 +173,9 @@ class WeightReloadPlugin:
             except WeightsError as e:
                 logger.warning(f"weight reload refused: {e}")
                 return JSONResponse({"error": str(e)}, status_code=400)
-            failure, status = await self._reload(path, deadline, (request.replica, request.replicas))
+            failure, status = await self._reload(
+                path, deadline, (request.replica, request.replicas), request.step, request.in_flight
+            )
         if failure is not None:
             logger.error(failure)
             return JSONResponse({"error": failure}, status_code=status)
@@ -163,7 +190,7 @@ class WeightReloadPlugin:
             if is_transfer_dir(path)
             else "weights reloaded"
         )
-        logger.info(f"{what} from {path} in {seconds:.2f}s")
+        logger.info(f"{what} from {path} in {seconds:.2f}s (requests in flight: {request.in_flight})")
         return JSONResponse(answer)
 
     def _check(self, path: Path) -> None:
@@ -192,12 +219,16 @@ class WeightReloadPlugin:
             )
         check_shapes(dict(zip(info.names, map(tuple, info.shapes), strict=True)), self._served, str(path))
 
-    async def _reload(self, path: Path, deadline: float, receivers: tuple[int, int]) -> tuple[str | None, int]:
-        """Pause, load `path` (restoring the old weights if that fails), always resume; (failure, status)."""
+    async def _reload(
+        self, path: Path, deadline: float, receivers: tuple[int, int], step: int | None, in_flight: InFlight
+    ) -> tuple[str | None, int]:
+        """Pause (as `in_flight` says), load `path` (restoring the old weights if that fails) and
+        label what it generates from now on as `step`, always resume; (failure, status)."""
         started = time.monotonic()
+        mode, clear_cache = IN_FLIGHT_PAUSE[in_flight]
         try:
             try:
-                await asyncio.wait_for(self._engine.pause_generation(mode="wait", clear_cache=True), deadline)
+                await asyncio.wait_for(self._engine.pause_generation(mode=mode, clear_cache=clear_cache), deadline)
             except TimeoutError:
                 return (
                     f"requests in flight did not finish within {deadline:g} s (inference.reload.timeout_s); "
@@ -214,6 +245,7 @@ class WeightReloadPlugin:
                     500,
                 )
             if failure is None:
+                await self._engine.update_weight_version(UNLABELLED if step is None else str(step))
                 if not is_adapter_dir(path):
                     self._base = str(path)
                     if self._adapter is not None:

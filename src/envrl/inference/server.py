@@ -29,12 +29,13 @@ from loguru import logger
 
 from envrl.config import ConfigError
 from envrl.inference.adapter import check_lora_support
-from envrl.inference.config import API_KEY_ENV, InferenceConfig, api_key
+from envrl.inference.config import InferenceConfig
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
-from envrl.log import LogConfig, setup_logging
-from envrl.net import is_loopback_host
-from envrl.process import Child, config_argv, spawn
+from envrl.runtime.net import is_loopback_host
+from envrl.runtime.process import Child, config_argv, spawn
+from envrl.runtime.secrets import API_KEY_ENV, api_key
+from envrl.telemetry.log import LogConfig, setup_logging
 
 CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "enable_chunked_prefill": False}
 """Engine options that make vLLM-CPU start fast and match a float32 trainer; `inference.vllm` wins.

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from envrl import layout
+from envrl.data import layout
 from envrl.launcher.config import ResolvedRun
 from envrl.launcher.cpus import CpuPlan, trainer_env, vllm_is_cpu_build
 from envrl.launcher.placement import Placement
-from envrl.process import allowed_environ
+from envrl.runtime.process import allowed_environ
 
 TORCHRUN_RANK_ENV = "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
 """What torchrun adds to each rank's environment (the only per-rank difference)."""
@@ -77,15 +77,34 @@ def env_server_key(split: str, name: str) -> str:
     return f"envs/{split}/{name}"
 
 
-def trainer_argv(python: str, ranks: int, config: Path) -> list[str]:
-    """The trainer's command: under torchrun with `ranks` > 1 (one node, loopback rendezvous)."""
+def trainer_argv(
+    python: str, ranks: int, config: Path, nodes: int = 1, node_rank: int = 0, master: str = "", port: int = 29500
+) -> list[str]:
+    """The trainer's command: under torchrun with `ranks` > 1 per host (one node: loopback
+    rendezvous) or with `nodes` > 1 (this host is `node_rank`, rendezvous on `master`:`port`)."""
     args = ["envrl.trainer.main", "--config", str(config)]
-    if ranks == 1:
+    if ranks == 1 and nodes == 1:
         return [python, "-m", *args]
-    # --local-addr: MASTER_ADDR is 127.0.0.1, not this host's name (which may resolve to a public interface)
-    torchrun = [python, "-m", "envrl.launcher.torchrun", "--standalone", "--local-addr", "127.0.0.1"]
+    torchrun = [python, "-m", "envrl.launcher.torchrun"]
+    if nodes == 1:
+        # --local-addr: MASTER_ADDR is 127.0.0.1, not this host's name (which may resolve to a public interface)
+        torchrun += ["--standalone", "--local-addr", "127.0.0.1"]
+    else:
+        torchrun += ["--nnodes", str(nodes), "--node-rank", str(node_rank)]
+        torchrun += ["--master-addr", master, "--master-port", str(port)]
     torchrun += ["--nproc-per-node", str(ranks)]
-    return [*torchrun, "-m", "envrl.guarded", *args]  # each rank: die with torchrun, then the trainer
+    return [*torchrun, "-m", "envrl.runtime.guarded", *args]  # each rank: die with torchrun, then the trainer
+
+
+def inference_command(name: str, out: Path, env: dict[str, str], token: dict[str, str]) -> Command:
+    """Inference replica `name`: its config from `configs/<name>.toml`, its log `logs/<name>.log`."""
+    return Command(
+        name=name,
+        argv=[sys.executable, "-m", "envrl.inference.main", "--config", str(config_file(out, name))],
+        env=env,
+        secret_env=token,
+        log_file=layout.logs_dir(out) / f"{name}.log",
+    )
 
 
 def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) -> LaunchPlan:
@@ -111,12 +130,8 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
         )
     return LaunchPlan(
         inference=[
-            Command(
-                name=name,
-                argv=[python, "-m", "envrl.inference.main", "--config", str(config_file(out, name))],
-                env={**placement.inference_env(i), **(cpus.inference_env() if cpus else {})},
-                secret_env=token,
-                log_file=logs / f"{name}.log",
+            inference_command(
+                name, out, {**placement.inference_env(i), **(cpus.inference_env() if cpus else {})}, token
             )
             for i, name in enumerate(run.inference_replicas())
         ],

@@ -1,8 +1,8 @@
 """`RLConfig`: one file for a whole run, resolved ONCE into each process's own complete config.
 
 Guarantee: `resolve_run` is the only place where values flow between sections: shared keys
-(model, output_dir, max_steps, max_async_level, seed) are copied from the top level into every
-section, env servers get their fixed ports and log files, and every process gets the addresses
+(model, output_dir, max_steps, max_async_level, seed, wandb, log) are copied from the top level
+into every section, env servers get their fixed ports and log files, and every process gets the addresses
 of the others. (Log files are not in the configs: the launcher sends each process's output to
 `<output_dir>/logs/`.) A shared key set inside a section is an error, so nobody has to
 guess which of two values wins; so are two processes of the run on one TCP port.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
 from envrl.inference.adapter import lora_serving_options
@@ -22,37 +22,71 @@ from envrl.inference.config import InferenceConfig
 from envrl.launcher.cpus import CpusConfig
 from envrl.launcher.log_rotation import LogRotationConfig
 from envrl.launcher.replicas import replica_configs
-from envrl.log import LogConfig
-from envrl.metrics import WandbConfig
-from envrl.net import is_loopback_host
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.process import RestartPolicy
+from envrl.runtime.net import is_loopback_host
+from envrl.runtime.process import RestartPolicy
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.launch import EnvServerLaunch
+from envrl.telemetry.log import LogConfig
+from envrl.telemetry.metrics import WandbConfig
 from envrl.trainer.config import TrainerConfig
 
-SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb")
+SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb", "log")
 SET_BY_RL = {
     "trainer.resume": "--resume",
     "orchestrator.resume": "--resume",
     "orchestrator.inference.base_url": "inference.port and inference.replicas",
     "orchestrator.inference.reload_token_env": "inference.reload.token_env",
+    "log.file": "output_dir (every process logs to <output_dir>/logs/<process>.log)",
 }
-"""Keys of a process's config that `rl` sets from its own keys (beyond the shared ones)."""
+"""Keys that `rl` sets from its own keys (beyond the shared ones), in a process's section or its own."""
 EVAL_PORT_OFFSET = 1000
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
-class RoleRestarts(BaseConfig):
-    """How `rl` restarts its own processes when one dies, without user action (an env server
-    follows its env's `restarts`). A role whose budget is spent ends the run; `--resume` goes on."""
+class RunRestarts(RestartPolicy):
+    """How `rl` restarts each of its own processes when it dies, without user action: an inference
+    replica (on its port, with the newest policy), the trainer (from its newest checkpoint) and the
+    orchestrator (after its newest published batch), each with a budget of its own of this shape
+    (an env server follows its env's `restarts`). A process whose budget is spent ends the run;
+    `--resume` goes on."""
 
-    inference: RestartPolicy = RestartPolicy()
-    """Each inference replica: started again on its port and loaded with the newest policy."""
-    trainer: RestartPolicy = RestartPolicy()
-    """The trainer: started again from its newest checkpoint, retraining the batches after it."""
-    orchestrator: RestartPolicy = RestartPolicy()
-    """The orchestrator: started again as `--resume` does, after its newest published batch."""
+    removed_keys: ClassVar[dict[str, str]] = {
+        role: "one policy for every process rl starts, each with its own budget: set restarts.max_restarts, "
+        "window_s, backoff_s, max_backoff_s"
+        for role in ("inference", "trainer", "orchestrator")
+    }
+
+
+class SlurmConfig(BaseConfig):
+    """Where the roles go when `rl --slurm` writes a SLURM batch script (launcher/slurm.py): host i
+    is the i-th host of the job's node list. Read by `rl --slurm` only."""
+
+    nodes: int = Field(2, ge=1)
+    """Hosts of the job (`#SBATCH --nodes`)."""
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs asked for on each host (`#SBATCH --gpus-per-node`; 0: none, a CPU job)."""
+    trainer_nodes: int = Field(1, ge=1)
+    """The first this many hosts run the trainer: torchrun on each, one rank per device of
+    `trainer.gpus` (else `trainer.num_procs` ranks), rendezvous on host 0."""
+    inference_nodes: int = Field(1, ge=1)
+    """The last this many hosts each run `inference.replicas` servers on `inference.gpus`."""
+    env_node: int = -1
+    """The host of the env servers (an index; negative counts from the end). Off host 0, where
+    the orchestrator runs, they serve over CURVE with keys the job makes in the run directory."""
+    rendezvous_port: int = Field(29500, ge=1, le=65535)
+    """torchrun's rendezvous port on host 0."""
+    sbatch: list[str] = []
+    """More `#SBATCH` options, as given: `["--partition=gpu", "--time=24:00:00"]`."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> SlurmConfig:
+        for key in ("trainer_nodes", "inference_nodes"):
+            if getattr(self, key) > self.nodes:
+                raise ValueError(f"{key} = {getattr(self, key)} is more than nodes = {self.nodes}")
+        if not -self.nodes <= self.env_node < self.nodes:
+            raise ValueError(f"env_node = {self.env_node} names no host of {self.nodes}")
+        return self
 
 
 class RLConfig(BaseConfig):
@@ -73,13 +107,16 @@ class RLConfig(BaseConfig):
     clean: bool = False
     """Start over: delete the earlier run in `output_dir` (only what rl wrote there; a directory rl
     did not create is refused)."""
-    restarts: RoleRestarts = RoleRestarts()
-    shutdown_grace: float = Field(15.0, gt=0)
+    restarts: RunRestarts = RunRestarts()
+    shutdown_grace_s: float = Field(15.0, gt=0)
     """Seconds each process gets to exit after SIGTERM before it is killed."""
     log: LogConfig = LogConfig()
+    """Every process's log level (each one's output goes to `<output_dir>/logs/`)."""
     log_rotation: LogRotationConfig = LogRotationConfig()
     """Every process's log under `logs/` is rotated past `max_mb`, `keep` older copies kept."""
     cpus: CpusConfig = CpusConfig()
+    slurm: SlurmConfig = SlurmConfig()
+    """Host placement of `rl --slurm`'s batch script (several hosts)."""
     trainer: TrainerConfig = TrainerConfig()
     orchestrator: OrchestratorConfig
     inference: InferenceConfig = InferenceConfig()
@@ -97,6 +134,8 @@ class RLConfig(BaseConfig):
         ]
         + list(SET_BY_RL)
     )
+
+    renamed_keys: ClassVar[dict[str, str]] = {"shutdown_grace": "shutdown_grace_s"}
 
 
 class ResolvedRun(BaseModel):
@@ -142,6 +181,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
         inference.vllm = {**lora_serving_options(trainer.lora.rank), **inference.vllm}
     if "keep_weights_every" not in orchestrator.model_fields_set:  # loadable policies at every checkpoint
         orchestrator.keep_weights_every = trainer.ckpt.interval
+    orchestrator.max_inflight = orchestrator.inflight_limit  # derived from the run's max_async_level
     replica_configs(inference)  # a replica port past 65535 is a config error now, not at spawn
     orchestrator.inference.base_url = inference.base_url if inference.replicas == 1 else inference.base_urls
     orchestrator.inference.reload_token_env = inference.reload.token_env
@@ -151,7 +191,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     access = ModelAccessConfig(base_urls=orchestrator.inference.base_urls, tokenizers=[orchestrator.model.name])
     for split, envs, base in (
         ("train", orchestrator.envs, rl.env_server_base_port),
-        ("eval", orchestrator.eval_envs, rl.env_server_base_port + EVAL_PORT_OFFSET),
+        ("eval", orchestrator.eval.env, rl.env_server_base_port + EVAL_PORT_OFFSET),
     ):
         for i, env in enumerate(envs):
             if env.address is not None:
@@ -176,7 +216,7 @@ def _check_lengths(run: ResolvedRun) -> None:
     training sample longer than the trainer's micro-batch budget."""
     orchestrator, trainer = run.orchestrator, run.trainer
     context = run.inference.vllm.get("max_model_len")
-    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval_envs", orchestrator.eval_envs)):
+    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval.env", orchestrator.eval.env)):
         for i, env in enumerate(envs):
             max_tokens = env.sampling_args(orchestrator.sampling).max_tokens
             if isinstance(context, int) and max_tokens >= context:
@@ -188,10 +228,11 @@ def _check_lengths(run: ResolvedRun) -> None:
                 raise ConfigError(
                     f"{where} = {max_tokens} leaves no room for a prompt in inference.vllm.max_model_len = {context}"
                 )
-    if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.max_tokens:
+    if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.micro_batch_tokens:
         raise ConfigError(
-            f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.max_tokens = {trainer.max_tokens}, the "
-            "tokens of one micro-batch: lower seq_len or raise trainer.max_tokens"
+            f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.micro_batch_tokens = "
+            f"{trainer.micro_batch_tokens}, the tokens of one micro-batch: lower seq_len or raise "
+            "trainer.micro_batch_tokens"
         )
 
 

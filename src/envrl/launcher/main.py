@@ -5,7 +5,7 @@ Guarantee: every process this command starts is stopped before it returns, whate
 (a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
 itself is SIGKILLed), torchrun's trainer ranks included (`launcher/torchrun.py`). A process that
 dies is restarted within its budget (an env server on its address, per its env's `restarts`;
-inference, trainer and orchestrator per `restarts.<role>`, as `launcher/recovery.py` says), and
+inference, trainer and orchestrator per `restarts`, each with its own budget, as `launcher/recovery.py` says), and
 what each death cost goes to `summary.json`; a death past its budget ends the run, which
 `--resume` continues. Exit code: 0 when trainer and
 orchestrator finished, 1 when a process failed (it is named, with the tail of its log), 2 for a
@@ -28,25 +28,26 @@ from typing import Any, NoReturn
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl import layout
 from envrl.config import ConfigError, config_to_toml, load_config
-from envrl.console import RunConsole
+from envrl.data import layout
 from envrl.launcher import preflight, recovery, run_dir, summary
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
-from envrl.launcher.config import ResolvedRun, RLConfig, RoleRestarts, resolve_run
+from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
 from envrl.launcher.log_rotation import LogRotator
 from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.replicas import wait_for_replicas
+from envrl.launcher.slurm import write_sbatch
 from envrl.launcher.supervisor import Respawn, Supervisor
-from envrl.log import setup_logging
-from envrl.net import port_is_free
-from envrl.process import Child, ChildFailed, spawn
-from envrl.progress import duration
+from envrl.runtime.net import port_is_free
+from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn
 from envrl.serve.launch import start as start_env_server
+from envrl.telemetry.console import RunConsole
+from envrl.telemetry.log import setup_logging
+from envrl.telemetry.progress import duration
 
 COMMANDS: dict[str, str] = {
-    "eval": "envrl.orchestrator.evaluate",
+    "eval": "envrl.eval.main",
     "report": "envrl.report.main",
     "envs": "envrl.envs.registry",
     "replay": "envrl.trainer.replay",
@@ -56,7 +57,7 @@ COMMANDS: dict[str, str] = {
 shell (`eval` is a builtin). Adding a command is one line here."""
 
 
-USAGE = """usage: rl --config FILE.toml [--section.key VALUE ...] [--resume | --clean] [--dry-run]
+USAGE = """usage: rl --config FILE.toml [--section.key VALUE ...] [--resume | --clean] [--dry-run | --slurm]
        rl COMMAND ...        commands: eval, report, envs, sft, replay (rl COMMAND --help)
        rl --help             every option;  rl --version
 
@@ -68,7 +69,8 @@ EXAMPLES = """examples:
   rl --config configs/debug/cpu_smoke.toml                    the smoke run
   rl --config configs/debug/cpu_smoke.toml --max-steps 100 --orchestrator.batch-size 64
   rl --resume --output-dir outputs/cpu_smoke --max-steps 80   continue a run, for longer
-  rl --config x.toml --dry-run                                each process's config and command"""
+  rl --config x.toml --dry-run                                each process's config and command
+  rl --config x.toml --slurm                                  a SLURM batch script for several hosts"""
 
 
 class Interrupted(Exception):
@@ -156,11 +158,17 @@ def run_training(argv: Sequence[str]) -> None:
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    slurm = "--slurm" in argv  # write the run as a SLURM batch script (launcher/slurm.py) instead of running it
+    argv = [arg for arg in argv if arg != "--slurm"]
     rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text, epilog=epilog)
     try:
         run, placement, cpus = _plan(rl)
-        _check_devices(rl, visible_gpus(), vllm_is_cpu_build())
+        if not slurm:  # the hosts of a SLURM job are not this one
+            _check_devices(rl, visible_gpus(), vllm_is_cpu_build())
         run_dir.prepare(rl)
+        if slurm:
+            print(write_sbatch(rl))
+            return
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -172,7 +180,7 @@ def run_training(argv: Sequence[str]) -> None:
     _write_configs(rl.output_dir, run)
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
-    supervisor = Supervisor(grace=rl.shutdown_grace)
+    supervisor = Supervisor(grace=rl.shutdown_grace_s)
     rotator = LogRotator(logs, rl.log_rotation).start()
     code, started = 0, time.monotonic()
     outcome = summary.Outcome(status="failed", reason="launcher error", error="see logs/launcher.log")
@@ -248,14 +256,14 @@ def _busy_ports(run: ResolvedRun) -> str:
 
 
 def _start(
-    run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: CpuPlan | None, restarts: RoleRestarts
+    run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: CpuPlan | None, restarts: RestartPolicy
 ) -> None:
     """Start every process, each with its way back when it dies (`launcher/recovery.py`)."""
     if cpus is not None:
         logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
     what = "inference server" if len(plan.inference) == 1 else f"{len(plan.inference)} inference replicas"
     logger.info(f"starting {what} (vLLM; about a minute on CPU)")
-    deadline = time.monotonic() + run.orchestrator.inference.ready_timeout  # before the orchestrator's own
+    deadline = time.monotonic() + run.orchestrator.inference.ready_timeout_s  # before the orchestrator's own
     out, configs = run.trainer.output_dir, run.inference_replicas()
     # vLLM's in-process worker (and all it starts) inherits the affinity, as torchrun's ranks do the trainer's
     spawn_inference = partial(_spawn, cores=cpus.inference if cpus else None)
@@ -263,16 +271,16 @@ def _start(
     inference = {}
     for command in plan.inference:
         url, model = configs[command.name].base_url, run.orchestrator.model.name
-        respawn = recovery.replica_respawn(command, spawn_inference, restarts.inference, url, model, out)
+        respawn = recovery.replica_respawn(command, spawn_inference, restarts, url, model, out)
         inference[command.name] = supervisor.add(spawn_inference(command), respawn)
     for server, command in zip(run.env_servers, plan.env_servers, strict=True):
         start_server = partial(
             start_env_server, server, log_file=command.log_file, argv=command.argv, environ=command.environ()
         )
         supervisor.add(_server_child(start_server), Respawn(partial(_server_child, start_server), server.restarts))
-    trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts.trainer, out)
+    trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts, out)
     supervisor.add(spawn_trainer(plan.trainer), trainer)
-    orchestrator = recovery.orchestrator_respawn(plan.orchestrator, _spawn, restarts.orchestrator, out)
+    orchestrator = recovery.orchestrator_respawn(plan.orchestrator, _spawn, restarts, out)
     supervisor.add(_spawn(plan.orchestrator), orchestrator)
     logger.info(f"trainer and orchestrator started; logs in {plan.trainer.log_file.parent}")
     # Trainer and orchestrator import and load while vLLM starts; the orchestrator waits for it.

@@ -31,7 +31,7 @@ def check(rl: RLConfig) -> None:
             check_lora_model(rl.trainer.lora, rl.model.name)
         except LoraError as e:
             raise ConfigError(str(e)) from None
-    envs = [("orchestrator.envs", rl.orchestrator.envs), ("orchestrator.eval_envs", rl.orchestrator.eval_envs)]
+    envs = [("orchestrator.envs", rl.orchestrator.envs), ("orchestrator.eval.env", rl.orchestrator.eval.env)]
     installed = installed_environment_ids()
     for key, table in envs:
         for i, env in enumerate(table):

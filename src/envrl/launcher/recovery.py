@@ -19,12 +19,12 @@ from pathlib import Path
 import httpx
 from loguru import logger
 
-from envrl.http import HttpCallError
-from envrl.inference.client import InferenceClient, InferenceError
+from envrl.data.layout import published_steps, rollouts_root, weights_dir, weights_root
 from envrl.launcher.commands import Command
 from envrl.launcher.supervisor import Check, Respawn
-from envrl.layout import published_steps, rollouts_root, weights_dir, weights_root
-from envrl.process import Child, RestartPolicy
+from envrl.model.inference import InferenceClient, InferenceError
+from envrl.runtime.http import HttpCallError
+from envrl.runtime.process import Child, RestartPolicy
 from envrl.transport.weights import file_policies
 
 RESUME_FLAG = "--resume"

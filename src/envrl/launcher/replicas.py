@@ -15,9 +15,9 @@ from envrl.config import ConfigError
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import wait_until_serving
 from envrl.launcher.supervisor import Supervisor
-from envrl.process import Child, ChildFailed
+from envrl.runtime.process import Child, ChildFailed
 
-READY_TIMEOUT_KEY = "orchestrator.inference.ready_timeout"
+READY_TIMEOUT_KEY = "orchestrator.inference.ready_timeout_s"
 """The one start-up limit of an `rl` run's inference: the launcher counts it from the replicas'
 launch, the orchestrator (started later) from its own wait, so the launcher's check fails first."""
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from loguru import logger
 
-from envrl import layout
 from envrl.config import ConfigError, config_to_toml
+from envrl.data import layout
 from envrl.launcher.config import RLConfig
 
 MARKER = ".envrl-run.json"

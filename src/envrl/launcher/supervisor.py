@@ -24,7 +24,7 @@ from typing import Any
 
 from loguru import logger
 
-from envrl.process import Child, ChildFailed, Restart, RestartBudget, RestartPolicy
+from envrl.runtime.process import Child, ChildFailed, Restart, RestartBudget, RestartPolicy
 
 Check = Callable[[], bool]
 """True once a restarted process does its work again (polled about once a second)."""

@@ -8,14 +8,14 @@ process-group kill `rl` uses for its other children.
 
 from __future__ import annotations
 
-from envrl.lifeline import die_with_parent
+from envrl.runtime.lifeline import die_with_parent
 
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
 import os
 import sys
 
-from envrl.lifeline import adopt_children
+from envrl.runtime.lifeline import adopt_children
 
 
 def main() -> None:

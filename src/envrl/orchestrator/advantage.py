@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from envrl.traces import Trace
+from envrl.data.traces import Trace
 
 
 class AdvantageConfig(BaseModel):

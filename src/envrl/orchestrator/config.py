@@ -6,24 +6,23 @@ ratios on all train envs or on none, and a batch that holds whole groups.
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
-from envrl.envs.model_client import ClientConfig, SamplingArgs, SamplingParams
-from envrl.http import RetryPolicy
-from envrl.inference.config import RELOAD_TOKEN_ENV
-from envrl.inference.replicas import ReplicaUrls, replica_urls
-from envrl.log import LogConfig
-from envrl.metrics import WandbConfig
-from envrl.net import is_loopback
+from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
+from envrl.model.replicas import ReplicaUrls, replica_urls
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.retention import BatchRetention
 from envrl.orchestrator.trajectories import SeqLenPolicy
-from envrl.process import RestartPolicy
+from envrl.runtime.http import RetryPolicy
+from envrl.runtime.net import is_loopback
+from envrl.runtime.process import RestartPolicy
+from envrl.runtime.secrets import RELOAD_TOKEN_ENV
 from envrl.serve.config import (
     CurveClientConfig,
     ElasticPoolConfig,
@@ -34,6 +33,8 @@ from envrl.serve.config import (
     PoolConfig,
 )
 from envrl.serve.launch import EnvServerLaunch
+from envrl.telemetry.log import LogConfig
+from envrl.telemetry.metrics import WandbConfig
 
 UNTRAINABLE_SAMPLING = ("min_p", "logit_bias", "min_tokens", "repetition_penalty", "presence_penalty",
                         "frequency_penalty", "bad_words", "allowed_token_ids")  # fmt: skip
@@ -42,14 +43,14 @@ include them but the trainer's do not, so every importance ratio would be off.""
 
 
 class EnvConfig(BaseConfig):
+    """An environment and its env server: the keys a train env and an eval env share."""
+
     id: str
     """Installed environment id, or `package.module:function`."""
     name: str | None = None
     """Name in logs, metrics and batch files; defaults to `id`. Must be unique."""
     args: dict[str, Any] = {}
     """Keyword arguments of the environment's `load_environment`."""
-    ratio: float | None = Field(None, gt=0)
-    """Share of train rollouts (relative); set on every train env or on none (then: by task count)."""
     address: str | None = None
     """An env server already running there (external); without it a sidecar server is spawned."""
     python: Path | None = None
@@ -69,13 +70,13 @@ class EnvConfig(BaseConfig):
     """Worker pool of a spawned sidecar server."""
     max_retries: int = Field(2, ge=0)
     """Re-runs of a rollout that came back with an error before it counts as failed."""
-    reconnect_timeout: float = Field(300.0, gt=0)
+    reconnect_timeout_s: float = Field(300.0, gt=0)
     """Seconds to wait for a lost env server (connection dropped, or silent) to answer again before
     the orchestrator fails; rollouts lost with it are re-run once it is back."""
     pass_env: list[str] = []
     """Variables of the launcher's environment a spawned server of this env (its workers, the
     programs they run) gets beyond the allow-list of locale, paths, caches and proxies
-    (`envrl.process.ALLOWED_ENV`), e.g. `["OPENAI_API_KEY"]`; a model client's `api_key_env` is
+    (`envrl.runtime.process.ALLOWED_ENV`), e.g. `["OPENAI_API_KEY"]`; a model client's `api_key_env` is
     passed by itself. Tokens and keys not listed never reach model-driven code."""
     restarts: RestartPolicy = RestartPolicy()
     """Restarts of this env's server (on its address) when it dies: by the launcher under `rl`, by
@@ -88,6 +89,8 @@ class EnvConfig(BaseConfig):
     server. A chat client (`type = "eval"`, e.g. a teacher behind an OpenAI API) gives token-less
     turns, which training back-fills with the student's chat template (their tokens count as
     on-policy: importance ratio 1)."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"reconnect_timeout": "reconnect_timeout_s"}
 
     @model_validator(mode="after")
     def _remote_needs_curve(self) -> EnvConfig:
@@ -152,22 +155,29 @@ class EnvConfig(BaseConfig):
         return SamplingArgs.model_validate({**base.model_dump(), **self.sampling})
 
 
+class TrainEnvConfig(EnvConfig):
+    """A train env (`[[orchestrator.envs]]`)."""
+
+    ratio: float | None = Field(None, gt=0)
+    """Share of train rollouts (relative); set on every train env or on none (then: by task count)."""
+
+
 class EvalEnvConfig(EnvConfig):
+    """An eval env (`[[orchestrator.eval.env]]`, `rl eval`'s `[[env]]`): an env plus how it is scored."""
+
     num_examples: int = Field(16, ge=1)
     """Eval tasks per evaluation (the first `num_examples` eval tasks)."""
     rollouts_per_example: int = Field(1, ge=1)
-    interval: int = Field(10, ge=1)
-    """Evaluate every `interval` steps."""
-    at_start: bool = False
-    """Also evaluate the initial policy, at step 0."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
     pass_at: list[int] = []
     """More k for pass@k (unbiased estimator), e.g. [4, 8]; pass@1 and pass@r (r =
     rollouts_per_example) are always reported. Each k must be at most rollouts_per_example."""
-    at_end: bool = True
-    """Also evaluate the final policy after the last step (waiting for the trainer to publish it,
-    at most `weights_timeout`)."""
+
+    removed_keys: ClassVar[dict[str, str]] = {
+        key: f"one schedule for every eval env: set orchestrator.eval.{key} (`rl eval` evaluates once)"
+        for key in ("interval", "at_start", "at_end")
+    }
 
     @model_validator(mode="after")
     def _pass_at_fits(self) -> EvalEnvConfig:
@@ -185,12 +195,66 @@ def check_pass_at(env: EvalEnvConfig) -> None:
         )
 
 
+class EvalsConfig(BaseConfig):
+    """`orchestrator.eval`: the eval envs and one schedule for all of them (evals run beside training)."""
+
+    env: list[EvalEnvConfig] = []
+    """Eval envs: env keys (as a train env's, without `ratio`) plus num_examples,
+    rollouts_per_example, pass_at, pass_threshold; or `train_env = "<name>"` to take a train env's
+    keys (id, args, pool, ...) and set only what differs (docs/config.md)."""
+    interval: int = Field(10, ge=1)
+    """Evaluate every `interval` steps."""
+    at_start: bool = False
+    """Also evaluate the initial policy, at step 0."""
+    at_end: bool = True
+    """Also evaluate the final policy after the last step (waiting for the trainer to publish it,
+    at most `weights_timeout_s`)."""
+
+    def due(self, step: int) -> bool:
+        """Whether the eval envs run before training step `step` (step 0: only `at_start`)."""
+        return self.at_start if step == 0 else step % self.interval == 0
+
+
+def complete_eval_envs(data: Any) -> Any:
+    """Raw orchestrator config data with every `eval.env` table that names a `train_env`
+    completed by that train env's keys (its own keys win; `ratio` and `name` stay the train
+    env's). A shorthand of the file a user writes: the validated config holds complete eval envs."""
+    evals = data.get("eval") if isinstance(data, dict) else None
+    tables = evals.get("env") if isinstance(evals, dict) else None
+    if not isinstance(tables, list):
+        return data
+    train = {}
+    for env in data.get("envs") or []:
+        table = env if isinstance(env, dict) else env.model_dump(exclude_unset=True)
+        train[table.get("name") or table.get("id")] = table
+    completed = []
+    for i, table in enumerate(tables):
+        if not isinstance(table, dict):
+            completed.append(table)
+            continue
+        if "train_env" not in table:
+            completed.append(table)
+            continue
+        own = {key: value for key, value in table.items() if key != "train_env"}
+        source = train.get(table["train_env"])
+        if source is None:
+            names = sorted(map(str, train))
+            close = difflib.get_close_matches(str(table["train_env"]), names, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(
+                f"eval.env[{i}].train_env {table['train_env']!r} is not a train env; {hint}train envs: {names}"
+            )
+        inherited = {key: value for key, value in source.items() if key not in ("ratio", "name")}
+        completed.append({"name": table["train_env"], **inherited, **own})
+    return {**data, "eval": {**evals, "env": completed}}
+
+
 class InferenceClientConfig(BaseConfig):
     base_url: ReplicaUrls = "http://127.0.0.1:8000"
     """The envrl inference server (vLLM), without /v1, or a list of replicas serving the same model
     (on this host or others; `rl` sets it from `inference.replicas`). Env servers spread model
     calls across them; each step's weights are loaded on all of them before the step dispatches."""
-    ready_timeout: float = Field(600.0, gt=0)
+    ready_timeout_s: float = Field(600.0, gt=0)
     """Seconds to wait for the servers to answer at start-up. Under `rl` it is also the launcher's
     limit, counted from the servers' launch (before the orchestrator starts), so it is the run's one
     inference start-up limit and the launcher's error names this key."""
@@ -198,6 +262,8 @@ class InferenceClientConfig(BaseConfig):
     reload_token_env: str = RELOAD_TOKEN_ENV
     """Environment variable with the servers' `/update_weights` token, sent when set (a server
     off loopback requires it; see inference.reload)."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"ready_timeout": "ready_timeout_s"}
 
     @property
     def base_urls(self) -> list[str]:
@@ -213,32 +279,35 @@ class OrchestratorConfig(BaseConfig):
     """Training steps to produce batches for."""
     max_async_level: int = Field(1, ge=0)
     """Batch n may be generated by any policy >= n - max_async_level (0: fully on-policy)."""
+    partial_rollouts: bool = False
+    """Generations in flight at a weight reload go on under the new policy (their KV cache
+    recomputed) instead of the reload waiting for them; each token keeps the policy step that
+    sampled it, and `max_async_level` counts a group's oldest token (docs/scale.md)."""
     seed: int = 0
-    """Seed of task order and every rollout's sampling seed (envrl.seeds)."""
+    """Seed of task order and every rollout's sampling seed (envrl.data.seeds)."""
     batch_size: int = Field(32, ge=1)
     """Rollouts per training step (a multiple of group_size)."""
     group_size: int = Field(4, ge=1)
     """Rollouts per task; advantages are relative to the group."""
-    max_inflight: int = Field(64, ge=1)
+    max_inflight: int | None = Field(None, ge=1)
     """Most train rollouts in flight across all train envs; each running eval is bounded by the
-    same number on its own (evals run beside training)."""
+    same number on its own (evals run beside training). Default: batch_size * (max_async_level +
+    1), the rollouts of every batch generation may be working on at once (`inflight_limit`)."""
     sampling: SamplingParams = SamplingParams()
     seq_len: int | None = Field(None, ge=2)
     """Most tokens of one training sample (None: no limit). Longer samples are handled per
     `seq_len_policy`; counted per env (`train/<env>/seq_truncated`, `seq_dropped`). Keep it
-    <= trainer.max_tokens, or the trainer gives such samples a micro-batch of their own."""
+    <= trainer.micro_batch_tokens, or the trainer gives such samples a micro-batch of their own."""
     seq_len_policy: SeqLenPolicy = "truncate"
     """`truncate`: keep the first `seq_len` tokens (later tokens are not trained; a sample left
     with nothing to train is dropped). `drop`: leave the sample out of the batch."""
     advantage: AdvantageConfig = AdvantageConfig()
-    envs: list[EnvConfig] = Field(min_length=1)
+    envs: list[TrainEnvConfig] = Field(min_length=1)
     """Train environments, a list of tables: id, args, ratio, name, address, project, python, pool,
     timeout, restarts, max_retries, sampling, client, pass_env (docs/config.md, Environment tables)."""
-    eval_envs: list[EvalEnvConfig] = []
-    """Eval environments: train env keys plus num_examples, interval, at_start, at_end, pass_at and
-    pass_threshold (docs/config.md)."""
+    eval: EvalsConfig = EvalsConfig()
     inference: InferenceClientConfig = InferenceClientConfig()
-    weights_timeout: float = Field(1800.0, gt=0)
+    weights_timeout_s: float = Field(1800.0, gt=0)
     """Seconds to wait for the trainer's weights when generation is max_async_level steps ahead."""
     keep_weights: int = Field(2, ge=1)
     """Weight directories kept once the inference server has moved past them."""
@@ -249,18 +318,34 @@ class OrchestratorConfig(BaseConfig):
     batch_retention: BatchRetention = "checkpoints"
     """`checkpoints`: delete each batch once a checkpoint after it exists (a resume, a trainer
     restart and `rl replay` read only the batches from a checkpoint on); `all`: keep every batch."""
-    env_ready_timeout: float = Field(300.0, gt=0)
+    env_ready_timeout_s: float = Field(300.0, gt=0)
     """Seconds for a spawned env server to start, or an external one to answer."""
     resume: bool = False
     """Continue from the orchestrator state saved in output_dir."""
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()
 
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "weights_timeout": "weights_timeout_s",
+        "env_ready_timeout": "env_ready_timeout_s",
+        "eval_envs": "eval.env",
+    }
+
+    @property
+    def inflight_limit(self) -> int:
+        """`max_inflight`, or its default derived from the batch shape and the async bound."""
+        return self.max_inflight or self.batch_size * (self.max_async_level + 1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_envs_complete(cls, data: Any) -> Any:
+        return complete_eval_envs(data)
+
     @model_validator(mode="after")
     def _consistent(self) -> OrchestratorConfig:
-        if self.max_inflight < self.group_size:
+        if self.inflight_limit < self.group_size:
             raise ValueError(
-                f"max_inflight ({self.max_inflight}) must hold at least one group (group_size {self.group_size})"
+                f"max_inflight ({self.inflight_limit}) must hold at least one group (group_size {self.group_size})"
             )
         if self.batch_size % self.group_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
@@ -268,16 +353,16 @@ class OrchestratorConfig(BaseConfig):
         if any(ratios) and not all(ratios):
             missing = [env.resolved_name for env in self.envs if env.ratio is None]
             raise ValueError(f"set `ratio` on every train env or on none; missing on {missing}")
-        for kind, envs in (("envs", self.envs), ("eval_envs", self.eval_envs)):
+        for kind, envs in (("envs", self.envs), ("eval.env", self.eval.env)):
             names = [env.resolved_name for env in envs]
             duplicates = sorted({n for n in names if names.count(n) > 1})
             if duplicates:
                 raise ValueError(f"{kind}: env names must be unique; {duplicates} used twice (set `name`)")
-        addresses = [env.address for env in [*self.envs, *self.eval_envs] if env.address]
+        addresses = [env.address for env in [*self.envs, *self.eval.env] if env.address]
         duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
         if duplicates:
             raise ValueError(f"two envs share the address {duplicates[0]}; each env server serves one env")
-        for env in self.eval_envs:
+        for env in self.eval.env:
             env.sampling_args(self.sampling)
         for env in self.envs:
             sampling = env.sampling_args(self.sampling)

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from envrl.data.seeds import eval_seed
+from envrl.data.traces import Trace
 from envrl.orchestrator.config import EvalEnvConfig
-from envrl.orchestrator.envs import Env
+from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics
-from envrl.seeds import eval_seed
-from envrl.traces import Trace
 
 Pair = tuple[int, int]
 """(task index, rollout index) within one env's grid."""
@@ -41,14 +41,11 @@ class Unit:
 class EvalGrid:
     """One env's n x r grid: the pairs done so far, the calls that complete it, each pair's seed."""
 
-    def __init__(self, env: Env, *, seed: int) -> None:
-        config = env.config
-        if not isinstance(config, EvalEnvConfig):
-            raise TypeError(f"env {env.name!r} is not an eval env (its config is a {type(config).__name__})")
+    def __init__(self, env: EnvHandle[EvalEnvConfig], *, seed: int) -> None:
         self.env = env
-        self.config = config
+        self.config = env.config
         self.seed = seed
-        self.n, self.r = config.num_examples, config.rollouts_per_example
+        self.n, self.r = self.config.num_examples, self.config.rollouts_per_example
         if self.n > env.num_tasks:
             logger.warning(
                 f"env {env.name!r} has {env.num_tasks} eval tasks; evaluating all of them instead of {self.n}"

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envrl.traces import Trace
+from envrl.data.traces import Trace
 
 
 def trace_line(trace: Trace, **fields: Any) -> str:

@@ -23,31 +23,31 @@ from typing import Any
 
 from loguru import logger
 
-from envrl.atomic import fsync_file, write_failure
-from envrl.envs.model_client import TrainClientConfig
-from envrl.inference.replicas import InferenceReplicas
-from envrl.layout import (
+from envrl.data.layout import (
     eval_rollouts_file,
     metrics_file,
     published_steps,
     rollouts_root,
     train_rollouts_file,
 )
-from envrl.ledger import Ledger
-from envrl.metrics import MetricsSink
+from envrl.data.samples import TrainingSample
+from envrl.data.traces import Split, Trace, Turn, TurnTokens
+from envrl.model.client import TrainClientConfig
+from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.advantage import batch_reward_std, group_advantages, trained_rollouts
-from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, OrchestratorConfig
-from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
+from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
+from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import disk_use, prune_batches
 from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
-from envrl.orchestrator.stats import rollout_metrics, seq_len_note, why_unscored
+from envrl.orchestrator.stats import rollout_metrics, seq_len_note, token_metrics, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
-from envrl.samples import TrainingSample
-from envrl.traces import Split, Trace, Turn, TurnTokens
+from envrl.runtime.atomic import fsync_file, write_failure
+from envrl.telemetry.ledger import Ledger
+from envrl.telemetry.metrics import MetricsSink
 from envrl.transport.batches import BatchSender, FileBatchSender
 
 
@@ -108,6 +108,7 @@ class Orchestrator:
             model=config.model.name,
             retry=config.inference.retry,
             reload_token=os.environ.get(config.inference.reload_token_env),
+            reload_in_flight="recompute" if config.partial_rollouts else "wait",
         )
         self.metrics = MetricsSink(
             metrics_file(self.output_dir),
@@ -121,12 +122,12 @@ class Orchestrator:
         self.batches: BatchSender = FileBatchSender(self.output_dir)
         train = [self._make_env(env, "train") for env in config.envs]
         self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
-        self.eval_envs = EvalEnvs([self._make_env(env, "eval") for env in config.eval_envs])
+        self.eval_envs = [self._make_env(env, "eval") for env in config.eval.env]
         self.policy = PolicyTracker(
             self.inference,
             self.output_dir,
             max_async_level=config.max_async_level,
-            timeout=config.weights_timeout,
+            timeout=config.weights_timeout_s,
             keep=config.keep_weights,
             keep_every=config.keep_weights_every,
             ledger=self.ledger,
@@ -134,7 +135,7 @@ class Orchestrator:
         shape = BatchShape(
             group_size=config.group_size,
             batch_size=config.batch_size,
-            max_inflight=config.max_inflight,
+            max_inflight=config.inflight_limit,
             max_async_level=config.max_async_level,
             max_steps=config.max_steps,
         )
@@ -146,6 +147,7 @@ class Orchestrator:
             dispatched=resumed.dispatched if resumed else 0,
             requeued=resumed.pending if resumed else (),
             ledger=self.ledger,
+            partial_rollouts=config.partial_rollouts,
         )
         self.evals = BackgroundEvals()
         self.seq_counts: dict[str, SeqLenCounts] = {}
@@ -170,19 +172,19 @@ class Orchestrator:
 
     # -- set-up and tear-down ---------------------------------------------------------------------
 
-    def _make_env(self, env_config: EnvConfig, split: Split) -> Env:
+    def _make_env(self, env_config: C, split: Split) -> EnvHandle[C]:
         model = self.config.model.name
         tokenizer = str(Path(model).resolve()) if Path(model).exists() else model
         client = env_config.client or TrainClientConfig(
             base_url=self.config.inference.base_url, model=model, tokenizer=tokenizer, retry=self.config.inference.retry
         )
-        return Env(
+        return EnvHandle(
             env_config,
             split=split,
             client=client,
             sampling=self.config.sampling,
             output_dir=self.output_dir,
-            ready_timeout=self.config.env_ready_timeout,
+            ready_timeout=self.config.env_ready_timeout_s,
             counters=self.counters if split == "train" else Counter(),
         )
 
@@ -204,12 +206,12 @@ class Orchestrator:
         return state
 
     @property
-    def _all_envs(self) -> list[Env]:
-        return [*self.train_envs.envs, *self.eval_envs.envs]
+    def _all_envs(self) -> list[EnvHandle]:
+        return [*self.train_envs.envs, *self.eval_envs]
 
     async def _start(self) -> None:
         logger.info(f"waiting for the inference server at {self.config.inference.base_url}")
-        await self.inference.wait_until_ready(self.config.inference.ready_timeout)
+        await self.inference.wait_until_ready(self.config.inference.ready_timeout_s)
         await self.policy.start_from(self.config.model.name)
         await asyncio.gather(*(env.start() for env in self._all_envs))
         logger.info(f"target env shares: {self._fmt_shares(self.train_envs.shares())}")
@@ -246,19 +248,21 @@ class Orchestrator:
         started = time.monotonic()
         with self.ledger.span("step", step):
             await self.policy.ensure(step)
-            for group in self.scheduler.drop_stale(step):
+            stale = self.scheduler.drop_stale(step)
+            for group in stale:
                 self._append_rollouts(
-                    train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces
+                    train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.traces
                 )
-            for env in self.eval_envs.due(step):
-                self.evals.start(self._evaluate(env, step, self.policy.current))
+            if self.config.eval.due(step):
+                for env in self.eval_envs:
+                    self.evals.start(self._evaluate(env, step, self.policy.current))
             with self.ledger.span("wait_rollouts", step):
                 groups = await self.scheduler.collect(step, self.policy.current)
             with self.ledger.span("batching", step):
                 with self.ledger.span("samples", step):
                     samples = self._to_samples(step, groups)
                 with self.ledger.span("metrics", step):
-                    self._report(step, groups, samples, time.monotonic() - started)
+                    self._report(step, groups, stale, samples, time.monotonic() - started)
                 with self.ledger.span("publish_batch", step):
                     self._publish(step, samples)
             if self.config.batch_retention == "checkpoints":
@@ -273,7 +277,7 @@ class Orchestrator:
         batch_std = batch_reward_std(rewards)
         for group, good, group_rewards in zip(groups, scored, rewards, strict=True):
             self._append_rollouts(
-                train_rollouts_file(self.output_dir), step, group.env, group.policy_step, group.traces
+                train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.traces
             )
             self.counters["error_rollouts"] += sum(t.has_error for t in group.traces)
             self.counters["unscored_rollouts"] += sum(not t.has_error and t.reward is None for t in group.traces)
@@ -288,7 +292,7 @@ class Orchestrator:
                     trace,
                     advantage=advantage,
                     env=group.env.name,
-                    policy_step=group.policy_step,
+                    policy_step=group.counted_step,
                     sampling=group.env.sampling,
                     backfill=self._backfill_turn,
                 )
@@ -309,18 +313,20 @@ class Orchestrator:
 
     # -- outputs ----------------------------------------------------------------------------------
 
-    def _append_rollouts(self, path: Path, step: int, env: Env, policy_step: int, traces: list[Trace]) -> None:
+    def _append_rollouts(self, path: Path, step: int, env: EnvHandle, policy_step: int, traces: list[Trace]) -> None:
         try:
             append_lines(path, (trace_line(t, step=step, env=env.name, policy_step=policy_step) for t in traces))
         except OSError as e:  # a full disk: name the file (a resume drops the cut line)
             raise OSError(e.errno, write_failure(path, e), str(path)) from e
 
-    def _report(self, step: int, groups: list[Group], samples: list[TrainingSample], seconds: float) -> None:
+    def _report(
+        self, step: int, groups: list[Group], stale: list[Group], samples: list[TrainingSample], seconds: float
+    ) -> None:
         metrics: dict[str, Any] = {}
         traces_by_env: dict[str, list[Trace]] = {}
         for group in groups:
             traces_by_env.setdefault(group.env.name, []).extend(group.traces)
-            metrics.setdefault(f"train/{group.env.name}/staleness", []).append(float(step - group.policy_step))
+            metrics.setdefault(f"train/{group.env.name}/staleness", []).append(float(step - group.counted_step))
         total = sum(len(t) for t in traces_by_env.values())
         for name, traces in traces_by_env.items():
             metrics.update(rollout_metrics(f"train/{name}", traces))
@@ -340,6 +346,12 @@ class Orchestrator:
                 "train/error_rate": sum(t.has_error for t in all_traces) / max(total, 1),
                 "train/samples": len(samples),
                 "train/trained_tokens": sum(sum(s.loss_mask) for s in samples),
+                **token_metrics(
+                    step,
+                    [*all_traces, *(t for g in stale for t in g.traces)],
+                    [t for g in stale for t in g.traces],
+                    samples,
+                ),
                 "perf/step_time": seconds,
                 "perf/rollouts_per_s": total / seconds if seconds > 0 else 0.0,
                 "perf/wait_for_trainer": self.policy.waited,
@@ -376,21 +388,21 @@ class Orchestrator:
     # -- evaluation -------------------------------------------------------------------------------
 
     async def _final_evals(self) -> None:
-        """Evaluate the final policy (weights/step_<max_steps>) on the envs marked `at_end`."""
-        envs = [env for env in self.eval_envs.envs if isinstance(env.config, EvalEnvConfig) and env.config.at_end]
-        if not envs:
+        """Evaluate the final policy (weights/step_<max_steps>) on every eval env (`eval.at_end`)."""
+        envs = self.eval_envs
+        if not envs or not self.config.eval.at_end:
             return
         final = self.config.max_steps
         logger.info(f"waiting for the final policy {final} to evaluate it on {[env.name for env in envs]}")
         await self.policy.ensure(final + self.config.max_async_level)
         await asyncio.gather(*(self._evaluate(env, final, self.policy.current) for env in envs))
 
-    async def _evaluate(self, env: Env, step: int, policy_step: int) -> None:
+    async def _evaluate(self, env: EnvHandle[EvalEnvConfig], step: int, policy_step: int) -> None:
         """The one eval runner on this env's grid (the `eval` command's seeds and limits), within
         max_inflight; its rollouts go to `rollouts/eval/step_<step>.jsonl`, its metrics under `eval/`."""
         started = time.monotonic()
         grid = EvalGrid(env, seed=self.config.seed)
-        await run_grids([grid], self.config.max_inflight)
+        await run_grids([grid], self.config.inflight_limit)
         path = eval_rollouts_file(self.output_dir, step)
         for group in grid.groups():
             self._append_rollouts(path, step, env, policy_step, group)

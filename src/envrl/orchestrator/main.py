@@ -8,7 +8,7 @@ terminal, where its log is routed below the status line, plain lines otherwise.
 
 from __future__ import annotations
 
-from envrl.lifeline import die_with_parent
+from envrl.runtime.lifeline import die_with_parent
 
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
@@ -19,12 +19,12 @@ import sys
 from loguru import logger
 
 from envrl.config import load_config
-from envrl.console import RunConsole
-from envrl.lifeline import parent_pid
-from envrl.log import setup_logging
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
-from envrl.progress import LiveLines
+from envrl.runtime.lifeline import parent_pid
+from envrl.telemetry.console import RunConsole
+from envrl.telemetry.log import setup_logging
+from envrl.telemetry.progress import LiveLines
 
 
 async def _run(config: OrchestratorConfig) -> None:

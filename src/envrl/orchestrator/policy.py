@@ -17,9 +17,9 @@ from pathlib import Path
 
 from loguru import logger
 
-from envrl.inference.replicas import InferenceReplicas
-from envrl.layout import published_steps, weights_dir, weights_root
-from envrl.ledger import Ledger
+from envrl.data.layout import published_steps, weights_dir, weights_root
+from envrl.model.replicas import InferenceReplicas
+from envrl.telemetry.ledger import Ledger
 from envrl.transport.weights import PolicyLoader, ReplicaPolicyLoader
 
 POLL_INTERVAL = 0.01
@@ -83,7 +83,7 @@ class PolicyTracker:
             now = time.monotonic()
             if now - start > self.timeout:
                 raise TimeoutError(
-                    f"waited {self.timeout:g} s (weights_timeout) for {weights_dir(self.output_dir, required)}; "
+                    f"waited {self.timeout:g} s (weights_timeout_s) for {weights_dir(self.output_dir, required)}; "
                     "is the trainer running and reading the batches?"
                 )
             if now >= next_report:

@@ -18,7 +18,7 @@ from typing import Literal
 
 from loguru import logger
 
-from envrl.layout import batch_dir, checkpoints_root, published_steps, rollouts_root
+from envrl.data.layout import batch_dir, checkpoints_root, published_steps, rollouts_root
 
 BatchRetention = Literal["checkpoints", "all"]
 """`checkpoints`: delete the batches older than the oldest kept checkpoint; `all`: keep every batch."""

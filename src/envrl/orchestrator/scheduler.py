@@ -4,7 +4,11 @@ Guarantee: every group the scheduler dispatches leaves it exactly once: in a bat
 as stale (`drop_stale`, cancelled if still in flight), or through `close()`; until then it is in
 `pending()`. A group is dispatched only while it fits in `max_inflight` and only for a step it can
 still be trained on (the step it will land in is at most `max_async_level` ahead of the policy
-generating it). The k-th new group samples with `train_group_seed(seed, k, group_size)` and the
+serving at dispatch). A batch for step n holds only groups whose `counted_step` is >= n -
+max_async_level: the policy serving at dispatch, or with partial rollouts (generations that go
+on across weight reloads) the oldest policy that sampled any of the group's tokens, known once
+the group is done; so with partial rollouts a group in flight is never cancelled as stale, it
+is judged when it arrives. The k-th new group samples with `train_group_seed(seed, k, group_size)` and the
 env and task the seeded draws give; a requeued group keeps its env, task and seed and goes first.
 """
 
@@ -17,24 +21,32 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from envrl.ledger import Ledger
-from envrl.orchestrator.envs import Env, TrainEnvs
+from envrl.data.seeds import train_group_seed
+from envrl.data.traces import Error, Trace, WireTask
+from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.state import PendingGroup
-from envrl.seeds import train_group_seed
-from envrl.traces import Error, Trace, WireTask
+from envrl.orchestrator.trajectories import oldest_policy_step
+from envrl.telemetry.ledger import Ledger
 
 
 @dataclass
 class Group:
     """One task's `group_size` rollouts, dispatched under policy `policy_step` (traces once done)."""
 
-    env: Env
+    env: EnvHandle
     task_idx: int
     seed: int
     policy_step: int
     traces: list[Trace]
     dispatched: float = field(default_factory=time.time)
     """When it was dispatched (wall clock, as the ledger and Trace.timing)."""
+    oldest_step: int | None = None
+    """With partial rollouts, once done: the oldest policy step of any of its tokens."""
+
+    @property
+    def counted_step(self) -> int:
+        """The policy the off-policy bound counts the group as (see the module docstring)."""
+        return self.policy_step if self.oldest_step is None else self.oldest_step
 
 
 @dataclass(frozen=True)
@@ -65,8 +77,11 @@ class Scheduler:
         dispatched: int = 0,
         requeued: Sequence[PendingGroup] = (),
         ledger: Ledger | None = None,
+        partial_rollouts: bool = False,
     ) -> None:
         self.envs = envs
+        self.partial_rollouts = partial_rollouts
+        """Generations go on across weight reloads: staleness counts each group's oldest token."""
         self.shape = shape
         self.seed = seed
         self.counters = counters
@@ -76,6 +91,8 @@ class Scheduler:
         self._requeued = list(requeued)
         self._inflight: dict[asyncio.Task[list[Trace]], Group] = {}
         self._ready: list[Group] = []
+        self._stale: list[Group] = []
+        """Groups that arrived (partial rollouts) already too old for the step collecting them."""
         self.ledger = ledger or Ledger(None, "orchestrator")
         """Where `collect` records dispatching and each batched rollout's phases."""
 
@@ -105,7 +122,7 @@ class Scheduler:
             task = asyncio.create_task(env.run_group(task_idx, shape.group_size, seed))
             self._inflight[task] = Group(env, task_idx, seed, policy, [])
 
-    def _next_group(self) -> tuple[Env, int, int]:
+    def _next_group(self) -> tuple[EnvHandle, int, int]:
         """A requeued group (its first dispatch died with the crashed run), else a new draw."""
         if self._requeued:
             redo = self._requeued.pop(0)
@@ -126,7 +143,12 @@ class Scheduler:
             for task in done:
                 group = self._inflight.pop(task)
                 group.traces = task.result()
-                self._ready.append(group)
+                if self.partial_rollouts:
+                    group.oldest_step = oldest_policy_step(group.traces, group.policy_step)
+                if group.counted_step < step - self.shape.max_async_level:
+                    self._stale.append(group)
+                else:
+                    self._ready.append(group)
         batch, self._ready = self._ready[:per_step], self._ready[per_step:]
         for group in batch:
             self._record_rollouts(group, step)
@@ -151,19 +173,22 @@ class Scheduler:
                 self.ledger.record(name, step, span.start, span.end, process=where, **ids)
 
     def drop_stale(self, step: int) -> list[Group]:
-        """Cancel in-flight groups and drop finished ones that `step` may no longer train on; the
-        dropped groups come back with every trace marked with a `stale` error, for the record."""
+        """Drop finished groups that `step` may no longer train on (and those that arrived too old
+        for an earlier step), and cancel in-flight ones that cannot become trainable (never with
+        partial rollouts); the dropped groups come back with every trace marked with a `stale`
+        error, for the record."""
         oldest = step - self.shape.max_async_level
-        stale = [g for g in self._ready if g.policy_step < oldest]
-        self._ready = [g for g in self._ready if g.policy_step >= oldest]
+        stale, self._stale = self._stale, []
+        stale += [g for g in self._ready if g.counted_step < oldest]
+        self._ready = [g for g in self._ready if g.counted_step >= oldest]
         for task, group in list(self._inflight.items()):
-            if group.policy_step < oldest:
+            if group.policy_step < oldest and not self.partial_rollouts:
                 task.cancel()
                 del self._inflight[task]
                 stale.append(group)
         for group in stale:
             error = Error(
-                type="stale", message=f"generated by policy {group.policy_step}; step {step} needs >= {oldest}"
+                type="stale", message=f"generated by policy {group.counted_step}; step {step} needs >= {oldest}"
             )
             if not group.traces:
                 group.traces = [

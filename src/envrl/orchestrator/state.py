@@ -17,8 +17,8 @@ from pathlib import Path
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl.atomic import filter_lines
-from envrl.layout import batch_dir, eval_rollouts_files, published_steps, rollouts_root, train_rollouts_file
+from envrl.data.layout import batch_dir, eval_rollouts_files, published_steps, rollouts_root, train_rollouts_file
+from envrl.runtime.atomic import filter_lines
 
 STATE_FILE = "orchestrator.json"
 """The state's file name inside a batch directory."""

@@ -1,7 +1,10 @@
-"""Per-env numbers of a step's rollouts (train) or of an evaluation, as flat metric dicts.
+"""Per-env numbers of a step's rollouts (train) or of an evaluation, as flat metric dicts, and
+where a step's generated tokens went.
 
 Guarantee: every rate is over all rollouts of that env, errored ones included; reward and
-length statistics are over the rollouts without errors only.
+length statistics are over the rollouts without errors only. Token counts are of generated
+(completion) tokens: `generated` = every rollout that arrived for the step, `stale` = those of
+rollouts dropped as stale (the loop's `train/trained_tokens` counts those in its samples).
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from statistics import fmean
 
+from envrl.data.samples import TrainingSample
+from envrl.data.traces import Trace
 from envrl.orchestrator.trajectories import SeqLenCounts
-from envrl.traces import Trace
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -81,3 +85,26 @@ def pass_at_k(groups: Sequence[Sequence[Trace]], threshold: float, ks: Sequence[
         estimates = [1.0 - math.comb(n - c, k) / math.comb(n, k) for n, c in zip(sizes, passed, strict=True) if n >= k]
         out[f"pass@{k}"] = _mean(estimates)
     return out
+
+
+def token_metrics(
+    step: int, arrived: Sequence[Trace], stale: Sequence[Trace], samples: Sequence[TrainingSample]
+) -> dict[str, float]:
+    """Step `step`'s generated tokens: `tokens/generated` (of `arrived`, the batched rollouts and
+    the finished ones dropped as stale), `tokens/stale` (of `stale`), the trained
+    ones per policy lag (`tokens/lag_<k>`: sampled by policy step - k) and the samples whose
+    trained tokens come from more than one policy (`samples_spanning_update`: a weight reload
+    came in the middle of their rollout)."""
+    lags: Counter[int] = Counter()
+    spanning = 0
+    for sample in samples:
+        steps = [p for p, m in zip(sample.policy_steps, sample.loss_mask, strict=True) if m]
+        lags.update(step - p for p in steps)
+        spanning += len(set(steps)) > 1
+    metrics = {
+        "tokens/generated": float(sum(t.completion_len for t in arrived)),
+        "tokens/stale": float(sum(t.completion_len for t in stale)),
+        "samples_spanning_update": float(spanning),
+    }
+    metrics.update({f"tokens/lag_{lag}": float(n) for lag, n in sorted(lags.items())})
+    return metrics

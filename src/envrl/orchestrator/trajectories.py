@@ -1,8 +1,8 @@
 """Traces into masked token training samples.
 
 Guarantee: each sample is one token sequence whose turns extend one another; tokens the policy
-generated are trained (mask 1, with their inference logprobs) and everything else (the prompt,
-env and tool messages) is masked. A turn whose prompt does not extend the sequence so far starts
+generated are trained (mask 1, with their inference logprobs and the policy step that sampled
+each) and everything else (the prompt, env and tool messages) is masked. A turn whose prompt does not extend the sequence so far starts
 a new sample: tokens are never spliced or re-tokenised to make them fit.
 """
 
@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from envrl.envs.model_client import SamplingArgs
-from envrl.samples import TrainingSample
-from envrl.traces import Trace, Turn, TurnTokens
+from envrl.data.samples import TrainingSample
+from envrl.data.traces import Trace, Turn, TurnTokens
+from envrl.model.client import SamplingArgs
 
 UNKNOWN_LOGPROB = math.nan
 """Inference logprob of a back-filled token: the behaviour policy's value is unknown, so the
@@ -63,20 +63,40 @@ def _common_prefix_len(a: list[int], b: list[int]) -> int:
     return n
 
 
+def token_policy_steps(tokens: TurnTokens, unlabelled: int) -> list[int]:
+    """The policy step of each completion token; `unlabelled` for those the server gave none."""
+    steps = tokens.completion_policy_steps or [None] * len(tokens.completion_ids)
+    return [unlabelled if step is None else step for step in steps]
+
+
+def oldest_policy_step(traces: list[Trace], unlabelled: int) -> int:
+    """The oldest policy step of any generated token of `traces` (`unlabelled` for tokens the
+    server gave no step, and when there is no token at all): what the off-policy bound counts."""
+    steps = [
+        min(token_policy_steps(turn.tokens, unlabelled))
+        for trace in traces
+        for turn in trace.turns
+        if turn.tokens is not None and turn.tokens.completion_ids
+    ]
+    return min(steps, default=unlabelled)
+
+
 class _SampleBuilder:
     def __init__(self) -> None:
         self.input_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
+        self.policy_steps: list[int] = []
 
     def extends(self, prompt_ids: list[int]) -> bool:
         return prompt_ids[: len(self.input_ids)] == self.input_ids
 
-    def add(self, tokens: TurnTokens) -> None:
+    def add(self, tokens: TurnTokens, unlabelled: int) -> None:
         context = tokens.prompt_ids[len(self.input_ids) :]
         self.input_ids += context + tokens.completion_ids
         self.loss_mask += [0] * len(context) + [1] * len(tokens.completion_ids)
         self.logprobs += [0.0] * len(context) + list(tokens.completion_logprobs)
+        self.policy_steps += [-1] * len(context) + token_policy_steps(tokens, unlabelled)
 
 
 def trace_to_samples(
@@ -92,6 +112,8 @@ def trace_to_samples(
 
     `sampling` is what the env's rollouts were sampled with: its temperature, top_p and top_k go
     into every sample, so the trainer scores the tokens under the distribution that sampled them.
+    `policy_step` is the step the off-policy bound counts the samples as, and the step of every
+    token the server gave none (back-filled ones, those of weights loaded without a step).
 
     Raises ValueError for a token-less turn when no `backfill` is given. Samples with no
     generated token are left out: they would train nothing.
@@ -111,12 +133,13 @@ def trace_to_samples(
             if not builder.extends(tokens.prompt_ids):
                 builder = _SampleBuilder()
                 builders.append(builder)
-            builder.add(tokens)
+            builder.add(tokens, policy_step)
     return [
         TrainingSample(
             input_ids=b.input_ids,
             loss_mask=b.loss_mask,
             inference_logprobs=b.logprobs,
+            policy_steps=b.policy_steps,
             advantage=advantage,
             env=env,
             task_idx=trace.task.idx,
@@ -163,7 +186,8 @@ def fit_seq_len(
         if policy == "truncate" and any(sample.loss_mask[1:seq_len]):
             counts.truncated += 1
             counts.tokens_cut += excess
-            cut = {key: getattr(sample, key)[:seq_len] for key in ("input_ids", "loss_mask", "inference_logprobs")}
+            columns = ("input_ids", "loss_mask", "inference_logprobs", "policy_steps")
+            cut = {key: getattr(sample, key)[:seq_len] for key in columns}
             fitted.append(sample.model_copy(update=cut))
         else:
             counts.dropped += 1

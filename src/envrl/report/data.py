@@ -19,7 +19,7 @@ from typing import Any
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl.layout import (
+from envrl.data.layout import (
     batch_dir,
     configs_dir,
     eval_results_root,
@@ -30,10 +30,10 @@ from envrl.layout import (
     weights_dir,
     weights_root,
 )
-from envrl.metrics import metric_float
+from envrl.data.samples import BatchError, TrainingSample, read_batch
+from envrl.data.traces import Split, Trace
 from envrl.orchestrator.jsonl import parse_trace_line
-from envrl.samples import BatchError, TrainingSample, read_batch
-from envrl.traces import Split, Trace
+from envrl.telemetry.metrics import metric_float
 
 Record = dict[str, Any]
 

@@ -12,8 +12,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from envrl.data.layout import configs_dir, eval_results_root, eval_summary_file
 from envrl.launcher.summary import summary_file
-from envrl.layout import configs_dir, eval_results_root, eval_summary_file
 
 LOG_TAIL_LINES = 40
 LOG_TAIL_BYTES = 64 * 1024
@@ -61,7 +61,7 @@ def headline(output_dir: Path) -> dict[str, Any]:
         return {"kind": "eval", "envs": envs, "eval": results}
     config = _toml(configs_dir(output_dir) / "orchestrator.toml")
     envs = [e.get("name") or e.get("id") for e in config.get("envs", []) if isinstance(e, dict)]
-    eval_envs = [e.get("name") or e.get("id") for e in config.get("eval_envs", []) if isinstance(e, dict)]
+    eval_envs = [e.get("name") or e.get("id") for e in config.get("eval", {}).get("env", []) if isinstance(e, dict)]
     summary = _json(summary_file(output_dir))
     facts: dict[str, Any] = {
         "kind": "run",

@@ -18,10 +18,8 @@ from typing import Any
 
 from loguru import logger
 
-from envrl import layout
-from envrl.atomic import atomic_write_text
+from envrl.data import layout
 from envrl.launcher.summary import SUMMARY_NAME as summary_name
-from envrl.ledger import read_ledger
 from envrl.report.data import (
     Detokenizer,
     eval_lines,
@@ -36,6 +34,8 @@ from envrl.report.headline import headline, is_eval_dir
 from envrl.report.page import fingerprint, step_summary, write_index, write_step
 from envrl.report.plots import Run, write_plots
 from envrl.report.timeline import chrome_trace, step_splits
+from envrl.runtime.atomic import atomic_write_text
+from envrl.telemetry.ledger import read_ledger
 
 
 def write_report(output_dir: Path) -> Path:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         "output_dir", type=Path, metavar="OUTPUT_DIR", help="the run directory (output_dir) or an `rl eval` output dir"
     )
     args = parser.parse_args(argv)
-    from envrl.log import LogConfig, setup_logging
+    from envrl.telemetry.log import LogConfig, setup_logging
 
     setup_logging(LogConfig(), process="report")
     try:

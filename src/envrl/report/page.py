@@ -17,9 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from envrl.atomic import atomic_write_text
-from envrl.layout import batch_dir
+from envrl.data.layout import batch_dir
 from envrl.report.data import Detokenizer, Rollout
+from envrl.runtime.atomic import atomic_write_text
 
 STEP_FORMAT = 2
 """Version of the step files' content: a report made by a newer envrl rewrites older ones."""

@@ -1,4 +1,4 @@
-"""Where each training step's wall time went, from the time ledger (`envrl.ledger`), and the
+"""Where each training step's wall time went, from the time ledger (`envrl.telemetry.ledger`), and the
 ledger as a Chrome trace-event file that Perfetto or chrome://tracing opens.
 
 Guarantee: a step's wall time runs from the end of the trainer's previous step (its last span)
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from envrl.ledger import LedgerSpan
+from envrl.telemetry.ledger import LedgerSpan
 
 PARTS = {
     "generation": "rollout generation (inference)",

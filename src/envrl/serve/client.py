@@ -4,7 +4,9 @@ Guarantee: every call ends: with its result, with `EnvServerError` when the serv
 error or something that is no protocol response (`bad_response`), or when its deadline passes (`timeout`), or when the server is found dead (its connection
 drops, or it answers nothing, not even health probes, for `dead_after` seconds; then every
 pending call fails at once and new calls fail fast until it answers again). `at_capacity` answers
-are retried with backoff within the call's deadline. Cancelling a call sends `cancel`.
+are retried with backoff within the call's deadline. Cancelling a call sends `cancel`. The
+client's model is bound once per connection (`bind`) and again when the server no longer knows
+the binding (`unknown_model`: it restarted); requests are sent unchecked: the server checks them, once.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -20,24 +22,20 @@ import zmq.auth
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl.envs.model_client import (
-    ClientConfig,
-    EvalClientConfig,
-    SamplingArgs,
-    ScriptedClientConfig,
-    TrainClientConfig,
-)
+from envrl.data.traces import Trace
+from envrl.model.client import ClientConfig, SamplingArgs
 from envrl.serve import protocol as p
 from envrl.serve.config import CurveClientConfig, load_secret_certificate
 from envrl.serve.zmqio import Frames, SocketPump
-from envrl.traces import Trace
 
 UNAVAILABLE = "unavailable"
 """EnvServerError type: the server is dead or unreachable (client-side; never sent by a server)."""
 TIMEOUT = "timeout"
 """EnvServerError type: the call's own deadline passed (client-side)."""
 BAD_RESPONSE = "bad_response"
-"""EnvServerError type: the server's answer is not a protocol v1 response (client-side)."""
+"""EnvServerError type: the server's answer is not a response of this protocol version (client-side)."""
+MAX_REBINDS = 2
+"""Times one `run` call binds its model again after `unknown_model` before it gives up."""
 TICK = 0.1
 """Seconds between checks of call deadlines and server silence (one sweep, not a timer per call)."""
 
@@ -55,14 +53,16 @@ class EnvServerError(RuntimeError):
 class EnvClient:
     """Async client of the env server at `address`; use inside one event loop, close when done.
 
-    `timeout` is the default deadline of a rollout call (None: wait as long as the server is
-    alive); `health_interval` and `dead_after` set how fast a dead server is noticed.
+    `model` is the client the server's rollouts use to reach the model (needed by `run`; a map is
+    sent as it is); `timeout` is the default deadline of a rollout call (None: wait as long as the
+    server is alive); `health_interval` and `dead_after` set how fast a dead server is noticed.
     """
 
     def __init__(
         self,
         address: str,
         *,
+        model: ClientConfig | Mapping[str, Any] | None = None,
         timeout: float | None = None,
         health_interval: float = 1.0,
         dead_after: float = 3.0,
@@ -70,6 +70,7 @@ class EnvClient:
         max_backoff: float = 2.0,
     ) -> None:
         self.address = address
+        self.model = model
         self.timeout = timeout
         self.health_interval = health_interval
         self.dead_after = dead_after
@@ -82,6 +83,9 @@ class EnvClient:
         """Request id -> (deadline, method, timeout) of calls that have one."""
         self._down: str | None = None
         self._started = False
+        self._model_id: str | None = None
+        """The server's id of `model`, once bound."""
+        self._binding = asyncio.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -134,42 +138,46 @@ class EnvClient:
     async def info(self, timeout: float = 5.0) -> p.ServerInfo:
         return p.ServerInfo.model_validate(await self._call("info", {}, timeout))
 
-    async def run_rollout(
-        self,
-        task_idx: int,
-        *,
-        client: ClientConfig | dict[str, Any],
-        sampling: SamplingArgs | dict[str, Any],
-        split: p.Split = "train",
-        seed: int | None = None,
-        timeout: float | None = None,
-        request_id: str | None = None,
-    ) -> Trace:
-        """One rollout of task `task_idx`; env failures come back as a Trace with `error` set."""
-        params = _rollout_params(
-            p.RolloutParams, task_idx=task_idx, client=client, sampling=sampling, split=split, seed=seed
-        )
-        result = await self._call("run_rollout", params, timeout or self.timeout, request_id=request_id)
-        return Trace.from_wire(result)
+    async def bind(self, client: ClientConfig | Mapping[str, Any], timeout: float = 5.0) -> str:
+        """Bind `client` on the server (checked there against its `model_access`); its model id."""
+        params = {"client": _wire(client)}
+        return p.BindResult.model_validate(await self._call("bind", params, timeout)).model
 
-    async def run_group(
+    async def run(
         self,
         task_idx: int,
-        n: int,
         *,
-        client: ClientConfig | dict[str, Any],
-        sampling: SamplingArgs | dict[str, Any],
+        n: int = 1,
+        sampling: SamplingArgs | Mapping[str, Any],
         split: p.Split = "train",
         seed: int | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
     ) -> list[Trace]:
-        """`n` rollouts of one task, scored together (rollout i samples with seed + i)."""
-        params = _rollout_params(
-            p.GroupParams, task_idx=task_idx, n=n, client=client, sampling=sampling, split=split, seed=seed
-        )
-        result = await self._call("run_group", params, timeout or self.timeout, request_id=request_id)
-        return p.GroupResult.model_validate(result).traces
+        """`n` rollouts of task `task_idx` with this client's `model`, scored together (rollout i
+        samples with seed + i); env failures come back as Traces with `error` set."""
+        params = {"task_idx": task_idx, "split": split, "n": n, "sampling": _wire(sampling), "seed": seed}
+        rebinds = 0
+        while True:
+            params["model"] = model = self._model_id or await self._bind_model()
+            try:
+                result = await self._call("run", params, timeout or self.timeout, request_id=request_id)
+            except EnvServerError as e:
+                if e.type != p.UNKNOWN_MODEL or rebinds == MAX_REBINDS:
+                    raise
+                rebinds += 1
+                if self._model_id == model:
+                    self._model_id = None  # the server restarted (or dropped the binding): bind again
+                continue
+            return p.RunResult.model_validate(result).traces
+
+    async def _bind_model(self) -> str:
+        if self.model is None:
+            raise ValueError(f"EnvClient({self.address!r}) has no model: give EnvClient(model=...) to run rollouts")
+        async with self._binding:
+            if self._model_id is None:
+                self._model_id = await self.bind(self.model)
+            return self._model_id
 
     async def cancel(self, request_id: str, timeout: float = 5.0) -> bool:
         """Cancel an earlier request of this client; True if it was still queued or running."""
@@ -246,7 +254,7 @@ class EnvClient:
             )
 
     def _send_cancel(self, rid: str, method: str) -> None:
-        if method.startswith("run_") and not self._pump.socket.closed:
+        if method == "run" and not self._pump.socket.closed:
             params = p.CancelParams(request_id=rid).model_dump()
             self._send(p.RequestMessage(id=f"{self._prefix}-{next(self._ids)}", method="cancel", params=params))
 
@@ -269,7 +277,7 @@ class EnvClient:
                 logger.warning(f"env server {self.address} reported a protocol error: {response.error}")
 
     def _on_bad_response(self, frame: bytes, error: Exception) -> None:
-        """Fail the call a frame that is no protocol v1 response answers, if its id can be read;
+        """Fail the call a frame that is no response of this protocol version answers, if its id can be read;
         else drop it. Either way it is logged."""
         what = f"{type(error).__name__}: {error}".splitlines()[0]
         try:
@@ -331,20 +339,6 @@ class EnvClient:
         self._pending.clear()
 
 
-CLIENT_CONFIGS = (TrainClientConfig, EvalClientConfig, ScriptedClientConfig)
-"""The members of `ClientConfig`: passed to the params model as they are (no dump and re-validation)."""
-
-
-def _rollout_params(
-    model: type[p.RolloutParams],
-    client: ClientConfig | dict[str, Any],
-    sampling: SamplingArgs | dict[str, Any],
-    **fields: Any,
-) -> dict[str, Any]:
-    """The params map of a rollout request, built through its protocol model (`RolloutParams`,
-    `GroupParams`): a malformed one raises pydantic's ValidationError here, before it is sent.
-    `client` and `sampling` may also be maps, or other models that dump to valid ones."""
-    dump = lambda v: v.model_dump(mode="json") if isinstance(v, BaseModel) else v  # noqa: E731
-    client = client if isinstance(client, CLIENT_CONFIGS) else dump(client)
-    sampling = sampling if isinstance(sampling, SamplingArgs) else dump(sampling)
-    return model(**fields, client=client, sampling=sampling).model_dump(mode="json")
+def _wire(value: BaseModel | Mapping[str, Any]) -> Any:
+    """A params field as sent: a model dumped, a map as it is (the server checks both)."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value

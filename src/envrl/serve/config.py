@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from envrl.config import BaseConfig
-from envrl.envs.model_client import ClientConfig, EvalClientConfig, TrainClientConfig
-from envrl.log import LogConfig
-from envrl.net import is_loopback
+from envrl.model.client import ClientConfig, EvalClientConfig, TrainClientConfig
+from envrl.runtime.net import is_loopback
 from envrl.serve.zmqio import MAX_BATCH
+from envrl.telemetry.log import LogConfig
 
 
 class StaticPoolConfig(BaseConfig):
@@ -49,10 +49,12 @@ class ElasticPoolConfig(BaseConfig):
     """Most worker processes; defaults to the number of CPUs."""
     multiplex: int = Field(256, ge=1)
     """Rollouts one worker runs concurrently (they mostly wait on the model server)."""
-    idle_timeout: float = Field(60.0, gt=0)
+    idle_timeout_s: float = Field(60.0, gt=0)
     """Seconds a worker beyond `min_workers` may sit idle before it is retired."""
     grow_at: float = Field(0.75, gt=0, le=1)
     """Start another worker once in-flight rollouts exceed this fraction of the live capacity."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"idle_timeout": "idle_timeout_s"}
 
     @model_validator(mode="after")
     def _min_below_max(self) -> ElasticPoolConfig:
@@ -74,13 +76,19 @@ PoolConfig = Annotated[
 class EnvTimeoutConfig(BaseConfig):
     """Deadlines that stop runaway environment work (seconds; none = no limit)."""
 
-    rollout: float | None = Field(600.0, gt=0)
+    rollout_s: float | None = Field(600.0, gt=0)
     """Whole rollout (or whole group) from the moment a worker starts it; then a `timeout` error Trace."""
-    scoring: float | None = Field(60.0, gt=0)
+    scoring_s: float | None = Field(60.0, gt=0)
     """Reward functions only (queueing and generation excluded); enforced by the environment."""
-    kill_grace: float = Field(5.0, gt=0)
-    """A worker that has not answered `kill_grace` s after a rollout's timeout (or its cancel) is
+    kill_grace_s: float = Field(5.0, gt=0)
+    """A worker that has not answered `kill_grace_s` after a rollout's timeout (or its cancel) is
     presumed stuck (CPU-bound code ignores cancellation) and is killed and replaced."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "rollout": "rollout_s",
+        "scoring": "scoring_s",
+        "kill_grace": "kill_grace_s",
+    }
 
 
 class EnvSpec(BaseConfig):
@@ -229,12 +237,12 @@ class EnvServerConfig(BaseConfig):
     """Answers that may wait for one client that is not reading: this many in ZMQ's queue (SNDHWM)
     and, once that is full, as many more held by the server. At least 4096, the requests the server
     reads in one turn, so that a client that sends a burst and reads is never dropped."""
-    client_stall_timeout: float = Field(30.0, gt=0)
+    client_stall_timeout_s: float = Field(30.0, gt=0)
     """Seconds a client's answers may stay blocked (its queue full); then the server drops it:
     logs why, cancels its requests and discards their answers."""
     model_access: ModelAccessConfig = ModelAccessConfig()
     """Model servers, API key variables and tokenizers requests may use (default: none; see docs/protocol.md)."""
-    drain_timeout: float = Field(30.0, ge=0)
+    drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, seconds to let in-flight rollouts finish before they are answered `shutting_down`."""
     curve: CurveServerConfig | None = None
     """CURVE keys; required to bind a non-loopback address unless `insecure`."""
@@ -242,6 +250,11 @@ class EnvServerConfig(BaseConfig):
     """Allow a non-loopback address without CURVE (anyone who can reach the port can run rollouts)."""
     log: LogConfig = LogConfig()
     """The server's and its workers' log (`--log.file`, `--log.level`), as every envrl command's."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "client_stall_timeout": "client_stall_timeout_s",
+        "drain_timeout": "drain_timeout_s",
+    }
 
     @model_validator(mode="after")
     def _exposed_needs_keys(self) -> EnvServerConfig:

@@ -16,7 +16,7 @@ from pathlib import Path
 from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
-from envrl.process import Child, RestartPolicy, allowed_environ, config_argv, spawn_sidecar
+from envrl.runtime.process import Child, RestartPolicy, allowed_environ, config_argv, spawn_sidecar
 from envrl.serve.config import EnvServerConfig
 
 

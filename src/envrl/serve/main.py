@@ -7,7 +7,7 @@ with the reason on stderr), exits 1 when the environment cannot load or its work
 
 from __future__ import annotations
 
-from envrl.lifeline import die_with_parent
+from envrl.runtime.lifeline import die_with_parent
 
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
@@ -18,10 +18,10 @@ from loguru import logger
 
 from envrl.config import load_config
 from envrl.envs.registry import load_environment
-from envrl.log import setup_logging
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.server import EnvServer
 from envrl.serve.sockets import ServerSockets
+from envrl.telemetry.log import setup_logging
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,6 +40,8 @@ class WorkerHandle:
     """Why the server killed it, if it did (for the log line about its death)."""
     load: set[int] = field(default_factory=set)
     """Tokens of the requests it is running."""
+    models: set[str] = field(default_factory=set)
+    """Ids of the bound models it was sent (it builds each one's client once)."""
     idle_since: float = field(default_factory=time.monotonic)
     identity: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
     """Its socket identity on the pool socket: random, handed only to its process, so no other
@@ -162,10 +164,10 @@ class WorkerPool:
         return max(self.config.min_workers, math.ceil(demand / self._per_worker(self.config)))
 
     def _retire_idle(self, live: list[WorkerHandle], wanted: int, now: float) -> list[WorkerHandle]:
-        """Mark retiring the workers above `wanted` that have been idle past `idle_timeout`."""
+        """Mark retiring the workers above `wanted` that have been idle past `idle_timeout_s`."""
         if not isinstance(self.config, ElasticPoolConfig) or len(live) <= wanted:
             return []
-        timeout = self.config.idle_timeout
+        timeout = self.config.idle_timeout_s
         idle = [w for w in live if w.ready and not w.load and now - w.idle_since > timeout]
         retired = idle[: len(live) - wanted]
         for worker in retired:

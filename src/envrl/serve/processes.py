@@ -13,7 +13,7 @@ import time
 
 from loguru import logger
 
-from envrl.process import Child, config_argv, spawn
+from envrl.runtime.process import Child, config_argv, spawn
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.worker import WORKER_IDENTITY_ENV, WorkerConfig
 

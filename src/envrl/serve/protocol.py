@@ -1,43 +1,55 @@
-"""Env server wire protocol, version 1: every type and frame that crosses the server's sockets.
+"""Env server wire protocol, version 2: every type and frame that crosses the server's sockets.
 
 Guarantee: each client message is ONE ZMQ frame holding one msgpack map, a request
 (`RequestMessage`) or a response (`OkResponse`, `ErrorResponse`); both sides build these models
-and dump them to send, and validate what they receive into them. Anything else a client sends is
-answered with a typed error, never a dead server. docs/protocol.md is the prose version of this
-module; the last section (server <-> worker framing) is internal and not part of the protocol.
+and dump them to send, and the server validates what it receives into them, once: its workers
+get only what it accepted, re-encoded, and trust it. Anything else a client sends is answered
+with a typed error, never a dead server. A rollout request has one shape (`RunParams`: a group
+of `n`, n = 1 for one rollout) and names a model bound once beforehand (`bind`), so model
+clients are checked against `model_access` once per binding, not per request. docs/protocol.md
+is the prose version of this module; the last section (server <-> worker framing) is internal
+and not part of the protocol.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from envrl.envs.model_client import ClientConfig, SamplingArgs
-from envrl.traces import Split, Trace
+from envrl.data.traces import Split, Trace
+from envrl.model.client import ClientConfig, SamplingArgs
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 ErrorType = Literal[
-    "bad_request", "unknown_method", "too_large", "at_capacity", "cancelled", "shutting_down", "internal_error"
+    "bad_request",
+    "unknown_method",
+    "unknown_model",
+    "too_large",
+    "at_capacity",
+    "cancelled",
+    "shutting_down",
+    "internal_error",
 ]
-"""The `error.type` of a response with ok = false, in protocol v1."""
+"""The `error.type` of a response with ok = false, in protocol v2."""
 BAD_REQUEST: ErrorType = "bad_request"  # not msgpack, not a map, a missing or mistyped field, a bad task index
 UNKNOWN_METHOD: ErrorType = "unknown_method"
+UNKNOWN_MODEL: ErrorType = "unknown_model"  # a `run` naming a model id this server does not hold: `bind` again
 TOO_LARGE: ErrorType = "too_large"  # frame over the server's max_frame_bytes
 AT_CAPACITY: ErrorType = "at_capacity"  # every worker slot busy and the wait queue full: back off and retry
 CANCELLED: ErrorType = "cancelled"  # the request was cancelled by a `cancel` call
 SHUTTING_DOWN: ErrorType = "shutting_down"  # the server is draining (SIGTERM) and takes no new rollouts
 INTERNAL_ERROR: ErrorType = "internal_error"  # handling it failed in the server or a worker (a bug: see the log)
 
-# Error Trace types (a run_* result whose trace has `error.type` set by the server, not the env).
-TIMEOUT = "timeout"  # the rollout ran past timeout.rollout
+# Error Trace types (a `run` result whose trace has `error.type` set by the server, not the env).
+TIMEOUT = "timeout"  # the rollout ran past timeout.rollout_s
 WORKER_DIED = "worker_died"  # its worker process died while running it, and again on each re-run
 UNENCODABLE = "unencodable_trace"  # the env returned a Trace msgpack cannot carry (a set, a datetime, ...)
 
-Method = Literal["health", "info", "run_rollout", "run_group", "cancel"]
+Method = Literal["health", "info", "bind", "run", "cancel"]
 METHODS: tuple[Method, ...] = get_args(Method)
 
 
@@ -52,36 +64,36 @@ class RequestMessage(_Wire):
     """Chosen by the client; unique among its connection's requests in flight."""
     method: Method
     params: dict[str, Any] = {}
-    """Checked per method (`RolloutParams`, `GroupParams`, `CancelParams`) by `ParamsChecker`."""
+    """Checked per method (`BindParams`, `RunParams`, `CancelParams`) by `ParamsChecker`."""
 
 
 REQUEST_KEYS = frozenset(RequestMessage.model_fields)
 
 
-class RolloutParams(_Wire):
-    """`params` of `run_rollout`."""
+class BindParams(_Wire):
+    """`params` of `bind`: the model client rollouts will use, checked against `model_access` once."""
+
+    client: ClientConfig
+
+
+class BindResult(_Wire):
+    model: str
+    """The id `run` requests name the bound client by; valid until the server restarts or drops
+    it (then `run` answers `unknown_model`: bind again). Equal clients get the same id."""
+
+
+class RunParams(_Wire):
+    """`params` of `run`: `n` rollouts of one task with the bound model `model`, scored together
+    (n = 1: one rollout)."""
 
     task_idx: int = Field(ge=0, strict=True)
     split: Split = "train"
-    client: ClientConfig
+    n: int = Field(1, ge=1, strict=True)
+    model: str
+    """A `BindResult.model` of this server."""
     sampling: SamplingArgs
     seed: int | None = Field(None, strict=True)
-    """Overrides `sampling.seed` when given (a group derives its per-rollout seeds from it)."""
-
-    def sampling_args(self) -> SamplingArgs:
-        if self.seed is None:
-            return self.sampling
-        return self.sampling.model_copy(update={"seed": self.seed})
-
-
-class GroupParams(RolloutParams):
-    """`params` of `run_group`: n rollouts of one task, scored together."""
-
-    n: int = Field(ge=1, strict=True)
-
-
-ROLLOUT_PARAMS: dict[str, type[RolloutParams]] = {"run_rollout": RolloutParams, "run_group": GroupParams}
-"""The params model of each rollout method."""
+    """Overrides `sampling.seed` when given; rollout i of the group samples with seed + i."""
 
 
 class CancelParams(_Wire):
@@ -118,13 +130,13 @@ class CancelResult(_Wire):
     """True if the request was still queued or running (it is then answered `cancelled`)."""
 
 
-class GroupResult(_Wire):
-    """The result of `run_group` (that of `run_rollout` is a `Trace`)."""
+class RunResult(_Wire):
+    """The result of `run`: one Trace per rollout asked for, in order."""
 
     traces: list[Trace]
 
 
-Result = Trace | GroupResult | HealthResult | ServerInfo | CancelResult
+Result = RunResult | BindResult | HealthResult | ServerInfo | CancelResult
 
 
 class OkResponse(_Wire):
@@ -163,7 +175,7 @@ class ProtocolError(Exception):
 
 
 _packer = msgpack.Packer(use_bin_type=True)
-"""Reused: `msgpack.packb` builds a Packer (and its buffer) per call, half the cost of a small frame.
+"""Reused: `msgpack.packb` builds a Packer (and its buffer) per call, which every small frame would pay again.
 `pack` runs in C without releasing the GIL, so threads sharing it cannot interleave."""
 
 
@@ -284,15 +296,48 @@ def validation_message(error: Exception) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Internal: server <-> worker framing over the pool's ipc ROUTER/DEALER (not protocol v1).
+# Internal: server <-> worker framing over the pool's ipc ROUTER/DEALER (not the client protocol).
 #
-# server -> worker: [header, raw_request, ...]; header = msgpack list of [op, token] pairs, and
-#   each "run" op consumes the next frame, the client's request frame as it arrived.
+# server -> worker: [header, frame, ...]; header = msgpack list of [op, arg] pairs, and each
+#   "model" and "run" op consumes the next frame:
+#   [OP_MODEL, model id] + the bound client config (msgpack map, as the server validated it at `bind`);
+#   [OP_DROP, model id]: the server forgot that binding (its client closes once no rollout uses it);
+#   [OP_RUN, token] + a `Work` frame (`encode_work`): the accepted request, re-encoded;
+#   [OP_CANCEL, token]; [OP_STOP, 0].
 # worker -> server: [WORKER_READY] once, then [WORKER_DONE, msgpack list of tokens, response, ...]
 #   where each response is the finished client-bound frame for that token.
 
 OP_RUN = "run"
+OP_MODEL = "model"
+OP_DROP = "drop"
 OP_CANCEL = "cancel"
 OP_STOP = "stop"
 WORKER_READY = b"ready"
 WORKER_DONE = b"done"
+
+
+class Work(NamedTuple):
+    """A `run` request as the server accepted it: what a worker needs, nothing it must check."""
+
+    request_id: str
+    model: str
+    split: Split
+    task_idx: int
+    n: int
+    sampling: SamplingArgs
+    """With the request's `seed` applied."""
+
+
+def encode_work(request_id: str, params: RunParams) -> bytes:
+    """The worker's frame of an accepted `run` request (validated values, not the client's bytes)."""
+    sampling = params.sampling.model_dump()
+    if params.seed is not None:
+        sampling["seed"] = params.seed
+    return encode([request_id, params.model, params.split, params.task_idx, params.n, sampling])
+
+
+def decode_work(frame: bytes) -> Work:
+    """A frame `encode_work` made. Not validated again: the server built it from a validated
+    `RunParams` (`model_construct` takes the dumped fields as they are)."""
+    request_id, model, split, task_idx, n, sampling = decode(frame)
+    return Work(request_id, model, split, task_idx, n, SamplingArgs.model_construct(**sampling))

@@ -2,7 +2,8 @@
 
 Guarantee: a request is in the book from `add` until `remove`, found by its token and by its
 (client identity, request id), which is unique in the book; `bytes_of(client)` and `total_bytes`
-are the raw frames the book holds, to the byte; `next_queued` yields only requests
+are the work frames the book holds, to the byte; a booked request counts as a use of its bound
+model (`Model.requests`), so that binding is not dropped under it; `next_queued` yields only requests
 still in the book and not running, oldest first except re-runs, which go first. The book sends
 nothing: the server answers what it removes.
 """
@@ -13,9 +14,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from envrl.data.traces import Error, Trace
 from envrl.envs.environment import Environment
 from envrl.serve import protocol as p
-from envrl.traces import Error, Trace
+from envrl.serve.models import Model
 
 
 @dataclass(eq=False, slots=True)
@@ -25,11 +27,12 @@ class Request:
     token: int
     identity: bytes
     request_id: str
-    raw: bytes
+    work: bytes
+    """What its worker gets (`protocol.encode_work`), kept for re-runs."""
     split: str
     task_idx: int
     n: int
-    group: bool
+    model: Model
     attempts: int = 0
     """Re-runs after its worker died."""
     worker: int | None = None
@@ -37,9 +40,9 @@ class Request:
     cancel_requested: bool = False
 
     def error_answer(self, env: Environment, error: Error, **fields: Any) -> bytes:
-        """The response that answers this request with `error` Traces (n of them for a group)."""
+        """The response that answers this request with n `error` Traces."""
         trace = Trace.from_error(env.get_task(self.split, self.task_idx), error, **fields)  # type: ignore[arg-type]
-        return p.ok_response(self.request_id, p.GroupResult(traces=[trace] * self.n) if self.group else trace)
+        return p.ok_response(self.request_id, p.RunResult(traces=[trace] * self.n))
 
     def set_deadline(self, deadline: float) -> None:
         """Keep the earlier of the two deadlines."""
@@ -59,16 +62,16 @@ class RequestBook:
     def __len__(self) -> int:
         return len(self.by_token)
 
-    def add(self, identity: bytes, request_id: str, raw: bytes, params: p.RolloutParams) -> Request:
+    def add(self, identity: bytes, request_id: str, work: bytes, params: p.RunParams, model: Model) -> Request:
         """Book a request (the caller checked `find` first: ids are unique per client)."""
         token, self.next_token = self.next_token, self.next_token + 1
-        n, group = (params.n, True) if isinstance(params, p.GroupParams) else (1, False)
         request = self.by_token[token] = Request(
-            token, identity, request_id, raw, params.split, params.task_idx, n, group
+            token, identity, request_id, work, params.split, params.task_idx, params.n, model
         )
         self.by_key[identity, request_id] = token
-        self.total_bytes += len(raw)
-        self.client_bytes[identity] = self.client_bytes.get(identity, 0) + len(raw)
+        self.total_bytes += len(work)
+        self.client_bytes[identity] = self.client_bytes.get(identity, 0) + len(work)
+        model.requests += 1
         return request
 
     def find(self, identity: bytes, request_id: str) -> Request | None:
@@ -78,13 +81,14 @@ class RequestBook:
     def remove(self, request: Request) -> None:
         del self.by_token[request.token]
         del self.by_key[request.identity, request.request_id]
-        self.total_bytes -= len(request.raw)
-        left = self.client_bytes.pop(request.identity) - len(request.raw)
+        request.model.requests -= 1
+        self.total_bytes -= len(request.work)
+        left = self.client_bytes.pop(request.identity) - len(request.work)
         if left:
             self.client_bytes[request.identity] = left
 
     def bytes_of(self, identity: bytes) -> int:
-        """Bytes of the raw frames this client's requests hold in the book."""
+        """Bytes of the work frames this client's requests hold in the book."""
         return self.client_bytes.get(identity, 0)
 
     def of_client(self, identity: bytes) -> list[Request]:

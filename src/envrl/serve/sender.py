@@ -73,7 +73,7 @@ class ClientSender:
                 if now - self.stalled_since[identity] > self.stall_timeout:
                     self._drop(
                         identity,
-                        f"it does not read its answers (none taken for {self.stall_timeout:g} s, client_stall_timeout)",
+                        f"it does not read its answers (none taken for {self.stall_timeout:g} s, client_stall_timeout_s)",
                     )
                 continue
             self.waiting.pop(identity, None)  # a client found gone was dropped (and popped) by `_send_now`

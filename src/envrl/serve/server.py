@@ -5,12 +5,14 @@ broker itself; each rollout request by its worker (a Trace, an error Trace), or,
 dies, by a re-run on another worker (up to `max_reruns` times) or a `worker_died` error Trace; a
 stuck worker is killed; a bad frame, or one whose handling fails unexpectedly, gets an error
 response and the server keeps serving. Params are checked (`ParamsChecker`) here, once, before
-any use: a worker runs only requests the server accepted.
+any use, and a model client once, when it is bound (`bind`, `ModelRegistry`): a worker runs only
+requests the server accepted, with clients the server allowed, and checks neither again.
 
 The hop to a worker: `_read_clients` -> `_on_request` -> `_accept` books the request and either
 `_assign`s it to the least-loaded worker (`WorkerPool.pick`) or queues it; `_flush` sends the
-worker a `run` op with the client's frame as it arrived; the worker (serve/worker.py) runs the
-rollout and sends back the finished response frame, which `_read_workers` -> `_finish` forwards.
+worker its bound model's config (the first time that worker runs it) and a `run` op with the
+accepted request (`protocol.encode_work`); the worker (serve/worker.py) runs the rollouts and sends
+back the finished response frame, which `_read_workers` -> `_finish` forwards.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from typing import Any
 import zmq
 from loguru import logger
 
+from envrl.data.traces import Error
 from envrl.envs.environment import Environment
-from envrl.log import Throttle
-from envrl.process import Child, report_ready
+from envrl.runtime.process import Child, report_ready
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
+from envrl.serve.models import ModelRegistry
 from envrl.serve.params import ParamsChecker
 from envrl.serve.pool import MAX_STARTUP_FAILURES, OUTSIDE_KILLS, WorkerHandle, WorkerPool
 from envrl.serve.processes import WorkerProcesses
@@ -45,7 +48,7 @@ from envrl.serve.zmqio import (
     recv_batch,
     send_frames,
 )  # fmt: skip
-from envrl.traces import Error
+from envrl.telemetry.log import Throttle
 
 WORKER_STOP_GRACE = 3.0
 SWEEP_INTERVAL = 0.1
@@ -61,14 +64,15 @@ class EnvServer:
         self.env = env
         self.num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
         self.checker = ParamsChecker(self.num_tasks, config.max_group_size, config.model_access)
+        self.models = ModelRegistry()
         self.requests = RequestBook()
         self.pool = WorkerPool(config.pool)
         self.processes = WorkerProcesses(config, sockets.workers_address)
         self.sender = ClientSender(
-            sockets.clients, config.client_send_queue, config.client_stall_timeout, self._on_client_dropped
+            sockets.clients, config.client_send_queue, config.client_stall_timeout_s, self._on_client_dropped
         )
         self.outbox: dict[int, tuple[list[list[Any]], list[bytes]]] = {}
-        """Per worker id, the ops and request frames to send it at the next `_flush`."""
+        """Per worker id, the ops and their frames (model configs, work) to send it at the next `_flush`."""
         self.poller = zmq.Poller()
         self.poller.register(sockets.clients, zmq.POLLIN)
         self.poller.register(sockets.workers, zmq.POLLIN)
@@ -147,8 +151,8 @@ class EnvServer:
         if self.draining_until is not None:
             logger.warning("second stop signal: stopping without waiting for in-flight rollouts")
             return True
-        self.draining_until = time.monotonic() + self.config.drain_timeout
-        logger.info(f"{signals[0]}: draining {len(self.requests)} requests for up to {self.config.drain_timeout:g} s")
+        self.draining_until = time.monotonic() + self.config.drain_timeout_s
+        logger.info(f"{signals[0]}: draining {len(self.requests)} requests for up to {self.config.drain_timeout_s:g} s")
         return False
 
     def _reap_exited(self, events: dict[Any, int]) -> None:
@@ -190,7 +194,7 @@ class EnvServer:
                     raise p.ProtocolError(p.BAD_REQUEST, f"a message is one frame, got {extra + 1}", request_id)
                 message = p.parse_request(frame, self.config.max_frame_bytes)
                 request_id = message.id
-                self._on_request(identity, message, frame)
+                self._on_request(identity, message)
             except p.ProtocolError as e:
                 self._answer(identity, p.error_response(e.request_id, e.type, e.message))
             except Exception as e:  # a bug must cost one request, never the server
@@ -223,18 +227,31 @@ class EnvServer:
         for request in self.requests.of_client(identity):
             self._cancel(identity, request.request_id)
 
-    def _on_request(self, identity: bytes, message: p.RequestMessage, frame: bytes) -> None:
-        """Answer health, info and cancel here; check a rollout request's params and accept it."""
+    def _on_request(self, identity: bytes, message: p.RequestMessage) -> None:
+        """Answer health, info, bind and cancel here; check a `run` request's params and accept it."""
         request_id, method, params = message.id, message.method, message.params
-        if method == "health":
+        if method == "run":
+            self._accept(identity, request_id, self.checker.run(params, request_id))
+        elif method == "health":
             self._answer(identity, p.ok_response(request_id, self._health()))
         elif method == "info":
             self._answer(identity, p.ok_response(request_id, self._info()))
-        elif method == "cancel":
+        elif method == "bind":
+            self._answer(identity, p.ok_response(request_id, p.BindResult(model=self._bind(params, request_id))))
+        else:
             target = self.checker.cancel(params, request_id).request_id
             self._answer(identity, p.ok_response(request_id, p.CancelResult(cancelled=self._cancel(identity, target))))
-        else:
-            self._accept(identity, request_id, self.checker.rollout(method, params, request_id), frame)
+
+    def _bind(self, params: dict[str, Any], request_id: str) -> str:
+        """Bind the request's client (checked against `model_access` here, once); workers that
+        built the client of a binding dropped to make room are told to close it."""
+        model, dropped = self.models.bind(self.checker.bind(params, request_id), request_id)
+        for old in dropped:
+            for worker in self.pool.workers.values():
+                if old.id in worker.models:
+                    worker.models.discard(old.id)
+                    self._send_op(worker.id, [p.OP_DROP, old.id])
+        return model.id
 
     def _health(self) -> p.HealthResult:
         workers = self.pool.ready_workers
@@ -249,19 +266,21 @@ class EnvServer:
             queued=len(self.requests.queue), max_queued=self.config.max_queued,
         )  # fmt: skip
 
-    def _accept(self, identity: bytes, request_id: str, params: p.RolloutParams, frame: bytes) -> None:
+    def _accept(self, identity: bytes, request_id: str, params: p.RunParams) -> None:
         if self.draining_until is not None:
             raise p.ProtocolError(p.SHUTTING_DOWN, "the server is shutting down and takes no new rollouts", request_id)
         if self.requests.find(identity, request_id) is not None:
             message = f"request id {request_id!r} is already in flight on this connection; ids must be unique"
             raise p.ProtocolError(p.BAD_REQUEST, message, request_id)
+        model = self.models.get(params.model, request_id)
         queued = len(self.requests.queue)
         worker = None if queued else self.pool.pick()
         if worker is None and queued >= self.config.max_queued:
             message = f"{self.pool.in_flight} rollouts running and {queued} queued (max_queued); back off and retry"
             raise p.ProtocolError(p.AT_CAPACITY, message, request_id)
-        self._check_budgets(identity, request_id, len(frame))
-        request = self.requests.add(identity, request_id, frame, params)
+        work = p.encode_work(request_id, params)
+        self._check_budgets(identity, request_id, len(work))
+        request = self.requests.add(identity, request_id, work, params, model)
         if worker is None:
             self.requests.enqueue(request)
         else:
@@ -269,7 +288,7 @@ class EnvServer:
 
     def _check_budgets(self, identity: bytes, request_id: str, size: int) -> None:
         """Raise `at_capacity` when `size` more bytes would put this client's, or all clients',
-        unanswered request frames over their budget: held frames are bounded by bytes, not count."""
+        unanswered requests over their budget: held work frames are bounded by bytes, not count."""
         held, total = self.requests.bytes_of(identity), self.requests.total_bytes
         if held + size > self.config.max_client_bytes:
             message = (
@@ -293,7 +312,7 @@ class EnvServer:
         elif not request.cancel_requested:
             request.cancel_requested = True
             self._send_op(request.worker, [p.OP_CANCEL, request.token])
-            request.set_deadline(time.monotonic() + self.config.timeout.kill_grace)
+            request.set_deadline(time.monotonic() + self.config.timeout.kill_grace_s)
         return True
 
     def _answer(self, identity: bytes, frame: bytes) -> None:
@@ -308,15 +327,21 @@ class EnvServer:
     # -- worker side ------------------------------------------------------------------------------
 
     def _assign(self, request: Request, worker: WorkerHandle) -> None:
-        """Give `request` to `worker`: a `run` op and the client's frame, sent at the next `_flush`."""
+        """Give `request` to `worker`: its model's config if `worker` lacks it, then a `run` op and
+        the request's work frame, sent at the next `_flush`."""
         request.worker = worker.id
         self.pool.assign(worker, request.token)
-        if self.config.timeout.rollout is not None:
-            limit = self.config.timeout.rollout + self.config.timeout.kill_grace
+        if self.config.timeout.rollout_s is not None:
+            limit = self.config.timeout.rollout_s + self.config.timeout.kill_grace_s
             request.set_deadline(time.monotonic() + limit)
-        ops, raws = self.outbox.setdefault(worker.id, ([], []))
+        ops, frames = self.outbox.setdefault(worker.id, ([], []))
+        model = request.model
+        if model.id not in worker.models:
+            worker.models.add(model.id)
+            ops.append([p.OP_MODEL, model.id])
+            frames.append(model.frame)
         ops.append([p.OP_RUN, request.token])
-        raws.append(request.raw)
+        frames.append(request.work)
 
     def _send_op(self, worker_id: int, op: list[Any]) -> None:
         self.outbox.setdefault(worker_id, ([], []))[0].append(op)
@@ -324,10 +349,10 @@ class EnvServer:
     def _flush(self) -> None:
         """Send each worker its ops of this loop turn as one message: [identity, ops, frame, ...]
         (serve/worker.py `_on_messages` reads it)."""
-        for worker_id, (ops, raws) in self.outbox.items():
+        for worker_id, (ops, frames) in self.outbox.items():
             worker = self.pool.workers.get(worker_id)
             if worker is not None:
-                send_frames(self.sockets.workers, [worker.identity, p.encode(ops), *raws])
+                send_frames(self.sockets.workers, [worker.identity, p.encode(ops), *frames])
         self.outbox.clear()
 
     def _dispatch_queue(self) -> None:
@@ -388,7 +413,7 @@ class EnvServer:
             self._finish(request, request.error_answer(self.env, Error(type=p.WORKER_DIED, message=message)))
 
     def _kill_overdue(self, now: float) -> None:
-        """A worker that let a rollout pass its deadline by kill_grace is stuck: kill and replace it."""
+        """A worker that let a rollout pass its deadline by kill_grace_s is stuck: kill and replace it."""
         if now < self.next_sweep:
             return
         self.next_sweep = now + SWEEP_INTERVAL
@@ -396,15 +421,13 @@ class EnvServer:
             if request.token not in self.requests.by_token or request.worker is None:
                 continue  # answered when an earlier overdue request's worker was killed
             worker = self.pool.workers[request.worker]
-            grace = self.config.timeout.kill_grace
+            grace = self.config.timeout.kill_grace_s
             if request.cancel_requested:
                 what = f"did not stop request {request.request_id} within {grace:g} s of its cancel"
                 frame = p.error_response(request.request_id, p.CANCELLED, f"request {request.request_id} was cancelled")
             else:
-                what = f"did not finish request {request.request_id} within timeout.rollout + {grace:g} s"
-                message = (
-                    f"the rollout ran past timeout.rollout = {self.config.timeout.rollout:g} s and its worker was stuck"
-                )
+                what = f"did not finish request {request.request_id} within timeout.rollout_s + {grace:g} s"
+                message = f"the rollout ran past timeout.rollout_s = {self.config.timeout.rollout_s:g} s and its worker was stuck"
                 frame = request.error_answer(self.env, Error(type=p.TIMEOUT, message=message), is_truncated=True)
             logger.warning(f"req={request.request_id}: worker {worker.id} {what} (blocking code?); killing it")
             self._finish(request, frame)

@@ -1,14 +1,18 @@
 """One env worker process: runs up to `multiplex` rollouts at once on an asyncio event loop.
 
 Guarantee: every run op the server sends is answered exactly once with a finished client-bound
-frame (a Trace; an error Trace when the env fails, runs past `timeout.rollout` or returns a Trace
+frame (its traces; error Traces when the env fails, runs past `timeout.rollout_s` or returns a Trace
 msgpack cannot carry; an error response when its task or model client cannot be had, or for a
 cancel, even one that lands before the rollout started), and the worker dies with its server, even a SIGKILLed one.
+It trusts its server: a run op carries a request the server validated (`protocol.decode_work`
+reads it unchecked), naming a model whose config the server allowed and sent it before (`model`
+op); each bound model's client is built once and closed when the server drops it and no rollout
+uses it any more.
 """
 
 from __future__ import annotations
 
-from envrl.lifeline import die_with_parent
+from envrl.runtime.lifeline import die_with_parent
 
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
@@ -16,7 +20,6 @@ import asyncio
 import os
 import signal
 import sys
-from collections import OrderedDict
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
@@ -25,19 +28,19 @@ from typing import Any
 
 import zmq
 from loguru import logger
+from pydantic import TypeAdapter
 
 from envrl.config import BaseConfig, load_config
-from envrl.envs.model_client import ClientConfig, ModelClient, SamplingArgs, build_client
+from envrl.data.traces import Error, Task, Trace
 from envrl.envs.registry import load_environment
-from envrl.log import LogConfig, LogLevel, setup_logging
+from envrl.model.client import ClientConfig, ModelClient, SamplingArgs, build_client
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvSpec, EnvTimeoutConfig
 from envrl.serve.zmqio import Frames, SocketPump
-from envrl.traces import Error, Task, Trace
+from envrl.telemetry.log import LogConfig, LogLevel, setup_logging
 
-MAX_CACHED_CLIENTS = 16
 SWEEP_INTERVAL = 0.1
-"""Seconds between checks for rollouts past `timeout.rollout` (one sweep instead of a timer each)."""
+"""Seconds between checks for rollouts past `timeout.rollout_s` (one sweep instead of a timer each)."""
 UNENCODABLE_ERRORS = (TypeError, ValueError, OverflowError)
 """What msgpack raises for a value it cannot carry: an unsupported type, a non-str key, an int past 64 bits."""
 WORKER_IDENTITY_ENV = "ENVRL_WORKER_IDENTITY"
@@ -45,6 +48,7 @@ WORKER_IDENTITY_ENV = "ENVRL_WORKER_IDENTITY"
 it out of its environment at start, so nothing it runs (envs, forked scoring) inherits it."""
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 """The request a rollout task serves: tags every log line the task (or the env in it) writes."""
+CLIENT_CONFIG: TypeAdapter[ClientConfig] = TypeAdapter(ClientConfig)
 
 
 class WorkerConfig(BaseConfig):
@@ -60,14 +64,15 @@ class WorkerConfig(BaseConfig):
 
 
 @dataclass
-class CachedClient:
-    """A model client shared by the rollouts that asked for the same `client` map."""
+class BoundClient:
+    """The client of one bound model, shared by every rollout that names it; or why it could not be built."""
 
-    client: ModelClient
+    client: ModelClient | None
+    problem: str | None = None
     users: int = 0
     """Rollouts running with it now."""
-    evicted: bool = False
-    """Out of the cache: closed when its last rollout ends."""
+    dropped: bool = False
+    """The server forgot the binding: closed when its last rollout ends."""
 
 
 class Worker:
@@ -79,9 +84,9 @@ class Worker:
         self.running: dict[int, asyncio.Task[None]] = {}
         self.deadlines: dict[int, float] = {}
         self.timed_out: set[int] = set()
-        self.clients: OrderedDict[str, CachedClient] = OrderedDict()
-        """Model clients by the repr of the `client` map that asked for them (least recently used first)."""
-        self.client_of: dict[int, CachedClient] = {}
+        self.clients: dict[str, BoundClient] = {}
+        """The client of each bound model the server sent, by model id."""
+        self.client_of: dict[int, BoundClient] = {}
         """The client each running request uses (its use is counted until the request ends)."""
         self.done_tokens: list[int] = []
         self.done_frames: list[bytes] = []
@@ -108,51 +113,68 @@ class Worker:
             for task in self.running.values():
                 task.cancel()
             await asyncio.gather(*self.running.values(), return_exceptions=True)
-            for cached in self.clients.values():
-                await cached.client.aclose()
+            for bound in self.clients.values():
+                if bound.client is not None:
+                    await bound.client.aclose()
             self.pump.close(linger_ms=0)
 
     def _on_messages(self, batch: list[Frames]) -> None:
-        """The server's ops (sent by its `_flush`): `run` a request (its client frame follows the
-        header), `cancel` one, `stop`."""
+        """The server's ops (sent by its `_flush`): `run` a request (its work frame follows the
+        header), `model` (a bound model's config follows), `drop` a model, `cancel` a request, `stop`."""
         now = self.loop.time()
         for frames in batch:
-            raws = iter(frames[1:])
-            for op, token in p.decode(frames[0]):
+            payloads = iter(frames[1:])
+            for op, arg in p.decode(frames[0]):
                 if op == p.OP_RUN:
-                    self._start(token, next(raws), now)
-                elif op == p.OP_CANCEL and token in self.running:
-                    self.running[token].cancel()
+                    self._start(arg, next(payloads), now)
+                elif op == p.OP_MODEL:
+                    self._bind(arg, next(payloads))
+                elif op == p.OP_DROP:
+                    self._drop(arg)
+                elif op == p.OP_CANCEL and arg in self.running:
+                    self.running[arg].cancel()
                 elif op == p.OP_STOP and not self.stopped.done():
                     self.stopped.set_result(None)
 
-    def _start(self, token: int, raw: bytes, now: float) -> None:
-        """Start a task for the rollout of a request the server accepted (it checked the envelope
-        and the params: `ParamsChecker`); answer at once one whose task or client cannot be had."""
-        request_id = method = None
+    def _start(self, token: int, frame: bytes, now: float) -> None:
+        """Start a task for the rollouts of a request the server accepted; answer at once one whose
+        task or model client cannot be had."""
+        work = p.decode_work(frame)
         try:
-            request = p.RequestMessage.model_validate(p.decode_request(raw))
-            request_id, method = request.id, request.method
-            params = p.ROLLOUT_PARAMS[method].model_validate(request.params)
-            task = self.env.get_task(params.split, params.task_idx)
-            n = params.n if isinstance(params, p.GroupParams) else None
-            sampling = params.sampling_args()  # validated from this request's map: no other rollout shares it
-            cached = self._client(repr(request.params["client"]), params.client)
-        except Exception as e:  # a task the env cannot give, a client it cannot build
-            logger.warning(f"req={request_id}: cannot start it: {type(e).__name__}: {e}")
-            self._done(token, p.error_response(request_id, p.BAD_REQUEST, f"{method}: {type(e).__name__}: {e}"))
+            bound = self.clients[work.model]
+            if bound.client is None:
+                raise RuntimeError(f"the model client could not be built: {bound.problem}")
+            task = self.env.get_task(work.split, work.task_idx)
+        except Exception as e:  # a task the env cannot give, a client it could not build
+            logger.warning(f"req={work.request_id}: cannot start it: {type(e).__name__}: {e}")
+            self._done(token, p.error_response(work.request_id, p.BAD_REQUEST, f"run: {type(e).__name__}: {e}"))
             return
-        if self.config.timeout.rollout is not None:
-            self.deadlines[token] = now + self.config.timeout.rollout
-        cached.users += 1
-        self.client_of[token] = cached
+        if self.config.timeout.rollout_s is not None:
+            self.deadlines[token] = now + self.config.timeout.rollout_s
+        bound.users += 1
+        self.client_of[token] = bound
         job = self.running[token] = self.loop.create_task(
-            self._run(token, request_id, task, cached.client, sampling, n)
+            self._run(token, work.request_id, task, bound.client, work.sampling, work.n)
         )
-        job.add_done_callback(partial(self._on_job_end, token, request_id, task, n))
+        job.add_done_callback(partial(self._on_job_end, token, work.request_id, task, work.n))
+
+    def _bind(self, model_id: str, frame: bytes) -> None:
+        """Build the client of a model the server bound (its config was validated there; this
+        only makes the typed config back from its dump)."""
+        try:
+            self.clients[model_id] = BoundClient(build_client(CLIENT_CONFIG.validate_python(p.decode(frame))))
+        except Exception as e:  # a tokenizer that will not load: each run naming it is answered with why
+            logger.warning(f"cannot build the client of bound model {model_id}: {type(e).__name__}: {e}")
+            self.clients[model_id] = BoundClient(None, f"{type(e).__name__}: {e}")
+
+    def _drop(self, model_id: str) -> None:
+        bound = self.clients.pop(model_id, None)
+        if bound is not None:
+            bound.dropped = True
+            self._close_if_unused(bound)
 
     async def _run(
-        self, token: int, request_id: str, task: Task, client: ModelClient, sampling: SamplingArgs, n: int | None
+        self, token: int, request_id: str, task: Task, client: ModelClient, sampling: SamplingArgs, n: int
     ) -> None:
         REQUEST_ID.set(request_id)  # this task's context only
         frame = None
@@ -162,7 +184,7 @@ class Worker:
             except asyncio.CancelledError:
                 frame = self._stopped_frame(token, request_id, task, n)
                 return
-            frame = self._result_frame(request_id, task, traces, n)
+            frame = self._result_frame(request_id, task, traces)
         except Exception as e:  # a bug here must still answer the request
             logger.opt(exception=e).error(f"answering failed: {type(e).__name__}: {e}; answered internal_error")
             frame = p.error_response(
@@ -173,7 +195,7 @@ class Worker:
             if frame is not None:
                 self._done(token, frame)
 
-    def _on_job_end(self, token: int, request_id: str, task: Task, n: int | None, job: asyncio.Task[None]) -> None:
+    def _on_job_end(self, token: int, request_id: str, task: Task, n: int, job: asyncio.Task[None]) -> None:
         """A job cancelled before its body ran never reached `_run`'s answer: answer it here."""
         if token in self.running:
             context = REQUEST_ID.set(request_id)
@@ -188,30 +210,27 @@ class Worker:
         del self.running[token]
         self.deadlines.pop(token, None)
         self.timed_out.discard(token)
-        cached = self.client_of.pop(token)
-        cached.users -= 1
-        self._close_if_unused(cached)
+        bound = self.client_of.pop(token)
+        bound.users -= 1
+        self._close_if_unused(bound)
 
-    def _stopped_frame(self, token: int, request_id: str, task: Task, n: int | None) -> bytes:
+    def _stopped_frame(self, token: int, request_id: str, task: Task, n: int) -> bytes:
         """The answer of a job that was cancelled: `cancelled`, or a timeout error Trace past its deadline."""
         if token not in self.timed_out:
             logger.info("cancelled")
             return p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled")
-        limit = self.config.timeout.rollout
-        logger.warning(f"rollout ran past timeout.rollout = {limit:g} s; answered with a timeout error Trace")
-        error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout = {limit:g} s")
-        return self._result_frame(
-            request_id, task, [Trace.from_error(task, error, is_truncated=True) for _ in range(n or 1)], n
-        )
+        limit = self.config.timeout.rollout_s
+        logger.warning(f"rollout ran past timeout.rollout_s = {limit:g} s; answered with a timeout error Trace")
+        error = Error(type=p.TIMEOUT, message=f"the rollout ran past timeout.rollout_s = {limit:g} s")
+        return self._result_frame(request_id, task, [Trace.from_error(task, error, is_truncated=True)] * n)
 
-    def _result_frame(self, request_id: str, task: Task, traces: list[Trace], n: int | None) -> bytes:
+    def _result_frame(self, request_id: str, task: Task, traces: list[Trace]) -> bytes:
         """The response carrying `traces`; a Trace msgpack cannot carry becomes an error Trace."""
         try:
-            return p.ok_response(request_id, traces[0] if n is None else p.GroupResult(traces=traces))
+            return p.ok_response(request_id, p.RunResult(traces=traces))
         except UNENCODABLE_ERRORS as e:
             logger.error(f"the environment returned a Trace msgpack cannot carry ({type(e).__name__}: {e})")
-        traces = [_sendable(task, trace) for trace in traces]
-        return p.ok_response(request_id, traces[0] if n is None else p.GroupResult(traces=traces))
+        return p.ok_response(request_id, p.RunResult(traces=[_sendable(task, trace) for trace in traces]))
 
     def _done(self, token: int, frame: bytes) -> None:
         if not self.done_tokens:
@@ -237,34 +256,16 @@ class Worker:
                     self.timed_out.add(token)
                     self.running[token].cancel()
 
-    async def _rollouts(self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int | None) -> list[Trace]:
-        scoring = self.config.timeout.scoring
+    async def _rollouts(self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int) -> list[Trace]:
         try:
-            if n is not None:
-                return await self.env.run_group(task, client, sampling, n, scoring_timeout=scoring)
-            return [await self.env.run_rollout(task, client, sampling, scoring_timeout=scoring)]
+            return await self.env.run_group(task, client, sampling, n, scoring_timeout=self.config.timeout.scoring_s)
         except Exception as e:  # the env broke its never-raise contract; still an answer
             logger.error(f"the environment raised {type(e).__name__}: {e} instead of returning an error Trace")
-            return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n or 1)]
+            return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n)]
 
-    def _client(self, key: str, config: ClientConfig) -> CachedClient:
-        """One client per distinct `client` map (`key`: its repr), reused across rollouts (it pools
-        connections). Past `MAX_CACHED_CLIENTS` the least recently used one leaves the cache, and is
-        closed once no rollout uses it any more (closing it under a running rollout would fail it)."""
-        entry = self.clients.get(key)
-        if entry is None:
-            entry = self.clients[key] = CachedClient(build_client(config))
-            if len(self.clients) > MAX_CACHED_CLIENTS:
-                _, old = self.clients.popitem(last=False)
-                old.evicted = True
-                self._close_if_unused(old)
-        else:
-            self.clients.move_to_end(key)
-        return entry
-
-    def _close_if_unused(self, entry: CachedClient) -> None:
-        if entry.evicted and entry.users == 0:
-            self.loop.create_task(entry.client.aclose())
+    def _close_if_unused(self, bound: BoundClient) -> None:
+        if bound.dropped and bound.users == 0 and bound.client is not None:
+            self.loop.create_task(bound.client.aclose())
 
 
 def _sendable(task: Task, trace: Trace) -> Trace:

@@ -22,8 +22,8 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from envrl.atomic import publish, temp_sibling
-from envrl.layout import checkpoint_dir, checkpoints_root, published_steps
+from envrl.data.layout import checkpoint_dir, checkpoints_root, published_steps
+from envrl.runtime.atomic import publish, temp_sibling
 from envrl.trainer.parallel import Runtime, barrier
 
 TRAINER_STATE = "trainer_state.pt"

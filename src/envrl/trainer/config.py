@@ -8,13 +8,13 @@ the training loop never re-checks its options; `model`, `output_dir`, `max_steps
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
-from envrl.log import LogConfig
-from envrl.metrics import WandbConfig
+from envrl.telemetry.log import LogConfig
+from envrl.telemetry.metrics import WandbConfig
 from envrl.transport.config import WeightsConfig
 
 
@@ -112,7 +112,7 @@ class TrainerConfig(BaseConfig):
     model: ModelConfig = ModelConfig()
     output_dir: Path = Path("outputs/run")
     """Run directory: reads `rollouts/step_<n>/`, writes `weights/`, `checkpoints/`, `metrics.jsonl`."""
-    max_steps: int = Field(10, ge=1)
+    max_steps: int = Field(20, ge=1)
     """Stop after this many optimizer steps (step n trains on rollouts/step_<n>)."""
     max_async_level: int = Field(1, ge=0)
     """Batch n must come from policies >= n - max_async_level; an older sample is an error."""
@@ -128,7 +128,7 @@ class TrainerConfig(BaseConfig):
     num_procs: int | None = Field(None, ge=1)
     """Trainer ranks: more than one starts the trainer under torchrun (gloo on CPU). Default:
     len(gpus), or 1 without gpus; with gpus it must equal len(gpus). Read by `rl` only."""
-    max_tokens: int = Field(4096, ge=1)
+    micro_batch_tokens: int = Field(4096, ge=1)
     """Token budget of one packed micro-batch. Each step packs its batch into as few
     micro-batches as fit this budget (a multiple of the number of ranks), filled longest sample
     first into the emptiest so they come out about equal; a longer sample gets a micro-batch of
@@ -146,16 +146,12 @@ class TrainerConfig(BaseConfig):
     step's weights (it has published the newest batch the async bound allows, so vLLM idles)
     and no other thread on the machine is runnable, else with the start-up count
     (OMP_NUM_THREADS, one beside vLLM on a CPU box). Checked before each micro-batch's forward
-    and backward, so the switch needs more than one micro-batch a step (`max_tokens`) to happen
+    and backward, so the switch needs more than one micro-batch a step (`micro_batch_tokens`) to happen
     mid-step. No effect on GPUs or ranks."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward to save memory."""
     batch_timeout_s: float = Field(3600.0, gt=0)
     """Fail if `rollouts/step_<n>/` has not appeared this long after the trainer started waiting."""
-    batch_poll_s: float = Field(0.02, gt=0)
-    """How often to look for the next batch directory (one `stat` each time)."""
-    wait_log_interval_s: float = Field(30.0, gt=0)
-    """Log that the trainer is still waiting this often."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (None: full fine-tuning). Each step then
     publishes only the adapter, which the inference server hot-loads onto the base model it
@@ -167,3 +163,9 @@ class TrainerConfig(BaseConfig):
     """How each step's policy reaches the inference replicas (envrl.transport.weights)."""
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()
+
+    renamed_keys: ClassVar[dict[str, str]] = {"max_tokens": "micro_batch_tokens"}
+    removed_keys: ClassVar[dict[str, str]] = {
+        "batch_poll_s": "the trainer polls every 20 ms (envrl.transport.batches.POLL_S)",
+        "wait_log_interval_s": "the trainer logs its wait every 30 s (envrl.transport.batches.WAIT_LOG_S)",
+    }

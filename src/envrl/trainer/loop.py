@@ -21,11 +21,11 @@ from loguru import logger
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer
 
-from envrl.atomic import write_failure
-from envrl.layout import checkpoint_dir, final_weights_dir, ledger_file, weights_dir
-from envrl.ledger import Ledger
-from envrl.metrics import MetricsSink
-from envrl.samples import TrainingSample
+from envrl.data.layout import checkpoint_dir, final_weights_dir, ledger_file, weights_dir
+from envrl.data.samples import TrainingSample
+from envrl.runtime.atomic import write_failure
+from envrl.telemetry.ledger import Ledger
+from envrl.telemetry.metrics import MetricsSink
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora
@@ -91,12 +91,7 @@ class Trainer:
         self.metrics: MetricsSink | None = None
         self.ledger = Ledger(ledger_file(config.output_dir, "trainer") if runtime.is_main else None, "trainer")
         """The main rank's wait / compute / publish / checkpoint spans."""
-        self.batches: BatchReceiver = FileBatchReceiver(
-            config.output_dir,
-            timeout_s=config.batch_timeout_s,
-            poll_s=config.batch_poll_s,
-            log_every_s=config.wait_log_interval_s,
-        )
+        self.batches: BatchReceiver = FileBatchReceiver(config.output_dir, timeout_s=config.batch_timeout_s)
         self.publisher: WeightPublisher = weight_publisher(
             config.weights, config.output_dir, self.tokenizer, runtime, self.base_config, config.ckpt.interval
         )
@@ -206,7 +201,7 @@ class Trainer:
         """One optimizer step on `samples` (this rank trains its share); returns the step's metrics."""
         config, runtime = self.config, self.runtime
         staleness = self._check_staleness(step, samples, where) if samples else [0]
-        micro_batches = pack(samples, config.max_tokens, config.loss.normalize, where, runtime.world_size)
+        micro_batches = pack(samples, config.micro_batch_tokens, config.loss.normalize, where, runtime.world_size)
         mine = shard(micro_batches, runtime.rank, runtime.world_size, self.pad_token_id)
         if runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(runtime.device)

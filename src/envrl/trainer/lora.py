@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from envrl.atomic import atomic_dir
+from envrl.runtime.atomic import atomic_dir
 from envrl.trainer.config import LoraConfig
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ after logging one error line that says which step and file went wrong.
 
 from __future__ import annotations
 
-from envrl.lifeline import die_with_parent
+from envrl.runtime.lifeline import die_with_parent
 
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
@@ -18,8 +18,8 @@ import transformers
 from loguru import logger
 
 from envrl.config import load_config
-from envrl.log import LogConfig, setup_logging
-from envrl.samples import BatchError
+from envrl.data.samples import BatchError
+from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer, TrainingError

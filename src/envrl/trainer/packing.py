@@ -17,7 +17,7 @@ import torch
 from loguru import logger
 from torch import nn
 
-from envrl.samples import TrainingSample
+from envrl.data.samples import TrainingSample
 from envrl.trainer.attention import DOCUMENT_SDPA, document_layout
 
 
@@ -103,9 +103,9 @@ def pack(
     if oversize:
         i, s = max(oversize, key=lambda item: len(item[1].input_ids))
         logger.warning(
-            f"{len(oversize)} sample(s) of {where} exceed trainer.max_tokens = {max_tokens} and get a micro-batch "
+            f"{len(oversize)} sample(s) of {where} exceed trainer.micro_batch_tokens = {max_tokens} and get a micro-batch "
             f"of their own (longest: sample {i}, env {s.env!r}, task {s.task_idx}, {len(s.input_ids)} tokens); "
-            "set orchestrator.seq_len <= trainer.max_tokens to bound them"
+            "set orchestrator.seq_len <= trainer.micro_batch_tokens to bound them"
         )
     total_tokens = sum(_trainable(s) for s in kept)
     weight_of = {

@@ -2,7 +2,8 @@
 
 Guarantee: `build_model` returns a model that trains the same way on either path: fp32 on one
 CPU process; on GPUs (or several ranks) each decoder layer is FSDP2-sharded with fp32 master
-weights, compute in `dtype` and gradients reduced in fp32. Collectives here are no-ops when
+weights, compute in `dtype` and gradients reduced in fp32, and no rank ever holds the whole model
+(each reads its own shards from the checkpoint files). Collectives here are no-ops when
 there is no process group, so callers never branch on the runtime. `PhaseThreads` changes only
 how many torch threads one CPU process computes with, never what it computes.
 """
@@ -18,11 +19,12 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 from torch import nn
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from envrl.layout import batch_dir
+from envrl.data.layout import batch_dir
 from envrl.trainer.attention import resolve_attn_implementation
 from envrl.trainer.config import TrainerConfig
+from envrl.trainer.loading import load_shards, model_files
 from envrl.trainer.lora import apply_lora
 
 
@@ -125,12 +127,21 @@ def phase_threads(config: TrainerConfig, runtime: Runtime) -> PhaseThreads | Non
 
 
 def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
-    """Load the HF model in fp32 (with `trainer.lora`: LoRA adapters on it, the base frozen) and
-    place it (sharded or not) on the runtime's device."""
+    """The HF model in fp32 (with `trainer.lora`: LoRA adapters on it, the base frozen), placed on
+    the runtime's device. One process loads it whole; sharded ranks build it on the meta device
+    and read only their own shards from the checkpoint files (`trainer/loading.py`)."""
     attn_implementation = resolve_attn_implementation(config.attn_implementation, runtime.device)
-    model = AutoModelForCausalLM.from_pretrained(
-        config.model.name, dtype=torch.float32, attn_implementation=attn_implementation
-    )
+    if runtime.sharded:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(config.model.name),
+                dtype=torch.float32,
+                attn_implementation=attn_implementation,
+            )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model.name, dtype=torch.float32, attn_implementation=attn_implementation
+        )
     logger.info(f"attention: {attn_implementation} (trainer.attn_implementation = {config.attn_implementation!r})")
     model.config.use_cache = False
     if config.activation_checkpointing:
@@ -138,18 +149,24 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     if config.lora is not None:
         model = apply_lora(model, config.lora, config.model.name)
     if runtime.sharded:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
-        policy = MixedPrecisionPolicy(param_dtype=runtime.compute_dtype, reduce_dtype=torch.float32)
-        for layer in model.get_decoder().layers:
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+        load_shards(model, model_files(config.model.name), runtime.device, lambda m: shard_model(m, runtime))
     else:
         model.to(runtime.device)
     model.train()
     return model
+
+
+def shard_model(model: nn.Module, runtime: Runtime) -> None:
+    """FSDP2 over the ranks: each decoder layer a unit, the rest (embeddings, head) the root's;
+    fp32 master weights, compute in the runtime's dtype, gradients reduced in fp32."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=runtime.compute_dtype, reduce_dtype=torch.float32)
+    for layer in model.get_decoder().layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def build_reference(config: TrainerConfig, runtime: Runtime) -> nn.Module:

@@ -23,9 +23,9 @@ from loguru import logger
 from safetensors.torch import load_file
 
 from envrl.config import ConfigError, load_config
-from envrl.layout import batch_dir, checkpoints_root, configs_dir, metrics_file, published_steps, weights_dir
-from envrl.log import LogConfig, setup_logging
-from envrl.samples import read_batch
+from envrl.data.layout import batch_dir, checkpoints_root, configs_dir, metrics_file, published_steps, weights_dir
+from envrl.data.samples import read_batch
+from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.checkpoint import RankCountMismatch, load_checkpoint
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer

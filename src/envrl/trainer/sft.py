@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import transformers
@@ -24,12 +24,12 @@ from pydantic import Field
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.config import BaseConfig, ModelConfig, load_config
-from envrl.envs.chat_tokens import ChatRenderer
-from envrl.layout import logs_dir, metrics_file, weights_root
-from envrl.log import LogConfig, setup_logging
-from envrl.metrics import MetricsSink, WandbConfig
-from envrl.progress import duration
-from envrl.samples import TrainingSample
+from envrl.data.layout import logs_dir, metrics_file, weights_root
+from envrl.data.samples import TrainingSample
+from envrl.model.chat_tokens import ChatRenderer
+from envrl.telemetry.log import LogConfig, setup_logging
+from envrl.telemetry.metrics import MetricsSink, WandbConfig
+from envrl.telemetry.progress import duration
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.loop import lr_factor
 from envrl.trainer.loss import token_logprobs
@@ -55,8 +55,8 @@ class SFTConfig(BaseConfig):
     """Conversations per optimizer step."""
     seq_len: int = Field(2048, ge=2)
     """A conversation longer than this many tokens is cut (counted; its later tokens are not trained)."""
-    max_tokens: int = Field(4096, ge=1)
-    """Token budget of one packed micro-batch (as `trainer.max_tokens`)."""
+    micro_batch_tokens: int = Field(4096, ge=1)
+    """Token budget of one packed micro-batch (as `trainer.micro_batch_tokens`)."""
     seed: int = 0
     """Seed of the conversation order and of torch."""
     optim: OptimConfig = OptimConfig(lr=2e-5)
@@ -69,6 +69,8 @@ class SFTConfig(BaseConfig):
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()
 
+    renamed_keys: ClassVar[dict[str, str]] = {"max_tokens": "micro_batch_tokens"}
+
     def trainer_config(self, max_steps: int) -> TrainerConfig:
         """The RL trainer's settings this run shares (model building, attention, schedule)."""
         return TrainerConfig(
@@ -76,7 +78,7 @@ class SFTConfig(BaseConfig):
             output_dir=self.output_dir,
             max_steps=max_steps,
             seed=self.seed,
-            max_tokens=self.max_tokens,
+            micro_batch_tokens=self.micro_batch_tokens,
             dtype=self.dtype,
             attn_implementation=self.attn_implementation,
             activation_checkpointing=self.activation_checkpointing,
@@ -113,7 +115,7 @@ class SFTTrainer:
         """One optimizer step on `samples`; returns loss (mean NLL per assistant token) and accuracy."""
         runtime = self.runtime
         where = f"SFT step {index}"
-        micro_batches = pack(samples, self.config.max_tokens, "token", where, runtime.world_size)
+        micro_batches = pack(samples, self.config.micro_batch_tokens, "token", where, runtime.world_size)
         mine = shard(micro_batches, runtime.rank, runtime.world_size, self.pad_token_id)
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(3, dtype=torch.float64, device=runtime.device)  # loss, correct, tokens

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envrl.envs.chat_tokens import ChatRenderer
-from envrl.samples import TrainingSample
+from envrl.data.samples import TrainingSample
+from envrl.model.chat_tokens import ChatRenderer
 
 SFT_ENV = "sft"
 """The `env` tag of SFT samples (metrics and packing warnings name it)."""

@@ -23,8 +23,8 @@ from loguru import logger
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from envrl.atomic import atomic_dir, write_file
-from envrl.layout import weights_dir
+from envrl.data.layout import weights_dir
+from envrl.runtime.atomic import atomic_dir, write_file
 from envrl.trainer.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
 from envrl.transport.config import WeightsConfig

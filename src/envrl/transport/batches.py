@@ -15,8 +15,8 @@ from typing import Protocol
 
 from loguru import logger
 
-from envrl.layout import batch_dir
-from envrl.samples import TrainingSample, read_batch, write_batch
+from envrl.data.layout import batch_dir
+from envrl.data.samples import TrainingSample, read_batch, write_batch
 
 
 class BatchTimeout(TimeoutError):
@@ -53,10 +53,18 @@ class FileBatchSender:
         write_batch(self.output_dir, step, samples, extra=extra)
 
 
+POLL_S = 0.02
+"""How often the trainer looks for its next batch directory (one `stat` each time)."""
+WAIT_LOG_S = 30.0
+"""How often a trainer still waiting for its batch says so."""
+
+
 class FileBatchReceiver:
     """Polls `rollouts/step_<n>/` every `poll_s` until it appears, up to `timeout_s`."""
 
-    def __init__(self, output_dir: Path, *, timeout_s: float, poll_s: float, log_every_s: float) -> None:
+    def __init__(
+        self, output_dir: Path, *, timeout_s: float, poll_s: float = POLL_S, log_every_s: float = WAIT_LOG_S
+    ) -> None:
         self.output_dir = output_dir
         self.timeout_s = timeout_s
         self.poll_s = poll_s

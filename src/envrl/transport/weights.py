@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
 
-from envrl.inference.replicas import InferenceReplicas, ReplicaReloadError
-from envrl.layout import published_steps, weights_dir, weights_root
+from envrl.data.layout import published_steps, weights_dir, weights_root
+from envrl.model.replicas import InferenceReplicas, ReplicaReloadError
 from envrl.transport import TRANSFER_FILE
 
 if TYPE_CHECKING:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from envrl.data.traces import Message, Task, Trace, TurnTokens
 from envrl.envs import (
     Environment,
     ModelClient,
@@ -16,8 +17,7 @@ from envrl.envs import (
     ScriptedClient,
     ScriptedClientConfig,
 )
-from envrl.inference.client import ContextLengthError
-from envrl.traces import Message, Task, Trace, TurnTokens
+from envrl.model.inference import ContextLengthError
 from tests.unit.envs.helpers import TINY_CHAT
 
 SAMPLING = SamplingArgs(max_tokens=16)
@@ -215,7 +215,7 @@ def test_cancelling_a_rollout_propagates_and_still_cleans_up() -> None:
     async def main() -> None:
         env = Tracked(tasks=TASKS)
         rollout = asyncio.create_task(
-            env.run_rollout(env.get_task("train", 0), scripted("x", tokens=False, delay=30.0), SAMPLING)
+            env.run_rollout(env.get_task("train", 0), scripted("x", tokens=False, delay_s=30.0), SAMPLING)
         )
         await asyncio.sleep(0.05)
         rollout.cancel()

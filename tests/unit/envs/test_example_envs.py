@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from envrl.data.traces import Message, Trace
 from envrl.envs import Environment, SamplingArgs, ScriptedClient, ScriptedClientConfig, load_environment
-from envrl.envs.chat_tokens import chat_renderer
-from envrl.traces import Message, Trace
+from envrl.model.chat_tokens import chat_renderer
 from tests.unit.envs.helpers import TINY_CHAT
 
 SAMPLING = SamplingArgs(max_tokens=32)

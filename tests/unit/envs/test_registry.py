@@ -12,7 +12,7 @@ def not_an_env() -> str:
 
 
 def tiny_env(num: int = 2) -> Environment:
-    from envrl.traces import Task
+    from envrl.data.traces import Task
 
     class PromptTask(Task):
         prompt: str

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from envrl.data.traces import Task, Trace
 from envrl.envs import Environment, Rubric, SamplingArgs, ScriptedClient, ScriptedClientConfig
-from envrl.traces import Task, Trace
 
 SAMPLING = SamplingArgs(max_tokens=8)
 

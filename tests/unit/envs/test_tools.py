@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from envrl.data.traces import Task, Trace
 from envrl.envs import Rubric, SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.envs.tools import ToolEnvironment, parse_tool_calls, tools_of
-from envrl.traces import Task, Trace
 from tests.unit.envs.helpers import TINY_CHAT
 
 

@@ -12,7 +12,7 @@ from compass import DIRECTIONS, load_environment, make_tasks
 from compass.demos import WRONG_TOOL, call, demonstration, solver_calls
 
 from envrl.envs import SamplingArgs, ScriptedClient, ScriptedClientConfig
-from envrl.envs.chat_tokens import chat_renderer
+from envrl.model.chat_tokens import chat_renderer
 from envrl.trainer.sft_data import load_demonstrations
 from tests.unit.envs.helpers import TINY_CHAT
 

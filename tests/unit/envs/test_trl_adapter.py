@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from envrl.data.traces import Trace
 from envrl.envs import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.envs.adapters.trl import TrlEnvironment
-from envrl.traces import Trace
 from tests.unit.envs.helpers import TINY_CHAT
 
 ROWS = [

@@ -35,6 +35,9 @@ class FakeEngine:
     async def resume_generation(self) -> None:
         self.calls.append(("resume", None))
 
+    async def update_weight_version(self, version: str) -> None:
+        """vLLM's label of the tokens generated from now on (not what these tests check)."""
+
     async def add_lora(self, request: Any) -> bool:
         if self.fail_add:
             raise ValueError("bad adapter weights")

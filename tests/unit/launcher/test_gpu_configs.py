@@ -19,14 +19,15 @@ def test_gpu_config_dry_run_places_every_role_without_cuda(config: Path, capsys:
         main(["--config", str(config), "--model.name", str(TINY_MODEL), "--dry-run"])
     assert exit_info.value.code == 0, capsys.readouterr().err
     commands = capsys.readouterr().out.split("# commands")[1].splitlines()[1:]
-    devices = {
-        role: line.split()[0].removeprefix("CUDA_VISIBLE_DEVICES=")
-        for line in commands
-        for role in ("inference", "trainer")
-        if f"envrl.{role}.main" in line or (role == "trainer" and "torchrun" in line)
-    }
+    devices: dict[str, list[str]] = {}  # each role's devices, over its processes (inference replicas)
+    for line in commands:
+        for role in ("inference", "trainer"):
+            if not line.startswith("#") and (
+                f"envrl.{role}.main" in line or (role == "trainer" and "torchrun" in line)
+            ):
+                devices.setdefault(role, []).extend(line.split()[0].removeprefix("CUDA_VISIBLE_DEVICES=").split(","))
     declared = tomllib.loads(config.read_text())
-    expected = {role: ",".join(str(g) for g in declared[role]["gpus"]) for role in ("inference", "trainer")}
+    expected = {role: [str(g) for g in declared[role]["gpus"]] for role in ("inference", "trainer")}
     assert devices == expected, commands
     import torch
 
@@ -34,4 +35,4 @@ def test_gpu_config_dry_run_places_every_role_without_cuda(config: Path, capsys:
 
 
 def test_there_are_gpu_configs_to_check() -> None:
-    assert {p.stem for p in GPU_CONFIGS} >= {"one_gpu", "two_gpus"}
+    assert {p.stem for p in GPU_CONFIGS} >= {"one_gpu", "two_gpus", "two_nodes"}

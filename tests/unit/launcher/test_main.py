@@ -70,7 +70,7 @@ def test_dry_run_prints_every_command_line_with_its_devices(capsys: pytest.Captu
     assert "-m envrl.serve.main --config" in server and "reverse-text.toml" in server
     assert trainer.startswith("CUDA_VISIBLE_DEVICES=5,6 ")
     assert (
-        "-m envrl.launcher.torchrun --standalone --local-addr 127.0.0.1 --nproc-per-node 2 -m envrl.guarded envrl.trainer.main --config"
+        "-m envrl.launcher.torchrun --standalone --local-addr 127.0.0.1 --nproc-per-node 2 -m envrl.runtime.guarded envrl.trainer.main --config"
         in trainer
     )
     assert note.startswith("#   torchrun starts 2 ranks, each with its own RANK, LOCAL_RANK")
@@ -110,8 +110,8 @@ def test_an_earlier_run_in_output_dir_needs_resume_or_clean(tmp_path: Path, caps
             "orchestrator.envs[0].id 'reverse-txt': no installed environment has this id; did you mean 'reverse-text'?",
         ),
         (
-            [*ONE_ENV, "--orchestrator.eval-envs", '[{"id": "lernable"}]'],
-            "orchestrator.eval_envs[0].id 'lernable': no installed environment has this id; did you mean 'learnable'?",
+            [*ONE_ENV, "--orchestrator.eval.env", '[{"id": "lernable"}]'],
+            "orchestrator.eval.env[0].id 'lernable': no installed environment has this id; did you mean 'learnable'?",
         ),
     ],
 )
@@ -165,8 +165,8 @@ def test_rl_help_fits_100_columns_and_describes_every_option(capsys: pytest.Capt
             "orchestrator.sampling.max_tokens = 600 leaves no room for a prompt in inference.vllm.max_model_len = 512",
         ),
         (
-            ["--orchestrator.seq-len", "9000", "--trainer.max-tokens", "4096"],
-            "orchestrator.seq_len = 9000 is over trainer.max_tokens = 4096",
+            ["--orchestrator.seq-len", "9000", "--trainer.micro-batch-tokens", "4096"],
+            "orchestrator.seq_len = 9000 is over trainer.micro_batch_tokens = 4096",
         ),
     ],
 )

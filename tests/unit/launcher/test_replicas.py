@@ -14,7 +14,7 @@ from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.main import main
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.supervisor import Supervisor
-from envrl.process import ChildFailed, spawn
+from envrl.runtime.process import ChildFailed, spawn
 
 ONE_ENV = ("orchestrator.envs", '[{"id": "reverse-text"}]')
 
@@ -79,7 +79,7 @@ def test_inference_that_never_serves_fails_the_run_at_its_one_start_up_limit_nam
         supervisor = Supervisor(grace=1.0)
         supervisor.add(child)
         try:
-            with pytest.raises(ChildFailed, match=r"(?s)did not serve .*orchestrator\.inference\.ready_timeout"):
+            with pytest.raises(ChildFailed, match=r"(?s)did not serve .*orchestrator\.inference\.ready_timeout_s"):
                 wait_for_replicas({"inference": child}, {"inference": config}, supervisor, time.monotonic() + 1.0)
             assert child.poll() is None  # failed on the limit, not on a death
         finally:

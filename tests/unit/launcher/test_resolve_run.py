@@ -9,7 +9,7 @@ from envrl.launcher.config import EVAL_PORT_OFFSET, RLConfig, resolve_run
 
 TWO_TRAIN_TWO_EVAL = [
     ("orchestrator.envs", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
-    ("orchestrator.eval-envs", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
+    ("orchestrator.eval.env", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
 ]
 
 
@@ -76,7 +76,7 @@ def test_train_and_eval_env_servers_get_consecutive_ports_in_their_own_blocks() 
     ]
     assert [(s.split, s.name, s.config.address) for s in run.env_servers] == expected
     # The orchestrator connects to exactly the addresses the servers bind.
-    addresses = [env.address for env in [*run.orchestrator.envs, *run.orchestrator.eval_envs]]
+    addresses = [env.address for env in [*run.orchestrator.envs, *run.orchestrator.eval.env]]
     assert addresses == [address for _, _, address in expected]
 
 
@@ -90,12 +90,12 @@ def test_an_env_with_its_own_address_gets_no_server_and_keeps_its_address() -> N
 def test_each_env_server_gets_its_envs_spec_pool_timeout_and_restarts() -> None:
     envs = (
         '[{"id": "reverse-text", "args": {"max_len": 5}, "pool": {"type": "static", "num_workers": 3},'
-        ' "timeout": {"rollout": 12.5}, "restarts": {"max_restarts": 4}}]'
+        ' "timeout": {"rollout_s": 12.5}, "restarts": {"max_restarts": 4}}]'
     )
     (server,) = resolve_run(rl_config(("orchestrator.envs", envs))).env_servers
     assert (server.config.env.id, server.config.env.args) == ("reverse-text", {"max_len": 5})
     assert server.config.pool.type == "static" and server.config.pool.num_workers == 3
-    assert server.config.timeout.rollout == 12.5
+    assert server.config.timeout.rollout_s == 12.5
     assert server.restarts.max_restarts == 4
 
 

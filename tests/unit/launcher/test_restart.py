@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from envrl.process import ChildFailed, Restart, RestartBudget, RestartPolicy, spawn
+from envrl.runtime.process import ChildFailed, Restart, RestartBudget, RestartPolicy, spawn
 
 
 def test_a_failed_start_uses_a_restart_and_the_spent_budget_names_the_last_failure(tmp_path: Path) -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from envrl.config import resolve_config
-from envrl.inference.config import RELOAD_TOKEN_ENV
 from envrl.launcher.commands import LaunchPlan, launch_plan
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.placement import place
-from envrl.process import spawn
+from envrl.runtime.process import spawn
+from envrl.runtime.secrets import RELOAD_TOKEN_ENV
 
 ENVS = '[{"id": "reverse-text", "pass_env": ["ENVRL_TEST_PASSED"]}]'
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from envrl import layout
+from envrl.data import layout
 from envrl.launcher import summary
 
 

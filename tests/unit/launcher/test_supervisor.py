@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from envrl.launcher.supervisor import Respawn, Supervisor
-from envrl.process import Child, RestartPolicy, spawn
+from envrl.runtime.process import Child, RestartPolicy, spawn
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

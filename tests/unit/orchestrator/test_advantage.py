@@ -3,8 +3,8 @@ masked truncated rollouts."""
 
 import pytest
 
+from envrl.data.traces import Trace, WireTask
 from envrl.orchestrator.advantage import AdvantageConfig, batch_reward_std, group_advantages, trained_rollouts
-from envrl.traces import Trace, WireTask
 
 
 def test_advantage_is_reward_minus_group_mean() -> None:

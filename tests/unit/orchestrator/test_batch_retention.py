@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from envrl.layout import batch_dir, checkpoint_dir, published_steps, rollouts_root
+from envrl.data.layout import batch_dir, checkpoint_dir, published_steps, rollouts_root
 from envrl.orchestrator.retention import disk_use, prune_batches
 
 

@@ -1,10 +1,10 @@
-"""Orchestrator config validation: ratios all-or-none, unique names and addresses, pools, sampling."""
+"""Orchestrator config validation: ratios all-or-none, unique names and addresses, pools, sampling, eval envs."""
 
 import pytest
 from pydantic import ValidationError
 
 from envrl.config import ConfigError, resolve_config
-from envrl.envs.model_client import TrainClientConfig
+from envrl.model.client import TrainClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.serve.config import StaticPoolConfig
 
@@ -29,7 +29,7 @@ def test_duplicate_addresses_are_an_error() -> None:
     with pytest.raises(ConfigError, match="share the address tcp://127.0.0.1:5000"):
         resolve(
             envs=[{"id": "a", "address": "tcp://127.0.0.1:5000"}],
-            eval_envs=[{"id": "b", "address": "tcp://127.0.0.1:5000"}],
+            eval={"env": [{"id": "b", "address": "tcp://127.0.0.1:5000"}]},
         )
 
 
@@ -75,15 +75,15 @@ def test_a_zero_temperature_is_an_error_for_train_envs_wherever_it_is_set(where:
 
 
 def test_an_eval_env_may_decode_greedily() -> None:
-    config = resolve(envs=[{"id": "a"}], eval_envs=[{"id": "b", "sampling": {"temperature": 0.0}}])
-    assert config.eval_envs[0].sampling_args(config.sampling).temperature == 0.0
+    config = resolve(envs=[{"id": "a"}], eval={"env": [{"id": "b", "sampling": {"temperature": 0.0}}]})
+    assert config.eval.env[0].sampling_args(config.sampling).temperature == 0.0
 
 
 def test_sampling_options_the_trainer_cannot_reproduce_are_refused_for_train_envs_only() -> None:
     with pytest.raises(ConfigError, match=r"env 'a': sampling.extra \['min_p'\] reshape the sampling distribution"):
         resolve(envs=[{"id": "a", "sampling": {"extra": {"min_p": 0.1}}}])
-    config = resolve(envs=[{"id": "a"}], eval_envs=[{"id": "b", "sampling": {"extra": {"min_p": 0.1}}}])
-    assert config.eval_envs[0].sampling_args(config.sampling).extra == {"min_p": 0.1}
+    config = resolve(envs=[{"id": "a"}], eval={"env": [{"id": "b", "sampling": {"extra": {"min_p": 0.1}}}]})
+    assert config.eval.env[0].sampling_args(config.sampling).extra == {"min_p": 0.1}
 
 
 def test_a_remote_env_address_needs_curve_keys_or_insecure(tmp_path) -> None:
@@ -121,3 +121,30 @@ def test_inference_and_train_client_urls_are_checked_alike(base_url: list[str], 
     replicas = ["http://a:8000", "http://b:8001"]
     assert resolve(envs=[{"id": "a"}], inference={"base_url": replicas}).inference.base_urls == replicas
     assert TrainClientConfig(base_url="http://a:8000", model="m").base_urls == ["http://a:8000"]
+
+
+def test_an_eval_env_may_take_a_train_envs_keys_and_set_only_what_differs() -> None:
+    train = {"id": "learnable", "args": {"num_eval": 8}, "ratio": 2.0, "pool": {"type": "static", "num_workers": 1}}
+    config = resolve(envs=[train], eval={"env": [{"train_env": "learnable", "num_examples": 4, "args": {"turns": 2}}]})
+    (env,) = config.eval.env
+    assert (env.name, env.id, env.args, env.num_examples) == ("learnable", "learnable", {"turns": 2}, 4)
+    assert isinstance(env.pool, StaticPoolConfig) and "ratio" not in type(env).model_fields
+
+
+def test_an_eval_env_naming_no_train_env_is_an_error_listing_them() -> None:
+    with pytest.raises(ConfigError, match=r"train_env 'lernable' is not a train env; did you mean 'learnable'\? train"):
+        resolve(envs=[{"id": "a"}, {"id": "learnable"}], eval={"env": [{"train_env": "lernable"}]})
+
+
+def test_an_eval_env_has_no_ratio_and_no_schedule_of_its_own() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key 'eval.env\[0\].ratio'"):
+        resolve(envs=[{"id": "a"}], eval={"env": [{"id": "b", "ratio": 1.0}]})
+    with pytest.raises(
+        ConfigError, match=r"'eval.env\[0\].interval'.*removed: one schedule .*orchestrator.eval.interval"
+    ):
+        resolve(envs=[{"id": "a"}], eval={"env": [{"id": "b", "interval": 5}]})
+
+
+def test_max_inflight_defaults_to_the_batches_generation_may_run_ahead() -> None:
+    assert resolve(envs=[{"id": "a"}], batch_size=8, group_size=4, max_async_level=2).inflight_limit == 24
+    assert resolve(envs=[{"id": "a"}], batch_size=8, group_size=4, max_inflight=5).inflight_limit == 5

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from envrl.config import load_config
-from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig
+from envrl.data.seeds import eval_seed
+from envrl.data.traces import Error, Trace, WireTask
+from envrl.eval.main import EvalConfig, EvalInputError, EvalProgress, Evaluation, format_summary
+from envrl.model.client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.config import EvalEnvConfig
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
-from envrl.orchestrator.evaluate import EvalConfig, EvalInputError, EvalProgress, Evaluation, format_summary
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
-from envrl.progress import CLEAR_LINE, LiveLines
-from envrl.seeds import eval_seed
-from envrl.traces import Error, Trace, WireTask
+from envrl.telemetry.progress import CLEAR_LINE, LiveLines
 
 
 def config(tmp_path: Path, *argv: str) -> EvalConfig:
@@ -172,7 +172,7 @@ class Gauge:
 
 
 class CountingEnv:
-    """Stands in for a started `Env`: answers run_group after a pause, counting rollouts in flight."""
+    """Stands in for a started `EnvHandle`: answers run_group after a pause, counting rollouts in flight."""
 
     def __init__(self, name: str, group_scoring: bool, gauge: Gauge) -> None:
         self.name, self.group_scoring, self.num_tasks = name, group_scoring, 100

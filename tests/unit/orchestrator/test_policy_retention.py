@@ -5,7 +5,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from envrl.layout import published_steps, weights_dir, weights_root
+from envrl.data.layout import published_steps, weights_dir, weights_root
 from envrl.orchestrator.policy import PolicyTracker
 
 

@@ -5,21 +5,21 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-from envrl.envs.model_client import ScriptedClientConfig
-from envrl.orchestrator.config import EnvConfig, SamplingParams
-from envrl.orchestrator.envs import Env, TrainEnvs
-from envrl.orchestrator.scheduler import BatchShape, Scheduler
+from envrl.data.seeds import rollout_seed
+from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
+from envrl.model.client import ScriptedClientConfig
+from envrl.orchestrator.config import SamplingParams, TrainEnvConfig
+from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
+from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import PendingGroup
-from envrl.seeds import rollout_seed
-from envrl.traces import Trace, WireTask
 
 
-class AnsweringEnv(Env):
+class AnsweringEnv(EnvHandle):
     """A train env whose server is this process: call k answers at once, unless k is in `hang`."""
 
     def __init__(self, hang: frozenset[int] = frozenset()) -> None:
         super().__init__(
-            EnvConfig(id="x"),
+            TrainEnvConfig(id="x"),
             split="train",
             client=ScriptedClientConfig(),
             sampling=SamplingParams(),
@@ -45,7 +45,7 @@ class AnsweringEnv(Env):
         return [Trace(task=WireTask(idx=task_idx), reward=1.0) for _ in range(n)]
 
 
-def scheduler(env: Env, *, max_inflight: int = 64, max_steps: int = 10, seed: int = 0, **fields) -> Scheduler:
+def scheduler(env: EnvHandle, *, max_inflight: int = 64, max_steps: int = 10, seed: int = 0, **fields) -> Scheduler:
     shape = BatchShape(group_size=2, batch_size=4, max_inflight=max_inflight, max_async_level=1, max_steps=max_steps)
     return Scheduler(TrainEnvs([env], seed=seed), shape, seed=seed, counters=Counter(), **fields)
 
@@ -136,3 +136,86 @@ def test_requeued_groups_are_dispatched_first_with_their_seed_and_stay_pending_u
     assert env.calls == [(3, 103), (5, 105)]
     assert [(g.task_idx, g.seed) for g in pending] == [(3, 103), (5, 105), (7, 107)]
     assert s.counters == {"dispatched_rollouts": 4, "requeued_rollouts": 4} and s.dispatched == 0
+
+
+def labelled_trace(task_idx: int, steps: list[int | None]) -> Trace:
+    """A rollout of one turn whose completion tokens were sampled by policies `steps`."""
+    tokens = TurnTokens(
+        prompt_ids=[1],
+        completion_ids=[2] * len(steps),
+        completion_logprobs=[-1.0] * len(steps),
+        completion_policy_steps=steps,
+    )
+    turn = Turn(prompt=[], response={"role": "assistant", "content": ""}, tokens=tokens)
+    return Trace(task=WireTask(idx=task_idx), branches=[Branch(turns=[turn])], reward=1.0)
+
+
+class LabelledEnv(AnsweringEnv):
+    """Call k answers with rollouts whose tokens come from the policies `steps[k]` (one list per rollout)."""
+
+    def __init__(self, steps: list[list[list[int | None]]], hang: frozenset[int] = frozenset()) -> None:
+        super().__init__(hang)
+        self.steps = steps
+
+    async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
+        call = len(self.calls)
+        await super().run_group(task_idx, n, seed, attempt)
+        return [labelled_trace(task_idx, steps) for steps in self.steps[call]]
+
+
+def test_with_partial_rollouts_staleness_counts_the_oldest_token_of_a_group() -> None:
+    # dispatched under policy 0; step 2 needs policy >= 1 (max_async_level 1)
+    env = LabelledEnv(
+        [
+            [[1, 1], [1, 2]],  # every token from policy >= 1: kept, though dispatched under 0
+            [[None, 2], [2]],  # an unlabelled token counts as the dispatch policy 0: stale
+            [[1], [0, 1]],  # one rollout spans the 0 -> 1 reload: its oldest token (0) is stale
+            [[2], [2]],
+        ]
+    )
+    s = scheduler(env, partial_rollouts=True)
+
+    async def scenario() -> tuple[list[list[int]], list[int], list[int]]:
+        s.dispatch(step=0, policy=0)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # every call answered
+        batch = await s.collect(step=2, policy=2)
+        stale = s.drop_stale(step=2)
+        await s.close()
+        return (
+            [[g.task_idx, g.counted_step] for g in batch],
+            [g.counted_step for g in stale],
+            [g.task_idx for g in stale],
+        )
+
+    batch, stale_counted, stale_tasks = asyncio.run(scenario())
+    tasks = [task for task, _ in env.calls]
+    assert sorted(batch) == sorted([[tasks[0], 1], [tasks[3], 2]])
+    assert sorted(stale_counted) == [0, 0] and sorted(stale_tasks) == sorted([tasks[1], tasks[2]])
+
+
+def test_without_partial_rollouts_staleness_counts_the_dispatch_policy() -> None:
+    env = LabelledEnv([[[1, 1], [1, 2]]] * 4)
+    s = scheduler(env)
+
+    async def scenario() -> list[Group]:
+        await s.collect(step=0, policy=0)
+        stale = s.drop_stale(step=2)
+        await s.close()
+        return stale
+
+    assert [g.counted_step for g in asyncio.run(scenario())] == [0, 0], "the two groups left over"
+
+
+def test_with_partial_rollouts_a_group_in_flight_is_not_cancelled_as_stale() -> None:
+    env = LabelledEnv([[[0], [0]]] * 4, hang=frozenset({3}))
+    s = scheduler(env, partial_rollouts=True)
+
+    async def scenario() -> list[Group]:
+        await s.collect(step=0, policy=0)
+        stale = s.drop_stale(step=2)
+        await s.close()
+        return stale
+
+    stale = asyncio.run(scenario())
+    assert len(stale) == 1 and env.cancelled == [3], "only the finished group is dropped; close() cancels the other"

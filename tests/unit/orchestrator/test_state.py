@@ -2,10 +2,10 @@
 
 import json
 
-from envrl.layout import eval_rollouts_file, train_rollouts_file
+from envrl.data.layout import eval_rollouts_file, train_rollouts_file
+from envrl.data.samples import write_batch
 from envrl.orchestrator.state import OrchestratorState, PendingGroup, load_resume_state, state_bytes
-from envrl.process import RestartBudget, RestartPolicy
-from envrl.samples import write_batch
+from envrl.runtime.process import RestartBudget, RestartPolicy
 from tests.support.samples import synthetic_samples
 
 

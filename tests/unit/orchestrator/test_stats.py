@@ -4,9 +4,10 @@ import math
 
 import pytest
 
+from envrl.data.samples import TrainingSample
+from envrl.data.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
 from envrl.orchestrator.config import EvalEnvConfig
-from envrl.orchestrator.stats import pass_at_k, rollout_metrics, why_unscored
-from envrl.traces import Error, Trace, WireTask
+from envrl.orchestrator.stats import pass_at_k, rollout_metrics, token_metrics, why_unscored
 
 
 def traces(*kinds: str) -> list[Trace]:
@@ -60,3 +61,32 @@ def test_pass_at_k_is_the_unbiased_estimator_averaged_over_tasks():
 def test_pass_at_must_fit_the_rollouts_per_task():
     with pytest.raises(ValueError, match=r"pass_at \[8\] outside 1..rollouts_per_example \(4\)"):
         EvalEnvConfig(id="e", rollouts_per_example=4, pass_at=[4, 8])
+
+
+def test_token_metrics_count_generated_stale_and_trained_tokens_per_policy_lag():
+    def sample(steps: list[int]) -> TrainingSample:
+        mask = [0] + [1] * len(steps)
+        return TrainingSample(
+            input_ids=[1] * len(mask),
+            loss_mask=mask,
+            inference_logprobs=[0.0] + [-1.0] * len(steps),
+            policy_steps=[-1, *steps],
+            advantage=1.0,
+            env="e",
+            task_idx=0,
+            policy_step=min(steps),
+        )
+
+    def rollout(n: int) -> Trace:
+        tokens = TurnTokens(prompt_ids=[1], completion_ids=[2] * n, completion_logprobs=[-1.0] * n)
+        turn = Turn(prompt=[], response={"role": "assistant", "content": ""}, tokens=tokens)
+        return Trace(task=WireTask(idx=0), branches=[Branch(turns=[turn])])
+
+    metrics = token_metrics(5, [rollout(3), rollout(4), rollout(2)], [rollout(2)], [sample([4, 5, 5]), sample([5])])
+    assert metrics == {
+        "tokens/generated": 9.0,
+        "tokens/stale": 2.0,
+        "samples_spanning_update": 1.0,
+        "tokens/lag_0": 3.0,
+        "tokens/lag_1": 1.0,
+    }

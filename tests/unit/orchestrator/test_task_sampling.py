@@ -1,17 +1,17 @@
-"""TrainEnvs: env choice follows the ratios; tasks are a seeded shuffle, each once per epoch."""
+"""TrainEnvs: env choice follows the ratios; tasks are a seeded shuffle, each once per epoch; evals follow their schedule."""
 
 import random
 from collections import Counter
 from pathlib import Path
 
-from envrl.envs.model_client import ScriptedClientConfig
-from envrl.orchestrator.config import EnvConfig, EvalEnvConfig, SamplingParams
-from envrl.orchestrator.envs import Env, EvalEnvs, TrainEnvs
+from envrl.model.client import ScriptedClientConfig
+from envrl.orchestrator.config import EvalsConfig, SamplingParams, TrainEnvConfig
+from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 
 
-def make_env(name: str, num_tasks: int, ratio: float | None = None, config_cls=EnvConfig, **fields) -> Env:
-    env = Env(
-        config_cls(id="x", name=name, ratio=ratio, **fields),
+def make_env(name: str, num_tasks: int, ratio: float | None = None) -> EnvHandle[TrainEnvConfig]:
+    env = EnvHandle(
+        TrainEnvConfig(id="x", name=name, ratio=ratio),
         split="train",
         client=ScriptedClientConfig(),
         sampling=SamplingParams(),
@@ -54,16 +54,8 @@ def test_sampling_resumes_from_saved_positions() -> None:
     assert [resumed.next_task(resumed.envs[0]) for _ in range(5)] == drawn[25:]
 
 
-def test_eval_envs_are_due_on_their_interval_and_at_start_if_asked() -> None:
-    every_two = make_env("two", 5, config_cls=EvalEnvConfig, interval=2, at_start=True)
-    every_three = make_env("three", 5, config_cls=EvalEnvConfig, interval=3)
-    evals = EvalEnvs([every_two, every_three])
-    assert [[e.name for e in evals.due(step)] for step in range(7)] == [
-        ["two"],
-        [],
-        ["two"],
-        ["three"],
-        ["two"],
-        [],
-        ["two", "three"],
-    ]
+def test_evals_are_due_on_their_interval_and_at_start_if_asked() -> None:
+    every_two = EvalsConfig(interval=2, at_start=True)
+    every_three = EvalsConfig(interval=3)
+    assert [step for step in range(7) if every_two.due(step)] == [0, 2, 4, 6]
+    assert [step for step in range(7) if every_three.due(step)] == [3, 6]

@@ -5,9 +5,9 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from envrl.envs.model_client import SamplingArgs
+from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
+from envrl.model.client import SamplingArgs
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
-from envrl.traces import Branch, Trace, Turn, TurnTokens, WireTask
 from scripts.tiny_model import DEFAULT_DIR
 
 USER = {"role": "user", "content": "hi"}
@@ -125,3 +125,20 @@ def test_drop_leaves_long_samples_out_and_no_limit_keeps_everything():
     assert (counts.truncated, counts.dropped) == (0, 2)
     assert len(fit_seq_len(long_samples(), None, "drop", SeqLenCounts())) == 2
     assert len(fit_seq_len(long_samples(), 6, "drop", SeqLenCounts())) == 2
+
+
+def test_each_trained_token_keeps_its_own_policy_step_and_logprob() -> None:
+    first = turn([1, 2], [3, 4], [-1.0, -2.0])
+    first.tokens.completion_policy_steps = [None, 4]  # a reload to policy 4 in the middle of turn 1
+    second = turn([1, 2, 3, 4, 8], [5, 6], [-3.0, -4.0])
+    second.tokens.completion_policy_steps = [4, 5]
+    [sample] = convert(trace([first, second]))
+    assert sample.policy_steps == [-1, -1, 3, 4, -1, 4, 5], "unlabelled: the dispatch step given (3)"
+    assert sample.inference_logprobs == [0.0, 0.0, -1.0, -2.0, 0.0, -3.0, -4.0]
+    assert sample.policy_step == 3
+
+
+def test_seq_len_cuts_the_policy_steps_with_the_tokens() -> None:
+    [sample] = convert(trace([turn([1, 2], [3, 4, 5])]))
+    [cut] = fit_seq_len([sample], 4, "truncate", SeqLenCounts())
+    assert cut.policy_steps == [-1, -1, 3, 3]

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from envrl.envs.model_client import SamplingArgs
+from envrl.data.layout import configs_dir, eval_results_file, eval_summary_file, logs_dir, train_rollouts_file
+from envrl.data.samples import TrainingSample, write_batch
+from envrl.data.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
 from envrl.launcher import summary
-from envrl.layout import configs_dir, eval_results_file, eval_summary_file, logs_dir, train_rollouts_file
-from envrl.metrics import MetricsSink, WandbConfig
+from envrl.model.client import SamplingArgs
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.trajectories import trace_to_samples
-from envrl.samples import TrainingSample, write_batch
-from envrl.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
+from envrl.telemetry.metrics import MetricsSink, WandbConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY_MODEL = ROOT / "deps" / "models" / "tiny-chat"

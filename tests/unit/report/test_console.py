@@ -9,9 +9,9 @@ import re
 import time
 from pathlib import Path
 
-from envrl.console import ProgressBoard, RunConsole
-from envrl.metrics import MetricsSink, WandbConfig
-from envrl.progress import CLEAR_LINE
+from envrl.telemetry.console import ProgressBoard, RunConsole
+from envrl.telemetry.metrics import MetricsSink, WandbConfig
+from envrl.telemetry.progress import CLEAR_LINE
 
 
 def sink(out: Path, process: str, resume_step: int | None = None) -> MetricsSink:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envrl.layout import train_rollouts_file
+from envrl.data.layout import train_rollouts_file
 from envrl.report.data import Rollout, parse_rollouts, read_metrics, series, step_rollouts, train_lines
 from tests.unit.report.runs import samples_of, trace, write_metrics, write_step
 

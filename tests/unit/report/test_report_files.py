@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from envrl.layout import batch_dir, eval_rollouts_file
+from envrl.data.layout import batch_dir, eval_rollouts_file
 from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.report.main import main, write_report
 from envrl.report.page import STEP_FUNCTION

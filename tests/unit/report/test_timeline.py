@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from envrl.ledger import Ledger, read_ledger
 from envrl.report.main import write_report
 from envrl.report.timeline import PARTS, chrome_trace, step_splits
+from envrl.telemetry.ledger import Ledger, read_ledger
 from tests.unit.report.runs import write_metrics
 
 T0 = 1_700_000_000.0  # wall-clock seconds, as time.time() gives them

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from envrl.data.traces import Task, Trace
 from envrl.envs import Environment, Rubric, SamplingArgs, ScriptedClient, ScriptedClientConfig, ToolEnvironment
 from envrl.sandbox import SandboxDied, SandboxOOM, SandboxStartError
-from envrl.traces import Task, Trace
 
 
 class PromptTask(Task):

@@ -63,4 +63,4 @@ def test_an_answer_that_is_no_protocol_response_fails_its_call_as_bad_response(
 
     errors = asyncio.run(asyncio.wait_for(go(), 20))
     assert all(isinstance(e, EnvServerError) and e.type == BAD_RESPONSE for e in errors), errors
-    assert "not a protocol v1 response" in str(errors[0])
+    assert "not a protocol v2 response" in str(errors[0])

@@ -7,8 +7,8 @@ import pytest
 import zmq.auth
 
 from envrl.config import ConfigError, _split_argv, resolve_config
-from envrl.net import is_loopback
-from envrl.process import config_argv
+from envrl.runtime.net import is_loopback
+from envrl.runtime.process import config_argv
 from envrl.serve.config import ElasticPoolConfig, EnvServerConfig, StaticPoolConfig, load_secret_certificate
 
 
@@ -57,7 +57,7 @@ def test_config_argv_rebuilds_the_same_config_in_a_child() -> None:
         env={"id": "pkg.mod:load", "args": {"n": 3, "name": "a b"}},
         address="tcp://127.0.0.1:0",
         pool=StaticPoolConfig(num_workers=2, multiplex=8),
-        timeout={"rollout": None, "scoring": 5},
+        timeout={"rollout_s": None, "scoring_s": 5},
         log={"file": "/tmp/x.log"},
     )
     parsed = _split_argv(config_argv(config))

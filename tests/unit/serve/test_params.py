@@ -1,4 +1,4 @@
-"""ParamsChecker and ModelAccessConfig: one set of rules for the server and its workers."""
+"""ParamsChecker and ModelAccessConfig: the rules a request meets once, at the server's socket."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from envrl.envs.model_client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
 from envrl.inference.config import InferenceConfig, ReloadConfig
 from envrl.launcher.config import RLConfig, resolve_run
-from envrl.orchestrator.config import EnvConfig, OrchestratorConfig
+from envrl.model.client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
+from envrl.orchestrator.config import OrchestratorConfig, TrainEnvConfig
 from envrl.serve import protocol as p
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.params import ParamsChecker
@@ -27,40 +27,38 @@ def checker(**access: Any) -> ParamsChecker:
 
 def refusal(check: ParamsChecker, method: str, params: Any) -> str:
     with pytest.raises(p.ProtocolError) as raised:
-        check.rollout(method, params, "r1")
+        getattr(check, method)(params, "r1")
     assert (raised.value.type, raised.value.request_id) == (p.BAD_REQUEST, "r1")
     return raised.value.message
 
 
 def test_valid_params_come_back_typed_with_the_group_size() -> None:
-    group = checker().rollout(
-        "run_group", {"task_idx": 2, "n": 8, "client": SCRIPTED, "sampling": SAMPLING, "seed": 5}, "r"
-    )
-    assert isinstance(group, p.GroupParams) and (group.task_idx, group.n, group.seed) == (2, 8, 5)
-    assert isinstance(group.client, ScriptedClientConfig) and group.sampling.max_tokens == 4
+    group = checker().run({"task_idx": 2, "n": 8, "model": "m", "sampling": SAMPLING, "seed": 5}, "r")
+    assert (group.task_idx, group.n, group.seed, group.model, group.sampling.max_tokens) == (2, 8, 5, "m", 4)
+    assert checker().run({"task_idx": 0, "model": "m", "sampling": SAMPLING}, "r").n == 1
+    assert isinstance(checker().bind({"client": SCRIPTED}, "r"), ScriptedClientConfig)
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
     [("task_idx", [1]), ("task_idx", 1.5), ("task_idx", True), ("task_idx", 3), ("task_idx", 2**64 - 1), ("task_idx", -1),
      ("split", [1]), ("split", {"a": 1}), ("split", "test"), ("seed", "1"), ("seed", math.nan), ("n", 0), ("n", 9),
-     ("n", 2**63), ("n", "2"), ("client", [SCRIPTED]), ("sampling", {"max_tokens": [4]}), ("bogus", 1)],
+     ("n", 2**63), ("n", "2"), ("model", 1), ("model", None), ("sampling", {"max_tokens": [4]}), ("bogus", 1)],
 )  # fmt: skip
-def test_every_wrong_field_is_refused_the_same_whether_or_not_its_client_was_seen_before(
-    field: str, value: Any
-) -> None:
-    """The first call validates in full; the second takes the cached client/sampling path."""
-    check = checker()
-    good = {"task_idx": 0, "n": 2, "client": SCRIPTED, "sampling": SAMPLING}
-    check.rollout("run_group", good, "warm-up")
-    for fresh in (checker(), check):
-        message = refusal(fresh, "run_group", {**good, field: value})
-        assert f"params.{field}" in message or (field == "bogus" and "params.bogus" in message), message
+def test_every_wrong_run_field_is_refused_naming_it(field: str, value: Any) -> None:
+    good = {"task_idx": 0, "n": 2, "model": "m", "sampling": SAMPLING}
+    message = refusal(checker(), "run", {**good, field: value})
+    assert f"params.{field}" in message, message
+
+
+@pytest.mark.parametrize("client", [[SCRIPTED], {"type": "scripted", "replies": "a"}, {"type": "nope"}, None])
+def test_a_malformed_client_is_refused_at_bind(client: Any) -> None:
+    assert "params.client" in refusal(checker(), "bind", {"client": client})
 
 
 def test_a_task_index_out_of_range_names_the_split_and_its_range() -> None:
     assert "0..0 for split 'eval', got 1" in refusal(
-        checker(), "run_rollout", {"task_idx": 1, "split": "eval", "client": SCRIPTED, "sampling": SAMPLING}
+        checker(), "run", {"task_idx": 1, "split": "eval", "model": "m", "sampling": SAMPLING}
     )
 
 
@@ -97,9 +95,9 @@ def test_allowed_urls_keys_and_tokenizers_pass_and_others_name_their_field() -> 
 @pytest.mark.parametrize("tokenizer", ["t" * 5000, "a/" * 3000, "nul\x00byte"])
 def test_a_tokenizer_no_file_system_could_hold_is_a_bad_request_shown_cut(tokenizer: str) -> None:
     """Before: `Path.exists` raised ENAMETOOLONG in the broker: internal_error and a traceback per request."""
-    message = refusal(checker(tokenizers=["deps/models"]), "run_rollout", {
-        "task_idx": 0, "client": {"type": "scripted", "tokenizer": tokenizer}, "sampling": SAMPLING,
-    })  # fmt: skip
+    message = refusal(
+        checker(tokenizers=["deps/models"]), "bind", {"client": {"type": "scripted", "tokenizer": tokenizer}}
+    )
     assert "params.client.tokenizer" in message and "is not allowed by this server" in message
     assert len(message) < 600
 
@@ -113,7 +111,7 @@ def test_a_server_spawned_for_a_client_allows_exactly_that_client() -> None:
 
 
 def test_the_launchers_env_servers_allow_the_runs_inference_server_and_model() -> None:
-    orchestrator = OrchestratorConfig(envs=[EnvConfig(id="reverse-text")])
+    orchestrator = OrchestratorConfig(envs=[TrainEnvConfig(id="reverse-text")])
     run = resolve_run(RLConfig(orchestrator=orchestrator))
     model = run.orchestrator.model.name
     # The client the orchestrator sends (orchestrator/loop.py `_make_env`): the tokenizer is the resolved model path.
@@ -127,7 +125,7 @@ def test_the_launchers_env_servers_allow_the_runs_inference_server_and_model() -
 def test_the_launchers_env_server_for_an_env_with_its_own_client_allows_that_client() -> None:
     teacher = EvalClientConfig(base_url="https://api.example.com/v1", model="teacher", api_key_env="TEACHER_KEY")
     orchestrator = OrchestratorConfig(
-        envs=[EnvConfig(id="reverse-text"), EnvConfig(id="reverse-text", name="taught", client=teacher)]
+        envs=[TrainEnvConfig(id="reverse-text"), TrainEnvConfig(id="reverse-text", name="taught", client=teacher)]
     )
     plain, taught = resolve_run(RLConfig(orchestrator=orchestrator)).env_servers
     assert taught.config.model_access.problem(teacher) is None
@@ -137,6 +135,6 @@ def test_the_launchers_env_server_for_an_env_with_its_own_client_allows_that_cli
 def test_the_orchestrator_reads_the_reload_token_from_the_variable_the_inference_server_uses() -> None:
     inference = InferenceConfig(reload=ReloadConfig(token_env="MY_RELOAD_TOKEN"))
     run = resolve_run(
-        RLConfig(orchestrator=OrchestratorConfig(envs=[EnvConfig(id="reverse-text")]), inference=inference)
+        RLConfig(orchestrator=OrchestratorConfig(envs=[TrainEnvConfig(id="reverse-text")]), inference=inference)
     )
     assert run.orchestrator.inference.reload_token_env == "MY_RELOAD_TOKEN"

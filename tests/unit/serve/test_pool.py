@@ -78,7 +78,7 @@ def test_an_elastic_pool_grows_once_demand_passes_grow_at_of_live_capacity() -> 
 
 
 def test_idle_workers_above_min_retire_only_after_idle_timeout_and_never_busy_ones() -> None:
-    pool = WorkerPool(elastic(idle_timeout=10.0, grow_at=1.0))
+    pool = WorkerPool(elastic(idle_timeout_s=10.0, grow_at=1.0))
     for worker in pool.scale(12, 0.0).started:  # 3 workers
         pool.mark_ready(worker)
     busy = pool.workers[0]
@@ -93,7 +93,7 @@ def test_idle_workers_above_min_retire_only_after_idle_timeout_and_never_busy_on
 
 
 def test_retiring_keeps_min_workers_even_when_all_are_idle() -> None:
-    pool = WorkerPool(elastic(min_workers=2, idle_timeout=1.0, grow_at=1.0))
+    pool = WorkerPool(elastic(min_workers=2, idle_timeout_s=1.0, grow_at=1.0))
     for worker in pool.scale(16, 0.0).started:
         pool.mark_ready(worker)
     for worker in pool.workers.values():
@@ -110,7 +110,7 @@ def test_a_dead_worker_is_replaced_at_the_next_scale() -> None:
 
 
 def test_a_retired_worker_leaving_is_not_a_failure_and_is_not_replaced_beyond_min() -> None:
-    pool = WorkerPool(elastic(idle_timeout=1.0, grow_at=1.0))
+    pool = WorkerPool(elastic(idle_timeout_s=1.0, grow_at=1.0))
     for worker in pool.scale(8, 0.0).started:
         pool.mark_ready(worker)
         worker.idle_since = 0.0

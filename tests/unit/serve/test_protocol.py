@@ -5,8 +5,8 @@ import msgpack
 import pytest
 from pydantic import ValidationError
 
+from envrl.data.traces import Error, Trace, WireTask
 from envrl.serve import protocol as p
-from envrl.traces import Error, Trace, WireTask
 
 
 def parse(message: object, limit: int = 1 << 20) -> p.RequestMessage:
@@ -35,7 +35,7 @@ def test_a_well_formed_request_parses_and_params_default_to_empty() -> None:
         (msgpack.packb({"id": "b", "method": "info", "params": [1]}), p.BAD_REQUEST, "b"),
         (msgpack.packb({"id": "c", "method": "info", "extra": 1}), p.BAD_REQUEST, "c"),
         (msgpack.packb({"id": "d", "method": "reboot"}), p.UNKNOWN_METHOD, "d"),
-        (msgpack.packb({"id": "e", "method": "run_rollout", "params": {"client": {1: 2}}}), p.BAD_REQUEST, "e"),
+        (msgpack.packb({"id": "e", "method": "bind", "params": {"client": {1: 2}}}), p.BAD_REQUEST, "e"),
         (msgpack.packb({"id": "f", "method": "info", "params": {"x": [{"y": {(1, 2): 0}}]}}), p.BAD_REQUEST, "f"),
     ],
 )
@@ -47,7 +47,7 @@ def test_malformed_requests_raise_typed_errors_keeping_the_id_when_readable(
 
 
 def test_a_non_string_map_key_is_named_by_its_path() -> None:
-    error = error_of(msgpack.packb({"id": "e", "method": "run_rollout", "params": {"client": {"a": {7: 2}}}}))
+    error = error_of(msgpack.packb({"id": "e", "method": "bind", "params": {"client": {"a": {7: 2}}}}))
     assert error.message == "map keys must be strings: request.params.client.a: key 7 (int)"
 
 
@@ -76,9 +76,10 @@ def test_responses_are_single_msgpack_maps_in_the_documented_key_order() -> None
 
 def test_responses_decode_into_their_models_and_results_into_the_methods_model() -> None:
     trace = Trace.from_error(WireTask(idx=3, prompt="x"), Error(type="timeout", message="slow"), is_truncated=True)
-    ok = p.decode_response(p.ok_response("g", p.GroupResult(traces=[trace, trace])))
-    assert isinstance(ok, p.OkResponse) and p.GroupResult.model_validate(ok.result).traces == [trace, trace]
-    assert msgpack.unpackb(p.ok_response("r", trace))["result"] == trace.to_wire()  # a Trace is sent as its wire map
+    ok = p.decode_response(p.ok_response("g", p.RunResult(traces=[trace, trace])))
+    assert isinstance(ok, p.OkResponse) and p.RunResult.model_validate(ok.result).traces == [trace, trace]
+    sent = msgpack.unpackb(p.ok_response("r", p.RunResult(traces=[trace])))["result"]
+    assert sent == {"traces": [trace.to_wire()]}  # a Trace is sent as its wire map
     error = p.decode_response(p.error_response("e", p.AT_CAPACITY, "full"))
     assert isinstance(error, p.ErrorResponse) and (error.id, error.error.type) == ("e", "at_capacity")
 
@@ -90,8 +91,19 @@ def test_an_error_type_outside_the_protocol_is_refused_on_both_sides() -> None:
         p.decode_response(msgpack.packb({"id": "1", "ok": False, "error": {"type": "oops", "message": "?"}}))
 
 
-def test_group_seed_overrides_the_sampling_seed() -> None:
-    params = p.GroupParams.model_validate(
-        {"task_idx": 0, "n": 2, "client": {"type": "scripted"}, "sampling": {"max_tokens": 4, "seed": 1}, "seed": 9}
+def test_a_worker_reads_back_exactly_the_values_the_server_accepted() -> None:
+    """The work frame carries the validated values (the seed applied, defaults filled), not the
+    client's bytes: a worker trusts it and checks nothing again."""
+    params = p.RunParams.model_validate(
+        {
+            "task_idx": 2,
+            "split": "eval",
+            "n": 3,
+            "model": "m",
+            "sampling": {"max_tokens": 4, "seed": 1, "stop": ["x"]},
+            "seed": 9,
+        }
     )
-    assert params.sampling_args().seed == 9 and params.split == "train"
+    work = p.decode_work(p.encode_work("req", params))
+    assert (work.request_id, work.model, work.split, work.task_idx, work.n) == ("req", "m", "eval", 2, 3)
+    assert work.sampling == params.sampling.model_copy(update={"seed": 9})  # the run's seed overrides sampling's

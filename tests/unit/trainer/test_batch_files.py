@@ -5,9 +5,9 @@ import zlib
 import msgpack
 import pytest
 
-from envrl.atomic import atomic_dir
-from envrl.layout import batch_dir
-from envrl.samples import BATCH_FILE, BatchError, read_batch, write_batch
+from envrl.data.layout import batch_dir
+from envrl.data.samples import BATCH_FILE, BatchError, TrainingSample, read_batch, write_batch
+from envrl.runtime.atomic import atomic_dir
 from tests.support.samples import synthetic_samples
 
 
@@ -63,6 +63,7 @@ COLUMNS = [
     "input_ids",
     "loss_mask",
     "inference_logprobs",
+    "policy_steps",
     "lengths",
     "advantage",
     "env",
@@ -117,3 +118,14 @@ def test_missing_batch_file_is_reported_with_its_path(tmp_path):
     (tmp_path / "rollouts" / "step_0").mkdir(parents=True)
     with pytest.raises(BatchError, match=f"cannot read batch file {tmp_path}/rollouts/step_0/{BATCH_FILE}"):
         read_batch(batch_dir(tmp_path, 0))
+
+
+def test_per_token_policy_steps_round_trip_and_are_checked(tmp_path):
+    [sample] = synthetic_samples(1, seed=1, policy_step=2)
+    steps = [2 + (i % 2) if m else -1 for i, m in enumerate(sample.loss_mask)]
+    spanning = sample.model_copy(update={"policy_steps": steps})
+    assert read_batch(write_batch(tmp_path, 3, [spanning]))[0].policy_steps == steps
+    fields = sample.model_dump() | {"policy_steps": [0] * len(steps)}
+    with pytest.raises(ValueError, match="policy_steps must be -1 where loss_mask is 0"):
+        TrainingSample(**fields)
+    assert TrainingSample(**(fields | {"policy_steps": []})).policy_steps == [2 if m else -1 for m in sample.loss_mask]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from envrl.layout import weights_dir
+from envrl.data.layout import weights_dir
 from envrl.transport.memory import WORLD_SIZE_KEY, gloo_group, read_transfer, receive_gloo
 from tests.unit.trainer.trainers import make_trainer, tensor_names
 

@@ -2,7 +2,7 @@
 
 import json
 
-from envrl.metrics import MetricsSink, WandbConfig
+from envrl.telemetry.metrics import MetricsSink, WandbConfig
 
 
 def test_each_log_call_appends_one_json_line(tmp_path):
@@ -71,7 +71,7 @@ def test_wandb_is_off_by_default_and_a_bare_flag_turns_it_on() -> None:
 
 
 def test_an_offline_wandb_run_gets_a_table_of_eval_samples(tmp_path, monkeypatch):
-    from envrl.traces import Branch, Trace, Turn, WireTask
+    from envrl.data.traces import Branch, Trace, Turn, WireTask
 
     for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home"))

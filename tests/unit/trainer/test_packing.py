@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.samples import TrainingSample
+from envrl.data.samples import TrainingSample
 from envrl.trainer.attention import DOCUMENT_SDPA, document_layout, resolve_attn_implementation
 from envrl.trainer.packing import balanced_bins, pack, packed_logits, shard
 from scripts.tiny_model import DEFAULT_DIR

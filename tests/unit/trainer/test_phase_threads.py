@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from envrl.layout import batch_dir
+from envrl.data.layout import batch_dir
 from envrl.trainer.parallel import PhaseThreads
 
 

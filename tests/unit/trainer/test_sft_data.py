@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from envrl.envs.chat_tokens import ChatRenderer
+from envrl.model.chat_tokens import ChatRenderer
 from envrl.trainer.sft_data import DemonstrationError, assistant_mask, load_demonstrations
 from scripts.tiny_model import DEFAULT_DIR
 

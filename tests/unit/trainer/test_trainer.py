@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envrl.layout import batch_dir
-from envrl.samples import BATCH_FILE, BatchError, write_batch
+from envrl.data.layout import batch_dir
+from envrl.data.samples import BATCH_FILE, BatchError, write_batch
 from envrl.trainer.checkpoint import list_checkpoints
 from envrl.trainer.config import OptimConfig
 from envrl.trainer.loop import TrainingError, lr_factor
@@ -107,7 +107,7 @@ def test_corrupt_batch_is_reported_with_its_path(tmp_path):
 
 
 def test_missing_batch_times_out_naming_the_directory(tmp_path):
-    trainer = make_trainer(tmp_path, max_steps=1, batch_timeout_s=0.3, batch_poll_s=0.05)
+    trainer = make_trainer(tmp_path, max_steps=1, batch_timeout_s=0.3)
     with pytest.raises(TrainingError, match=r"no batch at .*rollouts/step_0 after"):
         trainer.run()
 

@@ -21,7 +21,7 @@ def make_trainer(tmp_path, **overrides) -> Trainer:
     base = {
         "model": {"name": str(DEFAULT_DIR)},
         "output_dir": str(tmp_path),
-        "max_tokens": 128,
+        "micro_batch_tokens": 128,
         "batch_timeout_s": 30,
         "optim": {"lr": 3e-3},
         "wandb": {"mode": "disabled"},

@@ -15,9 +15,9 @@ import random
 import re
 from typing import Any
 
+from envrl.data.traces import Message, Task
 from envrl.envs import RolloutState, Rubric, ToolEnvironment
 from envrl.sandbox import BubblewrapProvider, Sandbox, SandboxConfig, SandboxProvider, WarmPool
-from envrl.traces import Message, Task
 
 SYSTEM_PROMPT = (
     "Write a Python program that prints the value asked for, and nothing else. You may test code with "

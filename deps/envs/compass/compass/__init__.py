@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import random
 
+from envrl.data.traces import Task, Trace
 from envrl.envs import Rubric, ToolEnvironment
-from envrl.traces import Task, Trace
 
 DIRECTIONS = ("left", "right")
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from compass import WalkTask, load_environment, make_tasks
+from envrl.data.traces import Message
 from envrl.envs import SamplingArgs, ScriptedClient, ScriptedClientConfig, ToolEnvironment
-from envrl.envs.tool_calls import parse
-from envrl.traces import Message
+from envrl.model.tool_calls import parse
 
 WRONG_TOOL = "walk"
 """The tool the solver calls first in a share of the episodes; compass has none of that name."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 
+from envrl.data.traces import Task
 from envrl.envs import Environment, Rubric
-from envrl.traces import Task
 
 TOPICS = ["the sea", "a game", "the moon", "a tool", "a letter", "the number seven", "a short trip", "rain"]
 

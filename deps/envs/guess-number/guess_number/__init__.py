@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 import re
 
+from envrl.data.traces import Message, Task
 from envrl.envs import Environment, RolloutState, Rubric
-from envrl.traces import Message, Task
 
 SYSTEM_PROMPT = "Guess my secret whole number. After each guess I say higher, lower or correct. Answer with one number."
 

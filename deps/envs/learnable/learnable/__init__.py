@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import random
 
+from envrl.data.traces import Message, Task
 from envrl.envs import Environment, RolloutState, Rubric
-from envrl.traces import Message, Task
 
 SYSTEM_PROMPT = "Continue the count. Answer with numbers only."
 

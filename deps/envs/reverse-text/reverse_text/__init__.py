@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 import string
 
+from envrl.data.traces import Message, Task
 from envrl.envs import Environment, Rubric
-from envrl.traces import Message, Task
 
 SYSTEM_PROMPT = "Reverse the text the user gives you, character by character. Answer with the reversed text only."
 

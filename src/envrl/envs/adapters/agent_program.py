@@ -28,13 +28,13 @@ import secrets
 import signal
 from collections.abc import Mapping, Sequence
 
+from envrl.data.traces import Message, Task
 from envrl.envs.adapters.chat_proxy import ChatProxy
 from envrl.envs.environment import Environment, TaskSource, append_turn
-from envrl.envs.model_client import ModelClient, SamplingArgs
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
+from envrl.model.client import ModelClient, SamplingArgs
 from envrl.sandbox import BubblewrapProvider, Sandbox, SandboxConfig, SandboxProvider, WarmPool
-from envrl.traces import Message, Task
 
 PASSED_THROUGH = ("PATH", "HOME", "LANG", "VIRTUAL_ENV")
 """The worker's variables a program gets (to find its interpreter and a locale), and no others."""

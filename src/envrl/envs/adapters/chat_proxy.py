@@ -19,9 +19,9 @@ from typing import Any
 from aiohttp import web
 from loguru import logger
 
-from envrl.envs.model_client import ModelClient, SamplingArgs
-from envrl.inference.client import ContextLengthError
-from envrl.traces import Message, Turn
+from envrl.data.traces import Message, Turn
+from envrl.model.client import ModelClient, SamplingArgs
+from envrl.model.inference import ContextLengthError
 
 SESSION_HEADER = "X-Session-ID"
 """The header verifiers' clients send with every model call: the id of the rollout's trace."""

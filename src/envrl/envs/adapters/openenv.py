@@ -30,11 +30,11 @@ from typing import Any, Literal
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
+from envrl.data.traces import Message, Task
 from envrl.envs.environment import Environment, TaskSource
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
-from envrl.process import Child, report_ready, spawn_sidecar
-from envrl.traces import Message, Task
+from envrl.runtime.process import Child, report_ready, spawn_sidecar
 
 CAPACITY_REACHED = "CAPACITY_REACHED"
 CLOSE_TIMEOUT = 5.0
@@ -334,7 +334,7 @@ def _served(app: str) -> str:
         argv = [
             sys.executable,
             "-m",
-            "envrl.guarded",
+            "envrl.runtime.guarded",
             "envrl.envs.adapters.openenv",
             app,
         ]  # dies with us from its 1st line

@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import ConfigDict
 
+from envrl.data.traces import Message, Task
 from envrl.envs.rubric import GroupRewardFn, Rubric
 from envrl.envs.state import RolloutState
 from envrl.envs.tools import ToolEnvironment
-from envrl.traces import Message, Task
 
 NOT_TOOLS = ("reset", "get_reward")
 """What TRL never offers the model as a tool."""

@@ -22,14 +22,14 @@ from verifiers.v1.configs.agent import agent_config_fields
 from verifiers.v1.utils.loaders import load_environment as load_vf_environment
 from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset_config_type
 
+from envrl.data.traces import Error, Span, Task, Timing, Trace, WireTask
 from envrl.envs.adapters.chat_proxy import ChatProxy, Session
 from envrl.envs.adapters.verifiers_runtime import Placement, local_runtimes
 from envrl.envs.adapters.verifiers_sandbox import EpisodeSandboxes, episode_sandbox
 from envrl.envs.adapters.warm_programs import WarmPrograms
 from envrl.envs.environment import Environment, append_turn
-from envrl.envs.model_client import ModelClient, SamplingArgs
+from envrl.model.client import ModelClient, SamplingArgs
 from envrl.sandbox import BubblewrapProvider, SandboxConfig
-from envrl.traces import Error, Span, Task, Timing, Trace, WireTask
 
 SUPPORTED_VERSION = "0.4."
 """The verifiers minor version this adapter is tested with (deps/envs/verifiers-digits pins it)."""
@@ -94,17 +94,12 @@ class VerifiersEnvironment(Environment):
         trace = await self.run_rollout(task, client, sampling)
         return trace.model_copy(update={"reward": None, "metrics": {}})
 
-    async def run_rollout(
-        self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None
-    ) -> Trace:
-        """One episode, scored by verifiers (its own `agent.timeout.scoring` bounds scoring)."""
-        return await self._episode(task, client, sampling)
-
     async def run_group(
         self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int, *, scoring_timeout: float | None = None
     ) -> list[Trace]:
-        """`n` independent episodes (verifiers couples agents within an episode, not across
-        episodes); with a seed, episode i samples with seed + i, like native envs."""
+        """`n` independent episodes, each scored by verifiers (its own `agent.timeout.scoring`
+        bounds scoring; verifiers couples agents within an episode, not across episodes); with a
+        seed, episode i samples with seed + i, like native envs."""
         seeds = [None if sampling.seed is None else sampling.seed + i for i in range(n)]
         seeded = [sampling.model_copy(update={"seed": seed}) for seed in seeds]
         return list(await asyncio.gather(*(self._episode(task, client, args) for args in seeded)))

@@ -1,0 +1,130 @@
+"""The run directory's layout: where each process finds what another one published.
+
+Guarantee: every path under `<output_dir>` that crosses a process boundary is named here once;
+a `step_<n>` directory exists only when complete (writers rename it into place).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from envrl.data.traces import Split
+
+_STEP_DIR = re.compile(r"step_(\d+)")
+_STEP_FILE = re.compile(r"step_(\d+)\.jsonl")
+
+
+def logs_dir(output_dir: Path) -> Path:
+    """One log file per process: `<output_dir>/logs/`."""
+    return Path(output_dir) / "logs"
+
+
+def env_log_dir(output_dir: Path, split: Split) -> Path:
+    """Env server logs, one `<env>.log` per server: `<output_dir>/logs/envs/<split>/`."""
+    return logs_dir(output_dir) / "envs" / split
+
+
+def env_log_file(output_dir: Path, split: Split, env: str) -> Path:
+    """The log of env `env`'s server: `<output_dir>/logs/envs/<split>/<env>.log`."""
+    return env_log_dir(output_dir, split) / f"{env}.log"
+
+
+def configs_dir(output_dir: Path) -> Path:
+    """Each process's resolved config as TOML: `<output_dir>/configs/`."""
+    return Path(output_dir) / "configs"
+
+
+def metrics_file(output_dir: Path) -> Path:
+    """Trainer and orchestrator metrics, one JSON object per line: `<output_dir>/metrics.jsonl`."""
+    return Path(output_dir) / "metrics.jsonl"
+
+
+def ledger_file(output_dir: Path, writer: str) -> Path:
+    """The time ledger of process `writer`, one span per JSON line: `<output_dir>/ledger/<writer>.jsonl`
+    (every `*.jsonl` there is one writer's: `envrl.telemetry.ledger.read_ledger` reads them all)."""
+    return Path(output_dir) / "ledger" / f"{writer}.jsonl"
+
+
+def rollouts_root(output_dir: Path) -> Path:
+    """Batches (`step_<n>/`) and rollout logs: `<output_dir>/rollouts/`."""
+    return Path(output_dir) / "rollouts"
+
+
+def train_rollouts_file(output_dir: Path) -> Path:
+    """Every train Trace as a JSON line: `<output_dir>/rollouts/train.jsonl`."""
+    return rollouts_root(output_dir) / "train.jsonl"
+
+
+def eval_rollouts_root(output_dir: Path) -> Path:
+    """The orchestrator's eval rollout logs, one `step_<n>.jsonl` each: `<output_dir>/rollouts/eval/`."""
+    return rollouts_root(output_dir) / "eval"
+
+
+def eval_rollouts_file(output_dir: Path, step: int) -> Path:
+    """Every Trace of the evals at `step`: `<output_dir>/rollouts/eval/step_<step>.jsonl`."""
+    return eval_rollouts_root(output_dir) / f"step_{step}.jsonl"
+
+
+def eval_rollouts_files(output_dir: Path) -> dict[int, Path]:
+    """Every `rollouts/eval/step_<n>.jsonl` there is, by step."""
+    root = eval_rollouts_root(output_dir)
+    files = root.glob("step_*.jsonl") if root.is_dir() else []
+    return {int(m.group(1)): f for f in files if (m := _STEP_FILE.fullmatch(f.name))}
+
+
+def eval_results_root(output_dir: Path) -> Path:
+    """The `eval` command's results, one `<env>.jsonl` per env and `summary.json`: `<output_dir>/eval/`."""
+    return Path(output_dir) / "eval"
+
+
+def eval_results_file(output_dir: Path, env: str) -> Path:
+    """One line per (task, rollout) pair of env `env`'s eval grid: `<output_dir>/eval/<env>.jsonl`."""
+    return eval_results_root(output_dir) / f"{env}.jsonl"
+
+
+def eval_summary_file(output_dir: Path) -> Path:
+    """The `eval` command's summary per env: `<output_dir>/eval/summary.json`."""
+    return eval_results_root(output_dir) / "summary.json"
+
+
+def report_dir(output_dir: Path) -> Path:
+    """The run report (`rl report`): plots, `index.html` and per-step trace files: `<output_dir>/report/`."""
+    return Path(output_dir) / "report"
+
+
+def weights_root(output_dir: Path) -> Path:
+    """Published policies, one `step_<n>/` each: `<output_dir>/weights/`."""
+    return Path(output_dir) / "weights"
+
+
+def checkpoints_root(output_dir: Path) -> Path:
+    """Trainer states, one `step_<n>/` each: `<output_dir>/checkpoints/`."""
+    return Path(output_dir) / "checkpoints"
+
+
+def batch_dir(output_dir: Path, step: int) -> Path:
+    """Where trainer step `step` reads its samples: `<output_dir>/rollouts/step_<step>/`."""
+    return rollouts_root(output_dir) / f"step_{step}"
+
+
+def checkpoint_dir(output_dir: Path, step: int) -> Path:
+    """The trainer's full state after `step` completed steps: `<output_dir>/checkpoints/step_<step>/`."""
+    return checkpoints_root(output_dir) / f"step_{step}"
+
+
+def final_weights_dir(output_dir: Path) -> Path:
+    """The run's final policy as a plain HF model, kept for good: `<output_dir>/weights/final/`."""
+    return weights_root(output_dir) / "final"
+
+
+def weights_dir(output_dir: Path, step: int) -> Path:
+    """Where policy `step` is published: `<output_dir>/weights/step_<step>/`."""
+    return weights_root(output_dir) / f"step_{step}"
+
+
+def published_steps(root: Path) -> list[int]:
+    """Steps of the complete `step_<n>` directories under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir())

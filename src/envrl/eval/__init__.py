@@ -1,0 +1,1 @@
+"""`rl eval`: evaluate a served model on environments without training."""

@@ -1,0 +1,4 @@
+"""The client library of the policy: token-in/token-out calls to the inference replicas, the
+train and eval model clients environments use, chat-template rendering and tool-call parsing.
+Imported by env workers, the orchestrator and the trainer's SFT mode; never starts vLLM (that is
+`envrl.inference`)."""

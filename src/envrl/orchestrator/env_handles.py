@@ -1,0 +1,268 @@
+"""The orchestrator's view of its environments: one env server each, spawned or external.
+
+Guarantee: a rollout call on an `EnvHandle` returns one Trace per rollout asked for: re-run up to
+`max_retries` times while they come back with errors, and re-run without limit (each counted in
+`retried_rollouts`) when the server was lost, once it answers again; a sidecar server that died
+is restarted on its address (`restarts`). Only a server that is not back within
+`reconnect_timeout_s` (or a sidecar out of restarts) raises `EnvUnavailable`. A sidecar server an
+`EnvHandle` spawned is stopped by `shutdown()` or, at the latest, at interpreter exit. The orchestrator
+never imports environment code: it only talks to servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from loguru import logger
+
+from envrl.data.layout import env_log_file
+from envrl.data.seeds import attempt_seed
+from envrl.data.traces import Error, Split, Trace, WireTask
+from envrl.model.client import ClientConfig, SamplingArgs
+from envrl.orchestrator.config import EnvConfig, SamplingParams, TrainEnvConfig
+from envrl.runtime.process import Child, ChildFailed, Restart, RestartBudget
+from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
+from envrl.serve.config import ModelAccessConfig
+from envrl.serve.launch import start as start_env_server
+
+CLIENT_SLACK = 30.0
+"""Seconds a client waits beyond the server's own rollout deadline before giving up on a call."""
+
+
+class EnvUnavailable(RuntimeError):
+    """An env server that did not come back (the message names it, its address and the config key)."""
+
+
+C = TypeVar("C", bound=EnvConfig)
+
+
+class EnvHandle(Generic[C]):
+    """One environment behind its env server, with this run's client and sampling args; `config`
+    is the env's table, a train env's or an eval env's (`EnvHandle[EvalEnvConfig]`)."""
+
+    def __init__(
+        self,
+        config: C,
+        *,
+        split: Split,
+        client: ClientConfig,
+        sampling: SamplingParams,
+        output_dir: Path,
+        ready_timeout: float,
+        counters: Counter[str] | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.resolved_name
+        self.split = split
+        self.client_config = client
+        self.sampling: SamplingArgs = config.sampling_args(sampling)
+        self.log_file = env_log_file(output_dir, split, self.name)
+        """The server's log, when this EnvHandle spawns it."""
+        self.ready_timeout = ready_timeout
+        self.num_tasks = 0
+        self.group_scoring = False
+        self.counters: Counter[str] = Counter() if counters is None else counters
+        """`retried_rollouts`, `env_server_losses`, `env_server_restarts` of this env (shared by the caller)."""
+        self._child: Child | None = None
+        self._client: EnvClient | None = None
+        self._restarts = RestartBudget(config.restarts)
+        self._back: asyncio.Task[None] | None = None
+        """The one wait for a lost server to answer again, shared by every call that lost it."""
+
+    @property
+    def address(self) -> str:
+        if self._client is None:
+            raise RuntimeError(f"env {self.name!r} is not started")
+        return self._client.address
+
+    @property
+    def server_pid(self) -> int | None:
+        """The pid of the sidecar server this EnvHandle spawned (None for an external address)."""
+        return None if self._child is None else self._child.pid
+
+    async def start(self) -> None:
+        """Connect to the configured address, or spawn a sidecar server first; then read its info."""
+        address = self.config.address
+        if address is None:
+            self._child, address = await asyncio.to_thread(self._spawn, "tcp://127.0.0.1:0")
+            atexit.register(self._child.stop, 5.0)
+        timeout = self.config.timeout.rollout_s
+        self._client = EnvClient(
+            address,
+            model=self.client_config,
+            timeout=None if timeout is None else timeout + self.config.timeout.kill_grace_s + CLIENT_SLACK,
+            curve=self.config.curve,
+        )
+        info = await self._client.wait_until_ready(self.ready_timeout)
+        self.num_tasks = info.num_tasks if self.split == "train" else info.num_eval_tasks
+        self.group_scoring = info.group_scoring
+        if self.num_tasks == 0:
+            raise RuntimeError(f"{self.split} env {self.name!r} at {address} has no {self.split} tasks")
+        logger.info(
+            f"{self.split} env {self.name!r} ready at {address}: {self.num_tasks} tasks, "
+            f"{'group' if self.group_scoring else 'per-rollout'} scoring, {info.workers} workers"
+        )
+
+    def _spawn(self, address: str) -> tuple[Child, str]:
+        """The env's server on `address`, started as `rl`'s launcher starts it (serve/launch.py)."""
+        launch = self.config.server_launch(self.split, address, ModelAccessConfig.for_client(self.client_config))
+        return start_env_server(launch, log_file=self.log_file, ready_timeout=self.ready_timeout)
+
+    async def shutdown(self) -> None:
+        if self._back is not None:
+            self._back.cancel()
+            await asyncio.gather(self._back, return_exceptions=True)
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        if self._child is not None:
+            child, self._child = self._child, None
+            await asyncio.to_thread(child.stop, 10.0)
+            atexit.unregister(child.stop)
+
+    async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
+        """`n` rollouts of one task: one call of n for group-scored envs, else `n` calls of one
+        (spread over the server's workers, each retried on its own).
+
+        Rollout i samples with seed `seed + i`; retries (and `attempt` > 0: callers re-running
+        rollouts that failed before) sample with salted seeds (`attempt_seed`).
+        """
+        if self.group_scoring:
+            return await self._with_retries(
+                task_idx, n, attempt, lambda a: self._call(task_idx, n, attempt_seed(seed, a))
+            )
+        singles = [
+            self._with_retries(task_idx, 1, attempt, lambda a, i=i: self._call(task_idx, 1, attempt_seed(seed + i, a)))
+            for i in range(n)
+        ]
+        return [trace for traces in await asyncio.gather(*singles) for trace in traces]
+
+    async def _call(self, task_idx: int, n: int, seed: int) -> list[Trace]:
+        assert self._client is not None
+        return await self._client.run(task_idx, n=n, sampling=self.sampling, split=self.split, seed=seed)
+
+    async def _with_retries(
+        self, task_idx: int, n: int, first_attempt: int, call: Callable[[int], Awaitable[list[Trace]]]
+    ) -> list[Trace]:
+        """`call(attempt)` (n rollouts) until it has no error Trace or `max_retries` re-runs are spent
+        (each re-run samples with a salted seed); a call lost with its server is re-run with the same
+        seed once the server is back, outside that budget."""
+        attempt = 0
+        while True:
+            try:
+                traces = await call(first_attempt + attempt)
+            except EnvServerError as e:
+                if e.type == UNAVAILABLE:
+                    self.counters["retried_rollouts"] += n
+                    await self._wait_until_back()
+                    continue
+                traces = [
+                    Trace.from_error(WireTask(idx=task_idx), Error(type=e.type, message=str(e))) for _ in range(n)
+                ]
+            if attempt == self.config.max_retries or not any(t.has_error for t in traces):
+                return traces
+            attempt += 1
+            self.counters["retried_rollouts"] += n
+            first = next(t.error for t in traces if t.error is not None)
+            logger.debug(
+                f"env {self.name!r} task {task_idx}: retry {attempt} after {first.type}: {first.message[:200]}"
+            )
+
+    async def _wait_until_back(self) -> None:
+        if self._back is None or self._back.done():
+            self.counters["env_server_losses"] += 1
+            self._back = asyncio.create_task(self._reconnect())
+        await asyncio.shield(self._back)  # a cancelled rollout must not cancel everybody's wait
+
+    async def _reconnect(self) -> None:
+        """Restart a dead sidecar on its address; wait for the server to answer health again."""
+        assert self._client is not None
+        address, timeout = self._client.address, self.config.reconnect_timeout_s
+        if self._child is not None and await asyncio.to_thread(self._child.wait, 1.0) is not None:
+            await self._restart_sidecar(address)
+        logger.warning(
+            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout_s)"
+        )
+        try:
+            await self._client.wait_until_ready(timeout)
+        except EnvServerError as e:
+            raise EnvUnavailable(
+                f"{self.split} env {self.name!r}: the env server at {address} did not answer again within {timeout:g} s "
+                f"({e}); restart it, or raise envs.reconnect_timeout_s"
+            ) from None
+        logger.info(f"{self.split} env {self.name!r}: the server at {address} answers again; lost rollouts are re-run")
+
+    async def _restart_sidecar(self, address: str) -> None:
+        """Start the dead sidecar again on `address` (`Restart`: the launcher's policy and messages);
+        awaited, so a shutdown cancels the wait."""
+        child = self._child
+        assert child is not None
+        atexit.unregister(child.stop)
+        restart = Restart(child, self._restarts, where=f" on {address}")
+        child.close()
+        while True:
+            try:
+                delay = restart.next_delay()
+            except ChildFailed as e:
+                raise EnvUnavailable(str(e)) from None
+            await asyncio.sleep(delay)
+            try:
+                self._child, _ = await asyncio.to_thread(self._spawn, address)
+            except ChildFailed as e:
+                restart.failed(e)
+                continue
+            atexit.register(self._child.stop, 5.0)
+            self.counters["env_server_restarts"] += 1
+            return
+
+
+class TrainEnvs:
+    """The train envs: picks an env by ratio and a task by a seeded per-epoch shuffle."""
+
+    def __init__(
+        self, envs: list[EnvHandle[TrainEnvConfig]], seed: int, positions: dict[str, int] | None = None
+    ) -> None:
+        self.envs = envs
+        self.seed = seed
+        self.positions: dict[str, int] = {env.name: 0 for env in envs} | (positions or {})
+        """Tasks drawn so far per env (across epochs); with the seed, all the sampling state."""
+        self._orders: dict[str, tuple[int, list[int]]] = {}
+
+    def shares(self) -> dict[str, float]:
+        """Target share of rollouts per env: configured ratios, or task counts if none are set."""
+        weights = {
+            env.name: env.config.ratio if env.config.ratio is not None else float(env.num_tasks) for env in self.envs
+        }
+        total = sum(weights.values())
+        return {name: w / total for name, w in weights.items()}
+
+    def by_name(self, name: str) -> EnvHandle[TrainEnvConfig]:
+        """The train env called `name` (resumed pending groups name their env)."""
+        for env in self.envs:
+            if env.name == name:
+                return env
+        raise KeyError(
+            f"the resumed run has a train env {name!r} this config lacks (train envs: {[e.name for e in self.envs]})"
+        )
+
+    def pick(self, rng: random.Random) -> EnvHandle[TrainEnvConfig]:
+        shares = self.shares()
+        return rng.choices(self.envs, weights=[shares[env.name] for env in self.envs])[0]
+
+    def next_task(self, env: EnvHandle) -> int:
+        """The next task index of `env`: every task once per epoch, in a seeded shuffled order."""
+        position = self.positions[env.name]
+        epoch, offset = divmod(position, env.num_tasks)
+        cached_epoch, order = self._orders.get(env.name, (-1, []))
+        if cached_epoch != epoch:
+            order = list(range(env.num_tasks))
+            random.Random(f"{self.seed}/{env.name}/{epoch}").shuffle(order)
+            self._orders[env.name] = (epoch, order)
+        self.positions[env.name] = position + 1
+        return order[offset]

@@ -1,0 +1,121 @@
+"""The one HTTP call helper: JSON POST/GET with a deadline and retries, over httpx or, for the
+hot generation path, over aiohttp's kept-alive connections (`keep_alive_session`).
+
+Guarantee: every call ends within `attempts * (timeout + max backoff)` seconds, either with the
+decoded JSON body of a 2xx response or with `HttpCallError` naming the URL, the attempts made and
+the last failure. Connection errors, timeouts and 5xx responses are retried with exponential
+backoff; 4xx responses are the caller's mistake and are raised at once with the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import aiohttp
+import httpx
+from loguru import logger
+from pydantic import BaseModel, ConfigDict
+
+
+class RetryPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_retries: int = 3
+    """Retries after the first attempt, for connection errors, timeouts and 5xx responses."""
+    backoff_s: float = 0.5
+    """Seconds before the first retry; doubles each retry."""
+    max_backoff_s: float = 8.0
+    """Longest wait between retries, in seconds."""
+    timeout_s: float = 120.0
+    """Deadline of one attempt, in seconds."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "backoff": "backoff_s",
+        "max_backoff": "max_backoff_s",
+        "timeout": "timeout_s",
+    }
+
+
+IDLE_EXPIRY_S = 4.0
+"""A kept-alive generation connection idle this long is closed instead of reused: below the 5 s
+after which vLLM's uvicorn closes idle connections itself (`VLLM_HTTP_TIMEOUT_KEEP_ALIVE`), so a
+reuse does not race the server's close."""
+
+
+def keep_alive_session(headers: Mapping[str, str] | None = None) -> aiohttp.ClientSession:
+    """An aiohttp session for the hot generation path: every connection kept alive, none capped.
+
+    Why not httpx here: httpcore's pool scans every pooled connection (a readability syscall per
+    idle one) each time a request enters or leaves, and its idle count is itself a scan, so a pool
+    holding the connections of one step's rollouts spends O(connections^2) per request (profile in
+    docs/measurements.md); httpx's default cap on kept-alive connections hides that by
+    reconnecting the rest. aiohttp's connector reuses an
+    idle connection in O(1). Create it inside the event loop that uses it.
+    """
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_EXPIRY_S), headers=headers
+    )
+
+
+class HttpCallError(RuntimeError):
+    """A call that failed for good; `status` is the HTTP status if a response came back."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def request_json(
+    client: httpx.AsyncClient | aiohttp.ClientSession,
+    method: str,
+    url: str,
+    payload: dict[str, Any] | None = None,
+    policy: RetryPolicy | None = None,
+) -> Any:
+    """`method` `url` with a JSON body; return the decoded JSON response, retrying per `policy`."""
+    policy = policy or RetryPolicy()
+    delay = policy.backoff_s
+    last_failure = ""
+    for attempt in range(policy.max_retries + 1):
+        if attempt:
+            logger.debug(f"{method} {url}: retry {attempt}/{policy.max_retries} in {delay:.1f}s after {last_failure}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, policy.max_backoff_s)
+        try:
+            if isinstance(client, aiohttp.ClientSession):
+                timeout = aiohttp.ClientTimeout(total=policy.timeout_s)
+                async with client.request(method, url, json=payload, timeout=timeout) as answer:
+                    status, body = answer.status, await answer.read()
+            else:
+                response = await client.request(method, url, json=payload, timeout=policy.timeout_s)
+                status, body = response.status_code, response.content
+        except (httpx.TransportError, httpx.TimeoutException, aiohttp.ClientError, OSError, TimeoutError) as e:
+            last_failure = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            continue
+        if status >= 500:
+            last_failure = f"HTTP {status}: {body[:500].decode(errors='replace')}"
+            continue
+        if status >= 400:
+            raise HttpCallError(
+                f"{method} {url} was refused: HTTP {status}: {body[:2000].decode(errors='replace')}", status
+            )
+        return json.loads(body)
+    raise HttpCallError(f"{method} {url} failed after {policy.max_retries + 1} attempts; last: {last_failure}")
+
+
+def bearer(secret: str, source: str) -> dict[str, str]:
+    """The `Authorization` header carrying `secret` (from `source`, e.g. "environment variable
+    OPENAI_API_KEY"). Surrounding whitespace (a newline from `echo` or a file) is dropped; a space
+    or control character inside is an error that names the source and position, never the secret,
+    since an HTTP library's error about the header would quote it into traces and logs."""
+    secret = secret.strip()
+    bad = next((i for i, c in enumerate(secret) if c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(
+            f"the secret in {source} holds a space or control character at position {bad} "
+            f"(of {len(secret)}); fix the value (it is not shown here)"
+        )
+    return {"Authorization": f"Bearer {secret}"}

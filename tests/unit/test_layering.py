@@ -1,0 +1,42 @@
+"""The tree's layers: the shared libraries never import a process package above them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "envrl"
+
+# Each shared layer may import only the layers listed before it (and itself).
+LAYERS = ["config", "runtime", "data", "telemetry", "model"]
+PROCESS_PACKAGES = {"launcher", "trainer", "inference", "serve", "orchestrator", "eval", "report"}
+
+
+def envrl_imports(path: Path) -> set[str]:
+    """The top-level envrl packages or modules a file imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("envrl."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("envrl.")}
+    return found
+
+
+def test_shared_layers_import_only_the_layers_below_them() -> None:
+    violations = []
+    for depth, layer in enumerate(LAYERS):
+        allowed = set(LAYERS[: depth + 1])
+        files = [SRC / f"{layer}.py"] if (SRC / f"{layer}.py").exists() else sorted((SRC / layer).rglob("*.py"))
+        for path in files:
+            wrong = envrl_imports(path) - allowed
+            violations += [f"{path.relative_to(SRC)} imports envrl.{name}" for name in sorted(wrong)]
+    assert not violations, "a shared layer reaches up:\n" + "\n".join(violations)
+
+
+def test_every_top_level_package_is_a_layer_or_a_process_or_a_library_of_envs() -> None:
+    """A new top-level package must be placed in the layering above (or here) on purpose."""
+    others = {"envs", "sandbox", "transport"}
+    names = {p.stem for p in SRC.iterdir() if p.suffix == ".py" and p.stem != "__init__"}
+    names |= {p.name for p in SRC.iterdir() if p.is_dir() and any(p.glob("*.py"))}
+    assert names == set(LAYERS) | PROCESS_PACKAGES | others
