@@ -61,7 +61,9 @@ def headline(output_dir: Path) -> dict[str, Any]:
         return {"kind": "eval", "envs": envs, "eval": results}
     config = _toml(configs_dir(output_dir) / "orchestrator.toml")
     envs = [e.get("name") or e.get("id") for e in config.get("envs", []) if isinstance(e, dict)]
-    eval_envs = [e.get("name") or e.get("id") for e in config.get("eval", {}).get("env", []) if isinstance(e, dict)]
+    # `eval_envs`: runs written before eval envs moved under `orchestrator.eval.env`
+    eval_tables = config.get("eval", {}).get("env") or config.get("eval_envs", [])
+    eval_envs = [e.get("name") or e.get("id") for e in eval_tables if isinstance(e, dict)]
     summary = _json(summary_file(output_dir))
     facts: dict[str, Any] = {
         "kind": "run",
