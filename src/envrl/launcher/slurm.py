@@ -74,7 +74,9 @@ def make_curve_keys(curve_dir: Path) -> None:
     server, client = curve_keys(curve_dir)
     if server.secret_key_file.is_file() and client.secret_key_file.is_file():
         return
-    (curve_dir / "clients").mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Owner-only directories first: zmq writes each secret before the chmod below can narrow it.
+    curve_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (curve_dir / "clients").mkdir(exist_ok=True, mode=0o700)
     zmq.auth.create_certificates(curve_dir, "server")
     zmq.auth.create_certificates(curve_dir / "clients", "orchestrator")
     for secret in (server.secret_key_file, client.secret_key_file):

@@ -10,7 +10,7 @@ import pytest
 from envrl.config import resolve_config
 from envrl.launcher.config import RLConfig
 from envrl.launcher.main import main
-from envrl.launcher.slurm import plan_job, sbatch_script
+from envrl.launcher.slurm import curve_keys, make_curve_keys, plan_job, sbatch_script
 
 ROOT = Path(__file__).resolve().parents[3]
 TWO_NODES = ROOT / "configs" / "gpu" / "two_nodes.toml"
@@ -82,3 +82,13 @@ def test_rl_slurm_prints_the_script_it_wrote(tmp_path: Path, capsys: pytest.Capt
     assert script.read_text().startswith("#!/bin/bash\n")
     stored = resolve_config(RLConfig, [script.parent / "rl.toml"])
     assert stored.slurm.nodes == 2 and stored.model.name == str(TINY_MODEL)
+
+
+def test_the_jobs_curve_secrets_are_readable_by_their_owner_only(tmp_path: Path) -> None:
+    curve_dir = tmp_path / "slurm" / "curve"
+    make_curve_keys(curve_dir)
+    server, client = curve_keys(curve_dir)
+    for directory in (curve_dir, curve_dir / "clients"):
+        assert directory.stat().st_mode & 0o077 == 0, oct(directory.stat().st_mode)
+    for secret in (server.secret_key_file, client.secret_key_file):
+        assert secret.stat().st_mode & 0o077 == 0, oct(secret.stat().st_mode)
