@@ -17,6 +17,7 @@ from envrl.data.samples import read_batch
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.orchestrator.jsonl import parse_trace_line
 from tests.integration.in_process_run import train_in_process
+from tests.integration.logprobs import trained_and_generated
 from tests.support.run_files import metric_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,14 +44,7 @@ def test_multi_turn_run_learns_and_trains_exactly_the_generated_tokens(tmp_path:
     for sample, trace in zip(samples, step0, strict=True):
         last = trace.turns[-1].tokens
         assert sample.input_ids == last.prompt_ids + last.completion_ids
-        trained = [
-            (t, lp) for t, m, lp in zip(sample.input_ids, sample.loss_mask, sample.inference_logprobs, strict=True) if m
-        ]
-        generated = [
-            (t, lp)
-            for turn in trace.turns
-            for t, lp in zip(turn.tokens.completion_ids, turn.tokens.completion_logprobs, strict=True)
-        ]
+        trained, generated = trained_and_generated(sample, trace)
         assert trained == generated
         position = 0
         for turn in trace.turns:  # the generated tokens sit right after each turn's prompt

@@ -29,6 +29,7 @@ from envrl.model.inference import InferenceClient
 from envrl.orchestrator.trajectories import trace_to_samples
 from envrl.runtime.http import RetryPolicy
 from scripts.tiny_model import DEFAULT_DIR
+from tests.integration.logprobs import trained_and_generated
 from tests.integration.served_weights import restore_served_weights
 
 RETRY = RetryPolicy(max_retries=1, timeout_s=120.0)
@@ -214,14 +215,7 @@ def test_a_tool_using_rollout_trains_exactly_the_generated_tokens_with_vllms_log
     [sample] = trace_to_samples(trace, advantage=1.0, env="e", policy_step=0, sampling=sampling)
     last = second.tokens
     assert sample.input_ids == last.prompt_ids + last.completion_ids
-    trained = [
-        (t, lp) for t, m, lp in zip(sample.input_ids, sample.loss_mask, sample.inference_logprobs, strict=True) if m
-    ]
-    generated = [
-        (t, lp)
-        for turn in trace.turns
-        for t, lp in zip(turn.tokens.completion_ids, turn.tokens.completion_logprobs, strict=True)
-    ]
+    trained, generated = trained_and_generated(sample, trace)
     assert trained == generated
 
     model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).eval()
