@@ -208,15 +208,16 @@ class Orchestrator:
         with self.ledger.span("step", step):
             await self.policy.ensure(step)
             stale = self.scheduler.drop_stale(step)
-            for group in stale:
-                self._append_rollouts(
-                    train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.traces
-                )
             if self.config.eval.due(step):
                 for env in self.eval_envs:
                     self.evals.start(self._evaluate(env, step, self.policy.current))
             with self.ledger.span("wait_rollouts", step):
                 groups = await self.scheduler.collect(step, self.policy.current)
+            stale += self.scheduler.drop_stale(step)  # arrived too old while collecting: this step's too
+            for group in stale:
+                self._append_rollouts(
+                    train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.traces
+                )
             with self.ledger.span("batching", step):
                 with self.ledger.span("samples", step):
                     samples = self._to_samples(step, groups)
