@@ -3,7 +3,8 @@
     uv run --no-sync python -m scripts.bench.hot_paths [--repeats 20000]
 
 Prints one line per cost (docs/measurements.md lists them with the design choice each explains):
-- a `run` request's params validated by `ParamsChecker.run` (pydantic-core), per request;
+- a `run` request frame parsed by `protocol.parse_request` (decode, shape and key checks), and
+  its params validated by `ParamsChecker.run` (pydantic-core), per request;
 - one message sent and received over an inproc ZMQ PAIR through pyzmq's `send_multipart` /
   `recv_multipart` wrappers against the raw Cython `send`/`recv` envrl calls (serve/zmqio.py);
 - an EVENTS check on a socket, and one `recv` that ends in zmq.Again;
@@ -28,6 +29,7 @@ from pathlib import Path
 import zmq
 
 from envrl.data.layout import published_steps
+from envrl.serve import protocol as p
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.params import ParamsChecker
 from envrl.serve.zmqio import EVENTS, NOBLOCK, raw_recv, raw_send
@@ -64,6 +66,11 @@ def main() -> None:
 
     checker = ParamsChecker({"train": 100, "eval": 0}, max_group_size=64, model_access=ModelAccessConfig())
     params = {"task_idx": 3, "split": "train", "model": "0123456789abcdef", "sampling": {}}
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 256}
+    request = p.encode(
+        {"id": "a1b2c3-17", "method": "run", "params": {**params, "n": 8, "seed": 7, "sampling": sampling}}
+    )
+    print(f"run request frame parsed:          {per_call_us(lambda: p.parse_request(request, 1 << 20), n):8.2f} us")
     print(f"run params validated:              {per_call_us(lambda: checker.run(params, 'r'), n):8.2f} us")
 
     ctx = zmq.Context()

@@ -17,7 +17,6 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from envrl.data.traces import Split, Trace, Turn, TurnTokens
 from envrl.model.client import TrainClientConfig
 from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.advantage import batch_reward_std, group_advantages, trained_rollouts
+from envrl.orchestrator.background_evals import BackgroundEvals
 from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
@@ -49,47 +49,6 @@ from envrl.runtime.atomic import fsync_file, write_failure
 from envrl.telemetry.ledger import Ledger
 from envrl.telemetry.metrics import MetricsSink
 from envrl.transport.batches import BatchSender, FileBatchSender
-
-
-class BackgroundEvals:
-    """Interval evals running beside training; the first failure is kept for the loop to raise."""
-
-    def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._failure: BaseException | None = None
-
-    def __len__(self) -> int:
-        return len(self._tasks)
-
-    def start(self, evaluation: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.create_task(evaluation)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self._failure is None:
-            self._failure = task.exception()
-
-    def raise_failure(self) -> None:
-        """Raise the first failure of an eval (an eval env server that stayed down, say): the run
-        must not go on blind."""
-        if self._failure is not None:
-            raise self._failure
-
-    async def wait(self) -> None:
-        """Wait for every running eval; raise the first failure."""
-        if self._tasks:
-            logger.info(f"waiting for {len(self._tasks)} evaluation(s) to finish")
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self.raise_failure()
-
-    async def close(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Orchestrator:
@@ -249,15 +208,16 @@ class Orchestrator:
         with self.ledger.span("step", step):
             await self.policy.ensure(step)
             stale = self.scheduler.drop_stale(step)
-            for group in stale:
-                self._append_rollouts(
-                    train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.traces
-                )
             if self.config.eval.due(step):
                 for env in self.eval_envs:
                     self.evals.start(self._evaluate(env, step, self.policy.current))
             with self.ledger.span("wait_rollouts", step):
                 groups = await self.scheduler.collect(step, self.policy.current)
+            stale += self.scheduler.drop_stale(step)  # arrived too old while collecting: this step's too
+            for group in stale:
+                self._append_rollouts(
+                    train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.traces
+                )
             with self.ledger.span("batching", step):
                 with self.ledger.span("samples", step):
                     samples = self._to_samples(step, groups)

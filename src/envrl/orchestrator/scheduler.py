@@ -174,7 +174,8 @@ class Scheduler:
 
     def drop_stale(self, step: int) -> list[Group]:
         """Drop finished groups that `step` may no longer train on (and those that arrived too old
-        for an earlier step), and cancel in-flight ones that cannot become trainable (never with
+        while `collect` gathered a batch: call it again after `collect(step)`, or the last step's
+        are never handed back), and cancel in-flight ones that cannot become trainable (never with
         partial rollouts); the dropped groups come back with every trace marked with a `stale`
         error, for the record."""
         oldest = step - self.shape.max_async_level

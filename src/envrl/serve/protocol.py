@@ -205,11 +205,20 @@ MAX_CONTAINER_ITEMS = 65536
 replica URLs); with the frame limit it bounds what decoding a hostile frame can allocate."""
 
 
-def decode_request(frame: bytes) -> Any:
-    """A request frame's msgpack, decoded with bounded container sizes; map keys of any type are
-    decoded (and refused by `parse_request`, which can then still answer under the request's id)."""
+BIN_TYPE_BYTES = (b"\xc4", b"\xc5", b"\xc6")
+"""msgpack's bin 8/16/32 type bytes: a frame holding none of them decodes to no `bytes` object."""
+
+
+def decode_request(frame: bytes, *, strict_map_key: bool) -> Any:
+    """A request frame's msgpack, decoded with bounded container sizes. `strict_map_key`: msgpack
+    refuses (ValueError) any map key that is neither `str` nor `bytes`; without it keys of any type
+    are decoded (for `parse_request` to name the bad key under the request's id)."""
     return msgpack.unpackb(
-        frame, raw=False, strict_map_key=False, max_array_len=MAX_CONTAINER_ITEMS, max_map_len=MAX_CONTAINER_ITEMS
+        frame,
+        raw=False,
+        strict_map_key=strict_map_key,
+        max_array_len=MAX_CONTAINER_ITEMS,
+        max_map_len=MAX_CONTAINER_ITEMS,
     )
 
 
@@ -251,17 +260,22 @@ def parse_request(frame: bytes, max_frame_bytes: int) -> RequestMessage:
     id whenever the frame is a map holding a string `id`)."""
     if len(frame) > max_frame_bytes:
         raise ProtocolError(TOO_LARGE, f"frame of {len(frame)} bytes is over the server's limit of {max_frame_bytes}")
-    try:
-        message = decode_request(frame)
-    except Exception as e:  # msgpack raises several unrelated types for bad input
-        message = f"frame is not valid msgpack ({type(e).__name__}: {e})"
-        raise ProtocolError(BAD_REQUEST, message, _salvaged_id(frame)) from None
+    try:  # the common frame: its keys are str or bytes (msgpack checks), and bytes only with a bin byte
+        message = decode_request(frame, strict_map_key=True)
+        keys_unchecked = any(marker in frame for marker in BIN_TYPE_BYTES)
+    except Exception:  # a non-string key, or bad input (msgpack raises several unrelated types)
+        try:
+            message = decode_request(frame, strict_map_key=False)
+        except Exception as e:
+            message = f"frame is not valid msgpack ({type(e).__name__}: {e})"
+            raise ProtocolError(BAD_REQUEST, message, _salvaged_id(frame)) from None
+        keys_unchecked = True
     if not isinstance(message, dict):
         raise ProtocolError(BAD_REQUEST, f"a request is a msgpack map, got {type(message).__name__}")
     request_id = message.get("id")
     if not isinstance(request_id, str):
         raise ProtocolError(BAD_REQUEST, f"request 'id' must be a string, got {type(request_id).__name__}")
-    bad_key = _non_string_key(message, "request")
+    bad_key = _non_string_key(message, "request") if keys_unchecked else None
     if bad_key is not None:
         raise ProtocolError(BAD_REQUEST, f"map keys must be strings: {bad_key}", request_id)
     method, params = message.get("method"), message.get("params", {})

@@ -9,10 +9,12 @@ any use, and a model client once, when it is bound (`bind`, `ModelRegistry`): a 
 requests the server accepted, with clients the server allowed, and checks neither again.
 
 The hop to a worker: `_read_clients` -> `_on_request` -> `_accept` books the request and either
-`_assign`s it to the least-loaded worker (`WorkerPool.pick`) or queues it; `_flush` sends the
+`assign`s it to the least-loaded worker (`WorkerPool.pick`) or queues it; `flush` sends the
 worker its bound model's config (the first time that worker runs it) and a `run` op with the
 accepted request (`protocol.encode_work`); the worker (serve/worker.py) runs the rollouts and sends
-back the finished response frame, which `_read_workers` -> `_finish` forwards.
+back the finished response frame, which `read_workers` -> `_finish` forwards. The worker side
+(`assign`, `flush`, answers, deaths, overdue kills) is `serve/dispatch.py`; this module admits,
+answers and runs the loop.
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from typing import Any
 import zmq
 from loguru import logger
 
-from envrl.data.traces import Error
 from envrl.envs.environment import Environment
-from envrl.runtime.process import Child, report_ready
+from envrl.runtime.process import report_ready
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
+from envrl.serve.dispatch import SWEEP_INTERVAL, WorkerDispatch
 from envrl.serve.models import ModelRegistry
 from envrl.serve.params import ParamsChecker
-from envrl.serve.pool import MAX_STARTUP_FAILURES, OUTSIDE_KILLS, WorkerHandle, WorkerPool
+from envrl.serve.pool import WorkerPool
 from envrl.serve.processes import WorkerProcesses
 from envrl.serve.requests import Request, RequestBook
 from envrl.serve.sender import ClientSender
@@ -45,14 +47,10 @@ from envrl.serve.zmqio import (
     StopSignals,
     raw_get,
     raw_recv,
-    recv_batch,
-    send_frames,
 )  # fmt: skip
 from envrl.telemetry.log import Throttle
 
 WORKER_STOP_GRACE = 3.0
-SWEEP_INTERVAL = 0.1
-"""Seconds between scans for overdue rollouts (one scan instead of a timer per request)."""
 
 
 class EnvServer:
@@ -71,18 +69,17 @@ class EnvServer:
         self.sender = ClientSender(
             sockets.clients, config.client_send_queue, config.client_stall_timeout_s, self._on_client_dropped
         )
-        self.outbox: dict[int, tuple[list[list[Any]], list[bytes]]] = {}
-        """Per worker id, the ops and their frames (model configs, work) to send it at the next `_flush`."""
+        self.dispatch = WorkerDispatch(
+            config, sockets.workers, env, self.pool, self.processes, self.requests, self._finish
+        )
         self.poller = zmq.Poller()
         self.poller.register(sockets.clients, zmq.POLLIN)
         self.poller.register(sockets.workers, zmq.POLLIN)
         self.draining_until: float | None = None
         self.reported = False
-        self.next_sweep = 0.0
         self.next_scale = 0.0
         self.error_log = Throttle()
         """Bounds the tracebacks a flood of failing requests writes."""
-        self.stranger_log = Throttle()
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -95,20 +92,20 @@ class EnvServer:
                 now = time.monotonic()
                 if self._scale_due(now) and not self._scale(now):
                     return 1
-                self._flush()
+                self.dispatch.flush()
                 if self._drained(now):
                     return 0
                 events = dict(self.poller.poll(self._poll_timeout_ms(now)))
                 if signals.fd in events and self._on_signals(signals.received()):
                     return 0
                 if self.sockets.workers in events:
-                    self._read_workers()
+                    self.dispatch.read_workers()
                 self._reap_exited(events)
                 now = time.monotonic()
-                self._kill_overdue(now)
+                self.dispatch.kill_overdue(now)
                 if self.sender.waiting:
                     self.sender.retry(now)
-                self._dispatch_queue()
+                self.dispatch.dispatch_queue()
                 if self.sockets.clients in events:
                     self._read_clients()
                 self._report_ready_once()
@@ -129,7 +126,7 @@ class EnvServer:
             for worker in plan.started:
                 self.poller.register(self.processes.start(worker.id, worker.identity), zmq.POLLIN)
             for worker in plan.retired:
-                self._send_op(worker.id, [p.OP_STOP, 0])
+                self.dispatch.send_op(worker.id, [p.OP_STOP, 0])
         if self.pool.broken:
             logger.error(self.pool.broken_message(self.config.env.id, self.config.log.file))
             return False
@@ -160,7 +157,9 @@ class EnvServer:
         for fd in [fd for fd in events if isinstance(fd, int) and fd in self.processes.by_exit_fd]:
             self.poller.unregister(fd)
             worker_id, child = self.processes.reap(fd)
-            self._on_worker_exit(self.pool.remove(worker_id, child.poll()), child)
+            self.dispatch.on_worker_exit(
+                self.pool.remove(worker_id, child.poll()), child, self.draining_until is not None
+            )
             self.next_scale = 0.0
 
     def _report_ready_once(self) -> None:
@@ -219,7 +218,7 @@ class EnvServer:
             self._answer(identity, frame)
             return
         if request.worker is not None:
-            self._send_op(request.worker, [p.OP_CANCEL, request.token])
+            self.dispatch.send_op(request.worker, [p.OP_CANCEL, request.token])
         self._finish(request, frame)
 
     def _on_client_dropped(self, identity: bytes) -> None:
@@ -250,7 +249,7 @@ class EnvServer:
             for worker in self.pool.workers.values():
                 if old.id in worker.models:
                     worker.models.discard(old.id)
-                    self._send_op(worker.id, [p.OP_DROP, old.id])
+                    self.dispatch.send_op(worker.id, [p.OP_DROP, old.id])
         return model.id
 
     def _health(self) -> p.HealthResult:
@@ -284,7 +283,7 @@ class EnvServer:
         if worker is None:
             self.requests.enqueue(request)
         else:
-            self._assign(request, worker)
+            self.dispatch.assign(request, worker)
 
     def _check_budgets(self, identity: bytes, request_id: str, size: int) -> None:
         """Raise `at_capacity` when `size` more bytes would put this client's, or all clients',
@@ -311,7 +310,7 @@ class EnvServer:
             self._finish(request, p.error_response(request_id, p.CANCELLED, f"request {request_id} was cancelled"))
         elif not request.cancel_requested:
             request.cancel_requested = True
-            self._send_op(request.worker, [p.OP_CANCEL, request.token])
+            self.dispatch.send_op(request.worker, [p.OP_CANCEL, request.token])
             request.set_deadline(time.monotonic() + self.config.timeout.kill_grace_s)
         return True
 
@@ -324,116 +323,6 @@ class EnvServer:
         self.pool.release(request.worker, request.token)
         self._answer(request.identity, frame)
 
-    # -- worker side ------------------------------------------------------------------------------
-
-    def _assign(self, request: Request, worker: WorkerHandle) -> None:
-        """Give `request` to `worker`: its model's config if `worker` lacks it, then a `run` op and
-        the request's work frame, sent at the next `_flush`."""
-        request.worker = worker.id
-        self.pool.assign(worker, request.token)
-        if self.config.timeout.rollout_s is not None:
-            limit = self.config.timeout.rollout_s + self.config.timeout.kill_grace_s
-            request.set_deadline(time.monotonic() + limit)
-        ops, frames = self.outbox.setdefault(worker.id, ([], []))
-        model = request.model
-        if model.id not in worker.models:
-            worker.models.add(model.id)
-            ops.append([p.OP_MODEL, model.id])
-            frames.append(model.frame)
-        ops.append([p.OP_RUN, request.token])
-        frames.append(request.work)
-
-    def _send_op(self, worker_id: int, op: list[Any]) -> None:
-        self.outbox.setdefault(worker_id, ([], []))[0].append(op)
-
-    def _flush(self) -> None:
-        """Send each worker its ops of this loop turn as one message: [identity, ops, frame, ...]
-        (serve/worker.py `_on_messages` reads it)."""
-        for worker_id, (ops, frames) in self.outbox.items():
-            worker = self.pool.workers.get(worker_id)
-            if worker is not None:
-                send_frames(self.sockets.workers, [worker.identity, p.encode(ops), *frames])
-        self.outbox.clear()
-
-    def _dispatch_queue(self) -> None:
-        """Assign queued requests, oldest first (re-runs first), while a worker has a free slot."""
-        while (request := self.requests.peek_queued()) is not None:
-            worker = self.pool.pick()
-            if worker is None:
-                return
-            self.requests.pop_queued()
-            self._assign(request, worker)
-
-    def _read_workers(self) -> None:
-        """A worker's `ready`, or its finished answers ([done, tokens, frame, ...]): forward each
-        to its client (`_finish`); answers to requests already answered are dropped."""
-        for frames in recv_batch(self.sockets.workers, MAX_BATCH):
-            worker = self.pool.by_identity(frames[0])
-            if worker is None:
-                self._on_stranger(frames)
-                continue
-            if frames[1:2] == [p.WORKER_READY]:
-                self.pool.mark_ready(worker)
-                continue
-            for token, frame in zip(p.decode(frames[2]), frames[3:], strict=False):
-                request = self.requests.by_token.get(token)
-                if request is not None and request.worker == worker.id:  # only what it was given
-                    self._finish(request, frame)
-
-    def _on_stranger(self, frames: list[bytes]) -> None:
-        """A frame on the worker socket from a peer that is none of our workers: ignored, and logged
-        at most a burst a minute (a process on the node is probing the socket)."""
-        report, held_back = self.stranger_log.allow()
-        if report:
-            more = f" ({held_back} more since the last report)" if held_back else ""
-            logger.warning(f"ignored a {len(frames)}-frame message on the worker socket from an unknown peer{more}")
-
-    def _on_worker_exit(self, worker: WorkerHandle, child: Child) -> None:
-        """Log a worker's death; re-run or answer `worker_died` the requests it was running."""
-        how = worker.kill_reason or child.describe_exit()
-        if worker.retiring and not worker.load:
-            logger.info(f"worker {worker.id} retired ({how})")
-            return
-        if not worker.ready:
-            if child.poll() in OUTSIDE_KILLS:
-                note = "; a kill from outside, not counted as a start-up failure"
-            else:
-                note = f" ({self.pool.startup_failures} in a row of {MAX_STARTUP_FAILURES} allowed)"
-            logger.error(f"worker {worker.id} (pid {child.pid}) {how} before it was ready{note}")
-            return
-        draining = self.draining_until is not None
-        rerun, failed = self.requests.after_worker_death(worker.load, self.config.max_reruns, draining)
-        logger.warning(
-            f"worker {worker.id} (pid {child.pid}) {how} with {len(worker.load)} requests in flight: "
-            f"re-running {len(rerun)}, answering {len(failed)} worker_died"
-        )
-        for request, why in failed:
-            logger.warning(f"req={request.request_id}: answered worker_died")
-            message = f"env worker {worker.id} {how} while running this request ({why})"
-            self._finish(request, request.error_answer(self.env, Error(type=p.WORKER_DIED, message=message)))
-
-    def _kill_overdue(self, now: float) -> None:
-        """A worker that let a rollout pass its deadline by kill_grace_s is stuck: kill and replace it."""
-        if now < self.next_sweep:
-            return
-        self.next_sweep = now + SWEEP_INTERVAL
-        for request in self.requests.overdue(now):
-            if request.token not in self.requests.by_token or request.worker is None:
-                continue  # answered when an earlier overdue request's worker was killed
-            worker = self.pool.workers[request.worker]
-            grace = self.config.timeout.kill_grace_s
-            if request.cancel_requested:
-                what = f"did not stop request {request.request_id} within {grace:g} s of its cancel"
-                frame = p.error_response(request.request_id, p.CANCELLED, f"request {request.request_id} was cancelled")
-            else:
-                what = f"did not finish request {request.request_id} within timeout.rollout_s + {grace:g} s"
-                message = f"the rollout ran past timeout.rollout_s = {self.config.timeout.rollout_s:g} s and its worker was stuck"
-                frame = request.error_answer(self.env, Error(type=p.TIMEOUT, message=message), is_truncated=True)
-            logger.warning(f"req={request.request_id}: worker {worker.id} {what} (blocking code?); killing it")
-            self._finish(request, frame)
-            worker.kill_reason = f"was killed by the server (it {what})"
-            self.processes.kill(worker.id)
-
     # -- shutdown ---------------------------------------------------------------------------------
 
     def _shut_down(self) -> None:
@@ -442,8 +331,8 @@ class EnvServer:
             message = "the server stopped before this request finished"
             self._finish(request, p.error_response(request.request_id, p.SHUTTING_DOWN, message))
         for worker_id in self.pool.workers:
-            self._send_op(worker_id, [p.OP_STOP, 0])
-        self._flush()
+            self.dispatch.send_op(worker_id, [p.OP_STOP, 0])
+        self.dispatch.flush()
         self.processes.stop_all(WORKER_STOP_GRACE)
         self.close()
 

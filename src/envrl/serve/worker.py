@@ -119,7 +119,7 @@ class Worker:
             self.pump.close(linger_ms=0)
 
     def _on_messages(self, batch: list[Frames]) -> None:
-        """The server's ops (sent by its `_flush`): `run` a request (its work frame follows the
+        """The server's ops (sent by its `WorkerDispatch.flush`): `run` a request (its work frame follows the
         header), `model` (a bound model's config follows), `drop` a model, `cancel` a request, `stop`."""
         now = self.loop.time()
         for frames in batch:

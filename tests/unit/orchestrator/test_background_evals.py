@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from envrl.orchestrator.loop import BackgroundEvals
+from envrl.orchestrator.background_evals import BackgroundEvals
 
 
 def test_a_background_eval_that_fails_is_raised_and_forgotten() -> None:

@@ -3,46 +3,13 @@ what a batch holds, and what it drops as stale, against an env that answers in-p
 
 import asyncio
 from collections import Counter
-from pathlib import Path
 
 from envrl.data.seeds import rollout_seed
-from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
-from envrl.model.client import ScriptedClientConfig
-from envrl.orchestrator.config import SamplingParams, TrainEnvConfig
+from envrl.data.traces import Trace
 from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import PendingGroup
-
-
-class AnsweringEnv(EnvHandle):
-    """A train env whose server is this process: call k answers at once, unless k is in `hang`."""
-
-    def __init__(self, hang: frozenset[int] = frozenset()) -> None:
-        super().__init__(
-            TrainEnvConfig(id="x"),
-            split="train",
-            client=ScriptedClientConfig(),
-            sampling=SamplingParams(),
-            output_dir=Path("/nonexistent"),
-            ready_timeout=1.0,
-        )
-        self.num_tasks = 8
-        self.hang = hang
-        self.calls: list[tuple[int, int]] = []
-        """(task index, seed) of each call."""
-        self.cancelled: list[int] = []
-        """Calls cancelled while hanging."""
-
-    async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
-        call = len(self.calls)
-        self.calls.append((task_idx, seed))
-        if call in self.hang:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                self.cancelled.append(call)
-                raise
-        return [Trace(task=WireTask(idx=task_idx), reward=1.0) for _ in range(n)]
+from tests.unit.orchestrator.scripted_envs import AnsweringEnv, LabelledEnv
 
 
 def scheduler(env: EnvHandle, *, max_inflight: int = 64, max_steps: int = 10, seed: int = 0, **fields) -> Scheduler:
@@ -136,31 +103,6 @@ def test_requeued_groups_are_dispatched_first_with_their_seed_and_stay_pending_u
     assert env.calls == [(3, 103), (5, 105)]
     assert [(g.task_idx, g.seed) for g in pending] == [(3, 103), (5, 105), (7, 107)]
     assert s.counters == {"dispatched_rollouts": 4, "requeued_rollouts": 4} and s.dispatched == 0
-
-
-def labelled_trace(task_idx: int, steps: list[int | None]) -> Trace:
-    """A rollout of one turn whose completion tokens were sampled by policies `steps`."""
-    tokens = TurnTokens(
-        prompt_ids=[1],
-        completion_ids=[2] * len(steps),
-        completion_logprobs=[-1.0] * len(steps),
-        completion_policy_steps=steps,
-    )
-    turn = Turn(prompt=[], response={"role": "assistant", "content": ""}, tokens=tokens)
-    return Trace(task=WireTask(idx=task_idx), branches=[Branch(turns=[turn])], reward=1.0)
-
-
-class LabelledEnv(AnsweringEnv):
-    """Call k answers with rollouts whose tokens come from the policies `steps[k]` (one list per rollout)."""
-
-    def __init__(self, steps: list[list[list[int | None]]], hang: frozenset[int] = frozenset()) -> None:
-        super().__init__(hang)
-        self.steps = steps
-
-    async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
-        call = len(self.calls)
-        await super().run_group(task_idx, n, seed, attempt)
-        return [labelled_trace(task_idx, steps) for steps in self.steps[call]]
 
 
 def test_with_partial_rollouts_staleness_counts_the_oldest_token_of_a_group() -> None:

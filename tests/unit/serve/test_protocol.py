@@ -51,6 +51,19 @@ def test_a_non_string_map_key_is_named_by_its_path() -> None:
     assert error.message == "map keys must be strings: request.params.client.a: key 7 (int)"
 
 
+def test_a_bytes_map_key_is_refused_though_msgpack_s_strict_keys_let_it_through() -> None:
+    """msgpack's `strict_map_key` refuses all keys but str and bytes; a bin key is named like the others."""
+    error = error_of(msgpack.packb({"id": "e", "method": "bind", "params": {"client": {b"a": 2}}}))
+    assert (error.type, error.request_id) == (p.BAD_REQUEST, "e")
+    assert error.message == "map keys must be strings: request.params.client: key b'a' (bytes)"
+
+
+def test_a_request_whose_text_holds_bin_type_bytes_still_parses() -> None:
+    """0xc4-0xc6 (msgpack's bin types) are also UTF-8 lead bytes: such text alone is no bytes key."""
+    frame = msgpack.packb({"id": "Ąż", "method": "info", "params": {"Łódź": b"raw"}})
+    assert p.parse_request(frame, 1 << 20).params == {"Łódź": b"raw"}
+
+
 def test_a_container_longer_than_any_request_needs_is_refused_without_building_it() -> None:
     """An array header may claim far more items than the frame holds; decoding stops at the header."""
     frame = b"\x81\xa2id\xdd" + (p.MAX_CONTAINER_ITEMS + 1).to_bytes(4, "big") + b"\x90" * 100

@@ -1,0 +1,148 @@
+"""What a dotted key means in a tree of config models, and a validation error as one line.
+
+Guarantee: `_models_at`/`_field_types` follow a key path through nested models, lists and unions
+(narrowed by a table's `type` tag) exactly as pydantic validates it, so the loader types a
+command-line value, `--help` lists a key, and `_describe` names the closest valid key from the same
+walk; `_describe` turns any pydantic error into ONE line naming the dotted key as the user wrote it
+(union tags dropped), the source that set it, and a renamed key's successor, a removed key's
+reason, a key one table too high, or a did-you-mean. The loader is `envrl/config.py`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+Key = tuple[str | int, ...]
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The concrete types an annotation may hold (Optional/Union/Annotated peeled off)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
+    return [annotation]
+
+
+def _step(types_: list[Any], part: str | int) -> list[Any]:
+    """Types reachable from `types_` through one key (a field name or a list index)."""
+    out: list[Any] = []
+    for tp in types_:
+        if isinstance(part, int):
+            if typing.get_origin(tp) is list:
+                out.extend(_unwrap(typing.get_args(tp)[0]))
+        elif isinstance(tp, type) and issubclass(tp, BaseModel) and part in tp.model_fields:
+            out.extend(_unwrap(tp.model_fields[part].annotation))
+    return out
+
+
+def _descend(node: Any, part: str | int) -> Any:
+    """What sits at `part` of a table or array of raw config data (None past its end, or below a value)."""
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and part < len(node):
+        return node[part]
+    return None
+
+
+def _models_at(model: type[BaseModel], path: Sequence[str | int], data: Any = None) -> list[type[BaseModel]]:
+    """Models that may sit at `path`; with `data`, union members are narrowed by its `type` tag."""
+    types_: list[Any] = [model]
+    node = data
+    for part in path:
+        types_ = _step(types_, part)
+        node = _descend(node, part)
+    # A list of tables also stands for its item model: models that take one table as a one-item
+    # list (`--env.id x` for `env: list[EnvConfig]`) get their keys typed and checked too.
+    items = [t for tp in types_ if typing.get_origin(tp) is list for t in _unwrap(typing.get_args(tp)[0])]
+    models = [t for t in [*types_, *items] if isinstance(t, type) and issubclass(t, BaseModel)]
+    tag = node.get("type") if isinstance(node, dict) else None
+    tagged = [m for m in models if tag is not None and tag in _type_tags(m)]
+    return tagged or models
+
+
+def _type_tags(model: type[BaseModel]) -> tuple[Any, ...]:
+    field = model.model_fields.get("type")
+    if field is None or typing.get_origin(field.annotation) is not Literal:
+        return ()
+    return typing.get_args(field.annotation)
+
+
+def _field_types(model: type[BaseModel], path: Sequence[str]) -> list[Any] | None:
+    """Types a dotted path may hold in `model`, or None if no model defines it."""
+    return _step(_models_at(model, path[:-1]), path[-1]) or None
+
+
+def _display_key(loc: Key) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _data_loc(loc: Key, data: Any) -> Key:
+    """Drop the union tags pydantic inserts into error locations (e.g. ('pool', 'static', 'x')).
+
+    A tag is a key that is not in the data yet is followed by more of the location (the `type`
+    may be absent when the union has a default member).
+    """
+    out: list[str | int] = []
+    node = data
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part not in node and i < len(loc) - 1:
+            continue
+        out.append(part)
+        node = _descend(node, part)
+    return tuple(out)
+
+
+def _nested_home(parents: list[type[BaseModel]], key: str) -> list[str]:
+    """`["pool.num_workers"]` when `key` is a field of a table one level down (written one level too high)."""
+    homes = [f"{name}.{key}" for parent in parents for name in parent.model_fields for t in _step([parent], name)
+             if isinstance(t, type) and issubclass(t, BaseModel) and key in t.model_fields]  # fmt: skip
+    return homes[:1]
+
+
+def _describe(error: dict[str, Any], model: type[BaseModel], data: Any, source_of: Callable[[Key], str | None]) -> str:
+    """Pydantic's `error` as one line: the dotted key, where its value came from (`source_of`), and
+    for an unknown key its new name, its home one table down or the closest valid key."""
+    loc = _data_loc(tuple(error["loc"]), data)
+    key = _display_key(loc) or "<top level>"
+    source = source_of(loc)
+    where = f" (from {source})" if source else ""
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        parents = _models_at(model, loc[:-1], data)
+        valid = sorted({name for m in parents for name in m.model_fields})
+        removed = [why for m in parents if (why := getattr(m, "removed_keys", {}).get(str(loc[-1])))]
+        if removed:
+            return f"unknown config key '{key}'{where}; it was removed: {removed[0]}"
+        renamed = [new for m in parents if (new := getattr(m, "renamed_keys", {}).get(str(loc[-1])))]
+        close = renamed or _nested_home(parents, str(loc[-1]))
+        close = close or difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+        parent = _display_key(loc[:-1])
+        hint = f"; did you mean '{_display_key((*loc[:-1], *close[0].split('.')))}'?" if close else ""
+        hint += " (the key was renamed)" if renamed else ""
+        if not close and valid:
+            hint = f"; valid keys{' under ' + repr(parent) if parent else ''}: {', '.join(valid)}"
+        return f"unknown config key '{key}'{where}{hint}"
+    if kind == "missing":
+        return f"missing required config key '{key}'{where}"
+    if kind == "union_tag_not_found":
+        tags = sorted({tag for m in _models_at(model, loc, data) for tag in _type_tags(m)})
+        return f"'{key}'{where} needs a 'type' key; one of {', '.join(repr(t) for t in tags)}"
+    if kind == "union_tag_invalid":
+        ctx = error.get("ctx", {})
+        return f"'{key}.type' is {ctx.get('tag')!r}{where}; expected one of {ctx.get('expected_tags')}"
+    value = error.get("input")
+    if kind == "value_error" and isinstance(value, dict):  # a check across the section's keys: its message names them
+        return f"in '{key}'{where}: {error['msg'].removeprefix('Value error, ')}"
+    shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return f"bad value for '{key}'{where}: {error['msg']} (got {shown})"
