@@ -37,6 +37,7 @@ SET_BY_RL = {
     "orchestrator.resume": "--resume",
     "orchestrator.inference.base_url": "inference.port and inference.replicas",
     "orchestrator.inference.reload_token_env": "inference.reload.token_env",
+    "orchestrator.eval.addresses": "env_server_base_port (eval env i's server binds base + 1000 + i)",
     "log.file": "output_dir (every process logs to <output_dir>/logs/<process>.log)",
 }
 """Keys that `rl` sets from its own keys (beyond the shared ones), in a process's section or its own."""
@@ -101,7 +102,8 @@ class RLConfig(BaseConfig):
     """Seed of task order, sampling seeds and model init: a run is reproducible from it."""
     wandb: WandbConfig = WandbConfig()
     env_server_base_port: int = Field(5000, ge=1, le=65535 - EVAL_PORT_OFFSET - 100)
-    """Train env i binds base + i, eval env i binds base + 1000 + i (envs with `address` excepted)."""
+    """Train env i binds base + i, the env of eval table i binds base + 1000 + i (envs with `address`
+    excepted)."""
     resume: bool = False
     """Continue the run in `output_dir` from its last checkpoint and orchestrator state."""
     clean: bool = False
@@ -189,19 +191,24 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     servers: list[EnvServerLaunch] = []
     external: list[tuple[str, int, str]] = []
     access = ModelAccessConfig(base_urls=orchestrator.inference.base_urls, tokenizers=[orchestrator.model.name])
+    listed: set[str] = set()
+    evals = orchestrator.eval_envs()  # before the train envs get their spawned servers' addresses
     for split, envs, base in (
-        ("train", orchestrator.envs, rl.env_server_base_port),
-        ("eval", orchestrator.eval.env, rl.env_server_base_port + EVAL_PORT_OFFSET),
+        ("train", orchestrator.train_envs, rl.env_server_base_port),
+        ("eval", evals, rl.env_server_base_port + EVAL_PORT_OFFSET),
     ):
         for i, env in enumerate(envs):
-            if env.address is not None:
+            if env.address is not None:  # an external server, of this env's train and eval rollouts
                 parts = urlsplit(env.address)
-                if parts.scheme == "tcp" and parts.port is not None:
+                if parts.scheme == "tcp" and parts.port is not None and env.address not in listed:
+                    listed.add(env.address)
                     external.append(
                         (parts.hostname or "", parts.port, f"{split} env {env.resolved_name!r} (its address)")
                     )
                 continue
             env.address = f"tcp://127.0.0.1:{base + i}"
+            if split == "eval":
+                orchestrator.eval.addresses[env.resolved_name] = env.address
             # An env with its own client (a chat teacher, say) may use that client and nothing else.
             allowed = access if env.client is None else ModelAccessConfig.for_client(env.client)
             servers.append(env.server_launch(split, env.address, allowed))
@@ -216,18 +223,24 @@ def _check_lengths(run: ResolvedRun) -> None:
     training sample longer than the trainer's micro-batch budget."""
     orchestrator, trainer = run.orchestrator, run.trainer
     context = run.inference.vllm.get("max_model_len")
-    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval.env", orchestrator.eval.env)):
-        for i, env in enumerate(envs):
-            max_tokens = env.sampling_args(orchestrator.sampling).max_tokens
-            if isinstance(context, int) and max_tokens >= context:
-                where = (
-                    f"{key}[{i}].sampling.max_tokens"
-                    if "max_tokens" in env.sampling
-                    else "orchestrator.sampling.max_tokens"
-                )
-                raise ConfigError(
-                    f"{where} = {max_tokens} leaves no room for a prompt in inference.vllm.max_model_len = {context}"
-                )
+    # an eval env's max_tokens is its declaration's unless its table sets one
+    tables = [("orchestrator.envs", i, env, env) for i, env in enumerate(orchestrator.envs)]
+    tables += [
+        ("orchestrator.eval.env", i, table, env)
+        for i, (table, env) in enumerate(zip(orchestrator.eval.env, orchestrator.eval_envs(), strict=True))
+        if "max_tokens" in table.sampling
+    ]
+    for key, i, table, env in tables:
+        max_tokens = env.sampling_args(orchestrator.sampling).max_tokens
+        if isinstance(context, int) and max_tokens >= context:
+            where = (
+                f"{key}[{i}].sampling.max_tokens"
+                if "max_tokens" in table.sampling
+                else "orchestrator.sampling.max_tokens"
+            )
+            raise ConfigError(
+                f"{where} = {max_tokens} leaves no room for a prompt in inference.vllm.max_model_len = {context}"
+            )
     if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.micro_batch_tokens:
         raise ConfigError(
             f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.micro_batch_tokens = "

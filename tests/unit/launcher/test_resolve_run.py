@@ -9,7 +9,7 @@ from envrl.launcher.config import EVAL_PORT_OFFSET, RLConfig, resolve_run
 
 TWO_TRAIN_TWO_EVAL = [
     ("orchestrator.envs", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
-    ("orchestrator.eval.env", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
+    ("orchestrator.eval.env", '[{"env": "reverse-text"}, {"env": "second"}]'),
 ]
 
 
@@ -76,8 +76,21 @@ def test_train_and_eval_env_servers_get_consecutive_ports_in_their_own_blocks() 
     ]
     assert [(s.split, s.name, s.config.address) for s in run.env_servers] == expected
     # The orchestrator connects to exactly the addresses the servers bind.
-    addresses = [env.address for env in [*run.orchestrator.envs, *run.orchestrator.eval.env]]
+    addresses = [env.address for env in [*run.orchestrator.envs, *run.orchestrator.eval_envs()]]
     assert addresses == [address for _, _, address in expected]
+
+
+def test_an_eval_only_env_gets_an_eval_server_only_and_an_external_env_none() -> None:
+    envs = (
+        '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "held-out", "train": false},'
+        ' {"id": "reverse-text", "name": "far", "address": "tcp://127.0.0.1:7900"}]'
+    )
+    evals = '[{"env": "held-out"}, {"env": "far"}]'
+    run = resolve_run(rl_config(("orchestrator.envs", envs), ("orchestrator.eval.env", evals)))
+    expected = [("train", "reverse-text", "tcp://127.0.0.1:5000"), ("eval", "held-out", "tcp://127.0.0.1:6000")]
+    assert [(s.split, s.name, s.config.address) for s in run.env_servers] == expected
+    # the external server answers both the train and the eval rollouts of its env
+    assert [env.address for env in run.orchestrator.eval_envs()] == ["tcp://127.0.0.1:6000", "tcp://127.0.0.1:7900"]
 
 
 def test_an_env_with_its_own_address_gets_no_server_and_keeps_its_address() -> None:
