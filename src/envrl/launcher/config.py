@@ -37,6 +37,7 @@ SET_BY_RL = {
     "orchestrator.resume": "--resume",
     "orchestrator.inference.base_url": "inference.port and inference.replicas",
     "orchestrator.inference.reload_token_env": "inference.reload.token_env",
+    "orchestrator.restarts": "restarts (every env server rl starts follows it)",
     "orchestrator.eval.addresses": "env_server_base_port (eval env i's server binds base + 1000 + i)",
     "log.file": "output_dir (every process logs to <output_dir>/logs/<process>.log)",
 }
@@ -48,8 +49,8 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 class RunRestarts(RestartPolicy):
     """How `rl` restarts each of its own processes when it dies, without user action: an inference
     replica (on its port, with the newest policy), the trainer (from its newest checkpoint) and the
-    orchestrator (after its newest published batch), each with a budget of its own of this shape
-    (an env server follows its env's `restarts`). A process whose budget is spent ends the run;
+    orchestrator (after its newest published batch) and every env server (on its address), each
+    with a budget of its own of this shape. A process whose budget is spent ends the run;
     `--resume` goes on."""
 
     removed_keys: ClassVar[dict[str, str]] = {
@@ -184,6 +185,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     if "keep_weights_every" not in orchestrator.model_fields_set:  # loadable policies at every checkpoint
         orchestrator.keep_weights_every = trainer.ckpt.interval
     orchestrator.max_inflight = orchestrator.inflight_limit  # derived from the run's max_async_level
+    orchestrator.restarts = RestartPolicy.model_validate(rl.restarts.model_dump())  # the env servers' too
     replica_configs(inference)  # a replica port past 65535 is a config error now, not at spawn
     orchestrator.inference.base_url = inference.base_url if inference.replicas == 1 else inference.base_urls
     orchestrator.inference.reload_token_env = inference.reload.token_env
@@ -211,7 +213,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
                 orchestrator.eval.addresses[env.resolved_name] = env.address
             # An env with its own client (a chat teacher, say) may use that client and nothing else.
             allowed = access if env.client is None else ModelAccessConfig.for_client(env.client)
-            servers.append(env.server_launch(split, env.address, allowed))
+            servers.append(env.server_launch(split, env.address, allowed, orchestrator.restarts))
     run = ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
     _check_no_shared_port([*run.spawned_ports(), *external])
     _check_lengths(run)

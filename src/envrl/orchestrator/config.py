@@ -80,9 +80,6 @@ class EnvConfig(BaseConfig):
     programs they run) gets beyond the allow-list of locale, paths, caches and proxies
     (`envrl.runtime.process.ALLOWED_ENV`), e.g. `["OPENAI_API_KEY"]`; a model client's `api_key_env` is
     passed by itself. Tokens and keys not listed never reach model-driven code."""
-    restarts: RestartPolicy = RestartPolicy()
-    """Restarts of this env's server (on its address) when it dies: by the launcher under `rl`, by
-    the orchestrator for a sidecar it spawned; an external `address` is not restarted by envrl."""
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     sampling: dict[str, Any] = {}
     """Overrides of the orchestrator's `sampling` keys for this env."""
@@ -93,6 +90,10 @@ class EnvConfig(BaseConfig):
     on-policy: importance ratio 1)."""
 
     renamed_keys: ClassVar[dict[str, str]] = {"reconnect_timeout": "reconnect_timeout_s"}
+    removed_keys: ClassVar[dict[str, str]] = {
+        "restarts": "one restart policy: under rl every env server follows the top-level `restarts` (each "
+        "its own budget); a standalone orchestrator's sidecars follow `orchestrator.restarts`"
+    }
 
     @model_validator(mode="after")
     def _remote_needs_curve(self) -> EnvConfig:
@@ -130,9 +131,11 @@ class EnvConfig(BaseConfig):
             "that has envrl installed (e.g. `uv venv DIR && uv pip install -p DIR/bin/python -e .`)"
         )
 
-    def server_launch(self, split: str, address: str, model_access: ModelAccessConfig) -> EnvServerLaunch:
-        """The server of this env on `address`, for whoever starts it (serve/launch.py); a model
-        client may reach and load only what `model_access` allows."""
+    def server_launch(
+        self, split: str, address: str, model_access: ModelAccessConfig, restarts: RestartPolicy
+    ) -> EnvServerLaunch:
+        """The server of this env on `address`, for whoever starts it (serve/launch.py) and restarts
+        it per `restarts`; a model client may reach and load only what `model_access` allows."""
         return EnvServerLaunch(
             split=split,
             name=self.resolved_name,
@@ -144,7 +147,7 @@ class EnvConfig(BaseConfig):
                 model_access=model_access,
             ),
             python=self.interpreter(),
-            restarts=self.restarts,
+            restarts=restarts,
             pass_env=self.pass_env,
         )
 
@@ -319,7 +322,7 @@ class OrchestratorConfig(BaseConfig):
     advantage: AdvantageConfig = AdvantageConfig()
     envs: list[TrainEnvConfig] = Field(min_length=1)
     """Every env of the run, a list of tables: id, args, train, ratio, name, address, project,
-    python, pool, timeout, restarts, max_retries, sampling, client, pass_env (docs/config.md,
+    python, pool, timeout, max_retries, sampling, client, pass_env (docs/config.md,
     Environment tables). At least one is a train env; an eval table names the env it evaluates."""
     eval: EvalsConfig = EvalsConfig()
     inference: InferenceClientConfig = InferenceClientConfig()
@@ -336,6 +339,10 @@ class OrchestratorConfig(BaseConfig):
     restart and `rl replay` read only the batches from a checkpoint on); `all`: keep every batch."""
     env_ready_timeout_s: float = Field(300.0, gt=0)
     """Seconds for a spawned env server to start, or an external one to answer."""
+    restarts: RestartPolicy = RestartPolicy()
+    """Restarts of each env server this orchestrator spawned (on its address, each with a budget
+    of its own) when it dies; an external `address` is not restarted. Under `rl`, which starts the
+    env servers itself, the run's `restarts`."""
     resume: bool = False
     """Continue from the orchestrator state saved in output_dir."""
     log: LogConfig = LogConfig()

@@ -185,6 +185,7 @@ class Orchestrator:
             sampling=self.config.sampling,
             output_dir=self.output_dir,
             ready_timeout=self.config.env_ready_timeout_s,
+            restarts=self.config.restarts,
             counters=self.counters if split == "train" else Counter(),
         )
 

@@ -100,16 +100,27 @@ def test_an_env_with_its_own_address_gets_no_server_and_keeps_its_address() -> N
     assert run.orchestrator.envs[0].address == "tcp://127.0.0.1:7900"
 
 
-def test_each_env_server_gets_its_envs_spec_pool_timeout_and_restarts() -> None:
+def test_each_env_server_gets_its_envs_spec_pool_timeout_and_the_runs_restarts() -> None:
     envs = (
         '[{"id": "reverse-text", "args": {"max_len": 5}, "pool": {"type": "static", "num_workers": 3},'
-        ' "timeout": {"rollout_s": 12.5}, "restarts": {"max_restarts": 4}}]'
+        ' "timeout": {"rollout_s": 12.5}}]'
     )
-    (server,) = resolve_run(rl_config(("orchestrator.envs", envs))).env_servers
+    run = resolve_run(rl_config(("orchestrator.envs", envs), ("restarts.max-restarts", "4")))
+    (server,) = run.env_servers
     assert (server.config.env.id, server.config.env.args) == ("reverse-text", {"max_len": 5})
     assert server.config.pool.type == "static" and server.config.pool.num_workers == 3
     assert server.config.timeout.rollout_s == 12.5
-    assert server.restarts.max_restarts == 4
+    assert server.restarts.max_restarts == run.orchestrator.restarts.max_restarts == 4
+
+
+def test_an_envs_own_restarts_is_refused_naming_the_runs() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"'orchestrator.envs\[0\].restarts'.*removed: one restart policy: under rl .*top-level `restarts`",
+    ):
+        rl_config(("orchestrator.envs", '[{"id": "reverse-text", "restarts": {"max_restarts": 4}}]'))
+    with pytest.raises(ConfigError, match=r"'orchestrator.restarts' is set by rl from restarts"):
+        resolve_run(rl_config(("orchestrator.restarts.max-restarts", "4")))
 
 
 def test_an_eval_port_block_reaching_the_inference_port_is_an_error_naming_both() -> None:
