@@ -35,8 +35,8 @@ SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "w
 SET_BY_RL = {
     "trainer.resume": "--resume",
     "orchestrator.resume": "--resume",
-    "orchestrator.inference.base_url": "inference.port and inference.replicas",
-    "orchestrator.inference.reload_token_env": "inference.reload.token_env",
+    "orchestrator.inference": "the inference servers it starts (inference.port, replicas, reload.token_env, "
+    "ready_timeout_s)",
     "orchestrator.restarts": "restarts (every env server rl starts follows it)",
     "orchestrator.eval.addresses": "env_server_base_port (eval env i's server binds base + 1000 + i)",
     "log.file": "output_dir (every process logs to <output_dir>/logs/<process>.log)",
@@ -189,6 +189,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     replica_configs(inference)  # a replica port past 65535 is a config error now, not at spawn
     orchestrator.inference.base_url = inference.base_url if inference.replicas == 1 else inference.base_urls
     orchestrator.inference.reload_token_env = inference.reload.token_env
+    orchestrator.inference.ready_timeout_s = inference.ready_timeout_s  # the orchestrator waits as long
 
     servers: list[EnvServerLaunch] = []
     external: list[tuple[str, int, str]] = []

@@ -263,7 +263,7 @@ def _start(
         logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
     what = "inference server" if len(plan.inference) == 1 else f"{len(plan.inference)} inference replicas"
     logger.info(f"starting {what} (vLLM; about a minute on CPU)")
-    deadline = time.monotonic() + run.orchestrator.inference.ready_timeout_s  # before the orchestrator's own
+    deadline = time.monotonic() + run.inference.ready_timeout_s  # before the orchestrator's own
     out, configs = run.trainer.output_dir, run.inference_replicas()
     # vLLM's in-process worker (and all it starts) inherits the affinity, as torchrun's ranks do the trainer's
     spawn_inference = partial(_spawn, cores=cpus.inference if cpus else None)

@@ -268,14 +268,16 @@ class EvalsConfig(BaseConfig):
 
 
 class InferenceClientConfig(BaseConfig):
+    """The orchestrator's client of the inference servers; `rl` sets all of it for the servers it
+    starts (their URLs, reload token and start-up limit; the default retry policy)."""
+
     base_url: ReplicaUrls = "http://127.0.0.1:8000"
     """The envrl inference server (vLLM), without /v1, or a list of replicas serving the same model
     (on this host or others; `rl` sets it from `inference.replicas`). Env servers spread model
     calls across them; each step's weights are loaded on all of them before the step dispatches."""
     ready_timeout_s: float = Field(600.0, gt=0)
-    """Seconds to wait for the servers to answer at start-up. Under `rl` it is also the launcher's
-    limit, counted from the servers' launch (before the orchestrator starts), so it is the run's one
-    inference start-up limit and the launcher's error names this key."""
+    """Seconds to wait for the servers to answer at start-up (`rl` sets it from
+    `inference.ready_timeout_s`, which its launcher counts from the servers' launch)."""
     retry: RetryPolicy = RetryPolicy()
     reload_token_env: str = RELOAD_TOKEN_ENV
     """Environment variable with the servers' `/update_weights` token, sent when set (a server

@@ -42,15 +42,24 @@ def test_a_shared_key_set_inside_a_section_is_an_error_naming_it(key: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("key", "value", "source"),
+    ("key", "value", "owner", "source"),
     [
-        ("orchestrator.inference.base-url", "http://127.0.0.1:9", "inference.port and inference.replicas"),
-        ("trainer.resume", "true", "--resume"),
+        ("orchestrator.inference.base-url", "http://127.0.0.1:9", "orchestrator.inference", "the inference servers"),
+        ("orchestrator.inference.retry.max-retries", "3", "orchestrator.inference", "the inference servers"),
+        ("orchestrator.inference.ready-timeout-s", "3", "orchestrator.inference", r"the inference .*ready_timeout_s\)"),
+        ("trainer.resume", "true", "trainer.resume", "--resume"),
     ],
 )
-def test_a_key_rl_sets_itself_is_refused_naming_where_it_comes_from(key: str, value: str, source: str) -> None:
-    with pytest.raises(ConfigError, match=f"'{key.replace('-', '_')}' is set by rl from {source}"):
+def test_a_key_rl_sets_itself_is_refused_naming_where_it_comes_from(
+    key: str, value: str, owner: str, source: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"'{owner}' is set by rl from {source}"):
         resolve_run(rl_config((key, value)))
+
+
+def test_the_inference_start_up_limit_is_the_inference_sections_and_the_orchestrator_waits_as_long() -> None:
+    run = resolve_run(rl_config(("inference.ready-timeout-s", "42")))
+    assert run.inference.ready_timeout_s == run.orchestrator.inference.ready_timeout_s == 42
 
 
 def test_rl_help_leaves_out_the_keys_rl_sets_itself() -> None:
