@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
-from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
+from envrl.model.client import EvalClientConfig, SamplingArgs, SamplingParams
 from envrl.model.replicas import ReplicaUrls, replica_urls
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.retention import BatchRetention
@@ -83,11 +83,11 @@ class EnvConfig(BaseConfig):
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     sampling: dict[str, Any] = {}
     """Overrides of the orchestrator's `sampling` keys for this env."""
-    client: ClientConfig | None = None
-    """The model this env's rollouts talk to; default: the train client of the run's inference
-    server. A chat client (`type = "eval"`, e.g. a teacher behind an OpenAI API) gives token-less
-    turns, which training back-fills with the student's chat template (their tokens count as
-    on-policy: importance ratio 1)."""
+    client: EvalClientConfig | None = None
+    """A chat model this env's rollouts talk to instead of the run's own (a teacher behind an
+    OpenAI API, say: `base_url`, `model`, `api_key_env`); default: the train client of the run's
+    inference server. Its turns are token-less, which training back-fills with the student's chat
+    template (their tokens count as on-policy: importance ratio 1)."""
 
     renamed_keys: ClassVar[dict[str, str]] = {"reconnect_timeout": "reconnect_timeout_s"}
     removed_keys: ClassVar[dict[str, str]] = {

@@ -190,3 +190,10 @@ def test_an_eval_env_has_no_schedule_of_its_own() -> None:
 def test_max_inflight_defaults_to_the_batches_generation_may_run_ahead() -> None:
     assert resolve(envs=[{"id": "a"}], batch_size=8, group_size=4, max_async_level=2).inflight_limit == 24
     assert resolve(envs=[{"id": "a"}], batch_size=8, group_size=4, max_inflight=5).inflight_limit == 5
+
+
+def test_an_envs_own_client_is_a_chat_client() -> None:
+    teacher = {"base_url": "https://api.example.com/v1", "model": "teacher", "api_key_env": "KEY"}
+    assert resolve(envs=[{"id": "a", "client": teacher}]).envs[0].client.model == "teacher"
+    with pytest.raises(ConfigError, match=r"'envs\[0\].client.type'.*Input should be 'eval'"):
+        resolve(envs=[{"id": "a", "client": {"type": "scripted", "replies": ["x"]}}])
