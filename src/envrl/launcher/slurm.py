@@ -124,9 +124,12 @@ def plan_job(rl: RLConfig, hosts: Sequence[str]) -> JobPlan:
         update = {"address": address, "model_access": access, "curve": server_keys}
         configs[env_server_key(server.split, server.name)] = server.config.model_copy(update=update)
         start(slurm.env_node, command)
-    for env in [*run.orchestrator.envs, *run.orchestrator.eval.env]:
-        if env.address in moved:
-            env.address, env.curve = moved[env.address], client_keys
+    evals = run.orchestrator.eval.addresses
+    for env in run.orchestrator.envs:
+        if env.address in moved or evals.get(env.resolved_name) in moved:
+            env.curve = client_keys
+        env.address = moved.get(env.address, env.address)  # type: ignore[arg-type]
+    run.orchestrator.eval.addresses = {name: moved.get(address, address) for name, address in evals.items()}
 
     run.trainer.weights.host = head  # the memory transport: replicas reach trainer rank 0 there
     configs["trainer"] = run.trainer
