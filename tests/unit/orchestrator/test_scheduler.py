@@ -7,8 +7,8 @@ from pathlib import Path
 
 from envrl.data.seeds import rollout_seed
 from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
-from envrl.model.client import ScriptedClientConfig
-from envrl.orchestrator.config import SamplingParams, TrainEnvConfig
+from envrl.model.client import SamplingParams, ScriptedClientConfig
+from envrl.orchestrator.env_config import TrainEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import PendingGroup
