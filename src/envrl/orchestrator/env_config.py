@@ -78,7 +78,7 @@ class EnvConfig(BaseConfig):
     renamed_keys: ClassVar[dict[str, str]] = {"reconnect_timeout": "reconnect_timeout_s"}
     removed_keys: ClassVar[dict[str, str]] = {
         "restarts": "one restart policy: under rl every env server follows the top-level `restarts` (each "
-        "its own budget); a standalone orchestrator's sidecars follow `orchestrator.restarts`"
+        "its own budget); a standalone orchestrator's follow `orchestrator.restarts`, rl eval's its `restarts`"
     }
 
     @model_validator(mode="after")
@@ -224,7 +224,9 @@ def check_pass_at(env: EvalScoringConfig) -> None:
     """pass@k needs k rollouts per task: every k of `pass_at` within 1..rollouts_per_example."""
     bad = [k for k in env.pass_at if not 1 <= k <= env.rollouts_per_example]
     if bad:
-        name = env.env if isinstance(env, EvalTableConfig) else getattr(env, "resolved_name", "")
+        name = (
+            env.env if isinstance(env, EvalTableConfig) else env.resolved_name if isinstance(env, EvalEnvConfig) else ""
+        )
         raise ValueError(
             f"eval env {name!r}: pass_at {bad} outside 1..rollouts_per_example ({env.rollouts_per_example}); "
             "raise rollouts_per_example or drop those k"
