@@ -68,7 +68,7 @@ def main() -> None:
     results = {}
     for env_id, python in ENVS.items():
         argv = [str(python), "-m", "envrl.serve.main", "--env.id", env_id, "--address", "tcp://127.0.0.1:0",
-                "--pool", '{"type": "static", "num_workers": 1}', "--timeout.scoring_s", "null",
+                "--pool", '{"min_workers": 1, "max_workers": 1}', "--timeout.scoring_s", "null",
                 "--env.args", json.dumps(ARGS.get(env_id, {}))]  # fmt: skip
         child, address = spawn_sidecar(argv, name=f"env server {env_id}", ready_timeout=300)
         try:

@@ -235,7 +235,7 @@ def main() -> None:
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     server_bin = str(Path(sys.executable).parent / "env-server")
-    pools = {"elastic (default)": [], "static, 1 worker": ["--pool", '{"type": "static", "num_workers": 1}']}
+    pools = {"elastic (default)": [], "static, 1 worker": ["--pool", '{"min_workers": 1, "max_workers": 1}']}
     pools = {name: argv for name, argv in pools.items() if name.split()[0].strip(",") in args.pools}
     rows: list[tuple[str, int, dict[str, float]]] = []
     memory: list[str] = []

@@ -300,7 +300,7 @@ def started_server(*args: str, name: str = "fuzzed env-server") -> Iterator[tupl
 
     argv = [
         sys.executable, "-m", "envrl.serve.main", "--env.id", "reverse-text", "--address", "tcp://127.0.0.1:0",
-        "--pool", '{"type": "static", "num_workers": 1}',
+        "--pool", '{"min_workers": 1, "max_workers": 1}',
         "--timeout", '{"rollout_s": 5, "scoring_s": null}',  # scoring in a thread: no fork per rollout
         *args,
     ]  # fmt: skip

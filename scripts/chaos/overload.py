@@ -109,7 +109,7 @@ def overload(seconds: float, workers: int, multiplex: int, stall_timeout: float 
     with tempfile.TemporaryDirectory(prefix="envrl-overload-") as tmp:
         log = Path(tmp) / "env-server.log"
         args = [
-            "--pool", f'{{"type": "static", "num_workers": {workers}, "multiplex": {multiplex}}}',
+            "--pool", f'{{"min_workers": {workers}, "max_workers": {workers}, "multiplex": {multiplex}}}',
             "--max-queued", str(capacity), "--client-send-queue", "4096",
             "--client-stall-timeout-s", str(stall_timeout), "--log.file", str(log),
         ]  # fmt: skip

@@ -71,7 +71,7 @@ def test_openenv_rollouts_from_the_examples_venv_give_exact_token_traces(vllm_se
     client = {"type": "train", "base_url": vllm_server.base_url, "model": vllm_server.model}
     access = json.dumps({"base_urls": [vllm_server.base_url], "tokenizers": [vllm_server.model]})
     with running_env_server(
-        tmp_path, "--model-access", access, "--env.args", '{"turns": 2}', "--pool", '{"type": "static"}',
+        tmp_path, "--model-access", access, "--env.args", '{"turns": 2}', "--pool", '{"min_workers": 1, "max_workers": 1}',
         env_id="openenv-count", python=str(OPENENV_PYTHON), ready_timeout=300,
     ) as server:  # fmt: skip
 
@@ -90,8 +90,13 @@ def test_rl_trains_on_both_adapters(tmp_path: Path) -> None:
     """24 steps of the smoke config on trl-count and openenv-count (in its own venv): each reward rises.
     About 3 minutes on the 2-core CPU machine (the three tests of this module: 226 s, vLLM start included)."""
     envs = [
-        {"id": "trl-count", "ratio": 1, "pool": {"type": "static"}},
-        {"id": "openenv-count", "project": str(OPENENV_PROJECT), "ratio": 1, "pool": {"type": "static"}},
+        {"id": "trl-count", "ratio": 1, "pool": {"min_workers": 1, "max_workers": 1}},
+        {
+            "id": "openenv-count",
+            "project": str(OPENENV_PROJECT),
+            "ratio": 1,
+            "pool": {"min_workers": 1, "max_workers": 1},
+        },
     ]
     overrides = ["--max-steps", "24", "--orchestrator.envs", json.dumps(envs), "--orchestrator.eval.env", "[]"]
     with rl_process(tmp_path, *overrides) as (proc, marker):

@@ -21,7 +21,7 @@ from envrl.orchestrator.env_config import EnvConfig
 from envrl.orchestrator.env_handles import EnvHandle, EnvUnavailable
 from envrl.runtime.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
 from envrl.serve.client import EnvClient
-from envrl.serve.config import EnvServerConfig, EnvSpec, StaticPoolConfig
+from envrl.serve.config import EnvServerConfig, EnvSpec, PoolConfig
 from tests.support.ports import free_port
 
 HERE = Path(__file__).parent
@@ -37,7 +37,7 @@ def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> EnvHandle:
     config = EnvConfig(
         id="bad_envs:load_environment",
         args={"sleep": 2.0},
-        pool=StaticPoolConfig(num_workers=1),
+        pool=PoolConfig(min_workers=1, max_workers=1),
         reconnect_timeout_s=60,
     )
     return EnvHandle(
@@ -135,7 +135,7 @@ def test_a_sidecar_restart_that_cannot_start_uses_a_restart_and_the_next_one_suc
 def test_the_launcher_restarts_a_dead_env_server_on_its_address_until_its_budget_is_spent(tmp_path: Path) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     server = EnvServerConfig(
-        env=EnvSpec(id="bad_envs:load_environment"), address=address, pool=StaticPoolConfig(num_workers=1)
+        env=EnvSpec(id="bad_envs:load_environment"), address=address, pool=PoolConfig(min_workers=1, max_workers=1)
     )
     argv = [sys.executable, "-m", "envrl.serve.main", *config_argv(server)]
     start = partial(spawn_sidecar, argv, name="train env server 'bad'", log_file=tmp_path / "bad.log")

@@ -35,7 +35,7 @@ from tests.integration.env_servers import (
     wait_until,
 )
 
-POOL = '{"type": "static", "num_workers": 2, "multiplex": 4}'
+POOL = '{"min_workers": 2, "max_workers": 2, "multiplex": 4}'
 CAPACITY, MAX_QUEUED = 8, 4
 
 

@@ -67,7 +67,7 @@ def test_a_binding_in_use_is_never_dropped_and_a_dropped_one_is_unknown_model(
     worker builds that client); then bind until the registry is full: the idle scripted binding
     is dropped (and closed in its worker), the slow one, in use, is not, and its rollout finishes."""
     access = json.dumps({"base_urls": [slow_model_server], "tokenizers": [str(DEFAULT_DIR)]})
-    args = ["--pool", '{"type": "static", "num_workers": 1, "multiplex": 64}', "--model-access", access]
+    args = ["--pool", '{"min_workers": 1, "max_workers": 1, "multiplex": 64}', "--model-access", access]
     slow = {"type": "train", "base_url": slow_model_server, "model": str(DEFAULT_DIR), "retry": {"max_retries": 0}}
     with running_env_server(tmp_path, *args, env_id="reverse-text") as server:
         dealer = zmq.Context.instance().socket(zmq.DEALER)

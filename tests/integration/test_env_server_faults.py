@@ -38,7 +38,7 @@ NO_RETRY = {"max_retries": 0, "timeout_s": 5.0}
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     tmp = tmp_path_factory.mktemp("faults")
     access = f'{{"base_urls": ["{ALLOWED_URL}"], "api_key_envs": ["ENVRL_TEST_ALLOWED_KEY"]}}'
-    args = ["--address", f"ipc://{tmp}/env.sock", "--pool", '{"type": "static", "num_workers": 1, "multiplex": 64}',
+    args = ["--address", f"ipc://{tmp}/env.sock", "--pool", '{"min_workers": 1, "max_workers": 1, "multiplex": 64}',
             "--timeout", '{"rollout_s": 20, "kill_grace_s": 30}', "--env.args", '{"sleep": 0.5}',
             "--client-send-queue", "4096", "--client-stall-timeout-s", "1", "--model-access", access]  # fmt: skip
     with running_env_server(tmp, *args) as running:
@@ -170,7 +170,7 @@ def test_a_client_that_reads_gets_every_answer_past_the_send_queue(server: Runni
 def test_workers_killed_from_outside_before_ready_are_replaced_and_the_server_keeps_serving(tmp_path: Path) -> None:
     """Six replacement workers in a row SIGKILLed as soon as they appear (start-up takes far longer
     than the 50 ms poll): none is a start-up failure (3 in a row would stop the server)."""
-    with running_env_server(tmp_path, "--pool", '{"type": "static", "num_workers": 1}') as server:
+    with running_env_server(tmp_path, "--pool", '{"min_workers": 1, "max_workers": 1}') as server:
         known = set(server.workers())
         os.kill(next(iter(known)), signal.SIGKILL)
         for _ in range(6):

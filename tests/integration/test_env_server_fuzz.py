@@ -27,7 +27,7 @@ def fuzz_module() -> ModuleType:
 
 def test_twenty_thousand_fuzzed_frames_each_get_one_answer_and_the_server_still_serves(tmp_path: Path) -> None:
     fuzz = fuzz_module()
-    args = ["--pool", '{"type": "static", "num_workers": 1}', "--max-frame-bytes", str(MAX_FRAME_BYTES),
+    args = ["--pool", '{"min_workers": 1, "max_workers": 1}', "--max-frame-bytes", str(MAX_FRAME_BYTES),
             "--timeout", '{"rollout_s": 5, "scoring_s": null}']  # fmt: skip
     with running_env_server(tmp_path, *args, env_id="reverse-text") as server:
         report = fuzz.fuzz(server.address, 20_000, seed=1, max_frame_bytes=MAX_FRAME_BYTES)

@@ -95,7 +95,7 @@ def test_only_the_servers_own_workers_can_answer_on_its_worker_socket(tmp_path: 
     """A process on the node reads the worker socket's path from a worker's command line and
     answers a running rollout with a forged reward, then says `ready` under a made-up name.
     Before: the forged answer reached the client, and the `ready` crashed the server."""
-    args = ["--pool", '{"type": "static", "num_workers": 1}', "--env.args", '{"sleep": 1.0}']
+    args = ["--pool", '{"min_workers": 1, "max_workers": 1}', "--env.args", '{"sleep": 1.0}']
     with running_env_server(tmp_path, *args) as server:
         [worker] = server.workers()
         cmdline = Path(f"/proc/{worker}/cmdline").read_bytes().decode().split("\0")
@@ -137,7 +137,7 @@ def test_unanswered_requests_are_bounded_by_bytes_per_client_and_in_total(tmp_pa
     model = "m" * 16  # a bound model's id is 16 characters
     params = p.RunParams.model_validate({"task_idx": SLEEP_TASK, "model": model, "sampling": SAMPLING})
     size = len(p.encode_work(f"r00{pad}", params))
-    args = ["--pool", '{"type": "static", "num_workers": 1}', "--env.args", '{"sleep": 30.0}',
+    args = ["--pool", '{"min_workers": 1, "max_workers": 1}', "--env.args", '{"sleep": 30.0}',
             "--max-client-bytes", str(4 * size), "--max-pending-bytes", str(6 * size)]  # fmt: skip
     with running_env_server(tmp_path, *args) as server:
         model = bind(server.address)
@@ -168,7 +168,7 @@ def test_unanswered_requests_are_bounded_by_bytes_per_client_and_in_total(tmp_pa
 def test_a_departed_clients_requests_are_cancelled(tmp_path: Path) -> None:
     """A client sends a hanging rollout, a sleeping one and four more hanging ones (queued), then
     closes its connection. Before: the server ran them all for nobody, holding their frames."""
-    args = ["--pool", '{"type": "static", "num_workers": 1, "multiplex": 2}', "--env.args", '{"sleep": 1.0}']
+    args = ["--pool", '{"min_workers": 1, "max_workers": 1, "multiplex": 2}', "--env.args", '{"sleep": 1.0}']
     with running_env_server(tmp_path, *args) as server:
         model = bind(server.address)
         context = zmq.Context.instance()

@@ -32,7 +32,7 @@ from tests.integration.env_servers import (
 
 def test_sigterm_drains_in_flight_rollouts_then_exits_0_quietly(tmp_path: Path) -> None:
     with running_env_server(
-        tmp_path, "--pool", '{"type": "static", "num_workers": 1}', "--env.args", '{"sleep": 1.0}'
+        tmp_path, "--pool", '{"min_workers": 1, "max_workers": 1}', "--env.args", '{"sleep": 1.0}'
     ) as server:
         workers = server.workers()
 
@@ -127,7 +127,7 @@ def test_the_orchestrators_env_config_carries_curve_keys_to_an_external_server(t
 
 
 def test_elastic_pool_grows_under_load_and_retires_idle_workers(tmp_path: Path) -> None:
-    pool = '{"type": "elastic", "min_workers": 1, "max_workers": 2, "multiplex": 2, "idle_timeout_s": 1}'
+    pool = '{"min_workers": 1, "max_workers": 2, "multiplex": 2, "idle_timeout_s": 1}'
     with running_env_server(tmp_path, "--pool", pool, "--env.args", '{"sleep": 1.5}') as server:
 
         async def go() -> None:

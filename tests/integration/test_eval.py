@@ -20,7 +20,7 @@ import pytest
 from envrl.orchestrator.jsonl import parse_trace_line
 from tests.support.ports import free_port
 
-ONE_WORKER = ["--env.pool", '{"type": "static", "num_workers": 1}']
+ONE_WORKER = ["--env.pool", '{"min_workers": 1, "max_workers": 1}']
 """One worker per env server: scripted replies then come in call order, and start-up stays cheap."""
 
 

@@ -24,7 +24,7 @@ PROJECT = ROOT / "deps" / "envs" / "openenv-count"
 PYTHON = PROJECT / ".venv" / "bin" / "python"
 MAX_CONCURRENT_ENVS = 8  # openenv_count.server.MAX_CONCURRENT_ENVS
 DIGITS = {"type": "scripted", "replies": ["12 13 14"]}
-POOL = '{"type": "static", "num_workers": 1, "multiplex": 64}'
+POOL = '{"min_workers": 1, "max_workers": 1, "multiplex": 64}'
 
 pytestmark = pytest.mark.skipif(
     not PYTHON.exists(), reason=f"the example's venv is missing: uv sync --project {PROJECT} --locked"

@@ -28,11 +28,11 @@ from envrl.orchestrator.env_config import EvalTableConfig, TrainEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.lifeline import PARENT_PID_ENV
-from envrl.serve.config import StaticPoolConfig
+from envrl.serve.config import PoolConfig
 from envrl.telemetry.metrics import WandbConfig
 
 HERE = Path(__file__).parent
-POOL = StaticPoolConfig(num_workers=1)
+POOL = PoolConfig(min_workers=1, max_workers=1)
 
 
 def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> OrchestratorConfig:

@@ -72,7 +72,7 @@ SLOW_MODEL = {"type": "scripted", "replies": [_call("print(1)"), "```python\npri
 
 
 def test_the_env_server_serves_sandboxed_rollouts_and_sigkills_leave_no_sandbox(tmp_path: Path) -> None:
-    pool = '{"type": "static", "num_workers": 1}'
+    pool = '{"min_workers": 1, "max_workers": 1}'
     with running_env_server(tmp_path, "--pool", pool, env_id="code-exec", ready_timeout=120) as server:
 
         async def go() -> None:

@@ -31,7 +31,7 @@ DEAD = "http://127.0.0.1:9"
 ACCESS = ("--model-access", json.dumps({"tokenizers": [TOKENIZER], "base_urls": [DEAD]}))
 """Scripted clients with the tiny model's tokenizer may run; no model server is reachable."""
 TIMEOUT = 300.0
-ONE_WORKER = ("--pool", '{"type": "static", "num_workers": 1}')
+ONE_WORKER = ("--pool", '{"min_workers": 1, "max_workers": 1}')
 """Importing verifiers costs ~8 s of CPU per process: one worker is enough for a few rollouts."""
 
 

@@ -20,7 +20,6 @@ from envrl.runtime.net import is_loopback
 from envrl.runtime.process import RestartPolicy
 from envrl.serve.config import (
     CurveClientConfig,
-    ElasticPoolConfig,
     EnvServerConfig,
     EnvSpec,
     EnvTimeoutConfig,
@@ -54,7 +53,7 @@ class EnvConfig(BaseConfig):
     insecure: bool = False
     """Connect to a non-loopback `address` without CURVE (plain TCP: anyone on the path reads and
     injects rollouts); only for networks you trust."""
-    pool: PoolConfig = ElasticPoolConfig()
+    pool: PoolConfig = PoolConfig()
     """Worker pool of a spawned sidecar server."""
     max_retries: int = Field(2, ge=0)
     """Re-runs of a rollout that came back with an error before it counts as failed."""

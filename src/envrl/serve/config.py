@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from envrl.config import BaseConfig
 from envrl.model.client import ClientConfig, EvalClientConfig, TrainClientConfig
@@ -21,28 +21,10 @@ from envrl.serve.zmqio import MAX_BATCH
 from envrl.telemetry.log import LogConfig
 
 
-class StaticPoolConfig(BaseConfig):
-    """A fixed number of worker processes, started before the server reports ready."""
+class PoolConfig(BaseConfig):
+    """Between `min_workers` and `max_workers` processes: grows under load, retires idle workers.
+    A fixed pool is `min_workers = max_workers`: it starts that many and never grows or shrinks."""
 
-    type: Literal["static"] = "static"
-    num_workers: int = Field(1, ge=1)
-    """Worker processes, each running up to `multiplex` rollouts at once on its event loop."""
-    multiplex: int = Field(256, ge=1)
-    """Rollouts one worker runs concurrently (they mostly wait on the model server)."""
-
-    @property
-    def max_workers(self) -> int:
-        return self.num_workers
-
-    @property
-    def min_workers(self) -> int:
-        return self.num_workers
-
-
-class ElasticPoolConfig(BaseConfig):
-    """Between `min_workers` and `max_workers` processes: grows under load, retires idle workers."""
-
-    type: Literal["elastic"] = "elastic"
     min_workers: int = Field(1, ge=1)
     """Workers kept even when idle (started before the server reports ready)."""
     max_workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
@@ -56,21 +38,25 @@ class ElasticPoolConfig(BaseConfig):
 
     renamed_keys: ClassVar[dict[str, str]] = {"idle_timeout": "idle_timeout_s"}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_pool_type(cls, data: Any) -> Any:
+        """The two former pool shapes' keys, refused with the keys that say the same (the value given
+        included, which a `removed_keys` message could not name)."""
+        if not isinstance(data, dict) or not {"type", "num_workers"} & data.keys():
+            return data
+        keys = [f"{key} = {data[key]!r}" for key in ("type", "num_workers") if key in data]
+        given = f"{' and '.join(keys)} {'were' if len(keys) > 1 else 'was'} removed (one pool shape)"
+        if data.get("type", "static") == "static":
+            workers = data.get("num_workers", 1)
+            raise ValueError(f"{given}: set min_workers = max_workers = {workers}")
+        raise ValueError(f"{given}: drop it; every pool grows from min_workers to max_workers")
+
     @model_validator(mode="after")
-    def _min_below_max(self) -> ElasticPoolConfig:
+    def _min_below_max(self) -> PoolConfig:
         if self.min_workers > self.max_workers:
             raise ValueError(f"min_workers ({self.min_workers}) is above max_workers ({self.max_workers})")
         return self
-
-
-def _pool_type(value: Any) -> str | None:
-    """The pool variant; a pool table without `type` is elastic, the default."""
-    return value.get("type", "elastic") if isinstance(value, dict) else getattr(value, "type", None)
-
-
-PoolConfig = Annotated[
-    Annotated[StaticPoolConfig, Tag("static")] | Annotated[ElasticPoolConfig, Tag("elastic")], Discriminator(_pool_type)
-]
 
 
 class EnvTimeoutConfig(BaseConfig):
@@ -214,8 +200,8 @@ class EnvServerConfig(BaseConfig):
     env: EnvSpec
     address: str = "tcp://127.0.0.1:5000"
     """ZMQ address to bind; port 0 binds a free port, reported on stdout (and to a sidecar parent)."""
-    pool: PoolConfig = ElasticPoolConfig()
-    """Worker processes: {type = "static", num_workers, multiplex} or {type = "elastic", min_workers, max_workers, multiplex, ...}."""
+    pool: PoolConfig = PoolConfig()
+    """Worker processes: {min_workers, max_workers, multiplex, idle_timeout_s, grow_at}."""
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     max_queued: int = Field(4096, ge=0)
     """Requests that may wait for a free worker slot; beyond, requests get an `at_capacity` error."""

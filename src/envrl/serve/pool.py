@@ -3,7 +3,7 @@ when to grow or shrink.
 
 Guarantee: the pool never holds more than `max_workers` live workers, keeps `min_workers` alive
 (`scale` replaces the dead), never gives a worker more than `multiplex` requests, and retires only
-idle workers. It holds no processes and no sockets: the server starts a process for each worker
+idle workers; with `min_workers = max_workers` it starts that many and never grows or shrinks. It holds no processes and no sockets: the server starts a process for each worker
 `scale` adds (`WorkerProcesses`) and sends the ops the pool decides on, so a test can drive every
 decision here without spawning anything.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from envrl.serve.config import ElasticPoolConfig, StaticPoolConfig
+from envrl.serve.config import PoolConfig
 
 MAX_STARTUP_FAILURES = 3
 """Workers in a row that fail before ready: then the pool gives up (a broken env, not bad luck)."""
@@ -58,7 +58,7 @@ class ScalePlan:
 
 
 class WorkerPool:
-    def __init__(self, config: StaticPoolConfig | ElasticPoolConfig) -> None:
+    def __init__(self, config: PoolConfig) -> None:
         self.config = config
         self.workers: dict[int, WorkerHandle] = {}
         self.startup_failures = 0
@@ -159,13 +159,11 @@ class WorkerPool:
         return ScalePlan(started, retired)
 
     def _wanted(self, demand: int) -> int:
-        if not isinstance(self.config, ElasticPoolConfig):
-            return self.config.min_workers
-        return max(self.config.min_workers, math.ceil(demand / self._per_worker(self.config)))
+        return max(self.config.min_workers, math.ceil(demand / self._per_worker()))
 
     def _retire_idle(self, live: list[WorkerHandle], wanted: int, now: float) -> list[WorkerHandle]:
         """Mark retiring the workers above `wanted` that have been idle past `idle_timeout_s`."""
-        if not isinstance(self.config, ElasticPoolConfig) or len(live) <= wanted:
+        if len(live) <= wanted:
             return []
         timeout = self.config.idle_timeout_s
         idle = [w for w in live if w.ready and not w.load and now - w.idle_since > timeout]
@@ -176,12 +174,11 @@ class WorkerPool:
         return retired
 
     def _set_grow_above(self, live: int) -> None:
-        if isinstance(self.config, ElasticPoolConfig) and live < self.config.max_workers:
-            self.grow_above = live * self._per_worker(self.config)
+        if live < self.config.max_workers:
+            self.grow_above = live * self._per_worker()
         else:
             self.grow_above = math.inf
 
-    @staticmethod
-    def _per_worker(config: ElasticPoolConfig) -> float:
+    def _per_worker(self) -> float:
         """Requests per live worker above which the pool grows."""
-        return config.grow_at * config.multiplex
+        return self.config.grow_at * self.config.multiplex

@@ -111,13 +111,13 @@ def test_an_env_with_its_own_address_gets_no_server_and_keeps_its_address() -> N
 
 def test_each_env_server_gets_its_envs_spec_pool_timeout_and_the_runs_restarts() -> None:
     envs = (
-        '[{"id": "reverse-text", "args": {"max_len": 5}, "pool": {"type": "static", "num_workers": 3},'
+        '[{"id": "reverse-text", "args": {"max_len": 5}, "pool": {"min_workers": 3, "max_workers": 3},'
         ' "timeout": {"rollout_s": 12.5}}]'
     )
     run = resolve_run(rl_config(("orchestrator.envs", envs), ("restarts.max-restarts", "4")))
     (server,) = run.env_servers
     assert (server.config.env.id, server.config.env.args) == ("reverse-text", {"max_len": 5})
-    assert server.config.pool.type == "static" and server.config.pool.num_workers == 3
+    assert server.config.pool.min_workers == server.config.pool.max_workers == 3
     assert server.config.timeout.rollout_s == 12.5
     assert server.restarts.max_restarts == run.orchestrator.restarts.max_restarts == 4
 

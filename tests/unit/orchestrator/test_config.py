@@ -6,7 +6,6 @@ from pydantic import ValidationError
 from envrl.config import ConfigError, resolve_config
 from envrl.model.client import TrainClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.serve.config import StaticPoolConfig
 
 
 def resolve(**overrides: object) -> OrchestratorConfig:
@@ -32,11 +31,11 @@ def test_duplicate_addresses_are_an_error() -> None:
 
 def test_worker_count_belongs_to_the_pool_table() -> None:
     with pytest.raises(
-        ConfigError, match=r"unknown config key 'envs\[0\]\.num_workers'.*did you mean 'envs\[0\]\.pool\.num_workers'"
+        ConfigError, match=r"unknown config key 'envs\[0\]\.max_workers'.*did you mean 'envs\[0\]\.pool\.max_workers'"
     ):
-        resolve(envs=[{"id": "a", "num_workers": 3}])
-    config = resolve(envs=[{"id": "a", "pool": {"type": "static", "num_workers": 3}}])
-    assert isinstance(config.envs[0].pool, StaticPoolConfig) and config.envs[0].pool.num_workers == 3
+        resolve(envs=[{"id": "a", "max_workers": 3}])
+    config = resolve(envs=[{"id": "a", "pool": {"min_workers": 3, "max_workers": 3}}])
+    assert config.envs[0].pool.min_workers == config.envs[0].pool.max_workers == 3
 
 
 def test_batch_must_hold_whole_groups() -> None:
@@ -125,7 +124,7 @@ def test_an_eval_env_is_its_declared_envs_server_keys_with_its_own_scoring_and_s
         "id": "learnable",
         "args": {"num_eval": 8},
         "ratio": 2.0,
-        "pool": {"type": "static", "num_workers": 1},
+        "pool": {"min_workers": 1, "max_workers": 1},
         "sampling": {"temperature": 0.7, "top_p": 0.9},
     }
     table = {"env": "learnable", "num_examples": 4, "sampling": {"temperature": 0.0}}
@@ -133,7 +132,7 @@ def test_an_eval_env_is_its_declared_envs_server_keys_with_its_own_scoring_and_s
     (env,) = config.eval_envs()
     assert (env.name, env.id, env.args, env.num_examples) == ("learnable", "learnable", {"num_eval": 8}, 4)
     assert env.sampling == {"temperature": 0.0, "top_p": 0.9}
-    assert isinstance(env.pool, StaticPoolConfig) and "ratio" not in type(env).model_fields
+    assert env.pool.max_workers == 1 and "ratio" not in type(env).model_fields
 
 
 def test_an_eval_only_env_is_declared_with_train_false_and_never_trained_on() -> None:

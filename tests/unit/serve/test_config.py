@@ -9,7 +9,7 @@ import zmq.auth
 from envrl.config import ConfigError, _split_argv, resolve_config
 from envrl.runtime.net import is_loopback
 from envrl.runtime.process import config_argv
-from envrl.serve.config import ElasticPoolConfig, EnvServerConfig, StaticPoolConfig, load_secret_certificate
+from envrl.serve.config import EnvServerConfig, PoolConfig, load_secret_certificate
 
 
 @pytest.mark.parametrize(
@@ -30,12 +30,28 @@ def test_loopback_addresses_are_recognised(address: str, loopback: bool) -> None
     assert is_loopback(address) is loopback
 
 
-def test_default_pool_is_elastic_and_static_is_chosen_by_type() -> None:
-    assert isinstance(EnvServerConfig(env={"id": "x"}).pool, ElasticPoolConfig)
+def test_default_pool_grows_from_one_worker_and_a_fixed_pool_is_min_equal_to_max() -> None:
+    assert EnvServerConfig(env={"id": "x"}).pool.min_workers == 1
     config = resolve_config(
-        EnvServerConfig, overrides=[("env.id", "x"), ("pool.type", "static"), ("pool.num-workers", "3")]
+        EnvServerConfig, overrides=[("env.id", "x"), ("pool.min-workers", "3"), ("pool.max-workers", "3")]
     )
-    assert isinstance(config.pool, StaticPoolConfig) and config.pool.max_workers == 3
+    assert config.pool.min_workers == config.pool.max_workers == 3
+
+
+@pytest.mark.parametrize(
+    ("pool", "fix"),
+    [
+        ({"type": "static", "num_workers": 4}, "type = 'static' and num_workers = 4 were removed (one pool shape): "
+         "set min_workers = max_workers = 4"),
+        ({"num_workers": 2}, "num_workers = 2 was removed (one pool shape): set min_workers = max_workers = 2"),
+        ({"type": "static"}, "set min_workers = max_workers = 1"),
+        ({"type": "elastic", "max_workers": 3}, "type = 'elastic' was removed (one pool shape): drop it"),
+    ],
+)  # fmt: skip
+def test_the_former_pool_types_keys_are_refused_naming_the_keys_that_replace_them(pool: dict, fix: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        resolve_config(EnvServerConfig, base={"env": {"id": "x"}, "pool": pool})
+    assert "'pool'" in str(error.value) and fix in str(error.value)
 
 
 def test_exposed_address_needs_curve_keys_or_insecure() -> None:
@@ -56,7 +72,7 @@ def test_config_argv_rebuilds_the_same_config_in_a_child() -> None:
     config = EnvServerConfig(
         env={"id": "pkg.mod:load", "args": {"n": 3, "name": "a b"}},
         address="tcp://127.0.0.1:0",
-        pool=StaticPoolConfig(num_workers=2, multiplex=8),
+        pool=PoolConfig(min_workers=2, max_workers=2, multiplex=8),
         timeout={"rollout_s": None, "scoring_s": 5},
         log={"file": "/tmp/x.log"},
     )

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 import signal
 
-from envrl.serve.config import ElasticPoolConfig, StaticPoolConfig
+from envrl.serve.config import PoolConfig
 from envrl.serve.pool import MAX_STARTUP_FAILURES, WorkerHandle, WorkerPool
 
 
-def ready_pool(config: StaticPoolConfig | ElasticPoolConfig, now: float = 0.0) -> WorkerPool:
+def ready_pool(config: PoolConfig, now: float = 0.0) -> WorkerPool:
     """A pool scaled once for no demand, every worker it started ready."""
     pool = WorkerPool(config)
     for worker in pool.scale(0, now).started:
@@ -29,26 +29,30 @@ def load(pool: WorkerPool, requests: int) -> list[WorkerHandle]:
     return picked
 
 
-def elastic(**fields: float) -> ElasticPoolConfig:
-    return ElasticPoolConfig.model_validate({"min_workers": 1, "max_workers": 4, "multiplex": 4, **fields})
+def elastic(**fields: float) -> PoolConfig:
+    return PoolConfig.model_validate({"min_workers": 1, "max_workers": 4, "multiplex": 4, **fields})
 
 
-def test_a_static_pool_starts_num_workers_and_no_more_under_any_demand() -> None:
-    pool = WorkerPool(StaticPoolConfig(num_workers=3, multiplex=2))
-    assert [w.id for w in pool.scale(1000, 0.0).started] == [0, 1, 2]
+def test_a_fixed_pool_starts_its_workers_and_never_grows_or_shrinks() -> None:
+    pool = WorkerPool(PoolConfig(min_workers=3, max_workers=3, multiplex=2, idle_timeout_s=1.0))
+    assert [w.id for w in pool.scale(0, 0.0).started] == [0, 1, 2] and pool.grow_above == math.inf
+    for worker in pool.workers.values():
+        pool.mark_ready(worker)
+        worker.idle_since = 0.0
     assert pool.scale(1000, 0.0).started == [] and pool.grow_above == math.inf
+    assert pool.scale(0, 100.0).retired == [] and len(pool.live) == 3  # idle past idle_timeout_s: kept
     assert pool.capacity == 6
 
 
 def test_pick_chooses_the_least_loaded_ready_worker_and_none_when_all_slots_are_full() -> None:
-    pool = ready_pool(StaticPoolConfig(num_workers=2, multiplex=2))
+    pool = ready_pool(PoolConfig(min_workers=2, max_workers=2, multiplex=2))
     picked = load(pool, 4)
     assert sorted(w.id for w in picked[:2]) == [0, 1]  # spread before doubling up
     assert pool.pick() is None and pool.in_flight == 4
 
 
 def test_pick_skips_workers_that_are_starting_or_retiring() -> None:
-    pool = WorkerPool(StaticPoolConfig(num_workers=2, multiplex=2))
+    pool = WorkerPool(PoolConfig(min_workers=2, max_workers=2, multiplex=2))
     first, second = pool.scale(0, 0.0).started
     assert pool.pick() is None  # none ready yet
     pool.mark_ready(second)
@@ -58,7 +62,7 @@ def test_pick_skips_workers_that_are_starting_or_retiring() -> None:
 
 
 def test_release_frees_a_slot_and_ignores_unknown_workers_and_tokens() -> None:
-    pool = ready_pool(StaticPoolConfig(num_workers=1, multiplex=1))
+    pool = ready_pool(PoolConfig(min_workers=1, max_workers=1, multiplex=1))
     (worker,) = load(pool, 1)
     pool.release(None, 0)  # a request answered while queued
     pool.release(99, 0)  # its worker already gone
@@ -102,7 +106,7 @@ def test_retiring_keeps_min_workers_even_when_all_are_idle() -> None:
 
 
 def test_a_dead_worker_is_replaced_at_the_next_scale() -> None:
-    pool = ready_pool(StaticPoolConfig(num_workers=2, multiplex=1))
+    pool = ready_pool(PoolConfig(min_workers=2, max_workers=2, multiplex=1))
     dead = pool.remove(0, -signal.SIGKILL)
     assert dead.id == 0 and list(pool.workers) == [1]
     assert [w.id for w in pool.scale(0, 0.0).started] == [2]  # ids are never reused
@@ -120,7 +124,7 @@ def test_a_retired_worker_leaving_is_not_a_failure_and_is_not_replaced_beyond_mi
 
 
 def test_start_up_failures_in_a_row_break_the_pool_and_a_ready_worker_resets_the_count() -> None:
-    pool = WorkerPool(StaticPoolConfig(num_workers=1))
+    pool = WorkerPool(PoolConfig(min_workers=1, max_workers=1))
     for _ in range(MAX_STARTUP_FAILURES - 1):
         (worker,) = pool.scale(0, 0.0).started
         pool.remove(worker.id, 1)
@@ -137,7 +141,7 @@ def test_start_up_failures_in_a_row_break_the_pool_and_a_ready_worker_resets_the
 
 
 def test_kills_from_outside_before_ready_do_not_count_as_start_up_failures() -> None:
-    pool = WorkerPool(StaticPoolConfig(num_workers=1))
+    pool = WorkerPool(PoolConfig(min_workers=1, max_workers=1))
     for code in [-signal.SIGKILL, -signal.SIGTERM] * MAX_STARTUP_FAILURES:
         (worker,) = pool.scale(0, 0.0).started
         pool.remove(worker.id, code)
