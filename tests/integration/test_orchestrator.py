@@ -203,7 +203,7 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
 
 
 def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: Path, vllm_server) -> None:
-    """`client = {type = "eval"}` on an env: token-less turns, back-filled with the student's template."""
+    """A chat `client` on an env: token-less turns, back-filled with the student's template."""
     chat = EvalClientConfig(base_url=f"{vllm_server.base_url}/v1", model=vllm_server.model)
     env = TrainEnvConfig(id="reverse-text", pool=POOL, client=chat)
     config = orchestrator_config(tmp_path, vllm_server, max_steps=1, batch_size=4, envs=[env], eval=EvalsConfig())

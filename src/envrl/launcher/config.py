@@ -213,7 +213,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
             if split == "eval":
                 orchestrator.eval.addresses[env.resolved_name] = env.address
             # An env with its own client (a chat teacher, say) may use that client and nothing else.
-            allowed = access if env.client is None else ModelAccessConfig.for_client(env.client)
+            allowed = access if env.own_client is None else ModelAccessConfig.for_client(env.own_client)
             servers.append(env.server_launch(split, env.address, allowed, orchestrator.restarts))
     run = ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
     _check_no_shared_port([*run.spawned_ports(), *external])

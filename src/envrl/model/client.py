@@ -107,10 +107,10 @@ class TrainClientConfig(_Plain):
         return replica_urls(self.base_url)
 
 
-class EvalClientConfig(_Plain):
-    """Plain OpenAI chat completions against any compatible server."""
+class ChatClientConfig(_Plain):
+    """Plain OpenAI chat completions against any compatible server: an env table's `client` (the
+    only kind an env may name, so without a `type`); bound to a server as an `EvalClientConfig`."""
 
-    type: Literal["eval"] = "eval"
     base_url: str
     """API root including the version, e.g. http://127.0.0.1:8000/v1 or https://api.openai.com/v1."""
     model: str
@@ -121,6 +121,18 @@ class EvalClientConfig(_Plain):
     extra_body: dict[str, Any] = {}
     """Extra request fields, passed as-is."""
     retry: RetryPolicy = RetryPolicy()
+
+
+class EvalClientConfig(ChatClientConfig):
+    """A chat client where a model client may be of any kind (`rl eval --client`, an env server's
+    bind): the same keys, picked by `type = "eval"`."""
+
+    type: Literal["eval"] = "eval"
+
+    @classmethod
+    def of(cls, chat: ChatClientConfig) -> EvalClientConfig:
+        """`chat` as a client of any kind (what an env server binds)."""
+        return cls.model_validate({**chat.model_dump(), "type": "eval"})
 
 
 class ScriptedClientConfig(_Plain):

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from envrl.config import BaseConfig, ConfigError
-from envrl.model.client import EvalClientConfig, SamplingArgs, SamplingParams
+from envrl.model.client import ChatClientConfig, EvalClientConfig, SamplingArgs, SamplingParams
 from envrl.runtime.net import is_loopback
 from envrl.runtime.process import RestartPolicy
 from envrl.serve.config import (
@@ -68,7 +68,7 @@ class EnvConfig(BaseConfig):
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     sampling: dict[str, Any] = {}
     """Overrides of the orchestrator's `sampling` keys for this env."""
-    client: EvalClientConfig | None = None
+    client: ChatClientConfig | None = None
     """A chat model this env's rollouts talk to instead of the run's own (a teacher behind an
     OpenAI API, say: `base_url`, `model`, `api_key_env`); default: the train client of the run's
     inference server. Its turns are token-less, which training back-fills with the student's chat
@@ -79,6 +79,16 @@ class EnvConfig(BaseConfig):
         "restarts": "one restart policy: under rl every env server follows the top-level `restarts` (each "
         "its own budget); a standalone orchestrator's follow `orchestrator.restarts`, rl eval's its `restarts`"
     }
+
+    @field_validator("client", mode="before")
+    @classmethod
+    def _client_has_no_type(cls, client: Any) -> Any:
+        if isinstance(client, dict) and "type" in client:
+            raise ValueError(
+                f"type = {client['type']!r} was removed: an env's own client is a chat client (an OpenAI-compatible "
+                "API: base_url, model, api_key_env, ...), so drop `type`; leave `client` out to use the run's own server"
+            )
+        return client
 
     @model_validator(mode="after")
     def _remote_needs_curve(self) -> EnvConfig:
@@ -98,6 +108,11 @@ class EnvConfig(BaseConfig):
     @property
     def resolved_name(self) -> str:
         return self.name or self.id
+
+    @property
+    def own_client(self) -> EvalClientConfig | None:
+        """`client` as its env server binds it (a model client of kind `eval`); None: the run's own."""
+        return None if self.client is None else EvalClientConfig.of(self.client)
 
     def interpreter(self) -> str:
         """The python a spawned server of this env runs in; a `ConfigError` saying how to create it if it is missing."""

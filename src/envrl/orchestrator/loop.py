@@ -134,7 +134,7 @@ class Orchestrator:
     def _make_env(self, env_config: C, split: Split) -> EnvHandle[C]:
         model = self.config.model.name
         tokenizer = str(Path(model).resolve()) if Path(model).exists() else model
-        client = env_config.client or TrainClientConfig(
+        client = env_config.own_client or TrainClientConfig(
             base_url=self.config.inference.base_url, model=model, tokenizer=tokenizer, retry=self.config.inference.retry
         )
         return EnvHandle(

@@ -157,3 +157,16 @@ def test_weights_of_every_checkpoint_are_kept_unless_the_user_says_otherwise() -
     assert run.orchestrator.keep_weights_every == 7
     run = resolve_run(rl_config(("trainer.ckpt.interval", "7"), ("orchestrator.keep-weights-every", "0")))
     assert run.orchestrator.keep_weights_every == 0
+
+
+def test_an_env_with_its_own_chat_client_gets_a_server_that_allows_that_client_only() -> None:
+    teacher = '{"base_url": "https://api.example.com/v1", "model": "teacher", "api_key_env": "TEACHER_KEY"}'
+    run = resolve_run(rl_config(("orchestrator.envs", f'[{{"id": "reverse-text", "client": {teacher}}}]')))
+    (server,) = run.env_servers
+    access = server.config.model_access
+    assert (access.base_urls, access.api_key_envs, access.tokenizers) == (
+        ["https://api.example.com/v1"],
+        ["TEACHER_KEY"],
+        [],
+    )
+    assert run.orchestrator.envs[0].own_client.type == "eval"

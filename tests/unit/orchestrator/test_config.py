@@ -194,5 +194,9 @@ def test_max_inflight_defaults_to_the_batches_generation_may_run_ahead() -> None
 def test_an_envs_own_client_is_a_chat_client() -> None:
     teacher = {"base_url": "https://api.example.com/v1", "model": "teacher", "api_key_env": "KEY"}
     assert resolve(envs=[{"id": "a", "client": teacher}]).envs[0].client.model == "teacher"
-    with pytest.raises(ConfigError, match=r"'envs\[0\].client.type'.*Input should be 'eval'"):
+    with pytest.raises(
+        ConfigError, match=r"'envs\[0\].client'.*type = 'scripted' was removed: an env's own client is a chat"
+    ):
         resolve(envs=[{"id": "a", "client": {"type": "scripted", "replies": ["x"]}}])
+    with pytest.raises(ConfigError, match=r"'envs\[0\].client'.*type = 'eval' was removed.*drop `type`"):
+        resolve(envs=[{"id": "a", "client": {"type": "eval", **teacher}}])
