@@ -40,6 +40,8 @@ SET_BY_RL = {
     "orchestrator.restarts": "restarts (every env server rl starts follows it)",
     "orchestrator.eval.addresses": "env_server_base_port (eval env i's server binds base + 1000 + i)",
     "log.file": "output_dir (every process logs to <output_dir>/logs/<process>.log)",
+    "trainer.weights.host": "the hosts it places the trainer on (loopback: its replicas run beside the trainer; "
+    "rl --slurm: the trainer's first host)",
 }
 """Keys that `rl` sets from its own keys (beyond the shared ones), in a process's section or its own."""
 EVAL_PORT_OFFSET = 1000
@@ -180,6 +182,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     assert isinstance(trainer, TrainerConfig) and isinstance(orchestrator, OrchestratorConfig)
     assert isinstance(inference, InferenceConfig)
     trainer.resume = orchestrator.resume = rl.resume
+    trainer.weights.host = "127.0.0.1"  # rl's replicas share the trainer's host (rl --slurm sets its first host)
     if trainer.lora is not None:  # the server hot-loads each step's adapter (inference.vllm wins)
         inference.vllm = {**lora_serving_options(trainer.lora.rank), **inference.vllm}
     if "keep_weights_every" not in orchestrator.model_fields_set:  # loadable policies at every checkpoint

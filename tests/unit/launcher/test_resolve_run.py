@@ -48,6 +48,7 @@ def test_a_shared_key_set_inside_a_section_is_an_error_naming_it(key: str) -> No
         ("orchestrator.inference.retry.max-retries", "3", "orchestrator.inference", "the inference servers"),
         ("orchestrator.inference.ready-timeout-s", "3", "orchestrator.inference", r"the inference .*ready_timeout_s\)"),
         ("trainer.resume", "true", "trainer.resume", "--resume"),
+        ("trainer.weights.host", "10.0.0.1", "trainer.weights.host", "the hosts it places the trainer on"),
     ],
 )
 def test_a_key_rl_sets_itself_is_refused_naming_where_it_comes_from(
