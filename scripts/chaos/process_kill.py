@@ -28,7 +28,7 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="chaos-")) / f"{args.target}-kill"
     rng = random.Random(args.seed)
     at, delay = rng.randint(2, 35), rng.uniform(0, 2)  # a random moment of a 40-step run (~1-5 s a step)
-    with RlRun(out, f"--restarts.{args.target}.max-restarts", "0") as run:  # rl would restart it itself
+    with RlRun(out, "--restarts.max-restarts", "0") as run:  # rl would restart it itself
         run.wait_until(f"batch {at}", lambda: run.steps_done() >= at)
         time.sleep(delay)
         killed = run.kill_one(TARGETS[args.target], rng)

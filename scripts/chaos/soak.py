@@ -67,10 +67,7 @@ class RssRow(TableRow):
 
 def overrides(steps: int) -> list[str]:
     """The smoke config for `steps` steps with budgets no soak spends (the kills are the test)."""
-    smoke = tomllib.loads(SMOKE.read_text())["orchestrator"]
-    argv = ["--max-steps", str(steps)]
-    for key, tables in (("envs", smoke["envs"]), ("eval.env", smoke["eval"]["env"])):
-        argv += [f"--orchestrator.{key}", json.dumps([{**env, "restarts": BUDGET} for env in tables])]
+    argv = ["--max-steps", str(steps)]  # the env servers follow the run's `restarts` too
     argv += [item for key, value in BUDGET.items() for item in (f"--restarts.{key}", str(value))]
     return argv
 

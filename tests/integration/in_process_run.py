@@ -21,8 +21,9 @@ from tests.integration.served_weights import restore_served_weights
 def train_in_process(run: ResolvedRun, vllm_server: Any) -> None:
     """Run `run`'s trainer (in a thread) and orchestrator to the end; its envs get sidecar servers."""
     run.orchestrator.inference.base_url = vllm_server.base_url
-    for env in [*run.orchestrator.envs, *run.orchestrator.eval.env]:
+    for env in run.orchestrator.envs:
         env.address = None  # a sidecar env server, spawned by the orchestrator
+    run.orchestrator.eval.addresses = {}
     trainer = Trainer(run.trainer, init_runtime(run.trainer))
     failure: list[BaseException] = []
 

@@ -37,8 +37,8 @@ def trainer_steps(out: Path) -> list[int]:
 def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_resume(tmp_path: Path) -> None:
     out, steps = tmp_path / "chaos", 10
     rng = random.Random(0)
-    no_restarts = ("--restarts.max-restarts", "0")
-    with RlRun(out, "--max-steps", str(steps), "--trainer.ckpt.interval", "2", *no_restarts) as run:
+    one_restart = ("--restarts.max-restarts", "1")  # each process (env servers too) comes back once
+    with RlRun(out, "--max-steps", str(steps), "--trainer.ckpt.interval", "2", *one_restart) as run:
         run.wait_until("batch 1", lambda: run.steps_done() >= 1)
         stop, worker_kills = threading.Event(), []
 
@@ -58,11 +58,17 @@ def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_
         finally:
             stop.set()
             killer.join()
-        # Both pids first, then both kills back to back: once one dies the launcher stops the other.
+        # Both pids first, then both kills back to back: each comes back once (its budget), and a
+        # second death of the trainer ends the run (the launcher stops the rest).
         victims = {process: run.pids(process) for process in ("envrl.orchestrator.main", "envrl.trainer.main")}
         assert all(victims.values()), victims
         for pids in victims.values():
             os.kill(rng.choice(pids), signal.SIGKILL)
+        for process, old in victims.items():
+            run.wait_until(f"{process} restarted", lambda p=process, o=old: bool(set(run.pids(p)) - set(o)))
+        os.kill(
+            rng.choice(sorted(set(run.pids("envrl.trainer.main")) - set(victims["envrl.trainer.main"]))), signal.SIGKILL
+        )
         assert run.finish(300) == 1, run.tail()
     assert any(worker_kills)
     assert "train env server 'learnable'" in (out / "logs" / "launcher.log").read_text() and "restarted" in run.tail(

@@ -38,7 +38,6 @@ def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> EnvHandle:
         id="bad_envs:load_environment",
         args={"sleep": 2.0},
         pool=StaticPoolConfig(num_workers=1),
-        restarts=restarts,
         reconnect_timeout_s=60,
     )
     return EnvHandle(
@@ -48,6 +47,7 @@ def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> EnvHandle:
         sampling=SamplingParams(),
         output_dir=tmp_path,
         ready_timeout=120,
+        restarts=restarts,
     )
 
 

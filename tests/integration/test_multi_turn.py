@@ -62,14 +62,10 @@ def test_multi_turn_run_learns_and_trains_exactly_the_generated_tokens(tmp_path:
     assert len(rewards) == 30
     assert fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.2, rewards
     # the final policy is evaluated once the trainer has published it, pass@k by the unbiased estimator
-    [final] = [m for m in metrics if "eval/learnable-eval/reward" in m]
-    assert final["step"] == 30 and final["eval/learnable-eval/policy_step"] == 30
+    [final] = [m for m in metrics if "eval/learnable/reward" in m]
+    assert final["step"] == 30 and final["eval/learnable/policy_step"] == 30
     assert (
-        0.0
-        <= final["eval/learnable-eval/pass@1"]
-        <= final["eval/learnable-eval/pass@2"]
-        <= final["eval/learnable-eval/pass@4"]
-        <= 1.0
+        0.0 <= final["eval/learnable/pass@1"] <= final["eval/learnable/pass@2"] <= final["eval/learnable/pass@4"] <= 1.0
     )
-    print(f"final eval: reward {final['eval/learnable-eval/reward']:.3f}, pass@1/2/4 "
-          f"{[round(final[f'eval/learnable-eval/pass@{k}'], 3) for k in (1, 2, 4)]}")  # fmt: skip
+    print(f"final eval: reward {final['eval/learnable/reward']:.3f}, pass@1/2/4 "
+          f"{[round(final[f'eval/learnable/pass@{k}'], 3) for k in (1, 2, 4)]}")  # fmt: skip

@@ -23,7 +23,7 @@ from envrl.data.layout import batch_dir, weights_dir
 from envrl.data.samples import read_batch
 from envrl.data.seeds import attempt_seed
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
-from envrl.orchestrator.config import EvalEnvConfig, EvalsConfig, OrchestratorConfig, SamplingParams, TrainEnvConfig
+from envrl.orchestrator.config import EvalsConfig, EvalTableConfig, OrchestratorConfig, SamplingParams, TrainEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.lifeline import PARENT_PID_ENV
@@ -47,9 +47,10 @@ def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> Orchestrato
         envs=[
             TrainEnvConfig(id="reverse-text", ratio=1.0, pool=POOL, sampling={"temperature": 0.7, "top_p": 0.9}),
             TrainEnvConfig(id="distinct-rank", ratio=1.0, pool=POOL),
+            TrainEnvConfig(id="learnable", train=False, pool=POOL),
         ],
         eval=EvalsConfig(
-            env=[EvalEnvConfig(id="learnable", num_examples=3, rollouts_per_example=2, pool=POOL)],
+            env=[EvalTableConfig(env="learnable", num_examples=3, rollouts_per_example=2)],
             at_start=True,
             at_end=False,
         ),

@@ -32,9 +32,9 @@ def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: SmokeRun) -> Non
 
     expected = [
         "logs/launcher.log", "logs/inference.log", "logs/trainer.log", "logs/orchestrator.log",
-        "logs/envs/train/learnable.log", "logs/envs/eval/learnable-eval.log",
+        "logs/envs/train/learnable.log", "logs/envs/eval/learnable.log",
         "configs/trainer.toml", "configs/orchestrator.toml", "configs/inference.toml",
-        "configs/envs/train/learnable.toml", "configs/envs/eval/learnable-eval.toml",
+        "configs/envs/train/learnable.toml", "configs/envs/eval/learnable.toml",
         "rollouts/train.jsonl", "rollouts/eval/step_0.jsonl", "rollouts/step_39/batch.msgpack",
         "weights/step_40/model.safetensors", "checkpoints/step_40", "rollouts/step_39/orchestrator.json", "metrics.jsonl",
     ]  # fmt: skip

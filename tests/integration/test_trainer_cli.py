@@ -31,7 +31,7 @@ def test_trainer_learns_publishes_resumes_and_names_a_corrupt_batch(tmp_path):
     config = tmp_path / "trainer.toml"
     config.write_text(
         f'output_dir = "{out}"\nmax_steps = 3\nmicro_batch_tokens = 128\n'
-        f'[model]\nname = "{DEFAULT_DIR}"\n[optim]\nlr = 3e-3\n[loss]\nppo_clip = false\n'
+        f'[model]\nname = "{DEFAULT_DIR}"\n[optim]\nlr = 3e-3\n[loss]\nclip = false\n'
         '[ckpt]\ninterval = 1\nkeep = 1\n[wandb]\nmode = "disabled"\n'
     )
 

@@ -16,11 +16,8 @@ import json
 import math
 import signal
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from statistics import fmean
 from typing import Any, ClassVar
 
 import httpx
@@ -30,6 +27,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from envrl.config import BaseConfig, ModelConfig, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.data.traces import Trace
+from envrl.eval.progress import EvalProgress
 from envrl.model.client import ClientConfig, EvalClientConfig, TrainClientConfig
 from envrl.orchestrator.config import EvalEnvConfig, SamplingParams, check_pass_at
 from envrl.orchestrator.env_handles import EnvHandle
@@ -37,14 +35,12 @@ from envrl.orchestrator.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
 from envrl.runtime.atomic import atomic_write_text
 from envrl.runtime.lifeline import die_with_parent
-from envrl.runtime.process import ChildFailed
+from envrl.runtime.process import ChildFailed, RestartPolicy
 from envrl.telemetry.log import LogConfig, setup_logging
-from envrl.telemetry.progress import LiveLines, duration, fmt
+from envrl.telemetry.progress import LiveLines
 
 PROBE_TIMEOUT_S = 10.0
 """Seconds the model server has to answer the probe before the eval starts."""
-PROGRESS_INTERVAL = 5.0
-"""Seconds between progress lines when not on a terminal (the first and the last rollout always print one)."""
 
 DEFAULT_CLIENT = EvalClientConfig(base_url="http://127.0.0.1:8000/v1", model=ModelConfig().name)
 """The chat client of an envrl inference server on its default port, serving the default model."""
@@ -80,6 +76,8 @@ class EvalConfig(BaseConfig):
     """Exit 1 when more than this share of an env's rollouts failed (None: only when all of them did)."""
     env_ready_timeout_s: float = Field(300.0, gt=0)
     """Seconds for a spawned env server to start, or an external one to answer."""
+    restarts: RestartPolicy = RestartPolicy()
+    """Restarts of each env server `eval` spawned (on its address, each its own budget) when it dies."""
     log: LogConfig = LogConfig()
 
     renamed_keys: ClassVar[dict[str, str]] = {"env_ready_timeout": "env_ready_timeout_s"}
@@ -131,60 +129,6 @@ class EvalConfig(BaseConfig):
         return eval_results_file(self.output_dir, env_name)
 
 
-class EvalProgress:
-    """Rollouts done / total per env, rate, errors, running mean reward and ETA: a status line on a
-    terminal, else a line at most every `interval` seconds (and for the first and last rollouts)."""
-
-    def __init__(
-        self,
-        totals: dict[str, int],
-        lines: LiveLines,
-        interval: float = PROGRESS_INTERVAL,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.totals = totals
-        self.lines = lines
-        self.interval = interval
-        self.clock = clock
-        self.done: Counter[str] = Counter()
-        self.errors: Counter[str] = Counter()
-        self.rewards: dict[str, list[float]] = {env: [] for env in totals}
-        self.started = self.last_line = clock()
-
-    def add(self, env: str, traces: list[Trace]) -> None:
-        first = not self.done
-        self.done[env] += len(traces)
-        self.errors[env] += sum(t.has_error for t in traces)
-        self.rewards[env].extend(t.reward for t in traces if not t.has_error and t.reward is not None)
-        now = self.clock()
-        text = self.line(now)
-        if self.total_done() >= sum(self.totals.values()):
-            self.lines.close()
-            self.lines.line(text)
-        elif self.lines.live:
-            self.lines.status(text)
-        elif first or now - self.last_line >= self.interval:
-            self.last_line = now
-            self.lines.line(text)
-
-    def total_done(self) -> int:
-        return sum(self.done.values())
-
-    def line(self, now: float) -> str:
-        done, total = self.total_done(), sum(self.totals.values())
-        rate = done / max(now - self.started, 1e-9)
-        eta = (total - done) / rate if rate > 0 else math.nan
-        per_env = " | ".join(
-            f"{env} {self.done[env]}/{n} reward {fmt(fmean(self.rewards[env]) if self.rewards[env] else math.nan)} "
-            f"errors {self.errors[env]}"
-            for env, n in self.totals.items()
-        )
-        return (
-            f"rollouts {done}/{total} ({done / max(total, 1):.0%}) | {rate:.2f} rollouts/s | "
-            f"errors {sum(self.errors.values())} | ETA {duration(eta)} | {per_env}"
-        )
-
-
 class Evaluation:
     """The `eval` command: every env's grid completed by the one eval runner (`run_grids`), its
     rollouts appended as they finish, each results file rewritten in grid order at the end."""
@@ -201,6 +145,7 @@ class Evaluation:
                 sampling=config.sampling,
                 output_dir=config.output_dir,
                 ready_timeout=config.env_ready_timeout_s,
+                restarts=config.restarts,
             )
             for env in config.env
         ]

@@ -63,6 +63,9 @@ class InferenceConfig(BaseConfig):
     """Concurrent warm-up generations (16 prompt + 8 sampled tokens each) the server runs before
     `/health` answers, so the first real requests are served at full speed; 0 skips the warm-up."""
     reload: ReloadConfig = ReloadConfig()
+    ready_timeout_s: float = Field(600.0, gt=0)
+    """Seconds `rl` waits for every replica to serve, counted from their launch: the run's one
+    inference start-up limit (the orchestrator, started later, waits as long). Read by `rl` only."""
     log: LogConfig = LogConfig()
 
     @model_validator(mode="after")

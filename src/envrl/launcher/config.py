@@ -35,8 +35,10 @@ SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "w
 SET_BY_RL = {
     "trainer.resume": "--resume",
     "orchestrator.resume": "--resume",
-    "orchestrator.inference.base_url": "inference.port and inference.replicas",
-    "orchestrator.inference.reload_token_env": "inference.reload.token_env",
+    "orchestrator.inference": "the inference servers it starts (inference.port, replicas, reload.token_env, "
+    "ready_timeout_s)",
+    "orchestrator.restarts": "restarts (every env server rl starts follows it)",
+    "orchestrator.eval.addresses": "env_server_base_port (eval env i's server binds base + 1000 + i)",
     "log.file": "output_dir (every process logs to <output_dir>/logs/<process>.log)",
 }
 """Keys that `rl` sets from its own keys (beyond the shared ones), in a process's section or its own."""
@@ -47,8 +49,8 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 class RunRestarts(RestartPolicy):
     """How `rl` restarts each of its own processes when it dies, without user action: an inference
     replica (on its port, with the newest policy), the trainer (from its newest checkpoint) and the
-    orchestrator (after its newest published batch), each with a budget of its own of this shape
-    (an env server follows its env's `restarts`). A process whose budget is spent ends the run;
+    orchestrator (after its newest published batch) and every env server (on its address), each
+    with a budget of its own of this shape. A process whose budget is spent ends the run;
     `--resume` goes on."""
 
     removed_keys: ClassVar[dict[str, str]] = {
@@ -101,7 +103,8 @@ class RLConfig(BaseConfig):
     """Seed of task order, sampling seeds and model init: a run is reproducible from it."""
     wandb: WandbConfig = WandbConfig()
     env_server_base_port: int = Field(5000, ge=1, le=65535 - EVAL_PORT_OFFSET - 100)
-    """Train env i binds base + i, eval env i binds base + 1000 + i (envs with `address` excepted)."""
+    """Train env i binds base + i, the env of eval table i binds base + 1000 + i (envs with `address`
+    excepted)."""
     resume: bool = False
     """Continue the run in `output_dir` from its last checkpoint and orchestrator state."""
     clean: bool = False
@@ -182,29 +185,36 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     if "keep_weights_every" not in orchestrator.model_fields_set:  # loadable policies at every checkpoint
         orchestrator.keep_weights_every = trainer.ckpt.interval
     orchestrator.max_inflight = orchestrator.inflight_limit  # derived from the run's max_async_level
+    orchestrator.restarts = RestartPolicy.model_validate(rl.restarts.model_dump())  # the env servers' too
     replica_configs(inference)  # a replica port past 65535 is a config error now, not at spawn
     orchestrator.inference.base_url = inference.base_url if inference.replicas == 1 else inference.base_urls
     orchestrator.inference.reload_token_env = inference.reload.token_env
+    orchestrator.inference.ready_timeout_s = inference.ready_timeout_s  # the orchestrator waits as long
 
     servers: list[EnvServerLaunch] = []
     external: list[tuple[str, int, str]] = []
     access = ModelAccessConfig(base_urls=orchestrator.inference.base_urls, tokenizers=[orchestrator.model.name])
+    listed: set[str] = set()
+    evals = orchestrator.eval_envs()  # before the train envs get their spawned servers' addresses
     for split, envs, base in (
-        ("train", orchestrator.envs, rl.env_server_base_port),
-        ("eval", orchestrator.eval.env, rl.env_server_base_port + EVAL_PORT_OFFSET),
+        ("train", orchestrator.train_envs, rl.env_server_base_port),
+        ("eval", evals, rl.env_server_base_port + EVAL_PORT_OFFSET),
     ):
         for i, env in enumerate(envs):
-            if env.address is not None:
+            if env.address is not None:  # an external server, of this env's train and eval rollouts
                 parts = urlsplit(env.address)
-                if parts.scheme == "tcp" and parts.port is not None:
+                if parts.scheme == "tcp" and parts.port is not None and env.address not in listed:
+                    listed.add(env.address)
                     external.append(
                         (parts.hostname or "", parts.port, f"{split} env {env.resolved_name!r} (its address)")
                     )
                 continue
             env.address = f"tcp://127.0.0.1:{base + i}"
+            if split == "eval":
+                orchestrator.eval.addresses[env.resolved_name] = env.address
             # An env with its own client (a chat teacher, say) may use that client and nothing else.
             allowed = access if env.client is None else ModelAccessConfig.for_client(env.client)
-            servers.append(env.server_launch(split, env.address, allowed))
+            servers.append(env.server_launch(split, env.address, allowed, orchestrator.restarts))
     run = ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
     _check_no_shared_port([*run.spawned_ports(), *external])
     _check_lengths(run)
@@ -216,18 +226,24 @@ def _check_lengths(run: ResolvedRun) -> None:
     training sample longer than the trainer's micro-batch budget."""
     orchestrator, trainer = run.orchestrator, run.trainer
     context = run.inference.vllm.get("max_model_len")
-    for key, envs in (("orchestrator.envs", orchestrator.envs), ("orchestrator.eval.env", orchestrator.eval.env)):
-        for i, env in enumerate(envs):
-            max_tokens = env.sampling_args(orchestrator.sampling).max_tokens
-            if isinstance(context, int) and max_tokens >= context:
-                where = (
-                    f"{key}[{i}].sampling.max_tokens"
-                    if "max_tokens" in env.sampling
-                    else "orchestrator.sampling.max_tokens"
-                )
-                raise ConfigError(
-                    f"{where} = {max_tokens} leaves no room for a prompt in inference.vllm.max_model_len = {context}"
-                )
+    # an eval env's max_tokens is its declaration's unless its table sets one
+    tables = [("orchestrator.envs", i, env, env) for i, env in enumerate(orchestrator.envs)]
+    tables += [
+        ("orchestrator.eval.env", i, table, env)
+        for i, (table, env) in enumerate(zip(orchestrator.eval.env, orchestrator.eval_envs(), strict=True))
+        if "max_tokens" in table.sampling
+    ]
+    for key, i, table, env in tables:
+        max_tokens = env.sampling_args(orchestrator.sampling).max_tokens
+        if isinstance(context, int) and max_tokens >= context:
+            where = (
+                f"{key}[{i}].sampling.max_tokens"
+                if "max_tokens" in table.sampling
+                else "orchestrator.sampling.max_tokens"
+            )
+            raise ConfigError(
+                f"{where} = {max_tokens} leaves no room for a prompt in inference.vllm.max_model_len = {context}"
+            )
     if orchestrator.seq_len is not None and orchestrator.seq_len > trainer.micro_batch_tokens:
         raise ConfigError(
             f"orchestrator.seq_len = {orchestrator.seq_len} is over trainer.micro_batch_tokens = "

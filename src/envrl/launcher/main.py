@@ -4,7 +4,7 @@ and the other `COMMANDS` run the command of that name instead.
 Guarantee: every process this command starts is stopped before it returns, whatever happens
 (a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
 itself is SIGKILLed), torchrun's trainer ranks included (`launcher/torchrun.py`). A process that
-dies is restarted within its budget (an env server on its address, per its env's `restarts`;
+dies is restarted within its budget (an env server on its address, per the run's `restarts`;
 inference, trainer and orchestrator per `restarts`, each with its own budget, as `launcher/recovery.py` says), and
 what each death cost goes to `summary.json`; a death past its budget ends the run, which
 `--resume` continues. Exit code: 0 when trainer and
@@ -263,7 +263,7 @@ def _start(
         logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
     what = "inference server" if len(plan.inference) == 1 else f"{len(plan.inference)} inference replicas"
     logger.info(f"starting {what} (vLLM; about a minute on CPU)")
-    deadline = time.monotonic() + run.orchestrator.inference.ready_timeout_s  # before the orchestrator's own
+    deadline = time.monotonic() + run.inference.ready_timeout_s  # before the orchestrator's own
     out, configs = run.trainer.output_dir, run.inference_replicas()
     # vLLM's in-process worker (and all it starts) inherits the affinity, as torchrun's ranks do the trainer's
     spawn_inference = partial(_spawn, cores=cpus.inference if cpus else None)

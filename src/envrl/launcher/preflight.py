@@ -31,21 +31,19 @@ def check(rl: RLConfig) -> None:
             check_lora_model(rl.trainer.lora, rl.model.name)
         except LoraError as e:
             raise ConfigError(str(e)) from None
-    envs = [("orchestrator.envs", rl.orchestrator.envs), ("orchestrator.eval.env", rl.orchestrator.eval.env)]
     installed = installed_environment_ids()
-    for key, table in envs:
-        for i, env in enumerate(table):
-            served_here = env.address is None and env.python is None and env.project is None
-            if not served_here or ":" in env.id:
-                continue
-            if env.id not in installed:
-                close = difflib.get_close_matches(env.id, installed, n=2)
-                hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-                raise ConfigError(
-                    f"{key}[{i}].id {env.id!r}: no installed environment has this id; {hint}"
-                    f"installed: {', '.join(installed) or 'none'} (`uv run --no-sync rl envs` lists them)"
-                )
-            _check_args(f"{key}[{i}].args", env.id, env.args)
+    for i, env in enumerate(rl.orchestrator.envs):  # every env server of the run is declared there
+        served_here = env.address is None and env.python is None and env.project is None
+        if not served_here or ":" in env.id:
+            continue
+        if env.id not in installed:
+            close = difflib.get_close_matches(env.id, installed, n=2)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            raise ConfigError(
+                f"orchestrator.envs[{i}].id {env.id!r}: no installed environment has this id; {hint}"
+                f"installed: {', '.join(installed) or 'none'} (`uv run --no-sync rl envs` lists them)"
+            )
+        _check_args(f"orchestrator.envs[{i}].args", env.id, env.args)
 
 
 def _check_args(key: str, env_id: str, args: dict[str, object]) -> None:

@@ -17,7 +17,7 @@ from envrl.inference.server import wait_until_serving
 from envrl.launcher.supervisor import Supervisor
 from envrl.runtime.process import Child, ChildFailed
 
-READY_TIMEOUT_KEY = "orchestrator.inference.ready_timeout_s"
+READY_TIMEOUT_KEY = "inference.ready_timeout_s"
 """The one start-up limit of an `rl` run's inference: the launcher counts it from the replicas'
 launch, the orchestrator (started later) from its own wait, so the launcher's check fails first."""
 

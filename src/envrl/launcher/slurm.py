@@ -8,8 +8,10 @@ process's config is the one `resolve_run` makes for `rl`, with only its addresse
 hosts'. The script `sbatch_script` writes runs exactly the commands of `plan_job` for the job's
 hosts: its first step writes their configs once SLURM has named the hosts (`python -m
 envrl.launcher.slurm`, which calls `plan_job` again), then one `srun` step per process starts it
-on its host; the job ends when the orchestrator and every trainer host are done, or at the first
-failure, and SLURM stops what is left. envrl writes commands; SLURM places and stops processes.
+on its host (an env server with only the allow-list of the job's environment that `rl` gives it,
+never the reload token); the job ends when the orchestrator and every trainer host are done, or at
+the first failure, and SLURM stops what is left. envrl writes commands; SLURM places and stops
+processes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.placement import place
 from envrl.launcher.replicas import replica_configs, replica_name
 from envrl.runtime.net import is_loopback_host
+from envrl.runtime.process import ALLOWED_ENV, ALLOWED_ENV_PREFIXES
 from envrl.serve.config import CurveClientConfig, CurveServerConfig
 
 FINISHING = ("trainer", "orchestrator")
@@ -121,9 +124,12 @@ def plan_job(rl: RLConfig, hosts: Sequence[str]) -> JobPlan:
         update = {"address": address, "model_access": access, "curve": server_keys}
         configs[env_server_key(server.split, server.name)] = server.config.model_copy(update=update)
         start(slurm.env_node, command)
-    for env in [*run.orchestrator.envs, *run.orchestrator.eval.env]:
-        if env.address in moved:
-            env.address, env.curve = moved[env.address], client_keys
+    evals = run.orchestrator.eval.addresses
+    for env in run.orchestrator.envs:
+        if env.address in moved or evals.get(env.resolved_name) in moved:
+            env.curve = client_keys
+        env.address = moved.get(env.address, env.address)  # type: ignore[arg-type]
+    run.orchestrator.eval.addresses = {name: moved.get(address, address) for name, address in evals.items()}
 
     run.trainer.weights.host = head  # the memory transport: replicas reach trainer rank 0 there
     configs["trainer"] = run.trainer
@@ -161,11 +167,34 @@ def _word(token: str) -> str:
     return f'"{token}"' if "${HOST_" in token else shlex.quote(token)
 
 
-def srun_line(command: Command, host: int, token_env: str) -> str:
-    """One srun step starting `command` on host `host`, in the background, its output to its log."""
+PREFIXED_ENV = "ENVRL_PREFIXED_ENV"
+"""The script's array of `NAME=value` words of every variable under `ALLOWED_ENV_PREFIXES`."""
+
+
+def prefixed_env_lines() -> list[str]:
+    """Script lines collecting the job's variables under `ALLOWED_ENV_PREFIXES` (e.g. `LC_*`), which
+    the allow-list passes by prefix, so their names are only known when the job runs."""
+    patterns = "|".join(f"{prefix}*" for prefix in ALLOWED_ENV_PREFIXES)
+    return [
+        f"{PREFIXED_ENV}=()  # the allow-list's variables by prefix (envrl.runtime.process.ALLOWED_ENV_PREFIXES)",
+        f'for name in $(compgen -e); do case $name in {patterns}) {PREFIXED_ENV}+=("$name=${{!name}}");; esac; done',
+    ]
+
+
+def allowed_env_words(passed: list[str]) -> list[str]:
+    """`env -i` and the words giving a step only the allow-list of `runtime.process.allowed_environ`
+    plus `passed`, with the values they have in the job (a variable not set stays unset)."""
+    names = sorted(ALLOWED_ENV | set(passed))
+    prefixed = f'${{{PREFIXED_ENV}[@]+"${{{PREFIXED_ENV}[@]}}"}}'
+    return ["env", "-i", *[f'${{{name}+"{name}=${name}"}}' for name in names], prefixed]
+
+
+def srun_line(command: Command, host: int) -> str:
+    """One srun step starting `command` on host `host`, in the background, its output to its log.
+    A command with an allow-list (an env server) sees only that of the job's environment."""
     step = ["srun", "--nodes=1", "--ntasks=1", "--overlap", f'--nodelist="${{HOST_{host}}}"']
     step.append(f"--output={shlex.quote(str(command.log_file))}")
-    env = ["env", *(["-u", token_env] if command.allowed_env is not None else [])]
+    env = ["env"] if command.allowed_env is None else allowed_env_words(command.allowed_env)
     env += [f"{key}={shlex.quote(value)}" for key, value in command.env.items()]
     return " ".join([*step, *env, *map(_word, command.argv), "&"])
 
@@ -193,6 +222,7 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
         'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         *[f"HOST_{i}=${{HOSTS[{i}]}}" for i in range(slurm.nodes)],
         f'export {token_env}="${{{token_env}:-{make_token}}}"  # /update_weights token: never to env servers',
+        *prefixed_env_lines(),
         "# each process's config for these hosts (and the env servers' CURVE keys)",
         f'{python} -m envrl.launcher.slurm --config {shlex.quote(str(stored))} --hosts "{host_list}" || exit 2',
         "declare -A NAME",
@@ -202,7 +232,7 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
         f"# host {i}: {', '.join(command.name for command in host.commands)}" for i, host in enumerate(plan.hosts)
     ]
     for i, command in plan.start_order:
-        lines.append(srun_line(command, i, token_env))
+        lines.append(srun_line(command, i))
         lines.append(f"NAME[$!]={shlex.quote(command.name)}")
         if command.name.startswith(FINISHING):
             lines.append("FINISHING+=($!)")

@@ -1,7 +1,9 @@
 """Config of the orchestrator: its envs, batch shape, async bound, sampling and outputs.
 
-Guarantee: an `OrchestratorConfig` that validates has uniquely named envs with unique addresses,
-ratios on all train envs or on none, and a batch that holds whole groups.
+Guarantee: an `OrchestratorConfig` that validates declares every env once (`envs`), uniquely
+named, with unique addresses, at least one of them trained on, ratios on all train envs or on
+none; every eval table names one declared env (each at most once) and every env not trained on
+is evaluated; and a batch holds whole groups.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
-from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
+from envrl.model.client import EvalClientConfig, SamplingArgs, SamplingParams
 from envrl.model.replicas import ReplicaUrls, replica_urls
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.retention import BatchRetention
@@ -78,19 +80,20 @@ class EnvConfig(BaseConfig):
     programs they run) gets beyond the allow-list of locale, paths, caches and proxies
     (`envrl.runtime.process.ALLOWED_ENV`), e.g. `["OPENAI_API_KEY"]`; a model client's `api_key_env` is
     passed by itself. Tokens and keys not listed never reach model-driven code."""
-    restarts: RestartPolicy = RestartPolicy()
-    """Restarts of this env's server (on its address) when it dies: by the launcher under `rl`, by
-    the orchestrator for a sidecar it spawned; an external `address` is not restarted by envrl."""
     timeout: EnvTimeoutConfig = EnvTimeoutConfig()
     sampling: dict[str, Any] = {}
     """Overrides of the orchestrator's `sampling` keys for this env."""
-    client: ClientConfig | None = None
-    """The model this env's rollouts talk to; default: the train client of the run's inference
-    server. A chat client (`type = "eval"`, e.g. a teacher behind an OpenAI API) gives token-less
-    turns, which training back-fills with the student's chat template (their tokens count as
-    on-policy: importance ratio 1)."""
+    client: EvalClientConfig | None = None
+    """A chat model this env's rollouts talk to instead of the run's own (a teacher behind an
+    OpenAI API, say: `base_url`, `model`, `api_key_env`); default: the train client of the run's
+    inference server. Its turns are token-less, which training back-fills with the student's chat
+    template (their tokens count as on-policy: importance ratio 1)."""
 
     renamed_keys: ClassVar[dict[str, str]] = {"reconnect_timeout": "reconnect_timeout_s"}
+    removed_keys: ClassVar[dict[str, str]] = {
+        "restarts": "one restart policy: under rl every env server follows the top-level `restarts` (each "
+        "its own budget); a standalone orchestrator's sidecars follow `orchestrator.restarts`"
+    }
 
     @model_validator(mode="after")
     def _remote_needs_curve(self) -> EnvConfig:
@@ -128,9 +131,11 @@ class EnvConfig(BaseConfig):
             "that has envrl installed (e.g. `uv venv DIR && uv pip install -p DIR/bin/python -e .`)"
         )
 
-    def server_launch(self, split: str, address: str, model_access: ModelAccessConfig) -> EnvServerLaunch:
-        """The server of this env on `address`, for whoever starts it (serve/launch.py); a model
-        client may reach and load only what `model_access` allows."""
+    def server_launch(
+        self, split: str, address: str, model_access: ModelAccessConfig, restarts: RestartPolicy
+    ) -> EnvServerLaunch:
+        """The server of this env on `address`, for whoever starts it (serve/launch.py) and restarts
+        it per `restarts`; a model client may reach and load only what `model_access` allows."""
         return EnvServerLaunch(
             split=split,
             name=self.resolved_name,
@@ -142,7 +147,7 @@ class EnvConfig(BaseConfig):
                 model_access=model_access,
             ),
             python=self.interpreter(),
-            restarts=self.restarts,
+            restarts=restarts,
             pass_env=self.pass_env,
         )
 
@@ -156,14 +161,25 @@ class EnvConfig(BaseConfig):
 
 
 class TrainEnvConfig(EnvConfig):
-    """A train env (`[[orchestrator.envs]]`)."""
+    """An env of the run (`[[orchestrator.envs]]`): every env server of the run is declared here
+    once; trained on unless `train = false`, evaluated when an `[[orchestrator.eval.env]]` names it."""
 
+    train: bool = True
+    """Sample train rollouts from it; `false`: an env only evaluated (an eval table names it)."""
     ratio: float | None = Field(None, gt=0)
     """Share of train rollouts (relative); set on every train env or on none (then: by task count)."""
 
+    @model_validator(mode="after")
+    def _ratio_is_for_training(self) -> TrainEnvConfig:
+        if not self.train and self.ratio is not None:
+            raise ValueError(
+                f"env {self.resolved_name!r}: `ratio` is a share of training; remove it or drop `train = false`"
+            )
+        return self
 
-class EvalEnvConfig(EnvConfig):
-    """An eval env (`[[orchestrator.eval.env]]`, `rl eval`'s `[[env]]`): an env plus how it is scored."""
+
+class EvalScoringConfig(BaseConfig):
+    """How an eval env is scored: the keys an eval table adds to its env."""
 
     num_examples: int = Field(16, ge=1)
     """Eval tasks per evaluation (the first `num_examples` eval tasks)."""
@@ -180,17 +196,51 @@ class EvalEnvConfig(EnvConfig):
     }
 
     @model_validator(mode="after")
-    def _pass_at_fits(self) -> EvalEnvConfig:
+    def _pass_at_fits(self) -> EvalScoringConfig:
         check_pass_at(self)
         return self
 
 
-def check_pass_at(env: EvalEnvConfig) -> None:
+class EvalEnvConfig(EnvConfig, EvalScoringConfig):
+    """An eval env with its server's keys: `rl eval`'s `[[env]]`, and the orchestrator's view of
+    an `[[orchestrator.eval.env]]` table completed by the env it names (`OrchestratorConfig.eval_envs`)."""
+
+
+class EvalTableConfig(EvalScoringConfig):
+    """`[[orchestrator.eval.env]]`: a declared env (`env`) and how it is scored; its server's keys
+    are the declaration's (one env server of its own, built from it)."""
+
+    env: str = ""
+    """Name of an env in `[[orchestrator.envs]]` (declare an eval-only env there with `train = false`);
+    required (not a required field, so that an env key written here is the error reported)."""
+    sampling: dict[str, Any] = {}
+    """Overrides of the env's `sampling` keys (themselves overrides of the orchestrator's) for its evals."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"train_env": "env"}
+    removed_keys: ClassVar[dict[str, str]] = {
+        **EvalScoringConfig.removed_keys,
+        **{
+            key: "an eval env names a declared env: declare it in [[orchestrator.envs]] (with `train = false` "
+            'for an eval-only env) and name it here with env = "<name>"'
+            for key in TrainEnvConfig.model_fields
+            if key != "sampling"
+        },
+    }
+
+    @model_validator(mode="after")
+    def _names_an_env(self) -> EvalTableConfig:
+        if not self.env:
+            raise ValueError('missing `env`: name an env of [[orchestrator.envs]] with env = "<name>"')
+        return self
+
+
+def check_pass_at(env: EvalScoringConfig) -> None:
     """pass@k needs k rollouts per task: every k of `pass_at` within 1..rollouts_per_example."""
     bad = [k for k in env.pass_at if not 1 <= k <= env.rollouts_per_example]
     if bad:
+        name = env.env if isinstance(env, EvalTableConfig) else getattr(env, "resolved_name", "")
         raise ValueError(
-            f"eval env {env.resolved_name!r}: pass_at {bad} outside 1..rollouts_per_example ({env.rollouts_per_example}); "
+            f"eval env {name!r}: pass_at {bad} outside 1..rollouts_per_example ({env.rollouts_per_example}); "
             "raise rollouts_per_example or drop those k"
         )
 
@@ -198,10 +248,9 @@ def check_pass_at(env: EvalEnvConfig) -> None:
 class EvalsConfig(BaseConfig):
     """`orchestrator.eval`: the eval envs and one schedule for all of them (evals run beside training)."""
 
-    env: list[EvalEnvConfig] = []
-    """Eval envs: env keys (as a train env's, without `ratio`) plus num_examples,
-    rollouts_per_example, pass_at, pass_threshold; or `train_env = "<name>"` to take a train env's
-    keys (id, args, pool, ...) and set only what differs (docs/config.md)."""
+    env: list[EvalTableConfig] = []
+    """Eval envs: `env = "<name>"` of a declared env, plus num_examples, rollouts_per_example,
+    pass_at, pass_threshold and sampling overrides (docs/config.md)."""
     interval: int = Field(10, ge=1)
     """Evaluate every `interval` steps."""
     at_start: bool = False
@@ -209,55 +258,26 @@ class EvalsConfig(BaseConfig):
     at_end: bool = True
     """Also evaluate the final policy after the last step (waiting for the trainer to publish it,
     at most `weights_timeout_s`)."""
+    addresses: dict[str, str] = {}
+    """The eval env servers `rl` spawned, by env name (set by rl). Without an entry an eval env
+    uses its declaration's `address`, or the orchestrator spawns a server of its own."""
 
     def due(self, step: int) -> bool:
         """Whether the eval envs run before training step `step` (step 0: only `at_start`)."""
         return self.at_start if step == 0 else step % self.interval == 0
 
 
-def complete_eval_envs(data: Any) -> Any:
-    """Raw orchestrator config data with every `eval.env` table that names a `train_env`
-    completed by that train env's keys (its own keys win; `ratio` and `name` stay the train
-    env's). A shorthand of the file a user writes: the validated config holds complete eval envs."""
-    evals = data.get("eval") if isinstance(data, dict) else None
-    tables = evals.get("env") if isinstance(evals, dict) else None
-    if not isinstance(tables, list):
-        return data
-    train = {}
-    for env in data.get("envs") or []:
-        table = env if isinstance(env, dict) else env.model_dump(exclude_unset=True)
-        train[table.get("name") or table.get("id")] = table
-    completed = []
-    for i, table in enumerate(tables):
-        if not isinstance(table, dict):
-            completed.append(table)
-            continue
-        if "train_env" not in table:
-            completed.append(table)
-            continue
-        own = {key: value for key, value in table.items() if key != "train_env"}
-        source = train.get(table["train_env"])
-        if source is None:
-            names = sorted(map(str, train))
-            close = difflib.get_close_matches(str(table["train_env"]), names, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(
-                f"eval.env[{i}].train_env {table['train_env']!r} is not a train env; {hint}train envs: {names}"
-            )
-        inherited = {key: value for key, value in source.items() if key not in ("ratio", "name")}
-        completed.append({"name": table["train_env"], **inherited, **own})
-    return {**data, "eval": {**evals, "env": completed}}
-
-
 class InferenceClientConfig(BaseConfig):
+    """The orchestrator's client of the inference servers; `rl` sets all of it for the servers it
+    starts (their URLs, reload token and start-up limit; the default retry policy)."""
+
     base_url: ReplicaUrls = "http://127.0.0.1:8000"
     """The envrl inference server (vLLM), without /v1, or a list of replicas serving the same model
     (on this host or others; `rl` sets it from `inference.replicas`). Env servers spread model
     calls across them; each step's weights are loaded on all of them before the step dispatches."""
     ready_timeout_s: float = Field(600.0, gt=0)
-    """Seconds to wait for the servers to answer at start-up. Under `rl` it is also the launcher's
-    limit, counted from the servers' launch (before the orchestrator starts), so it is the run's one
-    inference start-up limit and the launcher's error names this key."""
+    """Seconds to wait for the servers to answer at start-up (`rl` sets it from
+    `inference.ready_timeout_s`, which its launcher counts from the servers' launch)."""
     retry: RetryPolicy = RetryPolicy()
     reload_token_env: str = RELOAD_TOKEN_ENV
     """Environment variable with the servers' `/update_weights` token, sent when set (a server
@@ -303,8 +323,9 @@ class OrchestratorConfig(BaseConfig):
     with nothing to train is dropped). `drop`: leave the sample out of the batch."""
     advantage: AdvantageConfig = AdvantageConfig()
     envs: list[TrainEnvConfig] = Field(min_length=1)
-    """Train environments, a list of tables: id, args, ratio, name, address, project, python, pool,
-    timeout, restarts, max_retries, sampling, client, pass_env (docs/config.md, Environment tables)."""
+    """Every env of the run, a list of tables: id, args, train, ratio, name, address, project,
+    python, pool, timeout, max_retries, sampling, client, pass_env (docs/config.md,
+    Environment tables). At least one is a train env; an eval table names the env it evaluates."""
     eval: EvalsConfig = EvalsConfig()
     inference: InferenceClientConfig = InferenceClientConfig()
     weights_timeout_s: float = Field(1800.0, gt=0)
@@ -320,6 +341,10 @@ class OrchestratorConfig(BaseConfig):
     restart and `rl replay` read only the batches from a checkpoint on); `all`: keep every batch."""
     env_ready_timeout_s: float = Field(300.0, gt=0)
     """Seconds for a spawned env server to start, or an external one to answer."""
+    restarts: RestartPolicy = RestartPolicy()
+    """Restarts of each env server this orchestrator spawned (on its address, each with a budget
+    of its own) when it dies; an external `address` is not restarted. Under `rl`, which starts the
+    env servers itself, the run's `restarts`."""
     resume: bool = False
     """Continue from the orchestrator state saved in output_dir."""
     log: LogConfig = LogConfig()
@@ -336,10 +361,27 @@ class OrchestratorConfig(BaseConfig):
         """`max_inflight`, or its default derived from the batch shape and the async bound."""
         return self.max_inflight or self.batch_size * (self.max_async_level + 1)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _eval_envs_complete(cls, data: Any) -> Any:
-        return complete_eval_envs(data)
+    @property
+    def train_envs(self) -> list[TrainEnvConfig]:
+        """The envs train rollouts are sampled from (`train = true`)."""
+        return [env for env in self.envs if env.train]
+
+    def eval_envs(self) -> list[EvalEnvConfig]:
+        """Each eval table completed by the env it names: the declaration's keys, its sampling
+        overridden by the table's, the address of the server `rl` spawned for it (`eval.addresses`)."""
+        declared = {env.resolved_name: env for env in self.envs}
+        out = []
+        for table in self.eval.env:
+            env = declared[table.env]
+            keys = {key: getattr(env, key) for key in EnvConfig.model_fields}
+            keys |= {key: getattr(table, key) for key in EvalScoringConfig.model_fields}
+            keys |= {
+                "name": env.resolved_name,
+                "address": self.eval.addresses.get(env.resolved_name, env.address),
+                "sampling": {**env.sampling, **table.sampling},
+            }
+            out.append(EvalEnvConfig(**keys))
+        return out
 
     @model_validator(mode="after")
     def _consistent(self) -> OrchestratorConfig:
@@ -349,22 +391,24 @@ class OrchestratorConfig(BaseConfig):
             )
         if self.batch_size % self.group_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
-        ratios = [env.ratio is not None for env in self.envs]
+        if not self.train_envs:
+            raise ValueError("every env has `train = false`: declare at least one train env in `envs`")
+        ratios = [env.ratio is not None for env in self.train_envs]
         if any(ratios) and not all(ratios):
-            missing = [env.resolved_name for env in self.envs if env.ratio is None]
+            missing = [env.resolved_name for env in self.train_envs if env.ratio is None]
             raise ValueError(f"set `ratio` on every train env or on none; missing on {missing}")
-        for kind, envs in (("envs", self.envs), ("eval.env", self.eval.env)):
-            names = [env.resolved_name for env in envs]
-            duplicates = sorted({n for n in names if names.count(n) > 1})
-            if duplicates:
-                raise ValueError(f"{kind}: env names must be unique; {duplicates} used twice (set `name`)")
-        addresses = [env.address for env in [*self.envs, *self.eval.env] if env.address]
+        names = [env.resolved_name for env in self.envs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"envs: env names must be unique; {duplicates} used twice (set `name`)")
+        addresses = [env.address for env in self.envs if env.address]
         duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
         if duplicates:
             raise ValueError(f"two envs share the address {duplicates[0]}; each env server serves one env")
-        for env in self.eval.env:
+        self._check_eval_names(names)
+        for env in self.eval_envs():
             env.sampling_args(self.sampling)
-        for env in self.envs:
+        for env in self.train_envs:
             sampling = env.sampling_args(self.sampling)
             if sampling.temperature == 0:
                 raise ValueError(
@@ -378,3 +422,24 @@ class OrchestratorConfig(BaseConfig):
                     "which the trainer cannot reproduce (its importance ratios would be wrong); remove them"
                 )
         return self
+
+    def _check_eval_names(self, names: list[str]) -> None:
+        """Every eval table names a declared env, each at most once; every eval-only env is evaluated."""
+        evaluated = [table.env for table in self.eval.env]
+        for i, name in enumerate(evaluated):
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ValueError(
+                    f"eval.env[{i}].env {name!r} is not a declared env; {hint}envs: {names} "
+                    "(declare an eval-only env in [[orchestrator.envs]] with `train = false`)"
+                )
+        twice = sorted({n for n in evaluated if evaluated.count(n) > 1})
+        if twice:
+            raise ValueError(f"eval.env: {twice} evaluated twice; one eval table per env")
+        unused = [env.resolved_name for env in self.envs if not env.train and env.resolved_name not in evaluated]
+        if unused:
+            raise ValueError(
+                f"envs {unused} have `train = false` but no eval table names them; "
+                'add [[orchestrator.eval.env]] env = "<name>" or remove them'
+            )

@@ -3,7 +3,7 @@
 Guarantee: a rollout call on an `EnvHandle` returns one Trace per rollout asked for: re-run up to
 `max_retries` times while they come back with errors, and re-run without limit (each counted in
 `retried_rollouts`) when the server was lost, once it answers again; a sidecar server that died
-is restarted on its address (`restarts`). Only a server that is not back within
+is restarted on its address (the `restarts` policy it was given). Only a server that is not back within
 `reconnect_timeout_s` (or a sidecar out of restarts) raises `EnvUnavailable`. A sidecar server an
 `EnvHandle` spawned is stopped by `shutdown()` or, at the latest, at interpreter exit. The orchestrator
 never imports environment code: it only talks to servers.
@@ -26,7 +26,7 @@ from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
 from envrl.model.client import ClientConfig, SamplingArgs
 from envrl.orchestrator.config import EnvConfig, SamplingParams, TrainEnvConfig
-from envrl.runtime.process import Child, ChildFailed, Restart, RestartBudget
+from envrl.runtime.process import Child, ChildFailed, Restart, RestartBudget, RestartPolicy
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.launch import start as start_env_server
@@ -55,6 +55,7 @@ class EnvHandle(Generic[C]):
         sampling: SamplingParams,
         output_dir: Path,
         ready_timeout: float,
+        restarts: RestartPolicy | None = None,
         counters: Counter[str] | None = None,
     ) -> None:
         self.config = config
@@ -71,7 +72,9 @@ class EnvHandle(Generic[C]):
         """`retried_rollouts`, `env_server_losses`, `env_server_restarts` of this env (shared by the caller)."""
         self._child: Child | None = None
         self._client: EnvClient | None = None
-        self._restarts = RestartBudget(config.restarts)
+        self._restarts = RestartBudget(restarts or RestartPolicy())
+        """How a sidecar this EnvHandle spawned is restarted when it dies (default policy without
+        `restarts`), and the restarts left."""
         self._back: asyncio.Task[None] | None = None
         """The one wait for a lost server to answer again, shared by every call that lost it."""
 
@@ -111,7 +114,8 @@ class EnvHandle(Generic[C]):
 
     def _spawn(self, address: str) -> tuple[Child, str]:
         """The env's server on `address`, started as `rl`'s launcher starts it (serve/launch.py)."""
-        launch = self.config.server_launch(self.split, address, ModelAccessConfig.for_client(self.client_config))
+        access = ModelAccessConfig.for_client(self.client_config)
+        launch = self.config.server_launch(self.split, address, access, self._restarts.policy)
         return start_env_server(launch, log_file=self.log_file, ready_timeout=self.ready_timeout)
 
     async def shutdown(self) -> None:

@@ -79,9 +79,9 @@ class Orchestrator:
         )
         self.ledger = Ledger.of(self.output_dir, "orchestrator")
         self.batches: BatchSender = FileBatchSender(self.output_dir)
-        train = [self._make_env(env, "train") for env in config.envs]
+        train = [self._make_env(env, "train") for env in config.train_envs]
         self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
-        self.eval_envs = [self._make_env(env, "eval") for env in config.eval.env]
+        self.eval_envs = [self._make_env(env, "eval") for env in config.eval_envs()]
         self.policy = PolicyTracker(
             self.inference,
             self.output_dir,
@@ -144,6 +144,7 @@ class Orchestrator:
             sampling=self.config.sampling,
             output_dir=self.output_dir,
             ready_timeout=self.config.env_ready_timeout_s,
+            restarts=self.config.restarts,
             counters=self.counters if split == "train" else Counter(),
         )
 

@@ -60,10 +60,12 @@ def headline(output_dir: Path) -> dict[str, Any]:
         envs = sorted(p.stem for p in eval_results_root(output_dir).glob("*.jsonl"))
         return {"kind": "eval", "envs": envs, "eval": results}
     config = _toml(configs_dir(output_dir) / "orchestrator.toml")
-    envs = [e.get("name") or e.get("id") for e in config.get("envs", []) if isinstance(e, dict)]
-    # `eval_envs`: runs written before eval envs moved under `orchestrator.eval.env`
+    tables = [e for e in config.get("envs", []) if isinstance(e, dict)]
+    envs = [e.get("name") or e.get("id") for e in tables if e.get("train", True)]
+    # `eval_envs`: runs written before eval envs moved under `orchestrator.eval.env`; an eval table
+    # names its env (`env`) since envs are declared once, in `envs`
     eval_tables = config.get("eval", {}).get("env") or config.get("eval_envs", [])
-    eval_envs = [e.get("name") or e.get("id") for e in eval_tables if isinstance(e, dict)]
+    eval_envs = [e.get("env") or e.get("name") or e.get("id") for e in eval_tables if isinstance(e, dict)]
     summary = _json(summary_file(output_dir))
     facts: dict[str, Any] = {
         "kind": "run",

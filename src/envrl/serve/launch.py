@@ -31,7 +31,7 @@ class EnvServerLaunch(BaseModel):
     python: str
     """The interpreter it runs in (the env's `python` or `project`, else the starter's own)."""
     restarts: RestartPolicy
-    """How it is restarted when it dies (the env's `restarts`)."""
+    """How it is restarted when it dies (`rl`: the run's `restarts`; a standalone orchestrator: its `restarts`)."""
     pass_env: list[str] = []
     """Variables of the starter's environment it gets beyond the allow-list (the env's `pass_env`)."""
 

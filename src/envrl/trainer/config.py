@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
 from envrl.telemetry.log import LogConfig
@@ -40,25 +40,20 @@ class OptimConfig(BaseConfig):
 class LossConfig(BaseConfig):
     """Token-level policy gradient with importance ratio exp(logp_train - logp_inference)."""
 
-    ppo_clip: bool = True
-    """PPO-style clipping: the ratio is clipped to [1 - clip_low, 1 + clip_high] in a pessimistic min."""
-    clip_low: float = Field(0.2, ge=0, le=1)
-    """Lower clip distance (ratio floor is 1 - clip_low)."""
-    clip_high: float = Field(0.2, ge=0)
-    """Upper clip distance (ratio ceiling is 1 + clip_high)."""
-    ratio_mask: bool = False
-    """IcePop/DPPO-style: tokens whose ratio is outside [mask_low, mask_high] get no gradient."""
-    mask_low: float = Field(0.5, ge=0)
-    """Lowest ratio still trained on when `ratio_mask` is on."""
-    mask_high: float = Field(2.0, gt=0)
-    """Highest ratio still trained on when `ratio_mask` is on."""
+    clip: tuple[float, float] | Literal[False] = (0.2, 0.2)
+    """PPO-style clipping, (low, high) distances: the ratio is clipped to [1 - low, 1 + high] in a
+    pessimistic min. `false`: no clipping (not None: TOML has no null, and a config written for a
+    process leaves None out, which would turn clipping back on)."""
+    ratio_mask: tuple[float, float] | None = None
+    """IcePop/DPPO-style, (low, high) ratios, e.g. [0.5, 2.0]: tokens whose ratio is outside
+    [low, high] get no gradient. Unset: every token is trained."""
     normalize: Literal["token", "sequence"] = "token"
     """`token`: sum over the batch's loss tokens / their count. `sequence`: mean over samples of
     each sample's token mean."""
     ratio_level: Literal["token", "sequence"] = "token"
     """`token`: each token's own ratio. `sequence` (GSPO; TRL's `importance_sampling_level =
     "sequence"`): every trained token of a sample gets the sample's ratio exp(mean of its tokens'
-    log-ratios), clipped and masked as a whole (GSPO clips at ~3e-4/4e-4: set clip_low/clip_high)."""
+    log-ratios), clipped and masked as a whole (GSPO clips at ~3e-4/4e-4: set `clip`)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty (k3 estimator) pulling the trainer towards the inference policy."""
     ref_kl_coef: float = Field(0.0, ge=0)
@@ -66,10 +61,30 @@ class LossConfig(BaseConfig):
     initial `model.name` kept frozen (TRL's `beta`). Above 0 the trainer holds a second copy of
     the model and runs one more forward pass per micro-batch; metric `trainer/ref_kl`."""
 
+    removed_keys: ClassVar[dict[str, str]] = {
+        "ppo_clip": "clip = [low, high] turns clipping on (default [0.2, 0.2]), clip = false off",
+        "clip_low": "clip = [low, high]: the ratio is clipped to [1 - low, 1 + high]",
+        "clip_high": "clip = [low, high]: the ratio is clipped to [1 - low, 1 + high]",
+        "mask_low": "ratio_mask = [low, high]: the ratios still trained on",
+        "mask_high": "ratio_mask = [low, high]: the ratios still trained on",
+    }
+
+    @field_validator("clip", "ratio_mask", mode="before")
+    @classmethod
+    def _off(cls, value: object, info: ValidationInfo) -> object:
+        if value is True:
+            example = "[0.2, 0.2]" if info.field_name == "clip" else "[0.5, 2.0]"
+            raise ValueError(f"give the (low, high) pair, e.g. {example}; false turns it off")
+        if value is False or value is None:
+            return False if info.field_name == "clip" else None
+        return value
+
     @model_validator(mode="after")
     def _ordered(self) -> LossConfig:
-        if self.mask_low >= self.mask_high:
-            raise ValueError(f"mask_low ({self.mask_low}) must be below mask_high ({self.mask_high})")
+        if self.clip is not False and not (0 <= self.clip[0] <= 1 and self.clip[1] >= 0):
+            raise ValueError(f"clip = {list(self.clip)}: low must be in [0, 1] and high >= 0")
+        if self.ratio_mask is not None and not 0 <= self.ratio_mask[0] < self.ratio_mask[1]:
+            raise ValueError(f"ratio_mask = {list(self.ratio_mask)}: needs 0 <= low < high")
         return self
 
 

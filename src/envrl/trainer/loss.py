@@ -86,7 +86,7 @@ def policy_loss(
     `kl_coef * (exp(logp_inf - logp) - 1 - (logp_inf - logp))` (k3 KL to the inference policy),
     and with `ref_logprobs` (the frozen reference model's, [T]) `ref_kl_coef` times the same k3
     with `logp_ref` in place of `logp_inf` (KL to the reference; its sum is the `ref_kl` stat).
-    With `ratio_mask`, tokens whose r is outside [mask_low, mask_high] contribute nothing (their
+    With `ratio_mask = (low, high)`, tokens whose r is outside [low, high] contribute nothing (their
     weight is not redistributed). All tensors are [T]; `weights` carry the normalisation.
     A NaN inference logprob (a back-filled turn: the behaviour policy is unknown) counts as
     on-policy: ratio 1 and no mismatch. With `ratio_level = "sequence"` (GSPO) the log-ratio of
@@ -99,12 +99,13 @@ def policy_loss(
     with torch.no_grad():
         true_log_ratio = logprobs - inference_logprobs
         mismatch_kl = torch.where(loss_mask, _k3(true_log_ratio), 0.0).sum()
-        if config.ratio_mask:
+        if config.ratio_mask is not None:
             masked_by = true_log_ratio
             if config.ratio_level == "sequence":
                 masked_by = _sample_mean(true_log_ratio, loss_mask, _lengths(lengths, loss_mask))
             r = torch.exp(masked_by)
-            masked = loss_mask & ((r < config.mask_low) | (r > config.mask_high))
+            low, high = config.ratio_mask
+            masked = loss_mask & ((r < low) | (r > high))
             keep = loss_mask & ~masked
     # Zeroed outside `keep`, so an extreme ratio on an untrained token cannot turn into a NaN grad.
     log_ratio = torch.where(keep, logprobs - inference_logprobs, 0.0)
@@ -114,8 +115,9 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     loss = -ratio * advantages
     clipped = torch.zeros_like(loss_mask)
-    if config.ppo_clip:
-        clipped_loss = -torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high) * advantages
+    if config.clip is not False:
+        low, high = config.clip
+        clipped_loss = -torch.clamp(ratio, 1 - low, 1 + high) * advantages
         clipped = keep & (clipped_loss > loss)
         loss = torch.maximum(loss, clipped_loss)
     if config.kl_coef > 0:

@@ -79,7 +79,7 @@ def test_inference_that_never_serves_fails_the_run_at_its_one_start_up_limit_nam
         supervisor = Supervisor(grace=1.0)
         supervisor.add(child)
         try:
-            with pytest.raises(ChildFailed, match=r"(?s)did not serve .*orchestrator\.inference\.ready_timeout_s"):
+            with pytest.raises(ChildFailed, match=r"(?s)did not serve .*limit, inference\.ready_timeout_s"):
                 wait_for_replicas({"inference": child}, {"inference": config}, supervisor, time.monotonic() + 1.0)
             assert child.poll() is None  # failed on the limit, not on a death
         finally:

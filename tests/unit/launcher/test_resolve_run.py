@@ -9,7 +9,7 @@ from envrl.launcher.config import EVAL_PORT_OFFSET, RLConfig, resolve_run
 
 TWO_TRAIN_TWO_EVAL = [
     ("orchestrator.envs", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
-    ("orchestrator.eval.env", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
+    ("orchestrator.eval.env", '[{"env": "reverse-text"}, {"env": "second"}]'),
 ]
 
 
@@ -42,15 +42,24 @@ def test_a_shared_key_set_inside_a_section_is_an_error_naming_it(key: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("key", "value", "source"),
+    ("key", "value", "owner", "source"),
     [
-        ("orchestrator.inference.base-url", "http://127.0.0.1:9", "inference.port and inference.replicas"),
-        ("trainer.resume", "true", "--resume"),
+        ("orchestrator.inference.base-url", "http://127.0.0.1:9", "orchestrator.inference", "the inference servers"),
+        ("orchestrator.inference.retry.max-retries", "3", "orchestrator.inference", "the inference servers"),
+        ("orchestrator.inference.ready-timeout-s", "3", "orchestrator.inference", r"the inference .*ready_timeout_s\)"),
+        ("trainer.resume", "true", "trainer.resume", "--resume"),
     ],
 )
-def test_a_key_rl_sets_itself_is_refused_naming_where_it_comes_from(key: str, value: str, source: str) -> None:
-    with pytest.raises(ConfigError, match=f"'{key.replace('-', '_')}' is set by rl from {source}"):
+def test_a_key_rl_sets_itself_is_refused_naming_where_it_comes_from(
+    key: str, value: str, owner: str, source: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"'{owner}' is set by rl from {source}"):
         resolve_run(rl_config((key, value)))
+
+
+def test_the_inference_start_up_limit_is_the_inference_sections_and_the_orchestrator_waits_as_long() -> None:
+    run = resolve_run(rl_config(("inference.ready-timeout-s", "42")))
+    assert run.inference.ready_timeout_s == run.orchestrator.inference.ready_timeout_s == 42
 
 
 def test_rl_help_leaves_out_the_keys_rl_sets_itself() -> None:
@@ -76,8 +85,21 @@ def test_train_and_eval_env_servers_get_consecutive_ports_in_their_own_blocks() 
     ]
     assert [(s.split, s.name, s.config.address) for s in run.env_servers] == expected
     # The orchestrator connects to exactly the addresses the servers bind.
-    addresses = [env.address for env in [*run.orchestrator.envs, *run.orchestrator.eval.env]]
+    addresses = [env.address for env in [*run.orchestrator.envs, *run.orchestrator.eval_envs()]]
     assert addresses == [address for _, _, address in expected]
+
+
+def test_an_eval_only_env_gets_an_eval_server_only_and_an_external_env_none() -> None:
+    envs = (
+        '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "held-out", "train": false},'
+        ' {"id": "reverse-text", "name": "far", "address": "tcp://127.0.0.1:7900"}]'
+    )
+    evals = '[{"env": "held-out"}, {"env": "far"}]'
+    run = resolve_run(rl_config(("orchestrator.envs", envs), ("orchestrator.eval.env", evals)))
+    expected = [("train", "reverse-text", "tcp://127.0.0.1:5000"), ("eval", "held-out", "tcp://127.0.0.1:6000")]
+    assert [(s.split, s.name, s.config.address) for s in run.env_servers] == expected
+    # the external server answers both the train and the eval rollouts of its env
+    assert [env.address for env in run.orchestrator.eval_envs()] == ["tcp://127.0.0.1:6000", "tcp://127.0.0.1:7900"]
 
 
 def test_an_env_with_its_own_address_gets_no_server_and_keeps_its_address() -> None:
@@ -87,16 +109,27 @@ def test_an_env_with_its_own_address_gets_no_server_and_keeps_its_address() -> N
     assert run.orchestrator.envs[0].address == "tcp://127.0.0.1:7900"
 
 
-def test_each_env_server_gets_its_envs_spec_pool_timeout_and_restarts() -> None:
+def test_each_env_server_gets_its_envs_spec_pool_timeout_and_the_runs_restarts() -> None:
     envs = (
         '[{"id": "reverse-text", "args": {"max_len": 5}, "pool": {"type": "static", "num_workers": 3},'
-        ' "timeout": {"rollout_s": 12.5}, "restarts": {"max_restarts": 4}}]'
+        ' "timeout": {"rollout_s": 12.5}}]'
     )
-    (server,) = resolve_run(rl_config(("orchestrator.envs", envs))).env_servers
+    run = resolve_run(rl_config(("orchestrator.envs", envs), ("restarts.max-restarts", "4")))
+    (server,) = run.env_servers
     assert (server.config.env.id, server.config.env.args) == ("reverse-text", {"max_len": 5})
     assert server.config.pool.type == "static" and server.config.pool.num_workers == 3
     assert server.config.timeout.rollout_s == 12.5
-    assert server.restarts.max_restarts == 4
+    assert server.restarts.max_restarts == run.orchestrator.restarts.max_restarts == 4
+
+
+def test_an_envs_own_restarts_is_refused_naming_the_runs() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"'orchestrator.envs\[0\].restarts'.*removed: one restart policy: under rl .*top-level `restarts`",
+    ):
+        rl_config(("orchestrator.envs", '[{"id": "reverse-text", "restarts": {"max_restarts": 4}}]'))
+    with pytest.raises(ConfigError, match=r"'orchestrator.restarts' is set by rl from restarts"):
+        resolve_run(rl_config(("orchestrator.restarts.max-restarts", "4")))
 
 
 def test_an_eval_port_block_reaching_the_inference_port_is_an_error_naming_both() -> None:

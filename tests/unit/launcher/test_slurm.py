@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,9 @@ def test_the_sbatch_script_starts_each_process_on_its_host(tmp_path: Path) -> No
     assert [line.split(" env ")[1].split()[0] for line in inference] == [f"CUDA_VISIBLE_DEVICES={i}" for i in range(8)]
     assert all('--nodelist="${HOST_1}"' in line for line in inference)
     [env_server] = [line for line in steps if "envrl.serve.main" in line]
-    assert '--nodelist="${HOST_1}"' in env_server and " env -u ENVRL_RELOAD_TOKEN " in env_server
+    assert (
+        '--nodelist="${HOST_1}"' in env_server and " env -i " in env_server and "ENVRL_RELOAD_TOKEN" not in env_server
+    )
     [trainer] = [line for line in steps if "envrl.trainer.main" in line]
     assert '--nodelist="${HOST_0}"' in trainer and "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in trainer
     assert "--nproc-per-node 8" in trainer
@@ -92,3 +95,31 @@ def test_the_jobs_curve_secrets_are_readable_by_their_owner_only(tmp_path: Path)
         assert directory.stat().st_mode & 0o077 == 0, oct(directory.stat().st_mode)
     for secret in (server.secret_key_file, client.secret_key_file):
         assert secret.stat().st_mode & 0o077 == 0, oct(secret.stat().st_mode)
+
+
+def test_an_env_server_step_sees_only_the_allow_list_of_the_jobs_environment(tmp_path: Path) -> None:
+    rl = two_nodes(tmp_path)
+    rl.orchestrator.envs[0].pass_env = ["MY_JUDGE_KEY"]
+    script = sbatch_script(rl, tmp_path / "rl.toml")
+    prefixed = [line for line in script.splitlines() if "ENVRL_PREFIXED_ENV" in line and not line.startswith("srun")]
+    [env_server] = [line for line in script.splitlines() if line.startswith("srun ") and "envrl.serve.main" in line]
+    # SLURM is not on this box: a stand-in `srun` runs the step's command (its words after the
+    # options) here, and the env server's interpreter is swapped for `env`, which prints what it got.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    step = env_server.split(f" {sys.executable} ")[0] + " /usr/bin/env"
+    job = "\n".join(["set -uo pipefail", "HOST_1=gpu-b", *prefixed, step])
+    environ = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "LC_TIME": "C",
+        "MY_JUDGE_KEY": "passed",
+        "ENVRL_RELOAD_TOKEN": "secret-token",
+        "WANDB_API_KEY": "secret-wandb",
+    }
+    out = subprocess.run(["bash", "-c", job], env=environ, capture_output=True, text=True, check=True).stdout
+    seen = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    assert seen["LC_TIME"] == "C" and seen["MY_JUDGE_KEY"] == "passed" and seen["HOME"] == str(tmp_path)
+    assert "ENVRL_RELOAD_TOKEN" not in seen and "WANDB_API_KEY" not in seen

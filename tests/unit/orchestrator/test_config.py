@@ -27,10 +27,7 @@ def test_duplicate_env_names_are_an_error() -> None:
 
 def test_duplicate_addresses_are_an_error() -> None:
     with pytest.raises(ConfigError, match="share the address tcp://127.0.0.1:5000"):
-        resolve(
-            envs=[{"id": "a", "address": "tcp://127.0.0.1:5000"}],
-            eval={"env": [{"id": "b", "address": "tcp://127.0.0.1:5000"}]},
-        )
+        resolve(envs=[{"id": "a", "address": "tcp://127.0.0.1:5000"}, {"id": "b", "address": "tcp://127.0.0.1:5000"}])
 
 
 def test_worker_count_belongs_to_the_pool_table() -> None:
@@ -75,15 +72,15 @@ def test_a_zero_temperature_is_an_error_for_train_envs_wherever_it_is_set(where:
 
 
 def test_an_eval_env_may_decode_greedily() -> None:
-    config = resolve(envs=[{"id": "a"}], eval={"env": [{"id": "b", "sampling": {"temperature": 0.0}}]})
-    assert config.eval.env[0].sampling_args(config.sampling).temperature == 0.0
+    config = resolve(envs=[{"id": "a"}], eval={"env": [{"env": "a", "sampling": {"temperature": 0.0}}]})
+    assert config.eval_envs()[0].sampling_args(config.sampling).temperature == 0.0
 
 
 def test_sampling_options_the_trainer_cannot_reproduce_are_refused_for_train_envs_only() -> None:
     with pytest.raises(ConfigError, match=r"env 'a': sampling.extra \['min_p'\] reshape the sampling distribution"):
         resolve(envs=[{"id": "a", "sampling": {"extra": {"min_p": 0.1}}}])
-    config = resolve(envs=[{"id": "a"}], eval={"env": [{"id": "b", "sampling": {"extra": {"min_p": 0.1}}}]})
-    assert config.eval.env[0].sampling_args(config.sampling).extra == {"min_p": 0.1}
+    config = resolve(envs=[{"id": "a"}], eval={"env": [{"env": "a", "sampling": {"extra": {"min_p": 0.1}}}]})
+    assert config.eval_envs()[0].sampling_args(config.sampling).extra == {"min_p": 0.1}
 
 
 def test_a_remote_env_address_needs_curve_keys_or_insecure(tmp_path) -> None:
@@ -123,28 +120,80 @@ def test_inference_and_train_client_urls_are_checked_alike(base_url: list[str], 
     assert TrainClientConfig(base_url="http://a:8000", model="m").base_urls == ["http://a:8000"]
 
 
-def test_an_eval_env_may_take_a_train_envs_keys_and_set_only_what_differs() -> None:
-    train = {"id": "learnable", "args": {"num_eval": 8}, "ratio": 2.0, "pool": {"type": "static", "num_workers": 1}}
-    config = resolve(envs=[train], eval={"env": [{"train_env": "learnable", "num_examples": 4, "args": {"turns": 2}}]})
-    (env,) = config.eval.env
-    assert (env.name, env.id, env.args, env.num_examples) == ("learnable", "learnable", {"turns": 2}, 4)
+def test_an_eval_env_is_its_declared_envs_server_keys_with_its_own_scoring_and_sampling() -> None:
+    train = {
+        "id": "learnable",
+        "args": {"num_eval": 8},
+        "ratio": 2.0,
+        "pool": {"type": "static", "num_workers": 1},
+        "sampling": {"temperature": 0.7, "top_p": 0.9},
+    }
+    table = {"env": "learnable", "num_examples": 4, "sampling": {"temperature": 0.0}}
+    config = resolve(envs=[train], eval={"env": [table]})
+    (env,) = config.eval_envs()
+    assert (env.name, env.id, env.args, env.num_examples) == ("learnable", "learnable", {"num_eval": 8}, 4)
+    assert env.sampling == {"temperature": 0.0, "top_p": 0.9}
     assert isinstance(env.pool, StaticPoolConfig) and "ratio" not in type(env).model_fields
 
 
-def test_an_eval_env_naming_no_train_env_is_an_error_listing_them() -> None:
-    with pytest.raises(ConfigError, match=r"train_env 'lernable' is not a train env; did you mean 'learnable'\? train"):
-        resolve(envs=[{"id": "a"}, {"id": "learnable"}], eval={"env": [{"train_env": "lernable"}]})
+def test_an_eval_only_env_is_declared_with_train_false_and_never_trained_on() -> None:
+    config = resolve(envs=[{"id": "a"}, {"id": "b", "train": False}], eval={"env": [{"env": "b", "pass_at": [1]}]})
+    assert [env.resolved_name for env in config.train_envs] == ["a"]
+    assert [env.resolved_name for env in config.eval_envs()] == ["b"]
 
 
-def test_an_eval_env_has_no_ratio_and_no_schedule_of_its_own() -> None:
-    with pytest.raises(ConfigError, match=r"unknown config key 'eval.env\[0\].ratio'"):
-        resolve(envs=[{"id": "a"}], eval={"env": [{"id": "b", "ratio": 1.0}]})
+def test_ratio_on_an_env_not_trained_on_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"env 'b': `ratio` is a share of training"):
+        resolve(envs=[{"id": "a"}, {"id": "b", "train": False, "ratio": 1.0}], eval={"env": [{"env": "b"}]})
+
+
+def test_a_run_needs_a_train_env_and_an_eval_only_env_an_eval_table() -> None:
+    with pytest.raises(ConfigError, match=r"every env has `train = false`"):
+        resolve(envs=[{"id": "a", "train": False}], eval={"env": [{"env": "a"}]})
+    with pytest.raises(ConfigError, match=r"envs \['b'\] have `train = false` but no eval table names them"):
+        resolve(envs=[{"id": "a"}, {"id": "b", "train": False}])
+
+
+def test_an_eval_env_naming_no_declared_env_is_an_error_listing_them() -> None:
+    with pytest.raises(ConfigError, match=r"env 'lernable' is not a declared env; did you mean 'learnable'\? envs"):
+        resolve(envs=[{"id": "a"}, {"id": "learnable"}], eval={"env": [{"env": "lernable"}]})
+    with pytest.raises(ConfigError, match=r"missing `env`: name an env of \[\[orchestrator.envs\]\]"):
+        resolve(envs=[{"id": "a"}], eval={"env": [{"num_examples": 3}]})
+    with pytest.raises(ConfigError, match=r"\['a'\] evaluated twice"):
+        resolve(envs=[{"id": "a"}], eval={"env": [{"env": "a"}, {"env": "a"}]})
+
+
+@pytest.mark.parametrize("key", ["id", "args", "pool", "address", "ratio", "name"])
+def test_an_env_key_in_an_eval_table_says_to_declare_the_env(key: str) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=rf"unknown config key 'eval.env\[0\].{key}'.*removed: .*declare it in \[\[orchestrator.envs\]\] "
+        r"\(with `train = false` for an eval-only env\) and name it here with env =",
+    ):
+        resolve(envs=[{"id": "a"}], eval={"env": [{"env": "a", key: {"x": 1} if key in ("args", "pool") else "b"}]})
+
+
+def test_train_env_was_renamed_env() -> None:
+    with pytest.raises(
+        ConfigError, match=r"'eval.env\[0\].train_env'.*did you mean 'eval.env\[0\].env'\? \(the key was renamed\)"
+    ):
+        resolve(envs=[{"id": "a"}], eval={"env": [{"train_env": "a"}]})
+
+
+def test_an_eval_env_has_no_schedule_of_its_own() -> None:
     with pytest.raises(
         ConfigError, match=r"'eval.env\[0\].interval'.*removed: one schedule .*orchestrator.eval.interval"
     ):
-        resolve(envs=[{"id": "a"}], eval={"env": [{"id": "b", "interval": 5}]})
+        resolve(envs=[{"id": "a"}], eval={"env": [{"env": "a", "interval": 5}]})
 
 
 def test_max_inflight_defaults_to_the_batches_generation_may_run_ahead() -> None:
     assert resolve(envs=[{"id": "a"}], batch_size=8, group_size=4, max_async_level=2).inflight_limit == 24
     assert resolve(envs=[{"id": "a"}], batch_size=8, group_size=4, max_inflight=5).inflight_limit == 5
+
+
+def test_an_envs_own_client_is_a_chat_client() -> None:
+    teacher = {"base_url": "https://api.example.com/v1", "model": "teacher", "api_key_env": "KEY"}
+    assert resolve(envs=[{"id": "a", "client": teacher}]).envs[0].client.model == "teacher"
+    with pytest.raises(ConfigError, match=r"'envs\[0\].client.type'.*Input should be 'eval'"):
+        resolve(envs=[{"id": "a", "client": {"type": "scripted", "replies": ["x"]}}])

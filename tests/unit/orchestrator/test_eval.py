@@ -12,7 +12,8 @@ import pytest
 from envrl.config import load_config
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Error, Trace, WireTask
-from envrl.eval.main import EvalConfig, EvalInputError, EvalProgress, Evaluation, format_summary
+from envrl.eval.main import EvalConfig, EvalInputError, Evaluation, format_summary
+from envrl.eval.progress import EvalProgress
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.config import EvalEnvConfig
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids

@@ -28,7 +28,7 @@ def adapter_tensors(directory) -> dict[str, torch.Tensor]:
 
 def test_only_the_adapter_trains_and_each_step_publishes_only_the_adapter(tmp_path):
     write_batches(tmp_path, 2)
-    trainer = make_trainer(tmp_path, max_steps=2, lora=LORA, **{"loss.ppo_clip": False})
+    trainer = make_trainer(tmp_path, max_steps=2, lora=LORA, **{"loss.clip": False})
     base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
     trainer.run()
     published = tmp_path / "weights" / "step_2"
@@ -55,7 +55,7 @@ def test_step_zero_policy_is_the_base_model(tmp_path):
 
 
 def test_the_lora_reference_is_the_base_with_the_adapter_off_not_a_copy(tmp_path):
-    trainer = make_trainer(tmp_path, lora=LORA, **{"loss.ppo_clip": False, "loss.ref_kl_coef": 0.1})
+    trainer = make_trainer(tmp_path, lora=LORA, **{"loss.clip": False, "loss.ref_kl_coef": 0.1})
     assert trainer.reference is None
     samples = synthetic_samples(6, seed=4)
     first, second = (trainer.train_on(0, samples, where="fixed")["ref_kl"] for _ in range(2))

@@ -22,7 +22,7 @@ from tests.unit.trainer.trainers import make_trainer, tensor_names
 
 
 def test_loss_goes_down_on_a_fixed_batch(tmp_path):
-    trainer = make_trainer(tmp_path, **{"loss.ppo_clip": False})
+    trainer = make_trainer(tmp_path, **{"loss.clip": False})
     samples = synthetic_samples(6, seed=4)
     losses = [trainer.train_on(0, samples, where="fixed")["loss"] for _ in range(5)]
     assert all(later < earlier for earlier, later in pairwise(losses)), losses
@@ -31,7 +31,7 @@ def test_loss_goes_down_on_a_fixed_batch(tmp_path):
 def test_the_reference_kl_starts_at_zero_and_grows_as_the_policy_moves(tmp_path):
     """The reference is the initial model: identical weights and inputs give identical logits on
     one process, so the first step's KL is exactly 0; after an update it is positive."""
-    trainer = make_trainer(tmp_path, **{"loss.ppo_clip": False, "loss.ref_kl_coef": 0.1})
+    trainer = make_trainer(tmp_path, **{"loss.clip": False, "loss.ref_kl_coef": 0.1})
     samples = synthetic_samples(6, seed=4)
     first, second = (trainer.train_on(0, samples, where="fixed")["ref_kl"] for _ in range(2))
     assert first == 0.0 and second > 0.0
@@ -120,7 +120,7 @@ def test_samples_older_than_max_async_level_are_refused(tmp_path):
 
 def test_step_metrics_cover_the_issue_list(tmp_path):
     write_batches(tmp_path, 1)
-    make_trainer(tmp_path, max_steps=1, **{"loss.ratio_mask": True}).run()
+    make_trainer(tmp_path, max_steps=1, **{"loss.ratio_mask": [0.5, 2.0]}).run()
     (line,) = metric_lines(tmp_path)
     issue_list = ("loss", "entropy", "mismatch_kl", "clip_frac", "mask_frac", "grad_norm", "tokens_per_s")
     for key in (*issue_list, "step_time_s", "peak_mem_gib"):
