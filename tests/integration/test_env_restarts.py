@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from envrl.launcher.supervisor import Respawn, Supervisor
-from envrl.model.client import ScriptedClientConfig
-from envrl.orchestrator.config import EnvConfig, SamplingParams
+from envrl.model.client import SamplingParams, ScriptedClientConfig
+from envrl.orchestrator.env_config import EnvConfig
 from envrl.orchestrator.env_handles import EnvHandle, EnvUnavailable
 from envrl.runtime.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
 from envrl.serve.client import EnvClient

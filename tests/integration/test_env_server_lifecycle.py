@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from envrl.model.client import ScriptedClientConfig
-from envrl.orchestrator.config import EnvConfig, SamplingParams
+from envrl.model.client import SamplingParams, ScriptedClientConfig
+from envrl.orchestrator.env_config import EnvConfig
 from envrl.orchestrator.env_handles import EnvHandle
 from envrl.runtime.process import ChildFailed, spawn_sidecar
 from envrl.serve.client import EnvServerError

@@ -22,8 +22,9 @@ from envrl.config import ModelConfig, config_to_toml
 from envrl.data.layout import batch_dir, weights_dir
 from envrl.data.samples import read_batch
 from envrl.data.seeds import attempt_seed
-from envrl.model.client import EvalClientConfig, ScriptedClientConfig
-from envrl.orchestrator.config import EvalsConfig, EvalTableConfig, OrchestratorConfig, SamplingParams, TrainEnvConfig
+from envrl.model.client import EvalClientConfig, SamplingParams, ScriptedClientConfig
+from envrl.orchestrator.config import EvalsConfig, OrchestratorConfig
+from envrl.orchestrator.env_config import EvalTableConfig, TrainEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.lifeline import PARENT_PID_ENV

@@ -28,8 +28,8 @@ from envrl.config import BaseConfig, ModelConfig, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.data.traces import Trace
 from envrl.eval.progress import EvalProgress
-from envrl.model.client import ClientConfig, EvalClientConfig, TrainClientConfig
-from envrl.orchestrator.config import EvalEnvConfig, SamplingParams, check_pass_at
+from envrl.model.client import ClientConfig, EvalClientConfig, SamplingParams, TrainClientConfig
+from envrl.orchestrator.env_config import EvalEnvConfig, check_pass_at
 from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line

@@ -21,7 +21,7 @@ from loguru import logger
 
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Trace
-from envrl.orchestrator.config import EvalEnvConfig
+from envrl.orchestrator.env_config import EvalEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics
 

@@ -5,8 +5,8 @@ import asyncio
 from pathlib import Path
 
 from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
-from envrl.model.client import ScriptedClientConfig
-from envrl.orchestrator.config import SamplingParams, TrainEnvConfig
+from envrl.model.client import SamplingParams, ScriptedClientConfig
+from envrl.orchestrator.env_config import TrainEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle
 
 

@@ -15,7 +15,7 @@ from envrl.data.traces import Error, Trace, WireTask
 from envrl.eval.main import EvalConfig, EvalInputError, Evaluation, format_summary
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
-from envrl.orchestrator.config import EvalEnvConfig
+from envrl.orchestrator.env_config import EvalEnvConfig
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
 from envrl.telemetry.progress import CLEAR_LINE, LiveLines

@@ -6,7 +6,7 @@ import pytest
 
 from envrl.data.samples import TrainingSample
 from envrl.data.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
-from envrl.orchestrator.config import EvalEnvConfig
+from envrl.orchestrator.env_config import EvalEnvConfig
 from envrl.orchestrator.stats import pass_at_k, rollout_metrics, token_metrics, why_unscored
 
 

@@ -4,8 +4,9 @@ import random
 from collections import Counter
 from pathlib import Path
 
-from envrl.model.client import ScriptedClientConfig
-from envrl.orchestrator.config import EvalsConfig, SamplingParams, TrainEnvConfig
+from envrl.model.client import SamplingParams, ScriptedClientConfig
+from envrl.orchestrator.config import EvalsConfig
+from envrl.orchestrator.env_config import TrainEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 
 

@@ -11,7 +11,8 @@ import pytest
 from envrl.inference.config import InferenceConfig, ReloadConfig
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
-from envrl.orchestrator.config import OrchestratorConfig, TrainEnvConfig
+from envrl.orchestrator.config import OrchestratorConfig
+from envrl.orchestrator.env_config import TrainEnvConfig
 from envrl.serve import protocol as p
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.params import ParamsChecker
