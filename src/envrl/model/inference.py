@@ -16,7 +16,7 @@ import httpx
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl.runtime.http import HttpCallError, RetryPolicy, bearer, keep_alive_session, request_json
+from envrl.runtime.http import HttpCallError, RetryPolicy, bearer, keep_alive_session, poll_delays, request_json
 from envrl.runtime.secrets import API_KEY_ENV, api_key
 
 WAIT_REPORT_S = 30.0
@@ -162,6 +162,7 @@ class InferenceClient:
         start = time.monotonic()
         deadline, next_report = start + timeout, start + WAIT_REPORT_S
         last = "no answer yet"
+        delays = poll_delays(max_s=0.1)  # a poll is one request on the kept client, and step 0 waits on this
         while True:
             if time.monotonic() >= next_report:
                 next_report += WAIT_REPORT_S
@@ -181,7 +182,7 @@ class InferenceClient:
                 last = f"HTTP {response.status_code}"
             except httpx.HTTPError as e:
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(min(next(delays), max(0.0, deadline - time.monotonic())))
 
     async def update_weights(
         self,

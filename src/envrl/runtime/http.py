@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import aiohttp
@@ -58,6 +58,16 @@ def keep_alive_session(headers: Mapping[str, str] | None = None) -> aiohttp.Clie
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_EXPIRY_S), headers=headers
     )
+
+
+def poll_delays(first_s: float = 0.05, max_s: float = 0.5) -> Iterator[float]:
+    """The waits between readiness polls (`GET /health`): `first_s`, doubling up to `max_s`, so a
+    server that comes up soon is seen within a few of its first milliseconds, not at the next
+    whole second, and one that takes a minute costs a poll every `max_s`."""
+    delay = first_s
+    while True:
+        yield delay
+        delay = min(delay * 2, max_s)
 
 
 class HttpCallError(RuntimeError):
