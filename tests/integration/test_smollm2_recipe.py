@@ -50,9 +50,9 @@ def test_the_smollm2_recipe_trains_a_cut_down_smollm2_with_lora(tmp_path: Path) 
     assert sorted(m["step"] for m in records if "trainer/loss" in m) == list(range(STEPS))
     recipe = tomllib.loads(RECIPE.read_text())
     eval_env = recipe["orchestrator"]["eval"]["env"][0]
-    evals = [m for m in records if f"eval/{eval_env['name']}/reward" in m]
+    evals = [m for m in records if f"eval/{eval_env['env']}/reward" in m]
     assert [m["step"] for m in evals] == [0, STEPS]  # at start and at end
-    assert all(m[f"eval/{eval_env['name']}/tasks"] == eval_env["num_examples"] for m in evals)
+    assert all(m[f"eval/{eval_env['env']}/tasks"] == eval_env["num_examples"] for m in evals)
 
     log = (out / "logs" / "inference.log").read_text()
     assert log.count("LoRA adapter hot-loaded from") >= STEPS - 1 and "weights reloaded from" not in log

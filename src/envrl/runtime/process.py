@@ -227,19 +227,23 @@ def kill_tree(root: int) -> None:
 
     `root` must be a subreaper (`lifeline.become_subreaper`) that is stopped or is the caller:
     then the orphans of a killed process come back to `root` and the next pass finds them, and
-    a daemon that double-forked and called setsid is still a descendant. Walking the tree of
-    /proc/PID/task/TID/children (a kernel with CONFIG_PROC_CHILDREN, as distribution kernels
-    have), not process groups or sessions: those a program leaves with one setsid; a pid
+    a daemon that double-forked and called setsid is still a descendant (even when its parent
+    exits while the tree is walked: `root`'s children are read again before it returns). Walking
+    the tree of /proc/PID/task/TID/children (a kernel with CONFIG_PROC_CHILDREN, as distribution
+    kernels have), not process groups or sessions: those a program leaves with one setsid; a pid
     namespace or a cgroup would need privileges envrl does not have.
     """
     while True:
-        found, stack = [], _children(root)
+        first = _children(root)
+        found, stack = [], list(first)
         while stack:
             pid = stack.pop()
             if _running(pid):
                 found.append(pid)
                 stack += _children(pid)
-        if not found:
+        # A child that exited between the two reads had its own children reparented to `root` before
+        # it showed as a zombie, so they are in a second read of `root`'s children, not the first.
+        if not found and set(_children(root)) == set(first):
             return
         for pid in found:
             with contextlib.suppress(ProcessLookupError):
