@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from envrl.config import _unwrap
+from envrl.config_schema import unwrap_types
 from envrl.launcher.config import RLConfig
 
 
@@ -27,8 +27,8 @@ def leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     """Every dotted leaf key of `model` (tables in lists and union members walked, each key once)."""
     out: list[str] = []
     for name, field in model.model_fields.items():
-        types = _unwrap(field.annotation)
-        items = [t for tp in types if typing.get_origin(tp) is list for t in _unwrap(typing.get_args(tp)[0])]
+        types = unwrap_types(field.annotation)
+        items = [t for tp in types if typing.get_origin(tp) is list for t in unwrap_types(typing.get_args(tp)[0])]
         tables = [t for t in [*types, *items] if isinstance(t, type) and issubclass(t, BaseModel)]
         if not tables:
             out.append(f"{prefix}{name}")

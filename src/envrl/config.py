@@ -3,7 +3,7 @@
 Guarantee: a config is built from defaults, then `--config` TOML files in order (deep-merged),
 then dotted command-line overrides, and validated once. Any problem (unknown key, wrong type,
 missing file) becomes a `ConfigError` whose message is ONE line naming the dotted key, where the
-value came from, and the closest valid key (phrased by `config_schema._describe`, which also walks
+value came from, and the closest valid key (phrased by `config_schema.describe_error`, which also walks
 the model tree for typing overrides and `--help`); entry points turn it into exit code 2.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from envrl.config_schema import Key, _describe, _field_types, _unwrap
+from envrl.config_schema import Key, describe_error, types_at_path, unwrap_types
 
 C = TypeVar("C", bound="BaseConfig")
 
@@ -156,11 +156,11 @@ def _is_textual(tp: Any) -> bool:
 def _parse_override(model: type[BaseModel], name: str, raw: str | None) -> tuple[list[str], Any]:
     """Turn `--a.b-c VALUE` into (["a", "b_c"], value), reading VALUE by the field's type."""
     path = [part.replace("-", "_") for part in name.split(".")]
-    field_types = _field_types(model, path)
+    field_types = types_at_path(model, path)
     if raw is None:
         if field_types is None and path[-1].startswith("no_"):
             negated = [*path[:-1], path[-1][3:]]
-            if bool in (_field_types(model, negated) or []):
+            if bool in (types_at_path(model, negated) or []):
                 return negated, False
         if field_types is None or bool in field_types:
             return path, True
@@ -211,7 +211,7 @@ def resolve_config(
     try:
         return cls.model_validate(layers.data)
     except ValidationError as e:
-        raise ConfigError(_describe(e.errors()[0], cls, layers.data, layers.source_of)) from None
+        raise ConfigError(describe_error(e.errors()[0], cls, layers.data, layers.source_of)) from None
 
 
 def config_to_toml(config: BaseModel, *, only_set: bool = False) -> str:
@@ -246,8 +246,8 @@ def config_help(cls: type[BaseModel], prog: str, epilog: str = "") -> str:
             if f"{prefix}{name}" in owned:
                 continue
             key = f"{prefix}{name}".replace("_", "-")
-            sub = [t for t in _unwrap(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
-            if len(sub) == 1 and len(_unwrap(field.annotation)) == 1:
+            sub = [t for t in unwrap_types(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
+            if len(sub) == 1 and len(unwrap_types(field.annotation)) == 1:
                 walk(sub[0], f"{prefix}{name}.", section or name)
                 continue
             short = "".join(f", -{flag}" for flag, target in shorts if target.replace("_", "-") == key)

@@ -1,9 +1,9 @@
 """What a dotted key means in a tree of config models, and a validation error as one line.
 
-Guarantee: `_models_at`/`_field_types` follow a key path through nested models, lists and unions
+Guarantee: `_models_at`/`types_at_path` follow a key path through nested models, lists and unions
 (narrowed by a table's `type` tag) exactly as pydantic validates it, so the loader types a
-command-line value, `--help` lists a key, and `_describe` names the closest valid key from the same
-walk; `_describe` turns any pydantic error into ONE line naming the dotted key as the user wrote it
+command-line value, `--help` lists a key, and `describe_error` names the closest valid key from the same
+walk; `describe_error` turns any pydantic error into ONE line naming the dotted key as the user wrote it
 (union tags dropped), the source that set it, and a renamed key's successor, a removed key's
 reason, a key one table too high, or a did-you-mean. The loader is `envrl/config.py`.
 """
@@ -21,13 +21,13 @@ from pydantic import BaseModel
 Key = tuple[str | int, ...]
 
 
-def _unwrap(annotation: Any) -> list[Any]:
+def unwrap_types(annotation: Any) -> list[Any]:
     """The concrete types an annotation may hold (Optional/Union/Annotated peeled off)."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _unwrap(typing.get_args(annotation)[0])
+        return unwrap_types(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
-        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
+        return [t for arg in typing.get_args(annotation) for t in unwrap_types(arg)]
     return [annotation]
 
 
@@ -37,9 +37,9 @@ def _step(types_: list[Any], part: str | int) -> list[Any]:
     for tp in types_:
         if isinstance(part, int):
             if typing.get_origin(tp) is list:
-                out.extend(_unwrap(typing.get_args(tp)[0]))
+                out.extend(unwrap_types(typing.get_args(tp)[0]))
         elif isinstance(tp, type) and issubclass(tp, BaseModel) and part in tp.model_fields:
-            out.extend(_unwrap(tp.model_fields[part].annotation))
+            out.extend(unwrap_types(tp.model_fields[part].annotation))
     return out
 
 
@@ -61,7 +61,7 @@ def _models_at(model: type[BaseModel], path: Sequence[str | int], data: Any = No
         node = _descend(node, part)
     # A list of tables also stands for its item model: models that take one table as a one-item
     # list (`--env.id x` for `env: list[EnvConfig]`) get their keys typed and checked too.
-    items = [t for tp in types_ if typing.get_origin(tp) is list for t in _unwrap(typing.get_args(tp)[0])]
+    items = [t for tp in types_ if typing.get_origin(tp) is list for t in unwrap_types(typing.get_args(tp)[0])]
     models = [t for t in [*types_, *items] if isinstance(t, type) and issubclass(t, BaseModel)]
     tag = node.get("type") if isinstance(node, dict) else None
     tagged = [m for m in models if tag is not None and tag in _type_tags(m)]
@@ -75,7 +75,7 @@ def _type_tags(model: type[BaseModel]) -> tuple[Any, ...]:
     return typing.get_args(field.annotation)
 
 
-def _field_types(model: type[BaseModel], path: Sequence[str]) -> list[Any] | None:
+def types_at_path(model: type[BaseModel], path: Sequence[str]) -> list[Any] | None:
     """Types a dotted path may hold in `model`, or None if no model defines it."""
     return _step(_models_at(model, path[:-1]), path[-1]) or None
 
@@ -110,7 +110,9 @@ def _nested_home(parents: list[type[BaseModel]], key: str) -> list[str]:
     return homes[:1]
 
 
-def _describe(error: dict[str, Any], model: type[BaseModel], data: Any, source_of: Callable[[Key], str | None]) -> str:
+def describe_error(
+    error: dict[str, Any], model: type[BaseModel], data: Any, source_of: Callable[[Key], str | None]
+) -> str:
     """Pydantic's `error` as one line: the dotted key, where its value came from (`source_of`), and
     for an unknown key its new name, its home one table down or the closest valid key."""
     loc = _data_loc(tuple(error["loc"]), data)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from envrl.config import ConfigError, _field_types, _unwrap, resolve_config
+from envrl.config import ConfigError, resolve_config
+from envrl.config_schema import types_at_path, unwrap_types
 from envrl.eval.main import EvalConfig
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.serve.config import EnvServerConfig
@@ -25,8 +26,8 @@ def models_in(model: type[BaseModel], seen: set[type[BaseModel]]) -> set[type[Ba
         return seen
     seen.add(model)
     for field in model.model_fields.values():
-        for tp in _unwrap(field.annotation):
-            inner = _unwrap(typing.get_args(tp)[0]) if typing.get_origin(tp) is list else [tp]
+        for tp in unwrap_types(field.annotation):
+            inner = unwrap_types(typing.get_args(tp)[0]) if typing.get_origin(tp) is list else [tp]
             for sub in inner:
                 if isinstance(sub, type) and issubclass(sub, BaseModel):
                     models_in(sub, seen)
@@ -63,7 +64,7 @@ def test_a_removed_key_is_no_key(model_name: str, old: str) -> None:
 def test_a_renamed_key_names_a_key_that_exists_and_is_not_one_itself(model_name: str, old: str, new: str) -> None:
     model = next(m for entry in ENTRY_POINTS for m in models_in(entry, set()) if m.__name__ == model_name)
     assert old not in model.model_fields, f"{model_name}.{old} is still a key"
-    assert _field_types(model, new.split(".")), f"{model_name}: {old} -> {new}, which is no key"
+    assert types_at_path(model, new.split(".")), f"{model_name}: {old} -> {new}, which is no key"
 
 
 @pytest.mark.parametrize(

@@ -251,8 +251,9 @@ def wait_until_serving(
     """Return once `base_url/health` answers; raise ChildFailed if the server dies or times out.
 
     Polls soon after the spawn, then less often (`poll_delays`), all on one HTTP client (a new
-    one per poll builds an SSL context each time, a real share of a small box's CPU at this rate):
-    death is noticed within half a second and named with the tail of the child's log;
+    one per poll would build an SSL context each time): death is noticed at the next poll (within
+    half a second, or the 5 s timeout of a `/health` call that hangs) and named with the tail of
+    the child's log;
     `also_check` runs at every poll too (a launcher checks its other children there). Progress is
     logged.
     """

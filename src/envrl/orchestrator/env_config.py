@@ -8,6 +8,7 @@ refused, naming where it belongs); pass@k asks for no more rollouts than a task 
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,6 +28,9 @@ from envrl.serve.config import (
     PoolConfig,
 )
 from envrl.serve.launch import EnvServerLaunch
+
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""What `pass_env` may name: a variable a shell (and `rl --slurm`'s job script) can expand."""
 
 
 class EnvConfig(BaseConfig):
@@ -79,6 +83,16 @@ class EnvConfig(BaseConfig):
         "restarts": "one restart policy: under rl every env server follows the top-level `restarts` (each "
         "its own budget); a standalone orchestrator's follow `orchestrator.restarts`, rl eval's its `restarts`"
     }
+
+    @field_validator("pass_env")
+    @classmethod
+    def _pass_env_names_variables(cls, names: list[str]) -> list[str]:
+        bad = [name for name in names if not VARIABLE_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(
+                f"{bad} are not environment variable names (letters, digits and _, not starting with a digit)"
+            )
+        return names
 
     @field_validator("client", mode="before")
     @classmethod
@@ -204,6 +218,8 @@ class EvalScoringConfig(BaseConfig):
 class EvalEnvConfig(EnvConfig, EvalScoringConfig):
     """An eval env with its server's keys: `rl eval`'s `[[env]]`, and the orchestrator's view of
     an `[[orchestrator.eval.env]]` table completed by the env it names (`OrchestratorConfig.eval_envs`)."""
+
+    removed_keys: ClassVar[dict[str, str]] = {**EnvConfig.removed_keys, **EvalScoringConfig.removed_keys}
 
 
 class EvalTableConfig(EvalScoringConfig):

@@ -104,10 +104,12 @@ def write_step(path: Path, step: int, rollouts: list[Rollout], detok: Detokenize
 
 
 def step_summary(step: int, rollouts: list[Rollout]) -> dict[str, Any]:
-    """The index's line for a step: its envs and how many rollouts each, samples, errors."""
+    """The index's line for a step: its envs and how many rollouts each (an env's eval rollouts
+    apart, as `<env> (eval)`: one declared env serves both splits), samples, errors."""
     envs: dict[str, int] = {}
     for rollout in rollouts:
-        envs[rollout.env] = envs.get(rollout.env, 0) + 1
+        key = rollout.env if rollout.split == "train" else f"{rollout.env} ({rollout.split})"
+        envs[key] = envs.get(key, 0) + 1
     return {
         "step": step,
         "envs": envs,

@@ -62,8 +62,8 @@ def keep_alive_session(headers: Mapping[str, str] | None = None) -> aiohttp.Clie
 
 def poll_delays(first_s: float = 0.05, max_s: float = 0.5) -> Iterator[float]:
     """The waits between readiness polls (`GET /health`): `first_s`, doubling up to `max_s`, so a
-    server that comes up soon is seen within a few of its first milliseconds, not at the next
-    whole second, and one that takes a minute costs a poll every `max_s`."""
+    server that comes up is seen within `max_s` (sooner in its first second), and one that takes
+    a minute costs a poll every `max_s`."""
     delay = first_s
     while True:
         yield delay

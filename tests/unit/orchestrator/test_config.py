@@ -200,3 +200,18 @@ def test_an_envs_own_client_is_a_chat_client() -> None:
         resolve(envs=[{"id": "a", "client": {"type": "scripted", "replies": ["x"]}}])
     with pytest.raises(ConfigError, match=r"'envs\[0\].client'.*type = 'eval' was removed.*drop `type`"):
         resolve(envs=[{"id": "a", "client": {"type": "eval", **teacher}}])
+
+
+def test_pass_env_names_only_variable_names() -> None:
+    with pytest.raises(
+        ConfigError, match=r"'envs\[0\].pass_env'.*\['MY-KEY', '1X'\] are not environment variable names"
+    ):
+        resolve(envs=[{"id": "a", "pass_env": ["OK_KEY", "MY-KEY", "1X"]}])
+
+
+def test_rl_eval_s_env_table_refuses_a_schedule_naming_the_one_rl_eval_has() -> None:
+    from envrl.eval.main import EvalConfig
+
+    overrides = [("env", '[{"id": "a", "interval": 5}]')]
+    with pytest.raises(ConfigError, match=r"'env\[0\].interval'.*removed: one schedule .*`rl eval` evaluates once"):
+        resolve_config(EvalConfig, overrides=overrides)

@@ -93,17 +93,17 @@ def test_unchanged_steps_are_not_written_again(run_dir: Path) -> None:
 def test_eval_rollouts_are_listed_with_their_step(run_dir: Path) -> None:
     evaluated = [trace(5, [305, 2], reward=1.0), trace(6, [306, 2], reward=0.0)]
     append_lines(
-        eval_rollouts_file(run_dir, 2), (trace_line(t, step=2, env="learnable-eval", policy_step=2) for t in evaluated)
+        eval_rollouts_file(run_dir, 2), (trace_line(t, step=2, env="learnable", policy_step=2) for t in evaluated)
     )
 
     report = write_report(run_dir).parent
 
     rollouts = step_data(report, 2)["rollouts"]
     assert [(r["split"], r["env"], r["task"], r["reward"], r["samples"]) for r in rollouts] == [
-        ("eval", "learnable-eval", 5, 1.0, []),
-        ("eval", "learnable-eval", 6, 0.0, []),
+        ("eval", "learnable", 5, 1.0, []),
+        ("eval", "learnable", 6, 0.0, []),
     ]
-    assert '"step":2,"envs":{"learnable-eval":2},"rollouts":0,"eval":2' in (report / "index.html").read_text()
+    assert '"step":2,"envs":{"learnable (eval)":2},"rollouts":0,"eval":2' in (report / "index.html").read_text()
 
 
 def test_report_of_a_directory_that_is_no_run_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
