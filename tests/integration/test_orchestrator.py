@@ -24,7 +24,7 @@ from envrl.data.samples import read_batch
 from envrl.data.seeds import attempt_seed
 from envrl.model.client import EvalClientConfig, SamplingParams, ScriptedClientConfig
 from envrl.orchestrator.config import EvalsConfig, OrchestratorConfig
-from envrl.orchestrator.env_config import EvalTableConfig, TrainEnvConfig
+from envrl.orchestrator.env_config import DeclaredEnvConfig, EvalTableConfig
 from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.lifeline import PARENT_PID_ENV
@@ -46,9 +46,9 @@ def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> Orchestrato
         max_inflight=16,
         sampling=SamplingParams(max_tokens=12),
         envs=[
-            TrainEnvConfig(id="reverse-text", ratio=1.0, pool=POOL, sampling={"temperature": 0.7, "top_p": 0.9}),
-            TrainEnvConfig(id="distinct-rank", ratio=1.0, pool=POOL),
-            TrainEnvConfig(id="learnable", train=False, pool=POOL),
+            DeclaredEnvConfig(id="reverse-text", ratio=1.0, pool=POOL, sampling={"temperature": 0.7, "top_p": 0.9}),
+            DeclaredEnvConfig(id="distinct-rank", ratio=1.0, pool=POOL),
+            DeclaredEnvConfig(id="learnable", train=False, pool=POOL),
         ],
         eval=EvalsConfig(
             env=[EvalTableConfig(env="learnable", num_examples=3, rollouts_per_example=2)],
@@ -134,7 +134,7 @@ def test_on_policy_run_waits_for_the_trainer_and_reloads_its_weights(tmp_path: P
         tmp_path,
         vllm_server,
         max_async_level=0,
-        envs=[TrainEnvConfig(id="reverse-text", pool=POOL)],
+        envs=[DeclaredEnvConfig(id="reverse-text", pool=POOL)],
         eval=EvalsConfig(),
     )
     out = config.output_dir
@@ -173,7 +173,7 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     markers = tmp_path / "markers"
     markers.mkdir()
-    config = TrainEnvConfig(
+    config = DeclaredEnvConfig(
         id="flaky_env:load_environment",
         args={"marker_dir": str(markers), "failures": 1},
         pool=POOL,
@@ -205,7 +205,7 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
 def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: Path, vllm_server) -> None:
     """A chat `client` on an env: token-less turns, back-filled with the student's template."""
     chat = EvalClientConfig(base_url=f"{vllm_server.base_url}/v1", model=vllm_server.model)
-    env = TrainEnvConfig(id="reverse-text", pool=POOL, client=chat)
+    env = DeclaredEnvConfig(id="reverse-text", pool=POOL, client=chat)
     config = orchestrator_config(tmp_path, vllm_server, max_steps=1, batch_size=4, envs=[env], eval=EvalsConfig())
     asyncio.run(Orchestrator(config).run())
     rollouts = read_jsonl(config.output_dir / "rollouts" / "train.jsonl")
@@ -218,7 +218,7 @@ def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: 
 
 
 def test_samples_past_seq_len_are_truncated_and_counted_per_env(tmp_path: Path, vllm_server) -> None:
-    env = TrainEnvConfig(id="learnable", args={"turns": 3}, pool=POOL)
+    env = DeclaredEnvConfig(id="learnable", args={"turns": 3}, pool=POOL)
     config = orchestrator_config(
         tmp_path, vllm_server, max_steps=1, batch_size=8, envs=[env], eval=EvalsConfig(), seq_len=48,
         sampling=SamplingParams(max_tokens=8),

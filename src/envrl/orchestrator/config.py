@@ -19,11 +19,11 @@ from envrl.model.client import SamplingParams
 from envrl.model.replicas import ReplicaUrls, replica_urls
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.env_config import (
+    DeclaredEnvConfig,
     EnvConfig,
     EvalEnvConfig,
     EvalScoringConfig,
     EvalTableConfig,
-    TrainEnvConfig,
 )
 from envrl.orchestrator.retention import BatchRetention
 from envrl.orchestrator.trajectories import SeqLenPolicy
@@ -116,7 +116,7 @@ class OrchestratorConfig(BaseConfig):
     """`truncate`: keep the first `seq_len` tokens (later tokens are not trained; a sample left
     with nothing to train is dropped). `drop`: leave the sample out of the batch."""
     advantage: AdvantageConfig = AdvantageConfig()
-    envs: list[TrainEnvConfig] = Field(min_length=1)
+    envs: list[DeclaredEnvConfig] = Field(min_length=1)
     """Every env of the run, a list of tables: id, args, train, ratio, name, address, project,
     python, pool, timeout, max_retries, sampling, client, pass_env (docs/config.md,
     Environment tables). At least one is a train env; an eval table names the env it evaluates."""
@@ -156,7 +156,7 @@ class OrchestratorConfig(BaseConfig):
         return self.max_inflight or self.batch_size * (self.max_async_level + 1)
 
     @property
-    def train_envs(self) -> list[TrainEnvConfig]:
+    def train_envs(self) -> list[DeclaredEnvConfig]:
         """The envs train rollouts are sampled from (`train = true`)."""
         return [env for env in self.envs if env.train]
 

@@ -174,7 +174,7 @@ class EnvConfig(BaseConfig):
         return SamplingArgs.model_validate({**base.model_dump(), **self.sampling})
 
 
-class TrainEnvConfig(EnvConfig):
+class DeclaredEnvConfig(EnvConfig):
     """An env of the run (`[[orchestrator.envs]]`): every env server of the run is declared here
     once; trained on unless `train = false`, evaluated when an `[[orchestrator.eval.env]]` names it."""
 
@@ -184,7 +184,7 @@ class TrainEnvConfig(EnvConfig):
     """Share of train rollouts (relative); set on every train env or on none (then: by task count)."""
 
     @model_validator(mode="after")
-    def _ratio_is_for_training(self) -> TrainEnvConfig:
+    def _ratio_is_for_training(self) -> DeclaredEnvConfig:
         if not self.train and self.ratio is not None:
             raise ValueError(
                 f"env {self.resolved_name!r}: `ratio` is a share of training; remove it or drop `train = false`"
@@ -238,7 +238,7 @@ class EvalTableConfig(EvalScoringConfig):
         **{
             key: "an eval env names a declared env: declare it in [[orchestrator.envs]] (with `train = false` "
             'for an eval-only env) and name it here with env = "<name>"'
-            for key in TrainEnvConfig.model_fields
+            for key in DeclaredEnvConfig.model_fields
             if key != "sampling"
         },
     }

@@ -25,7 +25,7 @@ from envrl.data.layout import env_log_file
 from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
-from envrl.orchestrator.env_config import EnvConfig, TrainEnvConfig
+from envrl.orchestrator.env_config import DeclaredEnvConfig, EnvConfig
 from envrl.runtime.process import Child, ChildFailed, Restart, RestartBudget, RestartPolicy
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.config import ModelAccessConfig
@@ -230,7 +230,7 @@ class TrainEnvs:
     """The train envs: picks an env by ratio and a task by a seeded per-epoch shuffle."""
 
     def __init__(
-        self, envs: list[EnvHandle[TrainEnvConfig]], seed: int, positions: dict[str, int] | None = None
+        self, envs: list[EnvHandle[DeclaredEnvConfig]], seed: int, positions: dict[str, int] | None = None
     ) -> None:
         self.envs = envs
         self.seed = seed
@@ -246,7 +246,7 @@ class TrainEnvs:
         total = sum(weights.values())
         return {name: w / total for name, w in weights.items()}
 
-    def by_name(self, name: str) -> EnvHandle[TrainEnvConfig]:
+    def by_name(self, name: str) -> EnvHandle[DeclaredEnvConfig]:
         """The train env called `name` (resumed pending groups name their env)."""
         for env in self.envs:
             if env.name == name:
@@ -255,7 +255,7 @@ class TrainEnvs:
             f"the resumed run has a train env {name!r} this config lacks (train envs: {[e.name for e in self.envs]})"
         )
 
-    def pick(self, rng: random.Random) -> EnvHandle[TrainEnvConfig]:
+    def pick(self, rng: random.Random) -> EnvHandle[DeclaredEnvConfig]:
         shares = self.shares()
         return rng.choices(self.envs, weights=[shares[env.name] for env in self.envs])[0]
 

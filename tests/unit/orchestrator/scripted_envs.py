@@ -6,7 +6,7 @@ from pathlib import Path
 
 from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.orchestrator.env_config import TrainEnvConfig
+from envrl.orchestrator.env_config import DeclaredEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle
 
 
@@ -15,7 +15,7 @@ class AnsweringEnv(EnvHandle):
 
     def __init__(self, hang: frozenset[int] = frozenset()) -> None:
         super().__init__(
-            TrainEnvConfig(id="x"),
+            DeclaredEnvConfig(id="x"),
             split="train",
             client=ScriptedClientConfig(),
             sampling=SamplingParams(),

@@ -6,13 +6,13 @@ from pathlib import Path
 
 from envrl.model.client import SamplingParams, ScriptedClientConfig
 from envrl.orchestrator.config import EvalsConfig
-from envrl.orchestrator.env_config import TrainEnvConfig
+from envrl.orchestrator.env_config import DeclaredEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 
 
-def make_env(name: str, num_tasks: int, ratio: float | None = None) -> EnvHandle[TrainEnvConfig]:
+def make_env(name: str, num_tasks: int, ratio: float | None = None) -> EnvHandle[DeclaredEnvConfig]:
     env = EnvHandle(
-        TrainEnvConfig(id="x", name=name, ratio=ratio),
+        DeclaredEnvConfig(id="x", name=name, ratio=ratio),
         split="train",
         client=ScriptedClientConfig(),
         sampling=SamplingParams(),
