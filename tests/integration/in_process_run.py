@@ -12,14 +12,17 @@ import threading
 from typing import Any
 
 from envrl.launcher.config import ResolvedRun
+from envrl.model.client import ClientConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 from tests.integration.served_weights import restore_served_weights
 
 
-def train_in_process(run: ResolvedRun, vllm_server: Any) -> None:
-    """Run `run`'s trainer (in a thread) and orchestrator to the end; its envs get sidecar servers."""
+def train_in_process(run: ResolvedRun, vllm_server: Any, client: ClientConfig | None = None) -> None:
+    """Run `run`'s trainer (in a thread) and orchestrator to the end; its envs get sidecar servers,
+    whose rollouts use `client` when given (the session's server under its own model name, when
+    the run starts from other weights) instead of the run's train client."""
     run.orchestrator.inference.base_url = vllm_server.base_url
     for env in run.orchestrator.envs:
         env.address = None  # a sidecar env server, spawned by the orchestrator
@@ -36,7 +39,11 @@ def train_in_process(run: ResolvedRun, vllm_server: Any) -> None:
     thread = threading.Thread(target=train, daemon=True)
     thread.start()
     try:
-        asyncio.run(Orchestrator(run.orchestrator).run())
+        orchestrator = Orchestrator(run.orchestrator)
+        if client is not None:  # before `run` spawns the sidecars, which then allow only this client
+            for handle in [*orchestrator.train_envs.envs, *orchestrator.eval_envs]:
+                handle.client_config = client
+        asyncio.run(orchestrator.run())
         thread.join(timeout=600)
     finally:
         restore_served_weights(vllm_server.base_url, vllm_server.model)

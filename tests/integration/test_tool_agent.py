@@ -71,10 +71,9 @@ def run_tool_agent(out: Path, start: Path, vllm_server: Any, *overrides: tuple[s
     server first; the tiny model's are restored after); returns each step's train metrics."""
     settings = [("output_dir", str(out)), ("model.name", str(start)), ("wandb.mode", "disabled"), *overrides]
     run = resolve_run(resolve_config(RLConfig, [CONFIG], settings))
-    for env in run.orchestrator.envs:
-        # Requests name the model the session's server serves; the orchestrator loads `start` into it first.
-        env.client = TrainClientConfig(base_url=vllm_server.base_url, model=vllm_server.model, tokenizer=str(start))
-    train_in_process(run, vllm_server)
+    # Requests name the model the session's server serves; the orchestrator loads `start` into it first.
+    client = TrainClientConfig(base_url=vllm_server.base_url, model=vllm_server.model, tokenizer=str(start))
+    train_in_process(run, vllm_server, client)
     return [m for m in metric_lines(out) if "train/reward" in m]
 
 
