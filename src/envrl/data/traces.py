@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,6 +21,35 @@ Message = dict[str, Any]
 
 Split = Literal["train", "eval"]
 """Which task list a task comes from; eval tasks never feed training."""
+
+Outcome = Literal["scored", "truncated", "env_error", "infra_error", "cancelled"]
+"""What became of a rollout (`Trace.outcome`): scored (a reward, ended by itself), truncated (cut
+short: max tokens, turns, context or a deadline; it may still carry a reward), env_error (the env's
+own code failed, or gave no reward), infra_error (what runs the rollout failed: its env worker,
+env server, model server or sandbox died or did not answer, retries spent), cancelled (stale or
+cancelled: abandoned, not failed)."""
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+
+INFRA_ERRORS = frozenset(
+    {
+        "worker_died",  # the env worker process died running it (serve/protocol.py), re-runs spent
+        "unavailable",  # the env server was lost and not back (serve/client.py)
+        "at_capacity",  # the env server refused it: every slot busy, its queue full
+        "shutting_down",  # the env server was draining
+        "internal_error",  # a bug in the env server, not in the env
+        "model_unavailable",  # the model server did not answer or failed (runtime/http.py)
+        "sandbox_error",  # the sandbox itself failed (sandbox/errors.py) ...
+        "sandbox_start",
+        "sandbox_died",
+        "sandbox_closed",
+    }
+)
+"""`Error.type`s of a failure of what runs the rollout rather than of the env's code."""
+CANCELLED_ERRORS = frozenset({"cancelled", "stale"})
+"""`Error.type`s of a rollout that was abandoned (cancelled, or dropped as too old to train on)."""
+DEADLINE_ERRORS = frozenset({"timeout", "sandbox_timeout"})
+"""`Error.type`s of a rollout stopped at its wall-clock deadline: truncated when the rollout's own
+deadline stopped it (`is_truncated`); a client that gave up on a silent server is infra."""
 
 
 class StrictModel(BaseModel):
@@ -151,6 +180,29 @@ class Trace(StrictModel):
     @property
     def has_error(self) -> bool:
         return self.error is not None
+
+    @property
+    def outcome(self) -> Outcome:
+        """What became of this rollout (`Outcome`), derived here only, from its error type,
+        truncation and reward."""
+        if self.error is not None:
+            kind = self.error.type
+            if kind in CANCELLED_ERRORS:
+                return "cancelled"
+            if kind in DEADLINE_ERRORS and (self.is_truncated or kind == "sandbox_timeout"):
+                return "truncated"
+            if kind in INFRA_ERRORS or kind in DEADLINE_ERRORS:
+                return "infra_error"
+            return "env_error"
+        if self.reward is None:
+            return "env_error"  # the env returned no reward and said nothing
+        return "truncated" if self.is_truncated else "scored"
+
+    @property
+    def in_baseline(self) -> bool:
+        """Whether the rollout enters its group's baseline: a reward and no error (scored, or
+        truncated with a reward)."""
+        return self.error is None and self.reward is not None
 
     @property
     def turns(self) -> list[Turn]:

@@ -1,6 +1,9 @@
 """Group-relative advantages.
 
-Guarantee: a group's advantages are its rewards minus the group mean, optionally divided by a
+Guarantee: a group's baseline holds only its rollouts with a reward and no error (`baseline`):
+a rollout whose env or infrastructure failed never enters it, and a group with fewer than
+`MIN_BASELINE` such rollouts (or fewer than its size, for groups of one) is not trained on. A
+group's advantages are its baseline's rewards minus their mean, optionally divided by a
 reward standard deviation (the group's own, or the whole batch's), in the group's order; a group
 whose rewards are all equal carries no learning signal and is either kept with zero advantages
 or dropped, as configured.
@@ -15,6 +18,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from envrl.data.traces import Trace
+
+MIN_BASELINE = 2
+"""Rollouts with a reward a group needs to be trained on (a baseline of one teaches nothing)."""
+
+
+def baseline(traces: Sequence[Trace]) -> list[Trace]:
+    """The rollouts of a group that enter its baseline (`Trace.in_baseline`), in order; none when
+    fewer than `MIN_BASELINE` of them do (or fewer than all of a smaller group's)."""
+    good = [t for t in traces if t.in_baseline]
+    return good if len(good) >= min(MIN_BASELINE, len(traces)) else []
 
 
 class AdvantageConfig(BaseModel):

@@ -116,6 +116,11 @@ class OrchestratorConfig(BaseConfig):
     """`truncate`: keep the first `seq_len` tokens (later tokens are not trained; a sample left
     with nothing to train is dropped). `drop`: leave the sample out of the batch."""
     advantage: AdvantageConfig = AdvantageConfig()
+    refill_rollouts: int = Field(8, ge=0)
+    """Rollouts per step that may be run again, one by one, after an infrastructure failure (a dead
+    env worker or server, model server or sandbox, with its retries spent): the failed rollout is
+    re-run, not its group. Past the budget a failed rollout only leaves its group's baseline
+    (docs/running.md, Outcomes). 0: never."""
     envs: list[DeclaredEnvConfig] = Field(min_length=1)
     """Every env of the run, a list of tables: id, args, train, ratio, name, address, project,
     python, pool, timeout, max_retries, sampling, client, pass_env (docs/config.md,

@@ -1,7 +1,7 @@
 """Rollouts as JSON lines: each line is one Trace's JSON with bookkeeping fields beside its keys.
 
-Guarantee: `parse_trace_line(trace_line(trace, **fields))` gives back `fields` and an equal
-Trace; a line that is not one (cut short by a crash, edited by hand) raises `ValueError` saying
+Guarantee: `parse_trace_line(trace_line(trace, **fields))` gives back `fields` (with the
+Trace's `outcome` added: every line says what became of its rollout) and an equal Trace; a line that is not one (cut short by a crash, edited by hand) raises `ValueError` saying
 why, so a reader can skip it knowingly.
 """
 
@@ -18,11 +18,12 @@ from envrl.data.traces import Trace
 
 
 def trace_line(trace: Trace, **fields: Any) -> str:
-    """One line (newline included): `fields` (env name, step, ...) first, then the Trace's keys."""
-    clash = set(fields) & set(Trace.model_fields)
+    """One line (newline included): `fields` (env name, step, ...) and the Trace's `outcome` first,
+    then the Trace's keys."""
+    clash = set(fields) & {*Trace.model_fields, "outcome"}
     if clash:
         raise ValueError(f"bookkeeping fields {sorted(clash)} would hide the Trace's own keys")
-    return json.dumps({**fields, **trace.model_dump(mode="json")}) + "\n"
+    return json.dumps({**fields, "outcome": trace.outcome, **trace.model_dump(mode="json")}) + "\n"
 
 
 def append_lines(path: Path, lines: Iterable[str]) -> None:

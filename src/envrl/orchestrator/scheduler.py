@@ -10,6 +10,11 @@ on across weight reloads) the oldest policy that sampled any of the group's toke
 the group is done; so with partial rollouts a group in flight is never cancelled as stale, it
 is judged when it arrives. The k-th new group samples with `train_group_seed(seed, k, group_size)` and the
 env and task the seeded draws give; a requeued group keeps its env, task and seed and goes first.
+A finished group whose rollouts failed for infrastructure (`Trace.outcome == "infra_error"`: a
+dead worker, env server, model server or sandbox, retries spent) stays in flight while those
+rollouts alone are run again (a refill), at most `refill_rollouts` per `collect` call and never
+for a group-scored env (its scoring needs the whole group at once); the failed attempts stay with
+the group (`Group.replaced`) for the record.
 """
 
 from __future__ import annotations
@@ -42,6 +47,17 @@ class Group:
     """When it was dispatched (wall clock, as the ledger and Trace.timing)."""
     oldest_step: int | None = None
     """With partial rollouts, once done: the oldest policy step of any of its tokens."""
+    replaced: list[Trace] = field(default_factory=list)
+    """Failed attempts (infra errors) that a refill replaced in `traces`: recorded, never trained."""
+    refilling: list[int] = field(default_factory=list)
+    """Indices of `traces` being run again (a refill in flight); empty otherwise."""
+    refills: int = 0
+    """Refill rounds so far (each samples with fresh seeds)."""
+
+    @property
+    def all_traces(self) -> list[Trace]:
+        """Every rollout the group ran: its traces, then the failed attempts refills replaced."""
+        return [*self.traces, *self.replaced]
 
     @property
     def counted_step(self) -> int:
@@ -78,8 +94,12 @@ class Scheduler:
         requeued: Sequence[PendingGroup] = (),
         ledger: Ledger | None = None,
         partial_rollouts: bool = False,
+        refill_rollouts: int = 0,
     ) -> None:
         self.envs = envs
+        self.refill_rollouts = refill_rollouts
+        """Rollouts that may be run again after an infra failure, per `collect` call (per step)."""
+        self._refill_left = 0
         self.partial_rollouts = partial_rollouts
         """Generations go on across weight reloads: staleness counts each group's oldest token."""
         self.shape = shape
@@ -98,7 +118,7 @@ class Scheduler:
 
     @property
     def inflight_rollouts(self) -> int:
-        return len(self._inflight) * self.shape.group_size
+        return sum(len(g.refilling) or self.shape.group_size for g in self._inflight.values())
 
     def inflight_groups(self) -> list[Group]:
         """The groups in flight, oldest first."""
@@ -136,13 +156,16 @@ class Scheduler:
     async def collect(self, step: int, policy: int) -> list[Group]:
         """The next batch's groups (finished first, first), dispatching as room frees up."""
         per_step = self.shape.groups_per_step
+        self._refill_left = self.refill_rollouts
         while len(self._ready) < per_step:
             with self.ledger.span("dispatch", step):
                 self.dispatch(step, policy)
             done, _ = await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 group = self._inflight.pop(task)
-                group.traces = task.result()
+                group.traces, group.refilling = task.result(), []
+                if self._refill(group):
+                    continue
                 if self.partial_rollouts:
                     group.oldest_step = oldest_policy_step(group.traces, group.policy_step)
                 if group.counted_step < step - self.shape.max_async_level:
@@ -153,6 +176,31 @@ class Scheduler:
         for group in batch:
             self._record_rollouts(group, step)
         return batch
+
+    def _refill(self, group: Group) -> bool:
+        """Run the group's infra-failed rollouts again, as many as the step's refill budget allows
+        (the group stays in flight); False when there is nothing to refill or no budget left."""
+        failed = [i for i, t in enumerate(group.traces) if t.outcome == "infra_error"]
+        if not failed or group.env.group_scoring or self._refill_left <= 0:
+            return False
+        group.refilling = failed[: self._refill_left]
+        self._refill_left -= len(group.refilling)
+        group.refills += 1
+        self.counters["refilled_rollouts"] += len(group.refilling)
+        self._inflight[asyncio.create_task(self._rerun(group))] = group
+        return True
+
+    async def _rerun(self, group: Group) -> list[Trace]:
+        """The group's traces with those at `group.refilling` run again, one rollout each. Rollout i
+        keeps its seed family (`seed + i`) and samples past every attempt made before (a refill
+        round starts past the env's `max_retries` re-runs of the previous round)."""
+        env, attempt = group.env, group.refills * (group.env.config.max_retries + 1)
+        runs = [env.run_group(group.task_idx, 1, group.seed + i, attempt=attempt) for i in group.refilling]
+        traces = list(group.traces)
+        for i, (trace,) in zip(group.refilling, await asyncio.gather(*runs), strict=True):
+            group.replaced.append(traces[i])
+            traces[i] = trace
+        return traces
 
     def _record_rollouts(self, group: Group, step: int) -> None:
         """Each rollout's phases as its env worker timed them (`Trace.timing`), seen from here with

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from statistics import fmean
 
 from envrl.data.samples import TrainingSample
-from envrl.data.traces import Trace
+from envrl.data.traces import OUTCOMES, Trace
 from envrl.orchestrator.trajectories import SeqLenCounts
 
 
@@ -46,12 +46,14 @@ def seq_len_note(counts: Mapping[str, SeqLenCounts]) -> str:
     return f" | seq_len: {'; '.join(changed)}" if changed else ""
 
 
-def rollout_metrics(prefix: str, traces: Sequence[Trace]) -> dict[str, float]:
-    """Reward, error/truncation rates, lengths and timings of one env's rollouts under `prefix/`.
+def rollout_metrics(prefix: str, traces: Sequence[Trace], replaced: Sequence[Trace] = ()) -> dict[str, float]:
+    """Reward, error/truncation rates, lengths and timings of one env's rollouts under `prefix/`,
+    and `outcome/<outcome>`: how many ended each way (`Outcome`), counting also the failed
+    attempts that refills `replaced`.
 
     `reward` is NaN when no rollout was scored (a mean of nothing is not 0).
     """
-    good = [t for t in traces if not t.has_error and t.reward is not None]
+    good = [t for t in traces if t.in_baseline]
     n = max(len(traces), 1)
     rewards = [t.reward for t in good if t.reward is not None]
     metrics = {
@@ -64,6 +66,8 @@ def rollout_metrics(prefix: str, traces: Sequence[Trace]) -> dict[str, float]:
         "total_tokens": _mean([float(t.total_tokens) for t in good]),
         "num_turns": _mean([float(t.num_turns) for t in good]),
     }
+    outcomes = Counter(t.outcome for t in [*traces, *replaced])
+    metrics.update({f"outcome/{outcome}": float(outcomes[outcome]) for outcome in OUTCOMES})
     for phase in ("generation", "scoring"):
         spans = [getattr(t.timing, phase) for t in good]
         metrics[f"time_{phase}"] = _mean([s.duration for s in spans if s is not None])

@@ -77,6 +77,13 @@ class HttpCallError(RuntimeError):
         super().__init__(message)
         self.status = status
 
+    @property
+    def error_type(self) -> str | None:
+        """The Trace's `Error.type` when it ends a rollout: `model_unavailable` when the server never
+        answered or kept failing (no status, 5xx: an infrastructure failure), None (the class name)
+        when it refused the call (4xx)."""
+        return "model_unavailable" if self.status is None or self.status >= 500 else None
+
 
 async def request_json(
     client: httpx.AsyncClient | aiohttp.ClientSession,

@@ -17,7 +17,8 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -80,6 +81,23 @@ def _per_env(record: Record, prefix: str, key: str) -> dict[str, float]:
         if len(parts) == 3 and parts[0] == prefix and parts[2] == key:
             out[parts[1]] = metric_float(value)
     return out
+
+
+FAILED_OUTCOMES = {"infra_error": "infra", "env_error": "env", "cancelled": "cancelled"}
+"""The outcomes a step line names when any rollout had them, and their short names."""
+
+
+def outcome_note(metrics: Mapping[str, Any]) -> str:
+    """` (infra 2, env 1)`: the step's train rollouts that failed or were cancelled, by outcome,
+    summed over the envs' `train/<env>/outcome/<outcome>` counts; empty when none did."""
+    counts: Counter[str] = Counter()
+    for key, value in metrics.items():
+        parts = key.split("/")
+        if len(parts) == 4 and parts[0] == "train" and parts[2] == "outcome" and parts[3] in FAILED_OUTCOMES:
+            count = metric_float(value)
+            counts[FAILED_OUTCOMES[parts[3]]] += 0 if math.isnan(count) else int(count)
+    named = [f"{name} {counts[name]}" for name in FAILED_OUTCOMES.values() if counts[name]]
+    return f" ({', '.join(named)})" if named else ""
 
 
 SPLITS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -181,7 +199,7 @@ class ProgressBoard:
             f"step {step} ({step + 1}/{self.total}) | reward {reward} | eval {evals} | "
             f"{fmt(wall, '.1f')} s ({', '.join(parts)}) | in-flight {inflight} | "
             f"lag {fmt(self._lag(end_line, orchestrator), '.2f')} | "
-            f"errors {fmt(errors * 100, '.0f')}% | ETA {duration(self.eta())}"
+            f"errors {fmt(errors * 100, '.0f')}%{outcome_note(orchestrator)} | ETA {duration(self.eta())}"
         )
 
 
