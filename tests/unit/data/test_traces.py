@@ -113,3 +113,40 @@ def test_policy_steps_must_match_completion_length() -> None:
     TurnTokens(prompt_ids=[1], completion_ids=[2, 3], completion_logprobs=[-1.0, -1.0], completion_policy_steps=[0, 1])
     with pytest.raises(ValidationError, match="2 completion ids but 1 policy steps"):
         TurnTokens(prompt_ids=[1], completion_ids=[2, 3], completion_logprobs=[-1.0, -1.0], completion_policy_steps=[0])
+
+
+def failed(kind: str, **fields) -> Trace:
+    return Trace.from_error(WireTask(idx=0), Error(type=kind, message="m"), **fields)
+
+
+@pytest.mark.parametrize(
+    ("trace", "outcome"),
+    [
+        (Trace(task=WireTask(idx=0), reward=0.0), "scored"),
+        (Trace(task=WireTask(idx=0), reward=1.0, is_truncated=True), "truncated"),
+        (failed("timeout", is_truncated=True), "truncated"),  # the env server stopped it at its deadline
+        (failed("sandbox_timeout"), "truncated"),  # the episode's wall-clock cap
+        (failed("timeout"), "infra_error"),  # the client gave up on a silent server
+        (failed("worker_died"), "infra_error"),
+        (failed("unavailable"), "infra_error"),
+        (failed("model_unavailable"), "infra_error"),
+        (failed("sandbox_start"), "infra_error"),
+        (failed("RuntimeError"), "env_error"),
+        (failed("reward_error"), "env_error"),
+        (failed("sandbox_oom"), "env_error"),  # the model's code broke a limit the env treats as fatal
+        (Trace(task=WireTask(idx=0)), "env_error"),  # no error, no reward
+        (failed("stale"), "cancelled"),
+        (failed("cancelled"), "cancelled"),
+    ],
+)
+def test_every_rollout_has_one_outcome_from_its_error_truncation_and_reward(trace: Trace, outcome: str) -> None:
+    assert trace.outcome == outcome
+    assert trace.in_baseline is (trace.error is None and trace.reward is not None)
+
+
+def test_a_model_server_that_never_answers_is_an_infra_error_and_a_refusal_is_not() -> None:
+    from envrl.runtime.http import HttpCallError
+
+    assert Error.from_exception(HttpCallError("no answer")).type == "model_unavailable"
+    assert Error.from_exception(HttpCallError("HTTP 503", status=503)).type == "model_unavailable"
+    assert Error.from_exception(HttpCallError("HTTP 400", status=400)).type == "HttpCallError"

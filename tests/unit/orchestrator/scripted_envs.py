@@ -4,7 +4,7 @@ at once (or hangs until cancelled), with rollouts whose tokens carry chosen poli
 import asyncio
 from pathlib import Path
 
-from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
+from envrl.data.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
 from envrl.model.client import SamplingParams, ScriptedClientConfig
 from envrl.orchestrator.env_config import DeclaredEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle
@@ -64,3 +64,23 @@ class LabelledEnv(AnsweringEnv):
         call = len(self.calls)
         await super().run_group(task_idx, n, seed, attempt)
         return [labelled_trace(task_idx, steps) for steps in self.steps[call]]
+
+
+class InfraFailingEnv(AnsweringEnv):
+    """Like AnsweringEnv, but the first rollout of each call in `fail` died with its worker
+    (`worker_died`); `group_scoring` as the env server would report it."""
+
+    def __init__(self, fail: frozenset[int], group_scoring: bool = False) -> None:
+        super().__init__()
+        self.fail = fail
+        self.group_scoring = group_scoring
+        self.attempts: list[int] = []
+        """`attempt` of each call (a refill samples past the attempts made before it)."""
+
+    async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
+        call = len(self.calls)
+        self.attempts.append(attempt)
+        traces = await super().run_group(task_idx, n, seed, attempt)
+        if call in self.fail:
+            traces[0] = Trace.from_error(WireTask(idx=task_idx), Error(type="worker_died", message="SIGKILL"))
+        return traces

@@ -45,3 +45,14 @@ def test_masked_truncated_rollouts_count_in_the_baseline_but_are_not_trained() -
     assert advantages == pytest.approx([0.5, -0.5])
     assert trained_rollouts([done, cut], advantages, AdvantageConfig(mask_truncated=True)) == [(done, 0.5)]
     assert len(trained_rollouts([done, cut], advantages, AdvantageConfig())) == 2
+
+
+def test_only_rollouts_with_a_reward_enter_the_baseline_and_it_needs_two() -> None:
+    from envrl.data.traces import Error
+    from envrl.orchestrator.advantage import baseline
+
+    dead = Trace.from_error(WireTask(idx=0), Error(type="worker_died", message="SIGKILL"))
+    scored = [Trace(task=WireTask(idx=0), reward=r) for r in (1.0, 0.0)]
+    assert baseline([scored[0], dead, scored[1]]) == scored
+    assert baseline([scored[0], dead, dead]) == [], "one rollout with a reward is no baseline"
+    assert baseline([scored[0]]) == [scored[0]], "a group of one keeps its rollout (no group to compare with)"

@@ -172,3 +172,21 @@ def test_lines_of_printed_steps_read_again_after_a_resume_rewrite_are_not_kept()
         assert board.feed({"step": step, **orchestrator}) is None
         assert board.feed({"step": step, **trainer}) is None
     assert board._orchestrator == {}  # nothing held for steps already printed (a leak in a long run)
+
+
+def test_the_step_line_names_failed_rollouts_by_outcome_summed_over_envs() -> None:
+    board = ProgressBoard(total_steps=2, ends_with="orchestrator")
+    counts = {"a": {"scored": 6, "infra_error": 1, "env_error": 0}, "b": {"infra_error": 2, "cancelled": 1}}
+    record = {
+        "step": 0,
+        "process": "orchestrator",
+        "time": time.time(),
+        "train/error_rate": 0.25,
+        "perf/step_time": 1.0,
+    }
+    record |= {f"train/{env}/outcome/{o}": float(n) for env, c in counts.items() for o, n in c.items()}
+    line = board.feed(record)
+    assert line is not None and "errors 25% (infra 3, cancelled 1) |" in line
+    quiet = {"step": 1, "process": "orchestrator", "time": time.time(), "train/a/outcome/scored": 4.0}
+    line = board.feed(quiet)
+    assert line is not None and "errors" in line and "(" not in line.split("errors")[1], "nothing failed: no note"
