@@ -21,7 +21,7 @@ from envrl.data.layout import batch_dir
 from envrl.report.data import Detokenizer, Rollout
 from envrl.runtime.atomic import atomic_write_text
 
-STEP_FORMAT = 2
+STEP_FORMAT = 3
 """Version of the step files' content: a report made by a newer envrl rewrites older ones."""
 STEP_FUNCTION = "envrlStep"
 """What a step file calls with its data: `envrlStep({...});`."""
@@ -81,6 +81,7 @@ def rollout_view(rollout: Rollout, detok: Detokenizer, vocab: dict[int, str]) ->
         "metrics": trace.metrics,
         "stop_reason": trace.stop_reason,
         "truncated": trace.is_truncated,
+        "outcome": trace.outcome,
         "error": trace.error.model_dump() if trace.error else None,
         "timing": timing,
         "branches": branches,
@@ -105,11 +106,16 @@ def write_step(path: Path, step: int, rollouts: list[Rollout], detok: Detokenize
 
 def step_summary(step: int, rollouts: list[Rollout]) -> dict[str, Any]:
     """The index's line for a step: its envs and how many rollouts each (an env's eval rollouts
-    apart, as `<env> (eval)`: one declared env serves both splits), samples, errors."""
+    apart, as `<env> (eval)`: one declared env serves both splits), samples, errors, and per env the
+    rollouts that were not scored, by outcome (`{env: {outcome: count}}`)."""
     envs: dict[str, int] = {}
+    outcomes: dict[str, dict[str, int]] = {}
     for rollout in rollouts:
         key = rollout.env if rollout.split == "train" else f"{rollout.env} ({rollout.split})"
         envs[key] = envs.get(key, 0) + 1
+        if (outcome := rollout.trace.outcome) != "scored":
+            counts = outcomes.setdefault(key, {})
+            counts[outcome] = counts.get(outcome, 0) + 1
     return {
         "step": step,
         "envs": envs,
@@ -117,6 +123,7 @@ def step_summary(step: int, rollouts: list[Rollout]) -> dict[str, Any]:
         "eval": sum(r.split == "eval" for r in rollouts),
         "samples": sum(len(r.samples) for r in rollouts),
         "errors": sum(r.trace.has_error for r in rollouts),
+        "outcomes": outcomes,
     }
 
 

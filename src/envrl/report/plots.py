@@ -156,6 +156,11 @@ PLOTS = [
         ),
     ),
     Plot(
+        "outcomes",
+        "Rollouts per step that were not scored, by outcome and env (a refill's failed attempts included)",
+        _keys(*(_labelled("train", f"outcome/{o}", o) for o in ("infra_error", "env_error", "truncated", "cancelled"))),
+    ),
+    Plot(
         "staleness",
         "Staleness (trainer step minus the policy step that sampled)",
         _keys(
