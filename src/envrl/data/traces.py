@@ -146,8 +146,13 @@ class Span(StrictModel):
 
 class Timing(StrictModel):
     setup: Span | None = None
+    """Before the first model call: the env's `setup` (a tool env's instance, its sandbox's start)."""
     generation: Span | None = None
+    """The episode: model calls and the env's answers, tool calls included."""
     scoring: Span | None = None
+    tools: dict[str, float] = Field(default_factory=dict)
+    """Seconds spent in each tool, by tool name, summed over the rollout's calls (inside
+    `generation`: the model's own share is generation minus these)."""
 
     @contextmanager
     def measure(self, phase: str) -> Iterator[None]:

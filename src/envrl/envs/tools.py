@@ -19,6 +19,7 @@ import asyncio
 import inspect
 import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -266,7 +267,12 @@ class ToolEnvironment(Environment):
             tool = self.tool_by_name.get(call.name)
             if tool is None:
                 raise ToolCallError(f"there is no tool {call.name!r}; the tools are: {', '.join(self.tool_by_name)}")
-            return await self._call(tool, state.env, call.arguments), True
+            started = time.monotonic()
+            try:
+                return await self._call(tool, state.env, call.arguments), True
+            finally:
+                spent = state.trace.timing.tools
+                spent[tool.name] = spent.get(tool.name, 0.0) + time.monotonic() - started
         except SandboxError:
             raise  # the sandbox failed, not the model: an error Trace of its type, not a tool message
         except Exception as e:  # noqa: BLE001 - the model is told what went wrong and may try again

@@ -205,7 +205,8 @@ class Scheduler:
     def _record_rollouts(self, group: Group, step: int) -> None:
         """Each rollout's phases as its env worker timed them (`Trace.timing`), seen from here with
         no extra IPC: `env_queue` from dispatch to the worker's start (transport and retries
-        included), then setup, generation (on the `inference` track) and scoring."""
+        included), then setup, generation (on the `inference` track) and scoring; the `rollout`
+        span carries its seconds per tool name (`tools`). Every span names its env."""
         track = f"env {group.env.name}"
         for i, trace in enumerate(group.traces):
             phases = [
@@ -213,8 +214,9 @@ class Scheduler:
             ]
             if not phases:
                 continue
-            ids = {"rollout": i, "task": group.task_idx, "seed": group.seed}
-            self.ledger.record("rollout", step, group.dispatched, phases[-1][1].end, process=track, **ids)
+            ids = {"env": group.env.name, "rollout": i, "task": group.task_idx, "seed": group.seed}
+            tools = {"tools": trace.timing.tools} if trace.timing.tools else {}
+            self.ledger.record("rollout", step, group.dispatched, phases[-1][1].end, process=track, **ids, **tools)
             self.ledger.record("env_queue", step, group.dispatched, phases[0][1].start, process=track, **ids)
             for name, span in phases:
                 where = "inference" if name == "generation" else track

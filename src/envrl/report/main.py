@@ -33,7 +33,7 @@ from envrl.report.data import (
 from envrl.report.headline import headline, is_eval_dir
 from envrl.report.page import fingerprint, step_summary, write_index, write_step
 from envrl.report.plots import Run, write_plots
-from envrl.report.timeline import chrome_trace, step_splits
+from envrl.report.timeline import chrome_trace, env_times, step_splits
 from envrl.runtime.atomic import atomic_write_text
 from envrl.telemetry.ledger import read_ledger
 
@@ -53,7 +53,7 @@ def write_report(output_dir: Path) -> Path:
     out = layout.report_dir(output_dir)
     spans = read_ledger(output_dir)
     records = read_metrics(output_dir)
-    plots = write_plots(Run(records, step_splits(spans)), out / "plots") if records else []
+    plots = write_plots(Run(records, step_splits(spans), env_times(spans)), out / "plots") if records else []
     atomic_write_text(out / "timeline.json", json.dumps(chrome_trace(spans)))
     manifest_path = out / "steps" / "manifest.json"
     manifest = _read_manifest(manifest_path)

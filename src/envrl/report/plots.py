@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -32,6 +32,8 @@ class Run:
     """`metrics.jsonl` lines."""
     splits: list[StepSplit]
     """Each step's wall time split by the time ledger."""
+    env_times: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """Per step and env, rollout-seconds per phase and tool (`timeline.env_times`)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,19 @@ def _clip(ax: Axes, steps: list[int], values: list[float], unit: str = "") -> No
                     backgroundcolor="white")  # fmt: skip
 
 
+def _env_time(ax: Axes, run: Run) -> bool:
+    """A line per (env, part): the step's rollout-seconds in setup, model generation, each tool by
+    name and scoring, and the trainer's training seconds; a slow tool is a line with its name."""
+    keys = sorted({(env, part) for envs in run.env_times.values() for env, parts in envs.items() for part in parts})
+    style = "-o" if len(run.env_times) < 60 else "-"
+    for env, part in keys:
+        steps = sorted(step for step, envs in run.env_times.items() if part in envs.get(env, {}))
+        label = part if env == part else f"{env}: {part}"
+        ax.plot(steps, [run.env_times[step][env][part] for step in steps], style, label=label, markersize=4)
+    ax.set_ylabel("seconds (summed over rollouts)")
+    return bool(keys)
+
+
 def _throughput(ax: Axes, run: Run) -> bool:
     """Trainer tokens/s on the left axis, rollouts/s (orchestrator) on a right one: scales apart.
     Each axis is clipped (`_clip`) above a warm-up outlier: the first steps' rollouts/s divides a
@@ -174,6 +189,7 @@ PLOTS = [
         _throughput,
     ),
     Plot("time_split", "Where each step's wall time went", _time_split, height=5.6),
+    Plot("env_time", "Where each env's rollout time went: setup, model, each tool, scoring; and training", _env_time),
 ]
 
 

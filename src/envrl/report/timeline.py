@@ -1,10 +1,13 @@
-"""Where each training step's wall time went, from the time ledger (`envrl.telemetry.ledger`), and the
-ledger as a Chrome trace-event file that Perfetto or chrome://tracing opens.
+"""Where each training step's wall time went, from the time ledger (`envrl.telemetry.ledger`), where
+each env's rollout time went, and the ledger as a Chrome trace-event file that Perfetto or
+chrome://tracing opens.
 
 Guarantee: a step's wall time runs from the end of the trainer's previous step (its last span)
 to the end of this one (the first step: from the start of its wait for the batch), and every
 instant of it is given to exactly one part of `PARTS`, so the parts sum to the wall time;
-`unaccounted` holds the instants no recorded span explains.
+`unaccounted` holds the instants no recorded span explains. `env_times` adds up, per step and
+env, the seconds of the step's rollouts in each phase (each tool by name), and the trainer's
+`training` seconds of the step.
 """
 
 from __future__ import annotations
@@ -41,6 +44,40 @@ ORCHESTRATOR_ORDER = ("reload_weights", "wait_policy", "batching", "dispatch", "
 """What the orchestrator was doing, innermost first (`dispatch` runs inside `wait_rollouts`)."""
 ROLLOUT_ORDER = ("generation", "scoring", "setup", "env_queue")
 """While the orchestrator waits on rollouts: the phase that any rollout is in, first match wins."""
+
+
+TRAINING = "training"
+"""The `env_times` key of the trainer's compute (forward, backward, optimizer) per step."""
+
+
+def env_times(spans: list[LedgerSpan]) -> dict[int, dict[str, dict[str, float]]]:
+    """`{step: {env: {part: seconds}}}`: each env's rollout-seconds (summed over its rollouts, which
+    overlap: not wall time) in `setup` (a tool env's instance, its sandbox's start), `model`
+    (generation minus tool calls), `tool <name>` per tool and `scoring`; and
+    `{step: {"training": {"training": seconds}}}`, the trainer's compute. Rollout spans without an
+    env (a ledger of an older envrl) are left out."""
+    out: dict[int, dict[str, dict[str, float]]] = {}
+
+    def add(step: int, env: str, part: str, seconds: float) -> None:
+        parts = out.setdefault(step, {}).setdefault(env, {})
+        parts[part] = parts.get(part, 0.0) + seconds
+
+    for span in spans:
+        extra = span.model_extra or {}
+        if span.process == "trainer" and span.name == "compute":
+            add(span.step, TRAINING, TRAINING, span.duration)
+        env = extra.get("env")
+        if not isinstance(env, str):
+            continue
+        if span.name in ("setup", "scoring"):
+            add(span.step, env, span.name, span.duration)
+        elif span.name == "generation":
+            add(span.step, env, "model", span.duration)
+        elif span.name == "rollout":
+            for tool, seconds in (extra.get("tools") or {}).items():
+                add(span.step, env, f"tool {tool}", seconds)
+                add(span.step, env, "model", -seconds)  # tool calls run inside the generation span
+    return out
 
 
 @dataclass(frozen=True)
@@ -153,5 +190,11 @@ def _fits(open_spans: list[LedgerSpan], span: LedgerSpan) -> bool:
     if not open_spans:
         return True
     parent = open_spans[-1]
-    same = parent.step == span.step and parent.model_extra == span.model_extra and parent.name != span.name
+    same = parent.step == span.step and _identity(parent) == _identity(span) and parent.name != span.name
     return same and span.end <= parent.end
+
+
+def _identity(span: LedgerSpan) -> dict[str, Any]:
+    """The extras that say whose work a span is (env, rollout, task, ...): all but measurements
+    (a rollout's seconds per tool)."""
+    return {k: v for k, v in (span.model_extra or {}).items() if k != "tools"}
