@@ -232,17 +232,18 @@ def account(out: Path, scenario: str, faults: str) -> Row:
     requeued = counters.get("requeued_rollouts", 0)
     pending = len(state["pending"]) * group_size
     dispatched = counters.get("dispatched_rollouts", 0)
+    refilled = counters.get("refilled_rollouts", 0)  # each a rollout line more: the failed attempt it replaced
     return Row(
         scenario=scenario,
         faults=faults,
         steps=sum("trainer/loss" in m for m in metrics),
-        dispatched=dispatched + retried,
+        dispatched=dispatched + retried + refilled,
         scored=len(lines) - errors,
         retried=retried,
         errors=errors,
         requeued=requeued,
         pending=pending,
-        lost=dispatched - len(lines) - requeued - pending,
+        lost=dispatched + refilled - len(lines) - requeued - pending,
         reward_first5=fmean(rewards[:5]) if rewards else float("nan"),
         reward_last5=fmean(rewards[-5:]) if rewards else float("nan"),
         final_reward=rewards[-1] if rewards else float("nan"),

@@ -186,7 +186,6 @@ class Scheduler:
         group.refilling = failed[: self._refill_left]
         self._refill_left -= len(group.refilling)
         group.refills += 1
-        self.counters["refilled_rollouts"] += len(group.refilling)
         self._inflight[asyncio.create_task(self._rerun(group))] = group
         return True
 
@@ -200,6 +199,7 @@ class Scheduler:
         for i, (trace,) in zip(group.refilling, await asyncio.gather(*runs), strict=True):
             group.replaced.append(traces[i])
             traces[i] = trace
+        self.counters["refilled_rollouts"] += len(group.refilling)  # done: each one more rollout line
         return traces
 
     def _record_rollouts(self, group: Group, step: int) -> None:
