@@ -1,7 +1,7 @@
 """Every rollout's outcome, against a real env server whose worker is SIGKILLed mid-group: the
 dead rollout is an `infra_error` that leaves its group's baseline while its siblings train, and a
 refill runs that one rollout again, not its group; an env whose own code raises is an `env_error`
-and is not refilled. The orchestrator's step runs in-process (its policy a stub: no inference
+and is not refilled; a model server that does not answer is an `infra_error`. The orchestrator's step runs in-process (its policy a stub: no inference
 server); the env server, its workers and the kill are real."""
 
 from __future__ import annotations
@@ -23,9 +23,12 @@ from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.jsonl import parse_trace_line
 from envrl.orchestrator.loop import Orchestrator
+from envrl.serve.client import EnvClient
 from envrl.telemetry.metrics import WandbConfig
 from scripts.tiny_model import DEFAULT_DIR as TINY_MODEL
-from tests.integration.env_servers import running_env_server
+from tests.integration.bad_envs import OK
+from tests.integration.env_servers import rollout, run, running_env_server
+from tests.support.ports import free_port
 
 GROUP = 4
 FIRST_SEED = train_group_seed(0, 0, GROUP)
@@ -146,3 +149,13 @@ def test_an_env_whose_own_code_raises_is_an_env_error_and_is_not_refilled(tmp_pa
     assert lines[1][1].error.type == "RuntimeError"
     assert sum(seeds_run(marker_dir).values()) == GROUP, "an env error is the env's: running it again is waste"
     assert len(read_batch(batch_dir(tmp_path / "run", 0))) == GROUP - 1
+
+
+def test_a_model_server_that_does_not_answer_is_an_infra_error(tmp_path: Path) -> None:
+    base_url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    access = json.dumps({"base_urls": [base_url]})
+    client = {"type": "eval", "base_url": base_url, "model": "m", "retry": {"max_retries": 0}}
+    with running_env_server(tmp_path, "--model-access", access) as server:
+        trace = run(rollout(EnvClient(server.address, model=client), OK))
+    assert trace.error is not None and trace.error.type == "model_unavailable", trace.error
+    assert trace.outcome == "infra_error"

@@ -222,6 +222,7 @@ class Orchestrator:
                 self._append_rollouts(
                     train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.all_traces
                 )
+                self.counters.update(f"outcome_{t.outcome}" for t in group.all_traces)
             with self.ledger.span("batching", step):
                 with self.ledger.span("samples", step):
                     samples = self._to_samples(step, groups)
