@@ -138,6 +138,8 @@ def test_a_refill_runs_only_the_killed_rollout_again_and_the_whole_group_trains(
         "the refilled group, then the failed attempt it replaced, for the record"
     )
     assert len(read_batch(batch_dir(tmp_path / "run", 0))) == GROUP
+    [step] = [json.loads(line) for line in metrics_file(tmp_path / "run").read_text().splitlines()]
+    assert step["counters/refilled_rollouts"] == 1 and step["train/outcome/outcome/infra_error"] == 1
 
 
 @pytest.mark.parametrize("outcome_server", [{"raise_seed": FIRST_SEED + 1}], indirect=True)

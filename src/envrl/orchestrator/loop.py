@@ -219,10 +219,7 @@ class Orchestrator:
                 groups = await self.scheduler.collect(step, self.policy.current)
             stale += self.scheduler.drop_stale(step)  # arrived too old while collecting: this step's too
             for group in stale:
-                self._append_rollouts(
-                    train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.all_traces
-                )
-                self.counters.update(f"outcome_{t.outcome}" for t in group.all_traces)
+                self._append_group(step, group)
             with self.ledger.span("batching", step):
                 with self.ledger.span("samples", step):
                     samples = self._to_samples(step, groups)
@@ -241,12 +238,9 @@ class Orchestrator:
         rewards = [[t.reward for t in good if t.reward is not None] for good in scored]
         batch_std = batch_reward_std(rewards)
         for group, good, group_rewards in zip(groups, scored, rewards, strict=True):
-            self._append_rollouts(
-                train_rollouts_file(self.output_dir), step, group.env, group.counted_step, group.all_traces
-            )
+            self._append_group(step, group)
             self.counters["error_rollouts"] += sum(t.has_error for t in group.traces)
             self.counters["unscored_rollouts"] += sum(not t.has_error and t.reward is None for t in group.traces)
-            self.counters.update(f"outcome_{t.outcome}" for t in group.all_traces)
             advantages = group_advantages(group_rewards, self.config.advantage, batch_std)
             if advantages is None:
                 self.counters["dropped_groups"] += 1
@@ -278,6 +272,14 @@ class Orchestrator:
         return self._backfill(turn)
 
     # -- outputs ----------------------------------------------------------------------------------
+
+    def _append_group(self, step: int, group: Group) -> None:
+        """A train group's rollout lines (the failed attempts its refills replaced after them), each
+        outcome and each replaced attempt counted (`counters/refilled_rollouts`: one line more each)."""
+        traces = group.all_traces
+        self._append_rollouts(train_rollouts_file(self.output_dir), step, group.env, group.counted_step, traces)
+        self.counters.update(f"outcome_{t.outcome}" for t in traces)
+        self.counters["refilled_rollouts"] += len(group.replaced)
 
     def _append_rollouts(self, path: Path, step: int, env: EnvHandle, policy_step: int, traces: list[Trace]) -> None:
         try:

@@ -199,7 +199,6 @@ class Scheduler:
         for i, (trace,) in zip(group.refilling, await asyncio.gather(*runs), strict=True):
             group.replaced.append(traces[i])
             traces[i] = trace
-        self.counters["refilled_rollouts"] += len(group.refilling)  # done: each one more rollout line
         return traces
 
     def _record_rollouts(self, group: Group, step: int) -> None:
