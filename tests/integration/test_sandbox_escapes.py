@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from envrl.sandbox import BubblewrapProvider, Limits, Sandbox, SandboxConfig, reaper
+from tests.integration.sandbox_attacks import answer, forge_program
 from tests.integration.sandboxes import host_temp_dir, processes_of, run_dir, wait_gone
 
 __all__ = ["run_dir"]
@@ -334,3 +335,39 @@ def test_the_reaper_kills_every_process_of_a_sandbox_whose_owner_is_gone_and_no_
         for proc in (orphan, kept):
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the forgery sets x86_64 registers")
+def test_a_ptrace_forgery_of_later_answers_is_denied_and_every_answer_stays_genuine() -> None:
+    """Issue 37: code attaches pid 1 (bubblewrap's init) and every other process it sees, makes
+    each write forged answer frames to its pipes, and detaches; on the old code the host took
+    them as the answers to this command and the next."""
+
+    async def attempt(box: Sandbox) -> None:
+        await box.write_file("attack.py", forge_program([answer("forged 1\n"), answer("forged 2\n")]))
+        result = await box.run(["python3", "attack.py"])
+        assert "forged" not in result.stdout, result
+        report = json.loads(result.stdout)
+        assert report and all("denied" in r and "Errno 1]" in r["denied"] for r in report.values()), report
+        assert (await box.run("echo genuine")).stdout == "genuine\n"
+
+    _contained(SandboxConfig(), attempt)
+
+
+def test_bubblewraps_pid_1_holds_no_pipe_of_the_protocol() -> None:
+    """Whatever code could make pid 1 (bubblewrap's init, dumpable, the sandbox's uid) do, it
+    cannot answer for the agent: its stdin and stdout are /dev/null (on the old code they were
+    the host's request and answer pipes, which the ptrace forgery wrote to)."""
+
+    async def attempt(box: Sandbox) -> None:
+        result = await _python(
+            box,
+            """
+            import json, os
+            print(json.dumps({fd: os.readlink(f"/proc/1/fd/{fd}") for fd in os.listdir("/proc/1/fd")}))
+        """,
+        )
+        held = json.loads(result.stdout)
+        assert held["0"] == held["1"] == "/dev/null", held
+
+    _contained(SandboxConfig(), attempt)
