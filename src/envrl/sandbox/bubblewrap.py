@@ -97,11 +97,13 @@ def check_image(config: SandboxConfig) -> None:
 def bwrap_argv(
     config: SandboxConfig, uid: int, bridge: Path | None, *, agent_fds: tuple[int, int], seccomp_fd: int
 ) -> list[str]:
-    """The full command line: `setpriv` to the sandbox's host uid, `prlimit` with the limits, then
+    """The full command line: `uids.IF_FREE` (the exec after `setpriv` fails if the uid has a
+    process), `setpriv` to the sandbox's host uid, `prlimit` with the limits, then
     bubblewrap (with the host `bridge` directory read-only at `bridge.MOUNT`, the seccomp program
     read from `seccomp_fd`), then the agent on its protocol pipes `agent_fds` (requests, answers)."""
     check_image(config)
-    argv = [*reaper.as_uid(uid), *config.limits.prlimit_argv(), bwrap_path(), "--unshare-all", "--unshare-user"]
+    argv = [*uids.IF_FREE, *reaper.as_uid(uid), *config.limits.prlimit_argv(), bwrap_path(), "--unshare-all"]
+    argv += ["--unshare-user"]
     argv += ["--disable-userns", "--seccomp", str(seccomp_fd)]
     argv += ["--share-net"] if config.network else []
     argv += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
@@ -139,6 +141,7 @@ class BubblewrapSandbox(Sandbox):
         self._watchdog: asyncio.TimerHandle | None = None
         self._bridge: HostBridge | None = None
         self._forwarded: set[int] = set()
+        self._uid_in_doubt = False
 
     @property
     def pid(self) -> int | None:
@@ -176,13 +179,25 @@ class BubblewrapSandbox(Sandbox):
     async def _start(self) -> None:
         if self._closed:
             raise SandboxClosed("start() on a closed sandbox")
-        loop = asyncio.get_running_loop()
         self._arm()
         check_image(self.config)  # a config that cannot start fails before a uid is claimed
         program = seccomp.program()
         reaper.reap_now_and_then()
-        self._record = await asyncio.to_thread(uids.claim_free, *self.config.host_uids)
-        self.uid = self._record.uid
+        refused: dict[int, str] = {}
+        while True:
+            self._record = await asyncio.to_thread(uids.claim_free, *self.config.host_uids, refused)
+            self.uid = self._record.uid
+            try:
+                return await self._launch(program)
+            except uids.UidBusy:
+                refused[self.uid] = "processes run as it"
+                await self._discard_launch()
+
+    async def _launch(self, program: bytes) -> None:
+        """Start bubblewrap as the claimed uid and wait for the agent; `uids.UidBusy` (nothing
+        started, nothing to kill) when the uid turned out to have processes of its own."""
+        assert self.uid is not None
+        loop = asyncio.get_running_loop()
         self._bridge = HostBridge(self.uid)
         pipes = AgentPipes()
         filter_in, filter_out = os.pipe()  # the program fits a pipe's buffer: written whole before the spawn
@@ -303,9 +318,35 @@ class BubblewrapSandbox(Sandbox):
     def _kill(self) -> None:
         """SIGKILL every process of the sandbox: all run as its uid, whatever their place in the
         tree: bubblewrap itself and a child of it orphaned by a kill during start-up included.
-        (Not `proc.kill()` besides: its poll would reap bubblewrap behind asyncio's child watcher.)"""
-        if self.uid is not None:
+        (Not `proc.kill()` besides: its poll would reap bubblewrap behind asyncio's child watcher.)
+        Never while the launch is found out to have failed on a uid another process has."""
+        if self.uid is not None and not self._uid_in_doubt:
             reaper.kill_uid(self.uid)
+
+    async def _uid_was_busy(self) -> bool:
+        """After the answer pipe closed before the ready line: whether `setpriv` could not exec
+        as the uid because it has processes (bwrap_argv's `--nproc=0`), so nothing of ours runs as it."""
+        assert self.proc is not None
+        self._uid_in_doubt = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.proc.wait()), CLOSE_WAIT_S)
+            await asyncio.wait_for(asyncio.gather(*self._tasks), CLOSE_WAIT_S)  # the stderr drain, to its EOF
+        busy = self.proc.returncode == 126 and uids.BUSY_MESSAGE in self._stderr
+        self._uid_in_doubt = busy
+        return busy
+
+    async def _discard_launch(self) -> None:
+        """Forget a launch that failed on a busy uid (its setpriv exited; nothing else was started)."""
+        for closable in (self._channel, self._stderr_pipe):
+            if closable is not None:
+                closable.close()
+        if self._bridge is not None:
+            await self._bridge.close()
+        reaper.release(self._record)
+        self.uid, self.proc, self._record, self._channel, self._stderr_pipe = None, None, None, None, None
+        self._tasks.clear()
+        self._stderr.clear()
+        self._uid_in_doubt = False
 
     async def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One op: its answer, `FileNotFoundError`/`OSError` for a file op the agent refused, else a SandboxError."""
@@ -337,6 +378,8 @@ class BubblewrapSandbox(Sandbox):
         try:
             return await (self._channel.ready() if request is None else self._channel.call(request))
         except asyncio.IncompleteReadError:
+            if request is None and await self._uid_was_busy():
+                raise uids.UidBusy(self.uid) from None
             self._kill()  # the agent is gone: nothing of the sandbox may hold its pipes open
             try:
                 code: int | str = await asyncio.wait_for(asyncio.shield(self.proc.wait()), CLOSE_WAIT_S)

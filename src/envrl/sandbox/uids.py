@@ -3,11 +3,11 @@
 Guarantee: `claim_free(first, end)` returns the claim (reaper.py) of a uid in [first, end) that
 no live sandbox of this user has claimed, that NSS knows neither as a user nor as a group (the
 sandbox runs with that gid too), that lies in no range of /etc/subuid or /etc/subgid (another
-user's containers map it), and that no process of the host runs as (its real uid: the count
-the kernel keeps per user, in any user namespace, is read by a probe that becomes the uid with
-`RLIMIT_NPROC` 0: its exec fails with EAGAIN if the uid has any process); else `SandboxStartError`
-naming the range and what each tried uid was refused for. A process whose saved uid alone is the
-uid (a setuid binary owned by it) is not seen (docs/sandbox.md).
+user's containers map it); else `SandboxStartError` naming the range and what each tried uid
+was refused for. That no process of the host runs as it (its real uid) is checked by the launch
+itself, at no extra process (`IF_FREE`): a launch on a busy uid starts nothing and raises
+`UidBusy`, and the caller claims another. A process whose saved uid alone is the uid (a setuid
+binary owned by it) is not seen (docs/sandbox.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import grp
 import pwd
 import secrets
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,6 +28,17 @@ COUNT = 1 << 24
 SUBID_FILES = (Path("/etc/subuid"), Path("/etc/subgid"))
 TRIES = 64
 """Uids tried (consecutive, from a random one) before a start fails."""
+IF_FREE = ["prlimit", "--nproc=0:", "--"]
+"""Put before `setpriv` to the uid: setpriv then flags itself over RLIMIT_NPROC when the uid
+already has a process (the kernel's per-uid count, processes of the uid inside user namespaces
+and not yet reaped ones included), and its next exec fails with EAGAIN (exit 126, `BUSY_MESSAGE`).
+The soft limit only (the hard one stays: raising it needs CAP_SYS_RESOURCE); the `prlimit` it
+execs as the uid sets the sandbox's own."""
+BUSY_MESSAGE = b"Resource temporarily unavailable"
+
+
+class UidBusy(Exception):
+    """A launch found its uid in use by processes (nothing was started)."""
 
 
 def subid_ranges(files: Iterable[Path] = SUBID_FILES) -> list[range]:
@@ -64,47 +74,25 @@ def known(uid: int, delegated: list[range]) -> str | None:
     return None
 
 
-def has_processes(uid: int) -> bool:
-    """Whether any process runs with real uid `uid`. The probe: `prlimit --nproc=0` then `setpriv`
-    to the uid, which flags itself over the limit when the uid already has a process (a count the
-    kernel keeps per uid, processes of the uid in user namespaces of its own included), and then
-    its exec fails with EAGAIN; a uid with no process execs `true`. No /proc walk (slow for
-    thousands of processes), no race with a process that exits meanwhile."""
-    probe = subprocess.run(
-        ["prlimit", "--nproc=0", "--", *reaper.as_uid(uid), "/bin/true"], env={"PATH": "/usr/bin:/bin"},
-        timeout=10, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False,
-    )  # fmt: skip
-    if probe.returncode == 0:
-        return False
-    if "Resource temporarily unavailable" in probe.stderr.decode(errors="replace"):
-        return True
-    raise SandboxStartError(
-        f"the probe for processes of uid {uid} (prlimit --nproc=0 setpriv ... true) failed with "
-        f"{probe.returncode}: {probe.stderr[-300:]!r}; it needs util-linux's prlimit and setpriv, run as root"
-    )
-
-
-def claim_free(first: int, end: int) -> reaper.Record:
-    """Claim a free uid of [first, end) for a sandbox of this process (blocking: NSS, a probe process)."""
+def claim_free(first: int, end: int, refused: dict[int, str]) -> reaper.Record:
+    """Claim a uid of [first, end) for a sandbox of this process that is not in `refused` (uids a
+    launch found busy), no one NSS knows, in no subid range (blocking: NSS may ask a server);
+    every uid passed over is added to `refused` with why."""
     delegated = subid_ranges()
     start = secrets.randbelow(end - first)
-    refused: dict[int, str] = {}
     for i in range(min(TRIES, end - first)):
         uid = first + (start + i) % (end - first)
+        if uid in refused:
+            continue
         if why := known(uid, delegated):
             refused[uid] = why
             continue
         record = reaper.claim(uid)
-        if record is None:
-            refused[uid] = "claimed by a live sandbox"
-            continue
-        if has_processes(uid):
-            reaper.release(record)
-            refused[uid] = "processes run as it"
-            continue
-        return record
+        if record is not None:
+            return record
+        refused[uid] = "claimed by a live sandbox"
     shown = "; ".join(f"{uid}: {why}" for uid, why in list(refused.items())[:8])
     raise SandboxStartError(
-        f"no free sandbox uid in sandbox.host_uids [{first}, {end}) after {len(refused)} tries ({shown}): "
+        f"no free sandbox uid in sandbox.host_uids [{first}, {end}) after {len(refused)} refused ({shown}): "
         "choose a range no user, group, subordinate id range or process uses"
     )
