@@ -10,11 +10,14 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from envrl.data.traces import Message
 from envrl.envs.registry import load_environment
 from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.serve.client import EnvClient
 from tests.integration.env_servers import running_env_server, wait_until
+from tests.integration.sandbox_attacks import answer, forge_program
 from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 
 
@@ -104,3 +107,16 @@ def test_the_env_server_serves_sandboxed_rollouts_and_sigkills_leave_no_sandbox(
             assert await asyncio.to_thread(wait_gone, ALL_SANDBOXES, 30) == []
 
         asyncio.run(go())
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the forgery sets x86_64 registers")
+def test_a_program_that_forges_its_verdict_with_ptrace_earns_0() -> None:
+    """Issue 37: a run_python call ptraces bubblewrap's pid 1 into writing the answers to the
+    verdict's requests ahead of the agent (write final.py, run it: prints the target), and the
+    final program prints something else; the old code scored it 1.0."""
+    env = load_environment("code-exec")
+    target = env.get_task("train", 0).target
+    forgery = forge_program([answer("ok\n"), {}, answer(f"{target}\n")])
+    task, trace = _rollout([_call(forgery), "```python\nprint('I do not know')\n```"])
+    assert trace.error is None and trace.reward == 0.0, (trace.error, trace.reward)
+    assert wait_gone(ALL_SANDBOXES) == []

@@ -7,6 +7,7 @@ of it is alive (each sandbox runs under a host uid of its own, so its processes 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -14,13 +15,23 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from pathlib import Path
 
 import pytest
 
-from envrl.sandbox import BubblewrapProvider, Limits, Sandbox, SandboxConfig, reaper
+from envrl.sandbox import (
+    BubblewrapProvider,
+    Limits,
+    Sandbox,
+    SandboxConfig,
+    SandboxProtocolError,
+    SandboxStartError,
+    reaper,
+)
+from tests.integration.sandbox_attacks import answer, forge_program
 from tests.integration.sandboxes import host_temp_dir, processes_of, run_dir, wait_gone
 
 __all__ = ["run_dir"]
@@ -334,3 +345,137 @@ def test_the_reaper_kills_every_process_of_a_sandbox_whose_owner_is_gone_and_no_
         for proc in (orphan, kept):
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the forgery sets x86_64 registers")
+def test_a_ptrace_forgery_of_later_answers_is_denied_and_every_answer_stays_genuine() -> None:
+    """Issue 37: code attaches pid 1 (bubblewrap's init) and every other process it sees, makes
+    each write forged answer frames to its pipes, and detaches; on the old code the host took
+    them as the answers to this command and the next."""
+
+    async def attempt(box: Sandbox) -> None:
+        await box.write_file("attack.py", forge_program([answer("forged 1\n"), answer("forged 2\n")]))
+        result = await box.run(["python3", "attack.py"])
+        assert "forged" not in result.stdout, result
+        report = json.loads(result.stdout)
+        assert report and all("denied" in r and "Errno 1]" in r["denied"] for r in report.values()), report
+        assert (await box.run("echo genuine")).stdout == "genuine\n"
+
+    _contained(SandboxConfig(), attempt)
+
+
+def test_bubblewraps_pid_1_holds_no_pipe_of_the_protocol() -> None:
+    """Whatever code could make pid 1 (bubblewrap's init, dumpable, the sandbox's uid) do, it
+    cannot answer for the agent: its stdin and stdout are /dev/null (on the old code they were
+    the host's request and answer pipes, which the ptrace forgery wrote to)."""
+
+    async def attempt(box: Sandbox) -> None:
+        result = await _python(
+            box,
+            """
+            import json, os
+            print(json.dumps({fd: os.readlink(f"/proc/1/fd/{fd}") for fd in os.listdir("/proc/1/fd")}))
+        """,
+        )
+        held = json.loads(result.stdout)
+        assert held["0"] == held["1"] == "/dev/null", held
+
+    _contained(SandboxConfig(), attempt)
+
+
+def _unreaped(uid: int) -> bool:
+    """Whether a process of `uid`, zombies included, is still in /proc."""
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            if f"\nUid:\t{uid}\t" in status.read_text():
+                return True
+    return False
+
+
+def test_a_process_already_running_as_a_sandbox_uid_survives_and_the_sandbox_takes_another(run_dir: Path) -> None:
+    """Issue 37: closing a sandbox kills every process of its uid; the old code claimed a uid
+    without looking, and a process already running as it died with the sandbox."""
+    busy = 1_999_100_010
+    neighbour = subprocess.Popen(["setpriv", f"--reuid={busy}", f"--regid={busy}", "--clear-groups", "sleep", "600"])
+    try:
+        while not processes_of(busy):
+            assert neighbour.poll() is None
+        config = SandboxConfig(host_uids=(busy, busy + 2))
+
+        async def main() -> None:
+            for _ in range(3):
+                async with await BubblewrapProvider().create(config) as box:
+                    assert box.uid == busy + 1
+                    assert (await box.run("echo alive")).stdout == "alive\n"
+                assert wait_gone(busy + 1) == []
+                while _unreaped(busy + 1):  # the kernel counts them until the host's init reaps them
+                    await asyncio.sleep(0.01)
+            with pytest.raises(SandboxStartError, match=f"{busy}: processes run as it"):
+                await BubblewrapProvider().create(SandboxConfig(host_uids=(busy, busy + 1)))
+
+        asyncio.run(main())
+        assert neighbour.poll() is None and processes_of(busy) == [neighbour.pid]
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+
+
+def test_planted_state_directories_fall_back_to_private_ones_and_sandboxes_still_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: another user creates the predictable per-uid directories first; the old code
+    refused them (good) and then every sandbox on the node failed with a PermissionError."""
+    temp = Path(tempfile.mkdtemp(prefix="e37-", dir="/var/tmp"))  # short: the bridge's socket path must fit
+    temp.chmod(0o755)
+    planted = [temp / f"envrl-sandboxes-{os.getuid()}", temp / f"envrl-bridges-{os.getuid()}"]
+    for path in planted:
+        path.mkdir(mode=0o777)
+        os.chown(path, 65534, 65534)
+    monkeypatch.delenv(reaper.RUN_DIR_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    async def main() -> None:
+        async with await BubblewrapProvider().create(SandboxConfig()) as box:
+            await box.forward_host_ports([port])  # through the bridge directory
+            code = f"import socket; socket.create_connection(('127.0.0.1', {port})).sendall(b'hi')"
+            assert (await box.run(["python3", "-c", code])).exit_code == 0
+
+    try:
+        asyncio.run(main())
+        listener.settimeout(5)
+        assert listener.accept()[0].recv(2) == b"hi"
+        assert all(list(path.iterdir()) == [] for path in planted)  # neither used nor touched
+        assert sorted(p.name.rsplit("-", 1)[0] for p in temp.iterdir() if p not in planted) == sorted(
+            p.name for p in planted
+        )  # the private ones beside them
+    finally:
+        listener.close()
+        shutil.rmtree(temp)
+
+
+def test_an_answer_frame_the_host_did_not_ask_for_is_a_typed_error_never_a_result() -> None:
+    """The third line of defence, on its own: a frame put on the answer pipe by someone other than
+    the agent (here root on the host, through the agent's fd; code in the sandbox can no longer
+    reach it) cannot echo the request's nonce, so the call raises `SandboxProtocolError` and the
+    sandbox is killed: the forged stdout is never a result."""
+
+    async def main() -> None:
+        box = await BubblewrapProvider().create(SandboxConfig())
+        try:
+            agents = [p for p in processes_of(box.uid) if Path(f"/proc/{p}/cmdline").read_bytes().endswith(b"\0")]
+            argv = Path(f"/proc/{agents[-1]}/cmdline").read_bytes().split(b"\0")
+            answers_fd = int(argv[-2])  # the agent's argv ends with its request and answer fds
+            forged = json.dumps({**answer("forged\n"), "seq": 1, "nonce": "0" * 32}).encode()
+            with open(f"/proc/{agents[-1]}/fd/{answers_fd}", "wb", buffering=0) as pipe:
+                pipe.write(len(forged).to_bytes(4, "big") + forged)
+            with pytest.raises(SandboxProtocolError, match="did not echo request 1's nonce") as raised:
+                await box.run("echo genuine")
+            assert raised.value.error_type == "sandbox_protocol" and not box.alive
+        finally:
+            await box.close()
+        assert wait_gone(box.uid) == []
+
+    asyncio.run(main())

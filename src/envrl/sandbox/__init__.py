@@ -14,6 +14,7 @@ from envrl.sandbox.errors import (
     SandboxError,
     SandboxLimit,
     SandboxOOM,
+    SandboxProtocolError,
     SandboxStartError,
     SandboxTimeout,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "SandboxError",
     "SandboxLimit",
     "SandboxOOM",
+    "SandboxProtocolError",
     "SandboxProvider",
     "SandboxStartError",
     "SandboxTimeout",

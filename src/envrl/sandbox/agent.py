@@ -1,12 +1,15 @@
 """The process inside a sandbox that runs commands and moves files for its host, one op at a time.
 
 Guarantee: it answers every request on its protocol pipe with exactly one frame (a 4-byte
-big-endian length, then JSON), keeps at most `max_output` bytes of each stream of a command,
-and when a command runs past its timeout (or the host asks for `isolate`), kills every other
-process of the sandbox (`kill(-1)` inside the pid namespace). It is not dumpable, so code it runs
-(same user) can neither ptrace it nor open its pipes through /proc and answer in its place.
-Standard library only: it runs on the image's interpreter (`python3 -I -S -c <this file>`),
-never imports envrl, and is sent as argv, so it needs no file in the image.
+big-endian length, then JSON) that echoes the request's `seq` and `nonce`, keeps at most
+`max_output` bytes of each stream of a command, and when a command runs past its timeout (or
+the host asks for `isolate`), kills every other process of the sandbox (`kill(-1)` inside the
+pid namespace). Its protocol pipes are the two fds named on its argv (never stdio, which it and
+bubblewrap's init hold as /dev/null), held non-inheritable, so no command gets them. It is not
+dumpable, so code it runs (same user) cannot open its fds through /proc (the seccomp filter
+refuses ptrace besides). Standard library only: it runs on the image's interpreter
+(`python3 -I -S -c <this file> REQUESTS_FD ANSWERS_FD`), never imports envrl, and is sent as
+argv, so it needs no file in the image.
 """
 
 import base64
@@ -155,10 +158,11 @@ OPS = {"run": _run, "write": _write, "read": _read}
 def main():
     _non_dumpable()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    rfd, wfd = os.dup(0), os.dup(1)  # the protocol pipes, kept off 0/1 so no command inherits them
+    rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
     null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)
-    os.dup2(null, 1)
+    for fd in (0, 1, 2):  # stderr too: the host stops reading bubblewrap's once this agent is ready
+        os.dup2(null, fd)
+    os.close(null)
     os.set_inheritable(rfd, False)
     os.set_inheritable(wfd, False)
     _send(wfd, {"ready": True})
@@ -172,6 +176,7 @@ def main():
             answer = OPS[request["op"]](request)
         except Exception as e:  # noqa: BLE001 - the host gets the failure as the answer
             answer = {"error": f"{type(e).__name__}: {e}", "kind": type(e).__name__}
+        answer["seq"], answer["nonce"] = request.get("seq"), request.get("nonce")
         _send(wfd, answer)
 
 

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from envrl.config import BaseConfig
 from envrl.sandbox.errors import SandboxLimit, SandboxOOM, SandboxTimeout
 from envrl.sandbox.limits import Limits
+from envrl.sandbox.uids import COUNT, FIRST
 
 LimitName = Literal["timeout", "memory", "cpu", "file_size", "disk", "nproc"]
 _SIGXCPU, _SIGXFSZ = 24, 25
@@ -51,6 +52,17 @@ class SandboxConfig(BaseConfig):
     command_timeout_s: float = Field(30.0, gt=0)
     """Default per-command timeout (a command past it is killed with everything it started)."""
     limits: Limits = Limits()
+    host_uids: tuple[int, int] = (FIRST, FIRST + COUNT)
+    """[first, end): the host user ids sandboxes run as, one each. A uid a user, a group, a
+    subordinate id range or a process already has is skipped (uids.py)."""
+
+    @field_validator("host_uids")
+    @classmethod
+    def _uid_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        first, end = value
+        if not 0 < first < end <= 0xFFFFFFFF:
+            raise ValueError(f"sandbox.host_uids must be [first, end) with 0 < first < end <= 4294967295, got {value}")
+        return value
 
 
 @dataclass(frozen=True)

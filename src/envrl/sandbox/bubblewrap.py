@@ -1,10 +1,12 @@
-"""The local sandbox backend: bubblewrap namespaces, rlimits, a user id of its own, one agent.
+"""The local sandbox backend: bubblewrap namespaces, rlimits, seccomp, a user id of its own, one agent.
 
 Guarantee: a `BubblewrapSandbox` runs everything in its own user, pid, mount, network (off by
-default), IPC, UTS and cgroup namespaces, under a host user id no other sandbox and no envrl
-process has (so its processes can signal or trace nothing outside, and `limits.nproc` counts
-only its own), with no capability, no environment from its owner, no inherited file descriptor
-but its protocol pipes, a read-only image and a fresh size-limited tmpfs as its only writable
+default), IPC, UTS and cgroup namespaces, under a host user id nothing else on the host has
+(uids.py: so its processes can signal nothing outside, `limits.nproc` counts only its own, and
+killing the uid kills only the sandbox), with no capability, a seccomp filter that refuses every
+way to reach another process's memory or fds (seccomp.py), no environment from its owner, no
+inherited file descriptor but the agent's protocol pipes (protocol.py: answers only the agent
+can give), a read-only image and a fresh size-limited tmpfs as its only writable
 place. It dies with its owner (bubblewrap's `--die-with-parent`; the reaper for what survives
 that), at its episode cap, and on `close()`: every process running as its uid is SIGKILLed at
 once, daemons and orphans included.
@@ -15,11 +17,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
-import secrets
+import os
 import shutil
 import stat
-import struct
 import time
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -28,14 +28,21 @@ from typing import Any
 
 from loguru import logger
 
-from envrl.sandbox import reaper
+from envrl.sandbox import reaper, seccomp, uids
 from envrl.sandbox.base import CommandResult, Sandbox, SandboxConfig, SandboxProvider, started
 from envrl.sandbox.bridge import MOUNT, HostBridge
-from envrl.sandbox.errors import SandboxClosed, SandboxDied, SandboxError, SandboxStartError, SandboxTimeout
+from envrl.sandbox.errors import (
+    SandboxClosed,
+    SandboxDied,
+    SandboxError,
+    SandboxProtocolError,
+    SandboxStartError,
+    SandboxTimeout,
+)
+from envrl.sandbox.protocol import AgentChannel, AgentPipes, read_end
 
-UID_BASE = 1_000_000_000
-"""Host user ids of sandboxes are drawn from [UID_BASE, UID_BASE + UID_RANGE): no real user's."""
-UID_RANGE = 1 << 24
+UID_BASE, UID_RANGE = uids.FIRST, uids.COUNT
+"""The default `sandbox.host_uids`, as [UID_BASE, UID_BASE + UID_RANGE)."""
 SANDBOX_UID = 65534
 """The user id (nobody) code sees inside the sandbox."""
 CLOSE_WAIT_S = 10.0
@@ -44,8 +51,6 @@ ANSWER_GRACE_S = 2.0
 """How long past a command's own timeout the agent may take to answer before it counts as dead."""
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 """PATH inside a sandbox."""
-MAX_FRAME = 64 << 20
-_HEADER = struct.Struct(">I")
 _AGENT = (Path(__file__).parent / "agent.py").read_text()
 _FORWARDER = (Path(__file__).parent / "forwarder.py").read_text()
 
@@ -75,9 +80,8 @@ def check_readable(path: Path) -> None:
         raise SandboxStartError(f"sandbox image path {path} is not readable by others (mode o+r needed)")
 
 
-def bwrap_argv(config: SandboxConfig, uid: int, bridge: Path | None = None) -> list[str]:
-    """The full command line: `setpriv` to the sandbox's host uid, `prlimit` with the limits, then
-    bubblewrap (with the host `bridge` directory read-only at `bridge.MOUNT`), then the agent."""
+def check_image(config: SandboxConfig) -> None:
+    """`SandboxStartError` unless the image and its interpreter can be mounted as they are."""
     python = config.python
     for path in [python, *config.image]:
         check_readable(path)
@@ -88,8 +92,19 @@ def bwrap_argv(config: SandboxConfig, uid: int, bridge: Path | None = None) -> l
             )
     if not any(python.resolve().is_relative_to(p.resolve()) or python.is_relative_to(p) for p in config.image):
         raise SandboxStartError(f"sandbox.python {python} is not inside any sandbox.image path {config.image}")
-    argv = [*reaper.as_uid(uid), *config.limits.prlimit_argv(), bwrap_path(), "--unshare-all", "--unshare-user"]
-    argv += ["--disable-userns"]
+
+
+def bwrap_argv(
+    config: SandboxConfig, uid: int, bridge: Path | None, *, agent_fds: tuple[int, int], seccomp_fd: int
+) -> list[str]:
+    """The full command line: `uids.IF_FREE` (the exec after `setpriv` fails if the uid has a
+    process), `setpriv` to the sandbox's host uid, `prlimit` with the limits, then
+    bubblewrap (with the host `bridge` directory read-only at `bridge.MOUNT`, the seccomp program
+    read from `seccomp_fd`), then the agent on its protocol pipes `agent_fds` (requests, answers)."""
+    check_image(config)
+    argv = [*uids.IF_FREE, *reaper.as_uid(uid), *config.limits.prlimit_argv(), bwrap_path(), "--unshare-all"]
+    argv += ["--unshare-user"]
+    argv += ["--disable-userns", "--seccomp", str(seccomp_fd)]
     argv += ["--share-net"] if config.network else []
     argv += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
     argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
@@ -105,7 +120,7 @@ def bwrap_argv(config: SandboxConfig, uid: int, bridge: Path | None = None) -> l
     argv += ["--symlink", work, "/tmp"] if work != "/tmp" else []
     argv += ["--chdir", work, "--setenv", "HOME", work, "--setenv", "TMPDIR", work, "--setenv", "LANG", "C.UTF-8"]
     argv += ["--setenv", "PATH", SANDBOX_PATH, "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
-    return [*argv, "--", str(python), "-I", "-S", "-c", _AGENT]
+    return [*argv, "--", str(config.python), "-I", "-S", "-c", _AGENT, *map(str, agent_fds)]
 
 
 class BubblewrapSandbox(Sandbox):
@@ -116,6 +131,8 @@ class BubblewrapSandbox(Sandbox):
         self.uid: int | None = None
         """Its host user id, claimed at start: every process of this sandbox, and only those, runs as it."""
         self.proc: asyncio.subprocess.Process | None = None
+        self._channel: AgentChannel | None = None
+        self._stderr_pipe: asyncio.ReadTransport | None = None
         self._record: reaper.Record | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -124,6 +141,7 @@ class BubblewrapSandbox(Sandbox):
         self._watchdog: asyncio.TimerHandle | None = None
         self._bridge: HostBridge | None = None
         self._forwarded: set[int] = set()
+        self._uid_in_doubt = False
 
     @property
     def pid(self) -> int | None:
@@ -161,26 +179,50 @@ class BubblewrapSandbox(Sandbox):
     async def _start(self) -> None:
         if self._closed:
             raise SandboxClosed("start() on a closed sandbox")
-        loop = asyncio.get_running_loop()
         self._arm()
-        bwrap_argv(self.config, UID_BASE)  # a config that cannot start fails before a uid is claimed
+        check_image(self.config)  # a config that cannot start fails before a uid is claimed
+        program = seccomp.program()
         reaper.reap_now_and_then()
-        while self._record is None:
-            self._record = reaper.claim(UID_BASE + secrets.randbelow(UID_RANGE))
-        self.uid = self._record.uid
+        refused: dict[int, str] = {}
+        while True:
+            self._record = await asyncio.to_thread(uids.claim_free, *self.config.host_uids, refused)
+            self.uid = self._record.uid
+            try:
+                return await self._launch(program)
+            except uids.UidBusy:
+                refused[self.uid] = "processes run as it"
+                await self._discard_launch()
+
+    async def _launch(self, program: bytes) -> None:
+        """Start bubblewrap as the claimed uid and wait for the agent; `uids.UidBusy` (nothing
+        started, nothing to kill) when the uid turned out to have processes of its own."""
+        assert self.uid is not None
+        loop = asyncio.get_running_loop()
         self._bridge = HostBridge(self.uid)
-        argv = bwrap_argv(self.config, self.uid, self._bridge.directory)
+        pipes = AgentPipes()
+        filter_in, filter_out = os.pipe()  # the program fits a pipe's buffer: written whole before the spawn
+        os.write(filter_out, program)
+        os.close(filter_out)
+        argv = bwrap_argv(
+            self.config, self.uid, self._bridge.directory, agent_fds=pipes.sandbox_fds, seccomp_fd=filter_in
+        )
         limit = min(self.config.start_timeout_s, self.time_left("starting the sandbox"))
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env={"PATH": "/usr/bin:/bin"}, limit=MAX_FRAME,
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=pipes.stderr_out,
+                pass_fds=(*pipes.sandbox_fds, filter_in), env={"PATH": "/usr/bin:/bin"},
             )  # fmt: skip
         except OSError as e:
+            pipes.close_all()
             raise SandboxStartError(f"cannot start the sandbox ({argv[0]}): {e}") from e
-        self._tasks.append(loop.create_task(self._drain_stderr()))
+        finally:
+            os.close(filter_in)
+        pipes.close_sandbox_ends()
+        self._channel = await AgentChannel.open(pipes)
+        stderr, self._stderr_pipe = await read_end(pipes.stderr_in)
+        self._tasks.append(loop.create_task(self._drain_stderr(stderr)))
         try:
-            ready = await asyncio.wait_for(self._read_frame(), limit)
+            ready = await asyncio.wait_for(self._exchange(None), limit)
         except TimeoutError:
             self._kill()
             if self.deadline <= time.monotonic():
@@ -193,6 +235,7 @@ class BubblewrapSandbox(Sandbox):
         if ready != {"ready": True}:
             self._kill()
             raise SandboxStartError(f"the sandbox's agent answered {ready!r} instead of its ready line")
+        self._stderr_pipe.close()  # from now on nothing of the sandbox writes anywhere the host reads but answers
 
     async def run(
         self,
@@ -260,8 +303,10 @@ class BubblewrapSandbox(Sandbox):
                 logger.error(
                     f"sandbox uid {self.uid}: bubblewrap (pid {self.proc.pid}) outlived SIGKILL by {CLOSE_WAIT_S:g} s"
                 )
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()  # the last open pipe: the transport closes with it
+        if self._channel is not None:
+            self._channel.close()
+        if self._stderr_pipe is not None:
+            self._stderr_pipe.close()
         for task in self._tasks:
             task.cancel()
         if self._bridge is not None:
@@ -273,9 +318,35 @@ class BubblewrapSandbox(Sandbox):
     def _kill(self) -> None:
         """SIGKILL every process of the sandbox: all run as its uid, whatever their place in the
         tree: bubblewrap itself and a child of it orphaned by a kill during start-up included.
-        (Not `proc.kill()` besides: its poll would reap bubblewrap behind asyncio's child watcher.)"""
-        if self.uid is not None:
+        (Not `proc.kill()` besides: its poll would reap bubblewrap behind asyncio's child watcher.)
+        Never while the launch is found out to have failed on a uid another process has."""
+        if self.uid is not None and not self._uid_in_doubt:
             reaper.kill_uid(self.uid)
+
+    async def _uid_was_busy(self) -> bool:
+        """After the answer pipe closed before the ready line: whether `setpriv` could not exec
+        as the uid because it has processes (bwrap_argv's `--nproc=0`), so nothing of ours runs as it."""
+        assert self.proc is not None
+        self._uid_in_doubt = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.proc.wait()), CLOSE_WAIT_S)
+            await asyncio.wait_for(asyncio.gather(*self._tasks), CLOSE_WAIT_S)  # the stderr drain, to its EOF
+        busy = self.proc.returncode == 126 and uids.BUSY_MESSAGE in self._stderr
+        self._uid_in_doubt = busy
+        return busy
+
+    async def _discard_launch(self) -> None:
+        """Forget a launch that failed on a busy uid (its setpriv exited; nothing else was started)."""
+        for closable in (self._channel, self._stderr_pipe):
+            if closable is not None:
+                closable.close()
+        if self._bridge is not None:
+            await self._bridge.close()
+        reaper.release(self._record)
+        self.uid, self.proc, self._record, self._channel, self._stderr_pipe = None, None, None, None, None
+        self._tasks.clear()
+        self._stderr.clear()
+        self._uid_in_doubt = False
 
     async def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One op: its answer, `FileNotFoundError`/`OSError` for a file op the agent refused, else a SandboxError."""
@@ -284,11 +355,12 @@ class BubblewrapSandbox(Sandbox):
             raise SandboxClosed(f"{what}: the sandbox is closed (episode over or cancelled)")
         async with self._lock:
             timeout = min(timeout, self.time_left(what) + ANSWER_GRACE_S)
-            assert self.proc.stdin is not None
-            body = json.dumps(request).encode()
             try:
-                self.proc.stdin.write(_HEADER.pack(len(body)) + body)
-                answer = await asyncio.wait_for(self._read_frame(), timeout)
+                answer = await asyncio.wait_for(self._exchange(request), timeout)
+            except SandboxProtocolError as e:
+                self._kill()
+                await self.close()
+                raise SandboxProtocolError(f"{what}: {e}") from None
             except (TimeoutError, ConnectionError, SandboxDied) as e:
                 self._kill()
                 await self.close()
@@ -300,14 +372,14 @@ class BubblewrapSandbox(Sandbox):
             raise kind(f"{what}: {answer['error']}")
         return answer
 
-    async def _read_frame(self) -> dict[str, Any]:
-        assert self.proc is not None and self.proc.stdout is not None
+    async def _exchange(self, request: dict[str, Any] | None) -> dict[str, Any]:
+        """The answer to `request` (None: the agent's ready line); `SandboxDied` if the agent is gone."""
+        assert self.proc is not None and self._channel is not None
         try:
-            (size,) = _HEADER.unpack(await self.proc.stdout.readexactly(_HEADER.size))
-            if size > MAX_FRAME:
-                raise SandboxDied(f"the agent sent a {size}-byte frame (limit {MAX_FRAME})")
-            return json.loads(await self.proc.stdout.readexactly(size))
+            return await (self._channel.ready() if request is None else self._channel.call(request))
         except asyncio.IncompleteReadError:
+            if request is None and await self._uid_was_busy():
+                raise uids.UidBusy(self.uid) from None
             self._kill()  # the agent is gone: nothing of the sandbox may hold its pipes open
             try:
                 code: int | str = await asyncio.wait_for(asyncio.shield(self.proc.wait()), CLOSE_WAIT_S)
@@ -316,10 +388,9 @@ class BubblewrapSandbox(Sandbox):
             tail = self._stderr[-2000:].decode(errors="replace").strip()
             raise SandboxDied(f"bubblewrap exited with {code}" + (f": {tail}" if tail else "")) from None
 
-    async def _drain_stderr(self) -> None:
+    async def _drain_stderr(self, stderr: asyncio.StreamReader) -> None:
         """Keep the tail of bubblewrap's own messages (start-up errors) without ever blocking it."""
-        assert self.proc is not None and self.proc.stderr is not None
-        while chunk := await self.proc.stderr.read(4096):
+        while chunk := await stderr.read(4096):
             self._stderr += chunk
             del self._stderr[:-4096]
 

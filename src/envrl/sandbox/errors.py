@@ -34,6 +34,14 @@ class SandboxDied(SandboxError):
     error_type = "sandbox_died"
 
 
+class SandboxProtocolError(SandboxError):
+    """A frame on the agent's answer pipe that is not the answer to the request just sent (it does
+    not echo that request's nonce and sequence number): forged or out of step. Nothing it said is
+    used; the sandbox is killed."""
+
+    error_type = "sandbox_protocol"
+
+
 class SandboxClosed(SandboxError):
     """The sandbox was already closed (end of episode, cancel) when it was used."""
 

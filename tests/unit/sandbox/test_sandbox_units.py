@@ -53,27 +53,33 @@ def test_a_result_names_the_limit_it_hit_and_raises_its_typed_error(result, limi
         assert error.value.error_type.startswith("sandbox_")
 
 
+def _argv(config: SandboxConfig) -> list[str]:
+    return bwrap_argv(config, 1_999_000_009, None, agent_fds=(7, 8), seccomp_fd=9)
+
+
 def test_the_default_argv_isolates_everything_and_shares_no_network() -> None:
-    argv = bwrap_argv(SandboxConfig(), 1_999_000_009)
+    argv = _argv(SandboxConfig())
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                  "--clearenv", "--cap-drop"):  # fmt: skip
         assert flag in argv
+    assert argv[argv.index("--seccomp") + 1] == "9" and argv[-2:] == ["7", "8"]  # the agent's pipes, on its argv
     assert "--share-net" not in argv
-    assert "--share-net" in bwrap_argv(SandboxConfig(network=True), 1_999_000_009)
+    assert "--share-net" in _argv(SandboxConfig(network=True))
 
 
 def test_an_image_under_the_sandboxes_own_tmp_is_refused() -> None:
     with pytest.raises(SandboxStartError, match="sandbox's own"):
-        bwrap_argv(SandboxConfig(image=[Path("/usr"), Path("/tmp")]), 1_999_000_009)
+        _argv(SandboxConfig(image=[Path("/usr"), Path("/tmp")]))
 
 
-def test_the_run_directory_must_be_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_loosened_run_directory_is_refused_for_a_private_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
     shared.chmod(0o755)
     monkeypatch.setenv(reaper.RUN_DIR_ENV, str(shared))
-    with pytest.raises(PermissionError, match="mode 0700"):
-        reaper.run_dir()
+    private = reaper.run_dir()
+    assert private != shared and private.parent == tmp_path and private.name.startswith("shared-")
+    assert private.stat().st_mode & 0o777 == 0o700 and reaper.run_dir() == private  # the same one, every call
     monkeypatch.setenv(reaper.RUN_DIR_ENV, str(tmp_path / "fresh"))
     assert reaper.run_dir().stat().st_mode & 0o777 == 0o700
 

@@ -1,0 +1,75 @@
+"""The seccomp filter of every sandbox: no process in it may touch another process's memory or fds.
+
+Guarantee: `program()` is a classic-BPF seccomp program (bubblewrap's `--seccomp FD` format: an
+array of `struct sock_filter`) that answers EPERM to the syscalls in `DENIED` and allows every
+other syscall of the machine's native ABI; a syscall of any other ABI (i386 through `int 0x80`,
+x32 on x86_64), where the same operations have other numbers, fails with ENOSYS. Built once per
+process. `SandboxStartError` on a machine it has no syscall table for.
+
+Why these, and only these (docs/sandbox.md, threat model): code in a sandbox runs as the same
+uid as bubblewrap's init and the agent, so the kernel's same-uid rule would let it attach them
+(`ptrace`), read or write their memory (`process_vm_readv`, `process_vm_writev`), take their file
+descriptors (`pidfd_getfd`, the protocol pipes without ptrace), advise away their memory
+(`process_madvise`) or probe which files they share (`kcmp`). Nothing a program needs for itself
+goes through them (a debugger in the sandbox does, and is refused). Everything else is left to
+the namespaces and rlimits: a longer list adds no defence against the attacks in scope and
+breaks programs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from functools import cache
+
+from envrl.sandbox.errors import SandboxStartError
+
+DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise", "kcmp")
+"""Syscalls every process of a sandbox is refused (EPERM)."""
+
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+"""AUDIT_ARCH_* (linux/audit.h) of each machine's native ABI: `seccomp_data.arch`."""
+_NUMBERS = {
+    "x86_64": {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_getfd": 438,
+               "process_madvise": 440},
+    "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_getfd": 438,
+                "process_madvise": 440},
+}  # fmt: skip
+"""Syscall numbers (asm/unistd_64.h of each machine)."""
+_X32_BIT = 0x40000000
+"""__X32_SYSCALL_BIT: on x86_64, numbers with it set are the x32 ABI's."""
+
+# classic BPF opcodes (linux/filter.h) and seccomp return values (linux/seccomp.h)
+LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
+RET_ALLOW = 0x7FFF0000
+RET_ERRNO = 0x00050000
+_NR, _ARCH = 0, 4
+"""Offsets of `nr` and `arch` in `struct seccomp_data`."""
+_INSTRUCTION = struct.Struct("=HBBI")
+"""`struct sock_filter`: code, jt, jf, k, in the machine's byte order."""
+
+
+def instructions(machine: str) -> list[tuple[int, int, int, int]]:
+    """The program for `machine` as (code, jt, jf, k) tuples; jumps count instructions skipped."""
+    if machine not in _NUMBERS:
+        raise SandboxStartError(
+            f"no seccomp syscall table for machine {machine!r} (envrl/sandbox/seccomp.py knows "
+            f"{', '.join(_NUMBERS)}): add its syscall numbers there"
+        )
+    numbers = [_NUMBERS[machine][name] for name in DENIED]
+    deny, foreign = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.ENOSYS
+    # layout: 0 load arch; 1 native? ; 2 ret foreign; 3 load nr; [4 x32?]; n x (nr ==?); allow; deny
+    head = [(LD_W_ABS, 0, 0, _ARCH), (JEQ_K, 1, 0, _AUDIT_ARCH[machine]), (RET_K, 0, 0, foreign), (LD_W_ABS, 0, 0, _NR)]
+    checks = [(JGE_K, len(numbers) + 2, 0, _X32_BIT)] if machine == "x86_64" else []  # to a ret foreign at the end
+    for i, number in enumerate(numbers):
+        checks.append((JEQ_K, len(numbers) - i, 0, number))  # to the deny after the allow
+    tail = [(RET_K, 0, 0, RET_ALLOW), (RET_K, 0, 0, deny)]
+    tail += [(RET_K, 0, 0, foreign)] if machine == "x86_64" else []
+    return head + checks + tail
+
+
+@cache
+def program(machine: str | None = None) -> bytes:
+    """The compiled program for `machine` (default: this one), as bubblewrap reads it from `--seccomp FD`."""
+    return b"".join(_INSTRUCTION.pack(*insn) for insn in instructions(machine or os.uname().machine))
