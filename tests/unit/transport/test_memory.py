@@ -4,9 +4,8 @@ broadcast every receiver gets bit for bit, and a sender nobody comes for release
 import threading
 
 import torch
-import torch.distributed as dist
 
-from envrl.transport.memory import PolicySender, TransferInfo, TransferSecret, plan_buckets, receive_gloo
+from envrl.transport.memory import PolicySender, TransferInfo, TransferSecret, plan_buckets
 from tests.unit.transport.receivers import receive
 
 
