@@ -12,6 +12,13 @@ from pydantic import Field
 
 from envrl.config import BaseConfig
 
+MEMORY_WITH_RESTARTS = (
+    "trainer.weights.transport = 'memory' does not survive rl's self-recovery yet (a replica restarting during a "
+    "reload breaks the transfer's group, and a restarted trainer cannot serve what it sent before): set "
+    "restarts.max_restarts = 0, or use the filesystem transport"
+)
+"""Why `rl` refuses the memory transport with restarts (docs/inference.md)."""
+
 
 class WeightsConfig(BaseConfig):
     """`trainer.weights`: how each step's policy reaches the inference replicas."""
