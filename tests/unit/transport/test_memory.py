@@ -1,6 +1,7 @@
 """The in-memory weight transport's own half, without vLLM: buckets both ends agree on, a
 broadcast every receiver gets bit for bit, and a sender nobody comes for releases its snapshot."""
 
+import base64
 import threading
 
 import torch
@@ -62,3 +63,19 @@ def test_a_closed_sender_releases_its_snapshot_and_stops_waiting():
     sender.close()
     assert not sender._thread.is_alive() and sender._tensors is None
     assert not sender.served.is_set() and sender.error is None
+
+
+def test_on_nccl_the_workers_join_from_the_unique_id_in_the_request_and_open_no_store():
+    """vLLM's own worker-side init info takes what the replica passes on nccl: the unique id
+    (vLLM's `worker_init_process_group` then joins through `uid_init_process_group`, no
+    TCPStore, no StatelessProcessGroup and its pickles), no rendezvous address."""
+    from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
+
+    info = TransferInfo(step=1, backend="nccl", host="127.0.0.1", port=1234, names=[], dtype_names=[], shapes=[])
+    unique_id = bytes(range(128))
+    secret = TransferSecret(secret="ab" * 16, nccl_unique_id_b64=base64.b64encode(unique_id).decode())
+    payload = info.init_info(rank_offset=1, world_size=3, secret=secret)
+    assert "master_address" not in payload and "master_port" not in payload and "secret" not in payload
+    parsed = NCCLWeightTransferInitInfo(**payload)
+    assert parsed.nccl_unique_id_bytes == unique_id and parsed.master_address is None
+    assert (parsed.rank_offset, parsed.world_size, parsed.packed) == (1, 3, True)
