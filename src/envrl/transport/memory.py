@@ -269,6 +269,8 @@ class PolicySender:
         self.error: TransferError | None = None
         """Set when the broadcast broke (not when nobody came: a newer policy may have been loaded)."""
         self.sending = threading.Event()
+        self._starting = threading.Lock()
+        """Held while deciding between sending and releasing (the thread) or closing (`close`)."""
         publish(self.info.model_dump_json().encode(), self.secret)
         self._thread = threading.Thread(target=self._serve, name=f"policy-{step}-sender", daemon=True)
         self._thread.start()
@@ -278,14 +280,15 @@ class PolicySender:
         try:
             raw = self.rendezvous.wait_for(WORLD_SIZE_KEY, self.timeout_s)
             world_size = _world_size(raw)
-            if world_size is None or self._tensors is None:
-                if self._tensors is not None:
-                    logger.warning(
-                        f"no inference replica joined policy {self.step} within {self.timeout_s:g} s "
-                        "(trainer.weights.timeout_s); its snapshot is released"
-                    )
-                return
-            self.sending.set()
+            with self._starting:
+                if world_size is None or self._tensors is None:
+                    if raw is None and self._tensors is not None:
+                        logger.warning(
+                            f"no inference replica joined policy {self.step} within {self.timeout_s:g} s "
+                            "(trainer.weights.timeout_s); its snapshot is released"
+                        )
+                    return
+                self.sending.set()
             waited, start = time.monotonic() - start, time.monotonic()
             try:
                 if info.backend == "gloo":
@@ -312,8 +315,10 @@ class PolicySender:
 
     def close(self) -> None:
         """Stop serving: wait for a broadcast under way, else release the snapshot at once."""
+        with self._starting:
+            if not self.sending.is_set():
+                self._tensors = None
         if not self.sending.is_set():
-            self._tensors = None
             self.rendezvous.close()  # wakes the thread if it still waits
         self._thread.join(self.timeout_s)
 
