@@ -74,7 +74,8 @@ class RendezvousServer:
 
     def __init__(self, host: str, secret: str) -> None:
         self.secret = secret
-        self._listener = socket.create_server((host, 0))
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, 0), family=family)
         self._listener.setblocking(False)
         self.host, self.port = host, self._listener.getsockname()[1]
         self._data: dict[bytes, bytes] = {}
