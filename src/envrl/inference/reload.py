@@ -245,6 +245,8 @@ class WeightReloadPlugin:
                 "policy's transfer.secret in the body (envrl's orchestrator does)"
             )
         info = read_transfer(path)
+        if info.backend == "nccl" and transfer.nccl_unique_id_b64 is None:
+            raise WeightsError(f"{path} is sent over nccl, but the request's `transfer` carries no nccl_unique_id_b64")
         return info, transfer, RendezvousStore(info.host, info.port, transfer.secret, timeout_s)
 
     async def _reload(
