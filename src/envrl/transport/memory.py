@@ -116,12 +116,11 @@ def read_secret(path: Path) -> TransferSecret:
 
 
 def write_secret(file: Path, secret: TransferSecret) -> None:
-    """Write `secret` to `file`, readable and writable by this user only from its creation."""
+    """Write `secret` to the new `file`, readable and writable by this user only from its
+    creation (into an `atomic_dir`, whose publishing fsyncs it)."""
     fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(secret.model_dump_json().encode())
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def read_transfer(path: Path) -> TransferInfo:
