@@ -25,9 +25,10 @@ instead (envrl.inference.adapter), which needs a server started with `enable_lor
 reload afterwards serves that model without an adapter. A directory holding `transfer.json`
 names a policy the trainer sends in memory (envrl.transport.memory): with the policy's secret
 from the request body (never from disk), the server joins the trainer's rendezvous, refusing a
-sender that cannot prove that secret before the engine is touched, says there how many
-receive (from the request), and joins that broadcast through vLLM's own weight-transfer calls (`init_weight_transfer_engine`,
-`start/update/finish_weight_update`) on the engine it was started with, under this route's
+sender that cannot prove that secret before the engine is touched, says there how many receive
+(from the request), and joins that broadcast through vLLM's own weight-transfer calls
+(`init_weight_transfer_engine`, `start/update/finish_weight_update`) on the engine it was
+started with, under this route's
 token, pause and deadline; a broken transfer cannot restore the previous weights (they were
 never on disk), so it is answered 500: restart the server.
 """
