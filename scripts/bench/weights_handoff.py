@@ -120,7 +120,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
     from envrl.trainer.config import TrainerConfig
     from envrl.trainer.parallel import build_model, init_runtime
     from envrl.trainer.weights import weight_publisher
-    from envrl.transport.memory import read_transfer, tensor_bytes
+    from envrl.transport.memory import is_transfer_dir, read_secret, read_transfer, tensor_bytes
     from tests.support.ports import free_port
 
     vllm = {"max_model_len": 512, **(lora_serving_options(rank) if rank is not None else {})}
@@ -151,7 +151,9 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
                 start_s = time.perf_counter()
                 publisher.publish(model, step, last=False)
                 published_s = time.perf_counter()
-                await client.update_weights(weights_dir(run_dir, step), step=step)
+                path = weights_dir(run_dir, step)
+                transfer = read_secret(path).model_dump() if is_transfer_dir(path) else None
+                await client.update_weights(path, step=step, transfer=transfer)
                 done_s = time.perf_counter()
                 times["publish"].append(published_s - start_s)
                 times["reload"].append(done_s - published_s)
@@ -198,17 +200,12 @@ def handoff(args: argparse.Namespace) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _receive_only(host: str, port: int, info_json: str) -> None:
+def _receive_only(info_json: str, secret_json: str) -> None:
     """The receiving end of `broadcast_floor`, in a process of its own."""
-    import torch.distributed as dist
+    from envrl.transport.memory import TransferInfo, TransferSecret
+    from tests.unit.transport.receivers import receive
 
-    from envrl.transport.memory import WORLD_SIZE_KEY, TransferInfo, gloo_group, receive_gloo
-
-    info = TransferInfo.model_validate_json(info_json)
-    store = dist.TCPStore(host, port, is_master=False)
-    store.set(WORLD_SIZE_KEY, "2")
-    for _ in receive_gloo(gloo_group(store, 1, 2, 600.0), info):
-        pass
+    receive(TransferInfo.model_validate_json(info_json), TransferSecret.model_validate_json(secret_json), 1, 2)
 
 
 def broadcast_floor(gb: float, repeats: int) -> None:
@@ -222,13 +219,12 @@ def broadcast_floor(gb: float, repeats: int) -> None:
     size_gb = sum(t.numel() * t.element_size() for _, t in named) / 1e9
     seconds = []
     for _ in range(repeats):
-        published: list[bytes] = []
         sender = PolicySender(
             1, named, backend="gloo", host="127.0.0.1", timeout_s=600.0, bucket_bytes=256 * 2**20,
-            publish=published.append,
+            publish=lambda content, secret: None,
         )  # fmt: skip
         receiver = multiprocessing.get_context("spawn").Process(
-            target=_receive_only, args=("127.0.0.1", sender.info.port, published[0].decode())
+            target=_receive_only, args=(sender.info.model_dump_json(), sender.secret.model_dump_json())
         )
         receiver.start()
         assert sender.sending.wait(600)

@@ -21,7 +21,9 @@ def per_step(out: Path, key: str) -> list[float]:
 
 def test_a_smoke_run_with_weights_in_memory_learns_like_one_with_files(smoke_run: SmokeRun, tmp_path: Path) -> None:
     out = tmp_path / "memory"
-    with rl_process(out, "--trainer.weights.transport", "memory", "--max-async-level", "0") as (proc, marker):
+    with rl_process(
+        out, "--trainer.weights.transport", "memory", "--max-async-level", "0", "--restarts.max-restarts", "0"
+    ) as (proc, marker):
         code, console = finish(proc, timeout=1500)
         assert not wait_no_survivors(marker), "processes of the run survived it"
     assert code == 0, console[-3000:]

@@ -1,21 +1,30 @@
 """Weights in memory: the trainer's side (`PolicySender`) broadcasts a state dict over envrl's gloo
 engine into the running vLLM-CPU server through vLLM's own weight-transfer calls, and vLLM then
-serves exactly those weights. Shares the session's vLLM-CPU server (`vllm_server`)."""
+serves exactly those weights; a policy asked for without its secret, or whose sender cannot
+prove it (a process of another user on a dead sender's port), is refused and the old weights
+serve. Shares the session's vLLM-CPU server (`vllm_server`)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from envrl.inference.weights import read_shapes
+from envrl.model.inference import InferenceClient
 from envrl.runtime.atomic import atomic_dir, write_file
-from envrl.runtime.http import HttpCallError
+from envrl.runtime.http import HttpCallError, RetryPolicy
 from envrl.trainer.weights import policy_tensors
 from envrl.transport import TRANSFER_FILE
-from envrl.transport.memory import PolicySender, TransferInfo
+from envrl.transport.memory import SECRET_FILE, PolicySender, TransferInfo, TransferSecret, write_secret
+from envrl.transport.rendezvous import new_secret
 from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.served_weights import (
     EXACT,
@@ -26,10 +35,38 @@ from tests.integration.served_weights import (
     update_weights,
 )
 
+IMPOSTOR = r"""
+import os, socket, sys
+# took the port of a dead sender: answers like an envrl rendezvous, without the policy's secret
+with socket.create_server(("127.0.0.1", 0)) as listener:
+    print(listener.getsockname()[1], flush=True)
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(b"envrl-rendezvous/1" + os.urandom(16))
+            conn.recv(48)
+            conn.sendall((32).to_bytes(4, "big") + os.urandom(32))
+"""
 
-def write_marker(target: Path, content: bytes) -> None:
+
+def write_marker(target: Path, content: bytes, secret: TransferSecret) -> None:
     with atomic_dir(target) as tmp:
+        write_secret(tmp / SECRET_FILE, secret)
         write_file(tmp / TRANSFER_FILE, content)
+
+
+async def load_policy(base_url: str, model: str, path: Path, transfer: TransferSecret | None) -> None:
+    """What the orchestrator's loader does: POST /update_weights with the policy's secret."""
+    client = InferenceClient(base_url, model, RetryPolicy(max_retries=0, timeout_s=300.0))
+    try:
+        await client.update_weights(path, transfer=None if transfer is None else transfer.model_dump())
+    finally:
+        await client.aclose()
+
+
+def assert_the_base_weights_serve(base_url: str, model: str) -> None:
+    completions = asyncio.run(generate_all(base_url, model))
+    assert max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions)) < EXACT
 
 
 def send_in_memory(base_url: str, model: str, weights: Path, target: Path) -> None:
@@ -43,10 +80,10 @@ def send_in_memory(base_url: str, model: str, weights: Path, target: Path) -> No
         host="127.0.0.1",
         timeout_s=120.0,
         bucket_bytes=64 * 1024,  # several buckets, and tensors larger than one
-        publish=lambda content: write_marker(target, content),
+        publish=lambda content, secret: write_marker(target, content, secret),
     )
     try:
-        asyncio.run(update_weights(base_url, model, target))
+        asyncio.run(load_policy(base_url, model, target, sender.secret))
     finally:
         sender.close()
     assert sender.served.is_set() and sender.error is None
@@ -72,9 +109,57 @@ def test_a_policy_for_another_engine_is_refused_and_the_old_weights_serve(vllm_s
         step=1, backend="nccl", host="127.0.0.1", port=9, names=["x"], dtype_names=["float32"], shapes=[[1]]
     )
     target = tmp_path / "weights" / "step_1"
-    write_marker(target, info.model_dump_json().encode())
+    secret = TransferSecret(secret=new_secret())
+    write_marker(target, info.model_dump_json().encode(), secret)
     with pytest.raises(HttpCallError, match="over nccl, but this server's weight-transfer engine is gloo") as refused:
-        asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, target))
+        asyncio.run(load_policy(vllm_server.base_url, vllm_server.model, target, secret))
     assert refused.value.status == 400
-    completions = asyncio.run(generate_all(vllm_server.base_url, vllm_server.model))
-    assert max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions)) < EXACT
+    assert_the_base_weights_serve(vllm_server.base_url, vllm_server.model)
+
+
+def test_a_policy_asked_for_without_its_secret_is_refused(vllm_server, tmp_path: Path) -> None:
+    hf = AutoModelForCausalLM.from_pretrained(perturbed_copy(DEFAULT_DIR, tmp_path / "perturbed"), dtype=torch.float32)
+    target = tmp_path / "weights" / "step_1"
+    sender = PolicySender(
+        1, policy_tensors(hf, hf.state_dict(), torch.float32), backend="gloo", host="127.0.0.1", timeout_s=120.0,
+        bucket_bytes=2**20, publish=lambda content, secret: write_marker(target, content, secret),
+    )  # fmt: skip
+    try:
+        with pytest.raises(HttpCallError, match="carries no `transfer` secret") as refused:
+            asyncio.run(load_policy(vllm_server.base_url, vllm_server.model, target, None))
+        assert refused.value.status == 400
+        with pytest.raises(HttpCallError, match="did not prove this policy's secret") as refused:
+            asyncio.run(
+                load_policy(vllm_server.base_url, vllm_server.model, target, TransferSecret(secret=new_secret()))
+            )
+        assert refused.value.status == 400
+    finally:
+        sender.close()
+    assert not sender.sending.is_set()
+    assert_the_base_weights_serve(vllm_server.base_url, vllm_server.model)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_a_process_of_another_user_on_a_dead_senders_port_is_refused(vllm_server, tmp_path: Path) -> None:
+    """A stale transfer.json (its trainer died) whose port another user's process took."""
+    impostor = subprocess.Popen(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-I", "-c", IMPOSTOR],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        port = int(impostor.stdout.readline())  # type: ignore[union-attr]
+        served = read_shapes(DEFAULT_DIR)  # the served model's tensors: only the sender is wrong
+        info = TransferInfo(
+            step=1, backend="gloo", host="127.0.0.1", port=port, names=list(served),
+            dtype_names=["float32"] * len(served), shapes=[list(shape) for shape in served.values()],
+        )  # fmt: skip
+        target = tmp_path / "weights" / "step_1"
+        secret = TransferSecret(secret=new_secret())
+        write_marker(target, info.model_dump_json().encode(), secret)
+        with pytest.raises(HttpCallError, match="did not prove this policy's secret") as refused:
+            asyncio.run(load_policy(vllm_server.base_url, vllm_server.model, target, secret))
+        assert refused.value.status == 400
+    finally:
+        impostor.kill()
+        impostor.wait(30)
+    assert_the_base_weights_serve(vllm_server.base_url, vllm_server.model)

@@ -23,9 +23,12 @@ our worker extension (envrl.inference.worker) to keep tied output embeddings in 
 A directory holding a PEFT adapter (a `trainer.lora` run) is hot-loaded onto the base model
 instead (envrl.inference.adapter), which needs a server started with `enable_lora`; a full
 reload afterwards serves that model without an adapter. A directory holding `transfer.json`
-names a policy the trainer sends in memory (envrl.transport.memory): the server joins that
-broadcast through vLLM's own weight-transfer calls (`init_weight_transfer_engine`,
-`start/update/finish_weight_update`) on the engine it was started with, under this route's
+names a policy the trainer sends in memory (envrl.transport.memory): with the policy's secret
+from the request body (never from disk), the server joins the trainer's rendezvous, refusing a
+sender that cannot prove that secret before the engine is touched, says there how many receive
+(from the request), and joins that broadcast through vLLM's own weight-transfer calls
+(`init_weight_transfer_engine`, `start/update/finish_weight_update`) on the engine it was
+started with, under this route's
 token, pause and deadline; a broken transfer cannot restore the previous weights (they were
 never on disk), so it is answered 500: restart the server.
 """
@@ -49,7 +52,8 @@ from envrl.inference.adapter import PolicyAdapter, check_adapter, is_adapter_dir
 from envrl.inference.config import ReloadConfig
 from envrl.inference.warmup import WARMUP_ENV, warm_up
 from envrl.inference.weights import Shapes, WeightsError, check_replacement, check_shapes, read_shapes
-from envrl.transport.memory import WORLD_SIZE_KEY, TransferInfo, is_transfer_dir, read_transfer
+from envrl.transport.memory import WORLD_SIZE_KEY, TransferInfo, TransferSecret, is_transfer_dir, read_transfer
+from envrl.transport.rendezvous import RendezvousError, RendezvousStore
 
 PLUGIN_NAME = "envrl"
 RELOAD_ENV = "ENVRL_INFERENCE_RELOAD"
@@ -87,6 +91,12 @@ class UpdateWeightsRequest(BaseModel):
     replicas: int = Field(1, ge=1)
     """This server's index among the `replicas` loading `path` at once: for a policy sent in
     memory (`transfer.json`), its rank among the receivers and how many they are."""
+    transfer: TransferSecret | None = None
+    """For a policy sent in memory: its secret (the policy's `transfer.secret`), required then."""
+
+
+Joined = tuple[TransferInfo, TransferSecret, RendezvousStore]
+"""A policy sent in memory whose sender proved its secret: what it is, the secret, the rendezvous."""
 
 
 class WeightReloadPlugin:
@@ -170,12 +180,17 @@ class WeightReloadPlugin:
             start = time.perf_counter()
             try:
                 await asyncio.to_thread(self._check, path)
-            except WeightsError as e:
+                joined = await asyncio.to_thread(self._join, path, request.transfer, deadline)
+            except (WeightsError, RendezvousError) as e:
                 logger.warning(f"weight reload refused: {e}")
-                return JSONResponse({"error": str(e)}, status_code=400)
-            failure, status = await self._reload(
-                path, deadline, (request.replica, request.replicas), request.step, request.in_flight
-            )
+                return JSONResponse({"error": f"{e}; the previous weights keep serving"}, status_code=400)
+            try:
+                failure, status = await self._reload(
+                    path, deadline, (request.replica, request.replicas), request.step, request.in_flight, joined
+                )
+            finally:
+                if joined is not None:
+                    joined[2].close()
         if failure is not None:
             logger.error(failure)
             return JSONResponse({"error": failure}, status_code=status)
@@ -219,8 +234,30 @@ class WeightReloadPlugin:
             )
         check_shapes(dict(zip(info.names, map(tuple, info.shapes), strict=True)), self._served, str(path))
 
+    @staticmethod
+    def _join(path: Path, transfer: TransferSecret | None, timeout_s: float) -> Joined | None:
+        """For a policy sent in memory: its sender's rendezvous, once the sender proved the secret
+        (RendezvousError otherwise); None for weights on disk."""
+        if not is_transfer_dir(path):
+            return None
+        if transfer is None:
+            raise WeightsError(
+                f"{path} names a policy sent in memory, but the request carries no `transfer` secret; send the "
+                "policy's transfer.secret in the body (envrl's orchestrator does)"
+            )
+        info = read_transfer(path)
+        if info.backend == "nccl" and transfer.nccl_unique_id_b64 is None:
+            raise WeightsError(f"{path} is sent over nccl, but the request's `transfer` carries no nccl_unique_id_b64")
+        return info, transfer, RendezvousStore(info.host, info.port, transfer.secret, timeout_s)
+
     async def _reload(
-        self, path: Path, deadline: float, receivers: tuple[int, int], step: int | None, in_flight: InFlight
+        self,
+        path: Path,
+        deadline: float,
+        receivers: tuple[int, int],
+        step: int | None,
+        in_flight: InFlight,
+        joined: Joined | None,
     ) -> tuple[str | None, int]:
         """Pause (as `in_flight` says), load `path` (restoring the old weights if that fails) and
         label what it generates from now on as `step`, always resume; (failure, status)."""
@@ -237,7 +274,7 @@ class WeightReloadPlugin:
                 )
             left = max(deadline - (time.monotonic() - started), 1e-3)
             try:
-                failure = await asyncio.wait_for(self._load(path, receivers), left)
+                failure = await asyncio.wait_for(self._load(path, receivers, joined), left)
             except TimeoutError:
                 return (
                     f"loading {path} did not finish within the {deadline:g} s deadline (inference.reload.timeout_s); "
@@ -267,17 +304,16 @@ class WeightReloadPlugin:
         finally:
             await self._engine.resume_generation()
 
-    async def _receive(self, info: TransferInfo, receivers: tuple[int, int]) -> None:
+    async def _receive(self, joined: Joined, receivers: tuple[int, int]) -> None:
         """Join the trainer's broadcast of policy `info.step` through vLLM's weight-transfer calls:
-        say how many receive (in the trainer's store), init, start, update, finish, release."""
-        from torch.distributed import TCPStore
+        say how many receive (in the proven rendezvous), init, start, update, finish, release."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
 
+        info, secret, store = joined
         replica, replicas = receivers
         world_size = 1 + replicas * self._tp_pp
-        store = await asyncio.to_thread(TCPStore, info.host, info.port, is_master=False, use_libuv=True)
-        store.set(WORLD_SIZE_KEY, str(world_size))
-        init_info = info.init_info(rank_offset=1 + replica * self._tp_pp, world_size=world_size)
+        await asyncio.to_thread(store.set, WORLD_SIZE_KEY, str(world_size))
+        init_info = info.init_info(rank_offset=1 + replica * self._tp_pp, world_size=world_size, secret=secret)
         await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
         try:
             await self._engine.start_weight_update()
@@ -287,18 +323,20 @@ class WeightReloadPlugin:
         finally:
             await self._engine.shutdown_weight_transfer_engine()
 
-    async def _load(self, path: Path | str, receivers: tuple[int, int] = (0, 1)) -> str | None:
-        """Hot-load the adapter in `path`, receive the policy it names in memory (this server being
-        receiver `receivers[0]` of `receivers[1]`), or reload the full weights in place from it on
-        every worker; the failure text, or None."""
+    async def _load(
+        self, path: Path | str, receivers: tuple[int, int] = (0, 1), joined: Joined | None = None
+    ) -> str | None:
+        """Hot-load the adapter in `path`, receive the policy it names in memory through `joined`
+        (this server being receiver `receivers[0]` of `receivers[1]`), or reload the full weights
+        in place from it on every worker; the failure text, or None."""
         path = Path(path)
         try:
             if is_adapter_dir(path):
                 assert self._adapter is not None  # _check refused adapters otherwise
                 await self._adapter.load(path)
                 return None
-            if is_transfer_dir(path):
-                await self._receive(read_transfer(path), receivers)
+            if joined is not None:
+                await self._receive(joined, receivers)
                 return None
             await self._engine.collective_rpc("envrl_reload_weights", args=(str(path),))
         except Exception as e:

@@ -3,7 +3,9 @@ in-memory weight path (envrl.transport.memory) runs on CPU and in CI exactly as 
 
 Guarantee: registered with vLLM's `WeightTransferEngineFactory` as `gloo` when this module is
 imported (the worker imports it as part of envrl's worker extension, before vLLM builds the
-engine named by `--weight-transfer-config`). Between `start_weight_update` and
+engine named by `--weight-transfer-config`). A worker joins the trainer's group only through the
+rendezvous that proves the policy's secret (envrl.transport.rendezvous), its connections
+listening on the address that routes to the trainer. Between `start_weight_update` and
 `finish_weight_update` every tensor the trainer broadcasts is loaded through vLLM's layerwise
 reload (checkpoint-format names, post-load processing redone per layer), as the `nccl` engine
 does; a transfer that breaks raises in the worker and the caller's reload fails.
@@ -12,8 +14,7 @@ does; a transfer that breaks raises in the worker and the caller's reload fails.
 from __future__ import annotations
 
 import contextlib
-import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,11 +26,12 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from envrl.transport.memory import DEFAULT_BUCKET_BYTES, TransferInfo, gloo_group, receive_gloo
+from envrl.transport.memory import DEFAULT_BUCKET_BYTES, TransferInfo, join_gloo, receive_gloo
 
 BACKEND = "gloo"
-STORE_TIMEOUT_S = 300.0
-"""How long a worker waits to reach the trainer's store and for the group to form."""
+GROUP_TIMEOUT_S = 300.0
+"""How long a worker waits for the group to form (reaching the rendezvous is quicker: a dead
+sender is not waited for, envrl.transport.rendezvous.CONNECT_TIMEOUT_S)."""
 
 
 @dataclass(kw_only=True)
@@ -38,6 +40,8 @@ class GlooInitInfo(WeightTransferInitInfo):
 
     master_address: str
     master_port: int
+    secret: str = field(repr=False)  # vLLM logs init infos: keep the secret out of them
+    """The policy's secret (envrl.transport.memory.TransferSecret), proven both ways."""
     rank_offset: int
     world_size: int
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
@@ -64,14 +68,14 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         parallel = self.parallel_config
         rank = parallel.data_parallel_index * parallel.world_size + parallel.rank + init_info.rank_offset
-        store = dist.TCPStore(
+        self.group = join_gloo(
             init_info.master_address,
             init_info.master_port,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S),
-            use_libuv=True,
+            init_info.secret,
+            rank,
+            init_info.world_size,
+            GROUP_TIMEOUT_S,
         )
-        self.group = gloo_group(store, rank, init_info.world_size, STORE_TIMEOUT_S)
         self.bucket_bytes = init_info.bucket_bytes
 
     def start_weight_update(self) -> None:

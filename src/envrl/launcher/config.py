@@ -30,6 +30,7 @@ from envrl.serve.launch import EnvServerLaunch
 from envrl.telemetry.log import LogConfig
 from envrl.telemetry.metrics import WandbConfig
 from envrl.trainer.config import TrainerConfig
+from envrl.transport.config import MEMORY_WITH_RESTARTS
 
 SHARED_KEYS = ("model", "output_dir", "max_steps", "max_async_level", "seed", "wandb", "log")
 SET_BY_RL = {
@@ -182,6 +183,8 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     assert isinstance(trainer, TrainerConfig) and isinstance(orchestrator, OrchestratorConfig)
     assert isinstance(inference, InferenceConfig)
     trainer.resume = orchestrator.resume = rl.resume
+    if trainer.weights.transport == "memory" and rl.restarts.max_restarts > 0:  # issue 37, item 8
+        raise ConfigError(MEMORY_WITH_RESTARTS)
     trainer.weights.host = "127.0.0.1"  # rl's replicas share the trainer's host (rl --slurm sets its first host)
     if trainer.lora is not None:  # the server hot-loads each step's adapter (inference.vllm wins)
         inference.vllm = {**lora_serving_options(trainer.lora.rank), **inference.vllm}

@@ -191,6 +191,7 @@ class InferenceClient:
         timeout_s: float | None = None,
         replica: tuple[int, int] = (0, 1),
         in_flight: str = "wait",
+        transfer: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Make the server load the HF safetensors in `path` (policy `step`); returns once they serve.
 
@@ -200,12 +201,15 @@ class InferenceClient:
         then. `timeout_s` shortens the server's own deadline for this reload. `replica`: this
         server's index among how many load `path` at once (a policy sent in memory needs it).
         `in_flight`: what happens to generations running meanwhile (reload.IN_FLIGHT_PAUSE).
+        `transfer`: the secret of a policy sent in memory (envrl.transport.memory.TransferSecret).
         """
         url = f"{self.base_url}/update_weights"
         payload: dict[str, Any] = {"path": str(Path(path).resolve()), "step": step, "in_flight": in_flight}
         payload["replica"], payload["replicas"] = replica
         if timeout_s is not None:
             payload["timeout_s"] = timeout_s
+        if transfer is not None:
+            payload["transfer"] = transfer
         body = await request_json(self._reload_http, "POST", url, payload, self.retry)
         if not isinstance(body, dict) or body.get("status") != "ok":
             raise InferenceError(f"POST {url} for {path}: unexpected answer {str(body)[:500]}")

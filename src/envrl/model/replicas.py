@@ -158,11 +158,16 @@ class InferenceReplicas:
         """Every replica answers `GET /health` (each within `timeout` s)."""
         await asyncio.gather(*(client.wait_until_ready(timeout) for client in self.clients))
 
-    async def update_weights(self, path: str | Path, step: int | None = None) -> None:
-        """Reload every replica at once; return when all serve the weights in `path`."""
+    async def update_weights(
+        self, path: str | Path, step: int | None = None, transfer: dict[str, Any] | None = None
+    ) -> None:
+        """Reload every replica at once; return when all serve the weights in `path` (`transfer`:
+        the secret of a policy sent in memory)."""
         results = await asyncio.gather(
             *(
-                client.update_weights(path, step=step, replica=(i, len(self.clients)), in_flight=self.reload_in_flight)
+                client.update_weights(
+                    path, step=step, replica=(i, len(self.clients)), in_flight=self.reload_in_flight, transfer=transfer
+                )
                 for i, client in enumerate(self.clients)
             ),
             return_exceptions=True,

@@ -4,6 +4,9 @@ Guarantee: `checkpoints/step_<k>/` is the state after k completed steps (model, 
 scheduler, each rank's RNG; of the model only the weights that train, so a LoRA checkpoint holds
 the adapter) and appears only when every rank's part is written and fsynced;
 only the newest `keep` are retained, and older ones are deleted only after a newer one exists.
+Checkpoints at or past the step being written (left by a run that went further before this one
+resumed from earlier) are moved aside to `checkpoints/abandoned/`, never deleted: they are not
+this run's newest, and pruning must not count them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from envrl.runtime.atomic import publish, temp_sibling
 from envrl.trainer.parallel import Runtime, barrier
 
 TRAINER_STATE = "trainer_state.pt"
+ABANDONED = "abandoned"
+"""Under `checkpoints/`: the checkpoints of a run abandoned by a resume from an earlier step."""
 LOAD_TRAINED = StateDictOptions(strict=False)
 """Loading leaves the frozen weights alone; every trained one is still required, by `dcp.load`."""
 
@@ -98,15 +103,34 @@ def save_checkpoint(
         raise
     barrier(runtime)
     if runtime.is_main:
-        if final.exists():  # left by a run that went further before this one resumed from earlier
-            logger.warning(f"replacing {final} from an earlier run")
-            shutil.rmtree(final)
+        set_aside_abandoned(output_dir, step)
         publish(tmp, final)
         for old in list_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(checkpoint_dir(output_dir, old))
         logger.info(f"checkpoint {final} written")
     barrier(runtime)
     return final
+
+
+def set_aside_abandoned(output_dir: Path, step: int) -> list[Path]:
+    """Move every checkpoint at or past `step` to `checkpoints/abandoned/` (a name taken there
+    gets a suffix); the new places."""
+    moved = []
+    aside = checkpoints_root(output_dir) / ABANDONED
+    for later in (s for s in list_checkpoints(output_dir) if s >= step):
+        source = checkpoint_dir(output_dir, later)
+        aside.mkdir(exist_ok=True)
+        target, n = aside / source.name, 1
+        while target.exists():
+            target, n = aside / f"{source.name}.{n}", n + 1
+        source.rename(target)
+        moved.append(target)
+    if moved:
+        logger.warning(
+            f"checkpoints {[p.name for p in moved]} were left by a run that went further before this one resumed "
+            f"from an earlier step; moved to {aside} (delete them once they are not needed)"
+        )
+    return moved
 
 
 def load_checkpoint(

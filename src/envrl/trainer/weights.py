@@ -8,7 +8,9 @@ model it holds only the PEFT adapter (envrl.trainer.lora), which the server hot-
 base. `weights/final/` is the last step's policy as a plain HF model (the adapter merged in).
 `MemoryWeightPublisher` (`trainer.weights.transport = "memory"`) instead sends a full model's
 tensors, in the same dtype and under the same names, straight into the replicas
-(envrl.transport.memory), leaving only `transfer.json` in `weights/step_<k>/`.
+(envrl.transport.memory), leaving only `transfer.json` and its owner-only `transfer.secret` in
+`weights/step_<k>/`. Such a directory lives only as long as the trainer process that serves it:
+a starting trainer removes every one it finds (`remove_stale_transfers`) before it publishes.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from loguru import logger
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from envrl.data.layout import weights_dir
+from envrl.data.layout import published_steps, weights_dir, weights_root
 from envrl.runtime.atomic import atomic_dir, write_file
 from envrl.trainer.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
 from envrl.transport.config import WeightsConfig
-from envrl.transport.memory import TRANSFER_FILE, Backend, PolicySender
+from envrl.transport.memory import SECRET_FILE, TRANSFER_FILE, Backend, PolicySender, TransferSecret, write_secret
 
 if TYPE_CHECKING:
     from envrl.transport.weights import WeightPublisher
@@ -91,7 +93,7 @@ class MemoryWeightPublisher:
                 host=self.config.host,
                 timeout_s=self.config.timeout_s,
                 bucket_bytes=self.config.bucket_mb * 2**20,
-                publish=lambda content: _publish_marker(target, content),
+                publish=lambda content, secret: _publish_marker(target, content, secret),
             )
             self.senders.append(sender)
         barrier(runtime)
@@ -115,9 +117,35 @@ class MemoryWeightPublisher:
         self.senders.clear()
 
 
-def _publish_marker(target: Path, content: bytes) -> None:
+def _publish_marker(target: Path, content: bytes, secret: TransferSecret) -> None:
     with atomic_dir(target) as tmp:
+        write_secret(tmp / SECRET_FILE, secret)
         write_file(tmp / TRANSFER_FILE, content)
+
+
+def remove_stale_transfers(output_dir: Path) -> list[int]:
+    """Remove every policy of `output_dir` sent in memory (its sender died with the trainer
+    process that published it: a replica must not load it from a process that took its port)
+    and return their steps. Only directories holding nothing but what envrl wrote there
+    (`transfer.json`, `transfer.secret`) are removed; another is left, with a warning."""
+    removed = []
+    for step in published_steps(weights_root(output_dir)):
+        path = weights_dir(output_dir, step)
+        names = {entry.name for entry in path.iterdir()}
+        if TRANSFER_FILE not in names:
+            continue
+        if path.is_symlink() or not names <= {TRANSFER_FILE, SECRET_FILE}:
+            logger.warning(f"{path} names a policy sent in memory but holds more than envrl wrote; left in place")
+            continue
+        for name in names:
+            (path / name).unlink()
+        path.rmdir()
+        removed.append(step)
+    if removed:
+        logger.info(
+            f"removed policies {removed}, sent in memory by an earlier trainer process (republished as trained)"
+        )
+    return removed
 
 
 def policy_tensors(
@@ -144,6 +172,9 @@ def weight_publisher(
 ) -> WeightPublisher:
     """The publisher `trainer.weights.transport` names (files written every `files_every` steps
     by the memory transport too: the checkpoint interval)."""
+    if runtime.is_main:
+        remove_stale_transfers(output_dir)
+    barrier(runtime)
     files = FileWeightPublisher(output_dir, tokenizer, runtime, base_config)
     if config.transport == "filesystem":
         return files

@@ -12,6 +12,13 @@ from pydantic import Field
 
 from envrl.config import BaseConfig
 
+MEMORY_WITH_RESTARTS = (
+    "trainer.weights.transport = 'memory' does not survive rl's self-recovery yet (a replica restarting during a "
+    "reload breaks the transfer's group, and a restarted trainer cannot serve what it sent before): set "
+    "restarts.max_restarts = 0, or use the filesystem transport"
+)
+"""Why `rl` refuses the memory transport with restarts (docs/inference.md)."""
+
 
 class WeightsConfig(BaseConfig):
     """`trainer.weights`: how each step's policy reaches the inference replicas."""
@@ -26,9 +33,10 @@ class WeightsConfig(BaseConfig):
     gloo. The replicas' engine must match (`inference.vllm.weight_transfer_config`; `rl` starts
     them with nccl on GPU, gloo on CPU)."""
     host: str = "127.0.0.1"
-    """Address trainer rank 0 listens on for the replicas (memory transport): loopback when they
-    share the host, else an address they reach (the port is picked per policy)."""
+    """Address trainer rank 0 listens on for the replicas (memory transport), and only on it:
+    loopback when they share the host, else an address they reach (the port is picked per policy)."""
     timeout_s: float = Field(1800.0, gt=0)
-    """How long the trainer waits for the replicas to come for a policy sent in memory."""
+    """How long the trainer waits for the replicas to join a policy sent in memory; then its
+    snapshot and rendezvous are released."""
     bucket_mb: int = Field(256, ge=1)
     """Size of one broadcast buffer (gloo); tensors are packed into buffers of up to this."""

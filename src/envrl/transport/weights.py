@@ -6,7 +6,8 @@ directory appears only complete), and `PolicyLoader.load(k)` returns only once e
 serves policy k. What the directory holds decides how the weights travel, and the replica's
 `POST /update_weights` reads it: HF safetensors or a LoRA adapter (the filesystem transport,
 `envrl.trainer.weights.FileWeightPublisher`), or `transfer.json`, the address the trainer sends
-the tensors from in memory (`envrl.transport.memory.MemoryWeightPublisher`). Checkpoints and
+the tensors from in memory (`envrl.trainer.weights.MemoryWeightPublisher`), whose secret
+(`transfer.secret`, owner-only) the loader sends in the token-protected request body. Checkpoints and
 `weights/final/` are files whatever the transport.
 """
 
@@ -21,6 +22,7 @@ from loguru import logger
 from envrl.data.layout import published_steps, weights_dir, weights_root
 from envrl.model.replicas import InferenceReplicas, ReplicaReloadError
 from envrl.transport import TRANSFER_FILE
+from envrl.transport.memory import is_transfer_dir, read_secret
 
 if TYPE_CHECKING:
     from torch import nn
@@ -75,14 +77,15 @@ class ReplicaPolicyLoader:
 
     async def load(self, step: int) -> None:
         path = weights_dir(self.output_dir, step)
+        transfer = read_secret(path).model_dump() if is_transfer_dir(path) else None
         try:
-            await self.inference.update_weights(path, step=step)
+            await self.inference.update_weights(path, step=step, transfer=transfer)
         except ReplicaReloadError as e:
             if not e.unanswered:
                 raise
             logger.warning(f"{e}; waiting up to {self.timeout:g} s for every replica to serve, then loading again")
             await self.inference.wait_until_ready(self.timeout)
-            await self.inference.update_weights(path, step=step)
+            await self.inference.update_weights(path, step=step, transfer=transfer)
 
     def discard(self, step: int) -> None:
         shutil.rmtree(weights_dir(self.output_dir, step), ignore_errors=True)

@@ -14,7 +14,7 @@ class ReloadsNothing:
 
     clients = [SimpleNamespace()]
 
-    async def update_weights(self, path: Any, step: int | None = None) -> None:
+    async def update_weights(self, path: Any, step: int | None = None, transfer: Any = None) -> None:
         assert Path(path).is_dir()
 
 

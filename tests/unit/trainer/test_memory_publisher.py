@@ -4,21 +4,20 @@ been served; the last policy and every checkpoint-interval one are files."""
 
 from __future__ import annotations
 
+import stat
+
 import torch
-import torch.distributed as dist
 
 from envrl.data.layout import weights_dir
-from envrl.transport.memory import WORLD_SIZE_KEY, gloo_group, read_transfer, receive_gloo
+from envrl.trainer.weights import remove_stale_transfers
+from envrl.transport.memory import read_secret, read_transfer
 from tests.unit.trainer.trainers import make_trainer, tensor_names
+from tests.unit.transport.receivers import receive
 
 
 def receive_as_a_replica(path) -> dict[str, torch.Tensor]:
     """What one replica (rank 1 of 2) receives for the policy published in `path`."""
-    info = read_transfer(path)
-    store = dist.TCPStore(info.host, info.port, is_master=False)
-    store.set(WORLD_SIZE_KEY, "2")
-    group = gloo_group(store, 1, 2, timeout_s=60)
-    return {name: tensor.clone() for bucket in receive_gloo(group, info) for name, tensor in bucket}
+    return receive(read_transfer(path), read_secret(path), rank=1, world_size=2)
 
 
 def test_a_policy_sent_in_memory_is_what_the_files_would_hold(tmp_path):
@@ -27,7 +26,8 @@ def test_a_policy_sent_in_memory_is_what_the_files_would_hold(tmp_path):
     try:
         assert publisher.publish(trainer.model, 1, last=False)
         first = weights_dir(tmp_path, 1)
-        assert [p.name for p in first.iterdir()] == ["transfer.json"]
+        assert sorted(p.name for p in first.iterdir()) == ["transfer.json", "transfer.secret"]
+        assert stat.S_IMODE((first / "transfer.secret").stat().st_mode) == 0o600
         received = receive_as_a_replica(first)
         assert publisher.senders[0].served.wait(30)
 
@@ -53,3 +53,22 @@ def test_a_policy_sent_in_memory_is_what_the_files_would_hold(tmp_path):
     finally:
         publisher.close()
     assert publisher.senders == []
+
+
+def test_a_restarted_trainer_removes_the_policies_its_predecessor_sent_in_memory(tmp_path):
+    """Their sender died with it: a replica must not go looking for it (a process may hold its
+    port now). Files, and a directory holding more than envrl wrote, stay."""
+    trainer = make_trainer(tmp_path, max_steps=5, ckpt={"interval": 4}, weights={"transport": "memory"})
+    try:
+        trainer.publisher.publish(trainer.model, 1, last=False)  # memory
+        trainer.publisher.publish(trainer.model, 4, last=False)  # files
+        trainer.publisher.publish(trainer.model, 5, last=False)  # memory
+    finally:
+        trainer.publisher.close()
+    (weights_dir(tmp_path, 5) / "notes.txt").write_text("not envrl's")
+    restarted = make_trainer(tmp_path, max_steps=5, ckpt={"interval": 4}, weights={"transport": "memory"})
+    restarted.publisher.close()
+    assert not weights_dir(tmp_path, 1).exists()
+    assert (weights_dir(tmp_path, 4) / "model.safetensors").is_file()
+    assert (weights_dir(tmp_path, 5) / "notes.txt").is_file()
+    assert remove_stale_transfers(tmp_path) == []

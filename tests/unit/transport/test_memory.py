@@ -1,19 +1,13 @@
 """The in-memory weight transport's own half, without vLLM: buckets both ends agree on, a
-broadcast every receiver gets bit for bit, and a sender nobody comes for fails naming why."""
+broadcast every receiver gets bit for bit, and a sender nobody comes for releases its snapshot."""
 
+import base64
 import threading
 
 import torch
-import torch.distributed as dist
 
-from envrl.transport.memory import (
-    WORLD_SIZE_KEY,
-    PolicySender,
-    TransferInfo,
-    gloo_group,
-    plan_buckets,
-    receive_gloo,
-)
+from envrl.transport.memory import PolicySender, TransferInfo, TransferSecret, plan_buckets
+from tests.unit.transport.receivers import receive
 
 
 def test_buckets_pack_consecutive_tensors_and_a_large_one_travels_alone():
@@ -21,13 +15,6 @@ def test_buckets_pack_consecutive_tensors_and_a_large_one_travels_alone():
     shapes = [[4], [4], [100], [2]]  # 16, 16, 200, 8 bytes
     assert plan_buckets(dtypes, shapes, bucket_bytes=40) == [[0, 1], [2], [3]]
     assert plan_buckets(dtypes, shapes, bucket_bytes=10**6) == [[0, 1, 2, 3]]
-
-
-def receive(info: TransferInfo, rank: int, world_size: int, out: dict[int, dict[str, torch.Tensor]]) -> None:
-    store = dist.TCPStore(info.host, info.port, is_master=False)
-    store.set(WORLD_SIZE_KEY, str(world_size))
-    group = gloo_group(store, rank, world_size, timeout_s=60)
-    out[rank] = {name: tensor.clone() for bucket in receive_gloo(group, info) for name, tensor in bucket}
 
 
 def test_every_receiver_gets_the_sent_tensors_bit_for_bit():
@@ -38,24 +25,29 @@ def test_every_receiver_gets_the_sent_tensors_bit_for_bit():
         ("layers.0.proj.weight", torch.randn(16, 16, generator=generator)),
         ("step", torch.tensor([7], dtype=torch.int64)),
     ]
-    published: list[TransferInfo] = []
+    published: list[tuple[TransferInfo, TransferSecret]] = []
     received: dict[int, dict[str, torch.Tensor]] = {}
     ready = threading.Event()
 
-    def publish(content: bytes) -> None:
-        published.append(TransferInfo.model_validate_json(content))
+    def publish(content: bytes, secret: TransferSecret) -> None:
+        published.append((TransferInfo.model_validate_json(content), secret))
         ready.set()
 
     sender = PolicySender(3, named, backend="gloo", host="127.0.0.1", timeout_s=60, bucket_bytes=1024, publish=publish)
     assert ready.is_set()
-    receivers = [threading.Thread(target=receive, args=(published[0], rank, 3, received)) for rank in (1, 2)]
+    info, secret = published[0]
+
+    def receive_as(rank: int) -> None:
+        received[rank] = receive(info, secret, rank, world_size=3)
+
+    receivers = [threading.Thread(target=receive_as, args=(rank,)) for rank in (1, 2)]
     for thread in receivers:
         thread.start()
     for thread in receivers:
         thread.join(60)
     assert sender.served.wait(60) and sender.error is None
     sender.close()
-    assert published[0].step == 3 and published[0].names == [name for name, _ in named]
+    assert info.step == 3 and info.names == [name for name, _ in named]
     for rank in (1, 2):
         assert list(received[rank]) == [name for name, _ in named]
         for name, tensor in named:
@@ -66,8 +58,24 @@ def test_every_receiver_gets_the_sent_tensors_bit_for_bit():
 def test_a_closed_sender_releases_its_snapshot_and_stops_waiting():
     sender = PolicySender(
         2, [("w", torch.zeros(2))], backend="gloo", host="127.0.0.1", timeout_s=60, bucket_bytes=1024,
-        publish=lambda content: None,
+        publish=lambda content, secret: None,
     )  # fmt: skip
     sender.close()
     assert not sender._thread.is_alive() and sender._tensors is None
     assert not sender.served.is_set() and sender.error is None
+
+
+def test_on_nccl_the_workers_join_from_the_unique_id_in_the_request_and_open_no_store():
+    """vLLM's own worker-side init info takes what the replica passes on nccl: the unique id
+    (vLLM's `worker_init_process_group` then joins through `uid_init_process_group`, no
+    TCPStore, no StatelessProcessGroup and its pickles), no rendezvous address."""
+    from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo
+
+    info = TransferInfo(step=1, backend="nccl", host="127.0.0.1", port=1234, names=[], dtype_names=[], shapes=[])
+    unique_id = bytes(range(128))
+    secret = TransferSecret(secret="ab" * 16, nccl_unique_id_b64=base64.b64encode(unique_id).decode())
+    payload = info.init_info(rank_offset=1, world_size=3, secret=secret)
+    assert "master_address" not in payload and "master_port" not in payload and "secret" not in payload
+    parsed = NCCLWeightTransferInitInfo(**payload)
+    assert parsed.nccl_unique_id_bytes == unique_id and parsed.master_address is None
+    assert (parsed.rank_offset, parsed.world_size, parsed.packed) == (1, 3, True)
