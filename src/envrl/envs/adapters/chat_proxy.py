@@ -31,14 +31,15 @@ from envrl.config import BaseConfig
 from envrl.data.traces import Message, Turn
 from envrl.model.client import ModelClient, SamplingArgs
 from envrl.model.inference import ContextLengthError
+from envrl.sandbox.bridge import SANDBOX_BUDGET
 from envrl.telemetry.log import Throttle
 
 SESSION_HEADER = "X-Session-ID"
 """The header verifiers' clients send with every model call: the id of the rollout's trace."""
 FINISH_REASONS = {"stop", "length", "tool_calls", "content_filter", "function_call"}
 KIB, MIB = 1 << 10, 1 << 20
-MAX_BODY_KIB = 4096
-"""The most `max_body_kib` may be: what a sandbox's bridge relays unanswered (bridge.SANDBOX_BUDGET)."""
+MAX_BODY_KIB = (SANDBOX_BUDGET - 64 * KIB) // KIB
+"""The most `max_body_kib` may be: what a sandbox's bridge relays unanswered, less room for headers."""
 MAX_JSON_DEPTH = 32
 """Deepest nesting of a request's JSON (a chat request with tools needs under 10 levels)."""
 MAX_JSON_VALUES = 1 << 16
