@@ -18,6 +18,7 @@ die_with_parent()  # first: a parent that dies while the imports below load leav
 
 import asyncio
 import os
+import resource
 import signal
 import sys
 from contextvars import ContextVar
@@ -34,6 +35,7 @@ from envrl.config import BaseConfig, load_config
 from envrl.data.traces import Error, Task, Trace
 from envrl.envs.registry import load_environment
 from envrl.model.client import ClientConfig, ModelClient, SamplingArgs, build_client
+from envrl.sandbox.bridge import RELAYS_PER_WORKER
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvSpec, EnvTimeoutConfig
 from envrl.serve.zmqio import Frames, SocketPump
@@ -49,6 +51,9 @@ it out of its environment at start, so nothing it runs (envs, forked scoring) in
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 """The request a rollout task serves: tags every log line the task (or the env in it) writes."""
 CLIENT_CONFIG: TypeAdapter[ClientConfig] = TypeAdapter(ClientConfig)
+NOFILE_NEEDED = 3 * RELAYS_PER_WORKER + 1024
+"""File descriptors a worker may need: every sandbox bridge relay it may hold (3 fds each) and
+room for its sandboxes' pipes, model connections and imports."""
 
 
 class WorkerConfig(BaseConfig):
@@ -291,6 +296,22 @@ def _tag_request(record: Any) -> None:
         record["extra"]["process"] = f"{record['extra']['process']} req={request_id}"
 
 
+def check_nofile(needed: int = NOFILE_NEEDED) -> None:
+    """Raise this process's soft RLIMIT_NOFILE to `needed` (capped by the hard limit) if it is
+    lower; warn with the numbers when even the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        wanted = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        soft = wanted
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        logger.warning(
+            f"RLIMIT_NOFILE is {soft} (hard limit {hard}), below the {needed} a worker may need for its sandboxes' "
+            f"bridges ({RELAYS_PER_WORKER} relays x 3 fds) and the rest: raise the hard limit (ulimit -Hn, "
+            "LimitNOFILE= under systemd) or run fewer rollouts per worker"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     config = load_config(WorkerConfig, argv, prog="env-worker")
     identity = os.environ.pop(WORKER_IDENTITY_ENV, "").encode()
@@ -299,6 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us in order
     setup_logging(LogConfig(level=config.log_level, file=config.log_file), process=f"env-worker[{config.worker_id}]")
     logger.configure(patcher=_tag_request)
+    check_nofile()
     try:
         env = load_environment(config.env.id, **config.env.args)
     except Exception as e:

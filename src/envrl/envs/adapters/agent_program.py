@@ -16,6 +16,8 @@ no network but the chat proxy's port, no host files but its image, a uid of its 
 started with `files` in its workdir and closed with everything in it when the episode ends, at
 `timeout_s` and on cancellation; a failure of the sandbox itself is an error Trace of its
 `sandbox_*` type. The same URL reaches the proxy inside (its port is forwarded, sandbox/bridge.py).
+What the program's model calls may cost the worker is bounded by `proxy` (chat_proxy.py); calls
+the proxy refused are counted in the rollout's `proxy_refused` metric.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import signal
 from collections.abc import Mapping, Sequence
 
 from envrl.data.traces import Message, Task
-from envrl.envs.adapters.chat_proxy import ChatProxy
+from envrl.envs.adapters.chat_proxy import ChatProxy, ProxyLimits
 from envrl.envs.environment import Environment, TaskSource, append_turn
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
@@ -67,11 +69,13 @@ class AgentProgramEnvironment(Environment):
         files: Mapping[str, str | bytes] | None = None,
         warm: int = 0,
         provider: SandboxProvider | None = None,
+        proxy: ProxyLimits | None = None,
     ) -> None:
         """`sandbox`: run each rollout's program in a sandbox of this config (`command` then names
         paths inside it: its image, or `files`, written to its workdir before the program starts);
         `warm` keeps that many sandboxes started ahead; `provider` replaces the local bubblewrap
-        one. The program's stdout is then limited by `sandbox.limits.max_output_kib` too."""
+        one. The program's stdout is then limited by `sandbox.limits.max_output_kib` too. `proxy`: what
+        one rollout's model calls may cost (body size, calls, bytes; defaults otherwise)."""
         super().__init__(tasks=tasks, eval_tasks=eval_tasks, rubric=rubric)
         if not command:
             raise ValueError("command must name the agent program to run, e.g. ['python', 'my_agent.py']")
@@ -85,7 +89,7 @@ class AgentProgramEnvironment(Environment):
         self.files = dict(files or {})
         self._provider = provider
         self._warm = warm
-        self.proxy = ChatProxy()
+        self.proxy = ChatProxy(proxy)
         self._proxy_started: asyncio.Lock | None = None
 
     def prompt(self, task: Task) -> list[Message]:
@@ -105,6 +109,8 @@ class AgentProgramEnvironment(Environment):
             self.proxy.close(session_id)
             for turn in session.turns:
                 append_turn(state.trace, turn)
+            if session.refused:
+                state.trace.metrics["proxy_refused"] = float(session.refused)
         if session.failure and not session.turns:
             raise AgentProgramError(f"the program made no model call that succeeded ({session.failure})", "agent_model")
         state.data["answer"] = answer

@@ -6,6 +6,9 @@ from warm interpreters, verifiers_runtime.py) and scoring; every model call the 
 reaches envrl's model client through a chat proxy in this process and is recorded as a Turn
 with the exact tokens the client returned. `run_rollout` and `run_group`
 never raise (cancellation aside): a failure inside verifiers or the adapter becomes an error Trace.
+With `sandbox`, nothing verifiers starts for an episode runs on the host as the worker's user
+unless the env says so: an env whose tasks have tool servers (which verifiers starts in runtimes
+of their own, on the host) is refused at load unless `tools_on_host = true`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from verifiers.v1.utils.loaders import load_environment as load_vf_environment
 from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset_config_type
 
 from envrl.data.traces import Error, Span, Task, Timing, Trace, WireTask
-from envrl.envs.adapters.chat_proxy import ChatProxy, Session
+from envrl.envs.adapters.chat_proxy import ChatProxy, ProxyLimits, Session
 from envrl.envs.adapters.verifiers_runtime import Placement, local_runtimes
 from envrl.envs.adapters.verifiers_sandbox import EpisodeSandboxes, episode_sandbox
 from envrl.envs.adapters.warm_programs import WarmPrograms
@@ -57,18 +60,20 @@ class VerifiersEnvironment(Environment):
         *,
         warm: bool | int = True,
         sandbox: SandboxConfig | None = None,
+        proxy: ProxyLimits | None = None,
+        tools_on_host: bool = False,
     ) -> None:
         self.vf_env = env
         self.programs = WarmPrograms() if warm else None
         """Where local programs are forked from (None: a fresh interpreter per rollout)."""
         size = SANDBOXES_AHEAD if warm is True else int(warm)
         sandboxes = None if sandbox is None else EpisodeSandboxes(BubblewrapProvider(), sandbox, size)
-        self.placement = Placement(self.programs, sandboxes)
+        self.placement = Placement(self.programs, sandboxes, tools_on_host)
         """Where episodes run their local programs: in a sandbox each when `sandbox` is set, else warm."""
         self._vf_tasks: dict[str, list[vf.Task]] = {}
         self._vf_sources = {"train": env.taskset, "eval": eval_taskset}
         super().__init__(tasks=lambda: self._load("train"), eval_tasks=lambda: self._load("eval"))
-        self.proxy = ChatProxy()
+        self.proxy = ChatProxy(proxy)
         self._holder: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
 
@@ -188,6 +193,9 @@ def _to_trace(task: WireTask, episode: vf.Episode, sessions: dict[str, Session])
     for vf_trace in trainable:
         trace.metrics |= {k: float(v) for k, v in vf_trace.metrics.items() if v is not None}
         trace.metrics |= {k: float(r.score) for k, r in vf_trace.rewards.items() if r is not None}
+    refused = sum(s.refused for s in sessions.values())
+    if refused:
+        trace.metrics["proxy_refused"] = float(refused)
     trace.is_truncated = any(t.is_truncated for t in trainable)
     stops = [t.stop_condition for t in trainable if t.stop_condition]
     trace.stop_reason = stops[0] if stops else "completed"
@@ -227,6 +235,8 @@ def load_environment(
     eval_taskset: dict[str, Any] | None = None,
     warm: bool | int = True,
     sandbox: dict[str, Any] | None = None,
+    proxy: dict[str, Any] | None = None,
+    tools_on_host: bool = False,
     **config: Any,
 ) -> Environment:
     """`verifiers:<taskset-id>` with env args = verifiers' env config (`taskset`, `agent`, ...).
@@ -237,7 +247,9 @@ def load_environment(
     `sandbox`: run each episode's agent runtime (its harness program and what that runs) in an
     envrl sandbox of this config (a `SandboxConfig` as a dict, `{}` for the defaults) instead;
     `warm` then keeps that many sandboxes (true: `SANDBOXES_AHEAD`) started ahead, each with its
-    harness program imported by a warm server inside.
+    harness program imported by a warm server inside. Tool servers still run on the host (as
+    the worker's user), so an env with any is refused with a sandbox unless `tools_on_host`.
+    `proxy`: what one episode's model calls may cost the worker (a `ProxyLimits` as a dict).
     """
     if not verifiers.__version__.startswith(SUPPORTED_VERSION):
         raise RuntimeError(
@@ -257,4 +269,18 @@ def load_environment(
         data = {**config.get("taskset", {}), **eval_taskset, "id": taskset_id}
         evals = load_taskset(taskset_config_type(taskset_id).model_validate(data))
     boxed = episode_sandbox(sandbox) if sandbox is not None else None
-    return VerifiersEnvironment(env, evals, warm=warm, sandbox=boxed)
+    if boxed is not None and not tools_on_host and (servers := _host_tool_servers(env)):
+        raise ValueError(
+            f"verifiers:{taskset_id}: its tool servers ({', '.join(servers)}) would run on the host as the worker's "
+            "user while episodes run sandboxed; set `tools_on_host = true` in the env's args to allow that"
+        )
+    limits = ProxyLimits.model_validate(proxy) if proxy is not None else None
+    return VerifiersEnvironment(env, evals, warm=warm, sandbox=boxed, proxy=limits, tools_on_host=tools_on_host)
+
+
+def _host_tool_servers(env: vf.Env) -> list[str]:
+    """The names of the tool servers verifiers would start for `env`'s episodes in runtimes of
+    their own (a server `colocated` with the harness runs in the episode's runtime instead)."""
+    taskset = env.taskset
+    servers = [*type(taskset).task_type().toolsets(taskset.config.task), *taskset.toolsets(taskset.config)]
+    return [str(s.server_name) for s in servers if not getattr(s.config, "colocated", False)]

@@ -3,9 +3,10 @@ or inside a sandbox per episode.
 
 Guarantee: inside `local_runtimes(placement)`, the runtime verifiers makes for an episode's
 agent (a `subprocess` config) is a `SandboxRuntime` when the placement has sandboxes
-(verifiers_sandbox.py); every other runtime verifiers makes for a `subprocess` config (the
-episode's without a sandbox, its tool servers') is a `WarmSubprocessRuntime` when `pool` is
-given: it runs a harness's prepared program (`prepare_uv_script`) through
+(verifiers_sandbox.py), and one it makes for anything else then (a tool server) is refused
+unless the placement says `tools_on_host`; every other runtime verifiers makes for a
+`subprocess` config (the episode's without a sandbox, its tool servers') is a
+`WarmSubprocessRuntime` when `pool` is given: it runs a harness's prepared program (`prepare_uv_script`) through
 the pool (in a child forked from a warm interpreter of that program, warm_programs.py), with the
 argv, environment and working directory the plain runtime would have given it, and answers the
 same `ProgramResult`; everything else it runs exactly as the plain runtime does.
@@ -42,6 +43,8 @@ class Placement:
 
     programs: WarmPrograms | None = None
     sandboxes: EpisodeSandboxes | None = None
+    tools_on_host: bool = False
+    """With `sandboxes`: the env allowed runtimes other than an episode's (its tool servers') on the host."""
 
 
 _PLACEMENT: ContextVar[Placement | None] = ContextVar("envrl_local_runtimes", default=None)
@@ -142,6 +145,11 @@ def _make_local_runtime(config: Any, name: str | None = None) -> Runtime:
     if placement is None or type(config) is not SubprocessConfig:
         return _make_runtime(config, name)
     runtime: Runtime
+    if placement.sandboxes is not None and name is None and not placement.tools_on_host:
+        raise RuntimeError(
+            "verifiers asked for a runtime on the host (a tool server's) while episodes run sandboxed; set "
+            "`tools_on_host = true` in the env's args to allow that"
+        )
     if placement.sandboxes is not None and name is not None:
         runtime = SandboxRuntime(config, name, placement.sandboxes)
     elif placement.programs is not None:
