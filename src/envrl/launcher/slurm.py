@@ -36,6 +36,7 @@ from envrl.launcher.placement import place
 from envrl.launcher.replicas import replica_configs, replica_name
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.process import ALLOWED_ENV, ALLOWED_ENV_PREFIXES
+from envrl.runtime.secrets import API_KEY_ENV
 from envrl.serve.config import CurveClientConfig, CurveServerConfig
 
 FINISHING = ("trainer", "orchestrator")
@@ -168,25 +169,26 @@ def _word(token: str) -> str:
 
 
 PREFIXED_ENV = "ENVRL_PREFIXED_ENV"
-"""The script's array of `NAME=value` words of every variable under `ALLOWED_ENV_PREFIXES`."""
+"""The script's `,NAME,...` string of every variable of the job under `ALLOWED_ENV_PREFIXES`."""
 
 
 def prefixed_env_lines() -> list[str]:
-    """Script lines collecting the job's variables under `ALLOWED_ENV_PREFIXES` (e.g. `LC_*`), which
-    the allow-list passes by prefix, so their names are only known when the job runs."""
+    """Script lines collecting the names of the job's variables under `ALLOWED_ENV_PREFIXES` (e.g.
+    `LC_*`), which the allow-list passes by prefix, so their names are only known when the job runs."""
     patterns = "|".join(f"{prefix}*" for prefix in ALLOWED_ENV_PREFIXES)
     return [
-        f"{PREFIXED_ENV}=()  # the allow-list's variables by prefix (envrl.runtime.process.ALLOWED_ENV_PREFIXES)",
-        f'for name in $(compgen -e); do case $name in {patterns}) {PREFIXED_ENV}+=("$name=${{!name}}");; esac; done',
+        f"{PREFIXED_ENV}=  # the allow-list's variables by prefix (envrl.runtime.process.ALLOWED_ENV_PREFIXES)",
+        f"for name in $(compgen -e); do case $name in {patterns}) {PREFIXED_ENV}+=,$name;; esac; done",
     ]
 
 
-def allowed_env_words(passed: list[str]) -> list[str]:
-    """`env -i` and the words giving a step only the allow-list of `runtime.process.allowed_environ`
-    plus `passed`, with the values they have in the job (a variable not set stays unset)."""
-    names = sorted(ALLOWED_ENV | set(passed))
-    prefixed = f'${{{PREFIXED_ENV}[@]+"${{{PREFIXED_ENV}[@]}}"}}'
-    return ["env", "-i", *[f'${{{name}+"{name}=${name}"}}' for name in names], prefixed]
+def export_option(passed: list[str]) -> str:
+    """srun's `--export` giving a step only the allow-list of `runtime.process.allowed_environ` plus
+    `passed`, with the values they have in the job (a variable not set stays unset). Names only:
+    srun reads the values from its own environment, so no value is a word of any command line
+    (another user reads those in /proc/<pid>/cmdline)."""
+    names = ",".join(sorted(ALLOWED_ENV | set(passed)))
+    return f'--export="{names}${{{PREFIXED_ENV}}}"'
 
 
 def srun_line(command: Command, host: int) -> str:
@@ -194,9 +196,15 @@ def srun_line(command: Command, host: int) -> str:
     A command with an allow-list (an env server) sees only that of the job's environment."""
     step = ["srun", "--nodes=1", "--ntasks=1", "--overlap", f'--nodelist="${{HOST_{host}}}"']
     step.append(f"--output={shlex.quote(str(command.log_file))}")
-    env = ["env"] if command.allowed_env is None else allowed_env_words(command.allowed_env)
-    env += [f"{key}={shlex.quote(value)}" for key, value in command.env.items()]
-    return " ".join([*step, *env, *map(_word, command.argv), "&"])
+    if command.allowed_env is not None:
+        step.append(export_option(command.allowed_env))
+    env = [f"{key}={shlex.quote(value)}" for key, value in command.env.items()]
+    return " ".join([*step, *(["env", *env] if env else []), *map(_word, command.argv), "&"])
+
+
+def _secret_line(name: str, make: str, what: str) -> str:
+    """Export `name`, generated unless the job's environment has it: a value never on a command line."""
+    return f'export {name}="${{{name}:-{make}}}"  # {what}'
 
 
 def sbatch_script(rl: RLConfig, stored: Path) -> str:
@@ -221,7 +229,8 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
         f"cd {shlex.quote(os.getcwd())}",
         'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         *[f"HOST_{i}=${{HOSTS[{i}]}}" for i in range(slurm.nodes)],
-        f'export {token_env}="${{{token_env}:-{make_token}}}"  # /update_weights token: never to env servers',
+        _secret_line(token_env, make_token, "/update_weights token: never to env servers"),
+        _secret_line(API_KEY_ENV, make_token, "vLLM's API key: the run's every client sends it"),
         *prefixed_env_lines(),
         "# each process's config for these hosts (and the env servers' CURVE keys)",
         f'{python} -m envrl.launcher.slurm --config {shlex.quote(str(stored))} --hosts "{host_list}" || exit 2',
