@@ -1,5 +1,5 @@
 """`rl` is secure by default on a shared node: `/update_weights` refuses a caller without the
-run's token (while the run's own reloads go through), and neither that token nor a secret of
+run's token and vLLM's routes one without the run's API key (while the run's own calls go through), and neither that token nor a secret of
 `rl`'s environment reaches the env servers and their workers, which run model-driven code.
 A real smoke run (vLLM, trainer, env servers), under the heavy lock.
 """
@@ -81,28 +81,31 @@ def test_reload_needs_the_run_s_token_and_env_servers_see_neither_it_nor_rl_s_se
 ) -> None:
     monkeypatch.setenv(SECRET, "do-not-leak")
     monkeypatch.delenv(RELOAD_TOKEN_ENV, raising=False)
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
     out = tmp_path / "secure"
     with rl_process(out, "--max-steps", "4") as (proc, marker):
         port = _wait_until_serving(proc)
         assert _post_update(port, {}) == 401
         assert _post_update(port, {"Authorization": "Bearer guessed"}) == 401
+        assert _get(port, "/v1/models", {}) == 401  # rl made an API key for this run
         environs = [e for e in map(_environ, marked_pids(marker)) if e]
         servers = [e for e in environs if "envrl.serve" in e["__cmdline__"]]
         inference = [e for e in environs if "envrl.inference.main" in e["__cmdline__"]]
         assert servers and inference
-        token = inference[0][RELOAD_TOKEN_ENV]
-        assert len(token) >= 32
+        token, key = inference[0][RELOAD_TOKEN_ENV], inference[0][API_KEY_ENV]
+        assert len(token) >= 32 and len(key) >= 32
+        assert _get(port, "/v1/models", {"Authorization": f"Bearer {key}"}) == 200
         for environ in servers:
             assert SECRET not in environ and RELOAD_TOKEN_ENV not in environ, environ["__cmdline__"]
             assert token not in "\0".join(environ.values())
             assert "PATH" in environ
         code, console = finish(proc, timeout=1500)
-    assert code == 0, console[-3000:]  # every step's reload went through with the token
+    assert code == 0, console[-3000:]  # every step's reload went through with the token, rollouts with the key
     assert [m["step"] for m in metric_lines(out) if "trainer/loss" in m] == [0, 1, 2, 3]
     logged = "\n".join(
         p.read_text(errors="replace") for p in out.rglob("*") if p.is_file() and p.suffix in (".log", ".toml", ".txt")
     )
-    assert token not in logged and token not in console
+    assert token not in logged and token not in console and key not in logged and key not in console
 
 
 def test_with_an_api_key_set_vllm_s_routes_demand_it_and_the_run_s_clients_send_it(

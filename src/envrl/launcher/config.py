@@ -22,9 +22,11 @@ from envrl.inference.config import InferenceConfig
 from envrl.launcher.cpus import CpusConfig
 from envrl.launcher.log_rotation import LogRotationConfig
 from envrl.launcher.replicas import replica_configs
+from envrl.model.client import ChatClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.process import RestartPolicy
+from envrl.runtime.secrets import API_KEY_ENV
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.launch import EnvServerLaunch
 from envrl.telemetry.log import LogConfig
@@ -215,6 +217,7 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
             env.address = f"tcp://127.0.0.1:{base + i}"
             if split == "eval":
                 orchestrator.eval.addresses[env.resolved_name] = env.address
+            _send_run_key(env.client, orchestrator.inference.base_urls)
             # An env with its own client (a chat teacher, say) may use that client and nothing else.
             allowed = access if env.own_client is None else ModelAccessConfig.for_client(env.own_client)
             servers.append(env.server_launch(split, env.address, allowed, orchestrator.restarts))
@@ -222,6 +225,15 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     _check_no_shared_port([*run.spawned_ports(), *external])
     _check_lengths(run)
     return run
+
+
+def _send_run_key(client: ChatClientConfig | None, run_urls: list[str]) -> None:
+    """A chat client of the run's own inference server sends the run's API key (`rl` makes one per
+    run) unless it names a key variable itself."""
+    if client is None or client.api_key_env is not None:
+        return
+    if urlsplit(client.base_url).netloc in {urlsplit(url).netloc for url in run_urls}:
+        client.api_key_env = API_KEY_ENV
 
 
 def _check_lengths(run: ResolvedRun) -> None:
