@@ -98,7 +98,11 @@ class SlurmConfig(BaseConfig):
 class RLConfig(BaseConfig):
     model: ModelConfig = ModelConfig()
     output_dir: Path = Path("outputs/rl")
-    """Run directory: logs/, configs/, rollouts/, weights/, checkpoints/, metrics.jsonl."""
+    """Run directory: logs/, configs/, rollouts/, weights/, checkpoints/, metrics.jsonl. Private to
+    its owner (mode 0700) unless `output_dir_group` names a group that may read it."""
+    output_dir_group: str | None = None
+    """A group that may read the run directory (mode 0750, that group, set-group-id so what the run
+    writes stays in it); default: nobody but its owner."""
     max_steps: int = Field(20, ge=1)
     """Training steps: the trainer takes one optimizer step per published batch."""
     max_async_level: int = Field(1, ge=0)
