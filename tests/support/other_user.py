@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 
-
 def needs_root() -> None:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("acting as another user needs root and setpriv")
