@@ -33,6 +33,7 @@ MARKER = ".envrl-run.json"
 RUN_ENTRIES = (
     "logs",
     "configs",
+    "curve",
     "rollouts",
     "weights",
     "checkpoints",

@@ -10,7 +10,8 @@ import pytest
 from envrl.config import resolve_config
 from envrl.launcher.config import RLConfig
 from envrl.launcher.main import main
-from envrl.launcher.slurm import curve_keys, make_curve_keys, plan_job, sbatch_script, write_sbatch
+from envrl.launcher.run_keys import curve_keys, make_curve_keys
+from envrl.launcher.slurm import plan_job, sbatch_script, write_sbatch
 
 ROOT = Path(__file__).resolve().parents[3]
 TWO_NODES = ROOT / "configs" / "gpu" / "two_nodes.toml"
