@@ -210,6 +210,13 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
     lines += [
         f"# host {i}: {', '.join(command.name for command in host.commands)}" for i, host in enumerate(plan.hosts)
     ]
+    rotation = rl.log_rotation
+    logs = shlex.quote(str(layout.logs_dir(out)))
+    lines += [
+        "# every host's logs are in the run directory: rotated from here (envrl.launcher.log_rotation)",
+        f"{python} -m envrl.launcher.log_rotation --logs-dir {logs} --max-mb {rotation.max_mb:g} --keep {rotation.keep} &",
+        "NAME[$!]=log-rotation",
+    ]
     for i, command in plan.start_order:
         lines.append(srun_line(command, i))
         lines.append(f"NAME[$!]={shlex.quote(command.name)}")

@@ -41,6 +41,7 @@ def test_the_sbatch_script_starts_each_process_on_its_host(tmp_path: Path) -> No
     assert "--nproc-per-node 8" in trainer
     assert steps.index(trainer) > steps.index(env_server)  # servers first
     assert '--nodelist="${HOST_0}"' in steps[-1] and "envrl.orchestrator.main" in steps[-1]
+    assert f"-m envrl.launcher.log_rotation --logs-dir {tmp_path / 'run' / 'logs'} --max-mb 100 --keep 3 &" in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
@@ -116,7 +117,9 @@ fi
 def run_job_steps(tmp_path: Path, rl: RLConfig, environ: dict[str, str]) -> list[tuple[list[str], dict[str, str]]]:
     """Run the job script of `rl` up to its wait loop with a stand-in srun (SLURM is not on this
     box): each step's srun words and the environment the step would start with."""
-    script = write_sbatch(rl).read_text().split("# the run ends when")[0] + "wait\n"
+    script = write_sbatch(rl).read_text().split("# the run ends when")[0]
+    # the job's log rotation runs until the job ends: stopped here, once it has started
+    script += 'for pid in "${!NAME[@]}"; do [[ ${NAME[$pid]} == log-rotation ]] && kill $pid && wait $pid; done; wait\n'
     bin_dir, log = tmp_path / "bin", tmp_path / "srun"
     bin_dir.mkdir()
     log.mkdir()
