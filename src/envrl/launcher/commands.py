@@ -7,8 +7,9 @@ servers and the orchestrator in their environment only: never in argv, a file or
 fresh vLLM API key (`secrets.API_KEY_ENV`, or the one in `rl`'s environment) handed the same way
 to the inference servers and every client of them (orchestrator, env servers). Env servers
 (which run model-driven code) get an allow-list of `rl`'s environment (`process.allowed_environ`,
-plus the env's `pass_env` and its clients' `api_key_env`) and the API key, never the token. The trainer runs under torchrun (`envrl.launcher.torchrun`, rendezvous bound to loopback)
-when it has more than one rank, and as a plain process with one.
+plus the env's `pass_env` and its clients' `api_key_env`) and the API key, never the token. The
+trainer runs under torchrun (`envrl.launcher.torchrun`, rendezvous bound to loopback) when it has
+more than one rank, and as a plain process with one.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Guarantee: `resolve_run` is the only place where values flow between sections: shared keys
 (model, output_dir, max_steps, max_async_level, seed, wandb, log) are copied from the top level
-into every section, env servers get their fixed ports and log files (and the run's CURVE keys: they
-admit only the run's orchestrator, on loopback too), and every process gets the addresses of the others. (Log files are not in the configs: the launcher sends each process's output to
+into every section, env servers get their fixed ports and log files (and the run's CURVE keys:
+they admit only the run's orchestrator, on loopback too), and every process gets the addresses
+of the others. (Log files are not in the configs: the launcher sends each process's output to
 `<output_dir>/logs/`.) A shared key set inside a section is an error, so nobody has to
 guess which of two values wins; so are two processes of the run on one TCP port.
 """
@@ -226,7 +227,8 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
             if split == "eval":
                 orchestrator.eval.addresses[env.resolved_name] = env.address
             declared[env.resolved_name].curve = client_keys  # the run's own servers admit only its orchestrator
-            _send_run_key(env.client, orchestrator.inference.base_urls)
+            for client in (env.client, declared[env.resolved_name].client):  # an eval env's is a copy
+                _send_run_key(client, orchestrator.inference.base_urls)
             # An env with its own client (a chat teacher, say) may use that client and nothing else.
             allowed = access if env.own_client is None else ModelAccessConfig.for_client(env.own_client)
             servers.append(env.server_launch(split, env.address, allowed, orchestrator.restarts, server_keys))

@@ -211,10 +211,10 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
         f"# host {i}: {', '.join(command.name for command in host.commands)}" for i, host in enumerate(plan.hosts)
     ]
     rotation = rl.log_rotation
-    logs = shlex.quote(str(layout.logs_dir(out)))
+    rotate = f"--logs-dir {shlex.quote(str(layout.logs_dir(out)))} --max-mb {rotation.max_mb:g} --keep {rotation.keep}"
     lines += [
         "# every host's logs are in the run directory: rotated from here (envrl.launcher.log_rotation)",
-        f"{python} -m envrl.launcher.log_rotation --logs-dir {logs} --max-mb {rotation.max_mb:g} --keep {rotation.keep} &",
+        f"{python} -m envrl.launcher.log_rotation {rotate} &",
         "NAME[$!]=log-rotation",
     ]
     for i, command in plan.start_order:

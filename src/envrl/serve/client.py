@@ -4,8 +4,8 @@ Guarantee: every call ends: with its result, with `EnvServerError` when the serv
 error or something that is no protocol response (`bad_response`), or when its deadline passes (`timeout`), or when the server is found dead (its connection
 drops, or it answers nothing, not even health probes, for `dead_after` seconds; then every
 pending call fails at once and new calls fail fast until it answers again). `at_capacity` answers
-are retried with jittered exponential backoff within the call's deadline and `capacity_wait`. Cancelling a call sends `cancel`. The
-client's model is bound once per connection (`bind`) and again when the server no longer knows
+are retried with jittered exponential backoff within the call's deadline and `capacity_wait`.
+Cancelling a call sends `cancel`. The client's model is bound once per connection (`bind`) and again when the server no longer knows
 the binding (`unknown_model`: it restarted); requests are sent unchecked: the server checks them, once.
 """
 
