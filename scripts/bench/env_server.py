@@ -6,7 +6,10 @@ the same figures for a raw echo of the same bytes, and the ratios, and the CPU t
 (this client, the server, its workers; all threads) spent per round trip. Also the server's memory
 (server + workers RSS) after an offered load of 4x (capacity + queue).
 
-    .venv/bin/python scripts/bench/env_server.py [--seconds 4] [--pools elastic static] [--in-flight 16 1024]
+    .venv/bin/python scripts/bench/env_server.py [--seconds 4] [--pools elastic static] [--in-flight 16 1024] [--curve]
+
+`--curve`: the env server and its clients use CURVE keys, as every env server `rl` starts does
+(the run's keys, on loopback too); the echo reference stays plain.
 
 This file is also the benchmark's environment (`env_server:load_environment`, imported by the
 server's processes with this folder on PYTHONPATH): no model, constant reward, ~1 KB task.
@@ -24,6 +27,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 TASK_BYTES = 1000
+CURVE: Any = None
+"""The clients' `CurveClientConfig` under `--curve` (None: plain TCP)."""
 
 # ---------------------------------------------------------------------------------------------
 # The environment (runs inside the server and its workers)
@@ -101,7 +106,7 @@ async def measure_env_server(address: str, server_pid: int, in_flight: int, seco
 
     sampling = {"max_tokens": 1}
     latencies: list[float] = []
-    async with EnvClient(address, model={"type": "scripted"}, timeout=60) as client:
+    async with EnvClient(address, model={"type": "scripted"}, timeout=60, curve=CURVE) as client:
         await client.wait_until_ready(60)
         stop_at = 0.0
 
@@ -205,6 +210,11 @@ def overload(address: str, offered: int) -> tuple[int, int]:
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVTIMEO, 60_000)
     sock.setsockopt(zmq.LINGER, 0)
+    if CURVE is not None:
+        import zmq.auth
+
+        sock.curve_serverkey = zmq.auth.load_certificate(CURVE.server_public_key_file)[0]
+        sock.curve_publickey, sock.curve_secretkey = zmq.auth.load_certificate(CURVE.secret_key_file)
     sock.connect(address)
     sock.send(msgpack.packb({"id": "bind", "method": "bind", "params": {"client": {"type": "scripted"}}}))
     model = msgpack.unpackb(sock.recv())["result"]["model"]
@@ -224,6 +234,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per figure")
     parser.add_argument("--in-flight", type=int, nargs="+", default=[16, 1024])
     parser.add_argument("--pools", nargs="+", choices=["elastic", "static"], default=["elastic", "static"])
+    parser.add_argument("--curve", action="store_true", help="CURVE keys on server and clients, as under rl")
     args = parser.parse_args()
 
     import subprocess
@@ -237,6 +248,20 @@ def main() -> None:
     server_bin = str(Path(sys.executable).parent / "env-server")
     pools = {"elastic (default)": [], "static, 1 worker": ["--pool", '{"min_workers": 1, "max_workers": 1}']}
     pools = {name: argv for name, argv in pools.items() if name.split()[0].strip(",") in args.pools}
+    curve_args: list[str] = []
+    if args.curve:
+        import atexit
+        import shutil
+        import tempfile
+
+        from envrl.launcher.run_keys import curve_keys, make_curve_keys
+
+        global CURVE
+        keys = Path(tempfile.mkdtemp(prefix="envrl-bench-")) / "curve"
+        atexit.register(shutil.rmtree, keys.parent, True)
+        make_curve_keys(keys)
+        server_keys, CURVE = curve_keys(keys)
+        curve_args = ["--curve", server_keys.model_dump_json()]
     rows: list[tuple[str, int, dict[str, float]]] = []
     memory: list[str] = []
     for name, pool_args in pools.items():
@@ -249,6 +274,7 @@ def main() -> None:
             "--log.level",
             "WARNING",
             *pool_args,
+            *curve_args,
         ]
         child, address = spawn_sidecar(argv, name="bench env-server", env=env, ready_timeout=120)
         try:
@@ -311,7 +337,7 @@ def main() -> None:
 async def _info(address: str) -> Any:
     from envrl.serve.client import EnvClient
 
-    async with EnvClient(address) as client:
+    async with EnvClient(address, curve=CURVE) as client:
         return await client.info()
 
 

@@ -26,6 +26,7 @@ def train_in_process(run: ResolvedRun, vllm_server: Any, client: ClientConfig | 
     run.orchestrator.inference.base_url = vllm_server.base_url
     for env in run.orchestrator.envs:
         env.address = None  # a sidecar env server, spawned by the orchestrator
+        env.curve = None  # which admits any local client, as a standalone orchestrator's sidecars do
     run.orchestrator.eval.addresses = {}
     trainer = Trainer(run.trainer, init_runtime(run.trainer))
     failure: list[BaseException] = []

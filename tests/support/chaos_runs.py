@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from statistics import fmean
 
-from envrl.data.layout import published_steps, rollouts_root
+from envrl.data.layout import curve_dir, published_steps, rollouts_root
+from envrl.launcher.run_keys import curve_keys
 from envrl.serve.client import EnvClient, EnvServerError
+from envrl.serve.config import CurveClientConfig
 from envrl.telemetry.metrics import metric_float
 from tests.support.ports import free_base_port, free_port
 from tests.support.run_files import metric_lines
@@ -59,10 +61,10 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
-async def _wait_busy(address: str, timeout: float) -> bool:
+async def _wait_busy(address: str, timeout: float, curve: CurveClientConfig) -> bool:
     """True once the env server at `address` reports a rollout in flight (False: not within `timeout`)."""
     deadline = time.monotonic() + timeout
-    async with EnvClient(address) as client:
+    async with EnvClient(address, curve=curve) as client:
         while time.monotonic() < deadline:
             try:
                 if (await client.info(timeout=1.0)).in_flight > 0:
@@ -127,7 +129,8 @@ class RlRun:
     def kill_busy_worker(self, rng: random.Random, timeout: float = 5.0) -> int | None:
         """SIGKILL a random worker of the train env server while it runs rollouts; its pid, or
         None if the server ran none within `timeout` (or had no worker to kill)."""
-        if not asyncio.run(_wait_busy(f"tcp://127.0.0.1:{self.ports[1]}", timeout)):
+        curve = curve_keys(curve_dir(self.out))[1]  # rl's env servers serve only the run's key holder
+        if not asyncio.run(_wait_busy(f"tcp://127.0.0.1:{self.ports[1]}", timeout, curve)):
             return None
         servers = self.pids("configs/envs/train/")
         return kill_random([pid for server in servers for pid in child_pids(server) if WORKER in cmdline(pid)], rng)

@@ -30,6 +30,11 @@ def env_log_file(output_dir: Path, split: Split, env: str) -> Path:
     return env_log_dir(output_dir, split) / f"{env}.log"
 
 
+def curve_dir(output_dir: Path) -> Path:
+    """The CURVE keys of the run's env servers and their client: `<output_dir>/curve/` (0700)."""
+    return Path(output_dir) / "curve"
+
+
 def configs_dir(output_dir: Path) -> Path:
     """Each process's resolved config as TOML: `<output_dir>/configs/`."""
     return Path(output_dir) / "configs"

@@ -3,11 +3,13 @@
 Guarantee: `rl` starts exactly the commands `rl --dry-run` prints, since both come from
 `launch_plan`; `env` holds only what differs from `rl`'s own environment. Every run has a fresh
 random `/update_weights` token (or the one already in `rl`'s environment), handed to the inference
-servers and the orchestrator in their environment only: never in argv, a file or a log. Env
-servers (which run model-driven code) get an allow-list of `rl`'s environment
-(`process.allowed_environ`, plus the env's `pass_env` and its clients' `api_key_env`), never the
-token. The trainer runs under torchrun (`envrl.launcher.torchrun`, rendezvous bound to loopback)
-when it has more than one rank, and as a plain process with one.
+servers and the orchestrator in their environment only: never in argv, a file or a log; and a
+fresh vLLM API key (`secrets.API_KEY_ENV`, or the one in `rl`'s environment) handed the same way
+to the inference servers and every client of them (orchestrator, env servers). Env servers
+(which run model-driven code) get an allow-list of `rl`'s environment (`process.allowed_environ`,
+plus the env's `pass_env` and its clients' `api_key_env`) and the API key, never the token. The
+trainer runs under torchrun (`envrl.launcher.torchrun`, rendezvous bound to loopback) when it has
+more than one rank, and as a plain process with one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from envrl.launcher.config import ResolvedRun
 from envrl.launcher.cpus import CpuPlan, trainer_env, vllm_is_cpu_build
 from envrl.launcher.placement import Placement
 from envrl.runtime.process import allowed_environ
+from envrl.runtime.secrets import API_KEY_ENV, api_key
 
 TORCHRUN_RANK_ENV = "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
 """What torchrun adds to each rank's environment (the only per-rank difference)."""
@@ -36,7 +39,7 @@ class Command(BaseModel):
     env: dict[str, str] = {}
     """Variables set on top of `rl`'s environment."""
     secret_env: dict[str, str] = Field({}, exclude=True, repr=False)
-    """Variables set like `env` but never shown (`shell`, dumps, reprs): the reload token."""
+    """Variables set like `env` but never shown (`shell`, dumps, reprs): the reload token, the API key."""
     allowed_env: list[str] | None = None
     """None: `rl`'s whole environment; else only `process.allowed_environ` with these names too."""
     log_file: Path
@@ -96,13 +99,13 @@ def trainer_argv(
     return [*torchrun, "-m", "envrl.runtime.guarded", *args]  # each rank: die with torchrun, then the trainer
 
 
-def inference_command(name: str, out: Path, env: dict[str, str], token: dict[str, str]) -> Command:
+def inference_command(name: str, out: Path, env: dict[str, str], secret_env: dict[str, str]) -> Command:
     """Inference replica `name`: its config from `configs/<name>.toml`, its log `logs/<name>.log`."""
     return Command(
         name=name,
         argv=[sys.executable, "-m", "envrl.inference.main", "--config", str(config_file(out, name))],
         env=env,
-        secret_env=token,
+        secret_env=secret_env,
         log_file=layout.logs_dir(out) / f"{name}.log",
     )
 
@@ -118,12 +121,14 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
         trainer_vars["OMP_NUM_THREADS"] = str(max(1, len(cpus.trainer) // ranks))
     token_env = run.inference.reload.token_env
     token = {token_env: run.inference.reload.token() or secrets.token_urlsafe(32)}
+    key = {API_KEY_ENV: api_key() or secrets.token_urlsafe(32)}
     servers = []
     for server in run.env_servers:
         servers.append(
             Command(
                 name=server.title,
                 argv=server.argv(config_file(out, env_server_key(server.split, server.name))),
+                secret_env=key,
                 allowed_env=server.allowed_env(withheld=frozenset({token_env})),
                 log_file=layout.env_log_file(out, server.split, server.name),
             )
@@ -131,7 +136,7 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
     return LaunchPlan(
         inference=[
             inference_command(
-                name, out, {**placement.inference_env(i), **(cpus.inference_env() if cpus else {})}, token
+                name, out, {**placement.inference_env(i), **(cpus.inference_env() if cpus else {})}, {**token, **key}
             )
             for i, name in enumerate(run.inference_replicas())
         ],
@@ -146,7 +151,7 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
         orchestrator=Command(
             name="orchestrator",
             argv=[python, "-m", "envrl.orchestrator.main", "--config", str(config_file(out, "orchestrator"))],
-            secret_env=token,
+            secret_env={**token, **key},
             log_file=logs / "orchestrator.log",
         ),
     )

@@ -2,7 +2,8 @@
 
 Guarantee: `resolve_run` is the only place where values flow between sections: shared keys
 (model, output_dir, max_steps, max_async_level, seed, wandb, log) are copied from the top level
-into every section, env servers get their fixed ports and log files, and every process gets the addresses
+into every section, env servers get their fixed ports and log files (and the run's CURVE keys:
+they admit only the run's orchestrator, on loopback too), and every process gets the addresses
 of the others. (Log files are not in the configs: the launcher sends each process's output to
 `<output_dir>/logs/`.) A shared key set inside a section is an error, so nobody has to
 guess which of two values wins; so are two processes of the run on one TCP port.
@@ -17,14 +18,18 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field, model_validator
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
+from envrl.data import layout
 from envrl.inference.adapter import lora_serving_options
 from envrl.inference.config import InferenceConfig
 from envrl.launcher.cpus import CpusConfig
 from envrl.launcher.log_rotation import LogRotationConfig
 from envrl.launcher.replicas import replica_configs
+from envrl.launcher.run_keys import curve_keys
+from envrl.model.client import ChatClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.process import RestartPolicy
+from envrl.runtime.secrets import API_KEY_ENV
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.launch import EnvServerLaunch
 from envrl.telemetry.log import LogConfig
@@ -97,7 +102,11 @@ class SlurmConfig(BaseConfig):
 class RLConfig(BaseConfig):
     model: ModelConfig = ModelConfig()
     output_dir: Path = Path("outputs/rl")
-    """Run directory: logs/, configs/, rollouts/, weights/, checkpoints/, metrics.jsonl."""
+    """Run directory: logs/, configs/, rollouts/, weights/, checkpoints/, metrics.jsonl. Private to
+    its owner (mode 0700) unless `output_dir_group` names a group that may read it."""
+    output_dir_group: str | None = None
+    """A group that may read the run directory (mode 0750, that group, set-group-id so what the run
+    writes stays in it); default: nobody but its owner."""
     max_steps: int = Field(20, ge=1)
     """Training steps: the trainer takes one optimizer step per published batch."""
     max_async_level: int = Field(1, ge=0)
@@ -201,6 +210,8 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     external: list[tuple[str, int, str]] = []
     access = ModelAccessConfig(base_urls=orchestrator.inference.base_urls, tokenizers=[orchestrator.model.name])
     listed: set[str] = set()
+    server_keys, client_keys = curve_keys(layout.curve_dir(trainer.output_dir))
+    declared = {env.resolved_name: env for env in orchestrator.envs}
     evals = orchestrator.eval_envs()  # before the train envs get their spawned servers' addresses
     for split, envs, base in (
         ("train", orchestrator.train_envs, rl.env_server_base_port),
@@ -218,13 +229,25 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
             env.address = f"tcp://127.0.0.1:{base + i}"
             if split == "eval":
                 orchestrator.eval.addresses[env.resolved_name] = env.address
+            declared[env.resolved_name].curve = client_keys  # the run's own servers admit only its orchestrator
+            for client in (env.client, declared[env.resolved_name].client):  # an eval env's is a copy
+                _send_run_key(client, orchestrator.inference.base_urls)
             # An env with its own client (a chat teacher, say) may use that client and nothing else.
             allowed = access if env.own_client is None else ModelAccessConfig.for_client(env.own_client)
-            servers.append(env.server_launch(split, env.address, allowed, orchestrator.restarts))
+            servers.append(env.server_launch(split, env.address, allowed, orchestrator.restarts, server_keys))
     run = ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
     _check_no_shared_port([*run.spawned_ports(), *external])
     _check_lengths(run)
     return run
+
+
+def _send_run_key(client: ChatClientConfig | None, run_urls: list[str]) -> None:
+    """A chat client of the run's own inference server sends the run's API key (`rl` makes one per
+    run) unless it names a key variable itself."""
+    if client is None or client.api_key_env is not None:
+        return
+    if urlsplit(client.base_url).netloc in {urlsplit(url).netloc for url in run_urls}:
+        client.api_key_env = API_KEY_ENV
 
 
 def _check_lengths(run: ResolvedRun) -> None:

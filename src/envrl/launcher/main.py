@@ -37,6 +37,7 @@ from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_c
 from envrl.launcher.log_rotation import LogRotator
 from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.replicas import wait_for_replicas
+from envrl.launcher.run_keys import make_curve_keys
 from envrl.launcher.slurm import write_sbatch
 from envrl.launcher.supervisor import Respawn, Supervisor
 from envrl.runtime.net import port_is_free
@@ -232,10 +233,12 @@ def _check_devices(rl: RLConfig, visible: list[str] | None, cpu_vllm: bool) -> N
 
 
 def _write_configs(out: Path, run: ResolvedRun) -> None:
+    """Each process's config, and the CURVE keys its env servers and orchestrator name."""
     for name, config in _process_configs(run).items():
         path = config_file(out, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config_to_toml(config))
+    make_curve_keys(layout.curve_dir(out))
 
 
 def _check_ports(run: ResolvedRun) -> None:

@@ -2,7 +2,9 @@
 what envrl wrote.
 
 Guarantee: `rl` writes into a directory only if it was empty (or absent) or carries the marker
-`rl` left when it claimed it; `--clean` deletes nothing in a directory without that marker, and in
+`rl` left when it claimed it, and one it owns, which it makes private before writing anything in
+it: mode 0700, or 0750 for `output_dir_group` (checkpoints, batches, logs, configs and the weight
+transfer's rendezvous are nobody else's to read); `--clean` deletes nothing in a directory without that marker, and in
 one with it only the entries the run layout names, never the working directory, the home
 directory, `/` or any of their ancestors. A directory whose run never published anything (a
 failed start) is reused without `--clean`. The user's config is kept as `configs/rl.toml`, so
@@ -31,6 +33,7 @@ MARKER = ".envrl-run.json"
 RUN_ENTRIES = (
     "logs",
     "configs",
+    "curve",
     "rollouts",
     "weights",
     "checkpoints",
@@ -86,7 +89,9 @@ def prepare(rl: RLConfig) -> None:
         )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir {out} is a file, not a directory: choose another --output-dir")
-    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private(out, rl.output_dir_group)
+    entries = sorted(p.name for p in out.iterdir())
     if not entries:
         _claim(out)
         return
@@ -118,6 +123,23 @@ def prepare(rl: RLConfig) -> None:
         logger.warning(f"--clean left what rl did not write in {out}: {', '.join(left)}")
 
 
+def make_private(out: Path, group: str | None = None) -> None:
+    """Give `out` mode 0700, or 0750 with `group` (set-group-id, so what is written in it stays in
+    that group); ConfigError if another user owns it (they could read or replace what the run writes)."""
+    info = out.stat()
+    if info.st_uid != os.geteuid():
+        raise ConfigError(
+            f"output_dir {out} belongs to uid {info.st_uid}, not to this user ({os.geteuid()}): its owner could "
+            "read or replace the run's files; choose another --output-dir"
+        )
+    if group is not None:
+        try:
+            shutil.chown(out, group=group)
+        except (LookupError, PermissionError) as e:
+            raise ConfigError(f"output_dir_group = {group!r}: cannot give {out} to that group ({e})") from None
+    os.chmod(out, 0o2750 if group is not None else 0o700)
+
+
 def holds_a_run(out: Path) -> bool:
     """True once a run in `out` published anything: a batch, a checkpoint, a rollout or a metric."""
     published = layout.published_steps(layout.rollouts_root(out)) or layout.published_steps(
@@ -138,7 +160,6 @@ def write_user_config(rl: RLConfig) -> None:
 
 
 def _claim(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     marker = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "envrl": version("envrl"), "pid": os.getpid()}
     (out / MARKER).write_text(json.dumps(marker) + "\n")
 

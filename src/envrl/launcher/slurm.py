@@ -3,7 +3,7 @@
 Guarantee: `plan_job(rl, hosts)` places every process that `rl` starts on one host onto the
 job's hosts, as `[slurm]` says: trainer ranks on the first `trainer_nodes` hosts (torchrun, its
 rendezvous on host 0), `inference.replicas` servers on each of the last `inference_nodes`, the env
-servers on `env_node` (over CURVE when that is not host 0), the orchestrator on host 0. Each
+servers on `env_node` (over CURVE, as under `rl`), the orchestrator on host 0. Each
 process's config is the one `resolve_run` makes for `rl`, with only its addresses changed to the
 hosts'. The script `sbatch_script` writes runs exactly the commands of `plan_job` for the job's
 hosts: its first step writes their configs once SLURM has named the hosts (`python -m
@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import zmq.auth
 from pydantic import BaseModel
 
 from envrl.config import config_to_toml, resolve_config
@@ -34,9 +33,10 @@ from envrl.launcher.commands import Command, config_file, env_server_key, infere
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.placement import place
 from envrl.launcher.replicas import replica_configs, replica_name
+from envrl.launcher.run_keys import make_curve_keys
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.process import ALLOWED_ENV, ALLOWED_ENV_PREFIXES
-from envrl.serve.config import CurveClientConfig, CurveServerConfig
+from envrl.runtime.secrets import API_KEY_ENV
 
 FINISHING = ("trainer", "orchestrator")
 """Commands whose exit ends the run (by name prefix); the others serve until the job stops them."""
@@ -58,32 +58,8 @@ class JobPlan:
     output_dir: Path
     start_order: list[tuple[int, Command]]
     """(host index, command) of every process in start order: servers, then trainer and orchestrator."""
-    curve_dir: Path | None
-    """Where the job makes the env servers' CURVE keys (None: the env servers share host 0)."""
-
-
-def curve_keys(curve_dir: Path) -> tuple[CurveServerConfig, CurveClientConfig]:
-    """The env servers' and the orchestrator's CURVE key files in `curve_dir` (`make_curve_keys`)."""
-    server = CurveServerConfig(secret_key_file=curve_dir / "server.key_secret", client_keys_dir=curve_dir / "clients")
-    client = CurveClientConfig(
-        server_public_key_file=curve_dir / "server.key",
-        secret_key_file=curve_dir / "clients" / "orchestrator.key_secret",
-    )
-    return server, client
-
-
-def make_curve_keys(curve_dir: Path) -> None:
-    """Create the key files `curve_keys` names, secrets readable by their owner only (kept if there)."""
-    server, client = curve_keys(curve_dir)
-    if server.secret_key_file.is_file() and client.secret_key_file.is_file():
-        return
-    # Owner-only directories first: zmq writes each secret before the chmod below can narrow it.
-    curve_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (curve_dir / "clients").mkdir(exist_ok=True, mode=0o700)
-    zmq.auth.create_certificates(curve_dir, "server")
-    zmq.auth.create_certificates(curve_dir / "clients", "orchestrator")
-    for secret in (server.secret_key_file, client.secret_key_file):
-        os.chmod(secret, 0o600)
+    curve_dir: Path
+    """Where the job makes the env servers' and the orchestrator's CURVE keys."""
 
 
 def plan_job(rl: RLConfig, hosts: Sequence[str]) -> JobPlan:
@@ -114,20 +90,16 @@ def plan_job(rl: RLConfig, hosts: Sequence[str]) -> JobPlan:
             urls.append(config.base_url)
             start(host, inference_command(name, out, placement.inference_env(i), {}))
 
-    curve_dir = out / "slurm" / "curve" if env_host != head else None
-    server_keys, client_keys = curve_keys(curve_dir) if curve_dir else (None, None)
-    moved = {}
+    moved = {}  # the env servers keep the run's CURVE keys (`resolve_run`), on any host
     for server, command in zip(run.env_servers, base.env_servers, strict=True):
         address = f"tcp://{env_host}:{urlsplit(server.config.address).port}"
         moved[server.config.address] = address
         access = server.config.model_access.model_copy(update={"base_urls": urls})
-        update = {"address": address, "model_access": access, "curve": server_keys}
+        update = {"address": address, "model_access": access}
         configs[env_server_key(server.split, server.name)] = server.config.model_copy(update=update)
         start(slurm.env_node, command)
     evals = run.orchestrator.eval.addresses
     for env in run.orchestrator.envs:
-        if env.address in moved or evals.get(env.resolved_name) in moved:
-            env.curve = client_keys
         env.address = moved.get(env.address, env.address)  # type: ignore[arg-type]
     run.orchestrator.eval.addresses = {name: moved.get(address, address) for name, address in evals.items()}
 
@@ -146,7 +118,7 @@ def plan_job(rl: RLConfig, hosts: Sequence[str]) -> JobPlan:
     configs["orchestrator"] = run.orchestrator
     start(0, base.orchestrator.model_copy(update={"secret_env": {}}))
     slices = [HostSlice(host, [command for i, command in order if i == index]) for index, host in enumerate(hosts)]
-    return JobPlan(slices, configs, out, order, curve_dir)
+    return JobPlan(slices, configs, out, order, layout.curve_dir(out))
 
 
 def write_job_files(plan: JobPlan) -> None:
@@ -158,8 +130,7 @@ def write_job_files(plan: JobPlan) -> None:
     for host in plan.hosts:
         for command in host.commands:
             command.log_file.parent.mkdir(parents=True, exist_ok=True)
-    if plan.curve_dir is not None:
-        make_curve_keys(plan.curve_dir)
+    make_curve_keys(plan.curve_dir)
 
 
 def _word(token: str) -> str:
@@ -168,25 +139,26 @@ def _word(token: str) -> str:
 
 
 PREFIXED_ENV = "ENVRL_PREFIXED_ENV"
-"""The script's array of `NAME=value` words of every variable under `ALLOWED_ENV_PREFIXES`."""
+"""The script's `,NAME,...` string of every variable of the job under `ALLOWED_ENV_PREFIXES`."""
 
 
 def prefixed_env_lines() -> list[str]:
-    """Script lines collecting the job's variables under `ALLOWED_ENV_PREFIXES` (e.g. `LC_*`), which
-    the allow-list passes by prefix, so their names are only known when the job runs."""
+    """Script lines collecting the names of the job's variables under `ALLOWED_ENV_PREFIXES` (e.g.
+    `LC_*`), which the allow-list passes by prefix, so their names are only known when the job runs."""
     patterns = "|".join(f"{prefix}*" for prefix in ALLOWED_ENV_PREFIXES)
     return [
-        f"{PREFIXED_ENV}=()  # the allow-list's variables by prefix (envrl.runtime.process.ALLOWED_ENV_PREFIXES)",
-        f'for name in $(compgen -e); do case $name in {patterns}) {PREFIXED_ENV}+=("$name=${{!name}}");; esac; done',
+        f"{PREFIXED_ENV}=  # the allow-list's variables by prefix (envrl.runtime.process.ALLOWED_ENV_PREFIXES)",
+        f"for name in $(compgen -e); do case $name in {patterns}) {PREFIXED_ENV}+=,$name;; esac; done",
     ]
 
 
-def allowed_env_words(passed: list[str]) -> list[str]:
-    """`env -i` and the words giving a step only the allow-list of `runtime.process.allowed_environ`
-    plus `passed`, with the values they have in the job (a variable not set stays unset)."""
-    names = sorted(ALLOWED_ENV | set(passed))
-    prefixed = f'${{{PREFIXED_ENV}[@]+"${{{PREFIXED_ENV}[@]}}"}}'
-    return ["env", "-i", *[f'${{{name}+"{name}=${name}"}}' for name in names], prefixed]
+def export_option(passed: list[str]) -> str:
+    """srun's `--export` giving a step only the allow-list of `runtime.process.allowed_environ` plus
+    `passed`, with the values they have in the job (a variable not set stays unset). Names only:
+    srun reads the values from its own environment, so no value is a word of any command line
+    (another user reads those in /proc/<pid>/cmdline)."""
+    names = ",".join(sorted(ALLOWED_ENV | set(passed)))
+    return f'--export="{names}${{{PREFIXED_ENV}}}"'
 
 
 def srun_line(command: Command, host: int) -> str:
@@ -194,9 +166,15 @@ def srun_line(command: Command, host: int) -> str:
     A command with an allow-list (an env server) sees only that of the job's environment."""
     step = ["srun", "--nodes=1", "--ntasks=1", "--overlap", f'--nodelist="${{HOST_{host}}}"']
     step.append(f"--output={shlex.quote(str(command.log_file))}")
-    env = ["env"] if command.allowed_env is None else allowed_env_words(command.allowed_env)
-    env += [f"{key}={shlex.quote(value)}" for key, value in command.env.items()]
-    return " ".join([*step, *env, *map(_word, command.argv), "&"])
+    if command.allowed_env is not None:
+        step.append(export_option(command.allowed_env))
+    env = [f"{key}={shlex.quote(value)}" for key, value in command.env.items()]
+    return " ".join([*step, *(["env", *env] if env else []), *map(_word, command.argv), "&"])
+
+
+def _secret_line(name: str, make: str, what: str) -> str:
+    """Export `name`, generated unless the job's environment has it: a value never on a command line."""
+    return f'export {name}="${{{name}:-{make}}}"  # {what}'
 
 
 def sbatch_script(rl: RLConfig, stored: Path) -> str:
@@ -221,7 +199,8 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
         f"cd {shlex.quote(os.getcwd())}",
         'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         *[f"HOST_{i}=${{HOSTS[{i}]}}" for i in range(slurm.nodes)],
-        f'export {token_env}="${{{token_env}:-{make_token}}}"  # /update_weights token: never to env servers',
+        _secret_line(token_env, make_token, "/update_weights token: never to env servers"),
+        _secret_line(API_KEY_ENV, make_token, "vLLM's API key: the run's every client sends it"),
         *prefixed_env_lines(),
         "# each process's config for these hosts (and the env servers' CURVE keys)",
         f'{python} -m envrl.launcher.slurm --config {shlex.quote(str(stored))} --hosts "{host_list}" || exit 2',
@@ -230,6 +209,13 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
     ]
     lines += [
         f"# host {i}: {', '.join(command.name for command in host.commands)}" for i, host in enumerate(plan.hosts)
+    ]
+    rotation = rl.log_rotation
+    rotate = f"--logs-dir {shlex.quote(str(layout.logs_dir(out)))} --max-mb {rotation.max_mb:g} --keep {rotation.keep}"
+    lines += [
+        "# every host's logs are in the run directory: rotated from here (envrl.launcher.log_rotation)",
+        f"{python} -m envrl.launcher.log_rotation {rotate} &",
+        "NAME[$!]=log-rotation",
     ]
     for i, command in plan.start_order:
         lines.append(srun_line(command, i))

@@ -21,6 +21,7 @@ from envrl.runtime.net import is_loopback
 from envrl.runtime.process import RestartPolicy
 from envrl.serve.config import (
     CurveClientConfig,
+    CurveServerConfig,
     EnvServerConfig,
     EnvSpec,
     EnvTimeoutConfig,
@@ -52,8 +53,9 @@ class EnvConfig(BaseConfig):
     """A uv project (e.g. `deps/envs/openenv-count`) whose `.venv/bin/python` runs a spawned server
     of this env; create it with `uv sync --project <project> --locked`. Exclusive with `python`."""
     curve: CurveClientConfig | None = None
-    """CURVE keys for an external server off loopback (`server_public_key_file`, `secret_key_file`):
-    the server authenticates this client and the traffic is encrypted (docs/protocol.md)."""
+    """CURVE keys for an external server (`server_public_key_file`, `secret_key_file`): the server
+    authenticates this client and the traffic is encrypted (docs/protocol.md). Required off
+    loopback; `rl` sets the run's own for the servers it starts."""
     insecure: bool = False
     """Connect to a non-loopback `address` without CURVE (plain TCP: anyone on the path reads and
     injects rollouts); only for networks you trust."""
@@ -61,6 +63,10 @@ class EnvConfig(BaseConfig):
     """Worker pool of a spawned sidecar server."""
     max_retries: int = Field(2, ge=0)
     """Re-runs of a rollout that came back with an error before it counts as failed."""
+    at_capacity_wait_s: float = Field(300.0, gt=0)
+    """Seconds one call keeps retrying a server that answers `at_capacity` (jittered exponential
+    backoff, 20 ms doubling to 2 s; each retry counted in `counters/at_capacity_retries`), within
+    the rollout's own deadline; then the rollout is an `at_capacity` error Trace."""
     reconnect_timeout_s: float = Field(300.0, gt=0)
     """Seconds to wait for a lost env server (connection dropped, or silent) to answer again before
     the orchestrator fails; rollouts lost with it are re-run once it is back."""
@@ -146,10 +152,16 @@ class EnvConfig(BaseConfig):
         )
 
     def server_launch(
-        self, split: str, address: str, model_access: ModelAccessConfig, restarts: RestartPolicy
+        self,
+        split: str,
+        address: str,
+        model_access: ModelAccessConfig,
+        restarts: RestartPolicy,
+        curve: CurveServerConfig | None = None,
     ) -> EnvServerLaunch:
-        """The server of this env on `address`, for whoever starts it (serve/launch.py) and restarts
-        it per `restarts`; a model client may reach and load only what `model_access` allows."""
+        """The server of this env on `address` (admitting only the clients of `curve`, if given), for
+        whoever starts it (serve/launch.py) and restarts it per `restarts`; a model client may reach
+        and load only what `model_access` allows."""
         return EnvServerLaunch(
             split=split,
             name=self.resolved_name,
@@ -159,6 +171,7 @@ class EnvConfig(BaseConfig):
                 pool=self.pool,
                 timeout=self.timeout,
                 model_access=model_access,
+                curve=curve,
             ),
             python=self.interpreter(),
             restarts=restarts,

@@ -101,6 +101,8 @@ class EnvHandle(Generic[C]):
             model=self.client_config,
             timeout=None if timeout is None else timeout + self.config.timeout.kill_grace_s + CLIENT_SLACK,
             curve=self.config.curve,
+            capacity_wait=self.config.at_capacity_wait_s,
+            on_at_capacity=self._count_at_capacity,
         )
         info = await self._client.wait_until_ready(self.ready_timeout)
         self.num_tasks = info.num_tasks if self.split == "train" else info.num_eval_tasks
@@ -111,6 +113,9 @@ class EnvHandle(Generic[C]):
             f"{self.split} env {self.name!r} ready at {address}: {self.num_tasks} tasks, "
             f"{'group' if self.group_scoring else 'per-rollout'} scoring, {info.workers} workers"
         )
+
+    def _count_at_capacity(self) -> None:
+        self.counters["at_capacity_retries"] += 1
 
     def _spawn(self, address: str) -> tuple[Child, str]:
         """The env's server on `address`, started as `rl`'s launcher starts it (serve/launch.py)."""

@@ -4,8 +4,8 @@ Guarantee: every call ends: with its result, with `EnvServerError` when the serv
 error or something that is no protocol response (`bad_response`), or when its deadline passes (`timeout`), or when the server is found dead (its connection
 drops, or it answers nothing, not even health probes, for `dead_after` seconds; then every
 pending call fails at once and new calls fail fast until it answers again). `at_capacity` answers
-are retried with backoff within the call's deadline. Cancelling a call sends `cancel`. The
-client's model is bound once per connection (`bind`) and again when the server no longer knows
+are retried with jittered exponential backoff within the call's deadline and `capacity_wait`.
+Cancelling a call sends `cancel`. The client's model is bound once per connection (`bind`) and again when the server no longer knows
 the binding (`unknown_model`: it restarted); requests are sent unchecked: the server checks them, once.
 """
 
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -34,6 +35,9 @@ TIMEOUT = "timeout"
 """EnvServerError type: the call's own deadline passed (client-side)."""
 BAD_RESPONSE = "bad_response"
 """EnvServerError type: the server's answer is not a response of this protocol version (client-side)."""
+FIRST_BACKOFF = 0.02
+"""Seconds before the first retry of an `at_capacity` answer; doubled per retry up to `max_backoff`,
+each pause drawn between half and all of it."""
 MAX_REBINDS = 2
 """Times one `run` call binds its model again after `unknown_model` before it gives up."""
 TICK = 0.1
@@ -68,6 +72,8 @@ class EnvClient:
         dead_after: float = 3.0,
         curve: CurveClientConfig | None = None,
         max_backoff: float = 2.0,
+        capacity_wait: float | None = None,
+        on_at_capacity: Callable[[], None] | None = None,
     ) -> None:
         self.address = address
         self.model = model
@@ -76,6 +82,10 @@ class EnvClient:
         self.dead_after = dead_after
         self.curve = curve
         self.max_backoff = max_backoff
+        self.capacity_wait = capacity_wait
+        """Most seconds one call keeps retrying `at_capacity` answers (None: until its own deadline)."""
+        self.on_at_capacity = on_at_capacity
+        """Called at each `at_capacity` answer that is retried (the orchestrator counts them)."""
         self._ids = itertools.count()
         self._prefix = secrets.token_hex(3)
         self._pending: dict[str, asyncio.Future[p.Response]] = {}
@@ -215,7 +225,8 @@ class EnvClient:
     ) -> Any:
         self._start()
         deadline = None if timeout is None else self._loop.time() + timeout
-        backoff = 0.02
+        capacity_deadline = None if self.capacity_wait is None else self._loop.time() + self.capacity_wait
+        backoff = FIRST_BACKOFF
         while True:
             if check_down and self._down is not None:
                 raise EnvServerError(UNAVAILABLE, self._down, self.address)
@@ -236,8 +247,14 @@ class EnvClient:
             if isinstance(response, p.OkResponse):
                 return response.result
             error = response.error
-            if error.type == p.AT_CAPACITY and (deadline is None or self._loop.time() + backoff < deadline):
-                await asyncio.sleep(backoff)
+            # Jittered: clients turned away together do not all come back at the same instant.
+            pause = backoff * random.uniform(0.5, 1.0)
+            if error.type == p.AT_CAPACITY and all(
+                end is None or self._loop.time() + pause < end for end in (deadline, capacity_deadline)
+            ):
+                if self.on_at_capacity is not None:
+                    self.on_at_capacity()
+                await asyncio.sleep(pause)
                 backoff = min(backoff * 2, self.max_backoff)
                 continue
             raise EnvServerError(error.type, error.message, self.address, rid)

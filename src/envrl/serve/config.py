@@ -211,9 +211,11 @@ class EnvServerConfig(BaseConfig):
     max_pending_bytes: int = Field(512 * 1024 * 1024, ge=1024)
     """Bytes of request frames all clients together may have accepted and not yet answered;
     beyond, requests get an `at_capacity` error."""
-    max_frame_bytes: int = Field(1024 * 1024, ge=1024)
+    max_frame_bytes: int = Field(64 * 1024, ge=1024)
     """Largest request frame accepted; larger ones get a `too_large` error. A frame over twice this
-    size is not even read: ZMQ drops the connection that sent it (its MAXMSGSIZE)."""
+    size is not even read: ZMQ drops the connection that sent it (its MAXMSGSIZE). Requests are
+    KB (`bind`'s client config, `run`'s sampling); the bound also bounds what decoding a hostile
+    frame costs the broker, which every client waits on."""
     max_group_size: int = Field(1024, ge=1)
     """Largest `n` of a `run_group` request; larger ones get a `bad_request`."""
     max_reruns: int = Field(2, ge=0)

@@ -238,20 +238,29 @@ def _salvaged_id(frame: bytes) -> str | None:
     return None
 
 
+MAX_WALKED_VALUES = MAX_CONTAINER_ITEMS
+"""Most values the map-key check walks in one request (only frames with a bin type byte or a
+non-string key are walked); a request holding more is refused, whatever the frame limit."""
+
+
 def _non_string_key(value: Any, path: str) -> str | None:
-    """The path of the first map key in `value` that is not a string (None: there is none)."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{path}: key {key!r} ({type(key).__name__})"
-            found = _non_string_key(item, f"{path}.{key}")
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _non_string_key(item, f"{path}[{i}]")
-            if found is not None:
-                return found
+    """The path of the first map key in `value` that is not a string (None: there is none), or
+    the reason the walk stopped at `MAX_WALKED_VALUES` values."""
+    stack: list[tuple[Any, str, Any]] = [(value, path, None)]  # (value, its container's path, its key or index)
+    walked = 0
+    while stack:
+        item, parent, step = stack.pop()
+        walked += 1
+        if walked > MAX_WALKED_VALUES:
+            return f"{path} holds more than {MAX_WALKED_VALUES} values (not checked)"
+        where = parent if step is None else f"{parent}[{step}]" if isinstance(step, int) else f"{parent}.{step}"
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    return f"{where}: key {key!r} ({type(key).__name__})"
+            stack.extend((child, where, key) for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((child, where, i) for i, child in reversed(list(enumerate(item))))
     return None
 
 

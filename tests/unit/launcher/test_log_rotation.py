@@ -81,3 +81,27 @@ def test_a_log_that_is_a_symlink_is_never_truncated(tmp_path: Path) -> None:
     assert rotate_logs(logs, LogRotationConfig(max_mb=0.001, keep=1)) == [logs / "y.log"]
     assert precious.read_bytes() == b"p" * 5000
     assert (logs / "y.log.1").read_bytes() == b"y" * 5000 and not (logs / "y.log.1").is_symlink()
+
+
+def test_a_directory_swapped_for_a_symlink_is_never_entered(tmp_path: Path) -> None:
+    logs, elsewhere = tmp_path / "logs", tmp_path / "elsewhere"
+    (logs / "envs").mkdir(parents=True)
+    elsewhere.mkdir()
+    victim = elsewhere / "x.log"
+    victim.write_bytes(b"v" * 4096)
+    (logs / "envs" / "x.log").write_bytes(b"l" * 4096)
+    config = LogRotationConfig(max_mb=0.001)
+    listed = logs / "envs" / "x.log"  # what a walk found, before the swap below
+    (logs / "envs").rename(tmp_path / "old-envs")
+    (logs / "envs").symlink_to(elsewhere)
+    assert not rotate_if_large(listed, config, root=logs)
+    assert rotate_logs(logs, config) == []
+    assert victim.read_bytes() == b"v" * 4096 and sorted(p.name for p in elsewhere.iterdir()) == ["x.log"]
+
+
+def test_a_rotated_copy_keeps_its_source_s_mode(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_bytes(b"x" * 4096)
+    log.chmod(0o600)
+    assert rotate_if_large(log, LogRotationConfig(max_mb=0.001))
+    assert (tmp_path / "x.log.1").stat().st_mode & 0o777 == 0o600

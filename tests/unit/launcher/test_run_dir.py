@@ -1,7 +1,9 @@
 """`rl`'s output dir: nothing rl did not write is reused or deleted, a failed start does not block
 the retry, and a run resumes from its directory alone."""
 
+import grp
 import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from envrl.config import ConfigError, resolve_config
 from envrl.launcher.config import RLConfig
 from envrl.launcher.main import main
 from envrl.launcher.run_dir import MARKER, prepare, user_config_file, write_user_config
+from tests.support.other_user import as_nobody, needs_root, reachable_dir
 
 ONE_ENV = ["--orchestrator.envs", '[{"id": "reverse-text"}]']
 
@@ -101,3 +104,38 @@ def test_resume_without_a_stored_config_says_what_is_missing(
         main(["--resume", "--output-dir", str(tmp_path)])
     assert exit_info.value.code == 2
     assert f"--resume without --config: {user_config_file(tmp_path)} not found" in capsys.readouterr().err
+
+
+def test_another_user_cannot_read_the_run_directory() -> None:
+    needs_root()
+    with reachable_dir() as root:
+        out = root / "run"
+        prepare(config(out))
+        write_user_config(config(out))
+        assert out.stat().st_mode & 0o7777 == 0o700
+        read = as_nobody(["cat", str(user_config_file(out))])
+        assert read.returncode != 0 and "Permission denied" in read.stderr
+        assert as_nobody(["ls", str(out)]).returncode != 0
+
+
+def test_an_output_dir_group_may_read_the_run_and_nobody_else() -> None:
+    needs_root()
+    with reachable_dir() as root:
+        out = root / "run"
+        rl = config(out)
+        rl.output_dir_group = "nogroup"
+        prepare(rl)
+        info = out.stat()
+        assert info.st_mode & 0o7777 == 0o2750 and info.st_gid == grp.getgrnam("nogroup").gr_gid
+        assert as_nobody(["ls", str(out)], group="nogroup").returncode == 0
+        assert as_nobody(["ls", str(out)], group="daemon").returncode != 0
+
+
+def test_an_output_dir_of_another_user_is_refused() -> None:
+    needs_root()
+    with reachable_dir() as root:
+        out = root / "run"
+        out.mkdir()
+        os.chown(out, pwd.getpwnam("nobody").pw_uid, -1)
+        with pytest.raises(ConfigError, match="belongs to uid"):
+            prepare(config(out))

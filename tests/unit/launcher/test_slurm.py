@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,8 @@ import pytest
 from envrl.config import resolve_config
 from envrl.launcher.config import RLConfig
 from envrl.launcher.main import main
-from envrl.launcher.slurm import curve_keys, make_curve_keys, plan_job, sbatch_script
+from envrl.launcher.run_keys import curve_keys, make_curve_keys
+from envrl.launcher.slurm import plan_job, sbatch_script, write_sbatch
 
 ROOT = Path(__file__).resolve().parents[3]
 TWO_NODES = ROOT / "configs" / "gpu" / "two_nodes.toml"
@@ -34,13 +34,14 @@ def test_the_sbatch_script_starts_each_process_on_its_host(tmp_path: Path) -> No
     assert all('--nodelist="${HOST_1}"' in line for line in inference)
     [env_server] = [line for line in steps if "envrl.serve.main" in line]
     assert (
-        '--nodelist="${HOST_1}"' in env_server and " env -i " in env_server and "ENVRL_RELOAD_TOKEN" not in env_server
+        '--nodelist="${HOST_1}"' in env_server and " --export=" in env_server and "ENVRL_RELOAD_TOKEN" not in env_server
     )
     [trainer] = [line for line in steps if "envrl.trainer.main" in line]
     assert '--nodelist="${HOST_0}"' in trainer and "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in trainer
     assert "--nproc-per-node 8" in trainer
     assert steps.index(trainer) > steps.index(env_server)  # servers first
     assert '--nodelist="${HOST_0}"' in steps[-1] and "envrl.orchestrator.main" in steps[-1]
+    assert f"-m envrl.launcher.log_rotation --logs-dir {tmp_path / 'run' / 'logs'} --max-mb 100 --keep 3 &" in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
@@ -97,29 +98,62 @@ def test_the_jobs_curve_secrets_are_readable_by_their_owner_only(tmp_path: Path)
         assert secret.stat().st_mode & 0o077 == 0, oct(secret.stat().st_mode)
 
 
-def test_an_env_server_step_sees_only_the_allow_list_of_the_jobs_environment(tmp_path: Path) -> None:
+FAKE_SRUN = r"""#!/bin/bash
+# SLURM's srun, as far as these tests need: it records the words it got and the environment the
+# step would get (--export=NAME,...: those names plus SLURM_*; no --export: all), and runs nothing.
+step=$(mktemp -p "$SRUN_LOG" step.XXXXXX)
+printf '%s\0' "$@" > "$step.argv"
+exported=ALL
+while [[ $1 == --* ]]; do case $1 in --export=*) exported=${1#--export=};; esac; shift; done
+if [[ $exported == ALL ]]; then env -0 > "$step.env"; else
+  IFS=, read -ra names <<< "$exported"
+  for name in $(compgen -e); do
+    [[ $name == SLURM_* || ,$exported, == *,$name,* ]] && printf '%s=%s\0' "$name" "${!name}"
+  done > "$step.env"
+fi
+"""
+
+
+def run_job_steps(tmp_path: Path, rl: RLConfig, environ: dict[str, str]) -> list[tuple[list[str], dict[str, str]]]:
+    """Run the job script of `rl` up to its wait loop with a stand-in srun (SLURM is not on this
+    box): each step's srun words and the environment the step would start with."""
+    script = write_sbatch(rl).read_text().split("# the run ends when")[0]
+    # the job's log rotation runs until the job ends: stopped here, once it has started
+    script += 'for pid in "${!NAME[@]}"; do [[ ${NAME[$pid]} == log-rotation ]] && kill $pid && wait $pid; done; wait\n'
+    bin_dir, log = tmp_path / "bin", tmp_path / "srun"
+    bin_dir.mkdir()
+    log.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\nprintf 'gpu-a\\ngpu-b\\n'\n")
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    base = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_NODELIST": "gpu-[a-b]"}
+    base["SRUN_LOG"] = str(log)
+    subprocess.run(["bash", "-c", script], env={**base, **environ}, check=True, capture_output=True, text=True)
+    steps = []
+    for argv in sorted(log.glob("*.argv")):
+        words = argv.read_bytes().decode().split("\0")[:-1]
+        env = argv.with_suffix(".env").read_bytes().decode().split("\0")[:-1]
+        steps.append((words, dict(pair.split("=", 1) for pair in env)))
+    return steps
+
+
+def test_no_secret_is_a_word_of_any_job_step_and_env_servers_get_only_the_allow_list(tmp_path: Path) -> None:
     rl = two_nodes(tmp_path)
     rl.orchestrator.envs[0].pass_env = ["MY_JUDGE_KEY"]
-    script = sbatch_script(rl, tmp_path / "rl.toml")
-    prefixed = [line for line in script.splitlines() if "ENVRL_PREFIXED_ENV" in line and not line.startswith("srun")]
-    [env_server] = [line for line in script.splitlines() if line.startswith("srun ") and "envrl.serve.main" in line]
-    # SLURM is not on this box: a stand-in `srun` runs the step's command (its words after the
-    # options) here, and the env server's interpreter is swapped for `env`, which prints what it got.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
-    (bin_dir / "srun").chmod(0o755)
-    step = env_server.split(f" {sys.executable} ")[0] + " /usr/bin/env"
-    job = "\n".join(["set -uo pipefail", "HOST_1=gpu-b", *prefixed, step])
-    environ = {
-        "PATH": f"{bin_dir}:/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "LC_TIME": "C",
-        "MY_JUDGE_KEY": "passed",
-        "ENVRL_RELOAD_TOKEN": "secret-token",
-        "WANDB_API_KEY": "secret-wandb",
-    }
-    out = subprocess.run(["bash", "-c", job], env=environ, capture_output=True, text=True, check=True).stdout
-    seen = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    assert seen["LC_TIME"] == "C" and seen["MY_JUDGE_KEY"] == "passed" and seen["HOME"] == str(tmp_path)
-    assert "ENVRL_RELOAD_TOKEN" not in seen and "WANDB_API_KEY" not in seen
+    environ = {"MY_JUDGE_KEY": "judge-secret", "WANDB_API_KEY": "wandb-secret", "LC_TIME": "C"}
+    steps = run_job_steps(tmp_path, rl, environ)
+    assert len(steps) == 8 + 1 + 1 + 1  # inference replicas, env server, trainer, orchestrator
+    [(_, orchestrator)] = [(argv, env) for argv, env in steps if "envrl.orchestrator.main" in argv]
+    token, key = orchestrator["ENVRL_RELOAD_TOKEN"], orchestrator["ENVRL_INFERENCE_API_KEY"]
+    assert len(token) >= 32 and len(key) >= 32 and token != key  # generated by the job, one each
+    secrets = ["judge-secret", "wandb-secret", token, key]
+    for argv, _ in steps:  # what any user of the host reads in /proc/<srun's pid>/cmdline
+        assert not [secret for secret in secrets if any(secret in word for word in argv)], argv
+    [(_, server)] = [(argv, env) for argv, env in steps if "envrl.serve.main" in argv]
+    assert server["MY_JUDGE_KEY"] == "judge-secret" and server["ENVRL_INFERENCE_API_KEY"] == key
+    assert server["LC_TIME"] == "C" and server["HOME"] == str(tmp_path)  # by prefix; from the allow-list
+    assert "ENVRL_RELOAD_TOKEN" not in server and "WANDB_API_KEY" not in server
+    for argv, env in steps:
+        if "envrl.inference.main" in argv:
+            assert env["ENVRL_INFERENCE_API_KEY"] == key and env["ENVRL_RELOAD_TOKEN"] == token

@@ -64,3 +64,31 @@ def test_an_answer_that_is_no_protocol_response_fails_its_call_as_bad_response(
     errors = asyncio.run(asyncio.wait_for(go(), 20))
     assert all(isinstance(e, EnvServerError) and e.type == BAD_RESPONSE for e in errors), errors
     assert "not a protocol v2 response" in str(errors[0])
+
+
+def test_at_capacity_answers_are_retried_with_backoff_until_the_capacity_wait_and_counted(
+    answering_router: tuple[str, list[dict[str, Any]]],
+) -> None:
+    address, replies = answering_router
+    replies += [{"ok": False, "error": {"type": "at_capacity", "message": "full"}}] * 1000
+    counted: list[int] = []
+
+    async def go() -> BaseException | None:
+        client = EnvClient(
+            address, capacity_wait=1.0, on_at_capacity=lambda: counted.append(1), health_interval=60, dead_after=120
+        )
+        async with client:
+            try:
+                await client.info(timeout=30)
+            except EnvServerError as e:
+                return e
+        return None
+
+    error = asyncio.run(asyncio.wait_for(go(), 20))
+    assert isinstance(error, EnvServerError) and error.type == "at_capacity"
+    sent = 1000 - len(replies)
+    # Retry k pauses at least half of 20 ms * 2^k, so the pauses before retry k add up to at least
+    # 10 ms * (2^k - 1), which passes the 1 s capacity wait at k = 7: at most 7 retries, 8 requests,
+    # however fast or slow the machine (without backoff a call re-sends thousands of times a second).
+    assert 2 <= sent <= 8, sent
+    assert len(counted) == sent - 1

@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from envrl.data.traces import Error, Trace, WireTask
 from envrl.serve import protocol as p
+from envrl.serve.config import EnvServerConfig
 
 
 def parse(message: object, limit: int = 1 << 20) -> p.RequestMessage:
@@ -74,6 +75,29 @@ def test_a_container_longer_than_any_request_needs_is_refused_without_building_i
 def test_an_oversized_frame_is_refused_before_it_is_decoded() -> None:
     error = error_of(msgpack.packb({"id": "x", "method": "health", "params": {"pad": "y" * 2000}}), limit=1024)
     assert error.type == p.TOO_LARGE and "1024" in error.message
+
+
+def empty_arrays(count: int, *, bin_byte: bool) -> bytes:
+    """A request whose params hold `count` empty arrays (one Python list per byte), and a bin
+    type byte in a string when `bin_byte` (which sends the frame through the map-key walk)."""
+    pad = "\u0100" if bin_byte else "a"  # U+0100 is C4 80 in UTF-8: a bin 8 type byte
+    head = msgpack.packb({"id": "bomb", "method": "health", "params": {pad: None}})[:-1]
+    return head + b"\xdd" + count.to_bytes(4, "big") + b"\x90" * count
+
+
+def test_a_frame_of_empty_arrays_at_the_old_limit_is_refused_by_the_default_limit_unread() -> None:
+    default = EnvServerConfig(env={"id": "x"}).max_frame_bytes
+    assert default <= 64 * 1024  # requests are KB; 1 MiB of empty arrays cost the broker 0.4-0.9 s
+    error = error_of(empty_arrays(2**20 - 100, bin_byte=True), limit=default)
+    assert error.type == p.TOO_LARGE and error.request_id is None  # refused on its length, never decoded
+
+
+def test_the_map_key_walk_stops_at_its_budget_however_large_the_frame_limit() -> None:
+    error = error_of(empty_arrays(p.MAX_WALKED_VALUES, bin_byte=True), limit=16 * 2**20)
+    assert error.type == p.BAD_REQUEST and error.request_id == "bomb"
+    assert f"more than {p.MAX_WALKED_VALUES} values" in error.message
+    # the same frame without a bin byte is not walked: its keys are msgpack-checked strings
+    assert p.parse_request(empty_arrays(p.MAX_WALKED_VALUES, bin_byte=False), 16 * 2**20).id == "bomb"
 
 
 def test_an_unknown_method_error_lists_the_methods() -> None:
