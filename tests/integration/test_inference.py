@@ -228,3 +228,34 @@ def test_a_new_run_reloads_its_model_on_a_server_left_on_other_weights(vllm_serv
         asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
     assert (before, after) == (str(earlier.resolve()), str(DEFAULT_DIR.resolve()))
     assert max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions)) < EXACT
+
+
+MOVE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "move",
+        "description": "Take one step.",
+        "parameters": {"type": "object", "properties": {"direction": {"type": "string"}}, "required": ["direction"]},
+    },
+}
+
+
+def test_chat_requests_with_tools_are_served_with_the_models_tool_call_parser(vllm_server) -> None:
+    """Before (issue 39): HTTP 400 '"auto" tool choice requires --enable-auto-tool-choice and
+    --tool-call-parser' for every chat request with tools, the OpenAI default."""
+    import httpx
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "move", "arguments": '{"direction": "left"}'}}
+    history = [
+        {"role": "user", "content": "Go left."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "arrived"},
+    ]
+    url = f"{vllm_server.base_url}/v1/chat/completions"
+    for messages in (history[:1], history):
+        body = {"model": vllm_server.model, "messages": messages, "tools": [MOVE_TOOL], "max_tokens": 4, "seed": 0}
+        reply = httpx.post(url, json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["role"] == "assistant"
+    logs = [vllm_server.log_file, vllm_server.log_file.with_name("inference.stdout.log")]
+    assert any("chat tool calls: vLLM's 'hermes' parser" in log.read_text() for log in logs if log.exists())

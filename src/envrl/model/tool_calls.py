@@ -20,6 +20,10 @@ from envrl.data.traces import Message
 
 Family = Literal["hermes", "llama3", "mistral"]
 
+VLLM_TOOL_PARSERS: dict[Family, str] = {"hermes": "hermes", "llama3": "llama3_json", "mistral": "mistral"}
+"""vLLM's `--tool-call-parser` for each family: the parser of the same syntax, so the chat API
+(envrl's eval client, any OpenAI client) gets the calls the train client parses from tokens."""
+
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _MISTRAL_NAMED = re.compile(
     r"\[TOOL_CALLS\]\s*([A-Za-z0-9_.\-]+)\[ARGS\]\s*(\{.*?\})(?=\s*\[TOOL_CALLS\]|\s*$)", re.DOTALL
