@@ -30,6 +30,11 @@ def env_log_file(output_dir: Path, split: Split, env: str) -> Path:
     return env_log_dir(output_dir, split) / f"{env}.log"
 
 
+def stall_dump_file(output_dir: Path, step: int) -> Path:
+    """Where every role was when step `step` stalled (orchestrator/watchdog.py): `<output_dir>/logs/stalls/step_<n>.txt`."""
+    return logs_dir(output_dir) / "stalls" / f"step_{step}.txt"
+
+
 def configs_dir(output_dir: Path) -> Path:
     """Each process's resolved config as TOML: `<output_dir>/configs/`."""
     return Path(output_dir) / "configs"

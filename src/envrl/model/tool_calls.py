@@ -50,6 +50,19 @@ def family_of(chat_template: str) -> Family | None:
     return None
 
 
+def families_written(text: str) -> set[Family]:
+    """The families whose tool-call markers `text` holds (a Llama-3 call: a JSON object with a name)."""
+    found: set[Family] = set()
+    if "<tool_call>" in text:
+        found.add("hermes")
+    if "[TOOL_CALLS]" in text:
+        found.add("mistral")
+    body = text.strip()
+    if "<|python_tag|>" in text or (body.startswith("{") and '"name"' in body):
+        found.add("llama3")
+    return found
+
+
 def parse(text: str, family: Family) -> Message:
     """The assistant message for completion `text`: structured tool calls when the text holds
     well-formed ones in `family`'s syntax, else the text as it is."""
