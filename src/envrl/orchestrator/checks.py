@@ -12,8 +12,9 @@ and `off_policy_problem` names a run whose loss has no off-policy correction whi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from loguru import logger
 from pydantic import Field
@@ -130,17 +131,25 @@ def no_tool_call_cause(template: str | None, renders_tools: bool | None, texts: 
     )
 
 
-TemplateProbe = Callable[[], tuple[str | None, bool | None]]
-"""(the chat template, whether it renders a tool) of the model the train client renders with."""
+class HasClient(Protocol):
+    """An env handle: its name and the model client its rollouts use."""
+
+    name: str
+    client_config: Any
+
+
+def tokenizer_of(client: Any) -> str | None:
+    """The directory whose chat template a client renders with (a chat client's model: a guess)."""
+    return getattr(client, "tokenizer", None) or getattr(client, "model", None)
 
 
 @dataclass
 class StepChecks:
-    """The per-step checks of a run, fed each step's traces by the orchestrator loop."""
+    """The per-step checks of a run, fed each step's traces by the orchestrator loop; `envs`: the
+    train env handles, whose clients say which chat template renders each env's prompts."""
 
     config: ChecksConfig
-    model: str
-    probe: TemplateProbe
+    envs: Sequence[HasClient]
     tool_streaks: dict[str, Streak] = field(default_factory=dict)
     variance: Streak = field(default_factory=Streak)
 
@@ -161,8 +170,10 @@ class StepChecks:
                 continue
             streak = self.tool_streaks.setdefault(env, Streak())
             if streak.update(not any(has_tool_call(t) for t in tool_traces), n):
-                template, renders = self.probe()
-                cause = no_tool_call_cause(template, renders, completion_texts(tool_traces), self.model)
+                client = next((h.client_config for h in self.envs if h.name == env), None)
+                tokenizer = tokenizer_of(client) or "?"
+                template, renders = template_probe(tokenizer)
+                cause = no_tool_call_cause(template, renders, completion_texts(tool_traces), tokenizer)
                 report(
                     f"check: tool env {env!r} made no parseable tool call in {n} steps (to step {step}): {cause}",
                     self.config.strict,
@@ -182,24 +193,21 @@ class StepChecks:
             )
 
 
-def template_probe(tokenizer_dir: str) -> TemplateProbe:
-    """Reads the chat template of `tokenizer_dir` when asked (a check fired), not before."""
+def template_probe(tokenizer_dir: str) -> tuple[str | None, bool | None]:
+    """The chat template of `tokenizer_dir` and whether a tool rendered into it appears (None,
+    None: no tokenizer there). Loaded only when a check fired: loading a tokenizer is slow."""
+    try:
+        from transformers import PreTrainedTokenizerFast
 
-    def probe() -> tuple[str | None, bool | None]:
-        try:
-            from transformers import PreTrainedTokenizerFast
-
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
-        except (OSError, ValueError):
-            return None, None
-        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-        if template is None:
-            return None, False
-        messages = [{"role": "user", "content": "hi"}]
-        try:
-            text = tokenizer.apply_chat_template(messages, tools=[PROBE_TOOL], tokenize=False)
-        except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
-            return template, False
-        return template, "envrl_probe_tool" in str(text)
-
-    return probe
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    except (OSError, ValueError):
+        return None, None
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    if template is None:
+        return None, False
+    messages = [{"role": "user", "content": "hi"}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tools=[PROBE_TOOL], tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
+        return template, False
+    return template, "envrl_probe_tool" in str(text)

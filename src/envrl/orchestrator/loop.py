@@ -35,7 +35,7 @@ from envrl.model.client import TrainClientConfig
 from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.advantage import batch_reward_std, group_advantages, trained_rollouts
 from envrl.orchestrator.background_evals import BackgroundEvals
-from envrl.orchestrator.checks import CheckFailed, StepChecks, template_probe
+from envrl.orchestrator.checks import CheckFailed, StepChecks
 from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
@@ -113,7 +113,7 @@ class Orchestrator:
         )
         self.evals = BackgroundEvals()
         checks = config.checks
-        self.checks = StepChecks(checks, config.model.name, template_probe(config.model.name))
+        self.checks = StepChecks(checks, self.train_envs.envs)
         self.watchdog = StallWatchdog(
             output_dir=self.output_dir, factor=checks.stall_factor, min_s=checks.stall_min_s, strict=checks.strict,
             describe=self._where, stacks_root=parent_pid(),

@@ -141,4 +141,3 @@ def inflight_table(groups: Iterable[Group], now: float) -> list[str]:
         for g in groups
     ]
     return [f"== orchestrator: {len(rows)} group(s) in flight", *rows]
-

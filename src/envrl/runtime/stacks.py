@@ -21,6 +21,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 STACKS_SIGNAL = signal.SIGUSR1
 DUMPING_MODULES = (
@@ -77,7 +78,7 @@ def task_stacks(loop: asyncio.AbstractEventLoop) -> list[str]:
     except RuntimeError as e:
         return [*lines, f"  (cannot list them: {e})"]
     for task in tasks:
-        frames = task.get_stack()
+        frames = _await_chain(task)
         where = " <- ".join(f"{f.f_code.co_name} ({f.f_code.co_filename}:{f.f_lineno})" for f in frames[::-1])
         lines.append(f"  {task.get_name()}: {where or 'not started'}")
     return lines
@@ -91,6 +92,18 @@ def thread_stacks() -> str:
         stack = "".join(traceback.format_stack(frame))
         parts.append(f"thread {names.get(ident, ident)!r}:\n{stack}")
     return "\n".join(parts)
+
+
+def _await_chain(task: asyncio.Task) -> list[Any]:
+    """The frames of the coroutines `task` awaits through, outermost first (a task's own
+    `get_stack` gives only the outermost frame of a suspended coroutine)."""
+    frames, awaited = [], task.get_coro()
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is not None:
+            frames.append(frame)
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return frames
 
 
 @dataclass(frozen=True)
