@@ -127,7 +127,12 @@ class StallWatchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
-            if (text := self.check()) is not None and self.strict and self._loop and self._task:
+            try:
+                text = self.check()
+            except Exception as e:  # noqa: BLE001 - a watchdog that dies quietly is the silent hang it exists to end
+                logger.opt(exception=e).error(f"stall watchdog: the check failed: {e}")
+                continue
+            if text is not None and self.strict and self._loop and self._task:
                 self.stalled = text
                 self._loop.call_soon_threadsafe(self._task.cancel, "stall (orchestrator.checks.strict)")
                 return

@@ -55,8 +55,12 @@ def enable_stack_dumps() -> None:
     its running loop awaits (a thread's stack shows an idle loop only). `kill -USR1 <pid>` too."""
     if not hasattr(faulthandler, "register") or threading.current_thread() is not threading.main_thread():
         return
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no stderr to write to: leave SIGUSR1 alone
+        return
     signal.signal(STACKS_SIGNAL, _write_task_stacks)
-    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=True)
+    faulthandler.register(STACKS_SIGNAL, file=fd, all_threads=True, chain=True)
 
 
 def _write_task_stacks(signum: int, frame: object) -> None:
