@@ -138,3 +138,15 @@ def test_the_watchdog_dumps_once_past_k_times_the_median_and_again_after_a_later
 def test_the_stall_limit_has_a_floor() -> None:
     dog = StallWatchdog(output_dir=Path("."), factor=10.0, min_s=300.0, strict=False, describe=list, history=[1.0])
     assert dog.limit() == 300.0
+
+
+def test_a_stall_dump_opens_the_runs_report_headline(tmp_path: Path) -> None:
+    from envrl.report.headline import headline
+
+    dog = StallWatchdog(output_dir=tmp_path, factor=1.0, min_s=0.0, strict=False, clock=FakeClock(),
+                        describe=lambda: ["== orchestrator: 2 group(s) in flight"], history=[1.0])  # fmt: skip
+    dog.clock.now += 2.0  # type: ignore[attr-defined]
+    dump = dog.check()
+    assert dump is not None
+    (stall,) = headline(tmp_path)["stalls"]
+    assert stall["file"] == str(stall_dump_file(tmp_path, 0)) and "2 group(s) in flight" in stall["head"]
