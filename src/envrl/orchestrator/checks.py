@@ -34,7 +34,7 @@ class ChecksConfig(BaseConfig):
     """`[orchestrator.checks]`: what the run checks and whether a failed check stops it."""
 
     strict: bool = False
-    """A failed check stops the run with its message (exit 1) instead of a warning line."""
+    """A failed check stops the run with its message (exit 3, not restarted by `rl`) instead of a warning line."""
     no_tool_call_steps: int = Field(5, ge=1)
     """Steps in a row in which a tool env's rollouts hold no parseable tool call before it is reported."""
     zero_variance_steps: int = Field(5, ge=1)
