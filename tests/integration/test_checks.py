@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgpack
 import pytest
 from loguru import logger
 
@@ -25,10 +26,11 @@ from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.env_config import DeclaredEnvConfig
 from envrl.orchestrator.loop import Orchestrator
+from envrl.runtime.stacks import collect_stacks
 from envrl.serve.config import PoolConfig
 from envrl.telemetry.metrics import WandbConfig
 from scripts.tiny_model import CHAT_TEMPLATE, DEFAULT_DIR, EOS
-from tests.integration.env_servers import alive, wait_until
+from tests.integration.env_servers import alive, raw_exchange, running_env_server, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 NO_TOOLS_TEMPLATE = (
@@ -155,3 +157,13 @@ def test_a_model_server_that_stops_answering_gets_every_roles_stacks_dumped_and_
 def stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_an_env_server_asked_for_its_stacks_keeps_serving(tmp_path: Path) -> None:
+    """Before: the env server read SIGUSR1 off its wakeup fd as a stop signal, drained and exited."""
+    with running_env_server(tmp_path, env_id="reverse-text", python=sys.executable) as server:
+        found = {s.role: s for s in collect_stacks(os.getpid())}
+        assert "most recent call first" in found["envrl.serve.main"].stacks
+        (answer,) = raw_exchange(server.address, [[msgpack.packb({"id": "h", "method": "health"})]])
+        assert answer["ok"], answer
+        assert server.child.poll() is None, "the env server still runs"

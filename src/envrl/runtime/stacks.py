@@ -49,16 +49,21 @@ WAIT_S = 3.0
 """Longest wait for one process's dump (a stopped process never writes one)."""
 
 
+_enabled = False
+
+
 def enable_stack_dumps() -> None:
     """SIGUSR1 writes every thread's Python stack to stderr at once (faulthandler, even while the
     interpreter is stuck), then, when the main thread next runs Python, where each asyncio task of
     its running loop awaits (a thread's stack shows an idle loop only). `kill -USR1 <pid>` too."""
-    if not hasattr(faulthandler, "register") or threading.current_thread() is not threading.main_thread():
-        return
+    global _enabled
+    if _enabled or not hasattr(faulthandler, "register") or threading.current_thread() is not threading.main_thread():
+        return  # once: a second `signal.signal` would replace faulthandler's handler, which stays registered
     try:
         fd = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # no stderr to write to: leave SIGUSR1 alone
         return
+    _enabled = True
     signal.signal(STACKS_SIGNAL, _write_task_stacks)
     faulthandler.register(STACKS_SIGNAL, file=fd, all_threads=True, chain=True)
 
