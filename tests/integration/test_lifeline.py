@@ -116,3 +116,41 @@ def test_an_orphan_stuck_in_its_shutdown_is_killed_after_the_grace(tmp_path: Pat
     """Nobody is left to escalate once the parent is gone: the child SIGKILLs itself after `kill_after`."""
     child_argv = [sys.executable, "-c", STUCK_ON_SIGTERM]
     kill_parent_and_wait(child_argv, tmp_path, tmp_path / "ready", "ignores SIGTERM")
+
+
+WAITS_SOMEWHERE = """import asyncio, os
+from envrl.runtime.lifeline import die_with_parent
+die_with_parent()
+
+async def wait_for_the_model():
+    open(os.environ["ENVRL_TEST_IMPORTING"], "w").close()
+    await asyncio.sleep(3600)
+
+asyncio.run(wait_for_the_model())
+"""
+
+
+def test_sigusr1_writes_an_entry_points_thread_and_task_stacks_to_its_log_and_it_goes_on(tmp_path: Path) -> None:
+    """What the stall watchdog asks of every envrl process (issue 39); SIGUSR1 used to kill them."""
+    from envrl.runtime.process import spawn
+
+    ready, log = tmp_path / "ready", tmp_path / "child.log"
+    env = {**os.environ, "ENVRL_TEST_IMPORTING": str(ready)}
+    child = spawn([sys.executable, "-c", WAITS_SOMEWHERE], name="waiter", log_file=log, env=env)
+    try:
+        wait_until(ready.exists, 60.0, "the child started waiting")
+        os.kill(child.pid, signal.SIGUSR1)
+        wait_until(lambda: "wait_for_the_model (<string>:" in log.read_text(), 10.0, "the task's stack in its log")
+        text = log.read_text()
+        assert "most recent call first" in text, "faulthandler's thread stacks come first"
+        assert alive(child.pid)
+    finally:
+        child.stop(grace=5.0)
+
+
+def test_only_entry_points_that_keep_the_stacks_handler_are_signalled() -> None:
+    """torchrun's agent installs its own SIGUSR1 handling (it would stop the trainer): never signalled."""
+    from envrl.runtime.stacks import DUMPING_MODULES
+
+    assert set(DUMPING_MODULES) <= {*ENTRY_MODULES, "envrl.eval.main"}
+    assert "envrl.launcher.torchrun" not in DUMPING_MODULES

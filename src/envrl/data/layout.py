@@ -35,6 +35,11 @@ def curve_dir(output_dir: Path) -> Path:
     return Path(output_dir) / "curve"
 
 
+def stall_dump_file(output_dir: Path, step: int) -> Path:
+    """Where every role was when step `step` stalled (orchestrator/watchdog.py): `<output_dir>/logs/stalls/step_<n>.txt`."""
+    return logs_dir(output_dir) / "stalls" / f"step_{step}.txt"
+
+
 def configs_dir(output_dir: Path) -> Path:
     """Each process's resolved config as TOML: `<output_dir>/configs/`."""
     return Path(output_dir) / "configs"

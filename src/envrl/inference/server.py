@@ -7,7 +7,8 @@ Guarantee: the process serves `model.name` on `host:port` with exactly the engin
 model-class records, shared between runs (`link_model_info_cache`). Every replica starts with a
 weight-transfer engine (vLLM's `weight_transfer_config`): vLLM's `nccl` on GPU, envrl's `gloo`
 (envrl.inference.transfer) on CPU, so a trainer publishing in memory can broadcast policies
-into it (`inference.vllm.weight_transfer_config` wins).
+into it (`inference.vllm.weight_transfer_config` wins). Chat requests with tools are parsed by
+vLLM's parser of the model's tool-call family (`envrl.inference.chat_tools`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from loguru import logger
 
 from envrl.config import ConfigError
 from envrl.inference.adapter import check_lora_support
+from envrl.inference.chat_tools import chat_tool_options
 from envrl.inference.config import InferenceConfig
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
@@ -210,6 +212,7 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
         **transfer,
         **(CPU_DEFAULTS if on_cpu else {}),
         **(CPU_LORA_DEFAULTS if cpu_lora else {}),
+        **chat_tool_options(config.model.name, config.vllm),
         **config.vllm,
     }
     argv = ["--model", config.model.name, "--host", config.host, "--port", str(config.port),

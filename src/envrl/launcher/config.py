@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
 
+from loguru import logger
 from pydantic import BaseModel, Field, model_validator
 
 from envrl.config import BaseConfig, ConfigError, ModelConfig
@@ -26,6 +27,7 @@ from envrl.launcher.log_rotation import LogRotationConfig
 from envrl.launcher.replicas import replica_configs
 from envrl.launcher.run_keys import curve_keys
 from envrl.model.client import ChatClientConfig
+from envrl.orchestrator.checks import off_policy_problem
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.process import RestartPolicy
@@ -238,6 +240,10 @@ def resolve_run(rl: RLConfig) -> ResolvedRun:
     run = ResolvedRun(trainer=trainer, orchestrator=orchestrator, inference=inference, env_servers=servers)
     _check_no_shared_port([*run.spawned_ports(), *external])
     _check_lengths(run)
+    if problem := off_policy_problem(rl.max_async_level, trainer.loss.clip, trainer.loss.ratio_mask):
+        if orchestrator.checks.strict:
+            raise ConfigError(f"{problem} (orchestrator.checks.strict)")
+        logger.warning(f"check: {problem}")
     return run
 
 

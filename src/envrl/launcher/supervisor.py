@@ -24,7 +24,7 @@ from typing import Any
 
 from loguru import logger
 
-from envrl.runtime.process import Child, ChildFailed, Restart, RestartBudget, RestartPolicy
+from envrl.runtime.process import NO_RESTART_EXIT, Child, ChildFailed, Restart, RestartBudget, RestartPolicy
 
 Check = Callable[[], bool]
 """True once a restarted process does its work again (polled about once a second)."""
@@ -128,7 +128,7 @@ class Supervisor:
                     logger.info(f"{child.name} finished")
                     finished.add(child.name)
                     self._close_fault(child.name)
-                elif child.name in self._restartable:
+                elif child.name in self._restartable and code != NO_RESTART_EXIT:
                     self._restart(child)
                 else:
                     raise child.failure(child.describe_exit())

@@ -183,6 +183,10 @@ class ModelClient(ABC):
         """Release connections; the client is unusable afterwards."""
 
 
+AUTO_TOOL_CHOICE_REFUSAL = "tool choice requires --enable-auto-tool-choice"
+"""vLLM's 400 for a chat request with tools to a server started without a tool-call parser."""
+
+
 def _assistant(content: str) -> Message:
     return {"role": "assistant", "content": content}
 
@@ -257,6 +261,13 @@ class EvalClient(ModelClient):
             body = await request_json(self.http, "POST", url, payload, self.config.retry)
         except HttpCallError as e:
             raise_for_context_length(e, "?")
+            if tools and e.status == 400 and AUTO_TOOL_CHOICE_REFUSAL in str(e):
+                raise HttpCallError(
+                    f"{e}; the server at {self.config.base_url} does not serve tool calls: start it with envrl's "
+                    "`inference` (it enables the model family's parser), or give vLLM --enable-auto-tool-choice "
+                    "--tool-call-parser <parser> (docs/eval.md)",
+                    e.status,
+                ) from None
             raise
         choice = body["choices"][0]
         raw = choice["message"]

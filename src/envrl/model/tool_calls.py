@@ -20,6 +20,10 @@ from envrl.data.traces import Message
 
 Family = Literal["hermes", "llama3", "mistral"]
 
+VLLM_TOOL_PARSERS: dict[Family, str] = {"hermes": "hermes", "llama3": "llama3_json", "mistral": "mistral"}
+"""vLLM's `--tool-call-parser` for each family: the parser of the same syntax, so the chat API
+(envrl's eval client, any OpenAI client) gets the calls the train client parses from tokens."""
+
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _MISTRAL_NAMED = re.compile(
     r"\[TOOL_CALLS\]\s*([A-Za-z0-9_.\-]+)\[ARGS\]\s*(\{.*?\})(?=\s*\[TOOL_CALLS\]|\s*$)", re.DOTALL
@@ -44,6 +48,19 @@ def family_of(chat_template: str) -> Family | None:
     if "<|python_tag|>" in chat_template or "ipython" in chat_template:
         return "llama3"
     return None
+
+
+def families_written(text: str) -> set[Family]:
+    """The families whose tool-call markers `text` holds (a Llama-3 call: a JSON object with a name)."""
+    found: set[Family] = set()
+    if "<tool_call>" in text:
+        found.add("hermes")
+    if "[TOOL_CALLS]" in text:
+        found.add("mistral")
+    body = text.strip()
+    if "<|python_tag|>" in text or (body.startswith("{") and '"name"' in body):
+        found.add("llama3")
+    return found
 
 
 def parse(text: str, family: Family) -> Message:

@@ -18,6 +18,7 @@ from envrl.config import BaseConfig, ModelConfig
 from envrl.model.client import SamplingParams
 from envrl.model.replicas import ReplicaUrls, replica_urls
 from envrl.orchestrator.advantage import AdvantageConfig
+from envrl.orchestrator.checks import ChecksConfig
 from envrl.orchestrator.env_config import (
     DeclaredEnvConfig,
     EnvConfig,
@@ -146,6 +147,8 @@ class OrchestratorConfig(BaseConfig):
     env servers itself, the run's `restarts`."""
     resume: bool = False
     """Continue from the orchestrator state saved in output_dir."""
+    checks: ChecksConfig = ChecksConfig()
+    """Checks that warn (or stop the run, `strict`) when it cannot learn or stops progressing (docs/config.md)."""
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()
 

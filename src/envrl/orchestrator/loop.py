@@ -36,6 +36,7 @@ from envrl.model.client import TrainClientConfig
 from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.advantage import baseline, batch_reward_std, group_advantages, trained_rollouts
 from envrl.orchestrator.background_evals import BackgroundEvals
+from envrl.orchestrator.checks import CheckFailed, StepChecks
 from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
@@ -46,8 +47,10 @@ from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
 from envrl.orchestrator.stats import rollout_metrics, seq_len_note, token_metrics, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
+from envrl.orchestrator.watchdog import StallWatchdog, inflight_table
 from envrl.runtime.atomic import fsync_file, write_failure
 from envrl.telemetry.console import outcome_note
+from envrl.runtime.lifeline import parent_pid
 from envrl.telemetry.ledger import Ledger
 from envrl.telemetry.metrics import MetricsSink
 from envrl.transport.batches import BatchSender, FileBatchSender
@@ -112,6 +115,12 @@ class Orchestrator:
             refill_rollouts=config.refill_rollouts,
         )
         self.evals = BackgroundEvals()
+        checks = config.checks
+        self.checks = StepChecks(checks, self.train_envs.envs)
+        self.watchdog = StallWatchdog(
+            output_dir=self.output_dir, factor=checks.stall_factor, min_s=checks.stall_min_s, strict=checks.strict,
+            describe=self._where, stacks_root=parent_pid(),
+        )  # fmt: skip
         self.seq_counts: dict[str, SeqLenCounts] = {}
         """Per env, what `seq_len` did to the current step's samples."""
         self._backfill: TokenBackfill | None = None
@@ -122,14 +131,23 @@ class Orchestrator:
         try:
             with self.ledger.span("start", self.start_step):
                 await self._start()
+            self.watchdog.start()
             for step in range(self.start_step, config.max_steps):
                 await self._step(step)
+            self.watchdog.stop()
             await self._final_evals()
             await self.evals.wait()
             logger.success(
                 f"wrote batches for steps {self.start_step}..{config.max_steps - 1} to {rollouts_root(self.output_dir)}"
             )
+        except asyncio.CancelledError:
+            if self.watchdog.stalled is None:
+                raise
+            raise CheckFailed(
+                f"stopped (orchestrator.checks.strict): {self.watchdog.stalled.splitlines()[0]}"
+            ) from None
         finally:
+            self.watchdog.stop()
             await self.close()
 
     # -- set-up and tear-down ---------------------------------------------------------------------
@@ -227,6 +245,8 @@ class Orchestrator:
                     self._report(step, groups, stale, samples, time.monotonic() - started)
                 with self.ledger.span("publish_batch", step):
                     self._publish(step, samples)
+            self.watchdog.step_finished(step, time.monotonic() - started)
+            self.checks.after_step(step, [(group.env.name, group.traces) for group in groups])
             if self.config.batch_retention == "checkpoints":
                 prune_batches(self.output_dir)
         self.ledger.flush()
@@ -350,6 +370,15 @@ class Orchestrator:
             f"policy {self.policy.current} | in-flight {metrics['inflight']} | {seconds:.1f} s "
             f"(waited {self.policy.waited:.1f} s) | shares {self._fmt_shares(shares)} | {disk.describe()}"
         )
+
+    def _where(self) -> list[str]:
+        """The orchestrator's part of a stall dump: its in-flight groups and its wait for the trainer."""
+        published = self.policy.latest_published()
+        return [
+            *inflight_table(self.scheduler.inflight_groups(), time.time()),
+            f"== orchestrator: serving policy {self.policy.current}; the trainer has published policy {published} "
+            f"(a step waits for the trainer while policy < step - max_async_level = step - {self.config.max_async_level})",
+        ]
 
     @staticmethod
     def _fmt_shares(shares: dict[str, float]) -> str:

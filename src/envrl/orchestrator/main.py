@@ -19,9 +19,11 @@ import sys
 from loguru import logger
 
 from envrl.config import load_config
+from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.lifeline import parent_pid
+from envrl.runtime.process import NO_RESTART_EXIT
 from envrl.telemetry.console import RunConsole
 from envrl.telemetry.log import setup_logging
 from envrl.telemetry.progress import LiveLines
@@ -50,6 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, asyncio.CancelledError):
         logger.warning("orchestrator stopped by a signal; env servers it spawned were shut down")
         sys.exit(130)
+    except CheckFailed as e:
+        logger.error(f"orchestrator stopped by a check: {e}")
+        sys.exit(NO_RESTART_EXIT)  # a resumed run would fail the same check again
     except Exception as e:
         logger.opt(exception=e).error(f"orchestrator failed: {e}")
         sys.exit(1)

@@ -2,7 +2,8 @@
 
 Guarantee: `headline` only reads files; a missing or unreadable file leaves its facts out (never
 raises), so a run that died before writing anything still gets a page. A failed run's headline
-names the failed process, its exit code and the last lines of its log.
+names the failed process, its exit code and the last lines of its log; a run that stalled lists
+each stall dump (`orchestrator/watchdog.py`) with its first lines.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from envrl.data.layout import configs_dir, eval_results_root, eval_summary_file
+from envrl.data.layout import configs_dir, eval_results_root, eval_summary_file, stall_dump_file
 from envrl.launcher.summary import summary_file
 
 LOG_TAIL_LINES = 40
@@ -47,6 +48,16 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def log_head(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The first `lines` lines of `path` (from its first bytes only), or '' when it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            text = f.read(LOG_TAIL_BYTES).decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[:lines])
+
+
 def is_eval_dir(output_dir: Path) -> bool:
     """An `rl eval` output dir: results under `eval/` and no `metrics.jsonl` of a training run."""
     root = eval_results_root(output_dir)
@@ -76,6 +87,8 @@ def headline(output_dir: Path) -> dict[str, Any]:
         **{key: summary.get(key) for key in ("status", "reason", "steps_done", "wall_time_s", "final_weights")},
         "eval_reward": summary.get("eval_reward") or {},
     }
+    dumps = sorted(stall_dump_file(output_dir, 0).parent.glob("step_*.txt"), key=lambda p: p.stat().st_mtime)
+    facts["stalls"] = [{"file": str(p), "head": log_head(p)} for p in dumps]
     if summary.get("status") == "failed":
         log = summary.get("failed_log")
         facts["failure"] = {

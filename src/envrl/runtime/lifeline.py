@@ -4,7 +4,8 @@ Guarantee: a process started by `envrl.runtime.process.spawn` that calls `die_wi
 when its parent dies, even by SIGKILL, and even when the parent died before the call. This
 module imports only the standard library, so every entry point calls it as its first statement:
 a child killed while it still imports torch or vLLM (tens of seconds under load) is not left
-behind.
+behind. It also makes SIGUSR1 dump the process's Python stacks (`envrl.runtime.stacks`), so a
+supervisor can ask where each process waits.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import signal
 import sys
 import threading
 import time
+
+from envrl.runtime.stacks import enable_stack_dumps
 
 PARENT_PID_ENV = "ENVRL_PARENT_PID"
 """Set by `spawn` in the child's environment: the pid the child must not outlive."""
@@ -50,8 +53,10 @@ def die_with_parent(sig: int = signal.SIGTERM, check_interval: float = 1.0, kill
     is still alive `kill_after` seconds after its parent died: nobody is left to escalate, and a
     graceful shutdown can hang (vLLM's uvicorn waited forever on a weight reload cut short). No-op if not started by `spawn`,
     and on a second call (the variable is popped: our own children are not its children).
+    Either way SIGUSR1 then dumps the process's Python stacks to stderr (`runtime/stacks.py`).
     """
     global _parent
+    enable_stack_dumps()
     parent = int(os.environ.pop(PARENT_PID_ENV, "0"))
     if not parent:
         return

@@ -56,6 +56,11 @@ def allowed_environ(passed: Iterable[str] = (), environ: Mapping[str, str] = os.
     return {k: v for k, v in environ.items() if k in wanted or k.startswith(ALLOWED_ENV_PREFIXES)}
 
 
+NO_RESTART_EXIT = 3
+"""A child's exit status for "stopped on purpose, do not restart me" (the orchestrator after a
+strict check failed): a supervisor ends the run with it instead of restarting the child."""
+
+
 class RestartPolicy(BaseConfig):
     """How a server that dies is restarted (on its address) before the run gives up on it."""
 

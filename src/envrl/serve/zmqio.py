@@ -178,7 +178,8 @@ class StopSignals:
             numbers = self._read.recv(64)
         except BlockingIOError:
             return []
-        return [signal.Signals(number).name for number in numbers]
+        # the wakeup fd carries every signal with a Python handler (SIGUSR1: a stack dump, runtime/stacks.py)
+        return [signal.Signals(n).name for n in numbers if n in (signal.SIGTERM, signal.SIGINT)]
 
     def close(self) -> None:
         signal.set_wakeup_fd(-1)

@@ -23,7 +23,7 @@ from envrl.envs import (
 )
 from envrl.model.chat_tokens import chat_renderer
 from envrl.model.client import EvalClient, TrainClient
-from envrl.runtime.http import RetryPolicy
+from envrl.runtime.http import HttpCallError, RetryPolicy
 from tests.unit.envs.helpers import TINY_CHAT
 
 Handler = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
@@ -301,3 +301,23 @@ def test_tools_for_a_model_whose_template_teaches_no_call_syntax_are_an_error_na
     assert renderer.assistant_message(renderer.encode("hi"), tools=None) == {"role": "assistant", "content": "hi"}
     with pytest.raises(ValueError, match="teaches no tool-call syntax envrl parses"):
         renderer.assistant_message(renderer.encode("hi"), tools=[{"type": "function", "function": {"name": "f"}}])
+
+
+def test_a_server_without_a_tool_call_parser_is_named_with_the_fix(serve: Callable[[Handler], Recorder]) -> None:
+    """vLLM started without --enable-auto-tool-choice refuses every chat request with tools (issue 39)."""
+    refusal = {"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'}}
+    server = serve(lambda path, body: (400, refusal))
+    tool = {"type": "function", "function": {"name": "move", "parameters": {"type": "object"}}}
+
+    async def main() -> None:
+        client = build_client(EvalClientConfig(base_url=f"{server.url}/v1", model="m", retry=FAST_RETRY))
+        try:
+            await client.generate([{"role": "user", "content": "Go left."}], SamplingArgs(), tools=[tool])
+        finally:
+            await client.aclose()
+
+    with pytest.raises(HttpCallError, match="start it with envrl's `inference`") as raised:
+        asyncio.run(main())
+    assert raised.value.status == 400 and f"the server at {server.url}/v1 does not serve tool calls" in str(
+        raised.value
+    )
