@@ -49,8 +49,8 @@ from envrl.orchestrator.stats import rollout_metrics, seq_len_note, token_metric
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.orchestrator.watchdog import StallWatchdog, inflight_table
 from envrl.runtime.atomic import fsync_file, write_failure
-from envrl.telemetry.console import outcome_note
 from envrl.runtime.lifeline import parent_pid
+from envrl.telemetry.console import outcome_note
 from envrl.telemetry.ledger import Ledger
 from envrl.telemetry.metrics import MetricsSink
 from envrl.transport.batches import BatchSender, FileBatchSender
