@@ -15,8 +15,8 @@ import msgpack
 import pytest
 import zmq
 
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.serve.models import MAX_MODELS
-from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.env_servers import SAMPLING, running_env_server
 
 ANSWER_AFTER_S = 1.5

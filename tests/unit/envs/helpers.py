@@ -3,4 +3,4 @@
 from pathlib import Path
 
 TINY_CHAT = str(Path(__file__).resolve().parents[3] / "deps" / "models" / "tiny-chat")
-"""The tiny model's directory (= scripts.tiny_model.DEFAULT_DIR, without importing torch)."""
+"""The tiny model's directory (= envrl.model.tiny.DEFAULT_DIR, without importing torch)."""

