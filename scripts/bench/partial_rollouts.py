@@ -47,7 +47,7 @@ from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.log import LogConfig
-from tests.integration.served_weights import perturbed_copy, reference_logprobs, running_requests
+from tests.support.served_weights import perturbed_copy, reference_logprobs, running_requests
 
 WAYS = ("wait", "recompute", "keep")
 

@@ -18,7 +18,7 @@ from envrl.model.replicas import InferenceReplicas
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.runtime.http import HttpCallError, RetryPolicy
-from tests.integration.served_weights import (
+from tests.support.served_weights import (
     EXACT,
     PROMPTS,
     generate_all,

@@ -16,7 +16,7 @@ from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.trajectories import trace_to_samples
 from envrl.runtime.http import RetryPolicy
-from tests.integration.served_weights import (
+from tests.support.served_weights import (
     EXACT,
     PROMPTS,
     long_generation_running,

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from envrl.data.layout import batch_dir, configs_dir, weights_dir
 from envrl.data.samples import write_batch
 from envrl.model.tiny import DEFAULT_DIR
-from tests.integration.commands import run_to_completion
+from tests.support.commands import run_to_completion
 from tests.support.samples import synthetic_samples
 
 BIN = Path(sys.executable).parent

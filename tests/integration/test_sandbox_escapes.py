@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from envrl.sandbox import BubblewrapProvider, Limits, Sandbox, SandboxConfig, reaper
-from tests.integration.sandboxes import host_temp_dir, processes_of, run_dir, wait_gone
+from tests.support.sandboxes import host_temp_dir, processes_of, run_dir, wait_gone
 
 __all__ = ["run_dir"]
 

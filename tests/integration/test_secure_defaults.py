@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from envrl.runtime.secrets import API_KEY_ENV, RELOAD_TOKEN_ENV
-from tests.integration.smoke import finish, rl_process
 from tests.support.chaos_runs import marked_pids
 from tests.support.run_files import metric_lines
+from tests.support.smoke import finish, rl_process
 
 SECRET = "ENVRL_TEST_CLOUD_KEY"
 

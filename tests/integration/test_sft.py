@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from envrl.model.tiny import DEFAULT_DIR
-from tests.integration.commands import run_to_completion
+from tests.support.commands import run_to_completion
 from tests.support.run_files import metric_lines
 
 RL = str(Path(sys.executable).parent / "rl")

@@ -17,9 +17,9 @@ from pathlib import Path
 from transformers import AutoConfig
 
 from envrl.model.smollm2 import CUT_DOWN_SIZES, build_cut_down, config_mismatches
-from tests.integration.smoke import finish, rl_process, wait_no_survivors
 from tests.support.chaos_runs import ROOT
 from tests.support.run_files import metric_lines
+from tests.support.smoke import finish, rl_process, wait_no_survivors
 
 RECIPE = ROOT / "configs" / "cpu" / "smollm2_reverse_text.toml"
 STEPS = 5

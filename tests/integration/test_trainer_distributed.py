@@ -30,7 +30,7 @@ from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
-from tests.integration.commands import run_to_completion
+from tests.support.commands import run_to_completion
 from tests.support.run_files import metric_lines, write_batches
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

@@ -17,7 +17,7 @@ from envrl.runtime.http import HttpCallError
 from envrl.trainer.weights import policy_tensors
 from envrl.transport import TRANSFER_FILE
 from envrl.transport.memory import PolicySender, TransferInfo
-from tests.integration.served_weights import (
+from tests.support.served_weights import (
     EXACT,
     generate_all,
     max_abs_diff,

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from envrl.data.layout import weights_dir
 from envrl.transport.memory import WORLD_SIZE_KEY, gloo_group, read_transfer, receive_gloo
-from tests.unit.trainer.trainers import make_trainer, tensor_names
+from tests.support.trainers import make_trainer, tensor_names
 
 
 def receive_as_a_replica(path) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ from envrl.trainer.loop import TrainingError, lr_factor
 from envrl.trainer.weights import publish_weights
 from tests.support.run_files import metric_lines, write_batches
 from tests.support.samples import synthetic_samples
-from tests.unit.trainer.trainers import make_trainer, tensor_names
+from tests.support.trainers import make_trainer, tensor_names
 
 
 def test_loss_goes_down_on_a_fixed_batch(tmp_path):

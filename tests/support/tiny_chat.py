@@ -2,5 +2,5 @@
 
 from pathlib import Path
 
-TINY_CHAT = str(Path(__file__).resolve().parents[3] / "deps" / "models" / "tiny-chat")
+TINY_CHAT = str(Path(__file__).resolve().parents[2] / "deps" / "models" / "tiny-chat")
 """The tiny model's directory (= envrl.model.tiny.DEFAULT_DIR, without importing torch)."""
