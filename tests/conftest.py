@@ -14,8 +14,8 @@ import pytest
 from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.telemetry.log import LogConfig
-from scripts.tiny_model import DEFAULT_DIR
 from tests.support.ports import free_port
 from tests.support.vllm_server import VLLM_START_TIMEOUT, VLLMServer
 

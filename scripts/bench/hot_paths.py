@@ -29,11 +29,11 @@ from pathlib import Path
 import zmq
 
 from envrl.data.layout import published_steps
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.serve import protocol as p
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.params import ParamsChecker
 from envrl.serve.zmqio import EVENTS, NOBLOCK, raw_recv, raw_send
-from scripts.tiny_model import DEFAULT_DIR
 
 ROUNDS = 5
 

@@ -44,10 +44,10 @@ from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
 from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.log import LogConfig
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.served_weights import perturbed_copy, reference_logprobs, running_requests
+from tests.support.served_weights import perturbed_copy, reference_logprobs, running_requests
 
 WAYS = ("wait", "recompute", "keep")
 

@@ -38,7 +38,7 @@ PLACEMENTS: dict[str, dict[str, dict[str, Any]]] = {
     "verifiers-tools": {"warm": {}, "cold": {"warm": False}},
 }
 TOKENIZER = "deps/models/tiny-chat"
-"""The tiny model's tokenizer (a path: scripts.tiny_model imports torch, absent from the verifiers venv)."""
+"""The tiny model's tokenizer (a path: envrl.model.tiny imports torch, absent from the verifiers venv)."""
 VERIFIERS = {"taskset": {"num_tasks": 64}, "agent": {"harness": {"id": "null"}}}
 
 

@@ -3,7 +3,7 @@ model then sharding it (as the trainer did), against each rank reading only its 
 
     uv run --no-sync python -m scripts.bench.sharded_load [--model DIR] [--ranks 2]
 
-`--model` defaults to Qwen3-0.6B's shape with random weights (`scripts/tiny_model.py --shape
+`--model` defaults to Qwen3-0.6B's shape with random weights (`python -m envrl.model.tiny --shape
 qwen3-0.6b`), built once under outputs/bench-weights/. Each rank runs tests/support/sharded_load.py
 under torchrun and reports its peak resident memory (VmHWM) over the load and the resident size
 before it (the process with torch, transformers and its process group, no weight yet); printed
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from scripts.tiny_model import build_qwen3_model
+from envrl.model.tiny import build_qwen3_model
 
 DEFAULT_MODEL = Path("outputs/bench-weights/qwen3-0.6b-random")
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

@@ -65,18 +65,18 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 from envrl.config import BaseConfig, load_config, resolve_config  # noqa: E402
 from envrl.data.layout import weights_dir  # noqa: E402
 from envrl.data.samples import TrainingSample, read_batch, write_batch  # noqa: E402
+from envrl.model.tiny import QWEN3_SHAPES, build_qwen3_model  # noqa: E402
 from envrl.telemetry.log import LogConfig, setup_logging  # noqa: E402
 from envrl.trainer.config import TrainerConfig  # noqa: E402
 from envrl.trainer.loop import Trainer  # noqa: E402
 from envrl.trainer.parallel import Runtime, barrier, init_runtime, shutdown  # noqa: E402
 from envrl.trainer.weights import publish_weights  # noqa: E402
-from scripts.tiny_model import QWEN3_SHAPES, build_qwen3_model  # noqa: E402
 from tests.support.samples import synthetic_samples  # noqa: E402
 
 
 class BenchConfig(BaseConfig):
     shape: str = "qwen3-0.6b"
-    """A `scripts/tiny_model.py` Qwen3 shape, built with random weights: `qwen3-0.6b` or `qwen3-tiny` (CPU)."""
+    """A `src/envrl/model/tiny.py` Qwen3 shape, built with random weights: `qwen3-0.6b` or `qwen3-tiny` (CPU)."""
     seq_len: int = 16384
     """Tokens of one packed row (the trainer's `micro_batch_tokens`)."""
     sample_len: int | None = None
@@ -121,7 +121,7 @@ def build_once(directory: Path, shape: str, runtime: Runtime) -> None:
     already matches (every rank then reads the same files)."""
     if shape not in QWEN3_SHAPES:
         raise SystemExit(f"--shape {shape!r}: known shapes are {sorted(QWEN3_SHAPES)}")
-    record = {"builder": "scripts/tiny_model.py", "shape": shape, "seed": 0}
+    record = {"builder": "src/envrl/model/tiny.py", "shape": shape, "seed": 0}
     built = directory / "envrl_build.json"
     if runtime.is_main and not (built.is_file() and json.loads(built.read_text()) == record):
         build_qwen3_model(directory, shape, seed=0)

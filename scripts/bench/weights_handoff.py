@@ -19,7 +19,7 @@ them) and `memory` (the trainer snapshots the policy, the same POST has the repl
 over the gloo engine, no disk), and a LoRA adapter over the filesystem (hot-loaded). `tiny` is the repo's tiny model; `smollm2` is SmolLM2-135M's shape (Llama,
 hidden 576, 30 layers, 9 heads, 3 kv heads, intermediate 1536, vocabulary 49152, tied
 embeddings), randomly initialised and built once under `--dir` (timings do not depend on the
-values); any other value is an HF model directory (e.g. `python scripts/tiny_model.py --shape
+values); any other value is an HF model directory (e.g. `python -m envrl.model.tiny --shape
 qwen3-0.6b` builds Qwen3-0.6B's shape). LoRA: rank `--rank` on every linear module of the decoder layers and on `lm_head`.
 
 With `--broadcast`: the memory transport's own floor, the gloo broadcast of `--gb` GB to one
@@ -42,8 +42,8 @@ from statistics import median
 import torch
 from safetensors.torch import load_file, save_file
 
+from envrl.model.smollm2 import SMOLLM2_CONFIG
 from envrl.runtime.atomic import atomic_dir
-from scripts.convert_smollm2 import SMOLLM2_CONFIG
 
 TENSOR_BYTES = 64 * 2**20
 """Size of each tensor (an embedding or a large projection of a ~1B model in bf16)."""
@@ -90,7 +90,7 @@ def smollm2_shape(out: Path) -> Path:
     """SmolLM2-135M's architecture with random weights and the tiny tokenizer, built once."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from scripts.tiny_model import DEFAULT_DIR
+    from envrl.model.tiny import DEFAULT_DIR
 
     if (out / "config.json").is_file():
         return out
@@ -179,7 +179,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
 def handoff(args: argparse.Namespace) -> None:
     import transformers
 
-    from scripts.tiny_model import DEFAULT_DIR
+    from envrl.model.tiny import DEFAULT_DIR
 
     transformers.utils.logging.disable_progress_bar()
 

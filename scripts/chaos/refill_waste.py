@@ -4,7 +4,7 @@ without refills of single failed rollouts.
     flock /tmp/envrl-heavy.lock uv run --no-sync python -m scripts.chaos.refill_waste \
         [--steps 12] [--interval 1.0] [--max-reruns 0] [--rounds 2]
 
-A real env server (tests/integration/outcome_env.py: each rollout sleeps `--sleep` s and appends a
+A real env server (tests/support/outcome_env.py: each rollout sleeps `--sleep` s and appends a
 line to a marker file, so every run counts, re-runs inside the server included) with
 `--workers` workers; the orchestrator's scheduler keeps `--inflight` rollouts in flight in groups
 of `--group`, and a killer SIGKILLs a random worker every `--interval` s. Each round runs the
@@ -37,7 +37,7 @@ from envrl.orchestrator.advantage import baseline
 from envrl.orchestrator.env_config import DeclaredEnvConfig
 from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
-from tests.integration.env_servers import RunningServer, running_env_server
+from tests.support.env_servers import RunningServer, running_env_server
 
 
 @dataclass

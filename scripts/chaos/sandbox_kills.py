@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 from tests.support.chaos_runs import ROOT, RlRun, kill_random
+from tests.support.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 
 CODE_EXEC = ROOT / "configs" / "debug" / "code_exec.toml"
 

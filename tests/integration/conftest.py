@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.smoke import SmokeRun, run_smoke
+from tests.support.smoke import SmokeRun, run_smoke
 
 
 @pytest.fixture(scope="session")

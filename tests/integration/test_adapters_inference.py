@@ -21,9 +21,9 @@ from envrl.data.traces import Trace
 from envrl.envs import SamplingArgs, TrainClientConfig, build_client, load_environment
 from envrl.runtime.http import RetryPolicy
 from envrl.serve.client import EnvClient
-from tests.integration.env_servers import running_env_server
-from tests.integration.smoke import finish, rl_process, wait_no_survivors
+from tests.support.env_servers import running_env_server
 from tests.support.run_files import metric_lines
+from tests.support.smoke import finish, rl_process, wait_no_survivors
 
 ROOT = Path(__file__).parents[2]
 OPENENV_PROJECT = ROOT / "deps" / "envs" / "openenv-count"

@@ -13,8 +13,8 @@ from agent_digits import DigitsTask, digit_share
 
 from envrl.envs import EvalClientConfig, Rubric, TrainClientConfig, load_environment
 from envrl.envs.adapters.agent_program import AgentProgramEnvironment
-from tests.integration.env_rollouts import RETRY, first_task_rollout
-from tests.integration.env_servers import alive, wait_until
+from tests.support.env_rollouts import RETRY, first_task_rollout
+from tests.support.env_servers import alive, wait_until
 
 
 def test_an_openai_sdk_program_is_recorded_call_by_call_with_exact_tokens(vllm_server: Any) -> None:

@@ -20,10 +20,10 @@ import pytest
 
 from envrl.data.layout import published_steps
 from envrl.data.samples import BATCH_FILE, write_batch
+from envrl.model.tiny import DEFAULT_DIR
 from scripts.chaos.corrupt_batch import flip_byte_in_column
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.commands import run_to_completion
 from tests.support.chaos_runs import RlRun, account, check_unique_lines, resume
+from tests.support.commands import run_to_completion
 from tests.support.run_files import metric_lines
 from tests.support.samples import synthetic_samples
 

@@ -22,6 +22,7 @@ from loguru import logger
 
 from envrl.config import ModelConfig
 from envrl.data.layout import stall_dump_file
+from envrl.model.tiny import CHAT_TEMPLATE, DEFAULT_DIR, EOS
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.env_config import DeclaredEnvConfig
@@ -29,8 +30,7 @@ from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.stacks import collect_stacks
 from envrl.serve.config import PoolConfig
 from envrl.telemetry.metrics import WandbConfig
-from scripts.tiny_model import CHAT_TEMPLATE, DEFAULT_DIR, EOS
-from tests.integration.env_servers import alive, raw_exchange, running_env_server, wait_until
+from tests.support.env_servers import alive, raw_exchange, running_env_server, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 NO_TOOLS_TEMPLATE = (

@@ -24,7 +24,7 @@ from envrl.serve.client import EnvClient
 from envrl.serve.config import EnvServerConfig, EnvSpec, PoolConfig
 from tests.support.ports import free_port
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1] / "support"  # the helper envs loaded by bare module name
 SLEEP_TASK = 1  # bad_envs: task 1 sleeps `sleep` seconds, then scores 1.0
 
 

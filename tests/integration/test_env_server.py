@@ -20,8 +20,8 @@ import msgpack
 import pytest
 
 from envrl.serve.client import EnvClient, EnvServerError
-from tests.integration.bad_envs import BEHAVIOURS, BURN, DIE, HANG, OK, RAISE, SLEEP
-from tests.integration.env_servers import (
+from tests.support.bad_envs import BEHAVIOURS, BURN, DIE, HANG, OK, RAISE, SLEEP
+from tests.support.env_servers import (
     SAMPLING,
     SCRIPTED,
     RunningServer,

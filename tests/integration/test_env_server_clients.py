@@ -15,9 +15,9 @@ import msgpack
 import pytest
 import zmq
 
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.serve.models import MAX_MODELS
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.env_servers import SAMPLING, running_env_server
+from tests.support.env_servers import SAMPLING, running_env_server
 
 ANSWER_AFTER_S = 1.5
 """How long the model server takes per call: long enough that the slow rollout is still waiting

@@ -18,8 +18,8 @@ import msgpack
 import pytest
 import zmq
 
-from tests.integration.bad_envs import HANG, OK, SLEEP, UNENCODABLE
-from tests.integration.env_servers import (
+from tests.support.bad_envs import HANG, OK, SLEEP, UNENCODABLE
+from tests.support.env_servers import (
     SAMPLING,
     RunningServer,
     bind,

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from tests.integration.env_servers import running_env_server
+from tests.support.env_servers import running_env_server
 
 FUZZ_SCRIPT = Path(__file__).parents[2] / "scripts" / "chaos" / "fuzz.py"
 MAX_FRAME_BYTES = 65536

@@ -14,9 +14,9 @@ import zmq
 
 from envrl.serve import protocol as p
 from envrl.serve.protocol import WORKER_DONE, WORKER_READY
-from tests.integration.bad_envs import HANG
-from tests.integration.bad_envs import SLEEP as SLEEP_TASK
-from tests.integration.env_servers import SAMPLING, bind, raw_exchange, running_env_server, wait_until
+from tests.support.bad_envs import HANG
+from tests.support.bad_envs import SLEEP as SLEEP_TASK
+from tests.support.env_servers import SAMPLING, bind, raw_exchange, running_env_server, wait_until
 
 METHODS = ["health", "info", "bind", "run", "cancel", "reboot"]
 PARAM_KEYS = ["task_idx", "split", "client", "model", "sampling", "seed", "n", "request_id", "retry", "type"]

@@ -16,9 +16,9 @@ from envrl.orchestrator.env_config import EnvConfig
 from envrl.orchestrator.env_handles import EnvHandle
 from envrl.runtime.process import ChildFailed, spawn_sidecar
 from envrl.serve.client import EnvServerError
-from tests.integration.bad_envs import OK, SLEEP
-from tests.integration.curve_keys import make_curve_keys
-from tests.integration.env_servers import (
+from tests.support.bad_envs import OK, SLEEP
+from tests.support.curve_keys import make_curve_keys
+from tests.support.env_servers import (
     ENV_SERVER,
     alive,
     rollout,

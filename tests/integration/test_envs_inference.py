@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.data.traces import Trace
 from envrl.envs import EvalClientConfig, TrainClientConfig, load_environment
-from tests.integration.env_rollouts import EOS, RETRY, first_task_rollout
+from tests.support.env_rollouts import EOS, RETRY, first_task_rollout
 
 
 def rollout(config: Any, env_id: str, **env_args: Any) -> Trace:

@@ -16,10 +16,10 @@ from safetensors.torch import load_file, save_file
 
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.replicas import InferenceReplicas
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.runtime.http import HttpCallError, RetryPolicy
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.served_weights import (
+from tests.support.served_weights import (
     EXACT,
     PROMPTS,
     generate_all,
@@ -267,7 +267,7 @@ def test_sigusr1_dumps_the_servers_stacks_into_its_log_and_it_keeps_serving(vllm
     envrl's SIGUSR1 handler (it does not install its own) and is not stopped by it."""
     import httpx
 
-    from tests.integration.env_servers import wait_until
+    from tests.support.env_servers import wait_until
 
     stdout = vllm_server.log_file.with_name("inference.stdout.log")
     before = stdout.stat().st_size

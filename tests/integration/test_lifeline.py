@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.env_servers import alive, wait_until
+from tests.support.env_servers import alive, wait_until
 
 SRC = Path(__file__).parents[2] / "src"
 ENTRY_MODULES = [

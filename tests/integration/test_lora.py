@@ -27,15 +27,15 @@ from envrl.inference.adapter import lora_serving_options
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
 from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.log import LogConfig
 from envrl.trainer.lora import publish_adapter
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.logprobs import PROMPTS, sample_completions
-from tests.integration.smoke import finish, rl_process, wait_no_survivors
 from tests.support.chaos_runs import ROOT
+from tests.support.logprobs import PROMPTS, sample_completions
 from tests.support.ports import free_port
 from tests.support.run_files import metric_lines
+from tests.support.smoke import finish, rl_process, wait_no_survivors
 from tests.support.vllm_server import VLLM_START_TIMEOUT, VLLMServer
 
 LORA_CONFIG = ROOT / "configs" / "debug" / "lora.toml"

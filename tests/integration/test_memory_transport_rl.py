@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import fmean
 
-from tests.integration.smoke import SmokeRun, finish, rl_process, wait_no_survivors
 from tests.support.run_files import metric_lines
+from tests.support.smoke import SmokeRun, finish, rl_process, wait_no_survivors
 
 
 def per_step(out: Path, key: str) -> list[float]:

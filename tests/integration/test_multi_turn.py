@@ -16,8 +16,8 @@ from envrl.data.layout import batch_dir
 from envrl.data.samples import read_batch
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.orchestrator.jsonl import parse_trace_line
-from tests.integration.in_process_run import train_in_process
-from tests.integration.logprobs import trained_and_generated
+from tests.support.in_process_run import train_in_process
+from tests.support.logprobs import trained_and_generated
 from tests.support.run_files import metric_lines
 
 ROOT = Path(__file__).resolve().parents[2]

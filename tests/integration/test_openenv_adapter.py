@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from envrl.serve.client import EnvClient
-from tests.integration.env_servers import RunningServer, alive, children, running_env_server, wait_until
+from tests.support.env_servers import RunningServer, alive, children, running_env_server, wait_until
 
 ROOT = Path(__file__).parents[2]
 PROJECT = ROOT / "deps" / "envs" / "openenv-count"

@@ -31,7 +31,7 @@ from envrl.runtime.lifeline import PARENT_PID_ENV
 from envrl.serve.config import PoolConfig
 from envrl.telemetry.metrics import WandbConfig
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1] / "support"  # the helper envs loaded by bare module name
 POOL = PoolConfig(min_workers=1, max_workers=1)
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
 from envrl.model.client import SamplingArgs
 from envrl.model.inference import InferenceClient, TokenCompletion
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.trajectories import trace_to_samples
 from envrl.runtime.http import RetryPolicy
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.served_weights import (
+from tests.support.served_weights import (
     EXACT,
     PROMPTS,
     long_generation_running,

@@ -9,8 +9,8 @@ import os
 import signal
 from pathlib import Path
 
-from tests.integration.smoke import wait_no_survivors
 from tests.support.chaos_runs import RlRun, account, check_unique_lines, cmdline
+from tests.support.smoke import wait_no_survivors
 
 
 def trained_steps(out: Path) -> list[int]:

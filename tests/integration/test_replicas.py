@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.integration.smoke import finish, rl_process, wait_no_survivors
 from tests.support.ports import free_base_port
 from tests.support.run_files import metric_lines
+from tests.support.smoke import finish, rl_process, wait_no_survivors
 
 STEPS = 3
 RELOADED = re.compile(r"weights reloaded from (\S+)/step_(\d+) in")

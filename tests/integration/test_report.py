@@ -31,8 +31,7 @@ from envrl.report.main import write_report
 from envrl.report.plots import PLOTS
 from envrl.report.timeline import step_splits
 from envrl.telemetry.ledger import read_ledger
-from tests.integration.smoke import SmokeRun
-from tests.unit.report.runs import (
+from tests.support.report_runs import (
     FAILED_LOG_TAIL,
     samples_of,
     trace,
@@ -42,6 +41,7 @@ from tests.unit.report.runs import (
     write_metrics,
     write_step,
 )
+from tests.support.smoke import SmokeRun
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-from tests.integration.smoke import SmokeRun, finish, rl_process, wait_no_survivors
 from tests.support.chaos_runs import marked_pids
 from tests.support.run_files import metric_lines
+from tests.support.smoke import SmokeRun, finish, rl_process, wait_no_survivors
 
 
 def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: SmokeRun) -> None:

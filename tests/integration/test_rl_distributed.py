@@ -25,13 +25,13 @@ import torch
 from safetensors.torch import load_file
 
 from envrl.config import config_to_toml, load_config
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.smoke import finish, rl_process, wait_no_survivors
 from tests.support.chaos_runs import MARKER, ROOT, marked_pids
 from tests.support.run_files import metric_lines
+from tests.support.smoke import finish, rl_process, wait_no_survivors
 
 STEPS = 3
 WEIGHT_ATOL = 1e-5

@@ -19,7 +19,7 @@ from envrl.sandbox import (
     SandboxTimeout,
     WarmPool,
 )
-from tests.integration.sandboxes import processes_of, run_dir, wait_gone
+from tests.support.sandboxes import processes_of, run_dir, wait_gone
 
 __all__ = ["run_dir"]
 

@@ -18,7 +18,7 @@ from envrl.envs import Rubric
 from envrl.envs.adapters.agent_program import AgentProgramEnvironment
 from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.sandbox import SandboxConfig, bridge
-from tests.integration.sandboxes import ALL_SANDBOXES, run_dir, wait_gone
+from tests.support.sandboxes import ALL_SANDBOXES, run_dir, wait_gone
 
 __all__ = ["run_dir"]
 

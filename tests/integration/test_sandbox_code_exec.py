@@ -16,9 +16,9 @@ from envrl.data.traces import Message
 from envrl.envs.registry import load_environment
 from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.serve.client import EnvClient
-from tests.integration.env_servers import running_env_server, wait_until
-from tests.integration.sandbox_attacks import answer, forge_program
-from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
+from tests.support.env_servers import running_env_server, wait_until
+from tests.support.sandbox_attacks import answer, forge_program
+from tests.support.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 
 
 def _call(code: str) -> str:

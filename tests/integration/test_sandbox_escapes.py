@@ -31,8 +31,8 @@ from envrl.sandbox import (
     SandboxStartError,
     reaper,
 )
-from tests.integration.sandbox_attacks import answer, forge_program
-from tests.integration.sandboxes import host_temp_dir, processes_of, run_dir, wait_gone
+from tests.support.sandbox_attacks import answer, forge_program
+from tests.support.sandboxes import host_temp_dir, processes_of, run_dir, wait_gone
 
 __all__ = ["run_dir"]
 

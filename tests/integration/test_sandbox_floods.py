@@ -23,7 +23,7 @@ from envrl.envs.adapters.agent_program import AgentProgramEnvironment
 from envrl.envs.adapters.chat_proxy import MAX_JSON_VALUES, MAX_WAITING, ProxyLimits
 from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.sandbox import BubblewrapProvider, SandboxConfig, bridge
-from tests.integration.sandboxes import ALL_SANDBOXES, run_dir, wait_gone
+from tests.support.sandboxes import ALL_SANDBOXES, run_dir, wait_gone
 
 __all__ = ["run_dir"]
 

@@ -27,11 +27,11 @@ from envrl.model.client import ScriptedClientConfig
 from envrl.runtime.secrets import API_KEY_ENV, RELOAD_TOKEN_ENV
 from envrl.serve.client import EnvClient
 from envrl.serve.launch import start as start_env_server
-from tests.integration.smoke import finish, rl_process
 from tests.support.chaos_runs import marked_pids
 from tests.support.other_user import as_nobody, needs_root, reachable_dir
 from tests.support.ports import free_base_port
 from tests.support.run_files import metric_lines
+from tests.support.smoke import finish, rl_process
 
 SECRET = "ENVRL_TEST_CLOUD_KEY"
 

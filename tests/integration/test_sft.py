@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.commands import run_to_completion
+from envrl.model.tiny import DEFAULT_DIR
+from tests.support.commands import run_to_completion
 from tests.support.run_files import metric_lines
 
 RL = str(Path(sys.executable).parent / "rl")

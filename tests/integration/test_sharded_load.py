@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from tests.integration.commands import run_to_completion
+from tests.support.commands import run_to_completion
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TIMEOUT_S = 240

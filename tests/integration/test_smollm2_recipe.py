@@ -2,7 +2,7 @@
 SmolLM2: the real config, env, LoRA targets and evals, with only the model's sizes changed (the
 CI box cannot download SmolLM2-135M or afford its 24 minutes).
 
-The cut-down model (`scripts/convert_smollm2.py --cut-down`) keeps SmolLM2's architecture keys
+The cut-down model (`src/envrl/model/smollm2.py --cut-down`) keeps SmolLM2's architecture keys
 (grouped-query attention 3:1, head_dim 64, tied embeddings, its chat template and pad = eos), so
 what the recipe needs of the architecture (vLLM serving LoRA on it, the tied head, the template)
 is exercised here; whether SmolLM2-135M learns is the recipe's own measurement (docs/trainer.md).
@@ -16,10 +16,10 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from scripts.convert_smollm2 import CUT_DOWN_SIZES, build_cut_down, config_mismatches
-from tests.integration.smoke import finish, rl_process, wait_no_survivors
+from envrl.model.smollm2 import CUT_DOWN_SIZES, build_cut_down, config_mismatches
 from tests.support.chaos_runs import ROOT
 from tests.support.run_files import metric_lines
+from tests.support.smoke import finish, rl_process, wait_no_survivors
 
 RECIPE = ROOT / "configs" / "cpu" / "smollm2_reverse_text.toml"
 STEPS = 5

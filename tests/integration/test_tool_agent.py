@@ -27,7 +27,7 @@ from envrl.envs import TrainClientConfig
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.trainer import sft
 from envrl.trainer.parallel import init_runtime, shutdown
-from tests.integration.in_process_run import train_in_process
+from tests.support.in_process_run import train_in_process
 from tests.support.run_files import metric_lines
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
 from envrl.report.timeline import env_times
 from envrl.telemetry.ledger import Ledger, read_ledger
-from tests.integration.env_servers import running_env_server
-from tests.integration.slow_tool_env import CALLS
+from tests.support.env_servers import running_env_server
+from tests.support.slow_tool_env import CALLS
 
 SLEEP_S = 0.3
 

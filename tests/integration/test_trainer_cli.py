@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from envrl.data.layout import batch_dir
 from envrl.data.samples import BATCH_FILE, write_batch
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.commands import run_to_completion
+from envrl.model.tiny import DEFAULT_DIR
+from tests.support.commands import run_to_completion
 from tests.support.samples import synthetic_samples
 
 TRAINER = str(Path(sys.executable).parent / "trainer")

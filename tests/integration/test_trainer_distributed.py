@@ -25,12 +25,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from envrl.config import resolve_config
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.commands import run_to_completion
+from tests.support.commands import run_to_completion
 from tests.support.run_files import metric_lines, write_batches
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

@@ -20,8 +20,8 @@ import pytest
 
 from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient, EnvServerError
-from tests.integration.env_servers import RunningServer, alive, children, wait_until
-from tests.integration.verifiers_env import (
+from tests.support.env_servers import RunningServer, alive, children, wait_until
+from tests.support.verifiers_env import (
     ACCESS,
     DEAD,
     NULL_HARNESS,

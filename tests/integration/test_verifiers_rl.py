@@ -10,9 +10,9 @@ from statistics import fmean
 
 import pytest
 
-from tests.integration.smoke import ROOT, finish, rl_process, wait_no_survivors
-from tests.integration.verifiers_env import example_python
 from tests.support.run_files import metric_lines
+from tests.support.smoke import ROOT, finish, rl_process, wait_no_survivors
+from tests.support.verifiers_env import example_python
 
 CONFIG = ROOT / "configs" / "debug" / "verifiers.toml"
 REWARD = "train/verifiers:digits-count/reward"

@@ -15,8 +15,8 @@ import pytest
 from envrl.data.traces import Trace
 from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient
-from tests.integration.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
-from tests.integration.verifiers_env import (
+from tests.support.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
+from tests.support.verifiers_env import (
     ACCESS,
     NULL_HARNESS,
     TIMEOUT,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.env_servers import alive, children, wait_until
-from tests.integration.verifiers_env import (
+from tests.support.env_servers import alive, children, wait_until
+from tests.support.verifiers_env import (
     ACCESS,
     NULL_HARNESS,
     TOKENIZER,

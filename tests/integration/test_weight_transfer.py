@@ -19,14 +19,14 @@ from transformers import AutoModelForCausalLM
 
 from envrl.inference.weights import read_shapes
 from envrl.model.inference import InferenceClient
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.atomic import atomic_dir, write_file
 from envrl.runtime.http import HttpCallError, RetryPolicy
 from envrl.trainer.weights import policy_tensors
 from envrl.transport import TRANSFER_FILE
 from envrl.transport.memory import SECRET_FILE, PolicySender, TransferInfo, TransferSecret, write_secret
 from envrl.transport.rendezvous import new_secret
-from scripts.tiny_model import DEFAULT_DIR
-from tests.integration.served_weights import (
+from tests.support.served_weights import (
     EXACT,
     generate_all,
     max_abs_diff,

@@ -32,6 +32,7 @@ from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.data import layout
 from envrl.launcher import preflight, recovery, run_dir, summary
 from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
+from envrl.launcher.completed import completed_run
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
 from envrl.launcher.log_rotation import LogRotator
@@ -162,6 +163,9 @@ def run_training(argv: Sequence[str]) -> None:
     slurm = "--slurm" in argv  # write the run as a SLURM batch script (launcher/slurm.py) instead of running it
     argv = [arg for arg in argv if arg != "--slurm"]
     rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text, epilog=epilog)
+    if complete := completed_run(rl):  # a resume with no step left: say so, start nothing
+        print(complete, file=sys.stderr)
+        raise SystemExit(0)
     try:
         run, placement, cpus = _plan(rl)
         if not slurm:  # the hosts of a SLURM job are not this one

@@ -18,7 +18,7 @@ from envrl.envs import (
     ScriptedClientConfig,
 )
 from envrl.model.inference import ContextLengthError
-from tests.unit.envs.helpers import TINY_CHAT
+from tests.support.tiny_chat import TINY_CHAT
 
 SAMPLING = SamplingArgs(max_tokens=16)
 

@@ -11,7 +11,7 @@ import pytest
 from envrl.data.traces import Message, Trace
 from envrl.envs import Environment, SamplingArgs, ScriptedClient, ScriptedClientConfig, load_environment
 from envrl.model.chat_tokens import chat_renderer
-from tests.unit.envs.helpers import TINY_CHAT
+from tests.support.tiny_chat import TINY_CHAT
 
 SAMPLING = SamplingArgs(max_tokens=32)
 

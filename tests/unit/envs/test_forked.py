@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from envrl.envs.forked import ForkedCallError, run_forked
-from tests.integration.env_servers import alive, wait_until
+from tests.support.env_servers import alive, wait_until
 
 
 def forked(fn: Any) -> Any:

@@ -9,7 +9,7 @@ import pytest
 from envrl.data.traces import Task, Trace
 from envrl.envs import Rubric, SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.envs.tools import ToolEnvironment, parse_tool_calls, tools_of
-from tests.unit.envs.helpers import TINY_CHAT
+from tests.support.tiny_chat import TINY_CHAT
 
 
 class Counter:

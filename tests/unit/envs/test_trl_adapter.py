@@ -9,7 +9,7 @@ import pytest
 from envrl.data.traces import Trace
 from envrl.envs import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.envs.adapters.trl import TrlEnvironment
-from tests.unit.envs.helpers import TINY_CHAT
+from tests.support.tiny_chat import TINY_CHAT
 
 ROWS = [
     {"prompt": [{"role": "user", "content": "Guess the number."}], "secret": 7, "hint": "odd"},

@@ -14,7 +14,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from envrl.envs.adapters.warm_programs import WarmPrograms
-from tests.integration.env_servers import alive, children, wait_until
+from tests.support.env_servers import alive, children, wait_until
 
 PROGRAM = """
 import json, os, subprocess, sys, time

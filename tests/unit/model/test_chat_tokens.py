@@ -2,7 +2,7 @@
 
 from envrl.data.traces import Turn, TurnTokens
 from envrl.model.chat_tokens import chat_renderer
-from tests.unit.envs.helpers import TINY_CHAT
+from tests.support.tiny_chat import TINY_CHAT
 
 RENDERER = chat_renderer(TINY_CHAT)
 TOOLS = [

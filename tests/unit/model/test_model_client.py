@@ -24,7 +24,7 @@ from envrl.envs import (
 from envrl.model.chat_tokens import chat_renderer
 from envrl.model.client import EvalClient, TrainClient
 from envrl.runtime.http import HttpCallError, RetryPolicy
-from tests.unit.envs.helpers import TINY_CHAT
+from tests.support.tiny_chat import TINY_CHAT
 
 Handler = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
 FAST_RETRY = RetryPolicy(max_retries=2, backoff_s=0.01, timeout_s=10.0)

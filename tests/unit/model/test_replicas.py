@@ -17,7 +17,7 @@ from envrl.model.replicas import InferenceReplicas, ReplicaReloadError
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.runtime.http import HttpCallError
 from envrl.serve.config import ModelAccessConfig
-from tests.unit.envs.helpers import TINY_CHAT
+from tests.support.tiny_chat import TINY_CHAT
 from tests.unit.model.test_model_client import FAST_RETRY, PromptTask, Recorder, TwoTurns, generated
 
 REPLY = [5, 6, 7]

@@ -11,6 +11,7 @@ from envrl.config import ConfigError, resolve_config
 from envrl.data.layout import stall_dump_file
 from envrl.data.traces import Branch, Trace, Turn, WireTask
 from envrl.launcher.config import RLConfig, resolve_run
+from envrl.model.tiny import CHAT_TEMPLATE, DEFAULT_DIR
 from envrl.orchestrator.checks import (
     CheckFailed,
     ChecksConfig,
@@ -21,7 +22,6 @@ from envrl.orchestrator.checks import (
     template_probe,
 )
 from envrl.orchestrator.watchdog import StallWatchdog
-from scripts.tiny_model import CHAT_TEMPLATE, DEFAULT_DIR
 
 TOOLS = [{"type": "function", "function": {"name": "move", "parameters": {"type": "object"}}}]
 

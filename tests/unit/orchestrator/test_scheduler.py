@@ -9,7 +9,7 @@ from envrl.data.traces import Trace
 from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import PendingGroup
-from tests.unit.orchestrator.scripted_envs import AnsweringEnv, InfraFailingEnv, LabelledEnv
+from tests.support.scripted_envs import AnsweringEnv, InfraFailingEnv, LabelledEnv
 
 
 def scheduler(env: EnvHandle, *, max_inflight: int = 64, max_steps: int = 10, seed: int = 0, **fields) -> Scheduler:

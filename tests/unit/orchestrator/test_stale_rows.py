@@ -12,7 +12,7 @@ from envrl.orchestrator.env_handles import TrainEnvs
 from envrl.orchestrator.jsonl import parse_trace_line
 from envrl.orchestrator.loop import Orchestrator
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
-from tests.unit.orchestrator.scripted_envs import LabelledEnv
+from tests.support.scripted_envs import LabelledEnv
 
 
 class ServedPolicy:

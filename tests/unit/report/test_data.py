@@ -6,7 +6,7 @@ from pathlib import Path
 
 from envrl.data.layout import train_rollouts_file
 from envrl.report.data import Rollout, parse_rollouts, read_metrics, series, step_rollouts, train_lines
-from tests.unit.report.runs import samples_of, trace, write_metrics, write_step
+from tests.support.report_runs import samples_of, trace, write_metrics, write_step
 
 
 def rollouts_of(out: Path, step: int) -> list[Rollout]:

@@ -14,7 +14,7 @@ from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.report.main import main, write_report
 from envrl.report.page import STEP_FUNCTION
 from envrl.report.plots import PLOTS
-from tests.unit.report.runs import (
+from tests.support.report_runs import (
     FAILED_LOG_TAIL,
     TINY_MODEL,
     samples_of,

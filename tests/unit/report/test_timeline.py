@@ -11,7 +11,7 @@ import pytest
 from envrl.report.main import write_report
 from envrl.report.timeline import PARTS, chrome_trace, step_splits
 from envrl.telemetry.ledger import Ledger, read_ledger
-from tests.unit.report.runs import write_metrics
+from tests.support.report_runs import write_metrics
 
 T0 = 1_700_000_000.0  # wall-clock seconds, as time.time() gives them
 

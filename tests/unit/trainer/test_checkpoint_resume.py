@@ -3,7 +3,7 @@ run left past that step are moved aside, never deleted, and pruning keeps the on
 
 from envrl.trainer.checkpoint import ABANDONED, list_checkpoints
 from tests.support.run_files import write_batches
-from tests.unit.trainer.trainers import make_trainer
+from tests.support.trainers import make_trainer
 
 
 def test_a_resume_from_an_earlier_step_keeps_its_new_checkpoints_and_sets_the_later_ones_aside(tmp_path):

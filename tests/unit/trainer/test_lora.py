@@ -11,12 +11,12 @@ from torch.distributed.checkpoint import FileSystemReader
 from transformers import AutoModelForCausalLM
 
 from envrl.config import ConfigError, resolve_config
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.lora import LoraError, check_lora_model
-from scripts.tiny_model import DEFAULT_DIR
 from tests.support.run_files import metric_lines, write_batches
 from tests.support.samples import synthetic_samples
-from tests.unit.trainer.trainers import make_trainer, tensor_names
+from tests.support.trainers import make_trainer, tensor_names
 
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj", "lm_head"]}
 """lm_head included: the tiny model ties it to the input embeddings, the case that needs care."""

@@ -11,7 +11,7 @@ import torch
 from envrl.data.layout import weights_dir
 from envrl.trainer.weights import remove_stale_transfers
 from envrl.transport.memory import read_secret, read_transfer
-from tests.unit.trainer.trainers import make_trainer, tensor_names
+from tests.support.trainers import make_trainer, tensor_names
 from tests.unit.transport.receivers import receive
 
 

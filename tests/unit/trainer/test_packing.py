@@ -7,9 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from envrl.data.samples import TrainingSample
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.attention import DOCUMENT_SDPA, document_layout, resolve_attn_implementation
 from envrl.trainer.packing import balanced_bins, pack, packed_logits, shard
-from scripts.tiny_model import DEFAULT_DIR
 from tests.support.samples import synthetic_samples
 
 

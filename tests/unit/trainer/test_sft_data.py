@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from envrl.model.chat_tokens import ChatRenderer
+from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.sft_data import DemonstrationError, assistant_mask, load_demonstrations
-from scripts.tiny_model import DEFAULT_DIR
 
 RENDERER = ChatRenderer(str(DEFAULT_DIR))
 CONVERSATION = [

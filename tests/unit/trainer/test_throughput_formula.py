@@ -2,8 +2,8 @@
 
 import pytest
 
+from envrl.model.tiny import build_tokenizer, qwen3_config
 from scripts.bench.trainer_throughput import PEAK_BF16_TFLOPS, PRIME_RL_TOKENS_PER_S, matmul_params, model_flops
-from scripts.tiny_model import build_tokenizer, qwen3_config
 from tests.support.samples import synthetic_samples
 
 

@@ -13,11 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from envrl.data.traces import Task
-from envrl.envs import Rubric
+from envrl.envs import Rubric, SandboxConfig, Task, sandbox_venv
 from envrl.envs.adapters.agent_program import AgentProgramEnvironment
-from envrl.sandbox import SandboxConfig
-from envrl.sandbox.venv import sandbox_venv
 
 AGENT = Path(__file__).with_name("agent.py")
 

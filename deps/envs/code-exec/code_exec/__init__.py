@@ -15,9 +15,18 @@ import random
 import re
 from typing import Any
 
-from envrl.data.traces import Message, Task
-from envrl.envs import RolloutState, Rubric, ToolEnvironment
-from envrl.sandbox import BubblewrapProvider, Sandbox, SandboxConfig, SandboxProvider, WarmPool
+from envrl.envs import (
+    BubblewrapProvider,
+    Message,
+    RolloutState,
+    Rubric,
+    Sandbox,
+    SandboxConfig,
+    SandboxProvider,
+    Task,
+    ToolEnvironment,
+    WarmPool,
+)
 
 SYSTEM_PROMPT = (
     "Write a Python program that prints the value asked for, and nothing else. You may test code with "

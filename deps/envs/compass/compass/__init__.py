@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import random
 
-from envrl.data.traces import Task, Trace
-from envrl.envs import Rubric, ToolEnvironment
+from envrl.envs import Rubric, Task, ToolEnvironment, Trace
 
 DIRECTIONS = ("left", "right")
 

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from compass import WalkTask, load_environment, make_tasks
-from envrl.data.traces import Message
-from envrl.envs import SamplingArgs, ScriptedClient, ScriptedClientConfig, ToolEnvironment
+from envrl.envs import Message, SamplingArgs, ScriptedClient, ScriptedClientConfig, ToolEnvironment
 from envrl.model.tool_calls import parse
 
 WRONG_TOOL = "walk"

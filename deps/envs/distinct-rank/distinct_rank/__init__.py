@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import random
 
-from envrl.data.traces import Task
-from envrl.envs import Environment, Rubric
+from envrl.envs import Environment, Rubric, Task
 
 TOPICS = ["the sea", "a game", "the moon", "a tool", "a letter", "the number seven", "a short trip", "rain"]
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import random
 import re
 
-from envrl.data.traces import Message, Task
-from envrl.envs import Environment, RolloutState, Rubric
+from envrl.envs import Environment, Message, RolloutState, Rubric, Task
 
 SYSTEM_PROMPT = "Guess my secret whole number. After each guess I say higher, lower or correct. Answer with one number."
 

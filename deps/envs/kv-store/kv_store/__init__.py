@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import random
 
-from envrl.data.traces import Message, Task
-from envrl.envs import Rubric, ToolEnvironment
+from envrl.envs import Message, Rubric, Task, ToolEnvironment
 
 WORDS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "lemon", "mango", "grape", "melon"]
 SYSTEM_PROMPT = "You manage a key-value store through tools. Do what the user asks, then call finish."

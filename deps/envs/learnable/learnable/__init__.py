@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import random
 
-from envrl.data.traces import Message, Task
-from envrl.envs import Environment, RolloutState, Rubric
+from envrl.envs import Environment, Message, RolloutState, Rubric, Task
 
 SYSTEM_PROMPT = "Continue the count. Answer with numbers only."
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import random
 import string
 
-from envrl.data.traces import Message, Task
-from envrl.envs import Environment, Rubric
+from envrl.envs import Environment, Message, Rubric, Task
 
 SYSTEM_PROMPT = "Reverse the text the user gives you, character by character. Answer with the reversed text only."
 

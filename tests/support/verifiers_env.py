@@ -19,7 +19,7 @@ from typing import Any
 
 from envrl.data.traces import Trace
 from envrl.serve.client import EnvClient
-from tests.integration.env_servers import RunningServer, running_env_server
+from tests.support.env_servers import RunningServer, running_env_server
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parents[1] / "deps" / "envs" / "verifiers-digits"

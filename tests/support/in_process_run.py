@@ -16,7 +16,7 @@ from envrl.model.client import ClientConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
-from tests.integration.served_weights import restore_served_weights
+from tests.support.served_weights import restore_served_weights
 
 
 def train_in_process(run: ResolvedRun, vllm_server: Any, client: ClientConfig | None = None) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from scripts.tiny_model import DEFAULT_DIR, build_qwen3_model, build_tiny_model, build_tokenizer, qwen3_config
+from envrl.model.tiny import DEFAULT_DIR, build_qwen3_model, build_tiny_model, build_tokenizer, qwen3_config
 
 TOOLS = [
     {

@@ -15,7 +15,7 @@ from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.trajectories import trace_to_samples
 from envrl.telemetry.metrics import MetricsSink, WandbConfig
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = ROOT / "deps" / "models" / "tiny-chat"
 ENV = "learnable"
 

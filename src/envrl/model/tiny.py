@@ -1,7 +1,7 @@
 """Models built offline, for debug runs, tests and the GPU kit (no model hub needed).
 
-    python scripts/tiny_model.py [--out DIR] [--seed N]     # default: rebuild deps/models/tiny-chat
-    python scripts/tiny_model.py --shape qwen3-0.6b        # deps/models/qwen3-0.6b-random (1.2 GB)
+    python -m envrl.model.tiny [--out DIR] [--seed N]     # default: rebuild deps/models/tiny-chat
+    python -m envrl.model.tiny --shape qwen3-0.6b        # deps/models/qwen3-0.6b-random (1.2 GB)
 
 Guarantee: `build_tiny_model(out, seed)` writes the same bytes for the same seed: a Llama causal
 LM (hidden 64, 2 layers, head_dim 32 because vLLM on CPU rejects smaller heads) and a byte-level
@@ -22,7 +22,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "deps" / "models"
+MODELS_DIR = Path(__file__).resolve().parents[3] / "deps" / "models"
 DEFAULT_DIR = MODELS_DIR / "tiny-chat"
 """Where the repo ships the default build (seed 0); configs point `model.name` here."""
 
@@ -262,7 +262,7 @@ def build_qwen3_model(out_dir: Path, shape: str = "qwen3-0.6b", seed: int = 0) -
     model.generation_config.do_sample = True
     tokenizer.save_pretrained(out_dir)
     model.save_pretrained(out_dir, safe_serialization=True)
-    build = {"builder": "scripts/tiny_model.py", "shape": shape, "seed": seed}
+    build = {"builder": "src/envrl/model/tiny.py", "shape": shape, "seed": seed}
     (out_dir / "envrl_build.json").write_text(json.dumps(build) + "\n")
     return out_dir
 
@@ -273,7 +273,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(out_dir)
     build_model(tokenizer, seed).save_pretrained(out_dir, safe_serialization=True)
-    (out_dir / "envrl_build.json").write_text(json.dumps({"builder": "scripts/tiny_model.py", "seed": seed}) + "\n")
+    (out_dir / "envrl_build.json").write_text(json.dumps({"builder": "src/envrl/model/tiny.py", "seed": seed}) + "\n")
     return out_dir
 
 

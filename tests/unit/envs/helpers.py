@@ -1,6 +1,0 @@
-"""Shared bits of the environment tests."""
-
-from pathlib import Path
-
-TINY_CHAT = str(Path(__file__).resolve().parents[3] / "deps" / "models" / "tiny-chat")
-"""The tiny model's directory (= scripts.tiny_model.DEFAULT_DIR, without importing torch)."""
