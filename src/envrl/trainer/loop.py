@@ -29,8 +29,8 @@ from envrl.telemetry.metrics import MetricsSink
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora
-from envrl.trainer.loss import policy_loss, token_logprobs
-from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
+from envrl.trainer.loss import policy_loss
+from envrl.trainer.packing import MicroBatch, pack, packed_token_logprobs, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference, phase_threads
 from envrl.trainer.weights import publish_final, weight_publisher
 from envrl.transport.batches import BatchReceiver, BatchTimeout, FileBatchReceiver
@@ -263,14 +263,11 @@ class Trainer:
     def _forward_backward(self, step: int, mb: MicroBatch) -> torch.Tensor:
         """Loss and backward on one micro-batch of `step`; returns its sums in `SUMS` order."""
         self._follow_phase(step)
-        logits = packed_logits(self.model, mb)
-        logprobs, entropy = token_logprobs(logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
+        logprobs, entropy = packed_token_logprobs(self.model, mb)
         ref_logprobs = None
         if self.with_reference:
             with torch.no_grad(), self._reference_model() as reference:
-                ref_logits = packed_logits(reference, mb)
-                ref_logprobs, _ = token_logprobs(ref_logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
-                del ref_logits
+                ref_logprobs, _ = packed_token_logprobs(reference, mb)
         loss, stats = policy_loss(
             logprobs,
             mb.inference_logprobs,

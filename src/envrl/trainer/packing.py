@@ -19,6 +19,8 @@ from torch import nn
 
 from envrl.data.samples import TrainingSample
 from envrl.trainer.attention import DOCUMENT_SDPA, document_layout
+from envrl.trainer.head import LogprobHead, ScoreRequest
+from envrl.trainer.loss import token_logprobs
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,19 @@ def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
         extra["document_layout"] = document_layout(micro_batch.lengths).to(micro_batch.input_ids.device)
     out = model(input_ids=micro_batch.input_ids, position_ids=micro_batch.position_ids, use_cache=False, **extra)
     return out.logits[0]
+
+
+def packed_token_logprobs(model: nn.Module, micro_batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T] log-probability of each token of a packed row under the distribution that sampled it,
+    and that distribution's entropy (`loss.token_logprobs`). Through the model's `LogprobHead`
+    where it has one (`head.install_logprob_head`): no [T, V] logits are built; else from them."""
+    mb = micro_batch
+    head = model.get_output_embeddings()
+    if not isinstance(head, LogprobHead):
+        return token_logprobs(packed_logits(model, mb), mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
+    with head.scoring(ScoreRequest(mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)):
+        scores = packed_logits(model, mb)
+    return scores[:, 0], scores[:, 1]
 
 
 def inert_micro_batch(pad_token_id: int) -> MicroBatch:

@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from envrl.data.layout import batch_dir
 from envrl.trainer.attention import resolve_attn_implementation
 from envrl.trainer.config import TrainerConfig
+from envrl.trainer.head import install_logprob_head
 from envrl.trainer.loading import load_shards, model_files
 from envrl.trainer.lora import apply_lora
 
@@ -148,6 +149,7 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.lora is not None:
         model = apply_lora(model, config.lora, config.model.name)
+    install_logprob_head(model)
     if runtime.sharded:
         load_shards(model, model_files(config.model.name), runtime.device, lambda m: shard_model(m, runtime))
     else:
