@@ -111,10 +111,19 @@ def document_sdpa_forward(
     if document_layout is None:
         out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=True, scale=scaling)
         return out.transpose(1, 2).contiguous(), None
-    q, k, v = query[0], key[0], value[0]  # [H, T, d]
+    return _document_attention(query[0], key[0], value[0], document_layout, dropout, scaling), None
+
+
+@torch.compiler.disable
+def _document_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: DocumentLayout, dropout: float, scaling: float | None
+) -> torch.Tensor:
+    """[H, T, d] -> [1, T, H, d]; run eagerly inside a compiled layer (the compiled graph breaks
+    here), so the row's layout (a Python structure that changes every micro-batch) never
+    becomes a guard that recompiles the layer."""
     heads, _, dim = q.shape
     outputs = []
-    for g in document_layout.groups:
+    for g in layout.groups:
         parts = [x[:, g.start : g.end] for x in (q, k, v)]
         if (
             g.gather is None
@@ -127,7 +136,7 @@ def document_sdpa_forward(
             out = out.transpose(0, 1).reshape(heads, g.count * g.longest, dim).index_select(1, g.keep)
         outputs.append(out)
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-    return out.transpose(0, 1).unsqueeze(0).contiguous(), None
+    return out.transpose(0, 1).unsqueeze(0).contiguous()
 
 
 AttentionInterface.register(DOCUMENT_SDPA, document_sdpa_forward)

@@ -165,6 +165,12 @@ class TrainerConfig(BaseConfig):
     mid-step. No effect on GPUs or ranks."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward to save memory."""
+    compile: Literal["auto"] | bool = "auto"
+    """Compile each decoder layer (`torch.compile`, regional: identical layers compile once; the
+    inductor cache under `~/.cache/envrl/inductor`, so a restart reuses it). `auto`: on GPU, and
+    on CPU for models of 50M parameters or more (a debug model's start-up would pay more than it
+    saves). Without a compiler (triton on GPU, a C++ compiler on CPU) the layers run eagerly,
+    with one log line saying so."""
     batch_timeout_s: float = Field(3600.0, gt=0)
     """Fail if `rollouts/step_<n>/` has not appeared this long after the trainer started waiting."""
     lora: LoraConfig | None = None

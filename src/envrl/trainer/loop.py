@@ -27,6 +27,7 @@ from envrl.runtime.atomic import write_failure
 from envrl.telemetry.ledger import Ledger
 from envrl.telemetry.metrics import MetricsSink
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from envrl.trainer.compile import CompileClock
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss
@@ -86,6 +87,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, optim, config.max_steps)
         )
+        self.compile_clock = CompileClock(self.model)
+        """Reports the first step's compile time once (a no-op for an eager model)."""
         self.threads = phase_threads(config, runtime)
         """Torch threads that follow generation's phase (None: the start-up count throughout)."""
         self.metrics: MetricsSink | None = None
@@ -226,6 +229,7 @@ class Trainer:
         if runtime.device.type == "cuda":
             torch.cuda.synchronize(runtime.device)
         elapsed = time.perf_counter() - start
+        self.compile_clock.report(elapsed)
         n = max(totals["loss_tokens"], 1.0)
         return {
             "loss": totals["loss"],

@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from envrl.data.layout import batch_dir
 from envrl.trainer.attention import resolve_attn_implementation
+from envrl.trainer.compile import compile_layers, compile_plan
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.head import install_logprob_head
 from envrl.trainer.loading import load_shards, model_files
@@ -155,6 +156,8 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     else:
         model.to(runtime.device)
     model.train()
+    num_params = sum(p.numel() for p in model.parameters())
+    compile_layers(model, compile_plan(config.compile, runtime.device, num_params))
     return model
 
 
