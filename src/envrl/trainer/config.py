@@ -163,8 +163,11 @@ class TrainerConfig(BaseConfig):
     (OMP_NUM_THREADS, one beside vLLM on a CPU box). Checked before each micro-batch's forward
     and backward, so the switch needs more than one micro-batch a step (`micro_batch_tokens`) to happen
     mid-step. No effect on GPUs or ranks."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in backward to save memory."""
+    activation_checkpointing: Literal["auto"] | bool = "auto"
+    """Recompute decoder layers' activations in backward to save memory: `true` every layer,
+    `false` none, `auto` none when every layer's activations at `micro_batch_tokens` fit the
+    device's free memory, else every k-th layer with the largest k that fits, else every layer
+    (the estimate: `envrl.trainer.recompute`; the choice is logged at start-up)."""
     compile: Literal["auto"] | bool = "auto"
     """Compile each decoder layer (`torch.compile`, regional: identical layers compile once; the
     inductor cache under `~/.cache/envrl/inductor`, so a restart reuses it). `auto`: on GPU, and

@@ -28,6 +28,7 @@ from envrl.trainer.config import TrainerConfig
 from envrl.trainer.head import install_logprob_head
 from envrl.trainer.loading import load_shards, model_files
 from envrl.trainer.lora import apply_lora
+from envrl.trainer.recompute import LayerShape, apply_recompute, free_memory, local_trainable_params, plan_recompute
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,6 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
         )
     logger.info(f"attention: {attn_implementation} (trainer.attn_implementation = {config.attn_implementation!r})")
     model.config.use_cache = False
-    if config.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.lora is not None:
         model = apply_lora(model, config.lora, config.model.name)
     install_logprob_head(model)
@@ -156,6 +155,15 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     else:
         model.to(runtime.device)
     model.train()
+    recompute = plan_recompute(
+        config.activation_checkpointing,
+        LayerShape.of(model.config),
+        config.micro_batch_tokens,
+        runtime.compute_dtype.itemsize,
+        free_memory(runtime.device),
+        local_trainable_params(model),
+    )
+    apply_recompute(model, recompute)
     num_params = sum(p.numel() for p in model.parameters())
     compile_layers(model, compile_plan(config.compile, runtime.device, num_params))
     return model
