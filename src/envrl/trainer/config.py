@@ -152,10 +152,12 @@ class TrainerConfig(BaseConfig):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype: auto = bfloat16 on GPU (fp32 master weights), float32 on CPU."""
     attn_implementation: str = "auto"
-    """`auto`: `flash_attention_2` (varlen) on CUDA when flash-attn is installed, else envrl's
-    `document_sdpa` (causal sdpa per sample, no T×T mask). Any name transformers knows is
-    passed through (`sdpa`, `eager`: dense T×T mask over the packed row; `flex_attention`: GPU
-    only, torch has no flex backward on CPU). All keep packed samples apart."""
+    """`auto`: on CUDA in bf16, `flash_attention_2` (varlen) when flash-attn is installed, else
+    envrl's `document_varlen` (torch.nn.attention.varlen: one kernel call per packed row over its
+    cumulative sample lengths); on CPU or in fp32 envrl's `document_sdpa` (causal sdpa per group
+    of similar-length samples, no T×T mask). Any name transformers knows is passed through
+    (`sdpa`, `eager`: dense T×T mask over the packed row; `flex_attention`: GPU only, torch has
+    no flex backward on CPU). All keep packed samples apart."""
     phase_threads: bool = False
     """On one CPU process: compute with every usable core while the orchestrator waits for this
     step's weights (it has published the newest batch the async bound allows, so vLLM idles)

@@ -133,7 +133,7 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     """The HF model in fp32 (with `trainer.lora`: LoRA adapters on it, the base frozen), placed on
     the runtime's device. One process loads it whole; sharded ranks build it on the meta device
     and read only their own shards from the checkpoint files (`trainer/loading.py`)."""
-    attn_implementation = resolve_attn_implementation(config.attn_implementation, runtime.device)
+    attn_implementation = resolve_attn_implementation(config.attn_implementation, runtime.device, runtime.compute_dtype)
     if runtime.sharded:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
