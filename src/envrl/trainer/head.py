@@ -114,7 +114,7 @@ class LogprobHead(nn.Linear):
                 f"states of shape {tuple(hidden.shape)}: call the model on that row with logits_to_keep = 0"
             )
         picked, entropy = chunked_token_scores(hidden[0], self.weight, request)
-        return torch.stack([picked, entropy], dim=-1).unsqueeze(0)
+        return torch.stack([picked.unsqueeze(0), entropy.unsqueeze(0)], dim=-1)  # a new tensor, not a view
 
     @contextmanager
     def scoring(self, request: ScoreRequest) -> Iterator[None]:

@@ -32,7 +32,14 @@ from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss
 from envrl.trainer.packing import MicroBatch, pack, packed_token_logprobs, shard
-from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference, phase_threads
+from envrl.trainer.parallel import (
+    Runtime,
+    all_reduce_sum,
+    build_model,
+    build_reference,
+    hold_gathered,
+    phase_threads,
+)
 from envrl.trainer.weights import publish_final, weight_publisher
 from envrl.transport.batches import BatchReceiver, BatchTimeout, FileBatchReceiver
 from envrl.transport.memory import TransferError
@@ -211,7 +218,8 @@ class Trainer:
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(len(SUMS), dtype=torch.float64, device=runtime.device)
-        for micro_batch in mine:
+        for i, micro_batch in enumerate(mine):
+            hold_gathered(self.model, runtime, more_micro_batches=i < len(mine) - 1)
             sums += self._forward_backward(step, micro_batch.to(runtime.device))
         all_reduce_sum(sums, runtime)
         totals = dict(zip(SUMS, sums.tolist(), strict=True))

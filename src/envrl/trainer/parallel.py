@@ -171,15 +171,33 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
 
 def shard_model(model: nn.Module, runtime: Runtime) -> None:
     """FSDP2 over the ranks: each decoder layer a unit, the rest (embeddings, head) the root's;
-    fp32 master weights, compute in the runtime's dtype, gradients reduced in fp32."""
+    fp32 master weights, compute in the runtime's dtype, gradients reduced in fp32.
+
+    On one rank nothing is sharded, so the compute-dtype copy of the parameters is kept from
+    forward to backward (`reshard_after_forward=False`) and, with `hold_gathered`, from one
+    micro-batch to the next: the fp32 -> bf16 cast runs once per optimizer step, not twice per
+    micro-batch (and the recompute of a checkpointed layer reuses it too)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
     policy = MixedPrecisionPolicy(param_dtype=runtime.compute_dtype, reduce_dtype=torch.float32)
+    reshard = runtime.world_size > 1
     for layer in model.get_decoder().layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+
+
+def hold_gathered(model: nn.Module, runtime: Runtime, more_micro_batches: bool) -> None:
+    """On one sharded rank, keep the gathered compute-dtype parameters and accumulate gradients
+    unreduced (in fp32: FSDP2 upcasts them to `reduce_dtype`) while `more_micro_batches` of this
+    optimizer step follow; release and reduce after the last. The same fp32 sums as reducing
+    after each micro-batch (one rank: the reduction is a copy). Several ranks keep FSDP's
+    per-micro-batch gather and reduce: holding would give up the sharding's memory."""
+    if not runtime.sharded or runtime.world_size > 1 or not hasattr(model, "set_reshard_after_backward"):
+        return
+    model.set_reshard_after_backward(not more_micro_batches)
+    model.set_requires_gradient_sync(not more_micro_batches)
 
 
 def build_reference(config: TrainerConfig, runtime: Runtime) -> nn.Module:
