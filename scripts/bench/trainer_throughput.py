@@ -77,22 +77,10 @@ from envrl.trainer.config import TrainerConfig  # noqa: E402
 from envrl.trainer.loop import Trainer  # noqa: E402
 from envrl.trainer.parallel import Runtime, barrier, init_runtime, shutdown  # noqa: E402
 from envrl.trainer.weights import publish_weights  # noqa: E402
+from scripts.convert_smollm2 import SMOLLM2_CONFIG  # noqa: E402
 from scripts.tiny_model import QWEN3_SHAPES, build_qwen3_model, build_tokenizer  # noqa: E402
 from tests.support.samples import synthetic_samples  # noqa: E402
 
-SMOLLM2_135M = {
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "head_dim": 64,
-    "vocab_size": 49152,
-    "tie_word_embeddings": True,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 100000.0,
-}
-"""SmolLM2-135M's shape (`scripts/convert_smollm2.py`'s config), built with random weights."""
 SHAPES = (*QWEN3_SHAPES, "smollm2-135m")
 
 
@@ -146,11 +134,12 @@ def carry(target: Path) -> None:
 
 
 def build_smollm2_model(directory: Path) -> None:
-    """SmolLM2-135M's architecture with random bf16 weights (seed 0) and the tiny tokenizer."""
+    """SmolLM2-135M's architecture (`scripts/convert_smollm2.py`'s config) with random bf16
+    weights (seed 0) and the tiny tokenizer (ids past its ~1k decode to empty text)."""
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).to(torch.bfloat16)
+    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_CONFIG)).to(torch.bfloat16)
     tokenizer.save_pretrained(directory)
     model.save_pretrained(directory, safe_serialization=True)
 
