@@ -15,6 +15,7 @@ as the steps finish (a cut-off run keeps what it had). Exit 0 only if every step
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -50,8 +51,10 @@ def steps(device: str, out: Path) -> list[tuple[str, list[str], int]]:
 
 
 def install_kit(kit: Path) -> Path:
-    """The kit's wheels unpacked into a fresh temporary directory (wheels are zip files whose
-    top level is what goes on sys.path)."""
+    """The kit's wheels that this interpreter cannot already import, unpacked into a fresh
+    temporary directory (wheels are zip files whose top level is what goes on sys.path; a wheel's
+    name starts with its module's). Where envrl is installed nothing is unpacked, so a cp312 wheel
+    never shadows another Python's own build."""
     wheels = sorted(kit.glob("*.whl"))
     if not wheels:
         raise SystemExit(
@@ -59,8 +62,10 @@ def install_kit(kit: Path) -> Path:
         )
     target = Path(tempfile.mkdtemp(prefix="envrl-gpu-kit-"))
     for wheel in wheels:
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(target)
+        if importlib.util.find_spec(wheel.name.split("-")[0]) is None:
+            with zipfile.ZipFile(wheel) as z:
+                z.extractall(target)
+            print(f"kit: {wheel.name}", flush=True)
     return target
 
 

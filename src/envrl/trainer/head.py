@@ -88,11 +88,16 @@ def chunked_token_scores(
     """`loss.token_logprobs(hidden @ weight.T, ...)` for one row's hidden states [T, D], chunked.
 
     Position t is scored by the hidden state at t - 1; position 0 gets logprob 0 and entropy 0.
+    A row that fits one chunk is scored by plain autograd: its memory is one chunk's either way,
+    and backward then needs no recompute of the logits (short rows, as on CPU, pay no extra GEMM).
     """
     targets, (temperature, top_p, top_k) = next_token_targets(
         request.input_ids, request.temperature, request.top_p, request.top_k
     )
-    picked, entropy = _ChunkedScores.apply(hidden[:-1], weight, targets, temperature, top_p, top_k, chunk_elements)
+    if len(row_chunks(targets.shape[0], weight.shape[0], chunk_elements)) == 1:
+        picked, entropy = chunk_scores(hidden[:-1] @ weight.t(), targets, temperature, top_p, top_k)
+    else:
+        picked, entropy = _ChunkedScores.apply(hidden[:-1], weight, targets, temperature, top_p, top_k, chunk_elements)
     return with_first_position(picked, entropy)
 
 

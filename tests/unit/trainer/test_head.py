@@ -38,7 +38,7 @@ def grads(scores: torch.Tensor, upstream: torch.Tensor, *inputs: torch.Tensor) -
     return torch.autograd.grad((scores * upstream).sum(), inputs)
 
 
-@pytest.mark.parametrize("chunk_elements", [512 * 37, 512 * 64, 2**26])  # 37 rows, 64 rows, the whole row
+@pytest.mark.parametrize("chunk_elements", [512 * 37, 512 * 64, 2**26])  # 37 rows, 64 rows, one chunk (plain autograd)
 @pytest.mark.parametrize("truncated", [False, True])
 def test_chunked_scores_and_gradients_match_full_logits(chunk_elements, truncated):
     hidden, weight, request = row(truncated=truncated)
