@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,10 +52,11 @@ def steps(device: str, out: Path) -> list[tuple[str, list[str], int]]:
 
 
 def install_kit(kit: Path) -> Path:
-    """The kit's wheels that this interpreter cannot already import, unpacked into a fresh
-    temporary directory (wheels are zip files whose top level is what goes on sys.path; a wheel's
-    name starts with its module's). Where envrl is installed nothing is unpacked, so a cp312 wheel
-    never shadows another Python's own build."""
+    """The kit's pure-Python wheels, and its compiled ones whose module this interpreter cannot
+    already import, unpacked into a fresh temporary directory (wheels are zip files whose top
+    level is what goes on sys.path; a wheel's name starts with its module's). Pure ones always
+    go first on the path (an image's older typing-extensions must not shadow the one pydantic
+    needs); a cp312 build never shadows another Python's own."""
     wheels = sorted(kit.glob("*.whl"))
     if not wheels:
         raise SystemExit(
@@ -62,7 +64,7 @@ def install_kit(kit: Path) -> Path:
         )
     target = Path(tempfile.mkdtemp(prefix="envrl-gpu-kit-"))
     for wheel in wheels:
-        if importlib.util.find_spec(wheel.name.split("-")[0]) is None:
+        if wheel.name.endswith("-py3-none-any.whl") or importlib.util.find_spec(wheel.name.split("-")[0]) is None:
             with zipfile.ZipFile(wheel) as z:
                 z.extractall(target)
             print(f"kit: {wheel.name}", flush=True)
@@ -86,6 +88,25 @@ def run_step(name: str, argv: list[str], seconds: float, env: dict[str, str], ou
     return status, time.monotonic() - start, (rows[-1] if rows else lines[-1] if lines else "")
 
 
+def run_all(plan: list[tuple[str, list[str], int]], site: Path, out: Path, budget_s: float, start: float) -> int:
+    """Run the steps in order within what is left of `budget_s`; returns how many did not pass."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src"), str(ROOT)])}
+    summary = out / "summary.md"
+    summary.write_text("| step | status | s | result |\n|---|---|---|---|\n")
+    failed = 0
+    for name, argv, seconds in plan:
+        left = budget_s - (time.monotonic() - start)
+        if left < 15:
+            status, took, result = "skipped (budget spent)", 0.0, ""
+        else:
+            status, took, result = run_step(name, argv, min(seconds, left), env, out)
+        failed += status != "ok"
+        with summary.open("a") as f:
+            f.write(f"| {name} | {status} | {took:.0f} | {result} |\n")
+        print(f"{name}: {status} in {took:.0f}s {result}", flush=True)
+    return failed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -102,21 +123,11 @@ def main() -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     site = install_kit(args.kit)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src"), str(ROOT)])}
-    summary = args.out / "summary.md"
-    summary.write_text("| step | status | s | result |\n|---|---|---|---|\n")
-    failed = 0
-    for name, argv, seconds in plan:
-        left = args.budget_s - (time.monotonic() - start)
-        if left < 15:
-            status, took, result = "skipped (budget spent)", 0.0, ""
-        else:
-            status, took, result = run_step(name, argv, min(seconds, left), env, args.out)
-        failed += status != "ok"
-        with summary.open("a") as f:
-            f.write(f"| {name} | {status} | {took:.0f} | {result} |\n")
-        print(f"{name}: {status} in {took:.0f}s {result}", flush=True)
-    print(summary.read_text())
+    try:
+        failed = run_all(plan, site, args.out, args.budget_s, start)
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+    print((args.out / "summary.md").read_text())
     print(json.dumps({"total_s": round(time.monotonic() - start), "failed": failed}))
     return 1 if failed else 0
 
