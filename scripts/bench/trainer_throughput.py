@@ -3,6 +3,7 @@
     python -m scripts.bench.trainer_throughput                     # GPU: Qwen3-0.6B shape, 16k-token rows, bf16, FSDP2
     torchrun --nproc-per-node 8 -m scripts.bench.trainer_throughput
     python -m scripts.bench.trainer_throughput --shape qwen3-tiny --seq-len 512 --steps 2   # CPU smoke
+    python -m scripts.bench.trainer_throughput --shape smollm2-135m --seq-len 1024 --sample-len 64 --prompt-len 40   # the CPU recipe's step
     python -m scripts.bench.trainer_throughput --carry outputs/gpu-carry   # pure-Python deps for a bare torch box
 
 Guarantee: the timed region is `Trainer.train_on` as `rl` runs it (pack, each rank's forward and
@@ -28,6 +29,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 ROOT = Path(__file__).resolve().parents[2]
 CARRY_DIR = ROOT / "outputs" / "gpu-carry"
@@ -60,23 +62,32 @@ if MISSING:
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from envrl.config import BaseConfig, load_config, resolve_config  # noqa: E402
 from envrl.data.layout import weights_dir  # noqa: E402
 from envrl.data.samples import TrainingSample, read_batch, write_batch  # noqa: E402
-from envrl.model.tiny import QWEN3_SHAPES, build_qwen3_model  # noqa: E402
 from envrl.telemetry.log import LogConfig, setup_logging  # noqa: E402
+
+try:
+    from envrl.trainer.compile import decoder_layers, is_compiled
+except ImportError:  # an envrl from before issue 38, for a before/after run: PYTHONPATH=<old tree>/src
+    decoder_layers = is_compiled = None
+from envrl.model.smollm2 import SMOLLM2_CONFIG  # noqa: E402
+from envrl.model.tiny import QWEN3_SHAPES, build_qwen3_model, build_tokenizer  # noqa: E402
 from envrl.trainer.config import TrainerConfig  # noqa: E402
 from envrl.trainer.loop import Trainer  # noqa: E402
 from envrl.trainer.parallel import Runtime, barrier, init_runtime, shutdown  # noqa: E402
 from envrl.trainer.weights import publish_weights  # noqa: E402
 from tests.support.samples import synthetic_samples  # noqa: E402
 
+SHAPES = (*QWEN3_SHAPES, "smollm2-135m")
+
 
 class BenchConfig(BaseConfig):
     shape: str = "qwen3-0.6b"
-    """A `src/envrl/model/tiny.py` Qwen3 shape, built with random weights: `qwen3-0.6b` or `qwen3-tiny` (CPU)."""
+    """Built with random weights: a `src/envrl/model/tiny.py` Qwen3 shape (`qwen3-0.6b`, or
+    `qwen3-tiny` for CPU) or `smollm2-135m` (the CPU recipe's model)."""
     seq_len: int = 16384
     """Tokens of one packed row (the trainer's `micro_batch_tokens`)."""
     sample_len: int | None = None
@@ -90,8 +101,10 @@ class BenchConfig(BaseConfig):
     """Timed steps (the median is reported)."""
     warmup: int = 1
     """Untimed steps first (allocator, kernels)."""
-    activation_checkpointing: bool = True
-    """Recompute each layer in backward (16k rows of Qwen3-0.6B do not fit 80 GB without it)."""
+    activation_checkpointing: Literal["auto"] | bool = "auto"
+    """The trainer's `activation_checkpointing` (`auto`: recompute only what memory needs)."""
+    compile: Literal["auto"] | bool = "auto"
+    """The trainer's `compile` (`auto`: compiled decoder layers on GPU and for models of 50M+ on CPU)."""
     attn_implementation: str = "auto"
     """The trainer's `attn_implementation` (`auto`: flash-attn varlen if installed, else document_sdpa)."""
     dtype: str = "auto"
@@ -102,6 +115,10 @@ class BenchConfig(BaseConfig):
     """Also time one batch write/read and one weight publish (not part of tokens/s)."""
     output_dir: Path = ROOT / "outputs" / "bench" / "trainer_throughput"
     """Built model (reused while its build record matches) and the run directory."""
+    profile: Path | None = None
+    """Also profile one more step (torch.profiler) and print its device time grouped by kernel
+    class (GEMM, attention, fused/compiled, elementwise, copies and casts, ...); the Chrome trace
+    goes to this path."""
     carry: Path | None = None
     """Only copy the pure-Python packages a bare torch machine lacks (`CARRIED`) to this folder, and exit."""
 
@@ -116,15 +133,31 @@ def carry(target: Path) -> None:
     print(f"copied {', '.join(CARRIED)} to {target} ({size / 1e6:.1f} MB)")
 
 
+def build_smollm2_model(directory: Path) -> None:
+    """SmolLM2-135M's architecture (`src/envrl/model/smollm2.py`'s config) with random bf16
+    weights (seed 0) and the tiny tokenizer (ids past its ~1k decode to empty text)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_CONFIG)).to(torch.bfloat16)
+    tokenizer.save_pretrained(directory)
+    model.save_pretrained(directory, safe_serialization=True)
+
+
 def build_once(directory: Path, shape: str, runtime: Runtime) -> None:
     """The offline model of `shape` in `directory`, built by rank 0 unless its build record
     already matches (every rank then reads the same files)."""
-    if shape not in QWEN3_SHAPES:
-        raise SystemExit(f"--shape {shape!r}: known shapes are {sorted(QWEN3_SHAPES)}")
-    record = {"builder": "src/envrl/model/tiny.py", "shape": shape, "seed": 0}
+    if shape not in SHAPES:
+        raise SystemExit(f"--shape {shape!r}: known shapes are {sorted(SHAPES)}")
+    builder = "src/envrl/model/tiny.py" if shape in QWEN3_SHAPES else "scripts/bench/trainer_throughput.py"
+    record = {"builder": builder, "shape": shape, "seed": 0}
     built = directory / "envrl_build.json"
     if runtime.is_main and not (built.is_file() and json.loads(built.read_text()) == record):
-        build_qwen3_model(directory, shape, seed=0)
+        if shape in QWEN3_SHAPES:
+            build_qwen3_model(directory, shape, seed=0)
+        else:
+            build_smollm2_model(directory)
+            built.write_text(json.dumps(record) + "\n")
     barrier(runtime)
 
 
@@ -185,19 +218,21 @@ def main() -> None:
             f"need 0 < prompt_len ({bench.prompt_len}) < sample_len ({sample_len}) <= seq_len ({bench.seq_len})"
         )
     run_dir, model = bench.output_dir / "run", bench.output_dir / f"{bench.shape}-random"
-    config = resolve_config(
-        TrainerConfig,
-        base={
-            "model": {"name": str(model)},
-            "output_dir": str(run_dir),
-            "micro_batch_tokens": bench.seq_len,
-            "activation_checkpointing": bench.activation_checkpointing,
-            "attn_implementation": bench.attn_implementation,
-            "dtype": bench.dtype,
-            "optim": {"lr": 1e-6},
-            "wandb": {"mode": "disabled"},
-        },
-    )
+    base = {
+        "model": {"name": str(model)},
+        "output_dir": str(run_dir),
+        "micro_batch_tokens": bench.seq_len,
+        "activation_checkpointing": bench.activation_checkpointing,
+        "compile": bench.compile,
+        "attn_implementation": bench.attn_implementation,
+        "dtype": bench.dtype,
+        "optim": {"lr": 1e-6},
+        "wandb": {"mode": "disabled"},
+    }
+    if is_compiled is None:  # the old trainer: no compile key, recompute a bool (its default off)
+        del base["compile"]
+        base["activation_checkpointing"] = bench.activation_checkpointing is True
+    config = resolve_config(TrainerConfig, base=base)
     runtime = init_runtime(config)
     try:
         build_once(model, bench.shape, runtime)
@@ -224,9 +259,67 @@ def main() -> None:
             publish_weights(trainer.model, trainer.tokenizer, weights_dir(run_dir, 1), runtime, trainer.base_config)
             publish_s = time.perf_counter() - start
         if runtime.is_main:
-            report(bench, runtime, trainer, samples, timed, io_s, publish_s)
+            report(bench, runtime, trainer, samples, timed, io_s, publish_s, results[0]["step_time_s"])
+        if bench.profile is not None:
+            profile_step(trainer, samples, bench.profile if runtime.is_main else None)
     finally:
         shutdown(runtime)
+
+
+KERNEL_CLASSES = (
+    ("attention", ("flash", "fmha", "attention", "cudnn", "sdpa", "varlen")),
+    ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear")),
+    ("compiled (triton/inductor)", ("triton_", "cpp_fused", "compiledfunction")),
+    ("copy / cast", ("copy", "_to_copy", "convert", "cast")),
+    ("reduction / softmax", ("reduce", "softmax", "logsumexp", "norm", "sum", "mean")),
+    (
+        "elementwise",
+        ("elementwise", "vectorized", "unrolled", "aten::mul", "aten::add", "aten::div", "aten::exp", "silu"),
+    ),
+    ("communication", ("nccl", "all_gather", "reduce_scatter", "gloo")),
+)
+"""Substrings of a kernel's (CUDA) or an op's (CPU) name that put its time in a class, first match wins."""
+
+
+def kernel_class(name: str) -> str:
+    lowered = name.lower()
+    return next((cls for cls, keys in KERNEL_CLASSES if any(k in lowered for k in keys)), "other")
+
+
+def profile_step(trainer: Trainer, samples: list[TrainingSample], trace: Path | None) -> None:
+    """One more `train_on` under torch.profiler; print its self time by kernel class."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = trainer.runtime.device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        step_s = trainer.train_on(0, samples, where="synthetic")["step_time_s"]
+    if trace is None:
+        return
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace))
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        if cuda:
+            us = event.self_device_time_total if event.device_type == torch.autograd.DeviceType.CUDA else 0.0
+        else:  # CPU: the aten ops' own time (Python and the profiler's wrappers are not kernels)
+            us = event.self_cpu_time_total if event.key.startswith("aten::") else 0.0
+        if us > 0:
+            totals[kernel_class(event.key)] = totals.get(kernel_class(event.key), 0.0) + us
+    busy = sum(totals.values())
+    print(
+        f"profile of one step ({step_s:.3f}s wall; {'GPU kernel' if cuda else 'aten op self'} time {busy / 1e6:.3f}s, trace {trace}):"
+    )
+    print("| class | ms | share |\n|---|---|---|")
+    for cls, us in sorted(totals.items(), key=lambda item: -item[1]):
+        print(f"| {cls} | {us / 1e3:.1f} | {us / busy:.1%} |")
+    print(json.dumps({"profile": {cls: round(us / 1e3, 2) for cls, us in totals.items()}, "step_s": step_s}))
+
+
+def recomputed_layers(model: torch.nn.Module) -> str:
+    """How many decoder layers recompute in backward, e.g. `28/28`."""
+    layers = decoder_layers(model)
+    return f"{sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in layers)}/{len(layers)}"
 
 
 def report(
@@ -237,6 +330,7 @@ def report(
     timed: list[dict[str, float]],
     io_s: float | None,
     publish_s: float | None,
+    first_step_s: float,
 ) -> None:
     n, layers, width = matmul_params(trainer.config.model.name)
     step_s = statistics.median(r["step_time_s"] for r in timed)
@@ -251,7 +345,9 @@ def report(
         "device": f"{runtime.world_size}x {device_name}",
         "dtype": str(runtime.compute_dtype).removeprefix("torch."),
         "attention": trainer.model.config._attn_implementation,
-        "recompute": bench.activation_checkpointing,
+        "recompute": recomputed_layers(trainer.model) if decoder_layers else bench.activation_checkpointing is True,
+        "compiled": is_compiled(trainer.model) if is_compiled else False,
+        "first_step_s": round(first_step_s, 3),
         "seq_len": bench.seq_len,
         "sample_len": bench.sample_len or bench.seq_len,
         "tokens/step": int(tokens),

@@ -1,15 +1,19 @@
 """Document-masked attention for packed rows: each sample attends causally to itself only.
 
-Guarantee: with `document_sdpa` a packed row costs the sum over its samples of their own
-attention (padded only within groups of similar length, never across samples), no T×T mask is
-built, and each token's output equals that of the sample run alone; `resolve_attn_implementation`
-turns the config's choice into one that trains on the runtime's device, or says why it cannot.
+Guarantee: with `document_varlen` a packed row is one varlen kernel call over its cumulative
+sample lengths (torch's `torch.nn.attention.varlen`, flash or cuDNN underneath; CUDA, bf16/fp16);
+with `document_sdpa` it costs the sum over its samples of their own attention (padded only
+within groups of similar length, never across samples). Neither builds a T×T mask, and each
+token's output equals that of the sample run alone. `resolve_attn_implementation` turns the
+config's choice into one that trains on the runtime's device and dtype, or says why it cannot.
+Both run eagerly inside compiled decoder layers, so a row's layout never recompiles them.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +23,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv
 
 DOCUMENT_SDPA = "document_sdpa"
+DOCUMENT_VARLEN = "document_varlen"
 PADDING_SLACK = 2.0
 """A group of samples is padded to its longest while that costs at most this many times the
 attention of the samples alone: one sdpa call per group instead of one per sample (on CPU, per
@@ -111,10 +116,19 @@ def document_sdpa_forward(
     if document_layout is None:
         out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=True, scale=scaling)
         return out.transpose(1, 2).contiguous(), None
-    q, k, v = query[0], key[0], value[0]  # [H, T, d]
+    return _document_attention(query[0], key[0], value[0], document_layout, dropout, scaling), None
+
+
+@torch.compiler.disable
+def _document_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: DocumentLayout, dropout: float, scaling: float | None
+) -> torch.Tensor:
+    """[H, T, d] -> [1, T, H, d]; run eagerly inside a compiled layer (the compiled graph breaks
+    here), so the row's layout (a Python structure that changes every micro-batch) never
+    becomes a guard that recompiles the layer."""
     heads, _, dim = q.shape
     outputs = []
-    for g in document_layout.groups:
+    for g in layout.groups:
         parts = [x[:, g.start : g.end] for x in (q, k, v)]
         if (
             g.gather is None
@@ -127,19 +141,108 @@ def document_sdpa_forward(
             out = out.transpose(0, 1).reshape(heads, g.count * g.longest, dim).index_select(1, g.keep)
         outputs.append(out)
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-    return out.transpose(0, 1).unsqueeze(0).contiguous(), None
+    return out.transpose(0, 1).unsqueeze(0).contiguous()
+
+
+@dataclass(frozen=True)
+class VarlenLayout:
+    cu_seqlens: torch.Tensor
+    """[samples + 1] int32: where each sample of the row starts, and the row's end."""
+    longest: int
+
+    def to(self, device: torch.device) -> VarlenLayout:
+        return VarlenLayout(self.cu_seqlens.to(device), self.longest)
+
+
+def varlen_layout(lengths: Sequence[int]) -> VarlenLayout:
+    starts = [0]
+    for length in lengths:
+        starts.append(starts[-1] + length)
+    return VarlenLayout(torch.tensor(starts, dtype=torch.int32), max(lengths))
+
+
+def _varlen_kernel() -> Callable[..., torch.Tensor] | None:
+    """torch's varlen attention, where this torch has it (2.10+)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def document_varlen_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    document_layout: VarlenLayout | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: [1, H, T, d] inputs -> [1, T, H, d], causal per sample,
+    one varlen kernel call for the whole row (without `document_layout` the row is one sample)."""
+    if query.shape[0] != 1:
+        raise ValueError(
+            f"attn_implementation {DOCUMENT_VARLEN!r} takes one packed row, but the batch has {query.shape[0]} "
+            "rows; pack them into one (envrl.trainer.packing.pack)"
+        )
+    if dropout:
+        raise ValueError(f"attn_implementation {DOCUMENT_VARLEN!r} has no dropout (got {dropout}); train with 0")
+    layout = document_layout or varlen_layout([query.shape[2]]).to(query.device)
+    groups = getattr(module, "num_key_value_groups", 1)
+    return _varlen_attention(query[0], key[0], value[0], layout, scaling, groups), None
+
+
+@torch.compiler.disable
+def _varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: VarlenLayout, scaling: float | None, groups: int
+) -> torch.Tensor:
+    """[H, T, d] -> [1, T, H, d] through torch's varlen kernel ([T, H, d] layout, causal)."""
+    kernel = _varlen_kernel()
+    params = inspect.signature(kernel).parameters
+    gqa = groups > 1 and "enable_gqa" in params
+    if groups > 1 and not gqa:
+        k, v = repeat_kv(k.unsqueeze(0), groups)[0], repeat_kv(v.unsqueeze(0), groups)[0]
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    out = kernel(
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        layout.cu_seqlens,
+        layout.cu_seqlens,
+        layout.longest,
+        layout.longest,
+        scale=scaling,
+        **causal,
+        **({"enable_gqa": True} if gqa else {}),
+    )
+    return out.unsqueeze(0)
 
 
 AttentionInterface.register(DOCUMENT_SDPA, document_sdpa_forward)
+AttentionInterface.register(DOCUMENT_VARLEN, document_varlen_forward)
 
 
-def resolve_attn_implementation(choice: str, device: torch.device) -> str:
-    """The attention transformers should use for training on `device` (`auto` picks the fastest
-    document-masked one available: flash-attention's varlen kernel on CUDA if installed, else
-    `document_sdpa`)."""
+def resolve_attn_implementation(choice: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+    """The attention transformers should use for training on `device` in `dtype` (`auto` picks
+    the fastest document-masked one available: on CUDA in bf16/fp16 flash-attention's varlen
+    kernel if flash-attn is installed, else torch's varlen kernel (`document_varlen`) where torch
+    has it; otherwise `document_sdpa`)."""
+    half = dtype in (torch.bfloat16, torch.float16)
     if choice == "auto":
-        flash = device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None
-        return "flash_attention_2" if flash else DOCUMENT_SDPA
+        if device.type != "cuda" or not half:
+            return DOCUMENT_SDPA
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+        return DOCUMENT_VARLEN if _varlen_kernel() is not None else DOCUMENT_SDPA
+    if choice == DOCUMENT_VARLEN and (device.type != "cuda" or not half or _varlen_kernel() is None):
+        raise ValueError(
+            f"trainer.attn_implementation = {DOCUMENT_VARLEN!r} needs CUDA, bf16/fp16 compute and "
+            f"torch.nn.attention.varlen (torch 2.10+); here: {device.type}, {dtype}, torch {torch.__version__}. "
+            "Use 'auto' (document_sdpa where varlen cannot run)"
+        )
     if choice == "flex_attention" and device.type == "cpu":
         raise ValueError(
             "trainer.attn_implementation = 'flex_attention' cannot train on CPU (torch has no flex "

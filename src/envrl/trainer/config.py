@@ -152,10 +152,12 @@ class TrainerConfig(BaseConfig):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype: auto = bfloat16 on GPU (fp32 master weights), float32 on CPU."""
     attn_implementation: str = "auto"
-    """`auto`: `flash_attention_2` (varlen) on CUDA when flash-attn is installed, else envrl's
-    `document_sdpa` (causal sdpa per sample, no T×T mask). Any name transformers knows is
-    passed through (`sdpa`, `eager`: dense T×T mask over the packed row; `flex_attention`: GPU
-    only, torch has no flex backward on CPU). All keep packed samples apart."""
+    """`auto`: on CUDA in bf16, `flash_attention_2` (varlen) when flash-attn is installed, else
+    envrl's `document_varlen` (torch.nn.attention.varlen: one kernel call per packed row over its
+    cumulative sample lengths); on CPU or in fp32 envrl's `document_sdpa` (causal sdpa per group
+    of similar-length samples, no T×T mask). Any name transformers knows is passed through
+    (`sdpa`, `eager`: dense T×T mask over the packed row; `flex_attention`: GPU only, torch has
+    no flex backward on CPU). All keep packed samples apart."""
     phase_threads: bool = False
     """On one CPU process: compute with every usable core while the orchestrator waits for this
     step's weights (it has published the newest batch the async bound allows, so vLLM idles)
@@ -163,8 +165,17 @@ class TrainerConfig(BaseConfig):
     (OMP_NUM_THREADS, one beside vLLM on a CPU box). Checked before each micro-batch's forward
     and backward, so the switch needs more than one micro-batch a step (`micro_batch_tokens`) to happen
     mid-step. No effect on GPUs or ranks."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in backward to save memory."""
+    activation_checkpointing: Literal["auto"] | bool = "auto"
+    """Recompute decoder layers' activations in backward to save memory: `true` every layer,
+    `false` none, `auto` none when every layer's activations at `micro_batch_tokens` fit the
+    device's free memory, else every k-th layer with the largest k that fits, else every layer
+    (the estimate: `envrl.trainer.recompute`; the choice is logged at start-up)."""
+    compile: Literal["auto"] | bool = "auto"
+    """Compile each decoder layer (`torch.compile`, regional: identical layers compile once; the
+    inductor cache under `~/.cache/envrl/inductor`, so a restart reuses it). `auto`: on GPU, and
+    on CPU for models of 50M parameters or more (a debug model's start-up would pay more than it
+    saves). Without a compiler (triton on GPU, a C++ compiler on CPU) the layers run eagerly,
+    with one log line saying so."""
     batch_timeout_s: float = Field(3600.0, gt=0)
     """Fail if `rollouts/step_<n>/` has not appeared this long after the trainer started waiting."""
     lora: LoraConfig | None = None

@@ -27,11 +27,19 @@ from envrl.runtime.atomic import write_failure
 from envrl.telemetry.ledger import Ledger
 from envrl.telemetry.metrics import MetricsSink
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from envrl.trainer.compile import CompileClock
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora
-from envrl.trainer.loss import policy_loss, token_logprobs
-from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
-from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, build_reference, phase_threads
+from envrl.trainer.loss import policy_loss
+from envrl.trainer.packing import MicroBatch, pack, packed_token_logprobs, shard
+from envrl.trainer.parallel import (
+    Runtime,
+    all_reduce_sum,
+    build_model,
+    build_reference,
+    hold_gathered,
+    phase_threads,
+)
 from envrl.trainer.weights import publish_final, weight_publisher
 from envrl.transport.batches import BatchReceiver, BatchTimeout, FileBatchReceiver
 from envrl.transport.memory import TransferError
@@ -86,6 +94,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, optim, config.max_steps)
         )
+        self.compile_clock = CompileClock(self.model)
+        """Reports the first step's compile time once (a no-op for an eager model)."""
         self.threads = phase_threads(config, runtime)
         """Torch threads that follow generation's phase (None: the start-up count throughout)."""
         self.metrics: MetricsSink | None = None
@@ -208,7 +218,8 @@ class Trainer:
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(len(SUMS), dtype=torch.float64, device=runtime.device)
-        for micro_batch in mine:
+        for i, micro_batch in enumerate(mine):
+            hold_gathered(self.model, runtime, more_micro_batches=i < len(mine) - 1)
             sums += self._forward_backward(step, micro_batch.to(runtime.device))
         all_reduce_sum(sums, runtime)
         totals = dict(zip(SUMS, sums.tolist(), strict=True))
@@ -226,6 +237,7 @@ class Trainer:
         if runtime.device.type == "cuda":
             torch.cuda.synchronize(runtime.device)
         elapsed = time.perf_counter() - start
+        self.compile_clock.report(elapsed)
         n = max(totals["loss_tokens"], 1.0)
         return {
             "loss": totals["loss"],
@@ -263,14 +275,11 @@ class Trainer:
     def _forward_backward(self, step: int, mb: MicroBatch) -> torch.Tensor:
         """Loss and backward on one micro-batch of `step`; returns its sums in `SUMS` order."""
         self._follow_phase(step)
-        logits = packed_logits(self.model, mb)
-        logprobs, entropy = token_logprobs(logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
+        logprobs, entropy = packed_token_logprobs(self.model, mb)
         ref_logprobs = None
         if self.with_reference:
             with torch.no_grad(), self._reference_model() as reference:
-                ref_logits = packed_logits(reference, mb)
-                ref_logprobs, _ = token_logprobs(ref_logits, mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
-                del ref_logits
+                ref_logprobs, _ = packed_token_logprobs(reference, mb)
         loss, stats = policy_loss(
             logprobs,
             mb.inference_logprobs,

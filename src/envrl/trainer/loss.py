@@ -12,9 +12,43 @@ import torch.nn.functional as F
 
 from envrl.trainer.config import LossConfig
 
-ENTROPY_CHUNK_ELEMENTS = 2**26
-"""The entropy's two [rows, V] fp32 temporaries are made this many elements at a time (256 MB),
-not for the whole row: at 16k tokens and Qwen3's 151936-token vocabulary that saves 20 GB."""
+LOGITS_CHUNK_ELEMENTS = 2**26
+"""Logits scored at once (rows per chunk = this // vocab): 256 MB in fp32. At Qwen3's 151,936-token
+vocabulary that is 441 rows, a GEMM large enough to keep a GPU busy, while one chunk's fp32
+temporaries (scaled logits, log-softmax, in backward their gradient) stay near 1 GB."""
+
+
+def row_chunks(total: int, vocab: int, chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> list[slice]:
+    """Consecutive row slices covering `total` rows, each at most `chunk_elements // vocab` rows."""
+    size = max(1, chunk_elements // vocab)
+    return [slice(start, min(total, start + size)) for start in range(0, total, size)]
+
+
+def chunk_scores(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of `targets` [R] under each row of `logits` [R, V] divided by `temperature`
+    [R], truncated like vLLM where `top_k` > 0 or `top_p` < 1 (top-k first, then the nucleus of
+    what is left; the kept tokens renormalised), and the (detached) entropy of the
+    temperature-scaled distribution before truncation, both fp32 [R]."""
+    # bf16 / fp32 promotes to fp32 in one [R, V] allocation (`.float()` first would make two)
+    scaled = logits / temperature.float().unsqueeze(-1)
+    logp_all = F.log_softmax(scaled, dim=-1)
+    picked = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    truncated = None if top_p is None or top_k is None else (top_p < 1) | (top_k > 0)
+    if truncated is not None and truncated.any():
+        rows = truncated.nonzero().squeeze(-1)
+        kept = _kept_tokens(scaled[rows].detach(), top_p[rows], top_k[rows])
+        log_mass = torch.logsumexp(logp_all[rows].masked_fill(~kept, float("-inf")), dim=-1)
+        picked = picked.index_put((rows,), picked[rows] - log_mass)
+    del scaled  # backward does not need it
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return picked, entropy
 
 
 def token_logprobs(
@@ -24,28 +58,33 @@ def token_logprobs(
     top_p: torch.Tensor | None = None,
     top_k: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability of each token under the distribution that sampled it, and its entropy.
+    """Log-probability of each token under the distribution that sampled it, and its entropy,
+    from a row's full logits (the trainer itself scores through `head.LogprobHead`, which never
+    builds them).
 
     `logits` is [T, V] for tokens `input_ids` [T]; position t is scored by the logits at t - 1
-    divided by `temperature[t]` ([T]: each token's own sampling temperature), truncated like vLLM
-    where `top_k[t]` > 0 or `top_p[t]` < 1 (top-k first, then the nucleus of what is left; the
-    kept tokens renormalised). Position 0 (which nothing predicts) gets logprob 0 and entropy 0.
-    The entropy, of the temperature-scaled distribution before truncation, is detached.
+    with token t's own sampling parameters (`chunk_scores`; `temperature`, `top_p`, `top_k` are
+    [T]). Position 0 (which nothing predicts) gets logprob 0 and entropy 0. Scored
+    `LOGITS_CHUNK_ELEMENTS` at a time, so the fp32 temporaries past the log-softmax that backward
+    keeps are one chunk's.
     """
-    # bf16 / fp32 promotes to fp32 in one [T, V] allocation (`.float()` first would make two)
-    scaled = logits[:-1] / temperature[1:].float().unsqueeze(-1)
-    logp_all = F.log_softmax(scaled, dim=-1)
-    picked = logp_all.gather(-1, input_ids[1:].unsqueeze(-1)).squeeze(-1)
-    truncated = None if top_p is None or top_k is None else (top_p[1:] < 1) | (top_k[1:] > 0)
-    if truncated is not None and truncated.any():
-        rows = truncated.nonzero().squeeze(-1)
-        kept = _kept_tokens(scaled[rows].detach(), top_p[1:][rows], top_k[1:][rows])
-        log_mass = torch.logsumexp(logp_all[rows].masked_fill(~kept, float("-inf")), dim=-1)
-        picked = picked.index_put((rows,), picked[rows] - log_mass)
-    del scaled  # backward does not need it; at 16k tokens x 151936 it is 10 GB
-    with torch.no_grad():
-        rows_per_chunk = max(1, ENTROPY_CHUNK_ELEMENTS // logp_all.shape[-1])
-        entropy = torch.cat([-(chunk.exp() * chunk).sum(-1) for chunk in logp_all.split(rows_per_chunk)])
+    targets, sampling = next_token_targets(input_ids, temperature, top_p, top_k)
+    parts = [
+        chunk_scores(logits[:-1][rows], targets[rows], *(None if t is None else t[rows] for t in sampling))
+        for rows in row_chunks(logits.shape[0] - 1, logits.shape[-1])
+    ]
+    return with_first_position(torch.cat([p for p, _ in parts]), torch.cat([e for _, e in parts]))
+
+
+def next_token_targets(
+    input_ids: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None, top_k: torch.Tensor | None
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
+    """What position t - 1 of a row predicts: token t and its sampling parameters (all [T - 1])."""
+    return input_ids[1:], tuple(None if t is None else t[1:] for t in (temperature, top_p, top_k))
+
+
+def with_first_position(picked: torch.Tensor, entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T - 1] scores of positions 1.. -> [T], position 0 (which nothing predicts) scored 0."""
     zero = picked.new_zeros(1)
     return torch.cat([zero, picked]), torch.cat([zero, entropy])
 

@@ -18,7 +18,9 @@ from loguru import logger
 from torch import nn
 
 from envrl.data.samples import TrainingSample
-from envrl.trainer.attention import DOCUMENT_SDPA, document_layout
+from envrl.trainer.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN, document_layout, varlen_layout
+from envrl.trainer.head import LogprobHead, ScoreRequest
+from envrl.trainer.loss import token_logprobs
 
 
 @dataclass(frozen=True)
@@ -137,17 +139,33 @@ def pack(
 def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
     """[T, V] logits of a packed row, each sample attending only to itself.
 
-    With `document_sdpa` the row's sample lengths go to the attention as `document_layout`.
+    With `document_sdpa` / `document_varlen` the row's sample lengths go to the attention as
+    `document_layout` (padded groups / cumulative lengths).
     Any other implementation gets the separation from position ids that restart at 0:
     transformers derives a block-diagonal mask from them (dense T×T for sdpa/eager, a block
     mask for flex, varlen for flash), but only without an attention mask and without a KV
     cache: `use_cache=False` is load-bearing.
     """
     extra = {}
-    if model.config._attn_implementation == DOCUMENT_SDPA:
-        extra["document_layout"] = document_layout(micro_batch.lengths).to(micro_batch.input_ids.device)
+    implementation = model.config._attn_implementation
+    if implementation in (DOCUMENT_SDPA, DOCUMENT_VARLEN):
+        layout = (document_layout if implementation == DOCUMENT_SDPA else varlen_layout)(micro_batch.lengths)
+        extra["document_layout"] = layout.to(micro_batch.input_ids.device)
     out = model(input_ids=micro_batch.input_ids, position_ids=micro_batch.position_ids, use_cache=False, **extra)
     return out.logits[0]
+
+
+def packed_token_logprobs(model: nn.Module, micro_batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T] log-probability of each token of a packed row under the distribution that sampled it,
+    and that distribution's entropy (`loss.token_logprobs`). Through the model's `LogprobHead`
+    where it has one (`head.install_logprob_head`): no [T, V] logits are built; else from them."""
+    mb = micro_batch
+    head = model.get_output_embeddings()
+    if not isinstance(head, LogprobHead):
+        return token_logprobs(packed_logits(model, mb), mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)
+    with head.scoring(ScoreRequest(mb.input_ids[0], mb.temperature, mb.top_p, mb.top_k)):
+        scores = packed_logits(model, mb)
+    return scores[:, 0], scores[:, 1]
 
 
 def inert_micro_batch(pad_token_id: int) -> MicroBatch:

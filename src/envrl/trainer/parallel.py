@@ -23,9 +23,12 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from envrl.data.layout import batch_dir
 from envrl.trainer.attention import resolve_attn_implementation
+from envrl.trainer.compile import compile_layers, compile_plan
 from envrl.trainer.config import TrainerConfig
+from envrl.trainer.head import install_logprob_head
 from envrl.trainer.loading import load_shards, model_files
 from envrl.trainer.lora import apply_lora
+from envrl.trainer.recompute import LayerShape, apply_recompute, free_memory, local_trainable_params, plan_recompute
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     """The HF model in fp32 (with `trainer.lora`: LoRA adapters on it, the base frozen), placed on
     the runtime's device. One process loads it whole; sharded ranks build it on the meta device
     and read only their own shards from the checkpoint files (`trainer/loading.py`)."""
-    attn_implementation = resolve_attn_implementation(config.attn_implementation, runtime.device)
+    attn_implementation = resolve_attn_implementation(config.attn_implementation, runtime.device, runtime.compute_dtype)
     if runtime.sharded:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
@@ -144,29 +147,57 @@ def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
         )
     logger.info(f"attention: {attn_implementation} (trainer.attn_implementation = {config.attn_implementation!r})")
     model.config.use_cache = False
-    if config.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.lora is not None:
         model = apply_lora(model, config.lora, config.model.name)
+    install_logprob_head(model)
     if runtime.sharded:
         load_shards(model, model_files(config.model.name), runtime.device, lambda m: shard_model(m, runtime))
     else:
         model.to(runtime.device)
     model.train()
+    recompute = plan_recompute(
+        config.activation_checkpointing,
+        LayerShape.of(model.config),
+        config.micro_batch_tokens,
+        runtime.compute_dtype.itemsize,
+        free_memory(runtime.device),
+        local_trainable_params(model),
+    )
+    apply_recompute(model, recompute)
+    num_params = sum(p.numel() for p in model.parameters())
+    compile_layers(model, compile_plan(config.compile, runtime.device, num_params))
     return model
 
 
 def shard_model(model: nn.Module, runtime: Runtime) -> None:
     """FSDP2 over the ranks: each decoder layer a unit, the rest (embeddings, head) the root's;
-    fp32 master weights, compute in the runtime's dtype, gradients reduced in fp32."""
+    fp32 master weights, compute in the runtime's dtype, gradients reduced in fp32.
+
+    On one rank nothing is sharded, so the compute-dtype copy of the parameters is kept from
+    forward to backward (`reshard_after_forward=False`) and, with `hold_gathered`, from one
+    micro-batch to the next: the fp32 -> bf16 cast runs once per optimizer step, not twice per
+    micro-batch (and the recompute of a checkpointed layer reuses it too)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
     policy = MixedPrecisionPolicy(param_dtype=runtime.compute_dtype, reduce_dtype=torch.float32)
+    reshard = runtime.world_size > 1
     for layer in model.get_decoder().layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+
+
+def hold_gathered(model: nn.Module, runtime: Runtime, more_micro_batches: bool) -> None:
+    """On one sharded rank, keep the gathered compute-dtype parameters and accumulate gradients
+    unreduced (in fp32: FSDP2 upcasts them to `reduce_dtype`) while `more_micro_batches` of this
+    optimizer step follow; release and reduce after the last. The same fp32 sums as reducing
+    after each micro-batch (one rank: the reduction is a copy). Several ranks keep FSDP's
+    per-micro-batch gather and reduce: holding would give up the sharding's memory."""
+    if not runtime.sharded or runtime.world_size > 1 or not hasattr(model, "set_reshard_after_backward"):
+        return
+    model.set_reshard_after_backward(not more_micro_batches)
+    model.set_requires_gradient_sync(not more_micro_batches)
 
 
 def build_reference(config: TrainerConfig, runtime: Runtime) -> nn.Module:

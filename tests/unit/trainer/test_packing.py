@@ -1,5 +1,6 @@
 """Packing: every sample exactly once, no attention across samples, batch-wide normalisation."""
 
+import importlib.util
 from itertools import pairwise
 
 import pytest
@@ -8,8 +9,14 @@ from transformers import AutoModelForCausalLM
 
 from envrl.data.samples import TrainingSample
 from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.attention import DOCUMENT_SDPA, document_layout, resolve_attn_implementation
-from envrl.trainer.packing import balanced_bins, pack, packed_logits, shard
+from envrl.trainer.attention import (
+    DOCUMENT_SDPA,
+    DOCUMENT_VARLEN,
+    document_layout,
+    resolve_attn_implementation,
+    varlen_layout,
+)
+from envrl.trainer.packing import balanced_bins, pack, packed_logits, packed_token_logprobs, shard
 from tests.support.samples import synthetic_samples
 
 
@@ -157,3 +164,39 @@ def test_document_attention_runs_on_sdpas_flash_kernel_for_groups_and_lone_sampl
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         packed_logits(model, mb).logsumexp(-1).sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_varlen_attention_is_chosen_on_cuda_in_bf16_and_refused_where_it_cannot_run():
+    cuda = torch.device("cuda")
+    has_varlen = hasattr(torch.nn.attention, "varlen") or importlib.util.find_spec("torch.nn.attention.varlen")
+    flash = importlib.util.find_spec("flash_attn") is not None
+    expected = "flash_attention_2" if flash else (DOCUMENT_VARLEN if has_varlen else DOCUMENT_SDPA)
+    assert resolve_attn_implementation("auto", cuda, torch.bfloat16) == expected
+    assert resolve_attn_implementation("auto", cuda, torch.float32) == DOCUMENT_SDPA  # the kernel is half only
+    assert resolve_attn_implementation("auto", torch.device("cpu"), torch.bfloat16) == DOCUMENT_SDPA
+    with pytest.raises(ValueError, match="document_varlen.*needs CUDA"):
+        resolve_attn_implementation(DOCUMENT_VARLEN, torch.device("cpu"), torch.bfloat16)
+
+
+def test_varlen_layout_is_the_rows_cumulative_sample_lengths():
+    layout = varlen_layout((5, 3, 7))
+    assert layout.cu_seqlens.tolist() == [0, 5, 8, 15] and layout.cu_seqlens.dtype == torch.int32
+    assert layout.longest == 7
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's varlen kernel runs on CUDA only")
+def test_varlen_attention_gives_document_sdpas_logprobs_on_cuda():
+    """bf16 on CUDA: both paths run flash-style kernels with fp32 accumulation over the same
+    samples; outputs differ by bf16 rounding of differently ordered partial sums (~2**-8
+    relative per layer), which the fp32 log-softmax carries to the logprobs as ~1e-2 at most."""
+    samples = mixed_lengths_samples()
+    (mb,) = pack(samples, max_tokens=4096, normalize="token")
+    mb = mb.to(torch.device("cuda"))
+    logprobs = {}
+    for implementation in (DOCUMENT_SDPA, DOCUMENT_VARLEN):
+        model = AutoModelForCausalLM.from_pretrained(
+            DEFAULT_DIR, dtype=torch.bfloat16, attn_implementation=implementation
+        )
+        with torch.no_grad():
+            logprobs[implementation] = packed_token_logprobs(model.cuda().eval(), mb)[0]
+    torch.testing.assert_close(logprobs[DOCUMENT_VARLEN], logprobs[DOCUMENT_SDPA], atol=2e-2, rtol=2e-2)
