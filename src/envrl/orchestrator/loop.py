@@ -31,11 +31,11 @@ from envrl.data.layout import (
     train_rollouts_file,
 )
 from envrl.data.samples import TrainingSample
-from envrl.data.traces import Split, Trace, Turn, TurnTokens
+from envrl.data.traces import Split, Trace
 from envrl.model.client import TrainClientConfig
 from envrl.model.replicas import InferenceReplicas
-from envrl.orchestrator.advantage import baseline, batch_reward_std, group_advantages, trained_rollouts
 from envrl.orchestrator.background_evals import BackgroundEvals
+from envrl.orchestrator.batch import BatchBuilder
 from envrl.orchestrator.checks import CheckFailed, StepChecks
 from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
@@ -46,7 +46,6 @@ from envrl.orchestrator.retention import disk_use, prune_batches
 from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
 from envrl.orchestrator.stats import rollout_metrics, seq_len_note, token_metrics, why_unscored
-from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
 from envrl.orchestrator.watchdog import StallWatchdog, inflight_table
 from envrl.runtime.atomic import fsync_file, write_failure
 from envrl.runtime.lifeline import parent_pid
@@ -121,9 +120,7 @@ class Orchestrator:
             output_dir=self.output_dir, factor=checks.stall_factor, min_s=checks.stall_min_s, strict=checks.strict,
             describe=self._where, stacks_root=parent_pid(),
         )  # fmt: skip
-        self.seq_counts: dict[str, SeqLenCounts] = {}
-        """Per env, what `seq_len` did to the current step's samples."""
-        self._backfill: TokenBackfill | None = None
+        self.batch = BatchBuilder(config, self.counters)
 
     async def run(self) -> None:
         """Start, publish a batch per step, evaluate the final policy, and always close."""
@@ -240,7 +237,7 @@ class Orchestrator:
                 self._append_group(step, group)
             with self.ledger.span("batching", step):
                 with self.ledger.span("samples", step):
-                    samples = self._to_samples(step, groups)
+                    samples = self.batch.samples(groups, lambda group: self._append_group(step, group))
                 with self.ledger.span("metrics", step):
                     self._report(step, groups, stale, samples, time.monotonic() - started)
                 with self.ledger.span("publish_batch", step):
@@ -250,46 +247,6 @@ class Orchestrator:
             if self.config.batch_retention == "checkpoints":
                 prune_batches(self.output_dir)
         self.ledger.flush()
-
-    def _to_samples(self, step: int, groups: list[Group]) -> list[TrainingSample]:
-        samples: list[TrainingSample] = []
-        self.seq_counts = {group.env.name: SeqLenCounts() for group in groups}
-        scored = [baseline(group.traces) for group in groups]
-        rewards = [[t.reward for t in good if t.reward is not None] for good in scored]
-        batch_std = batch_reward_std(rewards)
-        for group, good, group_rewards in zip(groups, scored, rewards, strict=True):
-            self._append_group(step, group)
-            self.counters["error_rollouts"] += sum(t.has_error for t in group.traces)
-            self.counters["unscored_rollouts"] += sum(not t.has_error and t.reward is None for t in group.traces)
-            advantages = group_advantages(group_rewards, self.config.advantage, batch_std)
-            if advantages is None:
-                self.counters["dropped_groups"] += 1
-                continue
-            trained = trained_rollouts(good, advantages, self.config.advantage)
-            self.counters["masked_truncated_rollouts"] += len(good) - len(trained)
-            for trace, advantage in trained:
-                made = trace_to_samples(
-                    trace,
-                    advantage=advantage,
-                    env=group.env.name,
-                    policy_step=group.counted_step,
-                    sampling=group.env.sampling,
-                    backfill=self._backfill_turn,
-                )
-                samples += fit_seq_len(
-                    made, self.config.seq_len, self.config.seq_len_policy, self.seq_counts[group.env.name]
-                )
-        return samples
-
-    def _backfill_turn(self, turn: Turn) -> TurnTokens:
-        """Tokens for a token-less turn. The tokenizer loads on the first such turn, not before:
-        most runs never see one, and loading transformers' tokenizer stack is slow enough to show
-        in step 0's time (docs/measurements.md)."""
-        if self._backfill is None:
-            from transformers import AutoTokenizer
-
-            self._backfill = TokenBackfill(AutoTokenizer.from_pretrained(self.config.model.name))
-        return self._backfill(turn)
 
     # -- outputs ----------------------------------------------------------------------------------
 
@@ -321,7 +278,7 @@ class Orchestrator:
         for name, traces in traces_by_env.items():
             metrics.update(rollout_metrics(f"train/{name}", traces, replaced_by_env[name]))
             metrics[f"train/{name}/share"] = len(traces) / max(total, 1)
-            counts = self.seq_counts[name]
+            counts = self.batch.seq_counts[name]
             metrics[f"train/{name}/seq_truncated"] = counts.truncated
             metrics[f"train/{name}/seq_dropped"] = counts.dropped
             metrics[f"train/{name}/seq_tokens_cut"] = counts.tokens_cut
@@ -366,7 +323,7 @@ class Orchestrator:
         shares = {name: len(t) / max(total, 1) for name, t in traces_by_env.items()}
         logger.info(
             f"step {step}/{self.config.max_steps} | reward {reward:.3f}{why_unscored(all_traces) if not good else ''} | "
-            f"errors {metrics['train/error_rate']:.0%}{outcome_note(metrics)}{seq_len_note(self.seq_counts)} | "
+            f"errors {metrics['train/error_rate']:.0%}{outcome_note(metrics)}{seq_len_note(self.batch.seq_counts)} | "
             f"policy {self.policy.current} | in-flight {metrics['inflight']} | {seconds:.1f} s "
             f"(waited {self.policy.waited:.1f} s) | shares {self._fmt_shares(shares)} | {disk.describe()}"
         )
