@@ -18,6 +18,7 @@ import math
 import os
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +41,14 @@ from envrl.orchestrator.checks import CheckFailed, StepChecks
 from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
-from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import disk_use, prune_batches
+from envrl.orchestrator.rollout_files import append_group, append_rollouts
 from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
 from envrl.orchestrator.stats import rollout_metrics, seq_len_note, token_metrics, why_unscored
 from envrl.orchestrator.watchdog import StallWatchdog, inflight_table
-from envrl.runtime.atomic import fsync_file, write_failure
+from envrl.runtime.atomic import fsync_file
 from envrl.runtime.lifeline import parent_pid
 from envrl.telemetry.console import outcome_note
 from envrl.telemetry.ledger import Ledger
@@ -233,11 +234,12 @@ class Orchestrator:
             with self.ledger.span("wait_rollouts", step):
                 groups = await self.scheduler.collect(step, self.policy.current)
             stale += self.scheduler.drop_stale(step)  # arrived too old while collecting: this step's too
+            record = partial(append_group, self.output_dir, step, counters=self.counters)  # a group's rollout lines
             for group in stale:
-                self._append_group(step, group)
+                record(group)
             with self.ledger.span("batching", step):
                 with self.ledger.span("samples", step):
-                    samples = self.batch.samples(groups, lambda group: self._append_group(step, group))
+                    samples = self.batch.samples(groups, record)
                 with self.ledger.span("metrics", step):
                     self._report(step, groups, stale, samples, time.monotonic() - started)
                 with self.ledger.span("publish_batch", step):
@@ -249,20 +251,6 @@ class Orchestrator:
         self.ledger.flush()
 
     # -- outputs ----------------------------------------------------------------------------------
-
-    def _append_group(self, step: int, group: Group) -> None:
-        """A train group's rollout lines (the failed attempts its refills replaced after them), each
-        outcome and each replaced attempt counted (`counters/refilled_rollouts`: one line more each)."""
-        traces = group.all_traces
-        self._append_rollouts(train_rollouts_file(self.output_dir), step, group.env, group.counted_step, traces)
-        self.counters.update(f"outcome_{t.outcome}" for t in traces)
-        self.counters["refilled_rollouts"] += len(group.replaced)
-
-    def _append_rollouts(self, path: Path, step: int, env: EnvHandle, policy_step: int, traces: list[Trace]) -> None:
-        try:
-            append_lines(path, (trace_line(t, step=step, env=env.name, policy_step=policy_step) for t in traces))
-        except OSError as e:  # a full disk: name the file (a resume drops the cut line)
-            raise OSError(e.errno, write_failure(path, e), str(path)) from e
 
     def _report(
         self, step: int, groups: list[Group], stale: list[Group], samples: list[TrainingSample], seconds: float
@@ -361,7 +349,7 @@ class Orchestrator:
         await run_grids([grid], self.config.inflight_limit)
         path = eval_rollouts_file(self.output_dir, step)
         for group in grid.groups():
-            self._append_rollouts(path, step, env, policy_step, group)
+            append_rollouts(path, step, env.name, policy_step, group)
         metrics = {f"eval/{env.name}/{key}": value for key, value in grid.summary().items()}
         metrics[f"eval/{env.name}/policy_step"] = policy_step
         self.metrics.log(step, metrics)
