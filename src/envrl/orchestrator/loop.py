@@ -14,13 +14,11 @@ drops those of unpublished steps.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import time
 from collections import Counter
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from loguru import logger
 
@@ -32,7 +30,7 @@ from envrl.data.layout import (
     train_rollouts_file,
 )
 from envrl.data.samples import TrainingSample
-from envrl.data.traces import Split, Trace
+from envrl.data.traces import Split
 from envrl.model.client import TrainClientConfig
 from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.background_evals import BackgroundEvals
@@ -42,15 +40,15 @@ from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
 from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
 from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.policy import PolicyTracker
-from envrl.orchestrator.retention import disk_use, prune_batches
+from envrl.orchestrator.retention import prune_batches
 from envrl.orchestrator.rollout_files import append_group, append_rollouts
-from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
+from envrl.orchestrator.scheduler import BatchShape, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
-from envrl.orchestrator.stats import rollout_metrics, seq_len_note, token_metrics, why_unscored
+from envrl.orchestrator.step_report import StepReport
 from envrl.orchestrator.watchdog import StallWatchdog, inflight_table
 from envrl.runtime.atomic import fsync_file
 from envrl.runtime.lifeline import parent_pid
-from envrl.telemetry.console import outcome_note
+from envrl.telemetry.console import fmt_shares
 from envrl.telemetry.ledger import Ledger
 from envrl.telemetry.metrics import MetricsSink
 from envrl.transport.batches import BatchSender, FileBatchSender
@@ -122,6 +120,7 @@ class Orchestrator:
             describe=self._where, stacks_root=parent_pid(),
         )  # fmt: skip
         self.batch = BatchBuilder(config, self.counters)
+        self.report = StepReport(self.metrics, self.output_dir, config.max_steps, self.counters)
 
     async def run(self) -> None:
         """Start, publish a batch per step, evaluate the final policy, and always close."""
@@ -193,7 +192,7 @@ class Orchestrator:
         await self.inference.wait_until_ready(self.config.inference.ready_timeout_s)
         await self.policy.start_from(self.config.model.name)
         await asyncio.gather(*(env.start() for env in self._all_envs))
-        logger.info(f"target env shares: {self._fmt_shares(self.train_envs.shares())}")
+        logger.info(f"target env shares: {fmt_shares(self.train_envs.shares())}")
 
     async def close(self) -> None:
         """Cancel what is in flight, stop the env servers, release the clients and the metrics."""
@@ -241,7 +240,10 @@ class Orchestrator:
                 with self.ledger.span("samples", step):
                     samples = self.batch.samples(groups, record)
                 with self.ledger.span("metrics", step):
-                    self._report(step, groups, stale, samples, time.monotonic() - started)
+                    self.report.log(
+                        step, groups, stale, samples, time.monotonic() - started,
+                        seq_counts=self.batch.seq_counts, policy=self.policy, inflight=self.scheduler.inflight_rollouts,
+                    )  # fmt: skip
                 with self.ledger.span("publish_batch", step):
                     self._publish(step, samples)
             self.watchdog.step_finished(step, time.monotonic() - started)
@@ -252,70 +254,6 @@ class Orchestrator:
 
     # -- outputs ----------------------------------------------------------------------------------
 
-    def _report(
-        self, step: int, groups: list[Group], stale: list[Group], samples: list[TrainingSample], seconds: float
-    ) -> None:
-        metrics: dict[str, Any] = {}
-        traces_by_env: dict[str, list[Trace]] = {}
-        replaced_by_env: dict[str, list[Trace]] = {}
-        for group in groups:
-            traces_by_env.setdefault(group.env.name, []).extend(group.traces)
-            replaced_by_env.setdefault(group.env.name, []).extend(group.replaced)
-            metrics.setdefault(f"train/{group.env.name}/staleness", []).append(float(step - group.counted_step))
-        total = sum(len(t) for t in traces_by_env.values())
-        for name, traces in traces_by_env.items():
-            metrics.update(rollout_metrics(f"train/{name}", traces, replaced_by_env[name]))
-            metrics[f"train/{name}/share"] = len(traces) / max(total, 1)
-            counts = self.batch.seq_counts[name]
-            metrics[f"train/{name}/seq_truncated"] = counts.truncated
-            metrics[f"train/{name}/seq_dropped"] = counts.dropped
-            metrics[f"train/{name}/seq_tokens_cut"] = counts.tokens_cut
-        for key in [k for k in metrics if k.endswith("/staleness")]:
-            metrics[key] = sum(metrics[key]) / len(metrics[key])
-        all_traces = [t for traces in traces_by_env.values() for t in traces]
-        good = [t.reward for t in all_traces if t.in_baseline]
-        reward = sum(good) / len(good) if good else math.nan
-        metrics.update(
-            {
-                "train/reward": reward,
-                "train/error_rate": sum(t.has_error for t in all_traces) / max(total, 1),
-                "train/samples": len(samples),
-                "train/trained_tokens": sum(sum(s.loss_mask) for s in samples),
-                **token_metrics(
-                    step,
-                    [*all_traces, *(t for g in stale for t in g.traces)],
-                    [t for g in stale for t in g.traces],
-                    samples,
-                ),
-                "perf/step_time": seconds,
-                "perf/rollouts_per_s": total / seconds if seconds > 0 else 0.0,
-                "perf/wait_for_trainer": self.policy.waited,
-                "policy_step": self.policy.current,
-                "inflight": self.scheduler.inflight_rollouts,
-                **{f"counters/{k}": v for k, v in self.counters.items()},
-            }
-        )
-        disk = disk_use(self.output_dir)
-        metrics["disk/run_gib"] = disk.run_bytes / 1024**3
-        metrics["disk/free_gib"] = disk.free_bytes / 1024**3
-        self.metrics.log(step, metrics)
-        if disk.low:
-            logger.warning(f"step {step}: only {disk.describe()} left on the run's filesystem ({self.output_dir})")
-        if not samples:
-            why = (
-                why_unscored(all_traces)
-                if not good
-                else " (every scored group was dropped, equal rewards, or cut by seq_len)"
-            )
-            logger.warning(f"step {step} trains nothing{why}")
-        shares = {name: len(t) / max(total, 1) for name, t in traces_by_env.items()}
-        logger.info(
-            f"step {step}/{self.config.max_steps} | reward {reward:.3f}{why_unscored(all_traces) if not good else ''} | "
-            f"errors {metrics['train/error_rate']:.0%}{outcome_note(metrics)}{seq_len_note(self.batch.seq_counts)} | "
-            f"policy {self.policy.current} | in-flight {metrics['inflight']} | {seconds:.1f} s "
-            f"(waited {self.policy.waited:.1f} s) | shares {self._fmt_shares(shares)} | {disk.describe()}"
-        )
-
     def _where(self) -> list[str]:
         """The orchestrator's part of a stall dump: its in-flight groups and its wait for the trainer."""
         published = self.policy.latest_published()
@@ -324,10 +262,6 @@ class Orchestrator:
             f"== orchestrator: serving policy {self.policy.current}; the trainer has published policy {published} "
             f"(a step waits for the trainer while policy < step - max_async_level = step - {self.config.max_async_level})",
         ]
-
-    @staticmethod
-    def _fmt_shares(shares: dict[str, float]) -> str:
-        return ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
 
     # -- evaluation -------------------------------------------------------------------------------
 
