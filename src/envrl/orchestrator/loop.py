@@ -23,7 +23,6 @@ from pathlib import Path
 from loguru import logger
 
 from envrl.data.layout import (
-    eval_rollouts_file,
     metrics_file,
     published_steps,
     rollouts_root,
@@ -36,15 +35,15 @@ from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.background_evals import BackgroundEvals
 from envrl.orchestrator.batch import BatchBuilder
 from envrl.orchestrator.checks import CheckFailed, StepChecks
-from envrl.orchestrator.config import EvalEnvConfig, OrchestratorConfig
+from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
-from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import prune_batches
-from envrl.orchestrator.rollout_files import append_group, append_rollouts
+from envrl.orchestrator.rollout_files import append_group
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
 from envrl.orchestrator.step_report import StepReport
+from envrl.orchestrator.train_evals import evaluate
 from envrl.orchestrator.watchdog import StallWatchdog, inflight_table
 from envrl.runtime.atomic import fsync_file
 from envrl.runtime.lifeline import parent_pid
@@ -120,6 +119,14 @@ class Orchestrator:
             describe=self._where, stacks_root=parent_pid(),
         )  # fmt: skip
         self.batch = BatchBuilder(config, self.counters)
+        self.evaluate = partial(
+            evaluate,
+            seed=config.seed,
+            max_inflight=config.inflight_limit,
+            output_dir=self.output_dir,
+            sink=self.metrics,
+        )
+        """One eval of a policy on one env: `evaluate(env, step, policy_step)`."""
         self.report = StepReport(self.metrics, self.output_dir, config.max_steps, self.counters)
 
     async def run(self) -> None:
@@ -229,7 +236,7 @@ class Orchestrator:
             stale = self.scheduler.drop_stale(step)
             if self.config.eval.due(step):
                 for env in self.eval_envs:
-                    self.evals.start(self._evaluate(env, step, self.policy.current))
+                    self.evals.start(self.evaluate(env, step, self.policy.current))
             with self.ledger.span("wait_rollouts", step):
                 groups = await self.scheduler.collect(step, self.policy.current)
             stale += self.scheduler.drop_stale(step)  # arrived too old while collecting: this step's too
@@ -252,8 +259,6 @@ class Orchestrator:
                 prune_batches(self.output_dir)
         self.ledger.flush()
 
-    # -- outputs ----------------------------------------------------------------------------------
-
     def _where(self) -> list[str]:
         """The orchestrator's part of a stall dump: its in-flight groups and its wait for the trainer."""
         published = self.policy.latest_published()
@@ -273,22 +278,4 @@ class Orchestrator:
         final = self.config.max_steps
         logger.info(f"waiting for the final policy {final} to evaluate it on {[env.name for env in envs]}")
         await self.policy.ensure(final + self.config.max_async_level)
-        await asyncio.gather(*(self._evaluate(env, final, self.policy.current) for env in envs))
-
-    async def _evaluate(self, env: EnvHandle[EvalEnvConfig], step: int, policy_step: int) -> None:
-        """The one eval runner on this env's grid (the `eval` command's seeds and limits), within
-        max_inflight; its rollouts go to `rollouts/eval/step_<step>.jsonl`, its metrics under `eval/`."""
-        started = time.monotonic()
-        grid = EvalGrid(env, seed=self.config.seed)
-        await run_grids([grid], self.config.inflight_limit)
-        path = eval_rollouts_file(self.output_dir, step)
-        for group in grid.groups():
-            append_rollouts(path, step, env.name, policy_step, group)
-        metrics = {f"eval/{env.name}/{key}": value for key, value in grid.summary().items()}
-        metrics[f"eval/{env.name}/policy_step"] = policy_step
-        self.metrics.log(step, metrics)
-        self.metrics.log_samples(step, f"eval/{env.name}/samples", [t for group in grid.groups() for t in group])
-        logger.info(
-            f"eval {env.name!r} at step {step} (policy {policy_step}): reward {metrics[f'eval/{env.name}/reward']:.3f}, "
-            f"{grid.n * grid.r} rollouts in {time.monotonic() - started:.1f} s -> {path}"
-        )
+        await asyncio.gather(*(self.evaluate(env, final, self.policy.current) for env in envs))
