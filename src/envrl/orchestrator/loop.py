@@ -17,6 +17,7 @@ import asyncio
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import prune_batches
 from envrl.orchestrator.rollout_files import append_group
-from envrl.orchestrator.scheduler import BatchShape, Scheduler
+from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import OrchestratorState, load_resume_state, state_bytes
 from envrl.orchestrator.step_report import StepReport
 from envrl.orchestrator.train_evals import evaluate
@@ -229,14 +230,14 @@ class Orchestrator:
     # -- one step ---------------------------------------------------------------------------------
 
     async def _step(self, step: int) -> None:
+        """Serve a policy within the async bound, start due evals, collect the step's groups, record
+        the stale ones, turn the rest into the published batch, then let the checks see the step."""
         self.evals.raise_failure()
         started = time.monotonic()
         with self.ledger.span("step", step):
             await self.policy.ensure(step)
             stale = self.scheduler.drop_stale(step)
-            if self.config.eval.due(step):
-                for env in self.eval_envs:
-                    self.evals.start(self.evaluate(env, step, self.policy.current))
+            self._start_due_evals(step)
             with self.ledger.span("wait_rollouts", step):
                 groups = await self.scheduler.collect(step, self.policy.current)
             stale += self.scheduler.drop_stale(step)  # arrived too old while collecting: this step's too
@@ -244,20 +245,31 @@ class Orchestrator:
             for group in stale:
                 record(group)
             with self.ledger.span("batching", step):
-                with self.ledger.span("samples", step):
-                    samples = self.batch.samples(groups, record)
-                with self.ledger.span("metrics", step):
-                    self.report.log(
-                        step, groups, stale, samples, time.monotonic() - started,
-                        seq_counts=self.batch.seq_counts, policy=self.policy, inflight=self.scheduler.inflight_rollouts,
-                    )  # fmt: skip
-                with self.ledger.span("publish_batch", step):
-                    self._publish(step, samples)
+                self._build_and_publish(step, groups, stale, record, started)
             self.watchdog.step_finished(step, time.monotonic() - started)
             self.checks.after_step(step, [(group.env.name, group.traces) for group in groups])
             if self.config.batch_retention == "checkpoints":
                 prune_batches(self.output_dir)
         self.ledger.flush()
+
+    def _start_due_evals(self, step: int) -> None:
+        if self.config.eval.due(step):
+            for env in self.eval_envs:
+                self.evals.start(self.evaluate(env, step, self.policy.current))
+
+    def _build_and_publish(
+        self, step: int, groups: list[Group], stale: list[Group], record: Callable[[Group], None], started: float
+    ) -> None:
+        """The step's samples (each group recorded first), its metrics, then the batch published."""
+        with self.ledger.span("samples", step):
+            samples = self.batch.samples(groups, record)
+        with self.ledger.span("metrics", step):
+            self.report.log(
+                step, groups, stale, samples, time.monotonic() - started,
+                seq_counts=self.batch.seq_counts, policy=self.policy, inflight=self.scheduler.inflight_rollouts,
+            )  # fmt: skip
+        with self.ledger.span("publish_batch", step):
+            self._publish(step, samples)
 
     def _where(self) -> list[str]:
         """The orchestrator's part of a stall dump: its in-flight groups and its wait for the trainer."""
