@@ -100,6 +100,11 @@ def outcome_note(metrics: Mapping[str, Any]) -> str:
     return f" ({', '.join(named)})" if named else ""
 
 
+def fmt_shares(shares: Mapping[str, float]) -> str:
+    """`a 75%, b 25%`: each env's share of a batch."""
+    return ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
+
+
 SPLITS: dict[str, tuple[tuple[str, str], ...]] = {
     "trainer": (("wait batch", "trainer/wait_time_s"), ("train", "trainer/step_time_s"),
                 ("publish", "trainer/publish_time_s")),

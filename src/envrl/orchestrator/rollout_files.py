@@ -1,0 +1,35 @@
+"""The run's rollout files: a train group's lines in `rollouts/train.jsonl`, an evaluation's in
+`rollouts/eval/step_<n>.jsonl` (the lines' format: `jsonl.py`).
+
+Guarantee: each call appends all of its rollouts' lines in one write, each line naming its step,
+env and policy step; a failed write (a full disk) raises `OSError` naming the file (a resume drops
+the line it cut). A train group's lines hold its failed attempts that refills replaced after its
+rollouts, and `counters` gains each line's `outcome_<outcome>` and `refilled_rollouts` per attempt.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from envrl.data.layout import train_rollouts_file
+from envrl.data.traces import Trace
+from envrl.orchestrator.jsonl import append_lines, trace_line
+from envrl.orchestrator.scheduler import Group
+from envrl.runtime.atomic import write_failure
+
+
+def append_group(output_dir: Path, step: int, group: Group, counters: Counter[str]) -> None:
+    """A train group's rollout lines (the failed attempts its refills replaced after them), each
+    outcome and each replaced attempt counted (`counters/refilled_rollouts`: one line more each)."""
+    traces = group.all_traces
+    append_rollouts(train_rollouts_file(output_dir), step, group.env.name, group.counted_step, traces)
+    counters.update(f"outcome_{t.outcome}" for t in traces)
+    counters["refilled_rollouts"] += len(group.replaced)
+
+
+def append_rollouts(path: Path, step: int, env: str, policy_step: int, traces: list[Trace]) -> None:
+    try:
+        append_lines(path, (trace_line(t, step=step, env=env, policy_step=policy_step) for t in traces))
+    except OSError as e:  # a full disk: name the file (a resume drops the cut line)
+        raise OSError(e.errno, write_failure(path, e), str(path)) from e
