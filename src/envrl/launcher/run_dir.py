@@ -25,6 +25,7 @@ from loguru import logger
 
 from envrl.config import ConfigError, config_to_toml
 from envrl.data import layout
+from envrl.data.layout import user_config_file
 from envrl.launcher.config import RLConfig
 
 MARKER = ".envrl-run.json"
@@ -45,11 +46,6 @@ RUN_ENTRIES = (
     "summary.json",
 )
 """What a run writes directly under its output dir; `--clean` removes these and nothing else."""
-
-
-def user_config_file(output_dir: Path) -> Path:
-    """The run's own config as the user gave it (resolved): `<output_dir>/configs/rl.toml`."""
-    return layout.configs_dir(output_dir) / "rl.toml"
 
 
 def resume_argv(argv: Sequence[str]) -> list[str]:
