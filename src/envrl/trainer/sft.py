@@ -24,7 +24,7 @@ from pydantic import Field
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.config import BaseConfig, ModelConfig, load_config
-from envrl.data.layout import logs_dir, metrics_file, weights_root
+from envrl.data.layout import metrics_file, process_log_file, weights_root
 from envrl.data.samples import TrainingSample
 from envrl.model.chat_tokens import ChatRenderer
 from envrl.telemetry.log import LogConfig, setup_logging
@@ -192,7 +192,7 @@ def run(config: SFTConfig, runtime: Runtime) -> Path:
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(SFTConfig, argv, prog="rl sft")
     setup_logging(
-        config.log.model_copy(update={"file": config.log.file or logs_dir(config.output_dir) / "sft.log"}), "sft"
+        config.log.model_copy(update={"file": config.log.file or process_log_file(config.output_dir, "sft")}), "sft"
     )
     transformers.utils.logging.disable_progress_bar()
     runtime = init_runtime(config.trainer_config(1))
