@@ -15,6 +15,11 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl")
 
 
+def run_marker_file(output_dir: Path) -> Path:
+    """`rl`'s claim on the dir, the proof that `--clean` may delete the run in it: `<output_dir>/.envrl-run.json`."""
+    return Path(output_dir) / ".envrl-run.json"
+
+
 def logs_dir(output_dir: Path) -> Path:
     """One log file per process: `<output_dir>/logs/`."""
     return Path(output_dir) / "logs"
