@@ -1,7 +1,8 @@
 """The run directory's layout: where each process finds what another one published.
 
-Guarantee: every path under `<output_dir>` that crosses a process boundary is named here once;
-a `step_<n>` directory exists only when complete (writers rename it into place).
+Guarantee: every path under `<output_dir>` is named here once, and built nowhere else (the test
+tests/unit/data/test_layout_owns_paths.py); a `step_<n>` directory exists only when complete
+(writers rename it into place).
 """
 
 from __future__ import annotations
