@@ -40,3 +40,13 @@ def test_every_top_level_package_is_a_layer_or_a_process_or_a_library_of_envs() 
     names = {p.stem for p in SRC.iterdir() if p.suffix == ".py" and p.stem != "__init__"}
     names |= {p.name for p in SRC.iterdir() if p.is_dir() and any(p.glob("*.py"))}
     assert names == set(LAYERS) | PROCESS_PACKAGES | others
+
+
+def test_nothing_imports_the_launcher() -> None:
+    """The launcher (`rl`) is the top: it supervises every process, and none reaches back up into it."""
+    importers = [
+        str(path.relative_to(SRC))
+        for path in sorted(SRC.rglob("*.py"))
+        if path.relative_to(SRC).parts[0] != "launcher" and "launcher" in envrl_imports(path)
+    ]
+    assert not importers, "these modules import envrl.launcher (move what they need below it):\n" + "\n".join(importers)

@@ -1,7 +1,8 @@
 """The run directory's layout: where each process finds what another one published.
 
-Guarantee: every path under `<output_dir>` that crosses a process boundary is named here once;
-a `step_<n>` directory exists only when complete (writers rename it into place).
+Guarantee: every path under `<output_dir>` is named here once, and built nowhere else (the test
+tests/unit/data/test_layout_owns_paths.py); a `step_<n>` directory exists only when complete
+(writers rename it into place).
 """
 
 from __future__ import annotations
@@ -15,9 +16,24 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl")
 
 
+def run_marker_file(output_dir: Path) -> Path:
+    """`rl`'s claim on the dir, the proof that `--clean` may delete the run in it: `<output_dir>/.envrl-run.json`."""
+    return Path(output_dir) / ".envrl-run.json"
+
+
 def logs_dir(output_dir: Path) -> Path:
     """One log file per process: `<output_dir>/logs/`."""
     return Path(output_dir) / "logs"
+
+
+def process_log_file(output_dir: Path, process: str) -> Path:
+    """The log of process `process` (`launcher`, `trainer`, `trainer-node1`, `sft`, ...): `<output_dir>/logs/<process>.log`."""
+    return logs_dir(output_dir) / f"{process}.log"
+
+
+def steps_log_file(output_dir: Path) -> Path:
+    """One line per step, as the console showed it: `<output_dir>/logs/steps.log`."""
+    return logs_dir(output_dir) / "steps.log"
 
 
 def env_log_dir(output_dir: Path, split: Split) -> Path:
@@ -45,15 +61,55 @@ def configs_dir(output_dir: Path) -> Path:
     return Path(output_dir) / "configs"
 
 
+def process_config_file(output_dir: Path, process: str) -> Path:
+    """The resolved config of process `process` (`trainer`, `envs/train/<env>`, ...): `<output_dir>/configs/<process>.toml`."""
+    return configs_dir(output_dir) / f"{process}.toml"
+
+
+def user_config_file(output_dir: Path) -> Path:
+    """The run's own config as the user gave it (resolved): `<output_dir>/configs/rl.toml`."""
+    return process_config_file(output_dir, "rl")
+
+
+def summary_file(output_dir: Path) -> Path:
+    """What one `rl` run did, written when it ends (`envrl.data.summary`): `<output_dir>/summary.json`."""
+    return Path(output_dir) / "summary.json"
+
+
+def slurm_dir(output_dir: Path) -> Path:
+    """The SLURM job's stored config and batch script: `<output_dir>/slurm/`."""
+    return Path(output_dir) / "slurm"
+
+
+def slurm_config_file(output_dir: Path) -> Path:
+    """The run's config as the SLURM job reads it: `<output_dir>/slurm/rl.toml`."""
+    return slurm_dir(output_dir) / "rl.toml"
+
+
+def slurm_script_file(output_dir: Path) -> Path:
+    """The SLURM batch script `rl --slurm` writes: `<output_dir>/slurm/job.sbatch`."""
+    return slurm_dir(output_dir) / "job.sbatch"
+
+
+def inference_work_dir(output_dir: Path) -> Path:
+    """The inference server's working files (rpc sockets, caches, tmp): `<output_dir>/inference/`."""
+    return Path(output_dir) / "inference"
+
+
 def metrics_file(output_dir: Path) -> Path:
     """Trainer and orchestrator metrics, one JSON object per line: `<output_dir>/metrics.jsonl`."""
     return Path(output_dir) / "metrics.jsonl"
 
 
+def ledger_dir(output_dir: Path) -> Path:
+    """The time ledgers, one `<writer>.jsonl` per process: `<output_dir>/ledger/`."""
+    return Path(output_dir) / "ledger"
+
+
 def ledger_file(output_dir: Path, writer: str) -> Path:
     """The time ledger of process `writer`, one span per JSON line: `<output_dir>/ledger/<writer>.jsonl`
     (every `*.jsonl` there is one writer's: `envrl.telemetry.ledger.read_ledger` reads them all)."""
-    return Path(output_dir) / "ledger" / f"{writer}.jsonl"
+    return ledger_dir(output_dir) / f"{writer}.jsonl"
 
 
 def rollouts_root(output_dir: Path) -> Path:
@@ -103,6 +159,31 @@ def report_dir(output_dir: Path) -> Path:
     return Path(output_dir) / "report"
 
 
+def report_index_file(output_dir: Path) -> Path:
+    """The report's page: `<output_dir>/report/index.html`."""
+    return report_dir(output_dir) / "index.html"
+
+
+def report_plots_dir(output_dir: Path) -> Path:
+    """The report's plots, one `<plot>.png` each: `<output_dir>/report/plots/`."""
+    return report_dir(output_dir) / "plots"
+
+
+def report_timeline_file(output_dir: Path) -> Path:
+    """The run's ledger as a Chrome trace: `<output_dir>/report/timeline.json`."""
+    return report_dir(output_dir) / "timeline.json"
+
+
+def report_manifest_file(output_dir: Path) -> Path:
+    """Which per-step trace files are up to date, by step: `<output_dir>/report/steps/manifest.json`."""
+    return report_dir(output_dir) / "steps" / "manifest.json"
+
+
+def report_step_file(output_dir: Path, step: int) -> Path:
+    """The traces of step `step` as the page loads them: `<output_dir>/report/steps/step_<step>.js`."""
+    return report_dir(output_dir) / "steps" / f"step_{step}.js"
+
+
 def weights_root(output_dir: Path) -> Path:
     """Published policies, one `step_<n>/` each: `<output_dir>/weights/`."""
     return Path(output_dir) / "weights"
@@ -111,6 +192,11 @@ def weights_root(output_dir: Path) -> Path:
 def checkpoints_root(output_dir: Path) -> Path:
     """Trainer states, one `step_<n>/` each: `<output_dir>/checkpoints/`."""
     return Path(output_dir) / "checkpoints"
+
+
+def abandoned_checkpoints_dir(output_dir: Path) -> Path:
+    """Checkpoints a resumed run set aside (it went back to an earlier step): `<output_dir>/checkpoints/abandoned/`."""
+    return checkpoints_root(output_dir) / "abandoned"
 
 
 def batch_dir(output_dir: Path, step: int) -> Path:

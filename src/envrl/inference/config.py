@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
+from envrl.data.layout import inference_work_dir
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.secrets import RELOAD_TOKEN_ENV
 from envrl.telemetry.log import LogConfig
@@ -86,7 +87,7 @@ class InferenceConfig(BaseConfig):
 
     @property
     def work_dir(self) -> Path:
-        return self.output_dir / "inference"
+        return inference_work_dir(self.output_dir)
 
     @property
     def base_url(self) -> str:

@@ -71,11 +71,6 @@ class LaunchPlan(BaseModel):
         return [*self.inference, *self.env_servers, self.trainer, self.orchestrator]
 
 
-def config_file(out: Path, name: str) -> Path:
-    """Where `rl` writes the config of process `name` (`trainer`, `envs/train/<env>`, ...)."""
-    return layout.configs_dir(out) / f"{name}.toml"
-
-
 def env_server_key(split: str, name: str) -> str:
     return f"envs/{split}/{name}"
 
@@ -103,10 +98,10 @@ def inference_command(name: str, out: Path, env: dict[str, str], secret_env: dic
     """Inference replica `name`: its config from `configs/<name>.toml`, its log `logs/<name>.log`."""
     return Command(
         name=name,
-        argv=[sys.executable, "-m", "envrl.inference.main", "--config", str(config_file(out, name))],
+        argv=[sys.executable, "-m", "envrl.inference.main", "--config", str(layout.process_config_file(out, name))],
         env=env,
         secret_env=secret_env,
-        log_file=layout.logs_dir(out) / f"{name}.log",
+        log_file=layout.process_log_file(out, name),
     )
 
 
@@ -114,7 +109,6 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
     """The commands of `run`, with each process's devices and cores in its environment."""
     python = sys.executable
     out = run.trainer.output_dir
-    logs = layout.logs_dir(out)
     ranks = placement.trainer_ranks
     trainer_vars = {**placement.trainer_env(), **trainer_env(cpus, vllm_is_cpu_build(), run.trainer.max_async_level)}
     if cpus is not None and ranks > 1:  # the ranks share the trainer's cores
@@ -127,7 +121,7 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
         servers.append(
             Command(
                 name=server.title,
-                argv=server.argv(config_file(out, env_server_key(server.split, server.name))),
+                argv=server.argv(layout.process_config_file(out, env_server_key(server.split, server.name))),
                 secret_env=key,
                 allowed_env=server.allowed_env(withheld=frozenset({token_env})),
                 log_file=layout.env_log_file(out, server.split, server.name),
@@ -143,15 +137,21 @@ def launch_plan(run: ResolvedRun, placement: Placement, cpus: CpuPlan | None) ->
         env_servers=servers,
         trainer=Command(
             name="trainer",
-            argv=trainer_argv(python, ranks, config_file(out, "trainer")),
+            argv=trainer_argv(python, ranks, layout.process_config_file(out, "trainer")),
             env=trainer_vars,
-            log_file=logs / "trainer.log",
+            log_file=layout.process_log_file(out, "trainer"),
             note=f"torchrun starts {ranks} ranks, each with its own {TORCHRUN_RANK_ENV}" if ranks > 1 else "",
         ),
         orchestrator=Command(
             name="orchestrator",
-            argv=[python, "-m", "envrl.orchestrator.main", "--config", str(config_file(out, "orchestrator"))],
+            argv=[
+                python,
+                "-m",
+                "envrl.orchestrator.main",
+                "--config",
+                str(layout.process_config_file(out, "orchestrator")),
+            ],
             secret_env={**token, **key},
-            log_file=logs / "orchestrator.log",
+            log_file=layout.process_log_file(out, "orchestrator"),
         ),
     )

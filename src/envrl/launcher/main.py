@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.data import layout
 from envrl.launcher import preflight, recovery, run_dir, summary
-from envrl.launcher.commands import Command, LaunchPlan, config_file, env_server_key, launch_plan
+from envrl.launcher.commands import Command, LaunchPlan, env_server_key, launch_plan
 from envrl.launcher.completed import completed_run
 from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
 from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
@@ -177,16 +177,15 @@ def run_training(argv: Sequence[str]) -> None:
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    logs = layout.logs_dir(rl.output_dir)
     console = RunConsole(rl.output_dir, rl.max_steps)
     console.lines.use_for_stderr()  # on a terminal, rl's own log lines print above the status line
-    setup_logging(rl.log.model_copy(update={"file": logs / "launcher.log"}), process="rl")
+    setup_logging(rl.log.model_copy(update={"file": layout.process_log_file(rl.output_dir, "launcher")}), process="rl")
     run_dir.write_user_config(rl)
     _write_configs(rl.output_dir, run)
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     supervisor = Supervisor(grace=rl.shutdown_grace_s)
-    rotator = LogRotator(logs, rl.log_rotation).start()
+    rotator = LogRotator(layout.logs_dir(rl.output_dir), rl.log_rotation).start()
     code, started = 0, time.monotonic()
     outcome = summary.Outcome(status="failed", reason="launcher error", error="see logs/launcher.log")
     try:
@@ -239,7 +238,7 @@ def _check_devices(rl: RLConfig, visible: list[str] | None, cpu_vllm: bool) -> N
 def _write_configs(out: Path, run: ResolvedRun) -> None:
     """Each process's config, and the CURVE keys its env servers and orchestrator name."""
     for name, config in _process_configs(run).items():
-        path = config_file(out, name)
+        path = layout.process_config_file(out, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config_to_toml(config))
     make_curve_keys(layout.curve_dir(out))

@@ -25,10 +25,11 @@ from loguru import logger
 
 from envrl.config import ConfigError, config_to_toml
 from envrl.data import layout
+from envrl.data.layout import user_config_file
 from envrl.launcher.config import RLConfig
 
-MARKER = ".envrl-run.json"
-"""Written when `rl` claims an output dir: the proof that `--clean` may delete the run in it."""
+MARKER = layout.run_marker_file(Path()).name
+"""The marker's name (`layout.run_marker_file`), for listing the dir's entries."""
 
 RUN_ENTRIES = (
     "logs",
@@ -45,11 +46,6 @@ RUN_ENTRIES = (
     "summary.json",
 )
 """What a run writes directly under its output dir; `--clean` removes these and nothing else."""
-
-
-def user_config_file(output_dir: Path) -> Path:
-    """The run's own config as the user gave it (resolved): `<output_dir>/configs/rl.toml`."""
-    return layout.configs_dir(output_dir) / "rl.toml"
 
 
 def resume_argv(argv: Sequence[str]) -> list[str]:
@@ -95,7 +91,7 @@ def prepare(rl: RLConfig) -> None:
     if not entries:
         _claim(out)
         return
-    if not (out / MARKER).is_file():
+    if not layout.run_marker_file(out).is_file():
         if rl.resume and holds_a_run(out):  # a run from before rl left markers: continuing deletes nothing
             _claim(out)
             return
@@ -161,7 +157,7 @@ def write_user_config(rl: RLConfig) -> None:
 
 def _claim(out: Path) -> None:
     marker = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "envrl": version("envrl"), "pid": os.getpid()}
-    (out / MARKER).write_text(json.dumps(marker) + "\n")
+    layout.run_marker_file(out).write_text(json.dumps(marker) + "\n")
 
 
 def _refuse_dangerous(out: Path) -> None:

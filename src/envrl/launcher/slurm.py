@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from envrl.config import config_to_toml, resolve_config
 from envrl.data import layout
-from envrl.launcher.commands import Command, config_file, env_server_key, inference_command, launch_plan, trainer_argv
+from envrl.launcher.commands import Command, env_server_key, inference_command, launch_plan, trainer_argv
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.placement import place
 from envrl.launcher.replicas import replica_configs, replica_name
@@ -107,11 +107,11 @@ def plan_job(rl: RLConfig, hosts: Sequence[str]) -> JobPlan:
     configs["trainer"] = run.trainer
     for rank in range(slurm.trainer_nodes):
         argv = trainer_argv(
-            sys.executable, placement.trainer_ranks, config_file(out, "trainer"), slurm.trainer_nodes, rank, head,
+            sys.executable, placement.trainer_ranks, layout.process_config_file(out, "trainer"), slurm.trainer_nodes, rank, head,
             slurm.rendezvous_port,
         )  # fmt: skip
         name = "trainer" if rank == 0 else f"trainer-node{rank}"
-        log = layout.logs_dir(out) / f"{name}.log"
+        log = layout.process_log_file(out, name)
         start(rank, base.trainer.model_copy(update={"name": name, "argv": argv, "log_file": log}))
 
     run.orchestrator.inference.base_url = urls if len(urls) > 1 else urls[0]
@@ -124,7 +124,7 @@ def plan_job(rl: RLConfig, hosts: Sequence[str]) -> JobPlan:
 def write_job_files(plan: JobPlan) -> None:
     """Each process's config, the CURVE keys and the log directories of `plan`."""
     for name, config in plan.configs.items():
-        path = config_file(plan.output_dir, name)
+        path = layout.process_config_file(plan.output_dir, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config_to_toml(config))
     for host in plan.hosts:
@@ -241,14 +241,13 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
 
 def write_sbatch(rl: RLConfig) -> Path:
     """Store the run's config and its batch script under `<output_dir>/slurm/`; the script's path."""
-    folder = rl.output_dir / "slurm"
-    folder.mkdir(parents=True, exist_ok=True)
+    layout.slurm_dir(rl.output_dir).mkdir(parents=True, exist_ok=True)
     layout.logs_dir(rl.output_dir).mkdir(parents=True, exist_ok=True)  # SLURM opens the job's log there
-    stored = folder / "rl.toml"
+    stored = layout.slurm_config_file(rl.output_dir)
     kept = rl.model_copy()
     kept.__pydantic_fields_set__ = rl.model_fields_set - {"clean"}
     stored.write_text(config_to_toml(kept, only_set=True))
-    script = folder / "job.sbatch"
+    script = layout.slurm_script_file(rl.output_dir)
     script.write_text(sbatch_script(rl, stored.resolve()))
     return script
 

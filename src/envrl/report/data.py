@@ -21,10 +21,10 @@ from pydantic import BaseModel
 
 from envrl.data.layout import (
     batch_dir,
-    configs_dir,
     eval_results_root,
     eval_rollouts_files,
     metrics_file,
+    process_config_file,
     published_steps,
     train_rollouts_file,
     weights_dir,
@@ -206,7 +206,7 @@ def tokenizer_source(output_dir: Path) -> str | None:
         candidate = weights_dir(output_dir, step)
         if (candidate / "tokenizer_config.json").exists():
             return str(candidate)
-    config = configs_dir(output_dir) / "orchestrator.toml"
+    config = process_config_file(output_dir, "orchestrator")
     if config.exists():
         import tomllib
 

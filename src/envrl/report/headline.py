@@ -13,8 +13,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from envrl.data.layout import configs_dir, eval_results_root, eval_summary_file, stall_dump_file
-from envrl.launcher.summary import summary_file
+from envrl.data.layout import eval_results_root, eval_summary_file, metrics_file, process_config_file, stall_dump_file
+from envrl.data.summary import read_summary
 
 LOG_TAIL_LINES = 40
 LOG_TAIL_BYTES = 64 * 1024
@@ -61,7 +61,7 @@ def log_head(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 def is_eval_dir(output_dir: Path) -> bool:
     """An `rl eval` output dir: results under `eval/` and no `metrics.jsonl` of a training run."""
     root = eval_results_root(output_dir)
-    return not (output_dir / "metrics.jsonl").exists() and root.is_dir() and any(root.glob("*.jsonl"))
+    return not metrics_file(output_dir).exists() and root.is_dir() and any(root.glob("*.jsonl"))
 
 
 def headline(output_dir: Path) -> dict[str, Any]:
@@ -70,14 +70,14 @@ def headline(output_dir: Path) -> dict[str, Any]:
         results = _json(eval_summary_file(output_dir))
         envs = sorted(p.stem for p in eval_results_root(output_dir).glob("*.jsonl"))
         return {"kind": "eval", "envs": envs, "eval": results}
-    config = _toml(configs_dir(output_dir) / "orchestrator.toml")
+    config = _toml(process_config_file(output_dir, "orchestrator"))
     tables = [e for e in config.get("envs", []) if isinstance(e, dict)]
     envs = [e.get("name") or e.get("id") for e in tables if e.get("train", True)]
     # `eval_envs`: runs written before eval envs moved under `orchestrator.eval.env`; an eval table
     # names its env (`env`) since envs are declared once, in `envs`
     eval_tables = config.get("eval", {}).get("env") or config.get("eval_envs", [])
     eval_envs = [e.get("env") or e.get("name") or e.get("id") for e in eval_tables if isinstance(e, dict)]
-    summary = _json(summary_file(output_dir))
+    summary = read_summary(output_dir)
     facts: dict[str, Any] = {
         "kind": "run",
         "model": config.get("model", {}).get("name"),

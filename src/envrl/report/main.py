@@ -19,7 +19,6 @@ from typing import Any
 from loguru import logger
 
 from envrl.data import layout
-from envrl.launcher.summary import SUMMARY_NAME as summary_name
 from envrl.report.data import (
     Detokenizer,
     eval_lines,
@@ -42,20 +41,23 @@ def write_report(output_dir: Path) -> Path:
     """Write (or bring up to date) the report of the run in `output_dir`; returns its index.html."""
     output_dir = Path(output_dir)
     facts = headline(output_dir)
-    marks = ("metrics.jsonl", "rollouts", summary_name)
-    if facts["kind"] == "run" and not any((output_dir / mark).exists() for mark in marks):
+    marks = (layout.metrics_file(output_dir), layout.rollouts_root(output_dir), layout.summary_file(output_dir))
+    if facts["kind"] == "run" and not any(mark.exists() for mark in marks):
         raise FileNotFoundError(
-            f"{output_dir} holds no metrics.jsonl, rollouts/, {summary_name} or eval/<env>.jsonl: not a run "
+            f"{output_dir} holds no metrics.jsonl, rollouts/, summary.json or eval/<env>.jsonl: not a run "
             "directory (or the run has not reached its first step yet); pass the output_dir of an `rl`, "
             "`orchestrator` or `rl eval` run"
         )
     started = time.monotonic()
-    out = layout.report_dir(output_dir)
     spans = read_ledger(output_dir)
     records = read_metrics(output_dir)
-    plots = write_plots(Run(records, step_splits(spans), env_times(spans)), out / "plots") if records else []
-    atomic_write_text(out / "timeline.json", json.dumps(chrome_trace(spans)))
-    manifest_path = out / "steps" / "manifest.json"
+    plots = (
+        write_plots(Run(records, step_splits(spans), env_times(spans)), layout.report_plots_dir(output_dir))
+        if records
+        else []
+    )
+    atomic_write_text(layout.report_timeline_file(output_dir), json.dumps(chrome_trace(spans)))
+    manifest_path = layout.report_manifest_file(output_dir)
     manifest = _read_manifest(manifest_path)
     detok: Detokenizer | None = None
     summaries, fresh = [], 0
@@ -65,7 +67,7 @@ def write_report(output_dir: Path) -> Path:
         train, evals = train_lines(output_dir), eval_lines(output_dir)
     for step in sorted({*train, *evals}):
         lines, eval_ = train.get(step, []), evals.get(step, [])
-        mark, path = fingerprint(output_dir, step, lines + eval_), out / "steps" / f"step_{step}.js"
+        mark, path = fingerprint(output_dir, step, lines + eval_), layout.report_step_file(output_dir, step)
         entry = manifest.get(str(step))
         if (
             entry is None
@@ -83,7 +85,7 @@ def write_report(output_dir: Path) -> Path:
         summaries.append(entry["summary"])
     if fresh:
         atomic_write_text(manifest_path, json.dumps(manifest))
-    index = write_index(out, output_dir.resolve().name, plots, summaries, facts)
+    index = write_index(layout.report_index_file(output_dir), output_dir.resolve().name, plots, summaries, facts)
     logger.info(
         f"report of {output_dir}: {len(plots)} plots, {len(summaries)} steps ({fresh} written anew) "
         f"in {time.monotonic() - started:.1f} s -> {index}"

@@ -128,7 +128,7 @@ def step_summary(step: int, rollouts: list[Rollout]) -> dict[str, Any]:
 
 
 def write_index(
-    report: Path, run_name: str, plots: list[tuple[str, str]], steps: list[dict[str, Any]], headline: dict[str, Any]
+    path: Path, run_name: str, plots: list[tuple[str, str]], steps: list[dict[str, Any]], headline: dict[str, Any]
 ) -> Path:
     template = resources.files("envrl.report").joinpath("index.html").read_text()
     index = {
@@ -138,6 +138,5 @@ def write_index(
         "plots": [{"file": f"plots/{name}", "title": title} for name, title in plots],
         "steps": steps,
     }
-    path = report / "index.html"
     atomic_write_text(path, template.replace("/*INDEX*/null", _js(index)))
     return path

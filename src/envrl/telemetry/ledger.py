@@ -22,7 +22,7 @@ from typing import Any
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from envrl.data.layout import ledger_file
+from envrl.data.layout import ledger_dir, ledger_file
 
 FLUSH_EVERY = 2000
 """Buffered spans that force a write before the step's own `flush()` (bounds the memory of a long step)."""
@@ -115,6 +115,5 @@ def read_ledger_file(path: Path) -> list[LedgerSpan]:
 
 def read_ledger(output_dir: Path) -> list[LedgerSpan]:
     """Every writer's spans in the run dir `output_dir`, ordered by start."""
-    folder = ledger_file(output_dir, "_").parent
-    spans = [span for path in sorted(folder.glob("*.jsonl")) for span in read_ledger_file(path)]
+    spans = [span for path in sorted(ledger_dir(output_dir).glob("*.jsonl")) for span in read_ledger_file(path)]
     return sorted(spans, key=lambda span: span.start)

@@ -25,13 +25,11 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from envrl.data.layout import checkpoint_dir, checkpoints_root, published_steps
+from envrl.data.layout import abandoned_checkpoints_dir, checkpoint_dir, checkpoints_root, published_steps
 from envrl.runtime.atomic import publish, temp_sibling
 from envrl.trainer.parallel import Runtime, barrier
 
 TRAINER_STATE = "trainer_state.pt"
-ABANDONED = "abandoned"
-"""Under `checkpoints/`: the checkpoints of a run abandoned by a resume from an earlier step."""
 LOAD_TRAINED = StateDictOptions(strict=False)
 """Loading leaves the frozen weights alone; every trained one is still required, by `dcp.load`."""
 
@@ -116,7 +114,7 @@ def set_aside_abandoned(output_dir: Path, step: int) -> list[Path]:
     """Move every checkpoint at or past `step` to `checkpoints/abandoned/` (a name taken there
     gets a suffix); the new places."""
     moved = []
-    aside = checkpoints_root(output_dir) / ABANDONED
+    aside = abandoned_checkpoints_dir(output_dir)
     for later in (s for s in list_checkpoints(output_dir) if s >= step):
         source = checkpoint_dir(output_dir, later)
         aside.mkdir(exist_ok=True)

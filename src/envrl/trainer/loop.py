@@ -21,7 +21,14 @@ from loguru import logger
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer
 
-from envrl.data.layout import checkpoint_dir, final_weights_dir, ledger_file, weights_dir
+from envrl.data.layout import (
+    checkpoint_dir,
+    checkpoints_root,
+    final_weights_dir,
+    ledger_file,
+    metrics_file,
+    weights_dir,
+)
 from envrl.data.samples import TrainingSample
 from envrl.runtime.atomic import write_failure
 from envrl.telemetry.ledger import Ledger
@@ -114,7 +121,7 @@ class Trainer:
             found = list_checkpoints(config.output_dir)
             if not found:
                 logger.warning(
-                    f"--resume: no checkpoint under {config.output_dir / 'checkpoints'} (ckpt.interval = {config.ckpt.interval}); "
+                    f"--resume: no checkpoint under {checkpoints_root(config.output_dir)} (ckpt.interval = {config.ckpt.interval}); "
                     "training again from the initial model on the published batches from step 0"
                 )
                 return 0
@@ -129,7 +136,7 @@ class Trainer:
         start = self.start_step()
         if self.runtime.is_main:
             self.metrics = MetricsSink(
-                config.output_dir / "metrics.jsonl",
+                metrics_file(config.output_dir),
                 config.wandb,
                 process="trainer",
                 output_dir=config.output_dir,

@@ -25,7 +25,14 @@ from loguru import logger
 from safetensors.torch import load_file
 
 from envrl.config import ConfigError, load_config
-from envrl.data.layout import batch_dir, checkpoints_root, configs_dir, metrics_file, published_steps, weights_dir
+from envrl.data.layout import (
+    batch_dir,
+    checkpoints_root,
+    metrics_file,
+    process_config_file,
+    published_steps,
+    weights_dir,
+)
 from envrl.data.samples import read_batch
 from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.checkpoint import RankCountMismatch, load_checkpoint
@@ -152,7 +159,7 @@ def published_state(path: Path) -> dict[str, torch.Tensor]:
 def replay(output_dir: Path, step: int) -> TensorDiff | None:
     """Replay up to and including `step`, log each step against the run and each differing tensor
     against its tolerance; return the first tensor beyond its tolerance."""
-    config_path = configs_dir(output_dir) / "trainer.toml"
+    config_path = process_config_file(output_dir, "trainer")
     if not config_path.is_file():
         raise ReplayError(f"{config_path} is missing: {output_dir} is not a run directory `rl` wrote")
     config = load_config(TrainerConfig, ["--config", str(config_path)], prog="rl replay")

@@ -24,7 +24,7 @@ from pydantic import Field
 from transformers import AutoConfig, AutoTokenizer
 
 from envrl.config import BaseConfig, ModelConfig, load_config
-from envrl.data.layout import logs_dir, metrics_file, weights_root
+from envrl.data.layout import final_weights_dir, metrics_file, process_log_file
 from envrl.data.samples import TrainingSample
 from envrl.model.chat_tokens import ChatRenderer
 from envrl.telemetry.log import LogConfig, setup_logging
@@ -37,9 +37,6 @@ from envrl.trainer.packing import MicroBatch, pack, packed_logits, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, init_runtime, shutdown
 from envrl.trainer.sft_data import DemonstrationError, load_demonstrations
 from envrl.trainer.weights import publish_weights
-
-FINAL = "final"
-"""`weights/final/`: the fine-tuned model."""
 
 
 class SFTConfig(BaseConfig):
@@ -149,7 +146,7 @@ class SFTTrainer:
 
 def run(config: SFTConfig, runtime: Runtime) -> Path:
     """Fine-tune on `config.data`; returns the published model directory."""
-    final = weights_root(config.output_dir) / FINAL
+    final = final_weights_dir(config.output_dir)
     if final.exists():
         raise RuntimeError(f"{final} already exists: pick a new output_dir (a finished SFT run is never overwritten)")
     renderer = ChatRenderer(config.model.name)
@@ -192,7 +189,7 @@ def run(config: SFTConfig, runtime: Runtime) -> Path:
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(SFTConfig, argv, prog="rl sft")
     setup_logging(
-        config.log.model_copy(update={"file": config.log.file or logs_dir(config.output_dir) / "sft.log"}), "sft"
+        config.log.model_copy(update={"file": config.log.file or process_log_file(config.output_dir, "sft")}), "sft"
     )
     transformers.utils.logging.disable_progress_bar()
     runtime = init_runtime(config.trainer_config(1))

@@ -1,7 +1,8 @@
 """A resume from an earlier step than the run reached (issue 37): the checkpoints the abandoned
 run left past that step are moved aside, never deleted, and pruning keeps the ones just written."""
 
-from envrl.trainer.checkpoint import ABANDONED, list_checkpoints
+from envrl.data.layout import abandoned_checkpoints_dir
+from envrl.trainer.checkpoint import list_checkpoints
 from tests.support.run_files import write_batches
 from tests.support.trainers import make_trainer
 
@@ -13,6 +14,6 @@ def test_a_resume_from_an_earlier_step_keeps_its_new_checkpoints_and_sets_the_la
 
     make_trainer(tmp_path, max_steps=3, **{"ckpt.interval": 1, "ckpt.keep": 2, "ckpt.resume_step": 1}).run()
     assert list_checkpoints(tmp_path) == [2, 3]
-    aside = tmp_path / "checkpoints" / ABANDONED
+    aside = abandoned_checkpoints_dir(tmp_path)
     assert sorted(p.name for p in aside.iterdir()) == ["step_2", "step_3", "step_4"]
     assert all((aside / name / "trainer_state.pt").is_file() for name in ("step_2", "step_3", "step_4"))
