@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from loguru import logger
 
-from envrl.data.layout import logs_dir, metrics_file
+from envrl.data.layout import metrics_file, steps_log_file
 from envrl.telemetry.metrics import metric_float
 from envrl.telemetry.progress import LiveLines, duration, fmt
 
@@ -227,7 +227,7 @@ class RunConsole:
         self.started = clock()
         self.tail = MetricsTail(metrics_file(output_dir))
         self.board = ProgressBoard(total_steps, since=self.started - SINCE_SLACK_S, ends_with=ends_with)
-        self.steps_log = logs_dir(output_dir) / "steps.log"
+        self.steps_log = steps_log_file(output_dir)
         """Every step line also goes here (appended: a resumed run's lines follow the earlier ones)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -11,12 +11,8 @@ LAYOUT = Path("data/layout.py")
 RUN_DIR_NAMES = {"output_dir"}
 """Names (variables, attributes, parameters) that hold a run's output dir in envrl."""
 
-ALLOWED = {
-    # Another branch is moving code between the console and the orchestrator's modules; the lead
-    # swaps `logs_dir(output_dir) / "steps.log"` for `layout.steps_log_file` after merging it.
-    Path("telemetry/console.py"): 1,
-}
-"""Files that may still build run paths themselves, with how many they build (remove after the merge)."""
+ALLOWED: dict[Path, int] = {}
+"""Files that may still build run paths themselves, with how many they build (none: layout.py names them all)."""
 
 
 def _name(node: ast.expr) -> str | None:
