@@ -28,6 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ["-m", "scripts.bench.trainer_throughput", "--publish", "false"]
+PLAIN = ["-m", "scripts.bench.plain_step"]
+BEFORE = ROOT / "outputs" / "gpu-before"
+"""Optional: a copy of an older tree (`git archive <commit> src scripts tests/support tests/__init__.py`)
+whose bench runs as the step `bench-before`, from that tree, on the same card in the same call."""
+BEFORE_TAG = "<before>"
+TINY_MODEL = ROOT / "outputs" / "bench" / "trainer_throughput" / "qwen3-tiny-random"
 TINY = ["--shape", "qwen3-tiny", "--seq-len", "256", "--prompt-len", "16", "--steps", "1", "--compile", "false"]
 
 
@@ -37,17 +43,25 @@ def steps(device: str, out: Path) -> list[tuple[str, list[str], int]]:
         return [
             ("bench-default", [*BENCH, *TINY], 120),
             ("bench-packed", [*BENCH, *TINY, "--sample-len", "64"], 120),
+            ("plain-step", [*PLAIN, "--model", str(TINY_MODEL), "--seq-len", "256", "--prompt-len", "16"], 120),
             ("profile", [*BENCH, *TINY, "--profile", str(out / "trace.json")], 120),
             ("parity", ["-m", "scripts.gpu.parity", "--device", "cpu"], 420),
         ]
-    return [
+    plan = [
         ("bench-default", BENCH, 150),  # compile auto (on), recompute auto; compiles cold
         ("parity", ["-m", "scripts.gpu.parity", "--device", "cuda"], 90),
-        ("bench-no-recompute", [*BENCH, "--activation-checkpointing", "false"], 60),
-        ("bench-packed-2k", [*BENCH, "--sample-len", "2048"], 90),
-        ("bench-compile-off", [*BENCH, "--compile", "false"], 60),
-        ("profile", [*BENCH, "--steps", "1", "--profile", str(out / "trace.json")], 60),
-        ("bench-recompute-on-compile-off", [*BENCH, "--compile", "false", "--activation-checkpointing", "true"], 60),
+    ]
+    if BEFORE.is_dir():  # the trainer before issue 38, same card, same call: the "before" of every row
+        plan.append(("bench-before", [BEFORE_TAG, *BENCH], 90))
+    return [
+        *plan,
+        ("plain-step", PLAIN, 60),  # a TRL-style step beside envrl's (scripts/bench/plain_step.py)
+        ("bench-packed-2k", [*BENCH, "--sample-len", "2048"], 75),
+        ("bench-no-recompute", [*BENCH, "--activation-checkpointing", "false"], 50),
+        ("plain-step-compiled", [*PLAIN, "--compile"], 75),
+        ("bench-compile-off", [*BENCH, "--compile", "false"], 50),
+        ("profile", [*BENCH, "--steps", "1", "--profile", str(out / "trace.json")], 50),
+        ("bench-recompute-on-compile-off", [*BENCH, "--compile", "false", "--activation-checkpointing", "true"], 50),
     ]
 
 
@@ -72,13 +86,19 @@ def install_kit(kit: Path) -> Path:
 
 
 def run_step(name: str, argv: list[str], seconds: float, env: dict[str, str], out: Path) -> tuple[str, float, str]:
-    """(status, seconds taken, the step's last JSON line or last line)."""
+    """(status, seconds taken, the step's last JSON line or last line); an argv starting with
+    `BEFORE_TAG` runs in the `BEFORE` tree, with its `src/` instead of this one's."""
     start = time.monotonic()
+    cwd = ROOT
+    if argv[0] == BEFORE_TAG:
+        argv, cwd = argv[1:], BEFORE
+        site = env["PYTHONPATH"].split(os.pathsep)[0]
+        env = {**env, "PYTHONPATH": os.pathsep.join([site, str(BEFORE / "src"), str(BEFORE)])}
     log = out / f"{name}.log"
     with log.open("w") as f:
         try:
             done = subprocess.run(
-                [sys.executable, *argv], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=seconds
+                [sys.executable, *argv], cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=seconds
             )
             status = "ok" if done.returncode == 0 else f"exit {done.returncode}"
         except subprocess.TimeoutExpired:
@@ -112,7 +132,7 @@ def main() -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--kit", type=Path, default=ROOT / "outputs" / "gpu-kit")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ROOT / "outputs" / "gpu-check")))
-    parser.add_argument("--budget-s", type=float, default=470.0, help="the whole run's wall-clock limit")
+    parser.add_argument("--budget-s", type=float, default=520.0, help="the whole run's wall-clock limit")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     start = time.monotonic()
