@@ -299,6 +299,7 @@ def profile_step(trainer: Trainer, samples: list[TrainingSample], trace: Path | 
     trace.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(trace))
     totals: dict[str, float] = {}
+    kernels: dict[str, float] = {}
     for event in prof.key_averages():
         if cuda:
             us = event.self_device_time_total if event.device_type == torch.autograd.DeviceType.CUDA else 0.0
@@ -306,6 +307,7 @@ def profile_step(trainer: Trainer, samples: list[TrainingSample], trace: Path | 
             us = event.self_cpu_time_total if event.key.startswith("aten::") else 0.0
         if us > 0:
             totals[kernel_class(event.key)] = totals.get(kernel_class(event.key), 0.0) + us
+            kernels[event.key] = kernels.get(event.key, 0.0) + us
     busy = sum(totals.values())
     print(
         f"profile of one step ({step_s:.3f}s wall; {'GPU kernel' if cuda else 'aten op self'} time {busy / 1e6:.3f}s, trace {trace}):"
@@ -313,6 +315,9 @@ def profile_step(trainer: Trainer, samples: list[TrainingSample], trace: Path | 
     print("| class | ms | share |\n|---|---|---|")
     for cls, us in sorted(totals.items(), key=lambda item: -item[1]):
         print(f"| {cls} | {us / 1e3:.1f} | {us / busy:.1%} |")
+    print("| top kernel | class | ms |\n|---|---|---|")
+    for name, us in sorted(kernels.items(), key=lambda item: -item[1])[:15]:
+        print(f"| {name[:100]} | {kernel_class(name)} | {us / 1e3:.1f} |")
     print(json.dumps({"profile": {cls: round(us / 1e3, 2) for cls, us in totals.items()}, "step_s": step_s}))
 
 

@@ -49,7 +49,8 @@ def steps(device: str, out: Path) -> list[tuple[str, list[str], int]]:
         ]
     plan = [
         ("bench-default", BENCH, 150),  # compile auto (on), recompute auto; compiles cold
-        ("parity", ["-m", "scripts.gpu.parity", "--device", "cuda"], 90),
+        ("attention-kernels", ["-m", "scripts.bench.attention_kernels"], 60),  # what SDPA_FROM_TOKENS rests on
+        ("parity", ["-m", "scripts.gpu.parity", "--device", "cuda"], 120),
     ]
     if BEFORE.is_dir():  # the trainer before issue 38, same card, same call: the "before" of every row
         plan.append(("bench-before", [BEFORE_TAG, *BENCH], 90))

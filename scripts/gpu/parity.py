@@ -1,5 +1,6 @@
 """Compiled vs eager decoder layers (and on CUDA varlen vs document_sdpa attention): logprobs
-and gradients of one packed row, on the device at hand.
+and gradients of a packed row of short samples and, on CUDA, of a row of samples long enough for
+`document_varlen`'s per-sample sdpa path, on the device at hand.
 
     python -m scripts.gpu.parity --device cuda     # bf16, what the GPU kit runs
     python -m scripts.gpu.parity --device cpu      # fp32
@@ -61,7 +62,17 @@ def main() -> int:
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    samples = synthetic_samples(8, prompt_len=(16, 64), completion_len=(64, 300), vocab_size=VOCAB)
+    short = synthetic_samples(8, prompt_len=(16, 64), completion_len=(64, 300), vocab_size=VOCAB)
+    rows_ok = [compare("8 short samples (varlen kernel)", short, dtype, device)]
+    if device.type == "cuda":  # every sample >= SDPA_FROM_TOKENS: document_varlen's per-sample sdpa path
+        n = attention.SDPA_FROM_TOKENS
+        long = synthetic_samples(2, prompt_len=(16, 16), completion_len=(n, n), vocab_size=VOCAB)
+        rows_ok.append(compare(f"2 samples of {n + 16} tokens (per-sample sdpa)", long, dtype, device))
+    return 0 if all(rows_ok) else 1
+
+
+def compare(title: str, samples: list, dtype: torch.dtype, device: torch.device) -> bool:
+    """Compiled vs eager, and document_varlen vs document_sdpa, on one packed row of `samples`."""
     (mb,) = pack(samples, 1 << 20, "token")
     mb = mb.to(device)
     sdpa = attention.DOCUMENT_SDPA
@@ -80,7 +91,7 @@ def main() -> int:
         print(f"document_varlen: not run ({device.type}, {dtype}: `auto` attention here is not varlen)")
     ok = True
     print(
-        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), {dtype}, {mb.num_tokens} tokens in {mb.num_samples} samples"
+        f"{title}: device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), {dtype}, {mb.num_tokens} tokens in {mb.num_samples} samples"
     )
     print(
         "| comparison | max |logprob diff| | tolerance | max |grad diff| | tolerance | ok |\n|---|---|---|---|---|---|"
@@ -92,7 +103,7 @@ def main() -> int:
         print(
             f"| {name} | {diffs[0]:.3g} | {tolerance[0]:.3g} | {diffs[1]:.3g} | {tolerance[1]:.3g} | {'yes' if passed else 'NO'} |"
         )
-    return 0 if ok else 1
+    return ok
 
 
 if __name__ == "__main__":

@@ -144,21 +144,33 @@ def _document_attention(
     return out.transpose(0, 1).unsqueeze(0).contiguous()
 
 
+SDPA_FROM_TOKENS = 8192
+"""A `document_varlen` row whose every sample is at least this long runs one sdpa call per sample
+instead of one varlen call: for long samples sdpa's kernels (native GQA, no repeated kv heads)
+beat torch's varlen kernel, for short packed ones the single varlen call wins
+(`python -m scripts.bench.attention_kernels`; numbers in docs/gpu.md)."""
+
+
 @dataclass(frozen=True)
 class VarlenLayout:
     cu_seqlens: torch.Tensor
     """[samples + 1] int32: where each sample of the row starts, and the row's end."""
-    longest: int
+    lengths: tuple[int, ...]
+    """Each sample's tokens, on the host (the choice of kernel needs no device sync)."""
+
+    @property
+    def longest(self) -> int:
+        return max(self.lengths)
 
     def to(self, device: torch.device) -> VarlenLayout:
-        return VarlenLayout(self.cu_seqlens.to(device), self.longest)
+        return VarlenLayout(self.cu_seqlens.to(device), self.lengths)
 
 
 def varlen_layout(lengths: Sequence[int]) -> VarlenLayout:
     starts = [0]
     for length in lengths:
         starts.append(starts[-1] + length)
-    return VarlenLayout(torch.tensor(starts, dtype=torch.int32), max(lengths))
+    return VarlenLayout(torch.tensor(starts, dtype=torch.int32), tuple(lengths))
 
 
 def _varlen_kernel() -> Callable[..., torch.Tensor] | None:
@@ -199,7 +211,10 @@ def document_varlen_forward(
 def _varlen_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: VarlenLayout, scaling: float | None, groups: int
 ) -> torch.Tensor:
-    """[H, T, d] -> [1, T, H, d] through torch's varlen kernel ([T, H, d] layout, causal)."""
+    """[H, T, d] -> [1, T, H, d] through torch's varlen kernel ([T, H, d] layout, causal), or
+    through one sdpa call per sample where every sample is long (`SDPA_FROM_TOKENS`)."""
+    if min(layout.lengths) >= SDPA_FROM_TOKENS:
+        return _per_sample_sdpa(q, k, v, layout.lengths, scaling, groups)
     kernel = _varlen_kernel()
     params = inspect.signature(kernel).parameters
     gqa = groups > 1 and "enable_gqa" in params
@@ -219,6 +234,20 @@ def _varlen_attention(
         **({"enable_gqa": True} if gqa else {}),
     )
     return out.unsqueeze(0)
+
+
+def _per_sample_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int], scaling: float | None, groups: int
+) -> torch.Tensor:
+    """[H, T, d] -> [1, T, H, d], one causal sdpa call per sample, kv heads shared (`enable_gqa`)."""
+    outputs, start = [], 0
+    for length in lengths:
+        part = [x[None, :, start : start + length] for x in (q, k, v)]
+        out = F.scaled_dot_product_attention(*part, is_causal=True, scale=scaling, enable_gqa=groups > 1)
+        outputs.append(out[0])
+        start += length
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+    return out.transpose(0, 1).unsqueeze(0)
 
 
 AttentionInterface.register(DOCUMENT_SDPA, document_sdpa_forward)

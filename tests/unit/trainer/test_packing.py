@@ -12,6 +12,9 @@ from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.attention import (
     DOCUMENT_SDPA,
     DOCUMENT_VARLEN,
+    SDPA_FROM_TOKENS,
+    _document_attention,
+    _varlen_attention,
     document_layout,
     resolve_attn_implementation,
     varlen_layout,
@@ -182,3 +185,19 @@ def test_varlen_layout_is_the_rows_cumulative_sample_lengths():
     layout = varlen_layout((5, 3, 7))
     assert layout.cu_seqlens.tolist() == [0, 5, 8, 15] and layout.cu_seqlens.dtype == torch.int32
     assert layout.longest == 7
+
+
+def test_a_varlen_row_of_long_samples_runs_per_sample_sdpa_with_shared_kv_heads():
+    """Every sample >= SDPA_FROM_TOKENS: `document_varlen` takes one sdpa call per sample with
+    grouped-query heads shared (no varlen kernel, so this runs on CPU), and must give what
+    `document_sdpa` gives with the kv heads repeated. fp32, values O(1), head dim 8: both are the
+    same softmax(QK^T)V sums in a possibly different order, a few ulps apart (1e-5 >> 8 * 1.2e-7)."""
+    lengths = (SDPA_FROM_TOKENS, SDPA_FROM_TOKENS + 3)
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(4, sum(lengths), 8, generator=generator)
+    k, v = (torch.randn(2, sum(lengths), 8, generator=generator) for _ in range(2))
+    got = _varlen_attention(q, k, v, varlen_layout(lengths), None, groups=2)
+    repeated = [x.repeat_interleave(2, 0) for x in (k, v)]
+    want = _document_attention(q, *repeated, document_layout(lengths), 0.0, None)
+    assert got.shape == want.shape == (1, sum(lengths), 4, 8)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
