@@ -131,9 +131,8 @@ _refusals = Throttle()
 
 
 def _refused(uid: int, what: str) -> None:
-    report, held_back = _refusals.allow()
-    if report:
-        more = f" ({held_back} more since the last report, not logged)" if held_back else ""
+    more = _refusals.suffix()
+    if more is not None:
         logger.warning(f"sandbox uid {uid}: {what}{more}")
 
 

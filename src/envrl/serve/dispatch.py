@@ -115,9 +115,8 @@ class WorkerDispatch:
     def _on_stranger(self, frames: list[bytes]) -> None:
         """A frame on the worker socket from a peer that is none of our workers: ignored, and logged
         at most a burst a minute (a process on the node is probing the socket)."""
-        report, held_back = self.stranger_log.allow()
-        if report:
-            more = f" ({held_back} more since the last report)" if held_back else ""
+        more = self.stranger_log.suffix()
+        if more is not None:
             logger.warning(f"ignored a {len(frames)}-frame message on the worker socket from an unknown peer{more}")
 
     def on_worker_exit(self, worker: WorkerHandle, child: Child, draining: bool) -> None:

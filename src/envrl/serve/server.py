@@ -204,9 +204,8 @@ class EnvServer:
     def _on_internal_error(self, identity: bytes, request_id: str | None, first_token: int, error: Exception) -> None:
         """Answer a request whose handling raised unexpectedly `internal_error`, once: if it was
         already accepted (its token is new), finish it (and cancel it in its worker)."""
-        report, held_back = self.error_log.allow()
-        if report:
-            more = f" ({held_back} more since the last report, not logged)" if held_back else ""
+        more = self.error_log.suffix()
+        if more is not None:
             logger.opt(exception=error).error(
                 f"req={request_id}: handling it raised {type(error).__name__}: {error}; answered internal_error{more}"
             )

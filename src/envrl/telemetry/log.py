@@ -92,3 +92,11 @@ class Throttle:
         self.reported += 1
         held, self.held_back = self.held_back, 0
         return True, held
+
+    def suffix(self) -> str | None:
+        """None when this report is held back; else what to append to the logged line: empty, or
+        how many reports since the last one were not logged."""
+        report, held_back = self.allow()
+        if not report:
+            return None
+        return f" ({held_back} more since the last report, not logged)" if held_back else ""

@@ -62,9 +62,9 @@ def test_stdlib_record_keeps_caller_location(log_file: Path) -> None:
 
 def test_a_throttle_reports_a_burst_per_window_and_counts_what_it_held_back() -> None:
     throttle = Throttle(burst=2, window=3600.0)
-    assert [throttle.allow() for _ in range(5)] == [(True, 0), (True, 0), (False, 0), (False, 0), (False, 0)]
+    assert [throttle.suffix() for _ in range(5)] == ["", "", None, None, None]
     throttle.window_start -= 3600.0  # the window has passed
-    assert throttle.allow() == (True, 3), "the first report of a new window says how many were not logged"
+    assert throttle.suffix() == " (3 more since the last report, not logged)", "a new window's first report counts"
 
 
 def test_tracebacks_in_the_log_leave_out_local_variables(tmp_path: Path) -> None:

@@ -225,9 +225,8 @@ class ChatProxy:
         return _error(refusal.status, f"chat proxy: {refusal}", close=True)
 
     def _warn(self, line: str) -> None:
-        report, held_back = self._log.allow()
-        if report:
-            more = f" ({held_back} more since the last report, not logged)" if held_back else ""
+        more = self._log.suffix()
+        if more is not None:
             logger.warning(f"chat proxy: {line}{more}")
 
 
