@@ -63,7 +63,7 @@ def main() -> int:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     short = synthetic_samples(8, prompt_len=(16, 64), completion_len=(64, 300), vocab_size=VOCAB)
-    rows_ok = [compare("8 short samples (varlen kernel)", short, dtype, device)]
+    rows_ok = [compare("8 short samples", short, dtype, device)]
     if device.type == "cuda":  # every sample >= SDPA_FROM_TOKENS: document_varlen's per-sample sdpa path
         n = attention.SDPA_FROM_TOKENS
         long = synthetic_samples(2, prompt_len=(16, 16), completion_len=(n, n), vocab_size=VOCAB)

@@ -7,7 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +18,14 @@ import zmq
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.serve.models import MAX_MODELS
 from tests.support.env_servers import SAMPLING, running_env_server
+from tests.support.standin_inference import JsonHandler
 
 ANSWER_AFTER_S = 1.5
 """How long the model server takes per call: long enough that the slow rollout is still waiting
 when the later bindings fill the server's registry."""
 
 
-class SlowChat(BaseHTTPRequestHandler):
+class SlowChat(JsonHandler):
     """Enough of vLLM for the train client: the served context length, and a slow completion."""
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name; GET /v1/models
@@ -35,17 +36,6 @@ class SlowChat(BaseHTTPRequestHandler):
         time.sleep(ANSWER_AFTER_S)
         choice = {"index": 0, "token_ids": [5, 6], "logprobs": {"content": [{"logprob": -1.0}, {"logprob": -1.0}]}}
         self._reply({"choices": [{**choice, "finish_reason": "stop"}]})
-
-    def _reply(self, data: object) -> None:
-        body = json.dumps(data).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture
@@ -72,7 +62,7 @@ def test_a_binding_in_use_is_never_dropped_and_a_dropped_one_is_unknown_model(
     with running_env_server(tmp_path, *args, env_id="reverse-text") as server:
         dealer = zmq.Context.instance().socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+        dealer.setsockopt(zmq.RCVTIMEO, 120_000)  # a hang guard only: a loaded 2-core box can take many seconds
         dealer.connect(server.address)
         answers: dict[str, Any] = {}
 

@@ -19,12 +19,27 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
+class JsonHandler(BaseHTTPRequestHandler):
+    """An http.server handler that answers JSON and keeps quiet in the test's output."""
+
+    def _reply(self, data: object) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 def main() -> None:
     model, completion, stop_at = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
     resolved = str(Path(model).resolve())
     lock, seen = threading.Lock(), [0]
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if self.path == "/health":
                 self._reply({})
@@ -46,17 +61,6 @@ def main() -> None:
             choice = {"index": 0, "token_ids": completion, "finish_reason": "stop"}
             choice["logprobs"] = {"content": [{"logprob": -1.0} for _ in completion]}
             self._reply({"choices": [choice]})
-
-        def _reply(self, data: object) -> None:
-            body = json.dumps(data).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     print(f"port {server.server_address[1]}", flush=True)
