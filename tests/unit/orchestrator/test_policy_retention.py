@@ -7,6 +7,7 @@ from typing import Any
 
 from envrl.data.layout import published_steps, weights_dir, weights_root
 from envrl.orchestrator.policy import PolicyTracker
+from envrl.transport.weights import ReplicaPolicyLoader
 
 
 class ReloadsNothing:
@@ -21,7 +22,8 @@ class ReloadsNothing:
 def kept_after_serving(tmp_path: Path, newest: int, keep_every: int) -> list[int]:
     for step in range(newest + 1):
         weights_dir(tmp_path, step).mkdir(parents=True)
-    tracker = PolicyTracker(ReloadsNothing(), tmp_path, max_async_level=1, timeout=5.0, keep=2, keep_every=keep_every)  # type: ignore[arg-type]
+    loader = ReplicaPolicyLoader(ReloadsNothing(), tmp_path, timeout=5.0)  # type: ignore[arg-type]
+    tracker = PolicyTracker(loader, max_async_level=1, timeout=5.0, keep=2, keep_every=keep_every)
     asyncio.run(tracker.ensure(newest))
     return published_steps(weights_root(tmp_path))
 
