@@ -118,14 +118,7 @@ def pack(
     as `keys` says (the user's keys for `max_tokens` and `seq_len`).
     """
     kept = [s for s in samples if _trainable(s) > 0]
-    oversize = [(i, s) for i, s in enumerate(samples) if len(s.input_ids) > max_tokens]
-    if oversize:
-        i, s = max(oversize, key=lambda item: len(item[1].input_ids))
-        logger.warning(
-            f"{len(oversize)} sample(s) of {where} exceed {keys.max_tokens} = {max_tokens} and get a micro-batch "
-            f"of their own (longest: sample {i}, env {s.env!r}, task {s.task_idx}, {len(s.input_ids)} tokens); "
-            f"set {keys.seq_len} <= {keys.max_tokens} to bound them"
-        )
+    _warn_oversize(samples, max_tokens, where, keys)
     total_tokens = sum(_trainable(s) for s in kept)
     weight_of = {
         "token": lambda s: 1.0 / total_tokens,
@@ -151,6 +144,17 @@ def pack(
             )
         )
     return micro_batches
+
+
+def _warn_oversize(samples: Sequence[TrainingSample], max_tokens: int, where: str, keys: BudgetKeys) -> None:
+    oversize = [(i, s) for i, s in enumerate(samples) if len(s.input_ids) > max_tokens]
+    if oversize:
+        i, s = max(oversize, key=lambda item: len(item[1].input_ids))
+        logger.warning(
+            f"{len(oversize)} sample(s) of {where} exceed {keys.max_tokens} = {max_tokens} and get a micro-batch "
+            f"of their own (longest: sample {i}, env {s.env!r}, task {s.task_idx}, {len(s.input_ids)} tokens); "
+            f"set {keys.seq_len} <= {keys.max_tokens} to bound them"
+        )
 
 
 def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
