@@ -120,7 +120,9 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
     from envrl.trainer.config import TrainerConfig
     from envrl.trainer.parallel import build_model, init_runtime
     from envrl.trainer.weights import weight_publisher
-    from envrl.transport.memory import is_transfer_dir, read_secret, read_transfer, tensor_bytes
+    from envrl.transport.broadcast import tensor_bytes
+    from envrl.transport.memory import read_secret
+    from envrl.transport.source import MemoryWeights, read_source, transport_of
     from tests.support.ports import free_port
 
     vllm = {"max_model_len": 512, **(lora_serving_options(rank) if rank is not None else {})}
@@ -152,7 +154,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
                 publisher.publish(model, step, last=False)
                 published_s = time.perf_counter()
                 path = weights_dir(run_dir, step)
-                transfer = read_secret(path).model_dump() if is_transfer_dir(path) else None
+                transfer = read_secret(path).model_dump() if transport_of(path) == "memory" else None
                 await client.update_weights(path, step=step, transfer=transfer)
                 done_s = time.perf_counter()
                 times["publish"].append(published_s - start_s)
@@ -168,9 +170,8 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
         publisher.close()
         child.stop(grace=30.0)
     first = weights_dir(run_dir, 1)
-    if (first / "transfer.json").is_file():
-        info = read_transfer(first)
-        size = sum(map(tensor_bytes, info.dtype_names, info.shapes))
+    if isinstance(source := read_source(first), MemoryWeights):
+        size = sum(map(tensor_bytes, source.info.dtype_names, source.info.shapes))
     else:
         size = sum(f.stat().st_size for f in first.iterdir())
     return {name: median(values) for name, values in times.items()} | {"mb": size / 1e6}

@@ -19,6 +19,7 @@ from envrl.model.replicas import InferenceReplicas
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.runtime.http import HttpCallError, RetryPolicy
+from envrl.transport.weights import ReplicaPolicyLoader
 from tests.support.served_weights import (
     EXACT,
     PROMPTS,
@@ -215,7 +216,8 @@ def test_a_new_run_reloads_its_model_on_a_server_left_on_other_weights(vllm_serv
         try:
             await replicas.update_weights(earlier, step=3)
             (before,) = await replicas.served_weights()
-            tracker = PolicyTracker(replicas, tmp_path / "new_run", max_async_level=0, timeout=10, keep=2)
+            loader = ReplicaPolicyLoader(replicas, tmp_path / "new_run", timeout=10)
+            tracker = PolicyTracker(loader, max_async_level=0, timeout=10, keep=2)
             await tracker.start_from(str(DEFAULT_DIR))
             (after,) = await replicas.served_weights()
             return before, after

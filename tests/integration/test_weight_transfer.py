@@ -17,14 +17,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.inference.weights import read_shapes
 from envrl.model.inference import InferenceClient
 from envrl.model.tiny import DEFAULT_DIR
-from envrl.runtime.atomic import atomic_dir, write_file
 from envrl.runtime.http import HttpCallError, RetryPolicy
 from envrl.trainer.weights import policy_tensors
-from envrl.transport import TRANSFER_FILE
-from envrl.transport.memory import SECRET_FILE, PolicySender, TransferInfo, TransferSecret, write_secret
+from envrl.transport.files import read_shapes
+from envrl.transport.memory import TRANSFER_FILE, PolicySender, TransferInfo, TransferSecret, publish_transfer
 from envrl.transport.rendezvous import new_secret
 from tests.support.served_weights import (
     EXACT,
@@ -47,12 +45,6 @@ with socket.create_server(("127.0.0.1", 0)) as listener:
             conn.recv(48)
             conn.sendall((32).to_bytes(4, "big") + os.urandom(32))
 """
-
-
-def write_marker(target: Path, content: bytes, secret: TransferSecret) -> None:
-    with atomic_dir(target) as tmp:
-        write_secret(tmp / SECRET_FILE, secret)
-        write_file(tmp / TRANSFER_FILE, content)
 
 
 async def load_policy(base_url: str, model: str, path: Path, transfer: TransferSecret | None) -> None:
@@ -80,7 +72,7 @@ def send_in_memory(base_url: str, model: str, weights: Path, target: Path) -> No
         host="127.0.0.1",
         timeout_s=120.0,
         bucket_bytes=64 * 1024,  # several buckets, and tensors larger than one
-        publish=lambda content, secret: write_marker(target, content, secret),
+        publish=lambda content, secret: publish_transfer(target, content, secret),
     )
     try:
         asyncio.run(load_policy(base_url, model, target, sender.secret))
@@ -110,7 +102,7 @@ def test_a_policy_for_another_engine_is_refused_and_the_old_weights_serve(vllm_s
     )
     target = tmp_path / "weights" / "step_1"
     secret = TransferSecret(secret=new_secret())
-    write_marker(target, info.model_dump_json().encode(), secret)
+    publish_transfer(target, info.model_dump_json().encode(), secret)
     with pytest.raises(HttpCallError, match="over nccl, but this server's weight-transfer engine is gloo") as refused:
         asyncio.run(load_policy(vllm_server.base_url, vllm_server.model, target, secret))
     assert refused.value.status == 400
@@ -122,7 +114,7 @@ def test_a_policy_asked_for_without_its_secret_is_refused(vllm_server, tmp_path:
     target = tmp_path / "weights" / "step_1"
     sender = PolicySender(
         1, policy_tensors(hf, hf.state_dict(), torch.float32), backend="gloo", host="127.0.0.1", timeout_s=120.0,
-        bucket_bytes=2**20, publish=lambda content, secret: write_marker(target, content, secret),
+        bucket_bytes=2**20, publish=lambda content, secret: publish_transfer(target, content, secret),
     )  # fmt: skip
     try:
         with pytest.raises(HttpCallError, match="carries no `transfer` secret") as refused:
@@ -155,7 +147,7 @@ def test_a_process_of_another_user_on_a_dead_senders_port_is_refused(vllm_server
         )  # fmt: skip
         target = tmp_path / "weights" / "step_1"
         secret = TransferSecret(secret=new_secret())
-        write_marker(target, info.model_dump_json().encode(), secret)
+        publish_transfer(target, info.model_dump_json().encode(), secret)
         with pytest.raises(HttpCallError, match="did not prove this policy's secret") as refused:
             asyncio.run(load_policy(vllm_server.base_url, vllm_server.model, target, secret))
         assert refused.value.status == 400

@@ -10,23 +10,17 @@ fails leaves the previous adapter (or the bare base) serving. `clear()` serves t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from envrl.config import ConfigError
-from envrl.inference.weights import WeightsError
+from envrl.transport.files import WeightsError
+from envrl.transport.source import AdapterWeights
 
-ADAPTER_CONFIG = "adapter_config.json"
-"""The file that makes a weights directory a PEFT LoRA adapter instead of a full model."""
 SERVABLE_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM 0.32 takes for `max_lora_rank`."""
 ADAPTER_NAME = "envrl-policy"
 ADAPTER_ID = 1
-
-
-def is_adapter_dir(path: Path) -> bool:
-    return (path / ADAPTER_CONFIG).is_file()
 
 
 def lora_serving_options(rank: int) -> dict[str, Any]:
@@ -34,16 +28,12 @@ def lora_serving_options(rank: int) -> dict[str, Any]:
     return {"enable_lora": True, "max_lora_rank": next(r for r in SERVABLE_RANKS if r >= rank)}
 
 
-def check_adapter(path: Path, max_rank: int) -> None:
-    """WeightsError unless `path` holds a readable adapter config of a rank the server takes."""
-    try:
-        rank = int(json.loads((path / ADAPTER_CONFIG).read_text())["r"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise WeightsError(f"{path / ADAPTER_CONFIG} is not a readable PEFT adapter config: {e}") from None
-    if rank > max_rank:
+def check_adapter(adapter: AdapterWeights, max_rank: int) -> None:
+    """WeightsError unless the server takes an adapter of `adapter`'s rank."""
+    if adapter.rank > max_rank:
         raise WeightsError(
-            f"the adapter in {path} has rank {rank}, above this server's max_lora_rank {max_rank}; "
-            f"start it with inference.vllm.max_lora_rank >= {rank} (`rl` sets it from trainer.lora.rank)"
+            f"the adapter in {adapter.path} has rank {adapter.rank}, above this server's max_lora_rank {max_rank}; "
+            f"start it with inference.vllm.max_lora_rank >= {adapter.rank} (`rl` sets it from trainer.lora.rank)"
         )
 
 

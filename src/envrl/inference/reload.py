@@ -1,5 +1,6 @@
-"""`POST /update_weights`: load the trainer's HF safetensors, or its LoRA adapter, into the
-running vLLM engine.
+"""`POST /update_weights`: the replica's end of the weight transports: load the policy a directory
+names (HF safetensors, a LoRA adapter, or a policy the trainer sends in memory) into the running
+vLLM engine.
 
 Guarantee: a reload either completes (the response comes after the new weights serve every
 later request) or is refused with an error naming the problem while the previous weights keep
@@ -17,20 +18,18 @@ callers must send the token (`inference.reload`).
 
 Shipped to vLLM as an endpoint plugin (entry point group `vllm.endpoint_plugins`, enabled by
 `VLLM_PLUGINS=envrl`), so the server is vLLM's own OpenAI server with this one route added.
-The engine side is vLLM's native `Worker.reload_weights` (which also redoes the post-load
-processing, on CPU the GEMM weight prepacking, that a plain `load_weights` skips), wrapped by
-our worker extension (envrl.inference.worker) to keep tied output embeddings in step.
-A directory holding a PEFT adapter (a `trainer.lora` run) is hot-loaded onto the base model
-instead (envrl.inference.adapter), which needs a server started with `enable_lora`; a full
-reload afterwards serves that model without an adapter. A directory holding `transfer.json`
-names a policy the trainer sends in memory (envrl.transport.memory): with the policy's secret
-from the request body (never from disk), the server joins the trainer's rendezvous, refusing a
-sender that cannot prove that secret before the engine is touched, says there how many receive
-(from the request), and joins that broadcast through vLLM's own weight-transfer calls
-(`init_weight_transfer_engine`, `start/update/finish_weight_update`) on the engine it was
-started with, under this route's
-token, pause and deadline; a broken transfer cannot restore the previous weights (they were
-never on disk), so it is answered 500: restart the server.
+The directory is read once (`envrl.transport.source.read_source`) and checked against the
+served model before the engine is touched; each transport's module then loads it:
+`envrl.transport.files` (vLLM's native `Worker.reload_weights`, which also redoes the post-load
+processing, wrapped by our worker extension, envrl.inference.worker, to keep tied output
+embeddings in step), envrl.inference.adapter (a `trainer.lora` run's adapter, hot-loaded onto the
+base model: a server started with `enable_lora`; a full reload afterwards serves that model
+without an adapter), or `envrl.transport.memory` (with the policy's secret from the request body,
+never from disk, the server joins the trainer's rendezvous, refusing a sender that cannot prove
+that secret before the engine is paused, and receives the broadcast through vLLM's own
+weight-transfer calls on the engine it was started with, under this route's token, pause and
+deadline; a broken transfer cannot restore the previous weights, which were never on disk, so it
+is answered 500: restart the server).
 """
 
 from __future__ import annotations
@@ -48,12 +47,13 @@ from fastapi.responses import JSONResponse
 from loguru import logger
 from pydantic import BaseModel, Field
 
-from envrl.inference.adapter import PolicyAdapter, check_adapter, is_adapter_dir
+from envrl.inference.adapter import PolicyAdapter, check_adapter
 from envrl.inference.config import ReloadConfig
 from envrl.inference.warmup import WARMUP_ENV, warm_up
-from envrl.inference.weights import Shapes, WeightsError, check_replacement, check_shapes, read_shapes
-from envrl.transport.memory import WORLD_SIZE_KEY, TransferInfo, TransferSecret, is_transfer_dir, read_transfer
-from envrl.transport.rendezvous import RendezvousError, RendezvousStore
+from envrl.transport.files import Shapes, WeightsError, check_shapes, read_shapes, reload_files
+from envrl.transport.memory import Joined, TransferSecret, check_receivable, join_sender, receive_policy
+from envrl.transport.rendezvous import RendezvousError
+from envrl.transport.source import AdapterWeights, FileWeights, MemoryWeights, WeightSource, read_source
 
 PLUGIN_NAME = "envrl"
 RELOAD_ENV = "ENVRL_INFERENCE_RELOAD"
@@ -95,8 +95,12 @@ class UpdateWeightsRequest(BaseModel):
     """For a policy sent in memory: its secret (the policy's `transfer.secret`), required then."""
 
 
-Joined = tuple[TransferInfo, TransferSecret, RendezvousStore]
-"""A policy sent in memory whose sender proved its secret: what it is, the secret, the rendezvous."""
+LOADED_WHAT = {
+    FileWeights: "weights reloaded",
+    AdapterWeights: "LoRA adapter hot-loaded",
+    MemoryWeights: "weights received in memory",
+}
+"""How the log names a completed reload of each kind of `WeightSource`."""
 
 
 class WeightReloadPlugin:
@@ -110,7 +114,7 @@ class WeightReloadPlugin:
         self._served: Shapes = {}
         self._current = ""
         """The served policy: the adapter directory, or the full weights' directory."""
-        self._base = ""
+        self._base: WeightSource = FileWeights(Path(), {})
         """Where the full weights serving now came from (an adapter is applied on top of them)."""
         self._adapter: PolicyAdapter | None = None
         """Set when the server was started with LoRA (`enable_lora`)."""
@@ -133,8 +137,9 @@ class WeightReloadPlugin:
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         self._engine = engine_client
         model = Path(args.model)
-        self._current = self._base = str(model.resolve()) if model.is_dir() else str(args.model)
-        self._served = read_shapes(Path(args.model))
+        self._current = str(model.resolve()) if model.is_dir() else str(args.model)
+        self._served = read_shapes(model)
+        self._base = FileWeights(Path(self._current), self._served)
         if (transfer := getattr(args, "weight_transfer_config", None)) is not None:
             self._transfer_backend = transfer.backend if hasattr(transfer, "backend") else transfer["backend"]
         self._tp_pp = args.tensor_parallel_size * args.pipeline_parallel_size
@@ -169,28 +174,22 @@ class WeightReloadPlugin:
         path = Path(request.path).resolve()
         deadline = min(self._config.timeout_s, request.timeout_s or self._config.timeout_s)
         async with self._lock:
-            if self._loaded is not None and request.step is not None and self._loaded[0] == request.step:
-                step, loaded_path, answer = self._loaded
-                if loaded_path != str(path):
-                    return JSONResponse(
-                        {"error": f"policy step {step} was loaded from {loaded_path}, not {path}"}, status_code=409
-                    )
-                logger.info(f"weight reload of step {step} asked again: already serving it")
-                return JSONResponse(answer)
+            if (repeated := self._repeated(request.step, path)) is not None:
+                return repeated
             start = time.perf_counter()
             try:
-                await asyncio.to_thread(self._check, path)
-                joined = await asyncio.to_thread(self._join, path, request.transfer, deadline)
+                source = await asyncio.to_thread(read_source, path, request.step)
+                joined = await asyncio.to_thread(self._check_and_join, source, request.transfer, deadline)
             except (WeightsError, RendezvousError) as e:
                 logger.warning(f"weight reload refused: {e}")
                 return JSONResponse({"error": f"{e}; the previous weights keep serving"}, status_code=400)
             try:
                 failure, status = await self._reload(
-                    path, deadline, (request.replica, request.replicas), request.step, request.in_flight, joined
+                    source, deadline, (request.replica, request.replicas), request.in_flight, joined
                 )
             finally:
                 if joined is not None:
-                    joined[2].close()
+                    joined.store.close()
         if failure is not None:
             logger.error(failure)
             return JSONResponse({"error": failure}, status_code=status)
@@ -198,69 +197,52 @@ class WeightReloadPlugin:
         answer = {"status": "ok", "path": str(path), "step": request.step, "seconds": seconds}
         if request.step is not None:
             self._loaded = (request.step, str(path), answer)
-        what = (
-            "LoRA adapter hot-loaded"
-            if is_adapter_dir(path)
-            else "weights received in memory"
-            if is_transfer_dir(path)
-            else "weights reloaded"
+        logger.info(
+            f"{LOADED_WHAT[type(source)]} from {path} in {seconds:.2f}s (requests in flight: {request.in_flight})"
         )
-        logger.info(f"{what} from {path} in {seconds:.2f}s (requests in flight: {request.in_flight})")
         return JSONResponse(answer)
 
-    def _check(self, path: Path) -> None:
-        """WeightsError unless `path` can replace the served policy (read from headers and configs)."""
-        if is_transfer_dir(path):
-            self._check_transfer(path)
-        elif not is_adapter_dir(path):
-            check_replacement(path, self._served)
-        elif self._adapter is None:
-            raise WeightsError(
-                f"{path} holds a LoRA adapter, but this server was started without LoRA; start it with "
-                "inference.vllm.enable_lora = true (`rl` does so when trainer.lora is set)"
-            )
-        else:
-            check_adapter(path, self._max_lora_rank)
-
-    def _check_transfer(self, path: Path) -> None:
-        try:
-            info = read_transfer(path)
-        except ValueError as e:
-            raise WeightsError(str(e)) from None
-        if info.backend != self._transfer_backend:
-            raise WeightsError(
-                f"{path} is sent in memory over {info.backend}, but this server's weight-transfer engine is "
-                f'{self._transfer_backend}; set inference.vllm.weight_transfer_config = {{backend = "{info.backend}"}}'
-            )
-        check_shapes(dict(zip(info.names, map(tuple, info.shapes), strict=True)), self._served, str(path))
-
-    @staticmethod
-    def _join(path: Path, transfer: TransferSecret | None, timeout_s: float) -> Joined | None:
-        """For a policy sent in memory: its sender's rendezvous, once the sender proved the secret
-        (RendezvousError otherwise); None for weights on disk."""
-        if not is_transfer_dir(path):
+    def _repeated(self, step: int | None, path: Path) -> JSONResponse | None:
+        """The answer to a POST of the step loaded last (the first answer again, or 409 for
+        another directory); None for any other reload."""
+        if self._loaded is None or step is None or self._loaded[0] != step:
             return None
-        if transfer is None:
-            raise WeightsError(
-                f"{path} names a policy sent in memory, but the request carries no `transfer` secret; send the "
-                "policy's transfer.secret in the body (envrl's orchestrator does)"
+        step, loaded_path, answer = self._loaded
+        if loaded_path != str(path):
+            return JSONResponse(
+                {"error": f"policy step {step} was loaded from {loaded_path}, not {path}"}, status_code=409
             )
-        info = read_transfer(path)
-        if info.backend == "nccl" and transfer.nccl_unique_id_b64 is None:
-            raise WeightsError(f"{path} is sent over nccl, but the request's `transfer` carries no nccl_unique_id_b64")
-        return info, transfer, RendezvousStore(info.host, info.port, transfer.secret, timeout_s)
+        logger.info(f"weight reload of step {step} asked again: already serving it")
+        return JSONResponse(answer)
+
+    def _check_and_join(self, source: WeightSource, transfer: TransferSecret | None, timeout_s: float) -> Joined | None:
+        """WeightsError unless `source` can replace the served policy; for a policy sent in memory,
+        its sender's rendezvous once the sender proved the secret (RendezvousError otherwise)."""
+        match source:
+            case FileWeights():
+                check_shapes(source.shapes, self._served, str(source.path))
+            case AdapterWeights() if self._adapter is None:
+                raise WeightsError(
+                    f"{source.path} holds a LoRA adapter, but this server was started without LoRA; start it with "
+                    "inference.vllm.enable_lora = true (`rl` does so when trainer.lora is set)"
+                )
+            case AdapterWeights():
+                check_adapter(source, self._max_lora_rank)
+            case MemoryWeights():
+                check_receivable(source.path, source.info, self._transfer_backend, self._served)
+                return join_sender(source.path, source.info, transfer, timeout_s)
+        return None
 
     async def _reload(
         self,
-        path: Path,
+        source: WeightSource,
         deadline: float,
         receivers: tuple[int, int],
-        step: int | None,
         in_flight: InFlight,
         joined: Joined | None,
     ) -> tuple[str | None, int]:
-        """Pause (as `in_flight` says), load `path` (restoring the old weights if that fails) and
-        label what it generates from now on as `step`, always resume; (failure, status)."""
+        """Pause (as `in_flight` says), load `source` (restoring the old weights if that fails)
+        and label what it generates from now on as its step, always resume; (failure, status)."""
         started = time.monotonic()
         mode, clear_cache = IN_FLIGHT_PAUSE[in_flight]
         try:
@@ -268,77 +250,62 @@ class WeightReloadPlugin:
                 await asyncio.wait_for(self._engine.pause_generation(mode=mode, clear_cache=clear_cache), deadline)
             except TimeoutError:
                 return (
-                    f"requests in flight did not finish within {deadline:g} s (inference.reload.timeout_s); "
-                    f"reload of {path} abandoned, the previous weights from {self._current} keep serving; retry later",
+                    f"requests in flight did not finish within {deadline:g} s (inference.reload.timeout_s); reload of "
+                    f"{source.path} abandoned, the previous weights from {self._current} keep serving; retry later",
                     503,
                 )
             left = max(deadline - (time.monotonic() - started), 1e-3)
             try:
-                failure = await asyncio.wait_for(self._load(path, receivers, joined), left)
+                failure = await asyncio.wait_for(self._load(source, receivers, joined), left)
             except TimeoutError:
                 return (
-                    f"loading {path} did not finish within the {deadline:g} s deadline (inference.reload.timeout_s); "
-                    "which weights serve is unknown: restart the server",
+                    f"loading {source.path} did not finish within the {deadline:g} s deadline "
+                    "(inference.reload.timeout_s); which weights serve is unknown: restart the server",
                     500,
                 )
-            if failure is None:
-                await self._engine.update_weight_version(UNLABELLED if step is None else str(step))
-                if not is_adapter_dir(path):
-                    self._base = str(path)
-                    if self._adapter is not None:
-                        await self._adapter.clear()  # new full weights: the policy is them alone
-                self._current = str(path)
-                self._loaded = None
-                return None, 200
-            if is_adapter_dir(path):  # vLLM loads an adapter before it evicts the one serving
-                return f"{failure}; the previous policy from {self._current} keeps serving", 400
-            if is_transfer_dir(self._base):  # the weights serving before came from memory: no copy to restore
-                return (
-                    f"{failure}; the previous weights were received in memory and cannot be restored: restart the server",
-                    500,
-                )
-            restore_failure = await self._load(self._base)
-            if restore_failure is None:
-                return f"{failure}; the previous weights from {self._base} are restored and serving", 400
-            return f"{failure}; restoring the previous weights failed too ({restore_failure}): restart the server", 500
+            if failure is not None:
+                return await self._restore(failure, source)
+            await self._engine.update_weight_version(UNLABELLED if source.step is None else str(source.step))
+            if not isinstance(source, AdapterWeights):
+                self._base = source
+                if self._adapter is not None:
+                    await self._adapter.clear()  # new full weights: the policy is them alone
+            self._current = str(source.path)
+            self._loaded = None
+            return None, 200
         finally:
             await self._engine.resume_generation()
 
-    async def _receive(self, joined: Joined, receivers: tuple[int, int]) -> None:
-        """Join the trainer's broadcast of policy `info.step` through vLLM's weight-transfer calls:
-        say how many receive (in the proven rendezvous), init, start, update, finish, release."""
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
-
-        info, secret, store = joined
-        replica, replicas = receivers
-        world_size = 1 + replicas * self._tp_pp
-        await asyncio.to_thread(store.set, WORLD_SIZE_KEY, str(world_size))
-        init_info = info.init_info(rank_offset=1 + replica * self._tp_pp, world_size=world_size, secret=secret)
-        await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
-        try:
-            await self._engine.start_weight_update()
-            await self._engine.update_weights(WeightTransferUpdateRequest(update_info=info.update_info()))
-            await self._engine.finish_weight_update(weight_version=str(info.step))
-            await self._engine.collective_rpc("envrl_retie_output_embeddings")
-        finally:
-            await self._engine.shutdown_weight_transfer_engine()
+    async def _restore(self, failure: str, source: WeightSource) -> tuple[str, int]:
+        """After `source` failed to load: the previous policy serving again, or why it cannot."""
+        if isinstance(source, AdapterWeights):  # vLLM loads an adapter before it evicts the one serving
+            return f"{failure}; the previous policy from {self._current} keeps serving", 400
+        if isinstance(self._base, MemoryWeights):  # the weights serving before came from memory: no copy to restore
+            return (
+                f"{failure}; the previous weights were received in memory and cannot be restored: restart the server",
+                500,
+            )
+        restore_failure = await self._load(self._base)
+        if restore_failure is None:
+            return f"{failure}; the previous weights from {self._base.path} are restored and serving", 400
+        return f"{failure}; restoring the previous weights failed too ({restore_failure}): restart the server", 500
 
     async def _load(
-        self, path: Path | str, receivers: tuple[int, int] = (0, 1), joined: Joined | None = None
+        self, source: WeightSource, receivers: tuple[int, int] = (0, 1), joined: Joined | None = None
     ) -> str | None:
-        """Hot-load the adapter in `path`, receive the policy it names in memory through `joined`
-        (this server being receiver `receivers[0]` of `receivers[1]`), or reload the full weights
-        in place from it on every worker; the failure text, or None."""
-        path = Path(path)
+        """Hot-load the adapter `source` is, receive the policy it names in memory through
+        `joined` (this server being receiver `receivers[0]` of `receivers[1]`), or reload the full
+        weights in place from it on every worker; the failure text, or None."""
         try:
-            if is_adapter_dir(path):
-                assert self._adapter is not None  # _check refused adapters otherwise
-                await self._adapter.load(path)
-                return None
-            if joined is not None:
-                await self._receive(joined, receivers)
-                return None
-            await self._engine.collective_rpc("envrl_reload_weights", args=(str(path),))
+            match source:
+                case AdapterWeights():
+                    assert self._adapter is not None  # _check_and_join refused adapters otherwise
+                    await self._adapter.load(source.path)
+                case MemoryWeights():
+                    assert joined is not None  # _check_and_join joined every policy sent in memory
+                    await receive_policy(self._engine, joined, *receivers, self._tp_pp)
+                case FileWeights():
+                    await reload_files(self._engine, source.path)
         except Exception as e:
-            return f"loading weights from {path} failed in the engine: {type(e).__name__}: {e}"
+            return f"loading weights from {source.path} failed in the engine: {type(e).__name__}: {e}"
         return None

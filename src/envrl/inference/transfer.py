@@ -1,5 +1,6 @@
 """envrl's `gloo` weight-transfer engine for vLLM: the CPU twin of vLLM's `nccl` engine, so the
-in-memory weight path (envrl.transport.memory) runs on CPU and in CI exactly as on GPU.
+in-memory weight path (envrl.transport.memory, its collective in envrl.transport.broadcast) runs
+on CPU and in CI exactly as on GPU.
 
 Guarantee: registered with vLLM's `WeightTransferEngineFactory` as `gloo` when this module is
 imported (the worker imports it as part of envrl's worker extension, before vLLM builds the
@@ -26,7 +27,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from envrl.transport.memory import DEFAULT_BUCKET_BYTES, TransferInfo, join_gloo, receive_gloo
+from envrl.transport.broadcast import DEFAULT_BUCKET_BYTES, TensorLayout, join_gloo, receive_gloo
 
 BACKEND = "gloo"
 GROUP_TIMEOUT_S = 300.0
@@ -91,10 +92,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.group is None:
             raise RuntimeError("gloo weight transfer not initialised: call init_weight_transfer_engine first")
-        info = TransferInfo(
-            step=0, backend=BACKEND, host="", port=0, bucket_bytes=self.bucket_bytes, **update_info.__dict__
-        )
-        for bucket in receive_gloo(self.group, info):
+        layout = TensorLayout(bucket_bytes=self.bucket_bytes, **update_info.__dict__)
+        for bucket in receive_gloo(self.group, layout):
             self.model.load_weights(bucket)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:

@@ -54,6 +54,7 @@ from envrl.telemetry.console import fmt_shares
 from envrl.telemetry.ledger import Ledger
 from envrl.telemetry.metrics import MetricsSink
 from envrl.transport.batches import BatchSender, FileBatchSender
+from envrl.transport.weights import ReplicaPolicyLoader
 
 
 class Orchestrator:
@@ -88,8 +89,7 @@ class Orchestrator:
         self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
         self.eval_envs = [self._make_env(env, "eval") for env in config.eval_envs()]
         self.policy = PolicyTracker(
-            self.inference,
-            self.output_dir,
+            ReplicaPolicyLoader(self.inference, self.output_dir, config.weights_timeout_s),
             max_async_level=config.max_async_level,
             timeout=config.weights_timeout_s,
             keep=config.keep_weights,

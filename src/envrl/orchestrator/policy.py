@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 from loguru import logger
 
-from envrl.data.layout import published_steps, weights_dir, weights_root
-from envrl.model.replicas import InferenceReplicas
 from envrl.telemetry.ledger import Ledger
-from envrl.transport.weights import PolicyLoader, ReplicaPolicyLoader
+from envrl.transport.weights import PolicyLoader
 
 POLL_INTERVAL = 0.01
 """Seconds between looks for newly published weights while the trainer is below the bound: an
@@ -31,8 +28,7 @@ only one directory, so looking often costs little."""
 class PolicyTracker:
     def __init__(
         self,
-        inference: InferenceReplicas,
-        output_dir: Path,
+        loader: PolicyLoader,
         *,
         max_async_level: int,
         timeout: float,
@@ -40,12 +36,9 @@ class PolicyTracker:
         keep_every: int = 0,
         current: int = 0,
         ledger: Ledger | None = None,
-        loader: PolicyLoader | None = None,
     ) -> None:
-        self.inference = inference
-        self.loader = loader or ReplicaPolicyLoader(inference, output_dir, timeout)
-        """How published policies reach the replicas (envrl.transport.weights)."""
-        self.output_dir = output_dir
+        self.loader = loader
+        """How published policies reach the replicas (envrl.transport.weights): all the tracker knows of them."""
         self.max_async_level = max_async_level
         self.timeout = timeout
         self.keep = keep
@@ -61,18 +54,16 @@ class PolicyTracker:
         """Make every replica serve the policy this run starts from: a server left on other weights
         (an earlier run's, when inference outlives the orchestrator) would otherwise sample step 0
         from a policy the trainer never had. With published weights, `ensure` loads the newest."""
-        if self.latest_published() > self.current or not Path(base_model).is_dir():
+        if self.latest_published() > self.current:
             return
-        want = str(Path(base_model).resolve())
-        served = await self.inference.served_weights()
-        stale = [f"replica {i} serves {path}" for i, path in enumerate(served) if path != want]
-        if stale:
-            logger.warning(f"{'; '.join(stale)}, not this run's model: loading {want} before the first step")
-            with self.ledger.span("reload_weights", 0, process="inference", policy=0):
-                await self.inference.update_weights(want)
+        start = time.time()
+        if await self.loader.load_base(base_model):
+            self.ledger.record("reload_weights", 0, start, time.time(), process="inference", policy=0)
 
     def latest_published(self) -> int:
-        return self.loader.latest()
+        """The newest published policy (0: the initial model)."""
+        steps = self.loader.published()
+        return steps[-1] if steps else 0
 
     async def ensure(self, step: int) -> None:
         """Serve the newest published policy; wait for the trainer if it is below the bound."""
@@ -83,7 +74,7 @@ class PolicyTracker:
             now = time.monotonic()
             if now - start > self.timeout:
                 raise TimeoutError(
-                    f"waited {self.timeout:g} s (weights_timeout_s) for {weights_dir(self.output_dir, required)}; "
+                    f"waited {self.timeout:g} s (weights_timeout_s) for {self.loader.where(required)}; "
                     "is the trainer running and reading the batches?"
                 )
             if now >= next_report:
@@ -98,13 +89,9 @@ class PolicyTracker:
                 await self._load(latest)
 
     async def _load(self, step: int) -> None:
-        start = time.monotonic()
         await self.loader.load(step)
-        replicas = len(self.inference.clients)
-        where = "inference now serves" if replicas == 1 else f"all {replicas} inference replicas now serve"
-        logger.info(f"{where} policy {step} (reload took {time.monotonic() - start:.1f} s)")
         self.current = step
-        for old in published_steps(weights_root(self.output_dir)):
+        for old in self.loader.published():
             kept_for_good = self.keep_every > 0 and old % self.keep_every == 0
             if old <= step - self.keep and not kept_for_good:
                 self.loader.discard(old)

@@ -24,13 +24,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from envrl.runtime.atomic import atomic_dir
 from envrl.trainer.config import LoraConfig
+from envrl.transport.source import ADAPTER_CONFIG
 
 if TYPE_CHECKING:
     from peft import PeftModel
-
-ADAPTER_CONFIG = "adapter_config.json"
-"""The file that marks a weights directory as a LoRA adapter rather than a full model."""
-
 
 class LoraError(ValueError):
     """`trainer.lora` does not fit the model; the message names the key and what the model has."""

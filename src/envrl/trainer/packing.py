@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from loguru import logger
@@ -52,6 +52,21 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
+class BudgetKeys(NamedTuple):
+    """The config keys a warning about the packing budget names, as the user sets them."""
+
+    max_tokens: str
+    """The key of the budget (`pack`'s `max_tokens`)."""
+    seq_len: str
+    """The key that bounds one sample's length."""
+
+
+RL_KEYS = BudgetKeys("trainer.micro_batch_tokens", "orchestrator.seq_len")
+"""`rl` and the standalone trainer."""
+SFT_KEYS = BudgetKeys("micro_batch_tokens", "seq_len")
+"""`rl sft` (its own config, envrl.trainer.sft)."""
+
+
 def _trainable(sample: TrainingSample) -> int:
     """Loss tokens the trainer can score (a sample's first token has no prediction)."""
     return sum(sample.loss_mask[1:])
@@ -90,6 +105,7 @@ def pack(
     normalize: Literal["token", "sequence"],
     where: str = "the batch",
     multiple_of: int = 1,
+    keys: BudgetKeys = RL_KEYS,
 ) -> list[MicroBatch]:
     """Pack the samples that have loss tokens; samples without any are left out (no gradient).
 
@@ -98,17 +114,11 @@ def pack(
     ranks) when the batch has that many samples.
 
     A sample longer than `max_tokens` is trained in a row of its own (with a warning): the
-    budget is a packing target, and the orchestrator's `seq_len` is what bounds a sample.
+    budget is a packing target, and `seq_len` is what bounds a sample; the warning names both
+    as `keys` says (the user's keys for `max_tokens` and `seq_len`).
     """
     kept = [s for s in samples if _trainable(s) > 0]
-    oversize = [(i, s) for i, s in enumerate(samples) if len(s.input_ids) > max_tokens]
-    if oversize:
-        i, s = max(oversize, key=lambda item: len(item[1].input_ids))
-        logger.warning(
-            f"{len(oversize)} sample(s) of {where} exceed trainer.micro_batch_tokens = {max_tokens} and get a micro-batch "
-            f"of their own (longest: sample {i}, env {s.env!r}, task {s.task_idx}, {len(s.input_ids)} tokens); "
-            "set orchestrator.seq_len <= trainer.micro_batch_tokens to bound them"
-        )
+    _warn_oversize(samples, max_tokens, where, keys)
     total_tokens = sum(_trainable(s) for s in kept)
     weight_of = {
         "token": lambda s: 1.0 / total_tokens,
@@ -134,6 +144,17 @@ def pack(
             )
         )
     return micro_batches
+
+
+def _warn_oversize(samples: Sequence[TrainingSample], max_tokens: int, where: str, keys: BudgetKeys) -> None:
+    oversize = [(i, s) for i, s in enumerate(samples) if len(s.input_ids) > max_tokens]
+    if oversize:
+        i, s = max(oversize, key=lambda item: len(item[1].input_ids))
+        logger.warning(
+            f"{len(oversize)} sample(s) of {where} exceed {keys.max_tokens} = {max_tokens} and get a micro-batch "
+            f"of their own (longest: sample {i}, env {s.env!r}, task {s.task_idx}, {len(s.input_ids)} tokens); "
+            f"set {keys.seq_len} <= {keys.max_tokens} to bound them"
+        )
 
 
 def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:

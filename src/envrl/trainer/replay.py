@@ -39,7 +39,7 @@ from envrl.trainer.checkpoint import RankCountMismatch, load_checkpoint
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import Runtime, full_state_dict, init_runtime, shutdown
-from envrl.transport import TRANSFER_FILE
+from envrl.transport.source import transport_of
 
 COMPARED = ("loss", "grad_norm")
 """The step metrics a replay recomputes and sets beside the logged ones."""
@@ -188,7 +188,7 @@ def replay(output_dir: Path, step: int) -> TensorDiff | None:
     if config.lora is not None:
         logger.warning(f"a LoRA run: loss and grad norm replayed; its adapter is not compared with {target} yet")
         return None
-    if not target.is_dir() or (target / TRANSFER_FILE).is_file():
+    if not target.is_dir() or transport_of(target) == "memory":
         logger.warning(f"{target} was not kept as files: no published policy to compare step {step}'s weights with")
         return None
     steps = step + 1 - start

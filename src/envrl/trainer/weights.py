@@ -1,16 +1,14 @@
-"""Weight hand-off: the trained policy as a directory the inference server reloads.
+"""The trainer's publishers (`envrl.transport.weights.WeightPublisher`): every rank gathers the
+policy, rank 0 hands it to the transport `trainer.weights.transport` names.
 
-Guarantee: `weights/step_<k>/` appears only complete (temp dir, fsync, rename) and holds HF
-safetensors with exactly the tensor names of the base checkpoint (tied weights left out as HF
-does), its config and its tokenizer, in the base checkpoint's dtype, so both
-`AutoModelForCausalLM.from_pretrained` and `POST /update_weights` take it as is; for a LoRA
-model it holds only the PEFT adapter (envrl.trainer.lora), which the server hot-loads onto its
-base. `weights/final/` is the last step's policy as a plain HF model (the adapter merged in).
-`MemoryWeightPublisher` (`trainer.weights.transport = "memory"`) instead sends a full model's
-tensors, in the same dtype and under the same names, straight into the replicas
-(envrl.transport.memory), leaving only `transfer.json` and its owner-only `transfer.secret` in
-`weights/step_<k>/`. Such a directory lives only as long as the trainer process that serves it:
-a starting trainer removes every one it finds (`remove_stale_transfers`) before it publishes.
+Guarantee: `FileWeightPublisher` publishes `weights/step_<k>/` as envrl.transport.files writes it
+(HF safetensors, config, tokenizer, in the base checkpoint's dtype), or for a LoRA model only the
+PEFT adapter (envrl.trainer.lora), which the server hot-loads onto its base;
+`MemoryWeightPublisher` instead sends a full model's tensors, in the same dtype and under the
+same names, straight into the replicas (envrl.transport.memory), leaving only `transfer.json` and
+its owner-only `transfer.secret` in `weights/step_<k>/`; a starting trainer removes every such
+directory an earlier trainer process left (`remove_stale_transfers`) before it publishes.
+`weights/final/` is the last step's policy as a plain HF model (the adapter merged in).
 """
 
 from __future__ import annotations
@@ -25,12 +23,13 @@ from loguru import logger
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from envrl.data.layout import published_steps, weights_dir, weights_root
-from envrl.runtime.atomic import atomic_dir, write_file
+from envrl.data.layout import weights_dir
+from envrl.runtime.atomic import atomic_dir
 from envrl.trainer.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
 from envrl.transport.config import WeightsConfig
-from envrl.transport.memory import SECRET_FILE, TRANSFER_FILE, Backend, PolicySender, TransferSecret, write_secret
+from envrl.transport.files import export_dtype, write_policy
+from envrl.transport.memory import Backend, PolicySender, publish_transfer, remove_stale_transfers
 
 if TYPE_CHECKING:
     from envrl.transport.weights import WeightPublisher
@@ -93,7 +92,7 @@ class MemoryWeightPublisher:
                 host=self.config.host,
                 timeout_s=self.config.timeout_s,
                 bucket_bytes=self.config.bucket_mb * 2**20,
-                publish=lambda content, secret: _publish_marker(target, content, secret),
+                publish=lambda content, secret: publish_transfer(target, content, secret),
             )
             self.senders.append(sender)
         barrier(runtime)
@@ -115,37 +114,6 @@ class MemoryWeightPublisher:
         for sender in self.senders:
             sender.close()
         self.senders.clear()
-
-
-def _publish_marker(target: Path, content: bytes, secret: TransferSecret) -> None:
-    with atomic_dir(target) as tmp:
-        write_secret(tmp / SECRET_FILE, secret)
-        write_file(tmp / TRANSFER_FILE, content)
-
-
-def remove_stale_transfers(output_dir: Path) -> list[int]:
-    """Remove every policy of `output_dir` sent in memory (its sender died with the trainer
-    process that published it: a replica must not load it from a process that took its port)
-    and return their steps. Only directories holding nothing but what envrl wrote there
-    (`transfer.json`, `transfer.secret`) are removed; another is left, with a warning."""
-    removed = []
-    for step in published_steps(weights_root(output_dir)):
-        path = weights_dir(output_dir, step)
-        names = {entry.name for entry in path.iterdir()}
-        if TRANSFER_FILE not in names:
-            continue
-        if path.is_symlink() or not names <= {TRANSFER_FILE, SECRET_FILE}:
-            logger.warning(f"{path} names a policy sent in memory but holds more than envrl wrote; left in place")
-            continue
-        for name in names:
-            (path / name).unlink()
-        path.rmdir()
-        removed.append(step)
-    if removed:
-        logger.info(
-            f"removed policies {removed}, sent in memory by an earlier trainer process (republished as trained)"
-        )
-    return removed
 
 
 def policy_tensors(
@@ -200,37 +168,9 @@ def publish_weights(
     if runtime.is_main and is_lora(model):
         publish_adapter(model, state, final)
     elif runtime.is_main:
-        dtype = export_dtype(base_config)
-        state = _realias_tied(model, {name: tensor.to(dtype) for name, tensor in state.items()})
-        with atomic_dir(final) as tmp:
-            model.save_pretrained(tmp, state_dict=state)
-            base_config.save_pretrained(tmp)  # the live config says fp32 and use_cache=False
-            tokenizer.save_pretrained(tmp)
+        write_policy(model, state, final, base_config, tokenizer)
     barrier(runtime)
     return True
-
-
-def _realias_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Make tied parameters (e.g. lm_head and embed_tokens) one tensor object again.
-
-    Gathering FSDP shards or casting copies them apart, and HF's save_pretrained recognises tied
-    weights by shared storage: without this the file would hold an extra `lm_head.weight` that
-    the base checkpoint (and so the inference server) does not have.
-    """
-    canonical: dict[int, str] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        first = canonical.setdefault(id(param), name)
-        if first != name and first in state and name in state:
-            state[name] = state[first]
-    return state
-
-
-def export_dtype(base_config: PretrainedConfig) -> torch.dtype:
-    """The dtype the base checkpoint was saved in (fp32 if it does not say)."""
-    dtype = getattr(base_config, "dtype", None)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype, None)
-    return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
 def publish_final(model_name: str, published: Path, final: Path, runtime: Runtime, lora: bool) -> None:

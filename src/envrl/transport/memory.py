@@ -1,42 +1,49 @@
-"""Weights in memory: trainer rank 0 broadcasts a policy's tensors to every inference replica
-through vLLM's weight-transfer engines, no file in between.
+"""Weights in memory, both ends: trainer rank 0 broadcasts a policy's tensors to every
+inference replica through vLLM's weight-transfer engines, no file in between.
 
-Guarantee: a `PolicySender` publishes `weights/step_<k>/transfer.json` (atomically: the
-address the replicas join and the name, dtype and shape of every tensor, in order) with
-`transfer.secret` beside it (owner-only: the policy's 128-bit secret, and on nccl the NCCL unique
-id), and from a thread, without holding up training, waits up to `timeout_s` for the replicas
-to join and broadcasts the tensors in that order; `served` is set once every replica received
-them, `error` says what broke otherwise, and a policy nobody joins in time is released. The
-replicas join through a `RendezvousServer` (envrl.transport.rendezvous) bound to the trainer's
-host, which only holders of the secret can use and which proves the secret back: the secret
-travels only in the token-protected `POST /update_weights` body, each replica says there how
-many receive (the group's size), and a sender that cannot prove it is refused. Both ends cut
-the stream into the same buckets (`plan_buckets`, from the metadata alone), so no length travels
-with the data. `backend` is vLLM's `nccl` on GPU (the workers join from the NCCL unique id in the
-body: no TCPStore, no pickle) or envrl's `gloo` engine (`envrl.inference.transfer`, registered
-with vLLM's factory) on CPU, whose group forms over the rendezvous store.
+Guarantee: a `PolicySender` publishes `weights/step_<k>/transfer.json` (atomically, with
+`publish_transfer`: the address the replicas join and the name, dtype and shape of every
+tensor, in order) with `transfer.secret` beside it (owner-only: the policy's 128-bit secret, and
+on nccl the NCCL unique id), and from a thread, without holding up training, waits up to
+`timeout_s` for the replicas to join and broadcasts the tensors in that order; `served` is set
+once every replica received them, `error` says what broke otherwise, and a policy nobody joins
+in time is released. A replica receives it (`check_receivable`, `join_sender`, `receive_policy`)
+only with the secret from the token-protected `POST /update_weights` body (never from disk),
+through the sender's `RendezvousServer` (envrl.transport.rendezvous), which only holders of the
+secret can use and which must prove the secret back before the replica's engine is touched;
+there it says how many receive (the group's size). `backend` is vLLM's `nccl` on GPU (the
+workers join from the NCCL unique id in the body: no TCPStore, no pickle) or envrl's `gloo`
+engine (envrl.inference.transfer, registered with vLLM's factory) on CPU, whose group forms over
+the rendezvous store (envrl.transport.broadcast). A policy sent in memory lives only as long as
+the trainer process that serves it: a starting trainer removes every one it finds
+(`remove_stale_transfers`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import datetime
 import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from loguru import logger
 from pydantic import BaseModel, Field, ValidationError
 
-from envrl.transport import TRANSFER_FILE
+from envrl.data.layout import published_steps, weights_dir, weights_root
+from envrl.runtime.atomic import atomic_dir, write_file
+from envrl.transport.broadcast import TensorLayout, join_gloo, nccl_unique_id, send_gloo, send_nccl
+from envrl.transport.files import Shapes, WeightsError, check_shapes
 from envrl.transport.rendezvous import RendezvousError, RendezvousServer, RendezvousStore, new_secret
 
+TRANSFER_FILE = "transfer.json"
+"""In `weights/step_<k>/`: policy k is sent in memory, and this says from where."""
 TRANSFER_FORMAT = "envrl-weight-transfer/1"
 SECRET_FILE = "transfer.secret"
 """Beside `transfer.json`, readable by the run's user only: the `TransferSecret` of the policy."""
@@ -44,7 +51,6 @@ WORLD_SIZE_KEY = "world_size"
 """Set by the replicas in the trainer's rendezvous: 1 + the number of receiving workers (from
 the request that has them load the policy)."""
 MAX_WORLD_SIZE = 1 + 4096
-DEFAULT_BUCKET_BYTES = 256 * 2**20
 
 Backend = Literal["gloo", "nccl"]
 
@@ -53,18 +59,14 @@ class TransferError(RuntimeError):
     """An in-memory transfer did not complete; the message says which side and what to check."""
 
 
-class TransferInfo(BaseModel):
-    """`transfer.json`: where to receive policy `step` from and what it holds."""
+class TransferInfo(TensorLayout):
+    """`transfer.json`: where to receive policy `step` from and what it holds (`TensorLayout`)."""
 
     format: Literal["envrl-weight-transfer/1"] = TRANSFER_FORMAT
     step: int
     backend: Backend
     host: str
     port: int
-    names: list[str]
-    dtype_names: list[str]
-    shapes: list[list[int]]
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
     def update_info(self) -> dict[str, object]:
         """The per-round payload of vLLM's `update_weights` (the same fields for both backends)."""
@@ -102,10 +104,6 @@ class TransferSecret(BaseModel):
     """nccl: the trainer's `ncclUniqueId` (base64), from which vLLM's workers join its group."""
 
 
-def is_transfer_dir(path: Path) -> bool:
-    return (path / TRANSFER_FILE).is_file()
-
-
 def read_secret(path: Path) -> TransferSecret:
     """The `TransferSecret` in directory `path`; ValueError naming the file if unreadable."""
     file = path / SECRET_FILE
@@ -113,14 +111,6 @@ def read_secret(path: Path) -> TransferSecret:
         return TransferSecret.model_validate_json(file.read_bytes())
     except (OSError, ValidationError) as e:
         raise ValueError(f"{file} is not a readable weight-transfer secret: {e}") from None
-
-
-def write_secret(file: Path, secret: TransferSecret) -> None:
-    """Write `secret` to the new `file`, readable and writable by this user only from its
-    creation (into an `atomic_dir`, whose publishing fsyncs it)."""
-    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secret.model_dump_json().encode())
 
 
 def read_transfer(path: Path) -> TransferInfo:
@@ -132,98 +122,39 @@ def read_transfer(path: Path) -> TransferInfo:
         raise ValueError(f"{file} is not a readable weight-transfer file: {e}") from None
 
 
-def plan_buckets(dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], bucket_bytes: int) -> list[list[int]]:
-    """Tensor indices per bucket, in order: consecutive tensors up to `bucket_bytes` together; a
-    larger tensor travels alone. Both ends compute it from the metadata."""
-    buckets: list[list[int]] = []
-    size = 0
-    for i, (dtype_name, shape) in enumerate(zip(dtype_names, shapes, strict=True)):
-        nbytes = tensor_bytes(dtype_name, shape)
-        if not buckets or size + nbytes > bucket_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(i)
-        size += nbytes
-    return buckets
+def publish_transfer(target: Path, content: bytes, secret: TransferSecret) -> None:
+    """Publish `target` (`weights/step_<k>/`) holding `transfer.json` (`content`) and
+    `transfer.secret`, readable and writable by this user only from its creation."""
+    with atomic_dir(target) as tmp:
+        fd = os.open(tmp / SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secret.model_dump_json().encode())
+        write_file(tmp / TRANSFER_FILE, content)
 
 
-def tensor_bytes(dtype_name: str, shape: Sequence[int]) -> int:
-    numel = 1
-    for n in shape:
-        numel *= n
-    return numel * getattr(torch, dtype_name).itemsize
-
-
-def gloo_group(store: dist.Store, rank: int, world_size: int, timeout_s: float, host: str) -> dist.ProcessGroupGloo:
-    """A gloo group over `store` whose connections listen on `host` only (gloo's default device
-    listens on the address the machine's hostname resolves to)."""
-    options = dist.ProcessGroupGloo._Options()
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    options._timeout = datetime.timedelta(seconds=timeout_s)
-    return dist.ProcessGroupGloo(store, rank, world_size, options)
-
-
-def join_gloo(host: str, port: int, secret: str, rank: int, world_size: int, timeout_s: float) -> dist.ProcessGroupGloo:
-    """Join, as `rank`, the gloo group of the policy whose rendezvous is `host:port` (proving
-    `secret`; RendezvousError if either end cannot), listening on the address that routes there."""
-    store = RendezvousStore(host, port, secret, timeout_s)
-    try:
-        return gloo_group(store, rank, world_size, timeout_s, local_address(host))
-    finally:
-        store.close()  # the group is formed: its connections are its own
-
-
-def local_address(peer: str) -> str:
-    """The address of this host that routes to `peer` (no packet is sent): where a receiver's
-    gloo connections listen."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((peer, 9))
-        return probe.getsockname()[0]
-
-
-def broadcast_gloo(group: dist.ProcessGroupGloo, buffer: torch.Tensor) -> dist.Work:
-    """Start broadcasting `buffer` from rank 0 (gloo runs it on its own thread); `.wait()` it."""
-    options = dist.BroadcastOptions()
-    options.rootRank = 0
-    return group.broadcast([buffer], options)
-
-
-def send_gloo(group: dist.ProcessGroupGloo, tensors: Sequence[torch.Tensor], info: TransferInfo) -> None:
-    """Broadcast `tensors` from rank 0, one flat byte buffer per bucket; the next bucket is
-    packed while the previous one is on the wire."""
-    in_flight: dist.Work | None = None
-    for bucket in plan_buckets(info.dtype_names, info.shapes, info.bucket_bytes):
-        parts = [tensors[i].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8) for i in bucket]
-        buffer = torch.cat(parts) if len(parts) > 1 else parts[0]
-        if in_flight is not None:
-            in_flight.wait()
-        in_flight = broadcast_gloo(group, buffer)
-    if in_flight is not None:
-        in_flight.wait()
-
-
-def receive_gloo(group: dist.ProcessGroupGloo, info: TransferInfo) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """The `(name, tensor)` pairs of each bucket, as it arrives (on CPU); the next bucket is
-    received while the caller loads this one."""
-    buckets = plan_buckets(info.dtype_names, info.shapes, info.bucket_bytes)
-
-    def post(bucket: list[int]) -> tuple[torch.Tensor, dist.Work]:
-        buffer = torch.empty(sum(tensor_bytes(info.dtype_names[i], info.shapes[i]) for i in bucket), dtype=torch.uint8)
-        return buffer, broadcast_gloo(group, buffer)
-
-    pending = post(buckets[0]) if buckets else None
-    for n, bucket in enumerate(buckets):
-        assert pending is not None
-        buffer, work = pending
-        work.wait()
-        pending = post(buckets[n + 1]) if n + 1 < len(buckets) else None
-        out, offset = [], 0
-        for i in bucket:
-            size = tensor_bytes(info.dtype_names[i], info.shapes[i])
-            dtype = getattr(torch, info.dtype_names[i])
-            out.append((info.names[i], buffer[offset : offset + size].view(dtype).reshape(info.shapes[i])))
-            offset += size
-        yield out
+def remove_stale_transfers(output_dir: Path) -> list[int]:
+    """Remove every policy of `output_dir` sent in memory (its sender died with the trainer
+    process that published it: a replica must not load it from a process that took its port)
+    and return their steps. Only directories holding nothing but what envrl wrote there
+    (`transfer.json`, `transfer.secret`) are removed; another is left, with a warning."""
+    removed = []
+    for step in published_steps(weights_root(output_dir)):
+        path = weights_dir(output_dir, step)
+        names = {entry.name for entry in path.iterdir()}
+        if TRANSFER_FILE not in names:
+            continue
+        if path.is_symlink() or not names <= {TRANSFER_FILE, SECRET_FILE}:
+            logger.warning(f"{path} names a policy sent in memory but holds more than envrl wrote; left in place")
+            continue
+        for name in names:
+            (path / name).unlink()
+        path.rmdir()
+        removed.append(step)
+    if removed:
+        logger.info(
+            f"removed policies {removed}, sent in memory by an earlier trainer process (republished as trained)"
+        )
+    return removed
 
 
 class PolicySender:
@@ -247,7 +178,7 @@ class PolicySender:
         self.step = step
         self.timeout_s = timeout_s
         self.secret = TransferSecret(
-            secret=new_secret(), nccl_unique_id_b64=_nccl_unique_id() if backend == "nccl" else None
+            secret=new_secret(), nccl_unique_id_b64=nccl_unique_id() if backend == "nccl" else None
         )
         self.rendezvous = RendezvousServer(host, self.secret.secret)
         self.info = TransferInfo(
@@ -296,7 +227,7 @@ class PolicySender:
                 else:
                     torch.cuda.set_device(self._device)
                     assert self.secret.nccl_unique_id_b64 is not None
-                    _send_nccl(base64.b64decode(self.secret.nccl_unique_id_b64), world_size, self._tensors)
+                    send_nccl(base64.b64decode(self.secret.nccl_unique_id_b64), world_size, self._tensors)
             except (RuntimeError, dist.DistError, RendezvousError) as e:
                 self.error = TransferError(
                     f"broadcasting policy {self.step} to {world_size - 1} inference workers ({info.backend}) failed: "
@@ -336,31 +267,56 @@ def _world_size(raw: bytes | None) -> int | None:
     return world_size
 
 
-def _nccl_unique_id() -> str:
-    """A fresh `ncclUniqueId` (its bootstrap root listens in this process), base64."""
-    from vllm.distributed.device_communicators.pynccl_wrapper import NCCLLibrary
-
-    unique_id = NCCLLibrary().ncclGetUniqueId()
-    return base64.b64encode(bytes(unique_id.internal)).decode()
-
-
-def _send_nccl(unique_id: bytes, world_size: int, tensors: Sequence[torch.Tensor]) -> None:
-    """vLLM's own packed NCCL broadcast (the sender side of its `nccl` engine) in a group the
-    workers join from `unique_id`, as vLLM's `uid_init_process_group` does; GPU only."""
-    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-    from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
-    from vllm.utils.nccl import unpinned_nccl_env
-
-    device = torch.cuda.current_device()
-    with unpinned_nccl_env():  # as vLLM's own rendezvous (nccl_common)
-        group = PyNcclCommunicator.from_unique_id_bytes(unique_id, rank=0, world_size=world_size, device=device)
-    try:
-        packed_nccl_broadcast_producer(
-            iterator=((None, t.to(device)) for t in tensors),
-            group=group,
-            src=0,
-            post_iter_func=lambda item: item[1],
+def check_receivable(path: Path, info: TransferInfo, engine_backend: str | None, served: Shapes) -> None:
+    """WeightsError unless a replica whose weight-transfer engine is `engine_backend` and which
+    serves tensors `served` can receive the policy `info` (published at `path`) in place."""
+    if info.backend != engine_backend:
+        raise WeightsError(
+            f"{path} is sent in memory over {info.backend}, but this server's weight-transfer engine is "
+            f'{engine_backend}; set inference.vllm.weight_transfer_config = {{backend = "{info.backend}"}}'
         )
-        torch.cuda.current_stream().synchronize()
+    check_shapes(dict(zip(info.names, map(tuple, info.shapes), strict=True)), served, str(path))
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A policy sent in memory whose sender proved its secret: what it is, the secret, the rendezvous."""
+
+    info: TransferInfo
+    secret: TransferSecret
+    store: RendezvousStore
+
+
+def join_sender(path: Path, info: TransferInfo, secret: TransferSecret | None, timeout_s: float) -> Joined:
+    """The rendezvous of the policy `info` (published at `path`), once its sender proved
+    `secret` (the request's; RendezvousError otherwise, WeightsError without one): before
+    anything of the replica is paused or touched."""
+    if secret is None:
+        raise WeightsError(
+            f"{path} names a policy sent in memory, but the request carries no `transfer` secret; send the "
+            "policy's transfer.secret in the body (envrl's orchestrator does)"
+        )
+    if info.backend == "nccl" and secret.nccl_unique_id_b64 is None:
+        raise WeightsError(f"{path} is sent over nccl, but the request's `transfer` carries no nccl_unique_id_b64")
+    return Joined(info, secret, RendezvousStore(info.host, info.port, secret.secret, timeout_s))
+
+
+async def receive_policy(engine: Any, joined: Joined, replica: int, replicas: int, workers: int) -> None:
+    """Receive the policy `joined` names into vLLM's `engine`, this server being receiver `replica`
+    of `replicas`, each with `workers` workers (tensor x pipeline parallel): say in the proven
+    rendezvous how many receive, then vLLM's weight-transfer calls (init, start, update, finish,
+    always shut down), the tied output embeddings kept in step (envrl.inference.worker)."""
+    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
+
+    info = joined.info
+    world_size = 1 + replicas * workers
+    await asyncio.to_thread(joined.store.set, WORLD_SIZE_KEY, str(world_size))
+    init_info = info.init_info(rank_offset=1 + replica * workers, world_size=world_size, secret=joined.secret)
+    await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+    try:
+        await engine.start_weight_update()
+        await engine.update_weights(WeightTransferUpdateRequest(update_info=info.update_info()))
+        await engine.finish_weight_update(weight_version=str(info.step))
+        await engine.collective_rpc("envrl_retie_output_embeddings")
     finally:
-        group.destroy()
+        await engine.shutdown_weight_transfer_engine()

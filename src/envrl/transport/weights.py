@@ -3,17 +3,18 @@ load it.
 
 Guarantee: a policy is published as `weights/step_<k>/` (all trainer ranks call `publish`; the
 directory appears only complete), and `PolicyLoader.load(k)` returns only once every replica
-serves policy k. What the directory holds decides how the weights travel, and the replica's
-`POST /update_weights` reads it: HF safetensors or a LoRA adapter (the filesystem transport,
-`envrl.trainer.weights.FileWeightPublisher`), or `transfer.json`, the address the trainer sends
-the tensors from in memory (`envrl.trainer.weights.MemoryWeightPublisher`), whose secret
-(`transfer.secret`, owner-only) the loader sends in the token-protected request body. Checkpoints and
-`weights/final/` are files whatever the transport.
+serves policy k. What the directory holds decides how the weights travel
+(envrl.transport.source): HF safetensors or a LoRA adapter (envrl.transport.files), or
+`transfer.json`, the address the trainer sends the tensors from in memory
+(envrl.transport.memory), whose secret (`transfer.secret`, owner-only) the loader sends in the
+token-protected request body; each replica's `POST /update_weights` (envrl.inference.reload)
+loads it. Checkpoints and `weights/final/` are files whatever the transport.
 """
 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,8 +22,8 @@ from loguru import logger
 
 from envrl.data.layout import published_steps, weights_dir, weights_root
 from envrl.model.replicas import InferenceReplicas, ReplicaReloadError
-from envrl.transport import TRANSFER_FILE
-from envrl.transport.memory import is_transfer_dir, read_secret
+from envrl.transport.memory import read_secret
+from envrl.transport.source import transport_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -41,12 +42,21 @@ class WeightPublisher(Protocol):
 
 
 class PolicyLoader(Protocol):
-    def latest(self) -> int:
-        """The newest published policy (0: the initial model)."""
+    def published(self) -> list[int]:
+        """The published policies, oldest first."""
+        ...
+
+    def where(self, step: int) -> str:
+        """Where policy `step` is published, for messages."""
         ...
 
     async def load(self, step: int) -> None:
         """Make every replica serve policy `step`; raise naming the replicas that failed."""
+        ...
+
+    async def load_base(self, model: str) -> bool:
+        """Make every replica serve `model`, the weights the run starts from, unless all do;
+        whether it had to load them."""
         ...
 
     def discard(self, step: int) -> None:
@@ -58,7 +68,7 @@ def file_policies(output_dir: Path) -> list[int]:
     """The published policies a replica can start from or load alone: those written as files
     (not the ones sent in memory, whose sender has moved on), oldest first."""
     root = weights_root(output_dir)
-    return [step for step in published_steps(root) if not (weights_dir(output_dir, step) / TRANSFER_FILE).is_file()]
+    return [step for step in published_steps(root) if transport_of(weights_dir(output_dir, step)) != "memory"]
 
 
 class ReplicaPolicyLoader:
@@ -71,13 +81,16 @@ class ReplicaPolicyLoader:
         self.output_dir = output_dir
         self.timeout = timeout
 
-    def latest(self) -> int:
-        steps = published_steps(weights_root(self.output_dir))
-        return steps[-1] if steps else 0
+    def published(self) -> list[int]:
+        return published_steps(weights_root(self.output_dir))
+
+    def where(self, step: int) -> str:
+        return str(weights_dir(self.output_dir, step))
 
     async def load(self, step: int) -> None:
+        start = time.monotonic()
         path = weights_dir(self.output_dir, step)
-        transfer = read_secret(path).model_dump() if is_transfer_dir(path) else None
+        transfer = read_secret(path).model_dump() if transport_of(path) == "memory" else None
         try:
             await self.inference.update_weights(path, step=step, transfer=transfer)
         except ReplicaReloadError as e:
@@ -86,6 +99,21 @@ class ReplicaPolicyLoader:
             logger.warning(f"{e}; waiting up to {self.timeout:g} s for every replica to serve, then loading again")
             await self.inference.wait_until_ready(self.timeout)
             await self.inference.update_weights(path, step=step, transfer=transfer)
+        replicas = len(self.inference.clients)
+        where = "inference now serves" if replicas == 1 else f"all {replicas} inference replicas now serve"
+        logger.info(f"{where} policy {step} (reload took {time.monotonic() - start:.1f} s)")
+
+    async def load_base(self, model: str) -> bool:
+        if not Path(model).is_dir():
+            return False
+        want = str(Path(model).resolve())
+        served = await self.inference.served_weights()
+        stale = [f"replica {i} serves {path}" for i, path in enumerate(served) if path != want]
+        if not stale:
+            return False
+        logger.warning(f"{'; '.join(stale)}, not this run's model: loading {want} before the first step")
+        await self.inference.update_weights(want)
+        return True
 
     def discard(self, step: int) -> None:
         shutil.rmtree(weights_dir(self.output_dir, step), ignore_errors=True)

@@ -17,6 +17,7 @@ from envrl.model.replicas import InferenceReplicas, ReplicaReloadError
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.runtime.http import HttpCallError
 from envrl.serve.config import ModelAccessConfig
+from envrl.transport.weights import ReplicaPolicyLoader
 from tests.support.tiny_chat import TINY_CHAT
 from tests.unit.model.test_model_client import FAST_RETRY, PromptTask, Recorder, TwoTurns, generated
 
@@ -115,7 +116,9 @@ def test_weights_load_on_every_replica_at_once_and_a_failure_names_the_replica(
 
     async def main() -> None:
         replicas = InferenceReplicas([good.url, bad.url], TINY_CHAT, retry=FAST_RETRY)
-        tracker = PolicyTracker(replicas, tmp_path, max_async_level=0, timeout=10, keep=2)
+        tracker = PolicyTracker(
+            ReplicaPolicyLoader(replicas, tmp_path, timeout=10), max_async_level=0, timeout=10, keep=2
+        )
         try:
             with pytest.raises(ReplicaReloadError) as failure:
                 await tracker.ensure(1)
@@ -171,7 +174,9 @@ def test_a_reload_that_a_replica_did_not_answer_waits_for_it_and_loads_again(
 
     async def main() -> None:
         replicas = InferenceReplicas([restarting_server.url], TINY_CHAT, retry=FAST_RETRY)
-        tracker = PolicyTracker(replicas, tmp_path, max_async_level=0, timeout=10, keep=2)
+        tracker = PolicyTracker(
+            ReplicaPolicyLoader(replicas, tmp_path, timeout=10), max_async_level=0, timeout=10, keep=2
+        )
         try:
             await tracker.ensure(1)
         finally:

@@ -9,8 +9,7 @@ import stat
 import torch
 
 from envrl.data.layout import weights_dir
-from envrl.trainer.weights import remove_stale_transfers
-from envrl.transport.memory import read_secret, read_transfer
+from envrl.transport.memory import read_secret, read_transfer, remove_stale_transfers
 from tests.support.trainers import make_trainer, tensor_names
 from tests.unit.transport.receivers import receive
 

@@ -5,6 +5,7 @@ from itertools import pairwise
 
 import pytest
 import torch
+from loguru import logger
 from transformers import AutoModelForCausalLM
 
 from envrl.data.samples import TrainingSample
@@ -19,7 +20,7 @@ from envrl.trainer.attention import (
     resolve_attn_implementation,
     varlen_layout,
 )
-from envrl.trainer.packing import balanced_bins, pack, packed_logits, shard
+from envrl.trainer.packing import RL_KEYS, SFT_KEYS, BudgetKeys, balanced_bins, pack, packed_logits, shard
 from tests.support.samples import synthetic_samples
 
 
@@ -93,6 +94,26 @@ def test_a_sample_longer_than_the_budget_gets_a_micro_batch_of_its_own():
     )
     assert sorted(mb.num_tokens for mb in micro_batches) == [7, 12]
     assert sum(mb.num_samples for mb in micro_batches) == 3
+
+
+@pytest.mark.parametrize(
+    ("keys", "advice"),
+    [
+        (RL_KEYS, "set orchestrator.seq_len <= trainer.micro_batch_tokens"),
+        (SFT_KEYS, "exceed micro_batch_tokens = 10"),
+    ],
+)
+def test_the_oversize_warning_names_the_keys_of_the_command_that_packs(keys: BudgetKeys, advice: str) -> None:
+    warned: list[str] = []
+    sink = logger.add(lambda m: warned.append(str(m)), level="WARNING", format="{message}")
+    try:
+        pack([sample(4, 8)], max_tokens=10, normalize="token", where="SFT step 1", keys=keys)
+    finally:
+        logger.remove(sink)
+    (warning,) = warned
+    assert advice in warning
+    if keys == SFT_KEYS:  # `rl sft` has no trainer or orchestrator section to point at
+        assert "trainer." not in warning and "orchestrator." not in warning and "set seq_len <=" in warning
 
 
 def test_each_token_carries_its_samples_sampling_parameters():

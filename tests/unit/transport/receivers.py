@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from envrl.transport.memory import WORLD_SIZE_KEY, TransferInfo, TransferSecret, join_gloo, receive_gloo
+from envrl.transport.broadcast import join_gloo, receive_gloo
+from envrl.transport.memory import WORLD_SIZE_KEY, TransferInfo, TransferSecret
 from envrl.transport.rendezvous import RendezvousStore
 
 

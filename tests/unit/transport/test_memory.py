@@ -6,7 +6,8 @@ import threading
 
 import torch
 
-from envrl.transport.memory import PolicySender, TransferInfo, TransferSecret, plan_buckets
+from envrl.transport.broadcast import plan_buckets
+from envrl.transport.memory import PolicySender, TransferInfo, TransferSecret
 from tests.unit.transport.receivers import receive
 
 
