@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from envrl.launcher.supervisor import Respawn, Supervisor
+from envrl.envclient.config import EnvConfig
+from envrl.envclient.handles import EnvHandle, EnvUnavailable
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.orchestrator.env_config import EnvConfig
-from envrl.orchestrator.env_handles import EnvHandle, EnvUnavailable
 from envrl.runtime.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
+from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.client import EnvClient
 from envrl.serve.config import EnvServerConfig, EnvSpec, PoolConfig
 from tests.support.ports import free_port

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from envrl.envclient.config import EnvConfig
+from envrl.envclient.handles import EnvHandle
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.orchestrator.env_config import EnvConfig
-from envrl.orchestrator.env_handles import EnvHandle
 from envrl.runtime.process import ChildFailed, spawn_sidecar
 from envrl.serve.client import EnvServerError
 from tests.support.bad_envs import OK, SLEEP

@@ -22,10 +22,10 @@ from envrl.config import ModelConfig, config_to_toml
 from envrl.data.layout import batch_dir, weights_dir
 from envrl.data.samples import read_batch
 from envrl.data.seeds import attempt_seed
+from envrl.envclient.config import DeclaredEnvConfig, EvalTableConfig
+from envrl.envclient.handles import EnvHandle
 from envrl.model.client import EvalClientConfig, SamplingParams, ScriptedClientConfig
 from envrl.orchestrator.config import EvalsConfig, OrchestratorConfig
-from envrl.orchestrator.env_config import DeclaredEnvConfig, EvalTableConfig
-from envrl.orchestrator.env_handles import EnvHandle
 from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.lifeline import PARENT_PID_ENV
 from envrl.serve.config import PoolConfig

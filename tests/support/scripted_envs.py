@@ -5,9 +5,9 @@ import asyncio
 from pathlib import Path
 
 from envrl.data.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
+from envrl.envclient.config import DeclaredEnvConfig
+from envrl.envclient.handles import EnvHandle
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.orchestrator.env_config import DeclaredEnvConfig
-from envrl.orchestrator.env_handles import EnvHandle
 
 
 class AnsweringEnv(EnvHandle):

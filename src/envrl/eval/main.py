@@ -27,11 +27,11 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from envrl.config import BaseConfig, ModelConfig, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.data.traces import Trace
+from envrl.envclient.config import EvalEnvConfig, check_pass_at
+from envrl.envclient.eval_grid import EvalGrid, Pair, Unit, run_grids
+from envrl.envclient.handles import EnvHandle
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import ClientConfig, EvalClientConfig, SamplingParams, TrainClientConfig
-from envrl.orchestrator.env_config import EvalEnvConfig, check_pass_at
-from envrl.orchestrator.env_handles import EnvHandle
-from envrl.orchestrator.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
 from envrl.runtime.atomic import atomic_write_text
 from envrl.runtime.lifeline import die_with_parent

@@ -15,17 +15,17 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
-from envrl.model.client import SamplingParams
-from envrl.model.replicas import ReplicaUrls, replica_urls
-from envrl.orchestrator.advantage import AdvantageConfig
-from envrl.orchestrator.checks import ChecksConfig
-from envrl.orchestrator.env_config import (
+from envrl.envclient.config import (
     DeclaredEnvConfig,
     EnvConfig,
     EvalEnvConfig,
     EvalScoringConfig,
     EvalTableConfig,
 )
+from envrl.model.client import SamplingParams
+from envrl.model.replicas import ReplicaUrls, replica_urls
+from envrl.orchestrator.advantage import AdvantageConfig
+from envrl.orchestrator.checks import ChecksConfig
 from envrl.orchestrator.retention import BatchRetention
 from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.runtime.http import RetryPolicy

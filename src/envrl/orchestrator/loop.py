@@ -33,13 +33,13 @@ from envrl.data.layout import (
 )
 from envrl.data.samples import TrainingSample
 from envrl.data.traces import Split
+from envrl.envclient.handles import C, EnvHandle, TrainEnvs
 from envrl.model.client import TrainClientConfig
 from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.background_evals import BackgroundEvals
 from envrl.orchestrator.batch import BatchBuilder
 from envrl.orchestrator.checks import CheckFailed, StepChecks
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import prune_batches
 from envrl.orchestrator.rollout_files import append_group

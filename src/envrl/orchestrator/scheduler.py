@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from envrl.data.seeds import train_group_seed
 from envrl.data.traces import Error, Trace, WireTask
-from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
+from envrl.envclient.handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.state import PendingGroup
 from envrl.orchestrator.trajectories import oldest_policy_step
 from envrl.telemetry.ledger import Ledger

@@ -13,9 +13,9 @@ from pathlib import Path
 from loguru import logger
 
 from envrl.data.layout import eval_rollouts_file
+from envrl.envclient.eval_grid import EvalGrid, run_grids
+from envrl.envclient.handles import EnvHandle
 from envrl.orchestrator.config import EvalEnvConfig
-from envrl.orchestrator.env_handles import EnvHandle
-from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.rollout_files import append_rollouts
 from envrl.telemetry.metrics import MetricsSink
 

@@ -12,11 +12,11 @@ import pytest
 from envrl.config import load_config
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Error, Trace, WireTask
+from envrl.envclient.config import EvalEnvConfig
+from envrl.envclient.eval_grid import EvalGrid, run_grids
 from envrl.eval.main import EvalConfig, EvalInputError, Evaluation, format_summary
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
-from envrl.orchestrator.env_config import EvalEnvConfig
-from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
 from envrl.telemetry.progress import CLEAR_LINE, LiveLines
 

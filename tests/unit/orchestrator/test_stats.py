@@ -6,8 +6,9 @@ import pytest
 
 from envrl.data.samples import TrainingSample
 from envrl.data.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
-from envrl.orchestrator.env_config import EvalEnvConfig
-from envrl.orchestrator.stats import pass_at_k, rollout_metrics, token_metrics, why_unscored
+from envrl.envclient.config import EvalEnvConfig
+from envrl.orchestrator.stats import token_metrics, why_unscored
+from envrl.telemetry.rollouts import pass_at_k, rollout_metrics
 
 
 def traces(*kinds: str) -> list[Trace]:

@@ -4,10 +4,10 @@ import random
 from collections import Counter
 from pathlib import Path
 
+from envrl.envclient.config import DeclaredEnvConfig
+from envrl.envclient.handles import EnvHandle, TrainEnvs
 from envrl.model.client import SamplingParams, ScriptedClientConfig
 from envrl.orchestrator.config import EvalsConfig
-from envrl.orchestrator.env_config import DeclaredEnvConfig
-from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 
 
 def make_env(name: str, num_tasks: int, ratio: float | None = None) -> EnvHandle[DeclaredEnvConfig]:

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from envrl.launcher.supervisor import Respawn, Supervisor
 from envrl.runtime.process import Child, RestartPolicy, spawn
+from envrl.runtime.supervisor import Respawn, Supervisor
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

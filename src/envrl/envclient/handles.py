@@ -24,8 +24,8 @@ from loguru import logger
 from envrl.data.layout import env_log_file
 from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
+from envrl.envclient.config import DeclaredEnvConfig, EnvConfig
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
-from envrl.orchestrator.env_config import DeclaredEnvConfig, EnvConfig
 from envrl.runtime.process import Child, ChildFailed, Restart, RestartBudget, RestartPolicy
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.config import ModelAccessConfig

@@ -21,9 +21,9 @@ from loguru import logger
 
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Trace
-from envrl.orchestrator.env_config import EvalEnvConfig
-from envrl.orchestrator.env_handles import EnvHandle
-from envrl.orchestrator.stats import pass_at_k, rollout_metrics
+from envrl.envclient.config import EvalEnvConfig
+from envrl.envclient.handles import EnvHandle
+from envrl.telemetry.rollouts import pass_at_k, rollout_metrics
 
 Pair = tuple[int, int]
 """(task index, rollout index) within one env's grid."""
