@@ -70,7 +70,6 @@ async def run_mode(server: RunningServer, marker: Path, args: argparse.Namespace
         split="train",
         client=ScriptedClientConfig(replies=["hi"]),
         sampling=SamplingParams(),
-        output_dir=marker.parent,
         ready_timeout=120,
     )
     shape = BatchShape(

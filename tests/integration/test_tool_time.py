@@ -28,7 +28,6 @@ def test_a_slow_tool_shows_up_by_name_in_the_ledger(tmp_path: Path) -> None:
             split="train",
             client=ScriptedClientConfig(replies=[CALLS]),
             sampling=SamplingParams(),
-            output_dir=tmp_path,
             ready_timeout=60,
         )
         ledger = Ledger.of(tmp_path, "orchestrator")

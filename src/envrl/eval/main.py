@@ -30,6 +30,7 @@ from envrl.data.traces import Trace
 from envrl.envclient.config import EvalEnvConfig, check_pass_at
 from envrl.envclient.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.envclient.handles import EnvHandle
+from envrl.envclient.sidecars import Sidecars
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import ClientConfig, EvalClientConfig, SamplingParams, TrainClientConfig
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
@@ -50,7 +51,7 @@ class EvalInputError(Exception):
     """Input `eval` cannot work with (earlier results in the way or out of shape), as one line."""
 
 
-class EvalConfig(BaseConfig):
+class EvalCommandConfig(BaseConfig):
     """Config of the `eval` entry point."""
 
     cli_aliases: ClassVar[dict[str, str]] = {"n": "num-examples", "r": "rollouts-per-example"}
@@ -112,7 +113,7 @@ class EvalConfig(BaseConfig):
         return resume
 
     @model_validator(mode="after")
-    def _apply_overrides(self) -> EvalConfig:
+    def _apply_overrides(self) -> EvalCommandConfig:
         """-n and -r into every env; env sampling keys checked; --resume is the output dir."""
         for env in self.env:
             env.sampling_args(self.sampling)
@@ -133,19 +134,20 @@ class Evaluation:
     """The `eval` command: every env's grid completed by the one eval runner (`run_grids`), its
     rollouts appended as they finish, each results file rewritten in grid order at the end."""
 
-    def __init__(self, config: EvalConfig, lines: LiveLines | None = None) -> None:
+    def __init__(self, config: EvalCommandConfig, lines: LiveLines | None = None) -> None:
         self.config = config
         self.lines = lines if lines is not None else LiveLines()
         """Where progress goes (stderr by default)."""
+        self.sidecars = Sidecars(config.output_dir, config.restarts, ready_timeout=config.env_ready_timeout_s)
+        """The env servers `eval` spawns (envs without `address`), supervised as `rl` supervises its own."""
         self.envs = [
             EnvHandle(
                 env,
                 split="eval",
                 client=config.client,
                 sampling=config.sampling,
-                output_dir=config.output_dir,
                 ready_timeout=config.env_ready_timeout_s,
-                restarts=config.restarts,
+                sidecars=self.sidecars,
             )
             for env in config.env
         ]
@@ -163,6 +165,7 @@ class Evaluation:
             await self.run_grids(grids)
         finally:
             await asyncio.gather(*(env.shutdown() for env in self.envs), return_exceptions=True)
+            await self.sidecars.close()
         summary = {grid.name: self.finish(grid) for grid in grids}
         finite = {env: {k: v if math.isfinite(v) else None for k, v in m.items()} for env, m in summary.items()}
         atomic_write_text(eval_summary_file(self.config.output_dir), json.dumps(finite, indent=1, allow_nan=False))
@@ -313,7 +316,7 @@ def failure(summary: dict[str, dict[str, float]], max_error_rate: float | None) 
     return None
 
 
-async def _run(config: EvalConfig, lines: LiveLines) -> tuple[dict[str, dict[str, float]], Counter[str]]:
+async def _run(config: EvalCommandConfig, lines: LiveLines) -> tuple[dict[str, dict[str, float]], Counter[str]]:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
@@ -322,7 +325,7 @@ async def _run(config: EvalConfig, lines: LiveLines) -> tuple[dict[str, dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = load_config(EvalConfig, argv, prog="rl eval")
+    config = load_config(EvalCommandConfig, argv, prog="rl eval")
     lines = LiveLines()
     lines.use_for_stderr()
     setup_logging(config.log, process="eval")

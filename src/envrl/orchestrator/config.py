@@ -22,7 +22,7 @@ from envrl.envclient.config import (
     EvalScoringConfig,
     EvalTableConfig,
 )
-from envrl.model.client import SamplingParams
+from envrl.model.client import SamplingParams, TrainClientConfig
 from envrl.model.replicas import ReplicaUrls, replica_urls
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.checks import ChecksConfig
@@ -40,7 +40,7 @@ UNTRAINABLE_SAMPLING = ("min_p", "logit_bias", "min_tokens", "repetition_penalty
 include them but the trainer's do not, so every importance ratio would be off."""
 
 
-class EvalsConfig(BaseConfig):
+class TrainEvalsConfig(BaseConfig):
     """`orchestrator.eval`: the eval envs and one schedule for all of them (evals run beside training)."""
 
     env: list[EvalTableConfig] = []
@@ -126,7 +126,7 @@ class OrchestratorConfig(BaseConfig):
     """Every env of the run, a list of tables: id, args, train, ratio, name, address, project,
     python, pool, timeout, max_retries, sampling, client, pass_env (docs/config.md,
     Environment tables). At least one is a train env; an eval table names the env it evaluates."""
-    eval: EvalsConfig = EvalsConfig()
+    eval: TrainEvalsConfig = TrainEvalsConfig()
     inference: InferenceClientConfig = InferenceClientConfig()
     weights_timeout_s: float = Field(1800.0, gt=0)
     """Seconds to wait for the trainer's weights when generation is max_async_level steps ahead."""
@@ -167,6 +167,15 @@ class OrchestratorConfig(BaseConfig):
     def train_envs(self) -> list[DeclaredEnvConfig]:
         """The envs train rollouts are sampled from (`train = true`)."""
         return [env for env in self.envs if env.train]
+
+    def train_client(self) -> TrainClientConfig:
+        """The run's own model client (token-in/token-out on its inference servers), for every env
+        without a `client` of its own."""
+        model = self.model.name
+        tokenizer = str(Path(model).resolve()) if Path(model).exists() else model
+        return TrainClientConfig(
+            base_url=self.inference.base_url, model=model, tokenizer=tokenizer, retry=self.inference.retry
+        )
 
     def eval_envs(self) -> list[EvalEnvConfig]:
         """Each eval table completed by the env it names: the declaration's keys, its sampling

@@ -14,15 +14,15 @@ from envrl.data.seeds import eval_seed
 from envrl.data.traces import Error, Trace, WireTask
 from envrl.envclient.config import EvalEnvConfig
 from envrl.envclient.eval_grid import EvalGrid, run_grids
-from envrl.eval.main import EvalConfig, EvalInputError, Evaluation, format_summary
+from envrl.eval.main import EvalCommandConfig, EvalInputError, Evaluation, format_summary
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
 from envrl.telemetry.progress import CLEAR_LINE, LiveLines
 
 
-def config(tmp_path: Path, *argv: str) -> EvalConfig:
-    return load_config(EvalConfig, ["--output-dir", str(tmp_path), *argv], prog="eval")
+def config(tmp_path: Path, *argv: str) -> EvalCommandConfig:
+    return load_config(EvalCommandConfig, ["--output-dir", str(tmp_path), *argv], prog="eval")
 
 
 def good(task: int, reward: float = 1.0) -> Trace:
@@ -71,7 +71,7 @@ def test_client_type_is_still_selectable(tmp_path: Path) -> None:
 
 
 def test_resume_writes_into_the_earlier_output_dir(tmp_path: Path) -> None:
-    c = load_config(EvalConfig, ["--env.id", "x", "--resume", str(tmp_path)], prog="eval")
+    c = load_config(EvalCommandConfig, ["--env.id", "x", "--resume", str(tmp_path)], prog="eval")
     assert c.output_dir == tmp_path and c.results_file("x") == tmp_path / "eval" / "x.jsonl"
 
 
@@ -89,7 +89,7 @@ def test_bad_input_is_one_line_and_exit_code_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        load_config(EvalConfig, argv, prog="eval")
+        load_config(EvalCommandConfig, argv, prog="eval")
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
 
