@@ -40,7 +40,7 @@ C = TypeVar("C", bound=EnvConfig)
 
 class EnvHandle(Generic[C]):
     """One environment behind its env server, with this run's client and sampling args; `config`
-    is the env's table, a train env's or an eval env's (`EnvHandle[EvalEnvConfig]`)."""
+    is the env's table (`EnvHandle[DeclaredEnvConfig]` for a train env)."""
 
     def __init__(
         self,

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from envrl.config import BaseConfig, ModelConfig, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.data.traces import Trace
-from envrl.envclient.config import EvalEnvConfig, check_pass_at
+from envrl.envclient.config import EnvConfig, EvalScoringConfig, check_pass_at
 from envrl.envclient.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.envclient.handles import EnvHandle
 from envrl.envclient.sidecars import Sidecars
@@ -51,12 +51,22 @@ class EvalInputError(Exception):
     """Input `eval` cannot work with (earlier results in the way or out of shape), as one line."""
 
 
+class EvalCommandEnvConfig(EnvConfig, EvalScoringConfig):
+    """`rl eval`'s `[[env]]`: an env with its server's keys and how it is scored, in one flat table;
+    `EnvHandle` reads it as the env, `EvalGrid` as the scoring."""
+
+    removed_keys: ClassVar[dict[str, str]] = {**EnvConfig.removed_keys, **EvalScoringConfig.removed_keys}
+
+    def scored_env(self) -> str:
+        return self.resolved_name
+
+
 class EvalCommandConfig(BaseConfig):
     """Config of the `eval` entry point."""
 
     cli_aliases: ClassVar[dict[str, str]] = {"n": "num-examples", "r": "rollouts-per-example"}
 
-    env: list[EvalEnvConfig] = Field(min_length=1)
+    env: list[EvalCommandEnvConfig] = Field(min_length=1)
     """Envs to evaluate: one table (`--env.id reverse-text`) or several (`[[env]]` in TOML)."""
     num_examples: int | None = Field(None, ge=1)
     """Tasks per env, 0..n-1 of its eval split (-n); when set, replaces every env's own `num_examples`."""
@@ -90,7 +100,7 @@ class EvalCommandConfig(BaseConfig):
 
     @field_validator("env")
     @classmethod
-    def _unique_names(cls, envs: list[EvalEnvConfig]) -> list[EvalEnvConfig]:
+    def _unique_names(cls, envs: list[EvalCommandEnvConfig]) -> list[EvalCommandEnvConfig]:
         names = [env.resolved_name for env in envs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -121,7 +131,7 @@ class EvalCommandConfig(BaseConfig):
                 env.num_examples = self.num_examples
             if self.rollouts_per_example is not None:
                 env.rollouts_per_example = self.rollouts_per_example
-            check_pass_at(env)
+            check_pass_at(env, env.resolved_name)
         if self.resume is not None:
             self.output_dir = self.resume
         return self
@@ -188,7 +198,7 @@ class Evaluation:
 
     def plan(self, env: EnvHandle) -> EvalGrid:
         """The env's grid, holding an earlier eval's successes when resuming."""
-        grid = EvalGrid(env, seed=self.config.seed)
+        grid = EvalGrid(env, env.config, seed=self.config.seed)
         if self.config.resume is not None:
             grid.resume(*self._read_earlier(grid))
         return grid

@@ -18,8 +18,6 @@ from envrl.config import BaseConfig, ModelConfig
 from envrl.envclient.config import (
     DeclaredEnvConfig,
     EnvConfig,
-    EvalEnvConfig,
-    EvalScoringConfig,
     EvalTableConfig,
 )
 from envrl.model.client import SamplingParams, TrainClientConfig
@@ -177,21 +175,21 @@ class OrchestratorConfig(BaseConfig):
             base_url=self.inference.base_url, model=model, tokenizer=tokenizer, retry=self.inference.retry
         )
 
-    def eval_envs(self) -> list[EvalEnvConfig]:
-        """Each eval table completed by the env it names: the declaration's keys, its sampling
-        overridden by the table's, the address of the server `rl` spawned for it (`eval.addresses`)."""
+    def eval_envs(self) -> list[EnvConfig]:
+        """The env of each eval table (`eval.env`, in order; the table is how it is scored): its
+        declaration's keys, its sampling overridden by the table's, the address of the server `rl`
+        spawned for it (`eval.addresses`)."""
         declared = {env.resolved_name: env for env in self.envs}
         out = []
         for table in self.eval.env:
             env = declared[table.env]
             keys = {key: getattr(env, key) for key in EnvConfig.model_fields}
-            keys |= {key: getattr(table, key) for key in EvalScoringConfig.model_fields}
             keys |= {
                 "name": env.resolved_name,
                 "address": self.eval.addresses.get(env.resolved_name, env.address),
                 "sampling": {**env.sampling, **table.sampling},
             }
-            out.append(EvalEnvConfig(**keys))
+            out.append(EnvConfig(**keys))
         return out
 
     @model_validator(mode="after")

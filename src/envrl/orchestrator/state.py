@@ -65,7 +65,7 @@ def publish_step(
     if rollouts.exists():
         fsync_file(rollouts)
     state = state.model_copy(update={"train_rollouts_bytes": rollouts.stat().st_size if rollouts.exists() else 0})
-    batches.send(state.step, samples, extra=state_bytes(state))
+    batches.send_batch(state.step, samples, extra=state_bytes(state))
 
 
 def resumed_state(output_dir: Path, resume: bool) -> OrchestratorState | None:

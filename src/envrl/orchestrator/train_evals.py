@@ -18,7 +18,7 @@ from pathlib import Path
 from loguru import logger
 
 from envrl.data.layout import eval_rollouts_file
-from envrl.envclient.config import EvalEnvConfig
+from envrl.envclient.config import EvalScoringConfig
 from envrl.envclient.eval_grid import EvalGrid, run_grids
 from envrl.envclient.handles import EnvHandle
 from envrl.orchestrator.background_evals import BackgroundEvals
@@ -29,11 +29,12 @@ from envrl.telemetry.metrics import MetricsSink
 
 
 class TrainEvals:
-    """The run's eval envs, when they are evaluated, and the evaluations running beside training."""
+    """The run's eval envs, when they are evaluated, and the evaluations running beside training;
+    `envs[i]` is the env of `schedule.env[i]`, the table that says how it is scored."""
 
     def __init__(
         self,
-        envs: list[EnvHandle[EvalEnvConfig]],
+        envs: list[EnvHandle],
         schedule: TrainEvalsConfig,
         *,
         seed: int,
@@ -42,6 +43,7 @@ class TrainEvals:
         sink: MetricsSink,
     ) -> None:
         self.envs = envs
+        self.scored: list[tuple[EnvHandle, EvalScoringConfig]] = list(zip(envs, schedule.env, strict=True))
         self.schedule = schedule
         self.seed, self.max_inflight, self.output_dir, self.sink = seed, max_inflight, output_dir, sink
         self.running = BackgroundEvals()
@@ -53,8 +55,8 @@ class TrainEvals:
     def start_due(self, step: int, policy_step: int) -> None:
         """Start the evals due before step `step`, beside training."""
         if self.schedule.due(step):
-            for env in self.envs:
-                self.running.start(self.evaluate(env, step, policy_step))
+            for env, scoring in self.scored:
+                self.running.start(self.evaluate(env, scoring, step, policy_step))
 
     async def at_end(self, step: int, policy: PolicyTracker) -> None:
         """Evaluate policy `step` on every eval env (`eval.at_end`), then wait for the interval
@@ -62,13 +64,13 @@ class TrainEvals:
         if self.envs and self.schedule.at_end:
             logger.info(f"waiting for the final policy {step} to evaluate it on {[env.name for env in self.envs]}")
             await policy.ensure(step + policy.max_async_level)
-            await asyncio.gather(*(self.evaluate(env, step, policy.current) for env in self.envs))
+            await asyncio.gather(*(self.evaluate(env, scoring, step, policy.current) for env, scoring in self.scored))
         await self.running.wait()
 
-    async def evaluate(self, env: EnvHandle[EvalEnvConfig], step: int, policy_step: int) -> None:
+    async def evaluate(self, env: EnvHandle, scoring: EvalScoringConfig, step: int, policy_step: int) -> None:
         """Evaluate the served policy (`policy_step`) on `env`'s grid, logged as step `step`'s."""
         started = time.monotonic()
-        grid = EvalGrid(env, seed=self.seed)
+        grid = EvalGrid(env, scoring, seed=self.seed)
         await run_grids([grid], self.max_inflight)
         path = eval_rollouts_file(self.output_dir, step)
         for group in grid.groups():

@@ -12,9 +12,8 @@ import pytest
 from envrl.config import load_config
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Error, Trace, WireTask
-from envrl.envclient.config import EvalEnvConfig
 from envrl.envclient.eval_grid import EvalGrid, run_grids
-from envrl.eval.main import EvalCommandConfig, EvalInputError, Evaluation, format_summary
+from envrl.eval.main import EvalCommandConfig, EvalCommandEnvConfig, EvalInputError, Evaluation, format_summary
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
@@ -177,7 +176,7 @@ class CountingEnv:
 
     def __init__(self, name: str, group_scoring: bool, gauge: Gauge) -> None:
         self.name, self.group_scoring, self.num_tasks = name, group_scoring, 100
-        self.config = EvalEnvConfig(id=name, num_examples=5, rollouts_per_example=3)
+        self.config = EvalCommandEnvConfig(id=name, num_examples=5, rollouts_per_example=3)
         self.gauge = gauge
         self.calls: list[int] = []
         self.seeds: list[int] = []
@@ -201,7 +200,7 @@ def test_rollouts_in_flight_stay_within_max_inflight_and_results_land_in_grid_or
         CountingEnv("single", group_scoring=False, gauge=gauge),
         CountingEnv("grouped", group_scoring=True, gauge=gauge),
     ]
-    grids = [EvalGrid(env, seed=0) for env in envs]  # type: ignore[arg-type]
+    grids = [EvalGrid(env, env.config, seed=0) for env in envs]  # type: ignore[arg-type]
     asyncio.run(evaluation.run_grids(grids))
     assert gauge.peak == 4, "the bound holds across envs"
     assert envs[0].calls == [1] * 15 and envs[1].calls == [3] * 5, "single rollouts one by one, groups whole"
@@ -217,7 +216,7 @@ def test_rollouts_in_flight_stay_within_max_inflight_and_results_land_in_grid_or
 def test_the_orchestrators_evals_and_the_eval_command_sample_the_same_seeds() -> None:
     """One runner: a grid run on its own (as the orchestrator does) gets the command's seeds."""
     env = CountingEnv("single", group_scoring=False, gauge=Gauge())
-    asyncio.run(run_grids([EvalGrid(env, seed=3)], max_inflight=2))  # type: ignore[arg-type]
+    asyncio.run(run_grids([EvalGrid(env, env.config, seed=3)], max_inflight=2))  # type: ignore[arg-type]
     assert sorted(env.seeds) == sorted(eval_seed(3, i, j, 3) for i in range(5) for j in range(3))
 
 
@@ -241,7 +240,7 @@ def test_summary_table_has_one_row_per_env_and_dashes_for_unknown_tokens() -> No
 
 def test_a_rerun_starts_past_every_attempt_its_earlier_runs_spent_on_retries() -> None:
     env = CountingEnv("single", group_scoring=False, gauge=Gauge())
-    grid = EvalGrid(env, seed=0)  # type: ignore[arg-type]
+    grid = EvalGrid(env, env.config, seed=0)  # type: ignore[arg-type]
     grid.resume({}, Counter({(0, 0): 2}))  # two earlier lines, each after attempts 0..max_retries
     asyncio.run(run_grids([grid], max_inflight=1))
     assert env.attempts[eval_seed(0, 0, 0, 3)] == 2 * (env.config.max_retries + 1)

@@ -129,8 +129,9 @@ def test_an_eval_env_is_its_declared_envs_server_keys_with_its_own_scoring_and_s
     }
     table = {"env": "learnable", "num_examples": 4, "sampling": {"temperature": 0.0}}
     config = resolve(envs=[train], eval={"env": [table]})
-    (env,) = config.eval_envs()
-    assert (env.name, env.id, env.args, env.num_examples) == ("learnable", "learnable", {"num_eval": 8}, 4)
+    (env,), (scoring,) = config.eval_envs(), config.eval.env
+    assert (env.name, env.id, env.args, scoring.num_examples) == ("learnable", "learnable", {"num_eval": 8}, 4)
+    assert "num_examples" not in type(env).model_fields, "the env and how it is scored stay apart"
     assert env.sampling == {"temperature": 0.0, "top_p": 0.9}
     assert env.pool.max_workers == 1 and "ratio" not in type(env).model_fields
 
