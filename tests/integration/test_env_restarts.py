@@ -92,6 +92,9 @@ def test_a_killed_sidecar_is_restarted_and_its_rollouts_rerun(tmp_path: Path) ->
     assert env.counters["retried_rollouts"] == 2
     assert env.counters["env_server_restarts"] == 1 and env.counters["env_server_losses"] == 1
     assert restarted is not None and killed != restarted
+    assert env.sidecars is not None  # watched by rl's Supervisor: the death and its recovery are on its record
+    [fault] = env.sidecars.supervisor.recoveries()[TITLE]["faults"]
+    assert fault["exit"] == "was killed by SIGKILL" and fault["back"]
 
 
 def test_a_sidecar_out_of_restarts_fails_naming_the_server(tmp_path: Path) -> None:
