@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import math
 import threading
 from collections.abc import Callable
@@ -100,7 +101,8 @@ class Sidecars:
             logger.error(f"env servers: supervision ended: {e}")
             self._ended = e
             assert self._loop is not None and self._ended_event is not None
-            self._loop.call_soon_threadsafe(self._ended_event.set)
+            with contextlib.suppress(RuntimeError):  # the loop already closed: nobody waits any more
+                self._loop.call_soon_threadsafe(self._ended_event.set)
 
     def _stop_all(self) -> None:
         self._stop.set()
