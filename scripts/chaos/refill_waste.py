@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
+from envrl.envclient.config import DeclaredEnvConfig
+from envrl.envclient.handles import EnvHandle, TrainEnvs
 from envrl.model.client import SamplingParams, ScriptedClientConfig
 from envrl.orchestrator.advantage import baseline
-from envrl.orchestrator.env_config import DeclaredEnvConfig
-from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
 from tests.support.env_servers import RunningServer, running_env_server
 
@@ -70,7 +70,6 @@ async def run_mode(server: RunningServer, marker: Path, args: argparse.Namespace
         split="train",
         client=ScriptedClientConfig(replies=["hi"]),
         sampling=SamplingParams(),
-        output_dir=marker.parent,
         ready_timeout=120,
     )
     shape = BatchShape(

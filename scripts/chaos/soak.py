@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from envrl.data.layout import published_steps, rollouts_root
-from envrl.orchestrator.env_handles import TrainEnvs
+from envrl.envclient.handles import TrainEnvs
 from tests.support.chaos_runs import SMOKE, WORKER, RlRun, TableRow, account, check_unique_lines, cmdline, report
 from tests.support.run_files import metric_lines
 from tests.support.smoke import wait_no_survivors

@@ -54,8 +54,16 @@ MOVED: dict[str, Moved] = {
         "envrl.envs.tool_calls": "envrl.model.tool_calls",
         "envrl.inference.client": "envrl.model.inference",
         "envrl.inference.replicas": "envrl.model.replicas",
-        "envrl.orchestrator.envs": "envrl.orchestrator.env_handles",
+        "envrl.orchestrator.envs": "envrl.envclient.handles",
         "envrl.orchestrator.evaluate": "envrl.eval.main",
+    }.items()
+} | {
+    old: Moved(new, "0.2", "0.3")
+    for old, new in {  # the client side of env servers left the orchestrator (issue 40)
+        "envrl.orchestrator.env_config": "envrl.envclient.config",
+        "envrl.orchestrator.env_handles": "envrl.envclient.handles",
+        "envrl.orchestrator.eval_grid": "envrl.envclient.eval_grid",
+        "envrl.launcher.supervisor": "envrl.runtime.supervisor",
     }.items()
 }
 """Old module path -> where it lives now, the version that moved it and the first version without

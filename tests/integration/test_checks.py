@@ -22,10 +22,10 @@ from loguru import logger
 
 from envrl.config import ModelConfig
 from envrl.data.layout import stall_dump_file
+from envrl.envclient.config import DeclaredEnvConfig
 from envrl.model.tiny import CHAT_TEMPLATE, DEFAULT_DIR, EOS
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.env_config import DeclaredEnvConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.stacks import collect_stacks
 from envrl.serve.config import PoolConfig

@@ -1,5 +1,6 @@
-"""A dead env server is restarted on its address (by the orchestrator for its sidecars, by the
-launcher for the servers it runs) and the rollouts lost with it run again."""
+"""A dead env server is restarted on its address by the one `Supervisor` (the orchestrator's and
+`rl eval`'s `Sidecars` for the servers they spawn, the launcher for the servers it runs) and the
+rollouts lost with it run again."""
 
 from __future__ import annotations
 
@@ -15,17 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from envrl.launcher.supervisor import Respawn, Supervisor
+from envrl.envclient.config import EnvConfig
+from envrl.envclient.handles import EnvHandle, EnvUnavailable
+from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.orchestrator.env_config import EnvConfig
-from envrl.orchestrator.env_handles import EnvHandle, EnvUnavailable
 from envrl.runtime.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
+from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.client import EnvClient
 from envrl.serve.config import EnvServerConfig, EnvSpec, PoolConfig
 from tests.support.ports import free_port
 
 HERE = Path(__file__).parents[1] / "support"  # the helper envs loaded by bare module name
 SLEEP_TASK = 1  # bad_envs: task 1 sleeps `sleep` seconds, then scores 1.0
+TITLE = "train env server 'bad_envs:load_environment'"
 
 
 @pytest.fixture(autouse=True)
@@ -45,10 +48,20 @@ def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> EnvHandle:
         split="train",
         client=ScriptedClientConfig(replies=["hi"]),
         sampling=SamplingParams(),
-        output_dir=tmp_path,
         ready_timeout=120,
-        restarts=restarts,
+        sidecars=Sidecars(tmp_path, restarts, ready_timeout=120),
     )
+
+
+async def stop(env: EnvHandle) -> None:
+    await env.shutdown()
+    assert env.sidecars is not None
+    await env.sidecars.close()
+
+
+def server_pid(env: EnvHandle) -> int | None:
+    assert env.sidecars is not None
+    return env.sidecars.pid(env.address)
 
 
 async def kill_server_once_running(env: EnvHandle) -> int:
@@ -56,7 +69,7 @@ async def kill_server_once_running(env: EnvHandle) -> int:
     async with EnvClient(env.address) as probe:
         while (await probe.info()).in_flight == 0:
             await asyncio.sleep(0.05)
-    pid = env.server_pid
+    pid = server_pid(env)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     return pid
@@ -65,20 +78,23 @@ async def kill_server_once_running(env: EnvHandle) -> int:
 def test_a_killed_sidecar_is_restarted_and_its_rollouts_rerun(tmp_path: Path) -> None:
     env = sleeping_env(tmp_path, RestartPolicy(max_restarts=1, backoff_s=0.1))
 
-    async def run() -> tuple[list, int]:
+    async def run() -> tuple[list, int, int | None]:
         await env.start()
         try:
             group = asyncio.create_task(env.run_group(SLEEP_TASK, n=2, seed=0))
             killed = await kill_server_once_running(env)
-            return await group, killed
+            return await group, killed, server_pid(env)
         finally:
-            await env.shutdown()
+            await stop(env)
 
-    traces, killed = asyncio.run(run())
+    traces, killed, restarted = asyncio.run(run())
     assert [t.reward for t in traces] == [1.0, 1.0] and not any(t.has_error for t in traces)
     assert env.counters["retried_rollouts"] == 2
     assert env.counters["env_server_restarts"] == 1 and env.counters["env_server_losses"] == 1
-    assert killed != env.server_pid
+    assert restarted is not None and killed != restarted
+    assert env.sidecars is not None  # watched by rl's Supervisor: the death and its recovery are on its record
+    [fault] = env.sidecars.supervisor.recoveries()[TITLE]["faults"]
+    assert fault["exit"] == "was killed by SIGKILL" and fault["back"]
 
 
 def test_a_sidecar_out_of_restarts_fails_naming_the_server(tmp_path: Path) -> None:
@@ -91,7 +107,7 @@ def test_a_sidecar_out_of_restarts_fails_naming_the_server(tmp_path: Path) -> No
             await kill_server_once_running(env)
             await group
         finally:
-            await env.shutdown()
+            await stop(env)
 
     with pytest.raises(EnvUnavailable, match=r"train env server 'bad_envs:load_environment'.*SIGKILL.*giving up"):
         asyncio.run(run())
@@ -119,13 +135,14 @@ def test_a_sidecar_restart_that_cannot_start_uses_a_restart_and_the_next_one_suc
             await kill_server_once_running(env)
             squatter = await take_port_once_free(port)
             try:
-                while env._restarts.total < 2 and not group.done():  # the first restart fails on the taken port
+                restarts = env.sidecars.supervisor.restarts  # type: ignore[union-attr]
+                while restarts().get(TITLE, 0) < 2 and not group.done():  # the first restart fails on the taken port
                     await asyncio.sleep(0.02)
             finally:
                 squatter.close()
             return await group
         finally:
-            await env.shutdown()
+            await stop(env)
 
     traces = asyncio.run(run())
     assert [t.reward for t in traces] == [1.0]

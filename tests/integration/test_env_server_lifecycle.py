@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from envrl.envclient.config import EnvConfig
+from envrl.envclient.handles import EnvHandle
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.orchestrator.env_config import EnvConfig
-from envrl.orchestrator.env_handles import EnvHandle
 from envrl.runtime.process import ChildFailed, spawn_sidecar
 from envrl.serve.client import EnvServerError
 from tests.support.bad_envs import OK, SLEEP
@@ -114,7 +114,7 @@ def test_the_orchestrators_env_config_carries_curve_keys_to_an_external_server(t
     with running_env_server(tmp_path, "--curve", keys.server) as server:
         config = EnvConfig(id="bad_envs:load_environment", address=server.address, curve=keys.client)
         env = EnvHandle(config, split="train", client=ScriptedClientConfig(replies=["hi"]), sampling=SamplingParams(max_tokens=8),
-                  output_dir=tmp_path, ready_timeout=20)  # fmt: skip
+                  ready_timeout=20)  # fmt: skip
 
         async def go() -> list[Any]:
             await env.start()

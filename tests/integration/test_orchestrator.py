@@ -22,12 +22,14 @@ from envrl.config import ModelConfig, config_to_toml
 from envrl.data.layout import batch_dir, weights_dir
 from envrl.data.samples import read_batch
 from envrl.data.seeds import attempt_seed
+from envrl.envclient.config import DeclaredEnvConfig, EvalTableConfig
+from envrl.envclient.handles import EnvHandle
+from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import EvalClientConfig, SamplingParams, ScriptedClientConfig
-from envrl.orchestrator.config import EvalsConfig, OrchestratorConfig
-from envrl.orchestrator.env_config import DeclaredEnvConfig, EvalTableConfig
-from envrl.orchestrator.env_handles import EnvHandle
+from envrl.orchestrator.config import OrchestratorConfig, TrainEvalsConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.lifeline import PARENT_PID_ENV
+from envrl.runtime.process import RestartPolicy
 from envrl.serve.config import PoolConfig
 from envrl.telemetry.metrics import WandbConfig
 
@@ -50,7 +52,7 @@ def orchestrator_config(tmp_path: Path, vllm_server, **overrides) -> Orchestrato
             DeclaredEnvConfig(id="distinct-rank", ratio=1.0, pool=POOL),
             DeclaredEnvConfig(id="learnable", train=False, pool=POOL),
         ],
-        eval=EvalsConfig(
+        eval=TrainEvalsConfig(
             env=[EvalTableConfig(env="learnable", num_examples=3, rollouts_per_example=2)],
             at_start=True,
             at_end=False,
@@ -135,7 +137,7 @@ def test_on_policy_run_waits_for_the_trainer_and_reloads_its_weights(tmp_path: P
         vllm_server,
         max_async_level=0,
         envs=[DeclaredEnvConfig(id="reverse-text", pool=POOL)],
-        eval=EvalsConfig(),
+        eval=TrainEvalsConfig(),
     )
     out = config.output_dir
 
@@ -181,19 +183,21 @@ def test_failed_rollouts_are_retried_up_to_max_retries_with_fresh_seeds(
     )
 
     async def run() -> list:
+        sidecars = Sidecars(tmp_path, RestartPolicy(), ready_timeout=120)
         env = EnvHandle(
             config,
             split="train",
             client=ScriptedClientConfig(replies=["hi"]),
             sampling=SamplingParams(),
-            output_dir=tmp_path,
             ready_timeout=120,
+            sidecars=sidecars,
         )
         try:
             await env.start()
             return await env.run_group(task_idx=2, n=1, seed=5)
         finally:
             await env.shutdown()
+            await sidecars.close()
 
     [trace] = asyncio.run(run())
     assert trace.has_error is expect_error
@@ -206,7 +210,7 @@ def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: 
     """A chat `client` on an env: token-less turns, back-filled with the student's template."""
     chat = EvalClientConfig(base_url=f"{vllm_server.base_url}/v1", model=vllm_server.model)
     env = DeclaredEnvConfig(id="reverse-text", pool=POOL, client=chat)
-    config = orchestrator_config(tmp_path, vllm_server, max_steps=1, batch_size=4, envs=[env], eval=EvalsConfig())
+    config = orchestrator_config(tmp_path, vllm_server, max_steps=1, batch_size=4, envs=[env], eval=TrainEvalsConfig())
     asyncio.run(Orchestrator(config).run())
     rollouts = read_jsonl(config.output_dir / "rollouts" / "train.jsonl")
     assert all(r["error"] is None and r["branches"][0]["turns"][0]["tokens"] is None for r in rollouts)
@@ -220,7 +224,7 @@ def test_an_env_behind_a_chat_client_is_trained_on_back_filled_tokens(tmp_path: 
 def test_samples_past_seq_len_are_truncated_and_counted_per_env(tmp_path: Path, vllm_server) -> None:
     env = DeclaredEnvConfig(id="learnable", args={"turns": 3}, pool=POOL)
     config = orchestrator_config(
-        tmp_path, vllm_server, max_steps=1, batch_size=8, envs=[env], eval=EvalsConfig(), seq_len=48,
+        tmp_path, vllm_server, max_steps=1, batch_size=8, envs=[env], eval=TrainEvalsConfig(), seq_len=48,
         sampling=SamplingParams(max_tokens=8),
     )  # fmt: skip
     asyncio.run(Orchestrator(config).run())

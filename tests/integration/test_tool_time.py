@@ -8,9 +8,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from envrl.envclient.config import DeclaredEnvConfig
+from envrl.envclient.handles import EnvHandle, TrainEnvs
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.orchestrator.env_config import DeclaredEnvConfig
-from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
 from envrl.report.timeline import env_times
 from envrl.telemetry.ledger import Ledger, read_ledger
@@ -28,7 +28,6 @@ def test_a_slow_tool_shows_up_by_name_in_the_ledger(tmp_path: Path) -> None:
             split="train",
             client=ScriptedClientConfig(replies=[CALLS]),
             sampling=SamplingParams(),
-            output_dir=tmp_path,
             ready_timeout=60,
         )
         ledger = Ledger.of(tmp_path, "orchestrator")

@@ -2,12 +2,11 @@
 at once (or hangs until cancelled), with rollouts whose tokens carry chosen policy steps."""
 
 import asyncio
-from pathlib import Path
 
 from envrl.data.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
+from envrl.envclient.config import DeclaredEnvConfig
+from envrl.envclient.handles import EnvHandle
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.orchestrator.env_config import DeclaredEnvConfig
-from envrl.orchestrator.env_handles import EnvHandle
 
 
 class AnsweringEnv(EnvHandle):
@@ -19,7 +18,6 @@ class AnsweringEnv(EnvHandle):
             split="train",
             client=ScriptedClientConfig(),
             sampling=SamplingParams(),
-            output_dir=Path("/nonexistent"),
             ready_timeout=1.0,
         )
         self.num_tasks = 8

@@ -11,12 +11,12 @@ from pydantic import BaseModel
 
 from envrl.config import ConfigError, resolve_config
 from envrl.config_schema import types_at_path, unwrap_types
-from envrl.eval.main import EvalConfig
+from envrl.eval.main import EvalCommandConfig
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.serve.config import EnvServerConfig
 from envrl.trainer.sft import SFTConfig
 
-ENTRY_POINTS: list[type[BaseModel]] = [RLConfig, EvalConfig, EnvServerConfig, SFTConfig]
+ENTRY_POINTS: list[type[BaseModel]] = [RLConfig, EvalCommandConfig, EnvServerConfig, SFTConfig]
 ONE_ENV = {"orchestrator": {"envs": [{"id": "reverse-text"}]}}
 
 

@@ -36,7 +36,7 @@ def test_shared_layers_import_only_the_layers_below_them() -> None:
 
 def test_every_top_level_package_is_a_layer_or_a_process_or_a_library_of_envs() -> None:
     """A new top-level package must be placed in the layering above (or here) on purpose."""
-    others = {"envs", "sandbox", "transport"}
+    others = {"envs", "envclient", "sandbox", "transport"}
     names = {p.stem for p in SRC.iterdir() if p.suffix == ".py" and p.stem != "__init__"}
     names |= {p.name for p in SRC.iterdir() if p.is_dir() and any(p.glob("*.py"))}
     assert names == set(LAYERS) | PROCESS_PACKAGES | others
@@ -50,3 +50,14 @@ def test_nothing_imports_the_launcher() -> None:
         if path.relative_to(SRC).parts[0] != "launcher" and "launcher" in envrl_imports(path)
     ]
     assert not importers, "these modules import envrl.launcher (move what they need below it):\n" + "\n".join(importers)
+
+
+def test_the_env_client_library_imports_none_of_its_users() -> None:
+    """`envclient/` (env configs, servers, handles, the eval grid) serves the orchestrator and `rl eval`; it imports neither."""
+    users = {"orchestrator", "eval", "report", "launcher"}
+    wrong = [
+        f"{path.relative_to(SRC)} imports envrl.{name}"
+        for path in sorted((SRC / "envclient").rglob("*.py"))
+        for name in sorted(envrl_imports(path) & users)
+    ]
+    assert not wrong, "envclient reaches up into a package that uses it:\n" + "\n".join(wrong)

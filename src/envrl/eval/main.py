@@ -27,11 +27,12 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from envrl.config import BaseConfig, ModelConfig, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.data.traces import Trace
+from envrl.envclient.config import EnvConfig, EvalScoringConfig, check_pass_at
+from envrl.envclient.eval_grid import EvalGrid, Pair, Unit, run_grids
+from envrl.envclient.handles import EnvHandle
+from envrl.envclient.sidecars import Sidecars
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import ClientConfig, EvalClientConfig, SamplingParams, TrainClientConfig
-from envrl.orchestrator.env_config import EvalEnvConfig, check_pass_at
-from envrl.orchestrator.env_handles import EnvHandle
-from envrl.orchestrator.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
 from envrl.runtime.atomic import atomic_write_text
 from envrl.runtime.lifeline import die_with_parent
@@ -50,12 +51,22 @@ class EvalInputError(Exception):
     """Input `eval` cannot work with (earlier results in the way or out of shape), as one line."""
 
 
-class EvalConfig(BaseConfig):
+class EvalCommandEnvConfig(EnvConfig, EvalScoringConfig):
+    """`rl eval`'s `[[env]]`: an env with its server's keys and how it is scored, in one flat table;
+    `EnvHandle` reads it as the env, `EvalGrid` as the scoring."""
+
+    removed_keys: ClassVar[dict[str, str]] = {**EnvConfig.removed_keys, **EvalScoringConfig.removed_keys}
+
+    def scored_env(self) -> str:
+        return self.resolved_name
+
+
+class EvalCommandConfig(BaseConfig):
     """Config of the `eval` entry point."""
 
     cli_aliases: ClassVar[dict[str, str]] = {"n": "num-examples", "r": "rollouts-per-example"}
 
-    env: list[EvalEnvConfig] = Field(min_length=1)
+    env: list[EvalCommandEnvConfig] = Field(min_length=1)
     """Envs to evaluate: one table (`--env.id reverse-text`) or several (`[[env]]` in TOML)."""
     num_examples: int | None = Field(None, ge=1)
     """Tasks per env, 0..n-1 of its eval split (-n); when set, replaces every env's own `num_examples`."""
@@ -89,7 +100,7 @@ class EvalConfig(BaseConfig):
 
     @field_validator("env")
     @classmethod
-    def _unique_names(cls, envs: list[EvalEnvConfig]) -> list[EvalEnvConfig]:
+    def _unique_names(cls, envs: list[EvalCommandEnvConfig]) -> list[EvalCommandEnvConfig]:
         names = [env.resolved_name for env in envs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -112,7 +123,7 @@ class EvalConfig(BaseConfig):
         return resume
 
     @model_validator(mode="after")
-    def _apply_overrides(self) -> EvalConfig:
+    def _apply_overrides(self) -> EvalCommandConfig:
         """-n and -r into every env; env sampling keys checked; --resume is the output dir."""
         for env in self.env:
             env.sampling_args(self.sampling)
@@ -120,7 +131,7 @@ class EvalConfig(BaseConfig):
                 env.num_examples = self.num_examples
             if self.rollouts_per_example is not None:
                 env.rollouts_per_example = self.rollouts_per_example
-            check_pass_at(env)
+            check_pass_at(env, env.resolved_name)
         if self.resume is not None:
             self.output_dir = self.resume
         return self
@@ -133,19 +144,20 @@ class Evaluation:
     """The `eval` command: every env's grid completed by the one eval runner (`run_grids`), its
     rollouts appended as they finish, each results file rewritten in grid order at the end."""
 
-    def __init__(self, config: EvalConfig, lines: LiveLines | None = None) -> None:
+    def __init__(self, config: EvalCommandConfig, lines: LiveLines | None = None) -> None:
         self.config = config
         self.lines = lines if lines is not None else LiveLines()
         """Where progress goes (stderr by default)."""
+        self.sidecars = Sidecars(config.output_dir, config.restarts, ready_timeout=config.env_ready_timeout_s)
+        """The env servers `eval` spawns (envs without `address`), supervised as `rl` supervises its own."""
         self.envs = [
             EnvHandle(
                 env,
                 split="eval",
                 client=config.client,
                 sampling=config.sampling,
-                output_dir=config.output_dir,
                 ready_timeout=config.env_ready_timeout_s,
-                restarts=config.restarts,
+                sidecars=self.sidecars,
             )
             for env in config.env
         ]
@@ -163,6 +175,7 @@ class Evaluation:
             await self.run_grids(grids)
         finally:
             await asyncio.gather(*(env.shutdown() for env in self.envs), return_exceptions=True)
+            await self.sidecars.close()
         summary = {grid.name: self.finish(grid) for grid in grids}
         finite = {env: {k: v if math.isfinite(v) else None for k, v in m.items()} for env, m in summary.items()}
         atomic_write_text(eval_summary_file(self.config.output_dir), json.dumps(finite, indent=1, allow_nan=False))
@@ -185,7 +198,7 @@ class Evaluation:
 
     def plan(self, env: EnvHandle) -> EvalGrid:
         """The env's grid, holding an earlier eval's successes when resuming."""
-        grid = EvalGrid(env, seed=self.config.seed)
+        grid = EvalGrid(env, env.config, seed=self.config.seed)
         if self.config.resume is not None:
             grid.resume(*self._read_earlier(grid))
         return grid
@@ -313,7 +326,7 @@ def failure(summary: dict[str, dict[str, float]], max_error_rate: float | None) 
     return None
 
 
-async def _run(config: EvalConfig, lines: LiveLines) -> tuple[dict[str, dict[str, float]], Counter[str]]:
+async def _run(config: EvalCommandConfig, lines: LiveLines) -> tuple[dict[str, dict[str, float]], Counter[str]]:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
@@ -322,7 +335,7 @@ async def _run(config: EvalConfig, lines: LiveLines) -> tuple[dict[str, dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = load_config(EvalConfig, argv, prog="rl eval")
+    config = load_config(EvalCommandConfig, argv, prog="rl eval")
     lines = LiveLines()
     lines.use_for_stderr()
     setup_logging(config.log, process="eval")

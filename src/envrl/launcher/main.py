@@ -40,9 +40,9 @@ from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.run_keys import make_curve_keys
 from envrl.launcher.slurm import write_sbatch
-from envrl.launcher.supervisor import Respawn, Supervisor
 from envrl.runtime.net import port_is_free
 from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn
+from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.launch import start as start_env_server
 from envrl.telemetry.console import RunConsole
 from envrl.telemetry.log import setup_logging

@@ -21,11 +21,11 @@ from loguru import logger
 
 from envrl.data.layout import published_steps, rollouts_root, weights_dir, weights_root
 from envrl.launcher.commands import Command
-from envrl.launcher.supervisor import Check, Respawn
 from envrl.model.inference import InferenceClient, InferenceError
 from envrl.runtime.http import HttpCallError
 from envrl.runtime.process import Child, RestartPolicy
 from envrl.runtime.secrets import API_KEY_ENV
+from envrl.runtime.supervisor import Check, Respawn
 from envrl.transport.weights import file_policies
 
 RESUME_FLAG = "--resume"

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from envrl.config import ConfigError
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import wait_until_serving
-from envrl.launcher.supervisor import Supervisor
 from envrl.runtime.process import Child, ChildFailed
+from envrl.runtime.supervisor import Supervisor
 
 READY_TIMEOUT_KEY = "inference.ready_timeout_s"
 """The one start-up limit of an `rl` run's inference: the launcher counts it from the replicas'

@@ -15,17 +15,15 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
-from envrl.model.client import SamplingParams
+from envrl.envclient.config import (
+    DeclaredEnvConfig,
+    EnvConfig,
+    EvalTableConfig,
+)
+from envrl.model.client import SamplingParams, TrainClientConfig
 from envrl.model.replicas import ReplicaUrls, replica_urls
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.checks import ChecksConfig
-from envrl.orchestrator.env_config import (
-    DeclaredEnvConfig,
-    EnvConfig,
-    EvalEnvConfig,
-    EvalScoringConfig,
-    EvalTableConfig,
-)
 from envrl.orchestrator.retention import BatchRetention
 from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.runtime.http import RetryPolicy
@@ -40,7 +38,7 @@ UNTRAINABLE_SAMPLING = ("min_p", "logit_bias", "min_tokens", "repetition_penalty
 include them but the trainer's do not, so every importance ratio would be off."""
 
 
-class EvalsConfig(BaseConfig):
+class TrainEvalsConfig(BaseConfig):
     """`orchestrator.eval`: the eval envs and one schedule for all of them (evals run beside training)."""
 
     env: list[EvalTableConfig] = []
@@ -126,7 +124,7 @@ class OrchestratorConfig(BaseConfig):
     """Every env of the run, a list of tables: id, args, train, ratio, name, address, project,
     python, pool, timeout, max_retries, sampling, client, pass_env (docs/config.md,
     Environment tables). At least one is a train env; an eval table names the env it evaluates."""
-    eval: EvalsConfig = EvalsConfig()
+    eval: TrainEvalsConfig = TrainEvalsConfig()
     inference: InferenceClientConfig = InferenceClientConfig()
     weights_timeout_s: float = Field(1800.0, gt=0)
     """Seconds to wait for the trainer's weights when generation is max_async_level steps ahead."""
@@ -168,21 +166,30 @@ class OrchestratorConfig(BaseConfig):
         """The envs train rollouts are sampled from (`train = true`)."""
         return [env for env in self.envs if env.train]
 
-    def eval_envs(self) -> list[EvalEnvConfig]:
-        """Each eval table completed by the env it names: the declaration's keys, its sampling
-        overridden by the table's, the address of the server `rl` spawned for it (`eval.addresses`)."""
+    def train_client(self) -> TrainClientConfig:
+        """The run's own model client (token-in/token-out on its inference servers), for every env
+        without a `client` of its own."""
+        model = self.model.name
+        tokenizer = str(Path(model).resolve()) if Path(model).exists() else model
+        return TrainClientConfig(
+            base_url=self.inference.base_url, model=model, tokenizer=tokenizer, retry=self.inference.retry
+        )
+
+    def eval_envs(self) -> list[EnvConfig]:
+        """The env of each eval table (`eval.env`, in order; the table is how it is scored): its
+        declaration's keys, its sampling overridden by the table's, the address of the server `rl`
+        spawned for it (`eval.addresses`)."""
         declared = {env.resolved_name: env for env in self.envs}
         out = []
         for table in self.eval.env:
             env = declared[table.env]
             keys = {key: getattr(env, key) for key in EnvConfig.model_fields}
-            keys |= {key: getattr(table, key) for key in EvalScoringConfig.model_fields}
             keys |= {
                 "name": env.resolved_name,
                 "address": self.eval.addresses.get(env.resolved_name, env.address),
                 "sampling": {**env.sampling, **table.sampling},
             }
-            out.append(EvalEnvConfig(**keys))
+            out.append(EnvConfig(**keys))
         return out
 
     @model_validator(mode="after")

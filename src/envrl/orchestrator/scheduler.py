@@ -25,13 +25,17 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from envrl.data.seeds import train_group_seed
 from envrl.data.traces import Error, Trace, WireTask
-from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
+from envrl.envclient.handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.state import PendingGroup
 from envrl.orchestrator.trajectories import oldest_policy_step
 from envrl.telemetry.ledger import Ledger
+
+if TYPE_CHECKING:
+    from envrl.orchestrator.config import OrchestratorConfig
 
 
 @dataclass
@@ -74,6 +78,13 @@ class BatchShape:
     max_inflight: int
     max_async_level: int
     max_steps: int
+
+    @classmethod
+    def of(cls, config: OrchestratorConfig) -> BatchShape:
+        return cls(
+            group_size=config.group_size, batch_size=config.batch_size, max_inflight=config.inflight_limit,
+            max_async_level=config.max_async_level, max_steps=config.max_steps,
+        )  # fmt: skip
 
     @property
     def groups_per_step(self) -> int:

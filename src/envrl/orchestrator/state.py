@@ -18,7 +18,9 @@ from loguru import logger
 from pydantic import BaseModel
 
 from envrl.data.layout import batch_dir, eval_rollouts_files, published_steps, rollouts_root, train_rollouts_file
-from envrl.runtime.atomic import filter_lines
+from envrl.data.samples import TrainingSample
+from envrl.runtime.atomic import filter_lines, fsync_file
+from envrl.transport.batches import BatchSender
 
 STATE_FILE = "orchestrator.json"
 """The state's file name inside a batch directory."""
@@ -52,6 +54,37 @@ class OrchestratorState(BaseModel):
 def state_bytes(state: OrchestratorState) -> dict[str, bytes]:
     """The file(s) to publish beside the batch (`write_batch(..., extra=...)`)."""
     return {STATE_FILE: state.model_dump_json(indent=1).encode()}
+
+
+def publish_step(
+    batches: BatchSender, output_dir: Path, samples: list[TrainingSample], state: OrchestratorState
+) -> None:
+    """Batch `state.step` and the state after it, in one rename: the commit point of the step. The
+    step's rollout lines are flushed to disk first (their size recorded), so a published step never lacks them."""
+    rollouts = train_rollouts_file(output_dir)
+    if rollouts.exists():
+        fsync_file(rollouts)
+    state = state.model_copy(update={"train_rollouts_bytes": rollouts.stat().st_size if rollouts.exists() else 0})
+    batches.send_batch(state.step, samples, extra=state_bytes(state))
+
+
+def resumed_state(output_dir: Path, resume: bool) -> OrchestratorState | None:
+    """The state a run continues from: None (start at step 0), or with `resume` the newest published
+    one; a run that does not resume refuses an `output_dir` holding an earlier run's batches."""
+    if not resume:
+        if published_steps(rollouts_root(output_dir)):
+            raise RuntimeError(
+                f"{output_dir} already holds batches of an earlier run; resume it (--resume) or pick a new output_dir"
+            )
+        return None
+    state = load_resume_state(output_dir)
+    if state is None:
+        logger.info(f"--resume: no batch published under {rollouts_root(output_dir)} yet; starting at step 0")
+        return None
+    logger.info(
+        f"resuming at step {state.step + 1} after the batch of step {state.step}; {len(state.pending)} pending group(s) dispatched again"
+    )
+    return state
 
 
 def load_resume_state(output_dir: Path) -> OrchestratorState | None:

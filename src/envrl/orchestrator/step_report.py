@@ -1,6 +1,6 @@
 """One train step's metrics line (`metrics.jsonl`, wandb) and its console line.
 
-Guarantee: per env, the step's metrics cover every rollout of its groups (`stats.py`), their share
+Guarantee: per env, the step's metrics cover every rollout of its groups (`telemetry/rollouts.py`), their share
 of the batch, mean staleness and what `seq_len` did; then the batch's reward (mean over rollouts in
 a baseline, NaN when none), error rate, samples, trained and generated tokens (stale groups'
 included), step time, the wait for the trainer, the served policy, the rollouts in flight, every
@@ -22,10 +22,11 @@ from envrl.data.traces import Trace
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import disk_use
 from envrl.orchestrator.scheduler import Group
-from envrl.orchestrator.stats import rollout_metrics, seq_len_note, token_metrics, why_unscored
+from envrl.orchestrator.stats import seq_len_note, token_metrics, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts
 from envrl.telemetry.console import fmt_shares, outcome_note
 from envrl.telemetry.metrics import MetricsSink
+from envrl.telemetry.rollouts import rollout_metrics
 
 
 def _traces_by_env(groups: list[Group]) -> dict[str, list[Trace]]:

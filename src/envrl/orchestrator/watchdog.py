@@ -25,7 +25,9 @@ from pathlib import Path
 from loguru import logger
 
 from envrl.data.layout import stall_dump_file
-from envrl.orchestrator.scheduler import Group
+from envrl.orchestrator.checks import CheckFailed
+from envrl.orchestrator.policy import PolicyTracker
+from envrl.orchestrator.scheduler import Group, Scheduler
 from envrl.runtime.atomic import atomic_write_text
 from envrl.runtime.stacks import collect_stacks, task_stacks, thread_stacks
 
@@ -120,6 +122,12 @@ class StallWatchdog:
         self._thread = threading.Thread(target=self._watch, name="stall-watchdog", daemon=True)
         self._thread.start()
 
+    def stopped_the_run(self) -> CheckFailed | None:
+        """The error a stall that stopped the run (`strict`) ends it with; None: no stall did."""
+        if self.stalled is None:
+            return None
+        return CheckFailed(f"stopped (orchestrator.checks.strict): {self.stalled.splitlines()[0]}")
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -146,3 +154,12 @@ def inflight_table(groups: Iterable[Group], now: float) -> list[str]:
         for g in groups
     ]
     return [f"== orchestrator: {len(rows)} group(s) in flight", *rows]
+
+
+def loop_status(scheduler: Scheduler, policy: PolicyTracker) -> list[str]:
+    """The orchestrator's part of a stall dump: its in-flight groups and its wait for the trainer."""
+    return [
+        *inflight_table(scheduler.inflight_groups(), time.time()),
+        f"== orchestrator: serving policy {policy.current}; the trainer has published policy {policy.latest_published()} "
+        f"(a step waits for the trainer while policy < step - max_async_level = step - {policy.max_async_level})",
+    ]

@@ -107,18 +107,16 @@ class ChildFailed(RuntimeError):
 
 
 class Restart:
-    """One dead child's way back under its `RestartBudget`, for the launcher's supervisor and the
-    orchestrator's sidecar env servers alike (they differ only in how they wait: blocking or awaited).
+    """One dead child's way back under its `RestartBudget`, for the one `Supervisor`
+    (`runtime/supervisor.py`) that `rl`, a standalone orchestrator and `rl eval` use.
 
     Each try: `next_delay()` (log why, then wait that long), start the child, on `ChildFailed` call
     `failed` (a failed start uses up a restart too) and try again.
     """
 
-    def __init__(self, dead: Child, budget: RestartBudget, where: str = "") -> None:
+    def __init__(self, dead: Child, budget: RestartBudget) -> None:
         self.dead = dead
         self.budget = budget
-        self.where = where
-        """Where it is started again (" on tcp://..."), for the log line."""
         self.what = dead.describe_exit()
         self._tail = dead.log_tail(10)
 
@@ -129,7 +127,7 @@ class Restart:
             raise self.dead.failure(f"{self.what}, and {self.budget.exhausted()}")
         tail = f"; last lines of {self.dead.log_file}:\n{self._tail}" if self._tail else ""
         logger.warning(
-            f"{self.dead.name} (pid {self.dead.pid}) {self.what}; restarting it{self.where} in {delay:g} s "
+            f"{self.dead.name} (pid {self.dead.pid}) {self.what}; restarting it in {delay:g} s "
             f"(restart {self.budget.total}){tail}"
         )
         return delay

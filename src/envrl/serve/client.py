@@ -260,7 +260,7 @@ class EnvClient:
             raise EnvServerError(error.type, error.message, self.address, rid)
 
     def _send(self, message: p.RequestMessage) -> None:
-        self._pump.send([p.encode(message.model_dump())])
+        self._pump.send_message([p.encode(message.model_dump())])
 
     def _on_unsent(self, frames: Sequence[bytes]) -> None:
         """ZMQ had no connection to queue a request on (refused, or between reconnects): fail it."""

@@ -37,7 +37,7 @@ class ClientSender:
         """When each waiting client last took an answer."""
         self.dropped: set[bytes] = set()
 
-    def send(self, identity: bytes, frame: bytes) -> None:
+    def send_reply(self, identity: bytes, frame: bytes) -> None:
         if self.waiting:
             waiting = self.waiting.get(identity)
             if waiting is not None:  # behind earlier answers: keep the order

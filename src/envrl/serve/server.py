@@ -314,7 +314,7 @@ class EnvServer:
         return True
 
     def _answer(self, identity: bytes, frame: bytes) -> None:
-        self.sender.send(identity, frame)
+        self.sender.send_reply(identity, frame)
 
     def _finish(self, request: Request, frame: bytes) -> None:
         """Answer `request` and forget it: it is never answered twice."""

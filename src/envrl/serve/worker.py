@@ -108,7 +108,7 @@ class Worker:
 
     async def serve(self) -> None:
         """Tell the server we are ready, run what it sends until it says `stop`, then clean up."""
-        self.pump.send([p.WORKER_READY])
+        self.pump.send_message([p.WORKER_READY])
         logger.info(f"ready: {type(self.env).__name__} from {self.config.env.id!r}")
         sweeper = self.loop.create_task(self._sweep())
         try:
@@ -248,7 +248,7 @@ class Worker:
         if self.done_tokens:
             tokens, frames = self.done_tokens, self.done_frames
             self.done_tokens, self.done_frames = [], []
-            self.pump.send([p.WORKER_DONE, p.encode(tokens), *frames])  # type: ignore[arg-type]
+            self.pump.send_message([p.WORKER_DONE, p.encode(tokens), *frames])  # type: ignore[arg-type]
 
     async def _sweep(self) -> None:
         """Cancel rollouts past their deadline; `_run` turns those into timeout Traces."""

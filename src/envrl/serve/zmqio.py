@@ -111,7 +111,7 @@ class SocketPump:
         self.loop.add_reader(self._fd, self._drain)
         self.wake()
 
-    def send(self, frames: Sequence[bytes]) -> None:
+    def send_message(self, frames: Sequence[bytes]) -> None:
         self._outbox.append(frames)
         if not self._scheduled:
             self.wake()

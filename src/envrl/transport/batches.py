@@ -24,7 +24,7 @@ class BatchTimeout(TimeoutError):
 
 
 class BatchSender(Protocol):
-    def send(self, step: int, samples: Sequence[TrainingSample], extra: Mapping[str, bytes]) -> None:
+    def send_batch(self, step: int, samples: Sequence[TrainingSample], extra: Mapping[str, bytes]) -> None:
         """Publish batch `step` with `extra` (name -> bytes, the sender's state) in one commit."""
         ...
 
@@ -49,7 +49,7 @@ class FileBatchSender:
     def __init__(self, output_dir: Path) -> None:
         self.output_dir = output_dir
 
-    def send(self, step: int, samples: Sequence[TrainingSample], extra: Mapping[str, bytes]) -> None:
+    def send_batch(self, step: int, samples: Sequence[TrainingSample], extra: Mapping[str, bytes]) -> None:
         write_batch(self.output_dir, step, samples, extra=extra)
 
 

@@ -12,17 +12,16 @@ import pytest
 from envrl.config import load_config
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Error, Trace, WireTask
-from envrl.eval.main import EvalConfig, EvalInputError, Evaluation, format_summary
+from envrl.envclient.eval_grid import EvalGrid, run_grids
+from envrl.eval.main import EvalCommandConfig, EvalCommandEnvConfig, EvalInputError, Evaluation, format_summary
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
-from envrl.orchestrator.env_config import EvalEnvConfig
-from envrl.orchestrator.eval_grid import EvalGrid, run_grids
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
 from envrl.telemetry.progress import CLEAR_LINE, LiveLines
 
 
-def config(tmp_path: Path, *argv: str) -> EvalConfig:
-    return load_config(EvalConfig, ["--output-dir", str(tmp_path), *argv], prog="eval")
+def config(tmp_path: Path, *argv: str) -> EvalCommandConfig:
+    return load_config(EvalCommandConfig, ["--output-dir", str(tmp_path), *argv], prog="eval")
 
 
 def good(task: int, reward: float = 1.0) -> Trace:
@@ -71,7 +70,7 @@ def test_client_type_is_still_selectable(tmp_path: Path) -> None:
 
 
 def test_resume_writes_into_the_earlier_output_dir(tmp_path: Path) -> None:
-    c = load_config(EvalConfig, ["--env.id", "x", "--resume", str(tmp_path)], prog="eval")
+    c = load_config(EvalCommandConfig, ["--env.id", "x", "--resume", str(tmp_path)], prog="eval")
     assert c.output_dir == tmp_path and c.results_file("x") == tmp_path / "eval" / "x.jsonl"
 
 
@@ -89,7 +88,7 @@ def test_bad_input_is_one_line_and_exit_code_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        load_config(EvalConfig, argv, prog="eval")
+        load_config(EvalCommandConfig, argv, prog="eval")
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
 
@@ -177,7 +176,7 @@ class CountingEnv:
 
     def __init__(self, name: str, group_scoring: bool, gauge: Gauge) -> None:
         self.name, self.group_scoring, self.num_tasks = name, group_scoring, 100
-        self.config = EvalEnvConfig(id=name, num_examples=5, rollouts_per_example=3)
+        self.config = EvalCommandEnvConfig(id=name, num_examples=5, rollouts_per_example=3)
         self.gauge = gauge
         self.calls: list[int] = []
         self.seeds: list[int] = []
@@ -201,7 +200,7 @@ def test_rollouts_in_flight_stay_within_max_inflight_and_results_land_in_grid_or
         CountingEnv("single", group_scoring=False, gauge=gauge),
         CountingEnv("grouped", group_scoring=True, gauge=gauge),
     ]
-    grids = [EvalGrid(env, seed=0) for env in envs]  # type: ignore[arg-type]
+    grids = [EvalGrid(env, env.config, seed=0) for env in envs]  # type: ignore[arg-type]
     asyncio.run(evaluation.run_grids(grids))
     assert gauge.peak == 4, "the bound holds across envs"
     assert envs[0].calls == [1] * 15 and envs[1].calls == [3] * 5, "single rollouts one by one, groups whole"
@@ -217,7 +216,7 @@ def test_rollouts_in_flight_stay_within_max_inflight_and_results_land_in_grid_or
 def test_the_orchestrators_evals_and_the_eval_command_sample_the_same_seeds() -> None:
     """One runner: a grid run on its own (as the orchestrator does) gets the command's seeds."""
     env = CountingEnv("single", group_scoring=False, gauge=Gauge())
-    asyncio.run(run_grids([EvalGrid(env, seed=3)], max_inflight=2))  # type: ignore[arg-type]
+    asyncio.run(run_grids([EvalGrid(env, env.config, seed=3)], max_inflight=2))  # type: ignore[arg-type]
     assert sorted(env.seeds) == sorted(eval_seed(3, i, j, 3) for i in range(5) for j in range(3))
 
 
@@ -241,7 +240,7 @@ def test_summary_table_has_one_row_per_env_and_dashes_for_unknown_tokens() -> No
 
 def test_a_rerun_starts_past_every_attempt_its_earlier_runs_spent_on_retries() -> None:
     env = CountingEnv("single", group_scoring=False, gauge=Gauge())
-    grid = EvalGrid(env, seed=0)  # type: ignore[arg-type]
+    grid = EvalGrid(env, env.config, seed=0)  # type: ignore[arg-type]
     grid.resume({}, Counter({(0, 0): 2}))  # two earlier lines, each after attempts 0..max_retries
     asyncio.run(run_grids([grid], max_inflight=1))
     assert env.attempts[eval_seed(0, 0, 0, 3)] == 2 * (env.config.max_retries + 1)

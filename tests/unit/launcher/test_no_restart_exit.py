@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from envrl.launcher.supervisor import Respawn, Supervisor
 from envrl.runtime.process import NO_RESTART_EXIT, Child, ChildFailed, RestartPolicy, spawn
+from envrl.runtime.supervisor import Respawn, Supervisor
 
 
 def test_a_child_that_asks_not_to_be_restarted_ends_the_run() -> None:

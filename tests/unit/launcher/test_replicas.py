@@ -13,8 +13,8 @@ from envrl.inference.main import main as inference_main
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.launcher.main import main
 from envrl.launcher.replicas import wait_for_replicas
-from envrl.launcher.supervisor import Supervisor
 from envrl.runtime.process import ChildFailed, spawn
+from envrl.runtime.supervisor import Supervisor
 
 ONE_ENV = ("orchestrator.envs", '[{"id": "reverse-text"}]')
 

@@ -129,8 +129,9 @@ def test_an_eval_env_is_its_declared_envs_server_keys_with_its_own_scoring_and_s
     }
     table = {"env": "learnable", "num_examples": 4, "sampling": {"temperature": 0.0}}
     config = resolve(envs=[train], eval={"env": [table]})
-    (env,) = config.eval_envs()
-    assert (env.name, env.id, env.args, env.num_examples) == ("learnable", "learnable", {"num_eval": 8}, 4)
+    (env,), (scoring,) = config.eval_envs(), config.eval.env
+    assert (env.name, env.id, env.args, scoring.num_examples) == ("learnable", "learnable", {"num_eval": 8}, 4)
+    assert "num_examples" not in type(env).model_fields, "the env and how it is scored stay apart"
     assert env.sampling == {"temperature": 0.0, "top_p": 0.9}
     assert env.pool.max_workers == 1 and "ratio" not in type(env).model_fields
 
@@ -210,8 +211,8 @@ def test_pass_env_names_only_variable_names() -> None:
 
 
 def test_rl_eval_s_env_table_refuses_a_schedule_naming_the_one_rl_eval_has() -> None:
-    from envrl.eval.main import EvalConfig
+    from envrl.eval.main import EvalCommandConfig
 
     overrides = [("env", '[{"id": "a", "interval": 5}]')]
     with pytest.raises(ConfigError, match=r"'env\[0\].interval'.*removed: one schedule .*`rl eval` evaluates once"):
-        resolve_config(EvalConfig, overrides=overrides)
+        resolve_config(EvalCommandConfig, overrides=overrides)

@@ -6,7 +6,7 @@ from collections import Counter
 
 from envrl.data.seeds import rollout_seed
 from envrl.data.traces import Trace
-from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
+from envrl.envclient.handles import EnvHandle, TrainEnvs
 from envrl.orchestrator.scheduler import BatchShape, Group, Scheduler
 from envrl.orchestrator.state import PendingGroup
 from tests.support.scripted_envs import AnsweringEnv, InfraFailingEnv, LabelledEnv

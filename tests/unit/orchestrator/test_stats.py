@@ -6,8 +6,9 @@ import pytest
 
 from envrl.data.samples import TrainingSample
 from envrl.data.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
-from envrl.orchestrator.env_config import EvalEnvConfig
-from envrl.orchestrator.stats import pass_at_k, rollout_metrics, token_metrics, why_unscored
+from envrl.envclient.config import EvalTableConfig
+from envrl.orchestrator.stats import token_metrics, why_unscored
+from envrl.telemetry.rollouts import pass_at_k, rollout_metrics
 
 
 def traces(*kinds: str) -> list[Trace]:
@@ -59,8 +60,8 @@ def test_pass_at_k_is_the_unbiased_estimator_averaged_over_tasks():
 
 
 def test_pass_at_must_fit_the_rollouts_per_task():
-    with pytest.raises(ValueError, match=r"pass_at \[8\] outside 1..rollouts_per_example \(4\)"):
-        EvalEnvConfig(id="e", rollouts_per_example=4, pass_at=[4, 8])
+    with pytest.raises(ValueError, match=r"eval env 'e': pass_at \[8\] outside 1..rollouts_per_example \(4\)"):
+        EvalTableConfig(env="e", rollouts_per_example=4, pass_at=[4, 8])
 
 
 def test_token_metrics_count_generated_stale_and_trained_tokens_per_policy_lag():

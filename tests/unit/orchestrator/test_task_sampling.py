@@ -2,12 +2,11 @@
 
 import random
 from collections import Counter
-from pathlib import Path
 
+from envrl.envclient.config import DeclaredEnvConfig
+from envrl.envclient.handles import EnvHandle, TrainEnvs
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.orchestrator.config import EvalsConfig
-from envrl.orchestrator.env_config import DeclaredEnvConfig
-from envrl.orchestrator.env_handles import EnvHandle, TrainEnvs
+from envrl.orchestrator.config import TrainEvalsConfig
 
 
 def make_env(name: str, num_tasks: int, ratio: float | None = None) -> EnvHandle[DeclaredEnvConfig]:
@@ -16,7 +15,6 @@ def make_env(name: str, num_tasks: int, ratio: float | None = None) -> EnvHandle
         split="train",
         client=ScriptedClientConfig(),
         sampling=SamplingParams(),
-        output_dir=Path("/nonexistent"),
         ready_timeout=1.0,
     )
     env.num_tasks = num_tasks
@@ -56,7 +54,7 @@ def test_sampling_resumes_from_saved_positions() -> None:
 
 
 def test_evals_are_due_on_their_interval_and_at_start_if_asked() -> None:
-    every_two = EvalsConfig(interval=2, at_start=True)
-    every_three = EvalsConfig(interval=3)
+    every_two = TrainEvalsConfig(interval=2, at_start=True)
+    every_three = TrainEvalsConfig(interval=3)
     assert [step for step in range(7) if every_two.due(step)] == [0, 2, 4, 6]
     assert [step for step in range(7) if every_three.due(step)] == [3, 6]

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from envrl.envclient.config import DeclaredEnvConfig
 from envrl.inference.config import InferenceConfig, ReloadConfig
 from envrl.launcher.config import RLConfig, resolve_run
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.env_config import DeclaredEnvConfig
 from envrl.serve import protocol as p
 from envrl.serve.config import ModelAccessConfig
 from envrl.serve.params import ParamsChecker

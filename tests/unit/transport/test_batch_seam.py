@@ -15,7 +15,7 @@ def receiver(tmp_path, timeout_s: float = 5.0) -> FileBatchReceiver:
 
 def test_a_sent_batch_is_received_with_the_same_samples(tmp_path):
     samples = synthetic_samples(4, seed=1, policy_step=3)
-    sender = threading.Timer(0.1, FileBatchSender(tmp_path).send, (3, samples, {"state.json": b"{}"}))
+    sender = threading.Timer(0.1, FileBatchSender(tmp_path).send_batch, (3, samples, {"state.json": b"{}"}))
     sender.start()
     got = receiver(tmp_path)
     assert got.wait(3) >= 0

@@ -1,35 +1,31 @@
-"""The orchestrator's view of its environments: one env server each, spawned or external.
+"""An environment behind its env server, as the orchestrator and `rl eval` call it: connect, run
+rollouts with retries, wait for a lost server.
 
 Guarantee: a rollout call on an `EnvHandle` returns one Trace per rollout asked for: re-run up to
 `max_retries` times while they come back with errors, and re-run without limit (each counted in
-`retried_rollouts`) when the server was lost, once it answers again; a sidecar server that died
-is restarted on its address (the `restarts` policy it was given). Only a server that is not back within
-`reconnect_timeout_s` (or a sidecar out of restarts) raises `EnvUnavailable`. A sidecar server an
-`EnvHandle` spawned is stopped by `shutdown()` or, at the latest, at interpreter exit. The orchestrator
-never imports environment code: it only talks to servers.
+`retried_rollouts`) when the server was lost, once it answers again. Only a server that is not
+back within `reconnect_timeout_s`, or a sidecar whose supervision ended (`Sidecars`: out of
+restarts), raises `EnvUnavailable`. An env without an `address` gets its server from `Sidecars`,
+which spawns, restarts and stops it; a handle never starts a process. The caller never imports
+environment code: it only talks to servers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Generic, TypeVar
 
 from loguru import logger
 
-from envrl.data.layout import env_log_file
 from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
+from envrl.envclient.config import DeclaredEnvConfig, EnvConfig
+from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
-from envrl.orchestrator.env_config import DeclaredEnvConfig, EnvConfig
-from envrl.runtime.process import Child, ChildFailed, Restart, RestartBudget, RestartPolicy
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
-from envrl.serve.config import ModelAccessConfig
-from envrl.serve.launch import start as start_env_server
 
 CLIENT_SLACK = 30.0
 """Seconds a client waits beyond the server's own rollout deadline before giving up on a call."""
@@ -44,7 +40,7 @@ C = TypeVar("C", bound=EnvConfig)
 
 class EnvHandle(Generic[C]):
     """One environment behind its env server, with this run's client and sampling args; `config`
-    is the env's table, a train env's or an eval env's (`EnvHandle[EvalEnvConfig]`)."""
+    is the env's table (`EnvHandle[DeclaredEnvConfig]` for a train env)."""
 
     def __init__(
         self,
@@ -53,9 +49,8 @@ class EnvHandle(Generic[C]):
         split: Split,
         client: ClientConfig,
         sampling: SamplingParams,
-        output_dir: Path,
         ready_timeout: float,
-        restarts: RestartPolicy | None = None,
+        sidecars: Sidecars | None = None,
         counters: Counter[str] | None = None,
     ) -> None:
         self.config = config
@@ -63,18 +58,14 @@ class EnvHandle(Generic[C]):
         self.split = split
         self.client_config = client
         self.sampling: SamplingArgs = config.sampling_args(sampling)
-        self.log_file = env_log_file(output_dir, split, self.name)
-        """The server's log, when this EnvHandle spawns it."""
+        self.sidecars = sidecars
+        """Where the server of an env without `address` comes from (and is restarted, and stopped)."""
         self.ready_timeout = ready_timeout
         self.num_tasks = 0
         self.group_scoring = False
         self.counters: Counter[str] = Counter() if counters is None else counters
         """`retried_rollouts`, `env_server_losses`, `env_server_restarts` of this env (shared by the caller)."""
-        self._child: Child | None = None
         self._client: EnvClient | None = None
-        self._restarts = RestartBudget(restarts or RestartPolicy())
-        """How a sidecar this EnvHandle spawned is restarted when it dies (default policy without
-        `restarts`), and the restarts left."""
         self._back: asyncio.Task[None] | None = None
         """The one wait for a lost server to answer again, shared by every call that lost it."""
 
@@ -84,17 +75,15 @@ class EnvHandle(Generic[C]):
             raise RuntimeError(f"env {self.name!r} is not started")
         return self._client.address
 
-    @property
-    def server_pid(self) -> int | None:
-        """The pid of the sidecar server this EnvHandle spawned (None for an external address)."""
-        return None if self._child is None else self._child.pid
-
     async def start(self) -> None:
-        """Connect to the configured address, or spawn a sidecar server first; then read its info."""
+        """Connect to the configured address, or to a sidecar server `sidecars` spawns; then read its info."""
         address = self.config.address
         if address is None:
-            self._child, address = await asyncio.to_thread(self._spawn, "tcp://127.0.0.1:0")
-            atexit.register(self._child.stop, 5.0)
+            if self.sidecars is None:
+                raise RuntimeError(
+                    f"{self.split} env {self.name!r} has no `address` and no `Sidecars` to spawn its server"
+                )
+            address = await self.sidecars.serve(self.config, self.split, self.client_config, self._count_restart)
         timeout = self.config.timeout.rollout_s
         self._client = EnvClient(
             address,
@@ -117,23 +106,17 @@ class EnvHandle(Generic[C]):
     def _count_at_capacity(self) -> None:
         self.counters["at_capacity_retries"] += 1
 
-    def _spawn(self, address: str) -> tuple[Child, str]:
-        """The env's server on `address`, started as `rl`'s launcher starts it (serve/launch.py)."""
-        access = ModelAccessConfig.for_client(self.client_config)
-        launch = self.config.server_launch(self.split, address, access, self._restarts.policy)
-        return start_env_server(launch, log_file=self.log_file, ready_timeout=self.ready_timeout)
+    def _count_restart(self) -> None:
+        self.counters["env_server_restarts"] += 1
 
     async def shutdown(self) -> None:
+        """Stop waiting and close the connection (a sidecar server is stopped by its `Sidecars`)."""
         if self._back is not None:
             self._back.cancel()
             await asyncio.gather(self._back, return_exceptions=True)
         if self._client is not None:
             await self._client.close()
             self._client = None
-        if self._child is not None:
-            child, self._child = self._child, None
-            await asyncio.to_thread(child.stop, 10.0)
-            atexit.unregister(child.stop)
 
     async def run_group(self, task_idx: int, n: int, seed: int, attempt: int = 0) -> list[Trace]:
         """`n` rollouts of one task: one call of n for group-scored envs, else `n` calls of one
@@ -190,45 +173,30 @@ class EnvHandle(Generic[C]):
         await asyncio.shield(self._back)  # a cancelled rollout must not cancel everybody's wait
 
     async def _reconnect(self) -> None:
-        """Restart a dead sidecar on its address; wait for the server to answer health again."""
+        """Wait for the server to answer health again (a sidecar: while its `Sidecars` restart it)."""
         assert self._client is not None
         address, timeout = self._client.address, self.config.reconnect_timeout_s
-        if self._child is not None and await asyncio.to_thread(self._child.wait, 1.0) is not None:
-            await self._restart_sidecar(address)
         logger.warning(
             f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout_s)"
         )
+        back = asyncio.ensure_future(self._client.wait_until_ready(timeout))
+        ended = asyncio.ensure_future(self.sidecars.ended()) if self.config.address is None and self.sidecars else None
         try:
-            await self._client.wait_until_ready(timeout)
+            await asyncio.wait([w for w in (back, ended) if w is not None], return_when=asyncio.FIRST_COMPLETED)
+            if not back.done():
+                assert ended is not None
+                raise EnvUnavailable(str(ended.result())) from None
+            back.result()
         except EnvServerError as e:
             raise EnvUnavailable(
                 f"{self.split} env {self.name!r}: the env server at {address} did not answer again within {timeout:g} s "
                 f"({e}); restart it, or raise envs.reconnect_timeout_s"
             ) from None
+        finally:
+            for wait in (back, ended):
+                if wait is not None:
+                    wait.cancel()
         logger.info(f"{self.split} env {self.name!r}: the server at {address} answers again; lost rollouts are re-run")
-
-    async def _restart_sidecar(self, address: str) -> None:
-        """Start the dead sidecar again on `address` (`Restart`: the launcher's policy and messages);
-        awaited, so a shutdown cancels the wait."""
-        child = self._child
-        assert child is not None
-        atexit.unregister(child.stop)
-        restart = Restart(child, self._restarts, where=f" on {address}")
-        child.close()
-        while True:
-            try:
-                delay = restart.next_delay()
-            except ChildFailed as e:
-                raise EnvUnavailable(str(e)) from None
-            await asyncio.sleep(delay)
-            try:
-                self._child, _ = await asyncio.to_thread(self._spawn, address)
-            except ChildFailed as e:
-                restart.failed(e)
-                continue
-            atexit.register(self._child.stop, 5.0)
-            self.counters["env_server_restarts"] += 1
-            return
 
 
 class TrainEnvs:

@@ -1,5 +1,7 @@
-"""Config of one env: its declaration (`[[orchestrator.envs]]`), an eval table that names it
-(`[[orchestrator.eval.env]]`) and the two completed (`rl eval`'s `[[env]]`).
+"""Config of one env: the env and its server (`EnvConfig`; declared in `[[orchestrator.envs]]`,
+`DeclaredEnvConfig`) and, apart from it, how an eval scores it (`EvalScoringConfig`; an
+`[[orchestrator.eval.env]]` table names a declared env, `EvalTableConfig`). An eval env is the
+pair, composed where it is used: `OrchestratorConfig.eval_envs` and `rl eval`'s `[[env]]`.
 
 Guarantee: a declaration builds its env server (`server_launch`) and its sampling args in one
 place, whoever starts it; an eval table holds only what scores its env (any server key in it is
@@ -222,17 +224,14 @@ class EvalScoringConfig(BaseConfig):
         for key in ("interval", "at_start", "at_end")
     }
 
+    def scored_env(self) -> str:
+        """The name of the env this scores, for errors."""
+        return ""
+
     @model_validator(mode="after")
     def _pass_at_fits(self) -> EvalScoringConfig:
-        check_pass_at(self)
+        check_pass_at(self, self.scored_env())
         return self
-
-
-class EvalEnvConfig(EnvConfig, EvalScoringConfig):
-    """An eval env with its server's keys: `rl eval`'s `[[env]]`, and the orchestrator's view of
-    an `[[orchestrator.eval.env]]` table completed by the env it names (`OrchestratorConfig.eval_envs`)."""
-
-    removed_keys: ClassVar[dict[str, str]] = {**EnvConfig.removed_keys, **EvalScoringConfig.removed_keys}
 
 
 class EvalTableConfig(EvalScoringConfig):
@@ -256,6 +255,9 @@ class EvalTableConfig(EvalScoringConfig):
         },
     }
 
+    def scored_env(self) -> str:
+        return self.env
+
     @model_validator(mode="after")
     def _names_an_env(self) -> EvalTableConfig:
         if not self.env:
@@ -263,14 +265,11 @@ class EvalTableConfig(EvalScoringConfig):
         return self
 
 
-def check_pass_at(env: EvalScoringConfig) -> None:
+def check_pass_at(scoring: EvalScoringConfig, name: str) -> None:
     """pass@k needs k rollouts per task: every k of `pass_at` within 1..rollouts_per_example."""
-    bad = [k for k in env.pass_at if not 1 <= k <= env.rollouts_per_example]
+    bad = [k for k in scoring.pass_at if not 1 <= k <= scoring.rollouts_per_example]
     if bad:
-        name = (
-            env.env if isinstance(env, EvalTableConfig) else env.resolved_name if isinstance(env, EvalEnvConfig) else ""
-        )
         raise ValueError(
-            f"eval env {name!r}: pass_at {bad} outside 1..rollouts_per_example ({env.rollouts_per_example}); "
+            f"eval env {name!r}: pass_at {bad} outside 1..rollouts_per_example ({scoring.rollouts_per_example}); "
             "raise rollouts_per_example or drop those k"
         )

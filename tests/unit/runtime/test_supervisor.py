@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from envrl.launcher.supervisor import Respawn, Supervisor
 from envrl.runtime.process import Child, RestartPolicy, spawn
+from envrl.runtime.supervisor import Respawn, Supervisor
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -104,3 +104,25 @@ def test_a_process_killed_again_before_it_was_back_counts_two_faults_one_of_them
         supervisor.stop_all()
     worker = supervisor.recoveries()["worker"]
     assert worker["restarts"] == 2 and [f["back"] for f in worker["faults"]] == [False, True]
+
+
+def test_watching_until_stopped_restarts_processes_added_meanwhile_from_another_thread() -> None:
+    """How the sidecars of a standalone orchestrator and `rl eval` are watched (`envclient/sidecars.py`)."""
+
+    def start() -> Child:
+        return spawn(SLEEP, name="env server")
+
+    supervisor, stop = Supervisor(grace=1.0), threading.Event()
+    watcher = threading.Thread(target=supervisor.watch, args=(set(),), kwargs={"stop": stop})
+    watcher.start()
+    try:
+        supervisor.add(start(), Respawn(start, RestartPolicy(backoff_s=0.0)))  # added while watching
+        first = supervisor.children[0].pid
+        os.kill(first, signal.SIGKILL)
+        _wait(lambda: supervisor.children[0].pid != first, "restart")
+        assert supervisor.restarts() == {"env server": 1}
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
+        supervisor.stop_all()
+    assert not watcher.is_alive(), "watch returns once stop is set"

@@ -1,8 +1,8 @@
 """The one eval runner: an env's grid of (task, rollout) pairs, run within a bound on rollouts in
 flight, for both the orchestrator's evals and the `eval` command.
 
-Guarantee: a grid covers tasks 0..n-1 of the env's eval split (n = the env's `num_examples`,
-at most its task count) with `rollouts_per_example` rollouts each; pair (i, j) always samples
+Guarantee: a grid covers tasks 0..n-1 of the env's eval split (n = its scoring's `num_examples`,
+at most the env's task count) with `rollouts_per_example` rollouts each; pair (i, j) always samples
 with `eval_seed(seed, i, j, r)`, at an attempt past every earlier run of it (`resume`), so an
 eval is reproducible from its seed whichever process runs it. `run_grids` never has more than
 `max_inflight` rollouts in flight (a group-scored task bigger than that runs alone), and a grid
@@ -21,9 +21,9 @@ from loguru import logger
 
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Trace
-from envrl.orchestrator.env_config import EvalEnvConfig
-from envrl.orchestrator.env_handles import EnvHandle
-from envrl.orchestrator.stats import pass_at_k, rollout_metrics
+from envrl.envclient.config import EvalScoringConfig
+from envrl.envclient.handles import EnvHandle
+from envrl.telemetry.rollouts import pass_at_k, rollout_metrics
 
 Pair = tuple[int, int]
 """(task index, rollout index) within one env's grid."""
@@ -39,13 +39,13 @@ class Unit:
 
 
 class EvalGrid:
-    """One env's n x r grid: the pairs done so far, the calls that complete it, each pair's seed."""
+    """One env's n x r grid (`scoring`): the pairs done so far, the calls that complete it, each pair's seed."""
 
-    def __init__(self, env: EnvHandle[EvalEnvConfig], *, seed: int) -> None:
+    def __init__(self, env: EnvHandle, scoring: EvalScoringConfig, *, seed: int) -> None:
         self.env = env
-        self.config = env.config
+        self.scoring = scoring
         self.seed = seed
-        self.n, self.r = self.config.num_examples, self.config.rollouts_per_example
+        self.n, self.r = scoring.num_examples, scoring.rollouts_per_example
         if self.n > env.num_tasks:
             logger.warning(
                 f"env {env.name!r} has {env.num_tasks} eval tasks; evaluating all of them instead of {self.n}"
@@ -78,7 +78,7 @@ class EvalGrid:
         """The first rollout's seed and the attempt to start at: each earlier run of a pair spent
         attempts 0..max_retries, so a re-run starts past all of them."""
         runs = max(self.attempts.get((unit.task_idx, j), 0) for j in unit.rollouts)
-        return eval_seed(self.seed, unit.task_idx, unit.rollouts[0], self.r), runs * (self.config.max_retries + 1)
+        return eval_seed(self.seed, unit.task_idx, unit.rollouts[0], self.r), runs * (self.env.config.max_retries + 1)
 
     def record(self, unit: Unit, traces: list[Trace]) -> None:
         for rollout, trace in zip(unit.rollouts, traces, strict=True):
@@ -93,7 +93,7 @@ class EvalGrid:
         groups = self.groups()
         traces = [t for group in groups for t in group]
         metrics = {k.removeprefix(f"{self.name}/"): v for k, v in rollout_metrics(self.name, traces).items()}
-        passes = pass_at_k(groups, self.config.pass_threshold, self.config.pass_at)
+        passes = pass_at_k(groups, self.scoring.pass_threshold, self.scoring.pass_at)
         return {**metrics, "tasks": float(self.n), "rollouts_per_example": float(self.r), **passes}
 
 

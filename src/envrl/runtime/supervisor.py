@@ -7,7 +7,8 @@ its port), and the run goes on; otherwise `watch` raises `ChildFailed` naming th
 first process that exited with the tail of its log. Each death is one `Fault`, closed (and logged
 in one line) when its process is back: its `Respawn.back` check passes, or it finished (exit 0).
 `stop_all` leaves nothing running: each process and its process group get SIGTERM, then SIGKILL
-after the grace period.
+after the grace period. `rl` watches its run with it; a standalone orchestrator and `rl eval`
+watch their sidecar env servers with it on a thread (`envclient/sidecars.py`).
 """
 
 from __future__ import annotations
@@ -113,11 +114,13 @@ class Supervisor:
             if child.poll() is not None:
                 raise child.failure(child.describe_exit())
 
-    def watch(self, until: set[str], progress_every: float = 60.0) -> None:
+    def watch(self, until: set[str], progress_every: float = 60.0, stop: threading.Event | None = None) -> None:
+        """Watch until every process of `until` finished, or (given `stop`) until `stop` is set;
+        `add` may be called meanwhile from another thread."""
         finished: set[str] = set()
         started = time.monotonic()
         next_report = started + progress_every
-        while not until <= finished:
+        while not (stop.is_set() if stop is not None else until <= finished):
             live = [c for c in self.children if c.poll() is None]
             select.select([c.exit_fd for c in live], [], [], self._wait())
             for child in list(self.children):
@@ -140,7 +143,7 @@ class Supervisor:
 
     def _wait(self) -> float:
         """Seconds to wait for an exit: at most 1 (the `back` checks), less when a restart is due sooner."""
-        dues = [entry.due for entry in self._restartable.values() if entry.pending is not None]
+        dues = [entry.due for entry in list(self._restartable.values()) if entry.pending is not None]
         return max(0.0, min([1.0, *(due - time.monotonic() for due in dues)]))
 
     def _restart(self, child: Child) -> None:
@@ -170,7 +173,7 @@ class Supervisor:
         logger.info(f"{child.name} restarted (pid {new.pid})")
 
     def _check_back(self) -> None:
-        for name, entry in self._restartable.items():
+        for name, entry in list(self._restartable.items()):
             if entry.fault is not None and entry.pending is None and entry.check():
                 self._close_fault(name)
 

@@ -1,4 +1,4 @@
-"""`Restart`: the one restart loop policy of the launcher's supervisor and the orchestrator's sidecars."""
+"""`Restart`: the one restart loop policy of the supervisor (`rl`'s, and the sidecars' of the orchestrator and `rl eval`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def test_a_failed_start_uses_a_restart_and_the_spent_budget_names_the_last_failu
         [sys.executable, "-c", "print('bound the port'); raise SystemExit(3)"], name="env server", log_file=log
     )
     dead.wait()
-    restart = Restart(dead, RestartBudget(RestartPolicy(max_restarts=2, backoff_s=0.5)), where=" on tcp://x:1")
+    restart = Restart(dead, RestartBudget(RestartPolicy(max_restarts=2, backoff_s=0.5)))
     assert restart.next_delay() == 0.5
     restart.failed(ChildFailed("env server (pid 7) exited with code 1 before reporting ready; last lines of ...\nboom"))
     assert restart.next_delay() == 1.0  # doubled: the failed start counted
