@@ -80,8 +80,6 @@ class EvalConfig(BaseConfig):
     """Restarts of each env server `eval` spawned (on its address, each its own budget) when it dies."""
     log: LogConfig = LogConfig()
 
-    renamed_keys: ClassVar[dict[str, str]] = {"env_ready_timeout": "env_ready_timeout_s"}
-
     @field_validator("env", mode="before")
     @classmethod
     def _one_table_is_one_env(cls, value: Any) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import ClassVar
 
 from pydantic import Field, model_validator
 
@@ -77,8 +76,6 @@ class InferenceClientConfig(BaseConfig):
     reload_token_env: str = RELOAD_TOKEN_ENV
     """Environment variable with the servers' `/update_weights` token, sent when set (a server
     off loopback requires it; see inference.reload)."""
-
-    renamed_keys: ClassVar[dict[str, str]] = {"ready_timeout": "ready_timeout_s"}
 
     @property
     def base_urls(self) -> list[str]:
@@ -151,12 +148,6 @@ class OrchestratorConfig(BaseConfig):
     """Checks that warn (or stop the run, `strict`) when it cannot learn or stops progressing (docs/config.md)."""
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()
-
-    renamed_keys: ClassVar[dict[str, str]] = {
-        "weights_timeout": "weights_timeout_s",
-        "env_ready_timeout": "env_ready_timeout_s",
-        "eval_envs": "eval.env",
-    }
 
     @property
     def inflight_limit(self) -> int:
