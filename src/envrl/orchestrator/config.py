@@ -67,7 +67,7 @@ class InferenceClientConfig(BaseConfig):
 
     base_url: ReplicaUrls = "http://127.0.0.1:8000"
     """The envrl inference server (vLLM), without /v1, or a list of replicas serving the same model
-    (on this host or others; `rl` sets it from `inference.replicas`). Env servers spread model
+    (on this host or others; `rl` sets it from `placement.inference.replicas`). Env servers spread model
     calls across them; each step's weights are loaded on all of them before the step dispatches."""
     ready_timeout_s: float = Field(600.0, gt=0)
     """Seconds to wait for the servers to answer at start-up (`rl` sets it from
