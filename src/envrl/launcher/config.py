@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
 from envrl.inference.config import InferenceConfig
@@ -133,3 +133,13 @@ class RLConfig(BaseConfig):
         ]
         + list(SET_BY_RL)
     )
+
+
+def set_by_user(config: BaseModel, dotted: str) -> bool:
+    """Whether the user's config gave `dotted` (every section on its path given, and the key)."""
+    *path, key = dotted.split(".")
+    for name in path:
+        if name not in config.model_fields_set:
+            return False
+        config = getattr(config, name)
+    return key in config.model_fields_set

@@ -39,10 +39,10 @@ from envrl.launcher.commands import (
     process_command,
     trainer_argv,
 )
-from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, SHARED_KEYS, RLConfig
+from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, SHARED_KEYS, RLConfig, set_by_user
 from envrl.launcher.cpus import CpuPlan, plan_cpus, trainer_env, usable_cores, vllm_is_cpu_build
 from envrl.launcher.placement import Placement, place, visible_gpus
-from envrl.launcher.plan_checks import check_lengths, check_no_shared_port
+from envrl.launcher.plan_checks import check_lengths, check_no_shared_port, external_ports
 from envrl.launcher.replicas import replica_configs, replica_name
 from envrl.launcher.run_keys import Secret, curve_keys
 from envrl.orchestrator.checks import off_policy_problem
@@ -191,7 +191,7 @@ def plan(rl: RLConfig, hosts: Sequence[str] | None = None, machine: Machine | No
         ],
         curve_dir=layout.curve_dir(rl.output_dir), warnings=warnings,
     )  # fmt: skip
-    check_no_shared_port([*run.spawned_ports(), *_external_ports(rl.orchestrator)])
+    check_no_shared_port([*run.spawned_ports(), *external_ports(rl.orchestrator)])
     check_lengths(trainer, orchestrator, inference)
     return run
 
@@ -200,7 +200,7 @@ def _sections(rl: RLConfig, head: str) -> tuple[TrainerConfig, OrchestratorConfi
     """Each process's section with the shared keys and the values `rl` sets from its own keys."""
     trainer, orchestrator, inference = (_shared(rl, name) for name in ("trainer", "orchestrator", "inference"))
     for dotted, source in SET_BY_RL.items():
-        if _was_set(rl, dotted):
+        if set_by_user(rl, dotted):
             raise ConfigError(f"'{dotted}' is set by rl from {source}: remove it from the config")
     assert isinstance(trainer, TrainerConfig) and isinstance(orchestrator, OrchestratorConfig)
     assert isinstance(inference, InferenceConfig)
@@ -228,16 +228,6 @@ def _shared(rl: RLConfig, name: str) -> BaseModel:
         raise ConfigError(f"'{name}.{key}' is shared by every process: set '{key}' at the top level instead")
     updates = {key: getattr(rl, key) for key in SHARED_KEYS if key in type(section).model_fields}
     return section.model_copy(update=updates, deep=True)
-
-
-def _was_set(config: BaseModel, dotted: str) -> bool:
-    """Whether the user's config gave `dotted` (every section on its path given, and the key)."""
-    *path, key = dotted.split(".")
-    for name in path:
-        if name not in config.model_fields_set:
-            return False
-        config = getattr(config, name)
-    return key in config.model_fields_set
 
 
 def _replicas(rl: RLConfig, inference: InferenceConfig, where: _Hosts) -> dict[str, InferenceConfig]:
@@ -333,18 +323,6 @@ def _served(env: E, address: str | None, curve: CurveClientConfig | None, urls: 
     if client is not None and client.api_key_env is None and urlsplit(client.base_url).netloc in run_netlocs:
         update["client"] = client.model_copy(update={"api_key_env": API_KEY_ENV})
     return env.model_copy(update=update)
-
-
-def _external_ports(orchestrator: OrchestratorConfig) -> list[tuple[str, int, str]]:
-    """(host, port, who) of each env server with an `address` of the user's on TCP, once per address."""
-    ports, listed = [], set()
-    for split, envs in (("train", orchestrator.train_envs), ("eval", orchestrator.eval_envs())):
-        for env in envs:
-            parts = urlsplit(env.address or "")
-            if parts.scheme == "tcp" and parts.port is not None and env.address not in listed:
-                listed.add(env.address)
-                ports.append((parts.hostname or "", parts.port, f"{split} env {env.resolved_name!r} (its address)"))
-    return ports
 
 
 def _commands(

@@ -3,11 +3,14 @@
 Guarantee: `check_lengths` refuses a turn's `max_tokens` that fills the model's context and a
 training sample longer than the trainer's micro-batch; `check_no_shared_port` refuses two
 processes of the run on one port of one host (a wildcard bind takes the port on every
-interface). Each refusal is one `ConfigError` line naming the keys to change. Called by
-`launcher/plan.py`, which makes the configs they read.
+interface; `external_ports` lists the env servers at the user's own addresses). Each refusal
+is one `ConfigError` line naming the keys to change. Called by `launcher/plan.py`, which makes
+the configs they read.
 """
 
 from __future__ import annotations
+
+from urllib.parse import urlsplit
 
 from envrl.config import ConfigError
 from envrl.inference.config import InferenceConfig
@@ -57,6 +60,18 @@ def check_no_shared_port(users: list[tuple[str, int, str]]) -> None:
                     f"{other} and {who} would both use port {port}: change env_server_base_port, "
                     "inference.port or the env's address"
                 )
+
+
+def external_ports(orchestrator: OrchestratorConfig) -> list[tuple[str, int, str]]:
+    """(host, port, who) of each env server with an `address` of the user's on TCP, once per address."""
+    ports, listed = [], set()
+    for split, envs in (("train", orchestrator.train_envs), ("eval", orchestrator.eval_envs())):
+        for env in envs:
+            parts = urlsplit(env.address or "")
+            if parts.scheme == "tcp" and parts.port is not None and env.address not in listed:
+                listed.add(env.address)
+                ports.append((parts.hostname or "", parts.port, f"{split} env {env.resolved_name!r} (its address)"))
+    return ports
 
 
 def _same_host(a: str, b: str) -> bool:

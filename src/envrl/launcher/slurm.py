@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from envrl.config import config_to_toml, resolve_config
+from envrl.config import ConfigError, config_to_toml, resolve_config
 from envrl.data import layout
 from envrl.launcher.commands import Command
 from envrl.launcher.config import RLConfig
@@ -172,7 +172,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, required=True, help="the run's stored config (slurm/rl.toml)")
     parser.add_argument("--hosts", required=True, help="the job's hosts, comma-separated, in node order")
     args = parser.parse_args(argv)
-    job = plan(resolve_config(RLConfig, [args.config]), args.hosts.split(","), Machine.here())
+    try:
+        job = plan(resolve_config(RLConfig, [args.config]), args.hosts.split(","), Machine.here())
+    except ConfigError as e:
+        print(f"{parser.prog}: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     write_job_files(job)
     for i, host in enumerate(job.hosts):
         print(f"host {i} ({host}): {', '.join(command.name for command in job.on_host(i))}")
