@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from envrl.config import ConfigError, config_help, resolve_config
-from envrl.launcher.config import EVAL_PORT_OFFSET, RLConfig
+from envrl.config_schema import types_at_path
+from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, RLConfig
 from envrl.launcher.plan import plan
 
 TWO_TRAIN_TWO_EVAL = [
@@ -244,3 +245,9 @@ def test_the_placement_keys_of_the_process_sections_still_work_with_a_warning_na
         "config key 'inference.replicas'",
     ]
     assert "is now 'placement.trainer.gpus'" in warned[0] and "from envrl 0.3.0" in warned[0]
+
+
+def test_every_key_rl_sets_itself_is_a_key_of_its_config() -> None:
+    """`SET_BY_RL` and `owned_keys` are dotted strings: each must name a key, or its refusal never fires."""
+    for dotted in [*SET_BY_RL, *RLConfig.owned_keys]:
+        assert types_at_path(RLConfig, dotted.split(".")), f"{dotted} is no key of RLConfig"
