@@ -1,10 +1,12 @@
 """One config loader for every entry point.
 
 Guarantee: a config is built from defaults, then `--config` TOML files in order (deep-merged),
-then dotted command-line overrides, and validated once. Any problem (unknown key, wrong type,
-missing file) becomes a `ConfigError` whose message is ONE line naming the dotted key, where the
-value came from, and the closest valid key (phrased by `config_schema.describe_error`, which also walks
-the model tree for typing overrides and `--help`); entry points turn it into exit code 2.
+then dotted command-line overrides, then the renamed keys that still work moved to their new
+names (`config_migrations.MIGRATIONS`, each with ONE warning line), and validated once. Any
+problem (unknown key, wrong type, missing file, a key renamed or removed for good) becomes a
+`ConfigError` whose message is ONE line naming the dotted key, where the value came from, and
+the closest valid key (phrased by `config_schema.describe_error`, which also walks the model
+tree for typing overrides and `--help`); entry points turn it into exit code 2.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ import textwrap
 import tomllib
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 import tomli_w
+from loguru import logger
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from envrl.config_migrations import MIGRATIONS, Migration, for_model, refused
 from envrl.config_schema import Key, describe_error, types_at_path, unwrap_types
 
 C = TypeVar("C", bound="BaseConfig")
@@ -46,12 +51,6 @@ class BaseConfig(BaseModel):
     owned_keys: ClassVar[frozenset[str]] = frozenset()
     """Dotted keys (and whole sections) that the entry point sets itself: left out of `--help`, and
     the entry point refuses them when given (e.g. `rl` sets `trainer.output_dir` from `output_dir`)."""
-    renamed_keys: ClassVar[dict[str, str]] = {}
-    """Former keys of this model and the key (dotted, relative to the model) that replaced each:
-    an old key given in a config is refused with a did-you-mean naming its new key."""
-    removed_keys: ClassVar[dict[str, str]] = {}
-    """Former keys of this model that have no successor, and what took their place: an old key
-    given in a config is refused with that explanation."""
 
 
 class ConfigError(Exception):
@@ -86,6 +85,23 @@ class _Layers:
             for key, child in value.items():
                 self.sources[(*path, key)] = source
                 self._mark_subtree(child, source, (*path, key))
+
+    def pop(self, path: Key) -> tuple[bool, Any]:
+        """Take the value at `path` out (False when there is none)."""
+        node: Any = self.data
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or path[-1] not in node:
+            return False, None
+        return True, node.pop(path[-1])
+
+    def has(self, path: Key) -> bool:
+        node: Any = self.data
+        for part in path:
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
 
     def source_of(self, loc: Key) -> str | None:
         for end in range(len(loc), 0, -1):
@@ -195,8 +211,12 @@ def resolve_config(
     config_files: Sequence[Path] = (),
     overrides: Sequence[tuple[str, str | None]] = (),
     base: dict[str, Any] | None = None,
+    *,
+    warn: Callable[[str], None] = logger.warning,
+    migrations: Sequence[Migration] = MIGRATIONS,
 ) -> C:
-    """Build `cls` from `base` values, then TOML files, then CLI overrides; raise ConfigError."""
+    """Build `cls` from `base` values, then TOML files, then CLI overrides, then the renamed keys
+    that still work under their new names (each `warn`ed once); raise ConfigError."""
     layers = _Layers()
     if base:
         layers.merge(copy.deepcopy(base), "the caller's defaults")  # later layers merge into it
@@ -208,10 +228,36 @@ def resolve_config(
         for part in reversed(path[1:]):
             nested = {part: nested}
         layers.merge({path[0]: nested}, f"--{name} on {CLI_SOURCE}")
+    _migrate(cls, layers, warn, migrations)
     try:
         return cls.model_validate(layers.data)
     except ValidationError as e:
-        raise ConfigError(describe_error(e.errors()[0], cls, layers.data, layers.source_of)) from None
+        raise ConfigError(describe_error(e.errors()[0], cls, layers.data, layers.source_of, migrations)) from None
+
+
+def _migrate(cls: type[BaseModel], layers: _Layers, warn: Callable[[str], None], table: Sequence[Migration]) -> None:
+    """Move each old key of `cls` that still works to its new key (or drop a removed one), with a
+    warning; an old key past its `removed_in` stays, for validation to refuse it."""
+    for migration in for_model([cls], table):
+        if migration.model != cls.__name__ or refused(migration):
+            continue
+        old = tuple(migration.old.split("."))
+        source = layers.source_of(old)
+        found, value = layers.pop(old)
+        if not found:
+            continue
+        if migration.new is not None:
+            new = tuple(migration.new.split("."))
+            if layers.has(new):
+                raise ConfigError(
+                    f"config key '{migration.old}' (from {source}) was renamed to '{migration.new}', which is set "
+                    "too: keep only the new key"
+                )
+            nested: Any = value
+            for part in reversed(new[1:]):
+                nested = {part: nested}
+            layers.merge({new[0]: nested}, source or "a renamed key")
+        warn(migration.warning(source))
 
 
 def config_to_toml(config: BaseModel, *, only_set: bool = False) -> str:
@@ -295,7 +341,7 @@ def load_config(
         if args.help:
             print(config_help(cls, prog, epilog))
             raise SystemExit(0)
-        config = resolve_config(cls, args.config_files, args.overrides)
+        config = resolve_config(cls, args.config_files, args.overrides, warn=partial(_warn, prog))
         if args.dry_run:
             print(dry_run(config), end="")
             raise SystemExit(0)
@@ -303,6 +349,10 @@ def load_config(
         print(f"{prog}: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     return config
+
+
+def _warn(prog: str, line: str) -> None:
+    print(f"{prog}: config warning: {line}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------

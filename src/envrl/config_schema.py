@@ -4,8 +4,9 @@ Guarantee: `_models_at`/`types_at_path` follow a key path through nested models,
 (narrowed by a table's `type` tag) exactly as pydantic validates it, so the loader types a
 command-line value, `--help` lists a key, and `describe_error` names the closest valid key from the same
 walk; `describe_error` turns any pydantic error into ONE line naming the dotted key as the user wrote it
-(union tags dropped), the source that set it, and a renamed key's successor, a removed key's
-reason, a key one table too high, or a did-you-mean. The loader is `envrl/config.py`.
+(union tags dropped), the source that set it, and a renamed key's successor or a removed key's
+reason (from `config_migrations.MIGRATIONS`), a key one table too high, or a did-you-mean. The
+loader is `envrl/config.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
+
+from envrl.config_migrations import MIGRATIONS, Migration, for_model
 
 Key = tuple[str | int, ...]
 
@@ -111,30 +114,22 @@ def _nested_home(parents: list[type[BaseModel]], key: str) -> list[str]:
 
 
 def describe_error(
-    error: dict[str, Any], model: type[BaseModel], data: Any, source_of: Callable[[Key], str | None]
+    error: dict[str, Any],
+    model: type[BaseModel],
+    data: Any,
+    source_of: Callable[[Key], str | None],
+    migrations: Sequence[Migration] = MIGRATIONS,
 ) -> str:
     """Pydantic's `error` as one line: the dotted key, where its value came from (`source_of`), and
-    for an unknown key its new name, its home one table down or the closest valid key."""
+    for an unknown key its new name or why it went (`migrations`), its home one table down or the
+    closest valid key."""
     loc = _data_loc(tuple(error["loc"]), data)
     key = _display_key(loc) or "<top level>"
     source = source_of(loc)
     where = f" (from {source})" if source else ""
     kind = error["type"]
     if kind == "extra_forbidden":
-        parents = _models_at(model, loc[:-1], data)
-        valid = sorted({name for m in parents for name in m.model_fields})
-        removed = [why for m in parents if (why := getattr(m, "removed_keys", {}).get(str(loc[-1])))]
-        if removed:
-            return f"unknown config key '{key}'{where}; it was removed: {removed[0]}"
-        renamed = [new for m in parents if (new := getattr(m, "renamed_keys", {}).get(str(loc[-1])))]
-        close = renamed or _nested_home(parents, str(loc[-1]))
-        close = close or difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
-        parent = _display_key(loc[:-1])
-        hint = f"; did you mean '{_display_key((*loc[:-1], *close[0].split('.')))}'?" if close else ""
-        hint += " (the key was renamed)" if renamed else ""
-        if not close and valid:
-            hint = f"; valid keys{' under ' + repr(parent) if parent else ''}: {', '.join(valid)}"
-        return f"unknown config key '{key}'{where}{hint}"
+        return f"unknown config key '{key}'{where}{_unknown_key_hint(model, loc, data, migrations)}"
     if kind == "missing":
         return f"missing required config key '{key}'{where}"
     if kind == "union_tag_not_found":
@@ -148,3 +143,34 @@ def describe_error(
         return f"in '{key}'{where}: {error['msg'].removeprefix('Value error, ')}"
     shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
     return f"bad value for '{key}'{where}: {error['msg']} (got {shown})"
+
+
+def _migration_of(
+    model: type[BaseModel], loc: Key, parents: list[type[BaseModel]], migrations: Sequence[Migration]
+) -> tuple[Migration, Key] | None:
+    """The row for the unknown key at `loc` and the path its new key is relative to: a row of the
+    root `model` naming the whole dotted key, else one of a model that may hold the key."""
+    dotted = ".".join(str(part) for part in loc)
+    for row in for_model([model], migrations):
+        if row.model == model.__name__ and row.old == dotted:
+            return row, ()
+    for row in for_model(parents, migrations):
+        if row.old == str(loc[-1]):
+            return row, loc[:-1]
+    return None
+
+
+def _unknown_key_hint(model: type[BaseModel], loc: Key, data: Any, migrations: Sequence[Migration]) -> str:
+    """What follows "unknown config key 'x'": why it went, its new name, its home or the closest key."""
+    parents = _models_at(model, loc[:-1], data)
+    found = _migration_of(model, loc, parents, migrations)
+    if found is not None and found[0].new is None:
+        return f"; it was removed: {found[0].note}"
+    if found is not None and found[0].new is not None:
+        return f"; did you mean '{_display_key((*found[1], *found[0].new.split('.')))}'? (the key was renamed)"
+    valid = sorted({name for m in parents for name in m.model_fields})
+    close = _nested_home(parents, str(loc[-1])) or difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+    if close:
+        return f"; did you mean '{_display_key((*loc[:-1], *close[0].split('.')))}'?"
+    parent = _display_key(loc[:-1])
+    return f"; valid keys{' under ' + repr(parent) if parent else ''}: {', '.join(valid)}" if valid else ""

@@ -14,7 +14,8 @@ from typing import Any
 from envrl.config import resolve_config
 from envrl.data.layout import batch_dir
 from envrl.data.samples import read_batch
-from envrl.launcher.config import RLConfig, resolve_run
+from envrl.launcher.config import RLConfig
+from envrl.launcher.plan import plan
 from envrl.orchestrator.jsonl import parse_trace_line
 from tests.support.in_process_run import train_in_process
 from tests.support.logprobs import trained_and_generated
@@ -27,7 +28,7 @@ CONFIG = ROOT / "configs" / "debug" / "multi_turn.toml"
 def run_multi_turn(out: Path, vllm_server: Any) -> None:
     overrides = [("output_dir", str(out)), ("model.name", vllm_server.model), ("wandb.mode", "disabled")]
     overrides.append(("orchestrator.batch_retention", "all"))  # the test reads batch 0 after the run
-    run = resolve_run(resolve_config(RLConfig, [CONFIG], overrides))
+    run = plan(resolve_config(RLConfig, [CONFIG], overrides))
     train_in_process(run, vllm_server)
 
 

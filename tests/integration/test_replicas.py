@@ -22,7 +22,7 @@ RELOADED = re.compile(r"weights reloaded from (\S+)/step_(\d+) in")
 def test_every_replica_serves_rollouts_and_loads_every_steps_weights(tmp_path: Path) -> None:
     out = tmp_path / "replicas"
     overrides = [
-        "--inference.replicas", "2", "--inference.port", str(free_base_port()),  # base and base + 1 are free
+        "--placement.inference.replicas", "2", "--inference.port", str(free_base_port()),  # base and base + 1 are free
         "--max-steps", str(STEPS), "--max-async-level", "0", "--orchestrator.eval.env", "[]",
     ]  # fmt: skip
     with rl_process(out, *overrides) as (proc, marker):

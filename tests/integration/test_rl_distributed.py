@@ -121,7 +121,7 @@ def test_ranks_die_with_torchrun_even_while_they_start(tmp_path: Path) -> None:
 def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_rl(tmp_path: Path) -> None:
     out = tmp_path / "two"
     overrides = {
-        "trainer.num-procs": "2",
+        "placement.trainer.num-procs": "2",
         "max-steps": "100",  # still training when killed below; the lr schedule is constant
         "max-async-level": "0",
         "trainer.optim.lr": "1.0",
@@ -154,7 +154,7 @@ def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_
         ],
         prog="trainer",
     )
-    assert config.num_procs == 2  # the same config; the launcher alone reads num_procs
+    assert "num_procs" not in (out / "configs" / "trainer.toml").read_text()  # the launcher's key, not the trainer's
     Trainer(config, init_runtime(config)).run()
 
     two_steps = [m for m in metric_lines(out) if "trainer/grad_norm" in m][:STEPS]

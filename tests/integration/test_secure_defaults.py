@@ -21,7 +21,8 @@ import pytest
 
 from envrl.config import resolve_config
 from envrl.data import layout
-from envrl.launcher.config import RLConfig, resolve_run
+from envrl.launcher.config import RLConfig
+from envrl.launcher.plan import plan
 from envrl.launcher.run_keys import make_curve_keys
 from envrl.model.client import ScriptedClientConfig
 from envrl.runtime.secrets import API_KEY_ENV, RELOAD_TOKEN_ENV
@@ -172,7 +173,7 @@ def test_another_user_gets_no_rollout_from_the_run_s_env_servers_and_the_run_s_o
         out = tmp_path / "run"
         overrides = [("orchestrator.envs", '[{"id": "reverse-text"}]'), ("output-dir", str(out))]
         rl = resolve_config(RLConfig, overrides=[*overrides, ("env-server-base-port", str(free_base_port()))])
-        run = resolve_run(rl)
+        run = plan(rl)
         make_curve_keys(layout.curve_dir(out))
         [launch], [env] = run.env_servers, run.orchestrator.envs
         assert launch.config.curve is not None and env.curve is not None

@@ -24,7 +24,8 @@ from compass.demos import demonstration, solver_calls
 
 from envrl.config import load_config, resolve_config
 from envrl.envs import TrainClientConfig
-from envrl.launcher.config import RLConfig, resolve_run
+from envrl.launcher.config import RLConfig
+from envrl.launcher.plan import plan
 from envrl.trainer import sft
 from envrl.trainer.parallel import init_runtime, shutdown
 from tests.support.in_process_run import train_in_process
@@ -70,7 +71,7 @@ def run_tool_agent(out: Path, start: Path, vllm_server: Any, *overrides: tuple[s
     """The tool-agent config from `start`'s weights (the orchestrator loads them into the session's
     server first; the tiny model's are restored after); returns each step's train metrics."""
     settings = [("output_dir", str(out)), ("model.name", str(start)), ("wandb.mode", "disabled"), *overrides]
-    run = resolve_run(resolve_config(RLConfig, [CONFIG], settings))
+    run = plan(resolve_config(RLConfig, [CONFIG], settings))
     # Requests name the model the session's server serves; the orchestrator loads `start` into it first.
     client = TrainClientConfig(base_url=vllm_server.base_url, model=vllm_server.model, tokenizer=str(start))
     train_in_process(run, vllm_server, client)

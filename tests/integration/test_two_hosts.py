@@ -1,5 +1,5 @@
 """Two hosts simulated on loopback, each running the slice of the run that `rl --slurm`'s batch
-script starts there: the same commands and configs (`launcher/slurm.py`'s `plan_job` for hosts
+script starts there: the same commands and configs (the run's plan, `launcher/plan.py`, for hosts
 127.0.0.1 and 127.0.0.2), each its own process tree, reaching the others only through the
 addresses in its config and one shared output dir.
 
@@ -27,7 +27,9 @@ import httpx
 from envrl.config import resolve_config
 from envrl.launcher.commands import Command
 from envrl.launcher.config import RLConfig
-from envrl.launcher.slurm import plan_job, write_job_files
+from envrl.launcher.plan import Machine, plan
+from envrl.launcher.run_keys import make_secrets
+from envrl.launcher.slurm import write_job_files
 from tests.support.chaos_runs import MARKER, ROOT, SMOKE, marked_pids
 from tests.support.ports import free_port
 from tests.support.run_files import metric_lines
@@ -44,14 +46,13 @@ class Host:
         self.name, self.marker = name, uuid.uuid4().hex
         self.procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
 
-    def start(self, command: Command, token: dict[str, str]) -> subprocess.Popen[bytes]:
-        """`command` as the batch script's srun step runs it: its output to its log, the reload
-        token in its environment unless it is an env server (which never gets it)."""
-        secret = token if command.allowed_env is None else {}
+    def start(self, command: Command, secrets: dict[str, str]) -> subprocess.Popen[bytes]:
+        """`command` as the batch script's srun step runs it: its output to its log, the job's
+        secrets it names in its environment (an env server never names the reload token)."""
         with command.log_file.open("wb") as log:
             proc = subprocess.Popen(
                 command.argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**command.environ(), MARKER: self.marker, "WANDB_MODE": "offline", **secret},
+                env={**command.environ(secrets), MARKER: self.marker, "WANDB_MODE": "offline"},
             )  # fmt: skip
         self.procs[command.name] = (proc, command.log_file)
         return proc
@@ -95,20 +96,21 @@ def test_the_slurm_slices_of_two_hosts_train_through_addresses_and_a_shared_dir(
                  ("env-server-base-port", str(free_port())), ("slurm.nodes", "2"), ("slurm.trainer-nodes", "2"),
                  ("slurm.inference-nodes", "1"), ("slurm.env-node", "1"),
                  ("slurm.rendezvous-port", str(free_port()))]  # fmt: skip
-    plan = plan_job(resolve_config(RLConfig, [SMOKE], overrides=overrides), [HOST_A, HOST_B])
-    write_job_files(plan)
-    assert [c.name for c in plan.hosts[0].commands] == ["trainer", "orchestrator"]
-    assert [c.name for c in plan.hosts[1].commands] == ["inference", "train env server 'learnable'", "trainer-node1"]
-    token = {"ENVRL_RELOAD_TOKEN": uuid.uuid4().hex}  # the job's environment holds it (the batch script)
+    job = plan(resolve_config(RLConfig, [SMOKE], overrides=overrides), [HOST_A, HOST_B], Machine.here())
+    write_job_files(job)
+    assert [c.name for c in job.on_host(0)] == ["trainer", "orchestrator"]
+    assert [c.name for c in job.on_host(1)] == ["inference", "train env server 'learnable'", "trainer-node1"]
+    secrets = make_secrets(job.secrets)  # the job's environment holds them (the batch script makes them)
 
     with two_hosts() as (a, b):
         hosts = [a, b]
-        servers = [(i, c) for i, c in plan.start_order if not c.name.startswith(("trainer", "orchestrator"))]
+        order = job.start_order()
+        servers = [(i, c) for i, c in order if not c.name.startswith(("trainer", "orchestrator"))]
         for i, command in servers:
-            hosts[i].start(command, token)
-        wait_healthy(b, "inference", plan.configs["inference"].base_url)
-        for i, command in plan.start_order[len(servers) :]:
-            hosts[i].start(command, token)
+            hosts[i].start(command, secrets)
+        wait_healthy(b, "inference", job.replicas["inference"].base_url)
+        for i, command in order[len(servers) :]:
+            hosts[i].start(command, secrets)
         assert a.procs["orchestrator"][0].wait(900) == 0, a.log("orchestrator")[-3000:]
         for host, name in ((a, "trainer"), (b, "trainer-node1")):
             assert host.procs[name][0].wait(300) == 0, host.log(name)[-3000:]
@@ -116,7 +118,7 @@ def test_the_slurm_slices_of_two_hosts_train_through_addresses_and_a_shared_dir(
         reloads = [(Path(path), int(step)) for path, step in RELOADED.findall(b.log("inference"))]
         assert reloads == [((out / "weights").resolve(), step) for step in range(1, STEPS)], reloads
         assert "trainer rank 0/2" in a.log("trainer"), "host B's rank did not join the rendezvous"
-        assert plan.configs["envs/train/learnable"].curve is not None, "host B's env server is not behind CURVE"
+        assert job.configs()["envs/train/learnable"].curve is not None, "host B's env server is not behind CURVE"
 
     records = metric_lines(out)
     assert [m["step"] for m in records if "train/reward" in m] == list(range(STEPS))

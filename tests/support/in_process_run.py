@@ -11,7 +11,7 @@ import asyncio
 import threading
 from typing import Any
 
-from envrl.launcher.config import ResolvedRun
+from envrl.launcher.plan import RunPlan
 from envrl.model.client import ClientConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.trainer.loop import Trainer
@@ -19,7 +19,7 @@ from envrl.trainer.parallel import init_runtime
 from tests.support.served_weights import restore_served_weights
 
 
-def train_in_process(run: ResolvedRun, vllm_server: Any, client: ClientConfig | None = None) -> None:
+def train_in_process(run: RunPlan, vllm_server: Any, client: ClientConfig | None = None) -> None:
     """Run `run`'s trainer (in a thread) and orchestrator to the end; its envs get sidecar servers,
     whose rollouts use `client` when given (the session's server under its own model name, when
     the run starts from other weights) instead of the run's train client."""

@@ -8,6 +8,7 @@ import pytest
 from pydantic import Field, field_validator
 
 from envrl.config import BaseConfig, ConfigError, load_config, resolve_config
+from envrl.config_migrations import Migration
 
 
 class OptimConfig(BaseConfig):
@@ -37,8 +38,6 @@ class TrainerConfig(BaseConfig):
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     micro_batch_tokens: int = 4096
-
-    renamed_keys = {"max_tokens": "micro_batch_tokens", "learning_rate": "optim.lr"}
 
 
 class RunConfig(BaseConfig):
@@ -129,12 +128,51 @@ def test_unknown_cli_key_is_attributed_to_command_line(capsys: pytest.CaptureFix
     assert "'traner'" in err and "command line" in err and "did you mean 'trainer'" in err
 
 
-def test_a_renamed_key_is_refused_naming_its_new_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+MIGRATIONS = (
+    Migration("TrainerConfig", "max_tokens", "micro_batch_tokens", removed_in="0.2.0"),
+    Migration("TrainerConfig", "learning_rate", "optim.lr", removed_in="0.2.0"),
+    Migration("RunConfig", "trainer.checkpointing", "trainer.activation_checkpointing", removed_in="99.0"),
+    Migration("RunConfig", "run_name", None, removed_in="99.0", note="runs are named by their output_dir"),
+)
+"""Two keys refused since 0.2.0 (a nested table's), one moved and one removed that still work until 99.0."""
+
+
+def test_a_renamed_key_is_refused_naming_its_new_key(tmp_path: Path) -> None:
     a = write(tmp_path, "a.toml", "[trainer]\nmax_tokens = 512\n")
-    err = load_error(capsys, ["--config", str(a)])
-    assert f"unknown config key 'trainer.max_tokens' (from {a}); did you mean 'trainer.micro_batch_tokens'?" in err
-    err = load_error(capsys, ["--trainer.learning-rate", "1e-3"])
-    assert "'trainer.learning_rate'" in err and "did you mean 'trainer.optim.lr'? (the key was renamed)" in err
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(RunConfig, [a], migrations=MIGRATIONS)
+    assert str(refused.value) == (
+        f"unknown config key 'trainer.max_tokens' (from {a}); did you mean 'trainer.micro_batch_tokens'? "
+        "(the key was renamed)"
+    )
+    with pytest.raises(ConfigError, match=r"did you mean 'trainer.optim.lr'\? \(the key was renamed\)"):
+        resolve_config(RunConfig, overrides=[("trainer.learning-rate", "1e-3")], migrations=MIGRATIONS)
+
+
+def test_a_moved_key_still_works_with_one_warning_line_naming_the_new_key(tmp_path: Path) -> None:
+    a = write(tmp_path, "a.toml", 'run_name = "x"\n[trainer]\ncheckpointing = true\n')
+    warned: list[str] = []
+    config = resolve_config(RunConfig, [a], warn=warned.append, migrations=MIGRATIONS)
+    assert config.trainer.activation_checkpointing is True
+    assert warned == [
+        f"config key 'trainer.checkpointing' (from {a}) is now 'trainer.activation_checkpointing': rename it; "
+        "from envrl 99.0 the old key is an error",
+        f"config key 'run_name' (from {a}) is ignored: runs are named by their output_dir; from envrl 99.0 it is "
+        "an error",
+    ]
+    both = [("trainer.checkpointing", "true"), ("trainer.activation-checkpointing", "false")]
+    with pytest.raises(ConfigError, match="was renamed to 'trainer.activation_checkpointing', which is set too"):
+        resolve_config(RunConfig, overrides=both, migrations=MIGRATIONS)
+
+
+def test_a_moved_key_past_its_version_is_refused_naming_the_new_key() -> None:
+    gone = [Migration("RunConfig", "trainer.checkpointing", "trainer.activation_checkpointing", removed_in="0.1")]
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(RunConfig, overrides=[("trainer.checkpointing", "true")], migrations=gone)
+    assert str(refused.value) == (
+        "unknown config key 'trainer.checkpointing' (from --trainer.checkpointing on the command line); did you "
+        "mean 'trainer.activation_checkpointing'? (the key was renamed)"
+    )
 
 
 def test_wrong_type_names_key_source_and_value(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

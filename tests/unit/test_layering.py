@@ -8,7 +8,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "envrl"
 
 # Each shared layer may import only the layers listed before it (and itself).
-LAYERS = ["config_schema", "config", "runtime", "data", "telemetry", "model"]
+LAYERS = ["config_migrations", "config_schema", "config", "runtime", "data", "telemetry", "model"]
 PROCESS_PACKAGES = {"launcher", "trainer", "inference", "serve", "orchestrator", "eval", "report"}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -85,12 +85,6 @@ class EnvConfig(BaseConfig):
     OpenAI API, say: `base_url`, `model`, `api_key_env`); default: the train client of the run's
     inference server. Its turns are token-less, which training back-fills with the student's chat
     template (their tokens count as on-policy: importance ratio 1)."""
-
-    renamed_keys: ClassVar[dict[str, str]] = {"reconnect_timeout": "reconnect_timeout_s"}
-    removed_keys: ClassVar[dict[str, str]] = {
-        "restarts": "one restart policy: under rl every env server follows the top-level `restarts` (each "
-        "its own budget); a standalone orchestrator's follow `orchestrator.restarts`, rl eval's its `restarts`"
-    }
 
     @field_validator("pass_env")
     @classmethod
@@ -219,11 +213,6 @@ class EvalScoringConfig(BaseConfig):
     """More k for pass@k (unbiased estimator), e.g. [4, 8]; pass@1 and pass@r (r =
     rollouts_per_example) are always reported. Each k must be at most rollouts_per_example."""
 
-    removed_keys: ClassVar[dict[str, str]] = {
-        key: f"one schedule for every eval env: set orchestrator.eval.{key} (`rl eval` evaluates once)"
-        for key in ("interval", "at_start", "at_end")
-    }
-
     def scored_env(self) -> str:
         """The name of the env this scores, for errors."""
         return ""
@@ -243,17 +232,6 @@ class EvalTableConfig(EvalScoringConfig):
     required (not a required field, so that an env key written here is the error reported)."""
     sampling: dict[str, Any] = {}
     """Overrides of the env's `sampling` keys (themselves overrides of the orchestrator's) for its evals."""
-
-    renamed_keys: ClassVar[dict[str, str]] = {"train_env": "env"}
-    removed_keys: ClassVar[dict[str, str]] = {
-        **EvalScoringConfig.removed_keys,
-        **{
-            key: "an eval env names a declared env: declare it in [[orchestrator.envs]] (with `train = false` "
-            'for an eval-only env) and name it here with env = "<name>"'
-            for key in DeclaredEnvConfig.model_fields
-            if key != "sampling"
-        },
-    }
 
     def scored_env(self) -> str:
         return self.env

@@ -55,8 +55,6 @@ class EvalCommandEnvConfig(EnvConfig, EvalScoringConfig):
     """`rl eval`'s `[[env]]`: an env with its server's keys and how it is scored, in one flat table;
     `EnvHandle` reads it as the env, `EvalGrid` as the scoring."""
 
-    removed_keys: ClassVar[dict[str, str]] = {**EnvConfig.removed_keys, **EvalScoringConfig.removed_keys}
-
     def scored_env(self) -> str:
         return self.resolved_name
 
@@ -90,8 +88,6 @@ class EvalCommandConfig(BaseConfig):
     restarts: RestartPolicy = RestartPolicy()
     """Restarts of each env server `eval` spawned (on its address, each its own budget) when it dies."""
     log: LogConfig = LogConfig()
-
-    renamed_keys: ClassVar[dict[str, str]] = {"env_ready_timeout": "env_ready_timeout_s"}
 
     @field_validator("env", mode="before")
     @classmethod

@@ -46,15 +46,6 @@ class InferenceConfig(BaseConfig):
     """Interface the OpenAI-compatible server binds."""
     port: int = 8000
     """Port of the OpenAI-compatible server (replica i of several: port + i)."""
-    gpus: list[int] = []
-    """Devices of the inference server, counted among the GPUs `rl` sees: it is started with
-    CUDA_VISIBLE_DEVICES set to them. Empty: it sees what `rl` sees. Must not overlap
-    `trainer.gpus` unless both lists are the same (one GPU shared). Read by `rl` only."""
-    replicas: int = Field(1, ge=1)
-    """vLLM servers `rl` starts, each with the same options (`vllm`: tensor/data parallelism are
-    vLLM's own, per replica) on ports `port` .. `port + replicas - 1`; env servers spread model
-    calls across them and every step's weights are loaded on all. The `inference` command
-    serves one: start one per replica (docs/scale.md)."""
     kv_cache_gib: int = 1
     """KV-cache size in GiB on CPU (VLLM_CPU_KVCACHE_SPACE); ignored on GPU (see vllm.gpu_memory_utilization)."""
     vllm: dict[str, Any] = {}
@@ -92,8 +83,3 @@ class InferenceConfig(BaseConfig):
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_urls(self) -> list[str]:
-        """Every replica's URL, in replica order."""
-        return [f"http://{self.host}:{self.port + i}" for i in range(self.replicas)]

@@ -26,13 +26,6 @@ from envrl.telemetry.log import setup_logging
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(InferenceConfig, argv, prog="inference")
-    if config.replicas != 1:
-        print(
-            f"inference: config error: replicas = {config.replicas}, but this command serves one replica; "
-            "start one per port, or let `rl` start them (docs/scale.md)",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
     if not port_is_free(config.host, config.port):
         print(
             f"inference: port {config.host}:{config.port} is already in use; stop what holds it or pass --port",

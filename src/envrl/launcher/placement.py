@@ -2,10 +2,11 @@
 
 Guarantee: a `Placement` from `place` only names devices that exist as far as `rl` can tell
 (non-negative ids, none twice in a list, each below the number of GPUs `rl` sees when it can
-count them); the trainer has one rank per device of `trainer.gpus` (else `trainer.num_procs`
-gloo ranks on CPU); inference and trainer share no device unless their lists are identical,
-which is the explicit way to share (one GPU for both). Anything else is a one-line
-`ConfigError` naming the keys.
+count them); the trainer has one rank per device of `placement.trainer.gpus` (else
+`placement.trainer.num_procs` gloo ranks on CPU); inference and trainer share no device unless
+their lists are identical, which is the explicit way to share (one GPU for both). Anything else
+is a one-line `ConfigError` naming the keys. The keys are the launcher's own (`[placement]` of
+`rl`'s config): no process reads them.
 
 Device ids count the GPUs `rl` itself sees: under `CUDA_VISIBLE_DEVICES=4,5`, `gpus = [1]`
 starts the process with `CUDA_VISIBLE_DEVICES=5`.
@@ -16,17 +17,51 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from envrl.config import ConfigError
-from envrl.inference.config import InferenceConfig
-from envrl.trainer.config import TrainerConfig
+from envrl.config import BaseConfig, ConfigError
 
 NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")
 """One entry per GPU the NVIDIA driver knows (absent without the driver)."""
 VLLM_PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 """vLLM options whose product is the number of devices one server uses."""
+
+
+class TrainerPlacement(BaseConfig):
+    """`[placement.trainer]`: the trainer's devices and ranks."""
+
+    gpus: list[int] = []
+    """Devices of the trainer, counted among the GPUs `rl` sees; `rl` starts one rank per device
+    (under torchrun when more than one), with CUDA_VISIBLE_DEVICES set to them. Empty: the trainer
+    sees what `rl` sees. Must not overlap `placement.inference.gpus` unless both lists are the same
+    (shared)."""
+    num_procs: int | None = Field(None, ge=1)
+    """Trainer ranks: more than one starts the trainer under torchrun (gloo on CPU). Default:
+    len(gpus), or 1 without gpus; with gpus it must equal len(gpus)."""
+
+
+class InferencePlacement(BaseConfig):
+    """`[placement.inference]`: how many vLLM servers `rl` starts, and their devices."""
+
+    gpus: list[int] = []
+    """Devices of the inference servers, counted among the GPUs `rl` sees: each is started with
+    CUDA_VISIBLE_DEVICES set to its slice (`replicas` equal slices). Empty: each sees what `rl`
+    sees. Must not overlap `placement.trainer.gpus` unless both lists are the same (one GPU shared)."""
+    replicas: int = Field(1, ge=1)
+    """vLLM servers `rl` starts, each with the same options (`inference.vllm`: tensor/data
+    parallelism are vLLM's own, per replica) on ports `inference.port` .. `inference.port +
+    replicas - 1`; env servers spread model calls across them and every step's weights are loaded
+    on all. The `inference` command serves one: start one per replica (docs/scale.md)."""
+
+
+class PlacementConfig(BaseConfig):
+    """`[placement]`: which devices each role of `rl`'s run gets and how many of each it starts
+    (`rl --slurm`: on each host of `[slurm]`). The launcher's own keys: no process reads them."""
+
+    trainer: TrainerPlacement = TrainerPlacement()
+    inference: InferencePlacement = InferencePlacement()
 
 
 class Placement(BaseModel):
@@ -63,40 +98,42 @@ def cuda_env(gpus: Sequence[int], visible: Sequence[str] | None) -> dict[str, st
     return {"CUDA_VISIBLE_DEVICES": ",".join(names)}
 
 
-def place(
-    trainer: TrainerConfig, inference: InferenceConfig, visible: list[str] | None, replicas: int = 1
-) -> Placement:
+def place(config: PlacementConfig, vllm: dict[str, Any], visible: list[str] | None) -> Placement:
     """Check the device lists of both roles against each other and this machine (module docstring);
-    with `replicas` inference servers, each gets its slice of `inference.gpus` (`replica_gpus`)."""
-    for key, gpus in (("trainer.gpus", trainer.gpus), ("inference.gpus", inference.gpus)):
+    each of the `replicas` inference servers gets its slice of their `gpus` (`replica_gpus`), which
+    must hold the parallel sizes of the servers' `vllm` options."""
+    trainer, inference = config.trainer, config.inference
+    for key, gpus in (("placement.trainer.gpus", trainer.gpus), ("placement.inference.gpus", inference.gpus)):
         _check_device_list(key, gpus, visible)
     shared = sorted(set(trainer.gpus) & set(inference.gpus))
     if shared and sorted(trainer.gpus) != sorted(inference.gpus):
         raise ConfigError(
-            f"trainer.gpus {trainer.gpus} and inference.gpus {inference.gpus} overlap on {shared}: give each role "
-            "its own devices, or the same list to both to share them (then lower inference.vllm.gpu_memory_utilization)"
+            f"placement.trainer.gpus {trainer.gpus} and placement.inference.gpus {inference.gpus} overlap on "
+            f"{shared}: give each role its own devices, or the same list to both to share them (then lower "
+            "inference.vllm.gpu_memory_utilization)"
         )
     ranks = trainer.num_procs or max(1, len(trainer.gpus))
     if trainer.gpus and ranks != len(trainer.gpus):
         raise ConfigError(
-            f"trainer.num_procs = {trainer.num_procs} but trainer.gpus lists {len(trainer.gpus)} device(s): "
-            "with gpus the trainer runs one rank per device; drop trainer.num_procs or list one device per rank"
+            f"placement.trainer.num_procs = {trainer.num_procs} but placement.trainer.gpus lists "
+            f"{len(trainer.gpus)} device(s): with gpus the trainer runs one rank per device; drop num_procs or "
+            "list one device per rank"
         )
-    slices = replica_gpus(inference.gpus, replicas)
-    _check_vllm_fits(inference, slices[0])
+    slices = replica_gpus(inference.gpus, inference.replicas)
+    _check_vllm_fits(vllm, slices[0])
     return Placement(trainer_ranks=ranks, trainer_gpus=trainer.gpus, inference_gpus=slices, visible=visible)
 
 
 def replica_gpus(gpus: Sequence[int], replicas: int) -> list[list[int]]:
     """Replica i's devices: the i-th of `replicas` equal consecutive slices of `gpus` ([] each when none are listed)."""
     if replicas < 1:
-        raise ConfigError(f"inference.replicas = {replicas}: start at least one inference server")
+        raise ConfigError(f"placement.inference.replicas = {replicas}: start at least one inference server")
     if not gpus:
         return [[] for _ in range(replicas)]
     if len(gpus) % replicas:
         raise ConfigError(
-            f"inference.gpus lists {len(gpus)} device(s), which do not split evenly into inference.replicas = "
-            f"{replicas}: list a multiple of {replicas} devices"
+            f"placement.inference.gpus lists {len(gpus)} device(s), which do not split evenly into "
+            f"placement.inference.replicas = {replicas}: list a multiple of {replicas} devices"
         )
     size = len(gpus) // replicas
     return [list(gpus[i * size : (i + 1) * size]) for i in range(replicas)]
@@ -120,19 +157,17 @@ def _check_device_list(key: str, gpus: Sequence[int], visible: Sequence[str] | N
             )
 
 
-def _check_vllm_fits(inference: InferenceConfig, gpus: Sequence[int]) -> None:
+def _check_vllm_fits(vllm: dict[str, Any], gpus: Sequence[int]) -> None:
     """One vLLM server cannot run more parallel ranks than it has devices (`gpus`, its slice)."""
     if not gpus:
         return
     need = 1
     for key in VLLM_PARALLEL_KEYS:
-        value = inference.vllm.get(key, inference.vllm.get(key.replace("_", "-"), 1))
+        value = vllm.get(key, vllm.get(key.replace("_", "-"), 1))
         need *= int(value)
     if need > len(gpus):
-        sizes = ", ".join(
-            f"{k} = {inference.vllm[k]}" for k in inference.vllm if k.replace("-", "_") in VLLM_PARALLEL_KEYS
-        )
+        sizes = ", ".join(f"{k} = {vllm[k]}" for k in vllm if k.replace("-", "_") in VLLM_PARALLEL_KEYS)
         raise ConfigError(
-            f"inference.vllm ({sizes}) needs {need} devices per server but it gets {len(gpus)} of inference.gpus: "
+            f"inference.vllm ({sizes}) needs {need} devices per server but it gets {len(gpus)} of placement.inference.gpus: "
             "list more devices or lower the parallel sizes"
         )

@@ -24,7 +24,6 @@ from envrl.launcher.commands import Command
 from envrl.model.inference import InferenceClient, InferenceError
 from envrl.runtime.http import HttpCallError
 from envrl.runtime.process import Child, RestartPolicy
-from envrl.runtime.secrets import API_KEY_ENV
 from envrl.runtime.supervisor import Check, Respawn
 from envrl.transport.weights import file_policies
 
@@ -65,9 +64,14 @@ def orchestrator_respawn(
 
 
 def replica_respawn(
-    command: Command, start: Callable[[Command], Child], policy: RestartPolicy, base_url: str, model: str, out: Path
+    command: Command,
+    start: Callable[[Command], Child],
+    policy: RestartPolicy,
+    base_url: str,
+    model: str,
+    out: Path,
+    token: str | None,
 ) -> Respawn:
-    token = next((value for name, value in command.secret_env.items() if name != API_KEY_ENV), None)
     return Respawn(
         lambda: start(on_newest_policy(command, model, out)),
         policy,

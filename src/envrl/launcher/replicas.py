@@ -26,18 +26,15 @@ def replica_name(index: int, count: int) -> str:
     return "inference" if count == 1 else f"inference-{index}"
 
 
-def replica_configs(inference: InferenceConfig) -> dict[str, InferenceConfig]:
-    """Each replica's own config, by replica name: one server each, on its own port."""
-    last = inference.port + inference.replicas - 1
+def replica_configs(inference: InferenceConfig, count: int) -> dict[str, InferenceConfig]:
+    """Each of `count` replicas' own config, by replica name: one server each, on its own port."""
+    last = inference.port + count - 1
     if last > 65535:
         raise ConfigError(
-            f"inference.replicas = {inference.replicas} from inference.port = {inference.port} needs ports up to "
+            f"placement.inference.replicas = {count} from inference.port = {inference.port} needs ports up to "
             f"{last}, past 65535: lower inference.port"
         )
-    return {
-        replica_name(i, inference.replicas): inference.model_copy(update={"port": inference.port + i, "replicas": 1})
-        for i in range(inference.replicas)
-    }
+    return {replica_name(i, count): inference.model_copy(update={"port": inference.port + i}) for i in range(count)}
 
 
 def wait_for_replicas(

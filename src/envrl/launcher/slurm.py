@@ -1,17 +1,16 @@
 """`rl --config x.toml --slurm`: the run as a SLURM batch script, each host running its slice.
 
-Guarantee: `plan_job(rl, hosts)` places every process that `rl` starts on one host onto the
-job's hosts, as `[slurm]` says: trainer ranks on the first `trainer_nodes` hosts (torchrun, its
-rendezvous on host 0), `inference.replicas` servers on each of the last `inference_nodes`, the env
-servers on `env_node` (over CURVE, as under `rl`), the orchestrator on host 0. Each
-process's config is the one `resolve_run` makes for `rl`, with only its addresses changed to the
-hosts'. The script `sbatch_script` writes runs exactly the commands of `plan_job` for the job's
-hosts: its first step writes their configs once SLURM has named the hosts (`python -m
-envrl.launcher.slurm`, which calls `plan_job` again), then one `srun` step per process starts it
-on its host (an env server with only the allow-list of the job's environment that `rl` gives it,
-never the reload token); the job ends when the orchestrator and every trainer host are done, or at
-the first failure, and SLURM stops what is left. envrl writes commands; SLURM places and stops
-processes.
+Guarantee: the script runs exactly the commands of the run's plan for the job's hosts
+(`launcher/plan.py`'s `plan(rl, hosts)`, which places them as `[slurm]` says: trainer ranks on
+the first `trainer_nodes` hosts, torchrun's rendezvous on host 0; `placement.inference.replicas`
+servers on each of the last `inference_nodes`; the env servers on `env_node`, over CURVE as
+under `rl`; the orchestrator on host 0). It makes the plan's secrets in the job's environment,
+then its first step writes the configs once SLURM has named the hosts (`python -m
+envrl.launcher.slurm`, which plans again for them and makes the CURVE keys), then one `srun`
+step per process starts it on its host (an env server with only the allow-list of the job's
+environment that `rl` gives it, never the reload token); the job ends when the orchestrator and
+every trainer host are done, or at the first failure, and SLURM stops what is left. envrl writes
+commands; SLURM places and stops processes.
 """
 
 from __future__ import annotations
@@ -21,116 +20,34 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from pydantic import BaseModel
-
-from envrl.config import config_to_toml, resolve_config
+from envrl.config import ConfigError, config_to_toml, resolve_config
 from envrl.data import layout
-from envrl.launcher.commands import Command, env_server_key, inference_command, launch_plan, trainer_argv
-from envrl.launcher.config import RLConfig, resolve_run
-from envrl.launcher.placement import place
-from envrl.launcher.replicas import replica_configs, replica_name
+from envrl.launcher.commands import Command
+from envrl.launcher.config import RLConfig
+from envrl.launcher.plan import Machine, RunPlan, plan
 from envrl.launcher.run_keys import make_curve_keys
-from envrl.runtime.net import is_loopback_host
 from envrl.runtime.process import ALLOWED_ENV, ALLOWED_ENV_PREFIXES
-from envrl.runtime.secrets import API_KEY_ENV
 
 FINISHING = ("trainer", "orchestrator")
 """Commands whose exit ends the run (by name prefix); the others serve until the job stops them."""
 
 
-@dataclass(frozen=True)
-class HostSlice:
-    host: str
-    commands: list[Command]
-    """In start order: inference replicas, env servers, trainer ranks, orchestrator."""
+def job_hosts(rl: RLConfig) -> list[str]:
+    """The job's hosts as the batch script names them: `${HOST_0}` .. (SLURM names them when it runs)."""
+    return [f"${{HOST_{i}}}" for i in range(rl.slurm.nodes)]
 
 
-@dataclass(frozen=True)
-class JobPlan:
-    hosts: list[HostSlice]
-    """One per host of the job, in the job's node order."""
-    configs: dict[str, BaseModel]
-    """Each process's config by name (`configs/<name>.toml` in the run directory)."""
-    output_dir: Path
-    start_order: list[tuple[int, Command]]
-    """(host index, command) of every process in start order: servers, then trainer and orchestrator."""
-    curve_dir: Path
-    """Where the job makes the env servers' and the orchestrator's CURVE keys."""
-
-
-def plan_job(rl: RLConfig, hosts: Sequence[str]) -> JobPlan:
-    """Every process of the run on its host (module docstring); `hosts` in the job's node order."""
-    slurm = rl.slurm
-    if len(hosts) != slurm.nodes:
-        raise ValueError(f"{len(hosts)} hosts given for a job of slurm.nodes = {slurm.nodes}")
-    run = resolve_run(rl)
-    placement = place(rl.trainer, rl.inference, None, rl.inference.replicas)
-    base = launch_plan(run, placement, None)
-    out, head, env_host = run.trainer.output_dir, hosts[0], hosts[slurm.env_node]
-    order: list[tuple[int, Command]] = []
-
-    def start(host: int, command: Command) -> None:
-        order.append((host % len(hosts), command))
-
-    configs: dict[str, BaseModel] = {}
-
-    total = slurm.inference_nodes * rl.inference.replicas
-    urls = []
-    for n in range(slurm.inference_nodes):
-        host = slurm.nodes - slurm.inference_nodes + n
-        node = run.inference.model_copy(update={"host": hosts[host]}, deep=True)
-        node.reload.allow_remote = node.reload.allow_remote or not is_loopback_host(hosts[host])
-        for i, config in enumerate(replica_configs(node).values()):
-            name = replica_name(n * rl.inference.replicas + i, total)
-            configs[name] = config
-            urls.append(config.base_url)
-            start(host, inference_command(name, out, placement.inference_env(i), {}))
-
-    moved = {}  # the env servers keep the run's CURVE keys (`resolve_run`), on any host
-    for server, command in zip(run.env_servers, base.env_servers, strict=True):
-        address = f"tcp://{env_host}:{urlsplit(server.config.address).port}"
-        moved[server.config.address] = address
-        access = server.config.model_access.model_copy(update={"base_urls": urls})
-        update = {"address": address, "model_access": access}
-        configs[env_server_key(server.split, server.name)] = server.config.model_copy(update=update)
-        start(slurm.env_node, command)
-    evals = run.orchestrator.eval.addresses
-    for env in run.orchestrator.envs:
-        env.address = moved.get(env.address, env.address)  # type: ignore[arg-type]
-    run.orchestrator.eval.addresses = {name: moved.get(address, address) for name, address in evals.items()}
-
-    run.trainer.weights.host = head  # the memory transport: replicas reach trainer rank 0 there
-    configs["trainer"] = run.trainer
-    for rank in range(slurm.trainer_nodes):
-        argv = trainer_argv(
-            sys.executable, placement.trainer_ranks, layout.process_config_file(out, "trainer"), slurm.trainer_nodes, rank, head,
-            slurm.rendezvous_port,
-        )  # fmt: skip
-        name = "trainer" if rank == 0 else f"trainer-node{rank}"
-        log = layout.process_log_file(out, name)
-        start(rank, base.trainer.model_copy(update={"name": name, "argv": argv, "log_file": log}))
-
-    run.orchestrator.inference.base_url = urls if len(urls) > 1 else urls[0]
-    configs["orchestrator"] = run.orchestrator
-    start(0, base.orchestrator.model_copy(update={"secret_env": {}}))
-    slices = [HostSlice(host, [command for i, command in order if i == index]) for index, host in enumerate(hosts)]
-    return JobPlan(slices, configs, out, order, layout.curve_dir(out))
-
-
-def write_job_files(plan: JobPlan) -> None:
-    """Each process's config, the CURVE keys and the log directories of `plan`."""
-    for name, config in plan.configs.items():
-        path = layout.process_config_file(plan.output_dir, name)
+def write_job_files(run: RunPlan) -> None:
+    """Each process's config, the CURVE keys and the log directories of the planned job."""
+    for name, config in run.configs().items():
+        path = layout.process_config_file(run.output_dir, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config_to_toml(config))
-    for host in plan.hosts:
-        for command in host.commands:
-            command.log_file.parent.mkdir(parents=True, exist_ok=True)
-    make_curve_keys(plan.curve_dir)
+    for _, command in run.start_order():
+        command.log_file.parent.mkdir(parents=True, exist_ok=True)
+    make_curve_keys(run.curve_dir)
 
 
 def _word(token: str) -> str:
@@ -177,11 +94,11 @@ def _secret_line(name: str, make: str, what: str) -> str:
     return f'export {name}="${{{name}:-{make}}}"  # {what}'
 
 
-def sbatch_script(rl: RLConfig, stored: Path) -> str:
+def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) -> str:
     """The batch script of the run whose `RLConfig` is stored (TOML) at `stored`."""
     slurm, out = rl.slurm, rl.output_dir
-    plan = plan_job(rl, [f"${{HOST_{i}}}" for i in range(slurm.nodes)])
-    token_env, python = rl.inference.reload.token_env, shlex.quote(sys.executable)
+    job = plan(rl, job_hosts(rl), machine)  # the script's commands; its first step plans the configs again
+    python = shlex.quote(sys.executable)
     make_token = f'$({python} -c "import secrets; print(secrets.token_urlsafe(32))")'
     host_list = ",".join(f"${{HOST_{i}}}" for i in range(slurm.nodes))
     lines = [
@@ -199,17 +116,14 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
         f"cd {shlex.quote(os.getcwd())}",
         'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         *[f"HOST_{i}=${{HOSTS[{i}]}}" for i in range(slurm.nodes)],
-        _secret_line(token_env, make_token, "/update_weights token: never to env servers"),
-        _secret_line(API_KEY_ENV, make_token, "vLLM's API key: the run's every client sends it"),
+        *[_secret_line(secret.name, make_token, secret.what) for secret in job.secrets],
         *prefixed_env_lines(),
         "# each process's config for these hosts (and the env servers' CURVE keys)",
         f'{python} -m envrl.launcher.slurm --config {shlex.quote(str(stored))} --hosts "{host_list}" || exit 2',
         "declare -A NAME",
         "FINISHING=()",
     ]
-    lines += [
-        f"# host {i}: {', '.join(command.name for command in host.commands)}" for i, host in enumerate(plan.hosts)
-    ]
+    lines += [f"# host {i}: {', '.join(c.name for c in job.on_host(i))}" for i in range(len(job.hosts))]
     rotation = rl.log_rotation
     rotate = f"--logs-dir {shlex.quote(str(layout.logs_dir(out)))} --max-mb {rotation.max_mb:g} --keep {rotation.keep}"
     lines += [
@@ -217,7 +131,7 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
         f"{python} -m envrl.launcher.log_rotation {rotate} &",
         "NAME[$!]=log-rotation",
     ]
-    for i, command in plan.start_order:
+    for i, command in job.start_order():
         lines.append(srun_line(command, i))
         lines.append(f"NAME[$!]={shlex.quote(command.name)}")
         if command.name.startswith(FINISHING):
@@ -239,7 +153,7 @@ def sbatch_script(rl: RLConfig, stored: Path) -> str:
     return "\n".join(lines)
 
 
-def write_sbatch(rl: RLConfig) -> Path:
+def write_sbatch(rl: RLConfig, machine: Machine | None = None) -> Path:
     """Store the run's config and its batch script under `<output_dir>/slurm/`; the script's path."""
     layout.slurm_dir(rl.output_dir).mkdir(parents=True, exist_ok=True)
     layout.logs_dir(rl.output_dir).mkdir(parents=True, exist_ok=True)  # SLURM opens the job's log there
@@ -248,7 +162,7 @@ def write_sbatch(rl: RLConfig) -> Path:
     kept.__pydantic_fields_set__ = rl.model_fields_set - {"clean"}
     stored.write_text(config_to_toml(kept, only_set=True))
     script = layout.slurm_script_file(rl.output_dir)
-    script.write_text(sbatch_script(rl, stored.resolve()))
+    script.write_text(sbatch_script(rl, stored.resolve(), machine))
     return script
 
 
@@ -258,10 +172,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, required=True, help="the run's stored config (slurm/rl.toml)")
     parser.add_argument("--hosts", required=True, help="the job's hosts, comma-separated, in node order")
     args = parser.parse_args(argv)
-    plan = plan_job(resolve_config(RLConfig, [args.config]), args.hosts.split(","))
-    write_job_files(plan)
-    for i, host in enumerate(plan.hosts):
-        print(f"host {i} ({host.host}): {', '.join(command.name for command in host.commands)}")
+    try:
+        job = plan(resolve_config(RLConfig, [args.config]), args.hosts.split(","), Machine.here())
+    except ConfigError as e:
+        print(f"{parser.prog}: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    write_job_files(job)
+    for i, host in enumerate(job.hosts):
+        print(f"host {i} ({host}): {', '.join(command.name for command in job.on_host(i))}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import asyncio
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -146,8 +146,6 @@ class ScriptedClientConfig(_Plain):
     delay_s: float = 0.0
     """Seconds each call waits before answering (to exercise timeouts and cancellation)."""
     finish_reason: str = "stop"
-
-    renamed_keys: ClassVar[dict[str, str]] = {"delay": "delay_s"}
 
 
 ClientConfig = Annotated[TrainClientConfig | EvalClientConfig | ScriptedClientConfig, Field(discriminator="type")]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import ClassVar
 
 from pydantic import Field, model_validator
 
@@ -66,7 +65,7 @@ class InferenceClientConfig(BaseConfig):
 
     base_url: ReplicaUrls = "http://127.0.0.1:8000"
     """The envrl inference server (vLLM), without /v1, or a list of replicas serving the same model
-    (on this host or others; `rl` sets it from `inference.replicas`). Env servers spread model
+    (on this host or others; `rl` sets it from `placement.inference.replicas`). Env servers spread model
     calls across them; each step's weights are loaded on all of them before the step dispatches."""
     ready_timeout_s: float = Field(600.0, gt=0)
     """Seconds to wait for the servers to answer at start-up (`rl` sets it from
@@ -75,8 +74,6 @@ class InferenceClientConfig(BaseConfig):
     reload_token_env: str = RELOAD_TOKEN_ENV
     """Environment variable with the servers' `/update_weights` token, sent when set (a server
     off loopback requires it; see inference.reload)."""
-
-    renamed_keys: ClassVar[dict[str, str]] = {"ready_timeout": "ready_timeout_s"}
 
     @property
     def base_urls(self) -> list[str]:
@@ -149,12 +146,6 @@ class OrchestratorConfig(BaseConfig):
     """Checks that warn (or stop the run, `strict`) when it cannot learn or stops progressing (docs/config.md)."""
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()
-
-    renamed_keys: ClassVar[dict[str, str]] = {
-        "weights_timeout": "weights_timeout_s",
-        "env_ready_timeout": "env_ready_timeout_s",
-        "eval_envs": "eval.env",
-    }
 
     @property
     def inflight_limit(self) -> int:

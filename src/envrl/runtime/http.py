@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import aiohttp
 import httpx
@@ -31,12 +31,6 @@ class RetryPolicy(BaseModel):
     """Longest wait between retries, in seconds."""
     timeout_s: float = 120.0
     """Deadline of one attempt, in seconds."""
-
-    renamed_keys: ClassVar[dict[str, str]] = {
-        "backoff": "backoff_s",
-        "max_backoff": "max_backoff_s",
-        "timeout": "timeout_s",
-    }
 
 
 IDLE_EXPIRY_S = 4.0

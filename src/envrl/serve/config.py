@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -36,13 +36,11 @@ class PoolConfig(BaseConfig):
     grow_at: float = Field(0.75, gt=0, le=1)
     """Start another worker once in-flight rollouts exceed this fraction of the live capacity."""
 
-    renamed_keys: ClassVar[dict[str, str]] = {"idle_timeout": "idle_timeout_s"}
-
     @model_validator(mode="before")
     @classmethod
     def _no_pool_type(cls, data: Any) -> Any:
         """The two former pool shapes' keys, refused with the keys that say the same (the value given
-        included, which a `removed_keys` message could not name)."""
+        included, which a row of `config_migrations.MIGRATIONS` could not name)."""
         if not isinstance(data, dict) or not {"type", "num_workers"} & data.keys():
             return data
         keys = [f"{key} = {data[key]!r}" for key in ("type", "num_workers") if key in data]
@@ -69,12 +67,6 @@ class EnvTimeoutConfig(BaseConfig):
     kill_grace_s: float = Field(5.0, gt=0)
     """A worker that has not answered `kill_grace_s` after a rollout's timeout (or its cancel) is
     presumed stuck (CPU-bound code ignores cancellation) and is killed and replaced."""
-
-    renamed_keys: ClassVar[dict[str, str]] = {
-        "rollout": "rollout_s",
-        "scoring": "scoring_s",
-        "kill_grace": "kill_grace_s",
-    }
 
 
 class EnvSpec(BaseConfig):
@@ -238,11 +230,6 @@ class EnvServerConfig(BaseConfig):
     """Allow a non-loopback address without CURVE (anyone who can reach the port can run rollouts)."""
     log: LogConfig = LogConfig()
     """The server's and its workers' log (`--log.file`, `--log.level`), as every envrl command's."""
-
-    renamed_keys: ClassVar[dict[str, str]] = {
-        "client_stall_timeout": "client_stall_timeout_s",
-        "drain_timeout": "drain_timeout_s",
-    }
 
     @model_validator(mode="after")
     def _exposed_needs_keys(self) -> EnvServerConfig:

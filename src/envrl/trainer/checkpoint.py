@@ -148,7 +148,7 @@ def load_checkpoint(
     if meta["world_size"] != runtime.world_size:
         raise RankCountMismatch(
             f"{path} was written by {meta['world_size']} ranks but this run has {runtime.world_size}; "
-            "resume with the same number of ranks (trainer.gpus / trainer.num_procs; RNG state is per rank)"
+            "resume with the same number of ranks (placement.trainer.gpus / num_procs; RNG state is per rank)"
         )
     state = _trained_state(model, optimizer)
     with _single_process_ok():

@@ -8,7 +8,7 @@ the training loop never re-checks its options; `model`, `output_dir`, `max_steps
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -60,14 +60,6 @@ class LossConfig(BaseConfig):
     """Weight of a KL penalty (k3 estimator) pulling the policy towards the reference model, the
     initial `model.name` kept frozen (TRL's `beta`). Above 0 the trainer holds a second copy of
     the model and runs one more forward pass per micro-batch; metric `trainer/ref_kl`."""
-
-    removed_keys: ClassVar[dict[str, str]] = {
-        "ppo_clip": "clip = [low, high] turns clipping on (default [0.2, 0.2]), clip = false off",
-        "clip_low": "clip = [low, high]: the ratio is clipped to [1 - low, 1 + high]",
-        "clip_high": "clip = [low, high]: the ratio is clipped to [1 - low, 1 + high]",
-        "mask_low": "ratio_mask = [low, high]: the ratios still trained on",
-        "mask_high": "ratio_mask = [low, high]: the ratios still trained on",
-    }
 
     @field_validator("clip", "ratio_mask", mode="before")
     @classmethod
@@ -135,14 +127,6 @@ class TrainerConfig(BaseConfig):
     """Continue from the newest checkpoint in `output_dir` (start fresh if there is none)."""
     seed: int = 0
     """Seed of the torch RNGs (restored from checkpoints on resume)."""
-    gpus: list[int] = []
-    """Devices of the trainer, counted among the GPUs `rl` sees; `rl` starts one rank per device
-    (under torchrun when more than one), with CUDA_VISIBLE_DEVICES set to them. Empty: the trainer
-    sees what `rl` sees. Must not overlap `inference.gpus` unless both lists are the same (shared).
-    Read by `rl` only."""
-    num_procs: int | None = Field(None, ge=1)
-    """Trainer ranks: more than one starts the trainer under torchrun (gloo on CPU). Default:
-    len(gpus), or 1 without gpus; with gpus it must equal len(gpus). Read by `rl` only."""
     micro_batch_tokens: int = Field(4096, ge=1)
     """Token budget of one packed micro-batch. Each step packs its batch into as few
     micro-batches as fit this budget (a multiple of the number of ranks), filled longest sample
@@ -189,9 +173,3 @@ class TrainerConfig(BaseConfig):
     """How each step's policy reaches the inference replicas (envrl.transport.weights)."""
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()
-
-    renamed_keys: ClassVar[dict[str, str]] = {"max_tokens": "micro_batch_tokens"}
-    removed_keys: ClassVar[dict[str, str]] = {
-        "batch_poll_s": "the trainer polls every 20 ms (envrl.transport.batches.POLL_S)",
-        "wait_log_interval_s": "the trainer logs its wait every 30 s (envrl.transport.batches.WAIT_LOG_S)",
-    }

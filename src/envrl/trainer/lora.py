@@ -29,6 +29,7 @@ from envrl.transport.source import ADAPTER_CONFIG
 if TYPE_CHECKING:
     from peft import PeftModel
 
+
 class LoraError(ValueError):
     """`trainer.lora` does not fit the model; the message names the key and what the model has."""
 

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 import transformers
@@ -65,8 +65,6 @@ class SFTConfig(BaseConfig):
     """Recompute each decoder layer's activations in backward to save memory."""
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()
-
-    renamed_keys: ClassVar[dict[str, str]] = {"max_tokens": "micro_batch_tokens"}
 
     def trainer_config(self, max_steps: int) -> TrainerConfig:
         """The RL trainer's settings this run shares (model building, attention, schedule)."""

@@ -131,16 +131,15 @@ def test_lora_for_a_model_vllm_cannot_adapt_is_a_one_line_config_error() -> None
 
 def test_rl_starts_vllm_with_lora_when_the_trainer_trains_lora_and_inference_vllm_wins() -> None:
     from envrl.config import resolve_config
-    from envrl.launcher.config import RLConfig, resolve_run
+    from envrl.launcher.config import RLConfig
+    from envrl.launcher.plan import plan
 
     envs = ("orchestrator.envs", '[{"id": "reverse-text"}]')
-    assert "enable_lora" not in resolve_run(resolve_config(RLConfig, overrides=[envs])).inference.vllm
-    lora = resolve_run(resolve_config(RLConfig, overrides=[envs, ("trainer.lora.rank", "12")]))
+    assert "enable_lora" not in plan(resolve_config(RLConfig, overrides=[envs])).inference.vllm
+    lora = plan(resolve_config(RLConfig, overrides=[envs, ("trainer.lora.rank", "12")]))
     assert lora.inference.vllm == {"enable_lora": True, "max_lora_rank": 16}
     mine = ("inference.vllm", '{"max_lora_rank": 64}')
-    assert resolve_run(
-        resolve_config(RLConfig, overrides=[envs, ("trainer.lora.rank", "12"), mine])
-    ).inference.vllm == {
+    assert plan(resolve_config(RLConfig, overrides=[envs, ("trainer.lora.rank", "12"), mine])).inference.vllm == {
         "enable_lora": True,
         "max_lora_rank": 64,
     }

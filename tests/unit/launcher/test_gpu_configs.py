@@ -27,7 +27,7 @@ def test_gpu_config_dry_run_places_every_role_without_cuda(config: Path, capsys:
             ):
                 devices.setdefault(role, []).extend(line.split()[0].removeprefix("CUDA_VISIBLE_DEVICES=").split(","))
     declared = tomllib.loads(config.read_text())
-    expected = {role: [str(g) for g in declared[role]["gpus"]] for role in ("inference", "trainer")}
+    expected = {role: [str(g) for g in declared["placement"][role]["gpus"]] for role in ("inference", "trainer")}
     assert devices == expected, commands
     import torch
 

@@ -49,9 +49,26 @@ def test_dry_run_prints_every_process_config(capsys: pytest.CaptureFixture[str])
     # (a "# warning: port ... is busy" line appears when something else on the node holds a port)
     lines = capsys.readouterr().out.splitlines()
     headers = [line for line in lines if line.startswith("# ") and not line.startswith("# warning")]
-    assert headers[:-2] == ["# inference", "# trainer", "# orchestrator", "# envs/train/reverse-text"]
-    assert headers[-2].startswith("# cpus: ")  # the cores each compute process gets here
+    assert headers[:5] == [
+        "# inference", "# trainer", "# orchestrator", "# envs/train/reverse-text",
+        "# host 0 (127.0.0.1): inference, train env server 'reverse-text', trainer, orchestrator",
+    ]  # fmt: skip
+    assert headers[5].startswith("# cpus: ")  # the cores each compute process gets here
+    assert [line.split(" (")[0] for line in headers[6:9]] == [
+        "# secret to make: ENVRL_RELOAD_TOKEN", "# secret to make: ENVRL_INFERENCE_API_KEY",
+        "# secret to make: CURVE keys of the env servers and the orchestrator in outputs/rl/curve",
+    ]  # fmt: skip
     assert headers[-1].startswith("# commands")
+
+
+def test_slurm_dry_run_prints_the_jobs_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*ONE_ENV, "--slurm", "--dry-run", "--slurm.env-node", "1", "--placement.inference.replicas", "2"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "# host 0 (${HOST_0}): trainer, orchestrator\n" in out
+    assert "# host 1 (${HOST_1}): inference-0, inference-1, train env server 'reverse-text'\n" in out
+    assert 'address = "tcp://${HOST_1}:5000"' in out and 'host = "${HOST_0}"' in out
 
 
 def dry_run_commands(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
@@ -64,7 +81,7 @@ def dry_run_commands(capsys: pytest.CaptureFixture[str], *args: str) -> list[str
 def test_dry_run_prints_every_command_line_with_its_devices(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
-        lines = dry_run_commands(capsys, "--trainer.gpus", "[1, 2]", "--inference.gpus", "[0]")
+        lines = dry_run_commands(capsys, "--placement.trainer.gpus", "[1, 2]", "--placement.inference.gpus", "[0]")
     inference, server, trainer, note, orchestrator = lines
     assert inference.startswith("CUDA_VISIBLE_DEVICES=4 ") and "-m envrl.inference.main --config" in inference
     assert "-m envrl.serve.main --config" in server and "reverse-text.toml" in server
@@ -84,10 +101,10 @@ def test_one_trainer_rank_is_a_plain_process(capsys: pytest.CaptureFixture[str])
 
 def test_an_impossible_placement_exits_2_naming_the_keys(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main([*ONE_ENV, "--trainer.gpus", "[0, 1]", "--inference.gpus", "[1]"])
+        main([*ONE_ENV, "--placement.trainer.gpus", "[0, 1]", "--placement.inference.gpus", "[1]"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "config error: trainer.gpus [0, 1] and inference.gpus [1] overlap on [1]" in err
+    assert "config error: placement.trainer.gpus [0, 1] and placement.inference.gpus [1] overlap on [1]" in err
 
 
 def test_an_earlier_run_in_output_dir_needs_resume_or_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -188,11 +205,11 @@ def test_gpus_on_a_machine_or_install_without_them_are_refused_before_the_run() 
     def rl(*args: str) -> RLConfig:
         return resolve_config(RLConfig, overrides=[("orchestrator.envs", '[{"id": "reverse-text"}]'), *args])
 
-    with pytest.raises(ConfigError, match="trainer.gpus name GPUs, but this machine shows none"):
-        _check_devices(rl(("trainer.gpus", "[0]")), visible=None, cpu_vllm=False)
+    with pytest.raises(ConfigError, match="placement.trainer.gpus name GPUs, but this machine shows none"):
+        _check_devices(rl(("placement.trainer.gpus", "[0]")), visible=None, cpu_vllm=False)
     with pytest.raises(ConfigError, match="the installed vLLM is the CPU build"):
-        _check_devices(rl(("inference.gpus", "[0]")), visible=["0"], cpu_vllm=True)
-    _check_devices(rl(("inference.gpus", "[0]")), visible=["0"], cpu_vllm=False)
+        _check_devices(rl(("placement.inference.gpus", "[0]")), visible=["0"], cpu_vllm=True)
+    _check_devices(rl(("placement.inference.gpus", "[0]")), visible=["0"], cpu_vllm=False)
     _check_devices(rl(), visible=None, cpu_vllm=True)
 
 

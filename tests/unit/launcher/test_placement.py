@@ -6,15 +6,27 @@ from pathlib import Path
 import pytest
 
 from envrl.config import ConfigError, resolve_config
-from envrl.inference.config import InferenceConfig
-from envrl.launcher.placement import Placement, place, replica_gpus, visible_gpus
-from envrl.trainer.config import TrainerConfig
+from envrl.launcher.placement import (
+    InferencePlacement,
+    Placement,
+    PlacementConfig,
+    TrainerPlacement,
+    place,
+    replica_gpus,
+    visible_gpus,
+)
 
 
 def placement(
     trainer: dict | None = None, inference: dict | None = None, visible: list[str] | None = None, replicas: int = 1
 ) -> Placement:
-    return place(TrainerConfig(**(trainer or {})), InferenceConfig(**(inference or {})), visible, replicas)
+    """`[placement]` with these `trainer` and `inference` keys (`inference["vllm"]`: the servers' options)."""
+    inference = dict(inference or {})
+    vllm = inference.pop("vllm", {})
+    config = PlacementConfig(
+        trainer=TrainerPlacement(**(trainer or {})), inference=InferencePlacement(**inference, replicas=replicas)
+    )
+    return place(config, vllm, visible)
 
 
 def test_without_device_lists_every_process_sees_what_rl_sees() -> None:
@@ -51,13 +63,23 @@ def test_num_procs_sets_cpu_ranks() -> None:
             {"gpus": [0, 1]},
             {"gpus": [1, 2]},
             None,
-            r"trainer.gpus \[0, 1\] and inference.gpus \[1, 2\] overlap on \[1\]",
+            r"placement.trainer.gpus \[0, 1\] and placement.inference.gpus \[1, 2\] overlap on \[1\]",
         ),
-        ({"gpus": [-1]}, {}, None, r"trainer.gpus = \[-1\] has negative device ids \[-1\]"),
-        ({}, {"gpus": [0, 0]}, None, r"inference.gpus = \[0, 0\] lists devices \[0\] more than once"),
-        ({"gpus": [0, 2]}, {}, ["0", "1"], r"trainer.gpus = \[0, 2\] names devices \[2\], but rl sees 2 GPU\(s\)"),
-        ({"gpus": [0]}, {}, [], r"trainer.gpus = \[0\], but rl sees no GPU"),
-        ({"gpus": [0, 1], "num_procs": 3}, {}, None, r"trainer.num_procs = 3 but trainer.gpus lists 2 device\(s\)"),
+        ({"gpus": [-1]}, {}, None, r"placement.trainer.gpus = \[-1\] has negative device ids \[-1\]"),
+        ({}, {"gpus": [0, 0]}, None, r"placement.inference.gpus = \[0, 0\] lists devices \[0\] more than once"),
+        (
+            {"gpus": [0, 2]},
+            {},
+            ["0", "1"],
+            r"placement.trainer.gpus = \[0, 2\] names devices \[2\], but rl sees 2 GPU\(s\)",
+        ),
+        ({"gpus": [0]}, {}, [], r"placement.trainer.gpus = \[0\], but rl sees no GPU"),
+        (
+            {"gpus": [0, 1], "num_procs": 3},
+            {},
+            None,
+            r"placement.trainer.num_procs = 3 but placement.trainer.gpus lists 2 device\(s\)",
+        ),
         (
             {},
             {"gpus": [0], "vllm": {"tensor_parallel_size": 2}},
@@ -75,13 +97,13 @@ def test_impossible_layouts_are_errors_naming_the_keys(
 
 def test_num_procs_below_one_is_rejected_at_load() -> None:
     with pytest.raises(ConfigError, match="num_procs"):
-        resolve_config(TrainerConfig, overrides=[("num-procs", "0")])
+        resolve_config(PlacementConfig, overrides=[("trainer.num-procs", "0")])
 
 
 def test_replicas_get_equal_consecutive_slices_of_the_inference_devices() -> None:
     assert replica_gpus([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
     assert replica_gpus([], 3) == [[], [], []]
-    with pytest.raises(ConfigError, match=r"inference.gpus lists 3 device\(s\), which do not split evenly"):
+    with pytest.raises(ConfigError, match=r"placement.inference.gpus lists 3 device\(s\), which do not split evenly"):
         replica_gpus([0, 1, 2], 2)
 
 
@@ -102,5 +124,5 @@ def test_rl_sees_its_own_visible_devices_else_the_drivers(tmp_path: Path) -> Non
 
 
 def test_each_inference_replica_sees_only_its_slice_of_the_devices() -> None:
-    p = place(TrainerConfig(gpus=[2]), InferenceConfig(gpus=[0, 1]), ["0", "1", "2"], replicas=2)
+    p = placement({"gpus": [2]}, {"gpus": [0, 1]}, ["0", "1", "2"], replicas=2)
     assert [p.inference_env(0), p.inference_env(1)] == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]

@@ -10,8 +10,9 @@ import pytest
 from envrl.config import resolve_config
 from envrl.launcher.config import RLConfig
 from envrl.launcher.main import main
+from envrl.launcher.plan import plan
 from envrl.launcher.run_keys import curve_keys, make_curve_keys
-from envrl.launcher.slurm import plan_job, sbatch_script, write_sbatch
+from envrl.launcher.slurm import sbatch_script, write_sbatch
 
 ROOT = Path(__file__).resolve().parents[3]
 TWO_NODES = ROOT / "configs" / "gpu" / "two_nodes.toml"
@@ -46,31 +47,31 @@ def test_the_sbatch_script_starts_each_process_on_its_host(tmp_path: Path) -> No
 
 
 def test_the_job_configs_point_every_process_at_the_hosts(tmp_path: Path) -> None:
-    plan = plan_job(two_nodes(tmp_path), ["gpu-a", "gpu-b"])
-    replicas = [plan.configs[f"inference-{i}"] for i in range(8)]
+    job = plan(two_nodes(tmp_path), ["gpu-a", "gpu-b"])
+    configs = job.configs()
+    replicas = [configs[f"inference-{i}"] for i in range(8)]
     assert {(c.host, c.port, c.reload.allow_remote) for c in replicas} == {("gpu-b", 8000 + i, True) for i in range(8)}
-    orchestrator = plan.configs["orchestrator"]
+    orchestrator = configs["orchestrator"]
     assert orchestrator.inference.base_url == [f"http://gpu-b:{8000 + i}" for i in range(8)]
     [env] = orchestrator.envs
-    server = plan.configs["envs/train/reverse-text"]
+    server = configs["envs/train/reverse-text"]
     assert env.address == server.address == "tcp://gpu-b:5000"
-    assert env.curve.server_public_key_file == plan.curve_dir / "server.key"
-    assert server.curve.client_keys_dir == plan.curve_dir / "clients"
+    assert env.curve.server_public_key_file == job.curve_dir / "server.key"
+    assert server.curve.client_keys_dir == job.curve_dir / "clients"
     assert server.model_access.base_urls == orchestrator.inference.base_url
-    assert plan.configs["trainer"].weights.host == "gpu-a"
-    assert [command.name for command in plan.hosts[0].commands] == ["trainer", "orchestrator"]
+    assert configs["trainer"].weights.host == "gpu-a"
+    assert [command.name for command in job.on_host(0)] == ["trainer", "orchestrator"]
 
 
 def test_trainer_ranks_on_several_hosts_meet_at_host_zero(tmp_path: Path) -> None:
     rl = two_nodes(
         tmp_path,
         ("slurm.trainer-nodes", "2"),
-        ("trainer.gpus", "[0,1,2,3]"),
-        ("inference.gpus", "[4,5,6,7]"),
-        ("inference.replicas", "4"),
+        ("placement.trainer.gpus", "[0,1,2,3]"),
+        ("placement.inference.gpus", "[4,5,6,7]"),
+        ("placement.inference.replicas", "4"),
     )
-    plan = plan_job(rl, ["gpu-a", "gpu-b"])
-    trainers = [c for host in plan.hosts for c in host.commands if c.name.startswith("trainer")]
+    trainers = [c for _, c in plan(rl, ["gpu-a", "gpu-b"]).start_order() if c.name.startswith("trainer")]
     assert [c.name for c in trainers] == ["trainer", "trainer-node1"]
     for rank, command in enumerate(trainers):
         argv = " ".join(command.argv)

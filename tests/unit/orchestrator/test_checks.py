@@ -10,7 +10,8 @@ from loguru import logger
 from envrl.config import ConfigError, resolve_config
 from envrl.data.layout import stall_dump_file
 from envrl.data.traces import Branch, Trace, Turn, WireTask
-from envrl.launcher.config import RLConfig, resolve_run
+from envrl.launcher.config import RLConfig
+from envrl.launcher.plan import plan
 from envrl.model.tiny import CHAT_TEMPLATE, DEFAULT_DIR
 from envrl.orchestrator.checks import (
     CheckFailed,
@@ -95,15 +96,10 @@ def test_no_off_policy_correction_with_async_is_a_warning_and_under_strict_a_con
     assert off_policy_problem(1, (0.2, 0.2), None) is None and off_policy_problem(1, False, (0.5, 2.0)) is None
     assert "set trainer.loss.clip = [0.2, 0.2]" in (off_policy_problem(2, False, None) or "")
     unclipped = [("orchestrator.envs", '[{"id": "reverse-text"}]'), ("trainer.loss.clip", "false")]
-    warned: list[str] = []
-    sink = logger.add(lambda m: warned.append(str(m)), level="WARNING", format="{message}")
-    try:
-        resolve_run(resolve_config(RLConfig, overrides=unclipped))
-    finally:
-        logger.remove(sink)
+    warned = plan(resolve_config(RLConfig, overrides=unclipped)).warnings  # rl logs each
     assert any("check: max_async_level = 1: samples may come from policies 1 step(s) old" in w for w in warned)
     with pytest.raises(ConfigError, match=r"no off-policy correction .* \(orchestrator.checks.strict\)"):
-        resolve_run(resolve_config(RLConfig, overrides=[*unclipped, ("orchestrator.checks.strict", "true")]))
+        plan(resolve_config(RLConfig, overrides=[*unclipped, ("orchestrator.checks.strict", "true")]))
 
 
 class FakeClock:

@@ -10,7 +10,8 @@ import pytest
 
 from envrl.envclient.config import DeclaredEnvConfig
 from envrl.inference.config import InferenceConfig, ReloadConfig
-from envrl.launcher.config import RLConfig, resolve_run
+from envrl.launcher.config import RLConfig
+from envrl.launcher.plan import plan
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.serve import protocol as p
@@ -113,7 +114,7 @@ def test_a_server_spawned_for_a_client_allows_exactly_that_client() -> None:
 
 def test_the_launchers_env_servers_allow_the_runs_inference_server_and_model() -> None:
     orchestrator = OrchestratorConfig(envs=[DeclaredEnvConfig(id="reverse-text")])
-    run = resolve_run(RLConfig(orchestrator=orchestrator))
+    run = plan(RLConfig(orchestrator=orchestrator))
     model = run.orchestrator.model.name
     # The client the orchestrator sends (orchestrator/loop.py `_make_env`): the tokenizer is the resolved model path.
     client = TrainClientConfig(
@@ -128,14 +129,14 @@ def test_the_launchers_env_server_for_an_env_with_its_own_client_allows_that_cli
     orchestrator = OrchestratorConfig(
         envs=[DeclaredEnvConfig(id="reverse-text"), DeclaredEnvConfig(id="reverse-text", name="taught", client=teacher)]
     )
-    plain, taught = resolve_run(RLConfig(orchestrator=orchestrator)).env_servers
+    plain, taught = plan(RLConfig(orchestrator=orchestrator)).env_servers
     assert taught.config.model_access.problem(teacher) is None
     assert plain.config.model_access.problem(teacher) is not None
 
 
 def test_the_orchestrator_reads_the_reload_token_from_the_variable_the_inference_server_uses() -> None:
     inference = InferenceConfig(reload=ReloadConfig(token_env="MY_RELOAD_TOKEN"))
-    run = resolve_run(
+    run = plan(
         RLConfig(orchestrator=OrchestratorConfig(envs=[DeclaredEnvConfig(id="reverse-text")]), inference=inference)
     )
     assert run.orchestrator.inference.reload_token_env == "MY_RELOAD_TOKEN"

@@ -5,7 +5,8 @@ next publish."""
 import pytest
 
 from envrl.config import ConfigError, resolve_config
-from envrl.launcher.config import RLConfig, resolve_run
+from envrl.launcher.config import RLConfig
+from envrl.launcher.plan import plan
 
 ENVS = ("orchestrator.envs", '[{"id": "reverse-text"}]')
 
@@ -13,7 +14,7 @@ ENVS = ("orchestrator.envs", '[{"id": "reverse-text"}]')
 def test_the_memory_transport_with_restarts_is_refused_in_one_line() -> None:
     rl = resolve_config(RLConfig, overrides=[ENVS, ("trainer.weights.transport", "memory")])
     with pytest.raises(ConfigError, match=r"set restarts.max_restarts = 0, or use the filesystem transport") as refused:
-        resolve_run(rl)
+        plan(rl)
     assert "\n" not in str(refused.value)
 
 
@@ -21,4 +22,4 @@ def test_the_memory_transport_without_restarts_runs() -> None:
     rl = resolve_config(
         RLConfig, overrides=[ENVS, ("trainer.weights.transport", "memory"), ("restarts.max-restarts", "0")]
     )
-    assert resolve_run(rl).trainer.weights.transport == "memory"
+    assert plan(rl).trainer.weights.transport == "memory"

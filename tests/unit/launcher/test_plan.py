@@ -1,11 +1,13 @@
-"""`resolve_run`: one RLConfig becomes each process's complete config, and bad combinations are errors."""
+"""`plan`: one RLConfig becomes each process's complete config, and bad combinations are errors."""
 
 from pathlib import Path
 
 import pytest
 
 from envrl.config import ConfigError, config_help, resolve_config
-from envrl.launcher.config import EVAL_PORT_OFFSET, RLConfig, resolve_run
+from envrl.config_schema import types_at_path
+from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, RLConfig
+from envrl.launcher.plan import plan
 
 TWO_TRAIN_TWO_EVAL = [
     ("orchestrator.envs", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
@@ -26,7 +28,7 @@ def test_shared_keys_reach_every_process_that_has_them(tmp_path: Path) -> None:
         ("seed", "3"),
         ("resume", None),
     )
-    run = resolve_run(rl)
+    run = plan(rl)
     for process in (run.trainer, run.orchestrator):
         assert (process.model.name, process.output_dir, process.max_steps) == ("some/model", tmp_path, 7)
         assert (process.max_async_level, process.seed, process.resume) == (2, 3, True)
@@ -38,7 +40,7 @@ def test_a_shared_key_set_inside_a_section_is_an_error_naming_it(key: str) -> No
     rl = rl_config((key, "5"))
     dotted = key.replace("-", "_")
     with pytest.raises(ConfigError, match=f"'{dotted}' is shared by every process: set '{dotted.split('.')[1]}'"):
-        resolve_run(rl)
+        plan(rl)
 
 
 @pytest.mark.parametrize(
@@ -55,11 +57,11 @@ def test_a_key_rl_sets_itself_is_refused_naming_where_it_comes_from(
     key: str, value: str, owner: str, source: str
 ) -> None:
     with pytest.raises(ConfigError, match=f"'{owner}' is set by rl from {source}"):
-        resolve_run(rl_config((key, value)))
+        plan(rl_config((key, value)))
 
 
 def test_the_inference_start_up_limit_is_the_inference_sections_and_the_orchestrator_waits_as_long() -> None:
-    run = resolve_run(rl_config(("inference.ready-timeout-s", "42")))
+    run = plan(rl_config(("inference.ready-timeout-s", "42")))
     assert run.inference.ready_timeout_s == run.orchestrator.inference.ready_timeout_s == 42
 
 
@@ -70,13 +72,13 @@ def test_rl_help_leaves_out_the_keys_rl_sets_itself() -> None:
 
 
 def test_the_orchestrator_reaches_the_inference_server_the_launcher_starts() -> None:
-    run = resolve_run(rl_config(("inference.port", "8123")))
+    run = plan(rl_config(("inference.port", "8123")))
     assert run.orchestrator.inference.base_url == run.inference.base_url
     assert run.inference.base_url.endswith(":8123")
 
 
 def test_train_and_eval_env_servers_get_consecutive_ports_in_their_own_blocks() -> None:
-    run = resolve_run(rl_config(*TWO_TRAIN_TWO_EVAL, ("env-server-base-port", "7100")))
+    run = plan(rl_config(*TWO_TRAIN_TWO_EVAL, ("env-server-base-port", "7100")))
     eval_base = 7100 + EVAL_PORT_OFFSET
     expected = [
         ("train", "reverse-text", "tcp://127.0.0.1:7100"),
@@ -96,7 +98,7 @@ def test_an_eval_only_env_gets_an_eval_server_only_and_an_external_env_none() ->
         ' {"id": "reverse-text", "name": "far", "address": "tcp://127.0.0.1:7900"}]'
     )
     evals = '[{"env": "held-out"}, {"env": "far"}]'
-    run = resolve_run(rl_config(("orchestrator.envs", envs), ("orchestrator.eval.env", evals)))
+    run = plan(rl_config(("orchestrator.envs", envs), ("orchestrator.eval.env", evals)))
     expected = [("train", "reverse-text", "tcp://127.0.0.1:5000"), ("eval", "held-out", "tcp://127.0.0.1:6000")]
     assert [(s.split, s.name, s.config.address) for s in run.env_servers] == expected
     # the external server answers both the train and the eval rollouts of its env
@@ -105,7 +107,7 @@ def test_an_eval_only_env_gets_an_eval_server_only_and_an_external_env_none() ->
 
 def test_an_env_with_its_own_address_gets_no_server_and_keeps_its_address() -> None:
     envs = '[{"id": "reverse-text", "address": "tcp://127.0.0.1:7900"}, {"id": "reverse-text", "name": "b"}]'
-    run = resolve_run(rl_config(("orchestrator.envs", envs)))
+    run = plan(rl_config(("orchestrator.envs", envs)))
     assert [(s.name, s.config.address) for s in run.env_servers] == [("b", "tcp://127.0.0.1:5001")]
     assert run.orchestrator.envs[0].address == "tcp://127.0.0.1:7900"
 
@@ -115,7 +117,7 @@ def test_each_env_server_gets_its_envs_spec_pool_timeout_and_the_runs_restarts()
         '[{"id": "reverse-text", "args": {"max_len": 5}, "pool": {"min_workers": 3, "max_workers": 3},'
         ' "timeout": {"rollout_s": 12.5}}]'
     )
-    run = resolve_run(rl_config(("orchestrator.envs", envs), ("restarts.max-restarts", "4")))
+    run = plan(rl_config(("orchestrator.envs", envs), ("restarts.max-restarts", "4")))
     (server,) = run.env_servers
     assert (server.config.env.id, server.config.env.args) == ("reverse-text", {"max_len": 5})
     assert server.config.pool.min_workers == server.config.pool.max_workers == 3
@@ -130,13 +132,13 @@ def test_an_envs_own_restarts_is_refused_naming_the_runs() -> None:
     ):
         rl_config(("orchestrator.envs", '[{"id": "reverse-text", "restarts": {"max_restarts": 4}}]'))
     with pytest.raises(ConfigError, match=r"'orchestrator.restarts' is set by rl from restarts"):
-        resolve_run(rl_config(("orchestrator.restarts.max-restarts", "4")))
+        plan(rl_config(("orchestrator.restarts.max-restarts", "4")))
 
 
 def test_an_eval_port_block_reaching_the_inference_port_is_an_error_naming_both() -> None:
     rl = rl_config(*TWO_TRAIN_TWO_EVAL, ("env-server-base-port", "7000"), ("inference.port", "8001"))
     with pytest.raises(ConfigError, match=r"inference and eval env 'second' would both use port 8001"):
-        resolve_run(rl)
+        plan(rl)
 
 
 def test_an_env_address_inside_the_train_port_block_is_an_error() -> None:
@@ -144,25 +146,25 @@ def test_an_env_address_inside_the_train_port_block_is_an_error() -> None:
     with pytest.raises(
         ConfigError, match=r"train env 'b' and train env 'reverse-text' \(its address\) would both use port 5001"
     ):
-        resolve_run(rl_config(("orchestrator.envs", envs)))
+        plan(rl_config(("orchestrator.envs", envs)))
 
 
 def test_the_same_port_on_another_host_is_no_overlap() -> None:
     envs = '[{"id": "reverse-text", "address": "tcp://10.0.0.7:8000", "insecure": true}]'
-    (env,) = resolve_run(rl_config(("orchestrator.envs", envs))).orchestrator.envs
+    (env,) = plan(rl_config(("orchestrator.envs", envs))).orchestrator.envs
     assert env.address == "tcp://10.0.0.7:8000"
 
 
 def test_weights_of_every_checkpoint_are_kept_unless_the_user_says_otherwise() -> None:
-    run = resolve_run(rl_config(("trainer.ckpt.interval", "7")))
+    run = plan(rl_config(("trainer.ckpt.interval", "7")))
     assert run.orchestrator.keep_weights_every == 7
-    run = resolve_run(rl_config(("trainer.ckpt.interval", "7"), ("orchestrator.keep-weights-every", "0")))
+    run = plan(rl_config(("trainer.ckpt.interval", "7"), ("orchestrator.keep-weights-every", "0")))
     assert run.orchestrator.keep_weights_every == 0
 
 
 def test_an_env_with_its_own_chat_client_gets_a_server_that_allows_that_client_only() -> None:
     teacher = '{"base_url": "https://api.example.com/v1", "model": "teacher", "api_key_env": "TEACHER_KEY"}'
-    run = resolve_run(rl_config(("orchestrator.envs", f'[{{"id": "reverse-text", "client": {teacher}}}]')))
+    run = plan(rl_config(("orchestrator.envs", f'[{{"id": "reverse-text", "client": {teacher}}}]')))
     (server,) = run.env_servers
     access = server.config.model_access
     assert (access.base_urls, access.api_key_envs, access.tokenizers) == (
@@ -171,3 +173,81 @@ def test_an_env_with_its_own_chat_client_gets_a_server_that_allows_that_client_o
         [],
     )
     assert run.orchestrator.envs[0].own_client.type == "eval"
+
+
+def test_plan_leaves_the_config_as_it_was_and_touches_no_file(tmp_path: Path) -> None:
+    rl = rl_config(
+        ("output-dir", str(tmp_path / "run")),
+        *TWO_TRAIN_TWO_EVAL,
+        ("trainer.lora.rank", "8"),
+        ("placement.inference.replicas", "2"),
+    )
+    before = rl.model_dump(mode="json")
+    for hosts in (None, ["h0", "h1"]):
+        run = plan(rl, hosts)
+        assert run.orchestrator.envs[0].address is not None and run.orchestrator.eval.addresses
+    assert rl.model_dump(mode="json") == before  # no address, key, derived default or lora option written back
+    assert [env.address for env in rl.orchestrator.envs] == [None, None]
+    assert not (tmp_path / "run").exists()  # the CURVE keys are named, not made
+
+
+def test_one_host_runs_everything_on_loopback_and_names_the_secrets_to_make(tmp_path: Path) -> None:
+    run = plan(rl_config(("output-dir", str(tmp_path)), ("placement.inference.replicas", "2")))
+    assert run.hosts == ["127.0.0.1"] and set(run.host_of.values()) == {0}
+    assert [c.name for c in run.on_host(0)] == [
+        "inference-0", "inference-1", "train env server 'reverse-text'", "trainer", "orchestrator",
+    ]  # fmt: skip
+    assert run.orchestrator.inference.base_url == ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
+    assert run.trainer.weights.host == "127.0.0.1"
+    assert [secret.name for secret in run.secrets] == ["ENVRL_RELOAD_TOKEN", "ENVRL_INFERENCE_API_KEY"]
+    assert run.curve_dir.is_relative_to(tmp_path)
+    secrets = {c.name: c.secrets for c in run.commands.commands()}
+    assert secrets["train env server 'reverse-text'"] == ["ENVRL_INFERENCE_API_KEY"]
+    assert secrets["trainer"] == [] and "ENVRL_RELOAD_TOKEN" in secrets["orchestrator"]
+
+
+def test_two_hosts_get_the_same_processes_with_addresses_on_their_hosts(tmp_path: Path) -> None:
+    rl = rl_config(
+        ("output-dir", str(tmp_path)),
+        *TWO_TRAIN_TWO_EVAL,
+        ("slurm.trainer-nodes", "2"),
+        ("slurm.env-node", "1"),
+    )
+    one, job = plan(rl), plan(rl, ["gpu-a", "gpu-b"])
+    assert [c.name for c in job.on_host(0)] == ["trainer", "orchestrator"]
+    assert [c.name for c in job.on_host(1)] == [
+        "inference", *[c.name for c in one.commands.env_servers], "trainer-node1",
+    ]  # fmt: skip
+    configs = job.configs()
+    assert set(configs) == set(one.configs())
+    assert configs["inference"].host == "gpu-b" and configs["inference"].reload.allow_remote
+    assert [env.address for env in job.orchestrator.envs] == ["tcp://gpu-b:5000", "tcp://gpu-b:5001"]
+    assert set(job.orchestrator.eval.addresses.values()) == {"tcp://gpu-b:6000", "tcp://gpu-b:6001"}
+    assert all(s.config.model_access.base_urls == ["http://gpu-b:8000"] for s in job.env_servers)
+    assert job.trainer.weights.host == "gpu-a" and job.orchestrator.inference.base_url == "http://gpu-b:8000"
+    # what does not depend on the hosts is the one-host plan's
+    assert job.trainer.model_copy(update={"weights": one.trainer.weights}).model_dump() == one.trainer.model_dump()
+    assert [s.config.env for s in job.env_servers] == [s.config.env for s in one.env_servers]
+
+
+def test_a_job_with_a_host_count_other_than_its_nodes_is_refused() -> None:
+    with pytest.raises(ConfigError, match="1 hosts given for a job of slurm.nodes = 2"):
+        plan(rl_config(), ["only-one"])
+
+
+def test_the_placement_keys_of_the_process_sections_still_work_with_a_warning_naming_their_new_keys() -> None:
+    warned: list[str] = []
+    old = [("orchestrator.envs", '[{"id": "reverse-text"}]'), ("trainer.gpus", "[1]"), ("inference.replicas", "2")]
+    rl = resolve_config(RLConfig, overrides=old, warn=warned.append)
+    assert (rl.placement.trainer.gpus, rl.placement.inference.replicas) == ([1], 2)
+    assert [line.split(" (from")[0] for line in warned] == [
+        "config key 'trainer.gpus'",
+        "config key 'inference.replicas'",
+    ]
+    assert "is now 'placement.trainer.gpus'" in warned[0] and "from envrl 0.3.0" in warned[0]
+
+
+def test_every_key_rl_sets_itself_is_a_key_of_its_config() -> None:
+    """`SET_BY_RL` and `owned_keys` are dotted strings: each must name a key, or its refusal never fires."""
+    for dotted in [*SET_BY_RL, *RLConfig.owned_keys]:
+        assert types_at_path(RLConfig, dotted.split(".")), f"{dotted} is no key of RLConfig"

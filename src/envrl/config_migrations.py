@@ -1,0 +1,166 @@
+"""Every config key that was renamed, moved or removed, in one table.
+
+Guarantee: the loader (`config.py`) consults `MIGRATIONS` for every config it reads. A key whose
+`removed_in` version is still ahead is moved to its new key (or, removed, dropped) with ONE
+warning line naming the new key and the version that refuses it; from `removed_in` on, the old
+key is refused in ONE line naming the new key or what took its place (`config_schema.describe_error`).
+Each row names its config model by class name, so a row follows its model when the module moves
+(tests/unit/test_config_migrations.py checks every row against the models). The history, by
+version, is docs/CHANGELOG.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+
+
+@dataclass(frozen=True)
+class Migration:
+    model: str
+    """Class name of the config model the key belongs to (a root, or a table nested anywhere)."""
+    old: str
+    """The former key, dotted, relative to `model`."""
+    new: str | None
+    """The key that replaced it, dotted, relative to `model`; None: removed, `note` says what took its place."""
+    removed_in: str
+    """The version from which the old key is refused; before it, it warns and still works."""
+    note: str = ""
+
+    def warning(self, source: str | None) -> str:
+        """The one line the old key warns with while it still works (`source`: where it was set)."""
+        where = f" (from {source})" if source else ""
+        if self.new is None:
+            return (
+                f"config key '{self.old}'{where} is ignored: {self.note}; from envrl {self.removed_in} it is an error"
+            )
+        return (
+            f"config key '{self.old}'{where} is now '{self.new}': rename it; from envrl {self.removed_in} the old key "
+            "is an error"
+        )
+
+
+def _renamed(model: str, removed_in: str, pairs: dict[str, str]) -> list[Migration]:
+    return [Migration(model, old, new, removed_in) for old, new in pairs.items()]
+
+
+def _removed(model: str, removed_in: str, keys: Iterable[str], note: str) -> list[Migration]:
+    return [Migration(model, old, None, removed_in, note) for old in keys]
+
+
+EVAL_SCHEDULE_NOTE = "one schedule for every eval env: set orchestrator.eval.{key} (`rl eval` evaluates once)"
+ENV_RESTARTS_NOTE = (
+    "one restart policy: under rl every env server follows the top-level `restarts` (each its own budget); "
+    "a standalone orchestrator's follow `orchestrator.restarts`, rl eval's its `restarts`"
+)
+DECLARED_ENV_KEYS = (
+    "id", "name", "args", "address", "python", "project", "curve", "insecure", "pool", "max_retries",
+    "at_capacity_wait_s", "reconnect_timeout_s", "pass_env", "timeout", "client", "train", "ratio",
+)  # fmt: skip
+"""The keys of `[[orchestrator.envs]]` but `sampling`: refused in an eval table, which names its env."""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    # 0.2.0: the launcher's own keys leave the process sections (issue 40)
+    *_renamed(
+        "RLConfig",
+        "0.3.0",
+        {
+            "trainer.gpus": "placement.trainer.gpus",
+            "trainer.num_procs": "placement.trainer.num_procs",
+            "inference.gpus": "placement.inference.gpus",
+            "inference.replicas": "placement.inference.replicas",
+        },
+    ),
+    *_removed(
+        "TrainerConfig", "0.3.0", ["gpus", "num_procs"], "only rl read it: set placement.trainer.* in rl's config"
+    ),
+    *_removed(
+        "InferenceConfig",
+        "0.3.0",
+        ["gpus", "replicas"],
+        "only rl read it: set placement.inference.* in rl's config (the inference command serves one replica)",
+    ),
+    # 0.2.0: names and units (issue 30); refused since
+    *_renamed("RLConfig", "0.2.0", {"shutdown_grace": "shutdown_grace_s"}),
+    *_removed(
+        "RunRestarts",
+        "0.2.0",
+        ["inference", "trainer", "orchestrator"],
+        "one policy for every process rl starts, each with its own budget: set restarts.max_restarts, window_s, "
+        "backoff_s, max_backoff_s",
+    ),
+    *_renamed("TrainerConfig", "0.2.0", {"max_tokens": "micro_batch_tokens"}),
+    *_removed(
+        "TrainerConfig", "0.2.0", ["batch_poll_s"], "the trainer polls every 20 ms (envrl.transport.batches.POLL_S)"
+    ),
+    *_removed(
+        "TrainerConfig",
+        "0.2.0",
+        ["wait_log_interval_s"],
+        "the trainer logs its wait every 30 s (envrl.transport.batches.WAIT_LOG_S)",
+    ),
+    *_removed(
+        "LossConfig",
+        "0.2.0",
+        ["ppo_clip"],
+        "clip = [low, high] turns clipping on (default [0.2, 0.2]), clip = false off",
+    ),
+    *_removed(
+        "LossConfig",
+        "0.2.0",
+        ["clip_low", "clip_high"],
+        "clip = [low, high]: the ratio is clipped to [1 - low, 1 + high]",
+    ),
+    *_removed(
+        "LossConfig", "0.2.0", ["mask_low", "mask_high"], "ratio_mask = [low, high]: the ratios still trained on"
+    ),
+    *_renamed("SFTConfig", "0.2.0", {"max_tokens": "micro_batch_tokens"}),
+    *_renamed("InferenceClientConfig", "0.2.0", {"ready_timeout": "ready_timeout_s"}),
+    *_renamed(
+        "OrchestratorConfig",
+        "0.2.0",
+        {"weights_timeout": "weights_timeout_s", "env_ready_timeout": "env_ready_timeout_s", "eval_envs": "eval.env"},
+    ),
+    *_renamed("EnvConfig", "0.2.0", {"reconnect_timeout": "reconnect_timeout_s"}),
+    *_removed("EnvConfig", "0.2.0", ["restarts"], ENV_RESTARTS_NOTE),
+    *[
+        Migration("EvalScoringConfig", key, None, "0.2.0", EVAL_SCHEDULE_NOTE.format(key=key))
+        for key in ("interval", "at_start", "at_end")
+    ],
+    *_renamed("EvalTableConfig", "0.2.0", {"train_env": "env"}),
+    *_removed(
+        "EvalTableConfig",
+        "0.2.0",
+        DECLARED_ENV_KEYS,
+        "an eval env names a declared env: declare it in [[orchestrator.envs]] (with `train = false` for an "
+        'eval-only env) and name it here with env = "<name>"',
+    ),
+    *_renamed("EvalCommandConfig", "0.2.0", {"env_ready_timeout": "env_ready_timeout_s"}),
+    *_renamed("ScriptedClientConfig", "0.2.0", {"delay": "delay_s"}),
+    *_renamed("RetryPolicy", "0.2.0", {"backoff": "backoff_s", "max_backoff": "max_backoff_s", "timeout": "timeout_s"}),
+    *_renamed("PoolConfig", "0.2.0", {"idle_timeout": "idle_timeout_s"}),
+    *_renamed(
+        "EnvTimeoutConfig", "0.2.0", {"rollout": "rollout_s", "scoring": "scoring_s", "kill_grace": "kill_grace_s"}
+    ),
+    *_renamed(
+        "EnvServerConfig",
+        "0.2.0",
+        {"client_stall_timeout": "client_stall_timeout_s", "drain_timeout": "drain_timeout_s"},
+    ),
+)
+
+
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:3] if part.isdigit())
+
+
+def refused(migration: Migration, current: str | None = None) -> bool:
+    """Whether the old key is an error in `current` (default: the installed envrl's version)."""
+    return _release(current or version("envrl")) >= _release(migration.removed_in)
+
+
+def for_model(models: Iterable[type], migrations: Sequence[Migration] = MIGRATIONS) -> list[Migration]:
+    """The rows of `models` and their bases (a row of `EnvConfig` holds for every env table)."""
+    names = {base.__name__ for model in models for base in model.__mro__}
+    return [m for m in migrations if m.model in names]
