@@ -1,8 +1,8 @@
 """Training samples: what the orchestrator hands the trainer, one per Trace branch.
 
 Guarantee: every sample's per-token lists have the same length, the loss mask is 0/1, and
-inference logprobs are 0 and policy steps -1 wherever the mask is 0, so the trainer never has
-to guess alignment.
+inference logprobs and advantages are 0 and policy steps -1 wherever the mask is 0, so the
+trainer never has to guess alignment.
 A batch directory written by `write_batch` is complete when visible and reads back to equal
 samples through `read_batch`, or fails with a `BatchError` naming the file.
 """
@@ -22,6 +22,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from envrl.data.layout import batch_dir
 from envrl.runtime.atomic import atomic_dir, write_file
 
+TOKEN_FIELDS = ("input_ids", "loss_mask", "inference_logprobs", "policy_steps", "token_advantages")
+"""A sample's per-token lists, each with one entry per token of `input_ids`."""
+
 
 class TrainingSample(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -32,6 +35,8 @@ class TrainingSample(BaseModel):
     inference_logprobs: list[float]
     """Logprob of each token under the policy that sampled it; 0 where `loss_mask` is 0."""
     advantage: float
+    """The rollout's advantage (its group's), which every trained token gets unless
+    `token_advantages` says otherwise."""
     env: str
     task_idx: int
     policy_step: int
@@ -40,6 +45,9 @@ class TrainingSample(BaseModel):
     policy_steps: list[int] = []
     """Per token, the policy step whose weights sampled it; -1 where `loss_mask` is 0. Left
     empty, every trained token gets `policy_step`."""
+    token_advantages: list[float] = []
+    """Per token, the advantage the loss weighs it by; 0 where `loss_mask` is 0. Left empty, every
+    trained token gets `advantage` (on-policy distillation sets its own: `orchestrator/distill.py`)."""
     temperature: float = 1.0
     """Sampling temperature of the generated tokens: the trainer divides its logits by it, so both
     sides of the importance ratio are the distribution that sampled."""
@@ -53,15 +61,16 @@ class TrainingSample(BaseModel):
         n = len(self.input_ids)
         if not self.policy_steps and n:
             self.policy_steps = [self.policy_step if m else -1 for m in self.loss_mask]
-        if len(self.loss_mask) != n or len(self.inference_logprobs) != n or len(self.policy_steps) != n:
-            raise ValueError(
-                f"input_ids ({n}), loss_mask ({len(self.loss_mask)}), inference_logprobs "
-                f"({len(self.inference_logprobs)}) and policy_steps ({len(self.policy_steps)}) must have the same length"
-            )
+        if not self.token_advantages and n:
+            self.token_advantages = [self.advantage if m else 0.0 for m in self.loss_mask]
+        lengths = {name: len(getattr(self, name)) for name in TOKEN_FIELDS}
+        if set(lengths.values()) != {n}:
+            raise ValueError(f"per-token fields must all have len(input_ids) = {n} entries; got {lengths}")
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError("loss_mask must hold only 0 and 1")
-        if any(lp != 0.0 for lp, m in zip(self.inference_logprobs, self.loss_mask, strict=True) if m == 0):
-            raise ValueError("inference_logprobs must be 0 where loss_mask is 0")
+        for name in ("inference_logprobs", "token_advantages"):
+            if any(v != 0.0 for v, m in zip(getattr(self, name), self.loss_mask, strict=True) if m == 0):
+                raise ValueError(f"{name} must be 0 where loss_mask is 0")
         if any((p != -1) if m == 0 else (p < 0) for p, m in zip(self.policy_steps, self.loss_mask, strict=True)):
             raise ValueError("policy_steps must be -1 where loss_mask is 0 and a step (>= 0) where it is 1")
         if not (self.temperature > 0 and 0 < self.top_p <= 1 and self.top_k >= 0):
@@ -76,9 +85,9 @@ class TrainingSample(BaseModel):
 # Batch files: the orchestrator -> trainer hand-off (format documented in docs/trainer.md)
 
 BATCH_FORMAT = "envrl-batch"
-BATCH_VERSION = 3
+BATCH_VERSION = 4
 BATCH_FILE = "batch.msgpack"
-_TOKEN_COLUMNS = {"input_ids": "i", "loss_mask": "B", "inference_logprobs": "d", "policy_steps": "i"}
+_TOKEN_COLUMNS = dict(zip(TOKEN_FIELDS, ("i", "B", "d", "i", "d"), strict=True))
 """Per-token columns: packed little-endian arrays, all samples concatenated, cut by `lengths`."""
 _SAMPLE_COLUMNS = tuple(name for name in TrainingSample.model_fields if name not in _TOKEN_COLUMNS)
 """Per-sample columns, one msgpack list each: every other field of `TrainingSample`, so a field

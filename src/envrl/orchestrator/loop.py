@@ -39,6 +39,7 @@ from envrl.orchestrator.background_evals import BackgroundEvals
 from envrl.orchestrator.batch import BatchBuilder
 from envrl.orchestrator.checks import CheckFailed, StepChecks
 from envrl.orchestrator.config import OrchestratorConfig
+from envrl.orchestrator.distill import Distiller
 from envrl.orchestrator.env_handles import C, EnvHandle, TrainEnvs
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import prune_batches
@@ -122,6 +123,7 @@ class Orchestrator:
             describe=self._where, stacks_root=parent_pid(),
         )  # fmt: skip
         self.batch = BatchBuilder(config, self.counters)
+        self.distill = Distiller(config.distill, self.metrics) if config.distill else None
         self.evaluate = partial(
             evaluate, seed=config.seed, max_inflight=config.inflight_limit, output_dir=self.output_dir, sink=self.metrics
         )  # fmt: skip
@@ -197,6 +199,8 @@ class Orchestrator:
         logger.info(f"waiting for the inference server at {self.config.inference.base_url}")
         await self.inference.wait_until_ready(self.config.inference.ready_timeout_s)
         await self.policy.start_from(self.config.model.name)
+        if self.distill is not None:
+            await self.distill.start(self.config.inference.base_urls[0], self.config.model.name)
         await asyncio.gather(*(env.start() for env in self._all_envs))
         logger.info(f"target env shares: {fmt_shares(self.train_envs.shares())}")
 
@@ -206,6 +210,8 @@ class Orchestrator:
         await self.evals.close()
         await asyncio.gather(*(env.shutdown() for env in self._all_envs), return_exceptions=True)
         await self.inference.aclose()
+        if self.distill is not None:
+            await self.distill.aclose()
         self.metrics.close()
         self.ledger.close()
 
@@ -243,7 +249,7 @@ class Orchestrator:
             for group in stale:
                 record(group)
             with self.ledger.span("batching", step):
-                self._build_and_publish(step, groups, stale, record, started)
+                await self._build_and_publish(step, groups, stale, record, started)
             self.watchdog.step_finished(step, time.monotonic() - started)
             self.checks.after_step(step, [(group.env.name, group.traces) for group in groups])
             if self.config.batch_retention == "checkpoints":
@@ -255,12 +261,15 @@ class Orchestrator:
             for env in self.eval_envs:
                 self.evals.start(self.evaluate(env, step, self.policy.current))
 
-    def _build_and_publish(
+    async def _build_and_publish(
         self, step: int, groups: list[Group], stale: list[Group], record: Callable[[Group], None], started: float
     ) -> None:
         """The step's samples (each group recorded first), its metrics, then the batch published."""
         with self.ledger.span("samples", step):
             samples = self.batch.samples(groups, record)
+        if self.distill is not None:
+            with self.ledger.span("teacher", step):
+                samples = await self.distill.apply(step, samples)
         with self.ledger.span("metrics", step):
             self.report.log(
                 step, groups, stale, samples, time.monotonic() - started,

@@ -59,11 +59,27 @@ def test_truncated_batch_file_is_reported_with_its_path(tmp_path):
         read_batch(path)
 
 
+def test_per_token_advantages_round_trip_and_default_to_the_sample_advantage(tmp_path):
+    plain, distilled = synthetic_samples(2)
+    assert plain.token_advantages == [plain.advantage * m for m in plain.loss_mask]  # old behaviour: one per sample
+    per_token = [0.25 * i * m for i, m in enumerate(distilled.loss_mask)]
+    distilled = distilled.model_copy(update={"token_advantages": per_token})
+    assert read_batch(write_batch(tmp_path, 0, [plain, distilled])) == [plain, distilled]
+
+
+def test_an_advantage_on_an_untrained_token_is_refused():
+    sample = synthetic_samples(1)[0]
+    fields = sample.model_dump() | {"token_advantages": [1.0] * len(sample.input_ids)}
+    with pytest.raises(ValueError, match="token_advantages must be 0 where loss_mask is 0"):
+        TrainingSample(**fields)
+
+
 COLUMNS = [
     "input_ids",
     "loss_mask",
     "inference_logprobs",
     "policy_steps",
+    "token_advantages",
     "lengths",
     "advantage",
     "env",
