@@ -51,9 +51,6 @@ class DistillConfig(BaseConfig):
     """Samples scored by the teacher at once."""
     ready_timeout_s: float = Field(600.0, gt=0)
     """Seconds to wait at start-up for the teacher to answer."""
-    api_key_env: str = "ENVRL_TEACHER_API_KEY"
-    """Environment variable with the teacher's API key (sent as a bearer token when set)."""
-    retry: RetryPolicy = RetryPolicy()
 
 
 def distilled(
@@ -82,7 +79,7 @@ class Distiller:
     def __init__(self, config: DistillConfig, sink: MetricsSink) -> None:
         self.config = config
         self.sink = sink
-        self.teacher = TeacherClient(config.teacher_url, config.teacher_model, config.retry, config.api_key_env)
+        self.teacher = TeacherClient(config.teacher_url, config.teacher_model, RetryPolicy())
 
     async def start(self, student_url: str, student_model: str) -> None:
         await self.teacher.start(student_url, student_model, self.config.ready_timeout_s)
