@@ -122,6 +122,11 @@ class TeacherClient:
                 response = await self._http.get(url, timeout=5.0)
                 if response.status_code == 200:
                     return [m["id"] for m in response.json()["data"]]
+                if response.status_code in (401, 403):
+                    raise TeacherError(
+                        f"the teacher at {self.base_url} refused GET {url} (HTTP {response.status_code}): it wants an "
+                        f"API key; put it in the environment variable {TEACHER_API_KEY_ENV}"
+                    )
                 last = f"HTTP {response.status_code}: {response.text[:200]}"
             except (httpx.HTTPError, KeyError, TypeError, ValueError) as e:
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
