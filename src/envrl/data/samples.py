@@ -1,8 +1,8 @@
 """Training samples: what the orchestrator hands the trainer, one per Trace branch.
 
 Guarantee: every sample's per-token lists have the same length, the loss mask is 0/1, and
-inference logprobs are 0 and policy steps -1 wherever the mask is 0, so the trainer never has
-to guess alignment.
+inference logprobs and advantages are 0 and policy steps -1 wherever the mask is 0, so the
+trainer never has to guess alignment.
 A batch directory written by `write_batch` is complete when visible and reads back to equal
 samples through `read_batch`, or fails with a `BatchError` naming the file.
 """
@@ -22,6 +22,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from envrl.data.layout import batch_dir
 from envrl.runtime.atomic import atomic_dir, write_file
 
+TOKEN_FIELDS = ("input_ids", "loss_mask", "inference_logprobs", "policy_steps", "token_advantages")
+"""A sample's per-token lists, each with one entry per token of `input_ids`."""
+
 
 class TrainingSample(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -32,6 +35,8 @@ class TrainingSample(BaseModel):
     inference_logprobs: list[float]
     """Logprob of each token under the policy that sampled it; 0 where `loss_mask` is 0."""
     advantage: float
+    """The rollout's advantage (its group's), which every trained token gets unless
+    `token_advantages` says otherwise."""
     env: str
     task_idx: int
     policy_step: int
@@ -40,6 +45,9 @@ class TrainingSample(BaseModel):
     policy_steps: list[int] = []
     """Per token, the policy step whose weights sampled it; -1 where `loss_mask` is 0. Left
     empty, every trained token gets `policy_step`."""
+    token_advantages: list[float] = []
+    """Per token, the advantage the loss weighs it by; 0 where `loss_mask` is 0. Left empty, every
+    trained token gets `advantage` (on-policy distillation sets its own: `orchestrator/distill.py`)."""
     temperature: float = 1.0
     """Sampling temperature of the generated tokens: the trainer divides its logits by it, so both
     sides of the importance ratio are the distribution that sampled."""
@@ -53,15 +61,16 @@ class TrainingSample(BaseModel):
         n = len(self.input_ids)
         if not self.policy_steps and n:
             self.policy_steps = [self.policy_step if m else -1 for m in self.loss_mask]
-        if len(self.loss_mask) != n or len(self.inference_logprobs) != n or len(self.policy_steps) != n:
-            raise ValueError(
-                f"input_ids ({n}), loss_mask ({len(self.loss_mask)}), inference_logprobs "
-                f"({len(self.inference_logprobs)}) and policy_steps ({len(self.policy_steps)}) must have the same length"
-            )
+        if not self.token_advantages and n:
+            self.token_advantages = [self.advantage if m else 0.0 for m in self.loss_mask]
+        lengths = {name: len(getattr(self, name)) for name in TOKEN_FIELDS}
+        if set(lengths.values()) != {n}:
+            raise ValueError(f"per-token fields must all have len(input_ids) = {n} entries; got {lengths}")
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError("loss_mask must hold only 0 and 1")
-        if any(lp != 0.0 for lp, m in zip(self.inference_logprobs, self.loss_mask, strict=True) if m == 0):
-            raise ValueError("inference_logprobs must be 0 where loss_mask is 0")
+        for name in ("inference_logprobs", "token_advantages"):
+            if any(v != 0.0 for v, m in zip(getattr(self, name), self.loss_mask, strict=True) if m == 0):
+                raise ValueError(f"{name} must be 0 where loss_mask is 0")
         if any((p != -1) if m == 0 else (p < 0) for p, m in zip(self.policy_steps, self.loss_mask, strict=True)):
             raise ValueError("policy_steps must be -1 where loss_mask is 0 and a step (>= 0) where it is 1")
         if not (self.temperature > 0 and 0 < self.top_p <= 1 and self.top_k >= 0):
@@ -76,9 +85,12 @@ class TrainingSample(BaseModel):
 # Batch files: the orchestrator -> trainer hand-off (format documented in docs/trainer.md)
 
 BATCH_FORMAT = "envrl-batch"
-BATCH_VERSION = 3
+BATCH_VERSION = 4
+READABLE_VERSIONS = (3, BATCH_VERSION)
+"""Versions `read_batch` takes: 3 had no `token_advantages` column (every trained token got the
+sample's `advantage`, which is how a v3 file is read), so a run resumes across the upgrade."""
 BATCH_FILE = "batch.msgpack"
-_TOKEN_COLUMNS = {"input_ids": "i", "loss_mask": "B", "inference_logprobs": "d", "policy_steps": "i"}
+_TOKEN_COLUMNS = dict(zip(TOKEN_FIELDS, ("i", "B", "d", "i", "d"), strict=True))
 """Per-token columns: packed little-endian arrays, all samples concatenated, cut by `lengths`."""
 _SAMPLE_COLUMNS = tuple(name for name in TrainingSample.model_fields if name not in _TOKEN_COLUMNS)
 """Per-sample columns, one msgpack list each: every other field of `TrainingSample`, so a field
@@ -161,13 +173,15 @@ def _columns(payload: Any) -> dict[str, Any]:
     """The unpacked columns of a batch payload, each checked against its own CRC32 first."""
     if not isinstance(payload, dict):
         raise ValueError(f"expected a msgpack map, got {type(payload).__name__}")
-    if payload.get("format") != BATCH_FORMAT or payload.get("version") != BATCH_VERSION:
+    if payload.get("format") != BATCH_FORMAT or payload.get("version") not in READABLE_VERSIONS:
         raise ValueError(
-            f"expected format {BATCH_FORMAT!r} version {BATCH_VERSION}, "
+            f"expected format {BATCH_FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}, "
             f"got {payload.get('format')!r} version {payload.get('version')!r}"
         )
     blobs, checksums = payload["columns"], payload["crc32"]
     wanted = {*_TOKEN_COLUMNS, "lengths", *_SAMPLE_COLUMNS}
+    if payload["version"] == 3:
+        wanted.discard("token_advantages")
     if set(blobs) != set(checksums) or not wanted <= set(blobs):
         raise ValueError(f"columns {sorted(blobs)} with checksums for {sorted(checksums)}; expected {sorted(wanted)}")
     for name, blob in blobs.items():
@@ -179,7 +193,7 @@ def _columns(payload: Any) -> dict[str, Any]:
 def _decode(payload: Any) -> list[TrainingSample]:
     columns = _columns(payload)
     lengths = _from_bytes(columns["lengths"], "i")
-    values = {name: _from_bytes(columns[name], code) for name, code in _TOKEN_COLUMNS.items()}
+    values = {name: _from_bytes(columns[name], code) for name, code in _TOKEN_COLUMNS.items() if name in columns}
     per_sample = {name: columns[name] for name in _SAMPLE_COLUMNS}
     total = sum(lengths)
     if any(len(v) != total for v in values.values()) or any(len(v) != len(lengths) for v in per_sample.values()):
@@ -192,6 +206,9 @@ def _decode(payload: Any) -> list[TrainingSample]:
         except ValidationError as e:
             error = e.errors()[0]
             raise ValueError(f"sample {i}: {'.'.join(map(str, error['loc']))}: {error['msg']}") from None
-        samples.append(fields.model_copy(update={name: values[name][start:end] for name in _TOKEN_COLUMNS}))
+        sample = fields.model_copy(update={name: column[start:end] for name, column in values.items()})
+        if "token_advantages" not in values:  # a version-3 file: the sample's advantage on every trained token
+            sample.token_advantages = [sample.advantage if m else 0.0 for m in sample.loss_mask]
+        samples.append(sample)
         start = end
     return samples

@@ -23,6 +23,7 @@ from envrl.model.client import SamplingParams, TrainClientConfig
 from envrl.model.replicas import ReplicaUrls, replica_urls
 from envrl.orchestrator.advantage import AdvantageConfig
 from envrl.orchestrator.checks import ChecksConfig
+from envrl.orchestrator.distill import DistillConfig
 from envrl.orchestrator.retention import BatchRetention
 from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.runtime.http import RetryPolicy
@@ -112,6 +113,9 @@ class OrchestratorConfig(BaseConfig):
     """`truncate`: keep the first `seq_len` tokens (later tokens are not trained; a sample left
     with nothing to train is dropped). `drop`: leave the sample out of the batch."""
     advantage: AdvantageConfig = AdvantageConfig()
+    distill: DistillConfig | None = None
+    """On-policy distillation: per-token reverse KL to a teacher server as the advantage, alone or
+    mixed with the env's (`orchestrator/distill.py`, docs/distill.md); off when unset."""
     refill_rollouts: int = Field(8, ge=0)
     """Rollouts per step that may be run again, one by one, after an infrastructure failure (a dead
     env worker or server, model server or sandbox, with its retries spent): the failed rollout is

@@ -31,6 +31,7 @@ from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.batch import BatchBuilder
 from envrl.orchestrator.checks import StepChecks
 from envrl.orchestrator.config import OrchestratorConfig
+from envrl.orchestrator.distill import Distiller
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import prune_batches
 from envrl.orchestrator.rollout_files import append_group
@@ -115,6 +116,7 @@ class Orchestrator:
             stacks_root=parent_pid(),
         )
         self.batch = BatchBuilder(config, self.counters)
+        self.distill = Distiller(config.distill, self.metrics) if config.distill else None
         self.report = StepReport(self.metrics, self.output_dir, config.max_steps, self.counters)
 
     async def run(self) -> None:
@@ -159,6 +161,8 @@ class Orchestrator:
         logger.info(f"waiting for the inference server at {self.config.inference.base_url}")
         await self.inference.wait_until_ready(self.config.inference.ready_timeout_s)
         await self.policy.start_from(self.config.model.name)
+        if self.distill is not None:
+            await self.distill.start(self.config.inference.base_urls[0], self.config.model.name)
         await asyncio.gather(*(env.start() for env in self._envs))
         logger.info(f"target env shares: {fmt_shares(self.train_envs.shares())}")
 
@@ -169,6 +173,8 @@ class Orchestrator:
         await asyncio.gather(*(env.shutdown() for env in self._envs), return_exceptions=True)
         await self.sidecars.close()
         await self.inference.aclose()
+        if self.distill is not None:
+            await self.distill.aclose()
         self.metrics.close()
         self.ledger.close()
 
@@ -190,6 +196,9 @@ class Orchestrator:
             with self.ledger.span("batching", step):  # samples (each group recorded first), metrics, publish
                 with self.ledger.span("samples", step):
                     samples = self.batch.samples(groups, record)
+                if self.distill is not None:
+                    with self.ledger.span("teacher", step):
+                        samples = await self.distill.apply(step, samples)
                 with self.ledger.span("metrics", step):
                     self.report.log(
                         step,

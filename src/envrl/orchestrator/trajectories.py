@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from envrl.data.samples import TrainingSample
+from envrl.data.samples import TOKEN_FIELDS, TrainingSample
 from envrl.data.traces import Trace, Turn, TurnTokens
 from envrl.model.client import SamplingArgs
 
@@ -186,8 +186,7 @@ def fit_seq_len(
         if policy == "truncate" and any(sample.loss_mask[1:seq_len]):
             counts.truncated += 1
             counts.tokens_cut += excess
-            columns = ("input_ids", "loss_mask", "inference_logprobs", "policy_steps")
-            cut = {key: getattr(sample, key)[:seq_len] for key in columns}
+            cut = {key: getattr(sample, key)[:seq_len] for key in TOKEN_FIELDS}
             fitted.append(sample.model_copy(update=cut))
         else:
             counts.dropped += 1

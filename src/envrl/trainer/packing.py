@@ -134,7 +134,7 @@ def pack(
                 position_ids=positions.unsqueeze(0),
                 loss_mask=torch.tensor([m for s in rows for m in s.loss_mask], dtype=torch.bool) & (positions > 0),
                 inference_logprobs=torch.tensor([lp for s in rows for lp in s.inference_logprobs], dtype=torch.float32),
-                advantages=torch.tensor([s.advantage for s in rows for _ in s.input_ids], dtype=torch.float32),
+                advantages=torch.tensor([a for s in rows for a in s.token_advantages], dtype=torch.float32),
                 weights=torch.tensor([weight_of(s) for s in rows for _ in s.input_ids], dtype=torch.float32),
                 temperature=torch.tensor([s.temperature for s in rows for _ in s.input_ids], dtype=torch.float32),
                 top_p=torch.tensor([s.top_p for s in rows for _ in s.input_ids], dtype=torch.float32),

@@ -59,11 +59,27 @@ def test_truncated_batch_file_is_reported_with_its_path(tmp_path):
         read_batch(path)
 
 
+def test_per_token_advantages_round_trip_and_default_to_the_sample_advantage(tmp_path):
+    plain, distilled = synthetic_samples(2)
+    assert plain.token_advantages == [plain.advantage * m for m in plain.loss_mask]  # old behaviour: one per sample
+    per_token = [0.25 * i * m for i, m in enumerate(distilled.loss_mask)]
+    distilled = distilled.model_copy(update={"token_advantages": per_token})
+    assert read_batch(write_batch(tmp_path, 0, [plain, distilled])) == [plain, distilled]
+
+
+def test_an_advantage_on_an_untrained_token_is_refused():
+    sample = synthetic_samples(1)[0]
+    fields = sample.model_dump() | {"token_advantages": [1.0] * len(sample.input_ids)}
+    with pytest.raises(ValueError, match="token_advantages must be 0 where loss_mask is 0"):
+        TrainingSample(**fields)
+
+
 COLUMNS = [
     "input_ids",
     "loss_mask",
     "inference_logprobs",
     "policy_steps",
+    "token_advantages",
     "lengths",
     "advantage",
     "env",
@@ -129,3 +145,18 @@ def test_per_token_policy_steps_round_trip_and_are_checked(tmp_path):
     with pytest.raises(ValueError, match="policy_steps must be -1 where loss_mask is 0"):
         TrainingSample(**fields)
     assert TrainingSample(**(fields | {"policy_steps": []})).policy_steps == [2 if m else -1 for m in sample.loss_mask]
+
+
+def test_a_version_3_batch_without_per_token_advantages_still_reads(tmp_path):
+    """A run started before batch format 4 resumes: its files give every trained token the sample's advantage."""
+    samples = synthetic_samples(3, seed=1)
+    path = write_batch(tmp_path, 0, samples)
+    payload = msgpack.unpackb((path / BATCH_FILE).read_bytes(), raw=False)
+    del payload["columns"]["token_advantages"], payload["crc32"]["token_advantages"]
+    payload["version"] = 3
+    (path / BATCH_FILE).write_bytes(msgpack.packb(payload, use_bin_type=True))
+    assert read_batch(path) == samples
+    payload["version"] = 2
+    (path / BATCH_FILE).write_bytes(msgpack.packb(payload, use_bin_type=True))
+    with pytest.raises(BatchError, match="version 3 or 4, got 'envrl-batch' version 2"):
+        read_batch(path)

@@ -124,6 +124,18 @@ def test_each_token_carries_its_samples_sampling_parameters():
     assert mb.top_k.tolist() == [7, 7, 7, 0, 0]
 
 
+def test_each_token_carries_its_own_advantage():
+    samples = synthetic_samples(3)
+    samples[1] = samples[1].model_copy(
+        update={"token_advantages": [0.5 * i * m for i, m in enumerate(samples[1].loss_mask)]}
+    )
+    (mb,) = pack(samples, max_tokens=10_000, normalize="token")
+    # the row holds the samples in some order: compare the multiset of (token, advantage) pairs
+    packed = sorted(zip(mb.input_ids[0].tolist(), mb.advantages.tolist(), strict=True))
+    expected = sorted((t, a) for s in samples for t, a in zip(s.input_ids, s.token_advantages, strict=True))
+    assert packed == expected  # multiples of 0.5 below 2^24 are exact in float32
+
+
 def test_every_rank_gets_the_same_number_of_micro_batches():
     micro_batches = pack(synthetic_samples(7, seed=1), max_tokens=48, normalize="token")
     shards = [shard(micro_batches, rank, 3, pad_token_id=0) for rank in range(3)]

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envrl.data.layout import batch_dir
-from envrl.data.samples import BATCH_FILE, BatchError, write_batch
+from envrl.data.samples import BATCH_FILE, BatchError, TrainingSample, write_batch
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.checkpoint import list_checkpoints
 from envrl.trainer.config import OptimConfig
@@ -89,7 +89,7 @@ def test_resume_step_that_does_not_exist_names_what_does(tmp_path):
 def test_nan_loss_stops_the_run_naming_the_step_before_the_optimizer_step(tmp_path):
     write_batches(tmp_path, 1)
     samples = synthetic_samples(4, policy_step=1)
-    samples[1] = samples[1].model_copy(update={"advantage": math.nan})
+    samples[1] = TrainingSample(**samples[1].model_dump() | {"advantage": math.nan, "token_advantages": []})
     write_batch(tmp_path, 1, samples)
     trainer = make_trainer(tmp_path, max_steps=2)
     with pytest.raises(TrainingError, match=r"step 1: loss is nan .*rollouts/step_1"):

@@ -1,0 +1,111 @@
+"""On-policy distillation: the student samples, a teacher scores the student's tokens, and each
+token's reverse KL to the teacher becomes its advantage (alone or mixed with the env's reward).
+
+Guarantee: with `orchestrator.distill` set, every trained token t of every sample of a step is
+trained with the advantage
+
+    reward_coef * A + kl_coef * (log p_teacher(t) - log p_student(t))
+
+where A is the sample's group advantage (`advantage.py`), log p_student(t) the logprob the student
+sampled t with and log p_teacher(t) the teacher's for the same token after the same tokens
+(`teacher.py`); tokens the loss does not train keep advantage 0. The second term is minus the
+per-token sample estimate of KL(student || teacher), so the policy gradient lowers the reverse KL.
+A token whose sampling logprob is unknown (a back-filled turn, NaN) gets no KL term. Every
+sample of the step is scored, at most `max_concurrency` at once, before the step is published; a
+teacher that fails after its retries fails the step with `TeacherError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+
+from loguru import logger
+from pydantic import Field
+
+from envrl.config import BaseConfig
+from envrl.data.samples import TrainingSample
+from envrl.orchestrator.teacher import TeacherClient
+from envrl.runtime.http import RetryPolicy
+from envrl.telemetry.metrics import MetricsSink
+
+
+class DistillConfig(BaseConfig):
+    """`orchestrator.distill`: the teacher and how its signal mixes with the env's reward
+    (docs/distill.md: these keys next to TRL's and prime-rl's)."""
+
+    teacher_url: str
+    """The teacher's OpenAI-compatible server, e.g. "http://127.0.0.1:8100/v1" (envrl's `inference`
+    on the teacher's weights, or `vllm serve`): it must return vLLM's `prompt_logprobs` and serve
+    `/tokenize`, with the student's tokenizer."""
+    teacher_model: str | None = None
+    """The model name to ask the teacher for; default: the one model it lists."""
+    kl_coef: float = Field(1.0, ge=0)
+    """Weight of the per-token reverse-KL advantage log p_teacher - log p_student."""
+    reward_coef: float = Field(0.0, ge=0)
+    """Weight of the env's group advantage; 0 (the default) distils alone, the reward then only
+    shows in metrics and evals."""
+    max_concurrency: int = Field(16, ge=1)
+    """Samples scored by the teacher at once."""
+    ready_timeout_s: float = Field(600.0, gt=0)
+    """Seconds to wait at start-up for the teacher to answer."""
+
+
+def distilled(
+    sample: TrainingSample, teacher_logprobs: Sequence[float], config: DistillConfig
+) -> tuple[TrainingSample, float, int]:
+    """`sample` with its per-token advantages set from `teacher_logprobs` (one per token), the sum
+    of its trained tokens' log p_student - log p_teacher (the reverse-KL estimate) and their count."""
+    if len(teacher_logprobs) != len(sample.input_ids):
+        raise ValueError(f"{len(teacher_logprobs)} teacher logprobs for a sample of {len(sample.input_ids)} tokens")
+    advantages, kl_sum, scored = [], 0.0, 0
+    for mask, student, teacher in zip(sample.loss_mask, sample.inference_logprobs, teacher_logprobs, strict=True):
+        advantage = 0.0
+        if mask:
+            advantage = config.reward_coef * sample.advantage
+            if not math.isnan(student):
+                advantage += config.kl_coef * (teacher - student)
+                kl_sum += student - teacher
+                scored += 1
+        advantages.append(advantage)
+    return sample.model_copy(update={"token_advantages": advantages}), kl_sum, scored
+
+
+class Distiller:
+    """Sets each step's per-token advantages from the teacher; `start` before the first step."""
+
+    def __init__(self, config: DistillConfig, sink: MetricsSink) -> None:
+        self.config = config
+        self.sink = sink
+        self.teacher = TeacherClient(config.teacher_url, config.teacher_model, RetryPolicy())
+
+    async def start(self, student_url: str, student_model: str) -> None:
+        await self.teacher.start(student_url, student_model, self.config.ready_timeout_s)
+
+    async def apply(self, step: int, samples: list[TrainingSample]) -> list[TrainingSample]:
+        """The step's samples with distillation advantages; logs `distill/` metrics for the step."""
+        started = time.monotonic()
+        gate = asyncio.Semaphore(self.config.max_concurrency)
+
+        async def score(sample: TrainingSample) -> list[float]:
+            async with gate:
+                return await self.teacher.logprobs(sample.input_ids)
+
+        scores = await asyncio.gather(*(score(s) for s in samples))
+        results = [distilled(s, lp, self.config) for s, lp in zip(samples, scores, strict=True)]
+        tokens = sum(n for _, _, n in results)
+        reverse_kl = sum(kl for _, kl, _ in results) / tokens if tokens else math.nan
+        seconds = time.monotonic() - started
+        self.sink.log(
+            step, {"distill/reverse_kl": reverse_kl, "distill/scored_tokens": tokens, "distill/teacher_s": seconds}
+        )
+        logger.info(
+            f"step {step}: teacher scored {tokens} tokens of {len(samples)} samples in {seconds:.1f} s; "
+            f"reverse KL to it {reverse_kl:.3f} nats/token"
+        )
+        return [s for s, _, _ in results]
+
+    async def aclose(self) -> None:
+        await self.teacher.aclose()

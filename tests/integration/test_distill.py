@@ -1,0 +1,135 @@
+"""On-policy distillation end to end: the teacher scores exactly the tokens the student sampled,
+a teacher with another tokenizer is refused in one line, and `rl` runs the distillation recipe
+(`configs/cpu/smollm2_distill.toml`) on a cut-down SmolLM2 student with the tiny model as the
+teacher (both use the tiny byte-level tokenizer) for a few steps.
+
+Tolerance of the scoring test: the teacher's prompt logprobs (one prefill) and the sampled
+tokens' logprobs (one decode step each) come from the same float32 weights on the same server,
+differing only in summation order (batched prefill GEMMs against one-row decode GEMMs): about
+sqrt(K) * 6e-8 ~ 1e-6 relative per dot product of length K <= 256 through the tiny model's two
+layers. 1e-4 leaves two orders of magnitude for that, while scoring the wrong tokens (an
+off-by-one alignment) moves logprobs by more than 1e-1 on the random tiny model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from envrl.model.inference import InferenceClient
+from envrl.model.smollm2 import build_cut_down
+from envrl.orchestrator.teacher import TeacherClient, TeacherError
+from envrl.runtime.http import RetryPolicy
+from tests.support.chaos_runs import ROOT
+from tests.support.run_files import metric_lines
+from tests.support.smoke import finish, rl_process, wait_no_survivors
+from tests.support.vllm_server import VLLMServer
+
+RECIPE = ROOT / "configs" / "cpu" / "smollm2_distill.toml"
+STEPS = 3
+MAX_LOGPROB_DIFF = 1e-4
+PROMPT = [1, 40, 41, 42, 43, 44, 45, 46]
+
+
+def teacher(server: VLLMServer, url_suffix: str = "/v1") -> TeacherClient:
+    return TeacherClient(server.base_url + url_suffix, None, RetryPolicy(max_retries=0, timeout_s=300.0))
+
+
+def test_the_teacher_scores_exactly_the_tokens_the_student_sampled(vllm_server: VLLMServer) -> None:
+    async def sample_and_score() -> tuple[list[float], list[float]]:
+        student = InferenceClient(vllm_server.base_url, vllm_server.model, RetryPolicy(max_retries=0, timeout_s=300.0))
+        scorer = teacher(vllm_server)
+        try:
+            await scorer.start(vllm_server.base_url, vllm_server.model, timeout=60.0)
+            done = await student.generate(PROMPT, {"max_tokens": 12, "temperature": 1.0, "seed": 3, "ignore_eos": True})
+            scores = await scorer.logprobs(PROMPT + done.completion_ids)
+            return done.logprobs, scores
+        finally:
+            await student.aclose()
+            await scorer.aclose()
+
+    sampled, scored = asyncio.run(sample_and_score())
+    assert len(scored) == len(PROMPT) + len(sampled) and scored[0] == 0.0
+    assert max(abs(a - b) for a, b in zip(sampled, scored[len(PROMPT) :], strict=True)) < MAX_LOGPROB_DIFF
+    # the same server as student and teacher: the reverse KL of what it sampled is ~0
+
+
+class _OtherTokenizer(BaseHTTPRequestHandler):
+    """An OpenAI-compatible teacher whose tokenizer is not the student's: /tokenize gives other ids."""
+
+    def do_GET(self) -> None:
+        self._answer({"object": "list", "data": [{"id": "other-teacher", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._answer({"tokens": [7, 7, 7], "count": 3, "max_model_len": 2048})
+
+    def _answer(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def other_tokenizer_teacher() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OtherTokenizer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(
+    vllm_server: VLLMServer, other_tokenizer_teacher: str
+) -> None:
+    async def start() -> None:
+        scorer = TeacherClient(other_tokenizer_teacher, None, RetryPolicy(max_retries=0))
+        try:
+            await scorer.start(vllm_server.base_url, vllm_server.model, timeout=30.0)
+        finally:
+            await scorer.aclose()
+
+    with pytest.raises(TeacherError) as refused:
+        asyncio.run(start())
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("refusing teacher 'other-teacher'"), message
+    assert "tokenizer differs from the student's" in message
+
+
+def test_rl_distils_a_cut_down_smollm2_from_a_teacher_server(vllm_server: VLLMServer, tmp_path: Path) -> None:
+    student = build_cut_down(tmp_path / "student")
+    out = tmp_path / "run"
+    overrides = (
+        "--model.name", str(student), "--max-steps", str(STEPS),
+        "--orchestrator.distill.teacher_url", f"{vllm_server.base_url}/v1",
+        "--orchestrator.eval.at_start", "false", "--orchestrator.eval.at_end", "false",
+    )  # fmt: skip
+    with rl_process(out, *overrides, config=RECIPE) as (proc, marker):
+        code, console = finish(proc, timeout=900)
+        assert code == 0, console[-3000:]
+        assert not wait_no_survivors(marker)
+    records = metric_lines(out)
+    assert sorted(m["step"] for m in records if "trainer/loss" in m) == list(range(STEPS))
+    distill = {m["step"]: m for m in records if "distill/reverse_kl" in m}
+    assert sorted(distill) == list(range(STEPS))
+    trained = {m["step"]: m["train/trained_tokens"] for m in records if "train/trained_tokens" in m}
+    for step, line in distill.items():  # the teacher scored every token the step trains
+        assert line["distill/scored_tokens"] == trained[step] > 0
+        assert math.isfinite(line["distill/reverse_kl"])
