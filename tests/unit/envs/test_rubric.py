@@ -141,16 +141,17 @@ def test_async_reward_function_is_stopped_at_the_scoring_timeout() -> None:
 
 
 def test_waiting_for_a_scoring_slot_does_not_count_against_the_timeout() -> None:
-    """4x more scorings than slots: the last wave waits ~3 runs, longer than the timeout itself."""
+    """8x more scorings than slots: the last wave waits ~7 runs (7 s), longer than the timeout (4 s),
+    while each run (1 s) keeps 3 s of slack for a loaded machine."""
 
     def takes_a_while() -> float:
-        time.sleep(0.5)
+        time.sleep(1.0)
         return 1.0
 
     env = env_with(Rubric({takes_a_while: 1.0}))
     client = ScriptedClient(ScriptedClientConfig(replies=["x"]))
-    n = 4 * (os.cpu_count() or 1)
-    traces = asyncio.run(env.run_group(env.get_task("train", 0), client, SAMPLING, n, scoring_timeout=1.5))
+    n = 8 * (os.cpu_count() or 1)
+    traces = asyncio.run(env.run_group(env.get_task("train", 0), client, SAMPLING, n, scoring_timeout=4.0))
     assert [t.error for t in traces] == [None] * n and [t.reward for t in traces] == [1.0] * n
 
 
