@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -216,21 +217,47 @@ def tokenizer_source(output_dir: Path) -> str | None:
 
 
 class Detokenizer:
-    """Token ids as text, one id at a time (cached): what each coloured token in the page shows."""
+    """Token ids as text, one id at a time (cached): what each coloured token in the page shows.
+    A tokenizer.json without clean-up of spaces decodes through the `tokenizers` library itself,
+    as transformers' decode does, without importing transformers and torch (seconds at the end of
+    every `rl` run); any other tokenizer through transformers."""
 
     def __init__(self, source: str | None) -> None:
-        self._tokenizer: Any = None
+        self._decode: Callable[[list[int]], str] | None = None
         self._cache: dict[int, str] = {}
         if source is not None:
-            from transformers import AutoTokenizer
-
-            try:
-                self._tokenizer = AutoTokenizer.from_pretrained(source)
-            except (OSError, ValueError) as e:
-                logger.warning(f"tokenizer at {source} could not be loaded ({e}); tokens are shown as ids")
+            self._decode = _tokenizers_decode(Path(source)) or _transformers_decode(source)
 
     def __call__(self, token_id: int) -> str:
         if token_id not in self._cache:
-            text = self._tokenizer.decode([token_id]) if self._tokenizer is not None else None
+            text = self._decode([token_id]) if self._decode is not None else None
             self._cache[token_id] = text if text else f"<{token_id}>"
         return self._cache[token_id]
+
+
+def _tokenizers_decode(directory: Path) -> Callable[[list[int]], str] | None:
+    """Decoding by `directory`'s tokenizer.json, special tokens kept (transformers' default), or
+    None where transformers would do more (clean-up of spaces) or the file is missing or bad."""
+    file, config = directory / "tokenizer.json", directory / "tokenizer_config.json"
+    try:
+        if not file.is_file() or (
+            config.is_file() and json.loads(config.read_text()).get("clean_up_tokenization_spaces")
+        ):
+            return None
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception:  # transformers then loads it, or says why it cannot
+        return None
+    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def _transformers_decode(source: str) -> Callable[[list[int]], str] | None:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        logger.warning(f"tokenizer at {source} could not be loaded ({e}); tokens are shown as ids")
+        return None
+    return lambda ids: str(tokenizer.decode(ids))

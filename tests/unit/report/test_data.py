@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from envrl.data.layout import train_rollouts_file
@@ -68,3 +70,20 @@ def test_metric_series_keep_the_last_line_of_a_step(tmp_path: Path) -> None:
         f.write('{"step": 1, "process": "orchestrator", "train/learnable/reward": 0.9}\n{"step": 2, "trun')
 
     assert series(read_metrics(tmp_path), "train/learnable/reward") == ([0, 1, 2], [0.0, 0.9, 0.2])
+
+
+def test_tokens_read_as_transformers_decodes_them_without_importing_it() -> None:
+    from transformers import AutoTokenizer
+
+    from envrl.model.tiny import DEFAULT_DIR
+    from envrl.report.data import Detokenizer
+
+    reference = AutoTokenizer.from_pretrained(DEFAULT_DIR)
+    detok = Detokenizer(str(DEFAULT_DIR))
+    ids = range(len(reference))  # every token, special ones included
+    assert [detok(i) for i in ids] == [reference.decode([i]) or f"<{i}>" for i in ids]
+    probe = "import sys; from envrl.report.data import Detokenizer; Detokenizer(sys.argv[1])(5); print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    imported = subprocess.run(
+        [sys.executable, "-c", probe, str(DEFAULT_DIR)], capture_output=True, text=True, check=True
+    )
+    assert imported.stdout.strip() == "[]", imported

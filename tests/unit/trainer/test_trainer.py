@@ -60,15 +60,15 @@ def test_published_weights_reload_in_transformers_with_the_base_tensor_names(tmp
 def test_resume_continues_bit_for_bit(tmp_path):
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     for out in (straight, interrupted):
-        write_batches(out, 3)
-    make_trainer(straight, max_steps=3).run()
-    make_trainer(interrupted, max_steps=2, **{"ckpt.interval": 1}).run()
-    make_trainer(interrupted, max_steps=3, resume=True).run()
-    assert [m["step"] for m in metric_lines(interrupted)] == [0, 1, 2]
-    want, got = metric_lines(straight)[2], metric_lines(interrupted)[2]
+        write_batches(out, 2)
+    make_trainer(straight, max_steps=2).run()
+    make_trainer(interrupted, max_steps=1, **{"ckpt.interval": 1}).run()  # Adam's moments are set by then
+    make_trainer(interrupted, max_steps=2, resume=True).run()
+    assert [m["step"] for m in metric_lines(interrupted)] == [0, 1]
+    want, got = metric_lines(straight)[1], metric_lines(interrupted)[1]
     assert (got["trainer/loss"], got["trainer/grad_norm"]) == (want["trainer/loss"], want["trainer/grad_norm"])
-    final_straight = load_file(straight / "weights" / "step_3" / "model.safetensors")
-    final_resumed = load_file(interrupted / "weights" / "step_3" / "model.safetensors")
+    final_straight = load_file(straight / "weights" / "step_2" / "model.safetensors")
+    final_resumed = load_file(interrupted / "weights" / "step_2" / "model.safetensors")
     assert all(torch.equal(final_straight[name], final_resumed[name]) for name in final_straight)
 
 
