@@ -26,7 +26,18 @@ from statistics import fmean, median
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cpu" / "smollm2_tool_agent.toml"
 ENV = "calculator"
-SFT_ARGS = ("--epochs", "1", "--batch-size", "8", "--optim.lr", "1e-4", "--optim.schedule", "cosine")
+SFT_ARGS = (
+    "--epochs",
+    "1",
+    "--batch-size",
+    "8",
+    "--optim.lr",
+    "1e-4",
+    "--optim.schedule",
+    "cosine",
+    "--compile",
+    "false",
+)
 """The recipe's warm start (the config's header): one pass over 128 demonstrations, 16 steps."""
 DEMOS = 128
 
