@@ -171,7 +171,7 @@ def tool_agent_task(shapes: dict, model: str) -> tuple[list[dict], Callable[...,
         """Evaluate an arithmetic expression of integers with +, -, * and parentheses.
 
         Args:
-            expression: the expression, e.g. "12 * (3 + 4)".
+            expression: the arithmetic to evaluate, written out in full.
         """
         return Calculator().calculate(expression)
 

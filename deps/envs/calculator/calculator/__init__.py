@@ -40,7 +40,7 @@ class Calculator:
         """Evaluate an arithmetic expression of integers with +, -, * and parentheses.
 
         Args:
-            expression: the expression, e.g. "12 * (3 + 4)".
+            expression: the arithmetic to evaluate, written out in full.
         """
         if len(expression) > MAX_EXPRESSION:
             raise ValueError(f"the expression is {len(expression)} characters; at most {MAX_EXPRESSION}")
