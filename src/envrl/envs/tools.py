@@ -154,7 +154,8 @@ def parse_tool_calls(message: Message) -> list[ToolCall | ToolCallError]:
     calls: list[ToolCall | ToolCallError] = []
     for body in _TOOL_CALL.findall(text):
         try:
-            calls.append(_tool_call(json.loads(body)))
+            data = json.loads(body)
+            calls += [_tool_call(item) for item in (data if isinstance(data, list) and data else [data])]
         except json.JSONDecodeError as e:
             calls.append(
                 ToolCallError(f"the tool call is not valid JSON ({e.msg} at character {e.pos}): {body.strip()[:200]}")

@@ -14,10 +14,16 @@ result is a normal Llama-architecture HF model (head_dim 64, fine for vLLM on CP
 Guarantee: `build_cut_down(out, seed)` writes, in about a second and from the repo alone, a
 `LlamaForCausalLM` with every SmolLM2-135M-Instruct config key of `SMOLLM2_CONFIG` except the
 sizes in `CUT_DOWN_SIZES` (grouped-query attention 3:1, head_dim 64, tied embeddings, rope theta,
-norm epsilon), SmolLM2's chat template and special-token roles (pad = eos = `<|im_end|>`), and
-the tiny model's byte-level tokenizer (`src/envrl/model/tiny.py`); the same seed gives the same
-weights. The converter checks the converted model against `SMOLLM2_CONFIG`, so the cut-down
-model cannot drift from the real one unnoticed.
+norm epsilon), the converted model's chat template (`SMOLLM2_TOOLS_CHAT_TEMPLATE`) and
+special-token roles (pad = eos = `<|im_end|>`), and the tiny model's byte-level tokenizer
+(`src/envrl/model/tiny.py`); the same seed gives the same weights. The converter checks the
+converted model against `SMOLLM2_CONFIG` and the GGUF's template against SmolLM2's, so the
+cut-down model cannot drift from the real one unnoticed.
+
+The GGUF's template renders no tools, so a tool env could not run on SmolLM2 (`UnknownToolFormat`);
+both models carry SmolLM2's template extended with tools in SmolLM2's own function-calling syntax
+(docs/agents.md, the SmolLM2 tool agent), which renders every conversation without tools exactly
+as before.
 """
 
 from __future__ import annotations
@@ -69,7 +75,31 @@ SMOLLM2_CHAT_TEMPLATE = (
     "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-"""SmolLM2-135M-Instruct's chat template, as the converted tokenizer carries it."""
+"""SmolLM2-135M-Instruct's chat template, as the GGUF's tokenizer carries it: it renders no tools."""
+
+SMOLLM2_TOOLS_CHAT_TEMPLATE = (
+    "{%- if tools or messages | selectattr('tool_calls') | list %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ 'You have access to the following tools:\n<tools>' + (tools or []) | tojson + '</tools>\n'"
+    ' + \'To call tools, write <tool_call>[{"name": "func_name", "arguments": {"arg": "value"}}]</tool_call>\''
+    " + '<|im_end|>\n' }}"
+    "{%- for message in messages %}{% if not (loop.first and message['role'] == 'system') %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') }}"
+    "{%- if message['tool_calls'] %}{{ '<tool_call>[' }}{% for call in message['tool_calls'] %}"
+    "{%- set function = call['function'] or call %}{% if not loop.first %}{{ ', ' }}{% endif %}"
+    "{{ '{\"name\": ' + function['name'] | tojson + ', \"arguments\": ' }}"
+    "{%- if function['arguments'] is string %}{{ function['arguments'] }}{% else %}{{ function['arguments'] | tojson }}"
+    "{%- endif %}{{ '}' }}{% endfor %}{{ ']</tool_call>' }}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endif %}{% endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{%- else %}" + SMOLLM2_CHAT_TEMPLATE + "{% endif %}"
+)
+"""The chat template the converted and cut-down models carry: SmolLM2's own where no tools are
+offered (byte for byte), and where they are, the tools in the system turn as SmolLM2's
+function-calling data shows them (`<tools>[...]</tools>`) and calls in its syntax,
+`<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>` (the `hermes` family of
+model/tool_calls.py, a list of calls per tag); tool replies are `tool` turns."""
 
 
 def config_mismatches(config: PretrainedConfig) -> list[str]:
@@ -92,7 +122,7 @@ def config_mismatches(config: PretrainedConfig) -> list[str]:
 def build_cut_down(out: Path, seed: int = 0) -> Path:
     """Write the cut-down SmolLM2 (see the module docstring) to `out` and return it."""
     tokenizer = build_tokenizer()
-    tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
+    tokenizer.chat_template = SMOLLM2_TOOLS_CHAT_TEMPLATE
     tokenizer.pad_token = EOS  # SmolLM2 pads with its eos token
     sizes = {**SMOLLM2_CONFIG, **CUT_DOWN_SIZES, "vocab_size": len(tokenizer)}
     del sizes["architectures"]
@@ -123,6 +153,9 @@ def convert(out: Path) -> Path:
         )
     gguf_dir = Path(spec.submodule_search_locations[0])
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
+    if tokenizer.chat_template != SMOLLM2_CHAT_TEMPLATE:
+        raise SystemExit("the GGUF's chat template is not SmolLM2's (SMOLLM2_CHAT_TEMPLATE); update the converter")
+    tokenizer.chat_template = SMOLLM2_TOOLS_CHAT_TEMPLATE  # SmolLM2's own renders no tools
     loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME, dtype="float32")
     # transformers marks a GGUF-loaded model as quantised and refuses to save it; the tensors are
     # already dequantised, so copy them into a plain model of the same config.

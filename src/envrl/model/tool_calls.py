@@ -1,7 +1,7 @@
 """Tool calls in a model's generated text, per chat-template family, as OpenAI `tool_calls`.
 
 Guarantee: `family_of(chat_template)` names the family whose syntax the template teaches
-(Hermes/Qwen `<tool_call>{json}</tool_call>`, Llama-3 JSON, Mistral `[TOOL_CALLS]`) or None;
+(Hermes/Qwen `<tool_call>{json}</tool_call>`, or a JSON list of calls in the tag as SmolLM2 writes, Llama-3 JSON, Mistral `[TOOL_CALLS]`) or None;
 `parse` turns a completion's text into an assistant message holding structured `tool_calls`
 (`{"id", "type": "function", "function": {"name", "arguments": <JSON text>}}`) and the text around
 them, and leaves a completion whose calls do not parse as plain text, so the env (envs/tools.py)
@@ -85,10 +85,17 @@ def _hermes(text: str) -> Calls | None:
     bodies = _HERMES.findall(text)
     if not bodies or text.count("<tool_call>") != len(bodies):
         return None
-    found = [_named(_json(body), "arguments") for body in bodies]
-    if any(call is None for call in found):
+    # Hermes writes one call object per tag; SmolLM2 a list of them (`<tool_call>[{...}, ...]</tool_call>`).
+    objects = [item for body in bodies for item in _listed(_json(body))]
+    found = [_named(item, "arguments") for item in objects]
+    if not found or any(call is None for call in found):
         return None
     return _HERMES.sub("", text).strip(), [c for c in found if c is not None]
+
+
+def _listed(data: Any) -> list[Any]:
+    """A tag's call objects: the list it holds, or itself."""
+    return data if isinstance(data, list) else [data]
 
 
 def _llama3(text: str) -> Calls | None:

@@ -63,6 +63,9 @@ class SFTConfig(BaseConfig):
     """As `trainer.attn_implementation`."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward to save memory."""
+    compile: Literal["auto"] | bool = "auto"
+    """As `trainer.compile`. A short SFT on CPU may spend more compiling than training: SmolLM2's
+    first step took 5 min of compiling on the 2-core box, so `--compile false` there."""
     log: LogConfig = LogConfig()
     wandb: WandbConfig = WandbConfig()
 
@@ -77,6 +80,7 @@ class SFTConfig(BaseConfig):
             dtype=self.dtype,
             attn_implementation=self.attn_implementation,
             activation_checkpointing=self.activation_checkpointing,
+            compile=self.compile,
             optim=self.optim,
         )
 

@@ -20,6 +20,11 @@ def test_hermes_calls_become_structured_with_the_text_around_them_kept() -> None
     assert len({c["id"] for c in message["tool_calls"]}) == 2
 
 
+def test_smollm2_writes_a_list_of_calls_in_one_hermes_tag() -> None:
+    text = '<tool_call>[{"name": "calculate", "arguments": {"expression": "3 * 4"}}, {"name": "get", "arguments": {}}]</tool_call>'
+    assert calls(parse(text, "hermes")) == [("calculate", {"expression": "3 * 4"}), ("get", {})]
+
+
 def test_llama3_json_calls_with_or_without_the_python_tag() -> None:
     assert calls(parse('{"name": "get", "parameters": {"key": "a"}}', "llama3")) == [("get", {"key": "a"})]
     two = '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": 2}}'
@@ -40,6 +45,8 @@ def test_mistral_calls_in_the_list_and_the_named_syntax() -> None:
         ('<tool_call>{"name": "get", "arguments": {bad json}</tool_call>', "hermes"),
         ('<tool_call>{"name": "get", "arguments": {}}', "hermes"),  # never closed
         ('<tool_call>{"arguments": {}}</tool_call>', "hermes"),  # no name
+        ("<tool_call>[]</tool_call>", "hermes"),  # an empty list of calls
+        ('<tool_call>[{"name": "get", "arguments": {}}, 3]</tool_call>', "hermes"),  # a list with a non-call
         ('{"name": "get", "parameters": [1]}', "llama3"),
         ("[TOOL_CALLS]not json", "mistral"),
     ],

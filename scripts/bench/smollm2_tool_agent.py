@@ -1,0 +1,136 @@
+"""The SmolLM2 tool-agent recipe per seed: held-back eval of the base model, `rl sft` on the
+calculator demonstrations, then `rl` on configs/cpu/smollm2_tool_agent.toml; prints a table.
+
+    flock /tmp/envrl-learn.lock uv run --no-sync python -m scripts.bench.smollm2_tool_agent \
+        [--seeds 0 1 2] [--model deps/models/smollm2-135m] [--out outputs/tool_agent_seeds]
+
+Per seed s: `calculator.demos --seed s` (128 conversations, half of them calling the tool), `rl
+sft --seed s` (the recipe's warm start), `rl --seed s` from the fine-tuned weights (eval at step
+0, i.e. after SFT, and after the last step). The base model's eval runs once (`--base-eval`, on
+by default): the same config from the base weights for one step, eval at start only; the eval
+tasks do not depend on the seed. Each line: eval reward base / after SFT / after RL, the eval's
+tool calls per episode and valid-call share after SFT and after RL, the median RL step (trainer
+ledger, steps after the first) and the wall time of SFT and RL. Numbers go to docs/agents.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import fmean, median
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "cpu" / "smollm2_tool_agent.toml"
+ENV = "calculator"
+SFT_ARGS = (
+    "--epochs",
+    "1",
+    "--batch-size",
+    "8",
+    "--optim.lr",
+    "1e-4",
+    "--optim.schedule",
+    "cosine",
+    "--compile",
+    "false",
+)
+"""The recipe's warm start (the config's header): one pass over 128 demonstrations, 16 steps."""
+DEMOS = 128
+
+
+def run(argv: list[str], log: Path) -> float:
+    """Run `argv` from the repo root, output to `log`; its wall seconds (SystemExit if it failed)."""
+    started = time.monotonic()
+    with log.open("w") as f:
+        code = subprocess.run(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise SystemExit(f"{' '.join(argv[:4])} ... exited with {code}; see {log}")
+    return time.monotonic() - started
+
+
+def rl(out: Path, model: str, seed: int, *extra: str) -> float:
+    argv = [
+        sys.executable, "-m", "envrl.launcher.main", "--config", str(CONFIG), "--model.name", model,
+        "--output-dir", str(out), "--seed", str(seed), "--wandb.mode", "disabled", "--clean", *extra,
+    ]  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    return run(argv, out.parent / f"{out.name}.log")
+
+
+def evals(out: Path) -> list[dict[str, float]]:
+    """The run's eval records in step order."""
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if f"eval/{ENV}/reward" in m]
+
+
+def step_seconds(out: Path) -> float:
+    from envrl.report.timeline import step_splits
+    from envrl.telemetry.ledger import read_ledger
+
+    return median(s.wall for s in step_splits(read_ledger(out))[1:-1])
+
+
+def seed_run(base: Path, model: str, seed: int) -> dict[str, float]:
+    demos = base / f"demos_s{seed}.jsonl"
+    run([sys.executable, "-m", "calculator.demos", "--out", str(demos), "--count", str(DEMOS), "--seed", str(seed)],
+        base / f"demos_s{seed}.log")  # fmt: skip
+    sft_out = base / f"sft_s{seed}"
+    sft_s = run(
+        [sys.executable, "-m", "envrl.launcher.main", "sft", "--model.name", model, "--data", str(demos),
+         "--output-dir", str(sft_out), "--seed", str(seed), *SFT_ARGS],
+        base / f"sft_s{seed}.log",
+    )  # fmt: skip
+    rl_out = base / f"rl_s{seed}"
+    rl_s = rl(rl_out, str(sft_out / "weights" / "final"), seed)
+    start, end = evals(rl_out)[0], evals(rl_out)[-1]
+    key = f"eval/{ENV}"
+    return {
+        "sft": start[f"{key}/reward"],
+        "rl": end[f"{key}/reward"],
+        "calls_sft": start.get(f"{key}/metric/tool_calls", 0.0),
+        "calls_rl": end.get(f"{key}/metric/tool_calls", 0.0),
+        "valid_sft": start.get(f"{key}/metric/valid_tool_call_share", 0.0),
+        "valid_rl": end.get(f"{key}/metric/valid_tool_call_share", 0.0),
+        "step_s": step_seconds(rl_out),
+        "sft_s": sft_s,
+        "rl_s": rl_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--model", default="deps/models/smollm2-135m")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "tool_agent_seeds")
+    parser.add_argument("--no-base-eval", dest="base_eval", action="store_false")
+    args = parser.parse_args()
+    model = str(Path(args.model).resolve())
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = float("nan")
+    if args.base_eval:
+        out = args.out / "base"
+        rl(out, model, 0, "--max-steps", "1", "--orchestrator.eval.no-at-end")
+        base = evals(out)[0][f"eval/{ENV}/reward"]
+        print(f"base model: eval reward {base:.3f}", flush=True)
+    rows = []
+    for seed in args.seeds:
+        r = seed_run(args.out, model, seed)
+        rows.append(r)
+        print(
+            f"seed {seed}: eval reward base {base:.3f} / after SFT {r['sft']:.3f} / after RL {r['rl']:.3f} "
+            f"(RL gain {r['rl'] - r['sft']:+.3f}, total {r['rl'] - base:+.3f}); tool calls per episode "
+            f"{r['calls_sft']:.2f} -> {r['calls_rl']:.2f}; valid-call share {r['valid_sft']:.2f} -> {r['valid_rl']:.2f}; "
+            f"RL step {r['step_s']:.1f} s (median); SFT {r['sft_s']:.0f} s, RL {r['rl_s']:.0f} s",
+            flush=True,
+        )
+    gains = [r["rl"] - r["sft"] for r in rows]
+    print(f"mean RL gain {fmean(gains):+.3f} over {len(rows)} seeds (min {min(gains):+.3f}); "
+          f"mean after RL {fmean(r['rl'] for r in rows):.3f}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
