@@ -42,7 +42,7 @@ def train_in_process(run: RunPlan, vllm_server: Any, client: ClientConfig | None
     try:
         orchestrator = Orchestrator(run.orchestrator)
         if client is not None:  # before `run` spawns the sidecars, which then allow only this client
-            for handle in [*orchestrator.train_envs.envs, *orchestrator.eval_envs]:
+            for handle in [*orchestrator.train_envs.envs, *orchestrator.evals.envs]:
                 handle.client_config = client
         asyncio.run(orchestrator.run())
         thread.join(timeout=600)
