@@ -14,11 +14,8 @@ off-by-one alignment) moves logprobs by more than 1e-1 on the random tiny model.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -30,6 +27,7 @@ from envrl.runtime.http import RetryPolicy
 from tests.support.chaos_runs import ROOT
 from tests.support.run_files import metric_lines
 from tests.support.smoke import finish, rl_process, wait_no_survivors
+from tests.support.standin_inference import JsonHandler, serving
 from tests.support.vllm_server import VLLMServer
 
 RECIPE = ROOT / "configs" / "cpu" / "smollm2_distill.toml"
@@ -61,39 +59,21 @@ def test_the_teacher_scores_exactly_the_tokens_the_student_sampled(vllm_server: 
     # the same server as student and teacher: the reverse KL of what it sampled is ~0
 
 
-class _OtherTokenizer(BaseHTTPRequestHandler):
+class _OtherTokenizer(JsonHandler):
     """An OpenAI-compatible teacher whose tokenizer is not the student's: /tokenize gives other ids."""
 
     def do_GET(self) -> None:
-        self._answer({"object": "list", "data": [{"id": "other-teacher", "object": "model"}]})
+        self._reply({"object": "list", "data": [{"id": "other-teacher", "object": "model"}]})
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._answer({"tokens": [7, 7, 7], "count": 3, "max_model_len": 2048})
-
-    def _answer(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self._reply({"tokens": [7, 7, 7], "count": 3, "max_model_len": 2048})
 
 
 @pytest.fixture
 def other_tokenizer_teacher() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _OtherTokenizer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(_OtherTokenizer) as url:
+        yield f"{url}/v1"
 
 
 def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(

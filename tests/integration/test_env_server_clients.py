@@ -4,10 +4,8 @@ uses, and a run naming a dropped binding is told to bind again."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ import zmq
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.serve.models import MAX_MODELS
 from tests.support.env_servers import SAMPLING, running_env_server
-from tests.support.standin_inference import JsonHandler
+from tests.support.standin_inference import JsonHandler, serving
 
 ANSWER_AFTER_S = 1.5
 """How long the model server takes per call: long enough that the slow rollout is still waiting
@@ -40,14 +38,8 @@ class SlowChat(JsonHandler):
 
 @pytest.fixture
 def slow_model_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowChat)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(SlowChat) as url:
+        yield url
 
 
 def test_a_binding_in_use_is_never_dropped_and_a_dropped_one_is_unknown_model(
