@@ -46,17 +46,11 @@ def per_sample_sdpa(backend: SDPBackend | None, gqa: bool) -> Kernel:
 
 
 def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """torch.nn.attention.varlen over the whole row ([T, H, d] layout)."""
-    from torch.nn.attention.varlen import varlen_attn
+    """torch.nn.attention.varlen over the whole row, called as the trainer calls it."""
+    from envrl.trainer.attention import _varlen_kernel_call, varlen_layout
 
-    groups = q.shape[0] // k.shape[0]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=q.device)
-    out = varlen_attn(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cu, cu, max(lengths), max(lengths), is_causal=True
-    )
-    return out.transpose(0, 1)
+    layout = varlen_layout(lengths).to(q.device)
+    return _varlen_kernel_call(q, k, v, layout, None, q.shape[0] // k.shape[0])[0].transpose(0, 1)
 
 
 CANDIDATES: dict[str, Kernel] = {

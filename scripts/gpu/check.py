@@ -3,6 +3,7 @@
     python scripts/gpu/check.py                          # on the GPU machine (cuda), kit at outputs/gpu-kit
     python scripts/gpu/check.py --device cpu             # the same steps at a tiny shape, here
     python scripts/gpu/check.py --dry-run                # print the steps only
+    python scripts/gpu/check.py --only bench-default,profile   # a subset, in the plan's order
 
 Guarantee: uses only the standard library until the kit is installed: the kit's wheels
 (`scripts/gpu/build_kit.py`) are unpacked into a temporary directory (no pip, no network) and put
@@ -134,10 +135,17 @@ def main() -> int:
     parser.add_argument("--kit", type=Path, default=ROOT / "outputs" / "gpu-kit")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ROOT / "outputs" / "gpu-check")))
     parser.add_argument("--budget-s", type=float, default=520.0, help="the whole run's wall-clock limit")
+    parser.add_argument("--only", default="", help="comma-separated step names to run (default: all)")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     start = time.monotonic()
     plan = steps(args.device, args.out)
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {name for name, _, _ in plan}
+        if unknown:
+            raise SystemExit(f"check: no step named {sorted(unknown)}; --dry-run lists them")
+        plan = [step for step in plan if step[0] in wanted]
     if args.dry_run:
         for name, argv, seconds in plan:
             print(f"{name} (<= {seconds}s): python {' '.join(argv)}")

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import version
+import tomllib
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -155,9 +157,19 @@ def _release(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".")[:3] if part.isdigit())
 
 
+def envrl_version() -> str:
+    """The installed envrl's version, or, run from a source copy that was never installed (the GPU
+    kit's bare machine), the one its `pyproject.toml` names."""
+    try:
+        return version("envrl")
+    except PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
 def refused(migration: Migration, current: str | None = None) -> bool:
-    """Whether the old key is an error in `current` (default: the installed envrl's version)."""
-    return _release(current or version("envrl")) >= _release(migration.removed_in)
+    """Whether the old key is an error in `current` (default: this envrl's version)."""
+    return _release(current or envrl_version()) >= _release(migration.removed_in)
 
 
 def for_model(models: Iterable[type], migrations: Sequence[Migration] = MIGRATIONS) -> list[Migration]:

@@ -215,6 +215,13 @@ def _varlen_attention(
     through one sdpa call per sample where every sample is long (`SDPA_FROM_TOKENS`)."""
     if min(layout.lengths) >= SDPA_FROM_TOKENS:
         return _per_sample_sdpa(q, k, v, layout.lengths, scaling, groups)
+    return _varlen_kernel_call(q, k, v, layout, scaling, groups)
+
+
+def _varlen_kernel_call(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: VarlenLayout, scaling: float | None, groups: int
+) -> torch.Tensor:
+    """[H, T, d] -> [1, T, H, d]: one call of torch's varlen kernel over the row."""
     kernel = _varlen_kernel()
     params = inspect.signature(kernel).parameters
     gqa = groups > 1 and "enable_gqa" in params
