@@ -49,8 +49,10 @@ def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int]
     """torch.nn.attention.varlen over the whole row, called as the trainer calls it."""
     from envrl.trainer.attention import _varlen_kernel_call, varlen_layout
 
-    layout = varlen_layout(lengths).to(q.device)
-    return _varlen_kernel_call(q, k, v, layout, None, q.shape[0] // k.shape[0])[0].transpose(0, 1)
+    (segment,) = varlen_layout(lengths, sdpa_from=sum(lengths) + 1).to(q.device).segments
+    return _varlen_kernel_call(q, k, v, segment.cu_seqlens, segment.longest, None, q.shape[0] // k.shape[0])[
+        0
+    ].transpose(0, 1)
 
 
 CANDIDATES: dict[str, Kernel] = {

@@ -64,10 +64,12 @@ def main() -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     short = synthetic_samples(8, prompt_len=(16, 64), completion_len=(64, 300), vocab_size=VOCAB)
     rows_ok = [compare("8 short samples", short, dtype, device)]
-    if device.type == "cuda":  # every sample >= SDPA_FROM_TOKENS: document_varlen's per-sample sdpa path
+    if device.type == "cuda":  # samples >= SDPA_FROM_TOKENS: document_varlen's per-sample sdpa calls
         n = attention.SDPA_FROM_TOKENS
         long = synthetic_samples(2, prompt_len=(16, 16), completion_len=(n, n), vocab_size=VOCAB)
         rows_ok.append(compare(f"2 samples of {n + 16} tokens (per-sample sdpa)", long, dtype, device))
+        mixed = [*short[:3], long[0], *short[3:]]
+        rows_ok.append(compare("3 short, 1 long, 5 short (varlen, sdpa, varlen)", mixed, dtype, device))
     return 0 if all(rows_ok) else 1
 
 

@@ -1,7 +1,8 @@
 """Document-masked attention for packed rows: each sample attends causally to itself only.
 
-Guarantee: with `document_varlen` a packed row is one varlen kernel call over its cumulative
-sample lengths (torch's `torch.nn.attention.varlen`, flash or cuDNN underneath; CUDA, bf16/fp16);
+Guarantee: with `document_varlen` a packed row costs one kernel call per long sample (sdpa) and
+one per run of short samples between them (torch's `torch.nn.attention.varlen` over their
+cumulative lengths; CUDA, bf16/fp16);
 with `document_sdpa` it costs the sum over its samples of their own attention (padded only
 within groups of similar length, never across samples). Neither builds a T×T mask, and each
 token's output equals that of the sample run alone. `resolve_attn_implementation` turns the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -144,33 +146,59 @@ def _document_attention(
     return out.transpose(0, 1).unsqueeze(0).contiguous()
 
 
-SDPA_FROM_TOKENS = 8192
-"""A `document_varlen` row whose every sample is at least this long runs one sdpa call per sample
-instead of one varlen call: for long samples sdpa's kernels (native GQA, no repeated kv heads)
-beat torch's varlen kernel, for short packed ones the single varlen call wins
-(`python -m scripts.bench.attention_kernels`; numbers in docs/gpu.md)."""
+SDPA_FROM_TOKENS = 4096
+"""In a `document_varlen` row a sample at least this long runs as its own sdpa call (native GQA:
+no repeated kv heads; cuDNN's Hopper kernel where sdpa picks it), and each run of shorter
+samples between them as one varlen kernel call: per sample, sdpa won from 4k tokens and the
+single varlen call up to 2k (`python -m scripts.bench.attention_kernels`; numbers in docs/gpu.md)."""
+
+
+@dataclass(frozen=True)
+class VarlenSegment:
+    """Consecutive tokens of a row run by one kernel call: one long sample (`cu_seqlens` None,
+    sdpa) or a run of short samples (one varlen call over their cumulative lengths)."""
+
+    start: int
+    end: int
+    cu_seqlens: torch.Tensor | None
+    """[samples + 1] int32, from the segment's start; None for a lone long sample."""
+    longest: int
 
 
 @dataclass(frozen=True)
 class VarlenLayout:
-    cu_seqlens: torch.Tensor
-    """[samples + 1] int32: where each sample of the row starts, and the row's end."""
-    lengths: tuple[int, ...]
-    """Each sample's tokens, on the host (the choice of kernel needs no device sync)."""
-
-    @property
-    def longest(self) -> int:
-        return max(self.lengths)
+    segments: tuple[VarlenSegment, ...]
 
     def to(self, device: torch.device) -> VarlenLayout:
-        return VarlenLayout(self.cu_seqlens.to(device), self.lengths)
+        return VarlenLayout(
+            tuple(
+                VarlenSegment(s.start, s.end, None if s.cu_seqlens is None else s.cu_seqlens.to(device), s.longest)
+                for s in self.segments
+            )
+        )
 
 
-def varlen_layout(lengths: Sequence[int]) -> VarlenLayout:
-    starts = [0]
+def varlen_layout(lengths: Sequence[int], sdpa_from: int = SDPA_FROM_TOKENS) -> VarlenLayout:
+    """Split a row of samples of `lengths` (in row order) into segments (`VarlenSegment`)."""
+    segments: list[VarlenSegment] = []
+    run: list[int] = []
+    start = 0
+
+    def close_run() -> None:
+        if run:
+            cu = torch.tensor([0, *itertools.accumulate(run)], dtype=torch.int32)
+            segments.append(VarlenSegment(start - sum(run), start, cu, max(run)))
+            run.clear()
+
     for length in lengths:
-        starts.append(starts[-1] + length)
-    return VarlenLayout(torch.tensor(starts, dtype=torch.int32), tuple(lengths))
+        if length >= sdpa_from:
+            close_run()
+            segments.append(VarlenSegment(start, start + length, None, length))
+        else:
+            run.append(length)
+        start += length
+    close_run()
+    return VarlenLayout(tuple(segments))
 
 
 def _varlen_kernel() -> Callable[..., torch.Tensor] | None:
@@ -211,17 +239,28 @@ def document_varlen_forward(
 def _varlen_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: VarlenLayout, scaling: float | None, groups: int
 ) -> torch.Tensor:
-    """[H, T, d] -> [1, T, H, d] through torch's varlen kernel ([T, H, d] layout, causal), or
-    through one sdpa call per sample where every sample is long (`SDPA_FROM_TOKENS`)."""
-    if min(layout.lengths) >= SDPA_FROM_TOKENS:
-        return _per_sample_sdpa(q, k, v, layout.lengths, scaling, groups)
-    return _varlen_kernel_call(q, k, v, layout, scaling, groups)
+    """[H, T, d] -> [1, T, H, d], one kernel call per segment of the layout: a long sample
+    through sdpa, a run of short ones through torch's varlen kernel."""
+    outputs = []
+    for segment in layout.segments:
+        parts = [x[:, segment.start : segment.end] for x in (q, k, v)]
+        if segment.cu_seqlens is None:
+            outputs.append(_sample_sdpa(*parts, scaling, groups))
+        else:
+            outputs.append(_varlen_kernel_call(*parts, segment.cu_seqlens, segment.longest, scaling, groups))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
 
 def _varlen_kernel_call(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: VarlenLayout, scaling: float | None, groups: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    longest: int,
+    scaling: float | None,
+    groups: int,
 ) -> torch.Tensor:
-    """[H, T, d] -> [1, T, H, d]: one call of torch's varlen kernel over the row."""
+    """[H, T, d] -> [1, T, H, d]: one call of torch's varlen kernel over samples at `cu_seqlens`."""
     kernel = _varlen_kernel()
     params = inspect.signature(kernel).parameters
     gqa = groups > 1 and "enable_gqa" in params
@@ -232,10 +271,10 @@ def _varlen_kernel_call(
         q.transpose(0, 1),
         k.transpose(0, 1),
         v.transpose(0, 1),
-        layout.cu_seqlens,
-        layout.cu_seqlens,
-        layout.longest,
-        layout.longest,
+        cu_seqlens,
+        cu_seqlens,
+        longest,
+        longest,
         scale=scaling,
         **causal,
         **({"enable_gqa": True} if gqa else {}),
@@ -243,18 +282,12 @@ def _varlen_kernel_call(
     return out.unsqueeze(0)
 
 
-def _per_sample_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int], scaling: float | None, groups: int
-) -> torch.Tensor:
-    """[H, T, d] -> [1, T, H, d], one causal sdpa call per sample, kv heads shared (`enable_gqa`)."""
-    outputs, start = [], 0
-    for length in lengths:
-        part = [x[None, :, start : start + length] for x in (q, k, v)]
-        out = F.scaled_dot_product_attention(*part, is_causal=True, scale=scaling, enable_gqa=groups > 1)
-        outputs.append(out[0])
-        start += length
-    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-    return out.transpose(0, 1).unsqueeze(0)
+def _sample_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None, groups: int) -> torch.Tensor:
+    """[H, T, d] of one sample -> [1, T, H, d], causal sdpa with kv heads shared (`enable_gqa`)."""
+    out = F.scaled_dot_product_attention(
+        q[None], k[None], v[None], is_causal=True, scale=scaling, enable_gqa=groups > 1
+    )
+    return out[0].transpose(0, 1).unsqueeze(0)
 
 
 AttentionInterface.register(DOCUMENT_SDPA, document_sdpa_forward)

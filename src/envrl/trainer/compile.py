@@ -21,6 +21,8 @@ import torch
 from loguru import logger
 from torch import nn
 
+from envrl.trainer.head import LogprobHead, compiled_kernels
+
 CompileChoice = Literal["auto"] | bool
 
 CPU_COMPILE_MIN_PARAMS = 50_000_000
@@ -94,7 +96,12 @@ def compile_layers(model: nn.Module, plan: CompilePlan) -> int:
     layers = decoder_layers(model)
     for layer in layers:
         layer.compile()
-    logger.info(f"{len(layers)} decoder layers compile at the first step (inductor cache: {cache})")
+    head = model.get_output_embeddings()
+    if isinstance(head, LogprobHead):
+        head.kernels = compiled_kernels()
+    logger.info(
+        f"{len(layers)} decoder layers and the logprob head's kernels compile at the first step (inductor cache: {cache})"
+    )
     return len(layers)
 
 

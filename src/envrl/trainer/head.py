@@ -4,16 +4,20 @@ Guarantee: with a request set, `LogprobHead` returns, for each position of the r
 log-probability of the row's next token under the distribution that sampled it and that
 distribution's entropy (what `loss.token_logprobs` returns from full logits), computed
 `LOGITS_CHUNK_ELEMENTS` logits at a time in forward and recomputed chunk by chunk in backward:
-peak memory above the hidden states is O(chunk × vocab), never O(tokens × vocab). Without a
+peak memory above the hidden states is O(chunk × vocab), never O(tokens × vocab). Rows sampled
+without top-k/top-p (RL's usual case) go through two small kernels, the scores and their
+gradient, which compiled read each chunk's logits once per pass instead of materialising fp32
+copies of them. Without a
 request it is the `nn.Linear` it replaced (generation, SFT and any other caller see logits).
 The head's weight is the same parameter (tied or not; state-dict names unchanged).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 from torch import nn
@@ -31,46 +35,138 @@ class ScoreRequest:
     top_k: torch.Tensor | None = None
 
 
+def plain_chunk_stats(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logprob of `targets`, logsumexp, entropy), fp32 [R], of logits [R, V] / temperature [R]
+    where nothing is truncated: what `loss.chunk_scores` gives, plus the logsumexp its
+    gradient needs, without keeping a [R, V] tensor (compiled, it reads the logits once)."""
+    scaled = logits.float() / temperature.float().unsqueeze(-1)
+    lse = torch.logsumexp(scaled, dim=-1)
+    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = lse - (torch.exp(scaled - lse.unsqueeze(-1)) * scaled).sum(-1)
+    return picked, lse, entropy
+
+
+def plain_chunk_grad(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor
+) -> torch.Tensor:
+    """d(sum grad * logprob of targets)/d logits, in the logits' dtype: (onehot - softmax) *
+    grad / temperature per row, the gradient autograd derives from `plain_chunk_stats`."""
+    temperature = temperature.float().unsqueeze(-1)
+    probs = torch.exp(logits.float() / temperature - lse.unsqueeze(-1))
+    onehot = torch.arange(logits.shape[-1], device=logits.device) == targets.unsqueeze(-1)
+    return ((onehot.float() - probs) * (grad.unsqueeze(-1) / temperature)).to(logits.dtype)
+
+
+@dataclass(frozen=True)
+class ScoreKernels:
+    """The per-chunk arithmetic of untruncated rows, eager or compiled (`compiled_kernels`)."""
+
+    stats: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = plain_chunk_stats
+    grad: Callable[..., torch.Tensor] = plain_chunk_grad
+
+
+EAGER_KERNELS = ScoreKernels()
+
+
+@cache
+def compiled_kernels() -> ScoreKernels:
+    """Both kernels compiled once with dynamic row counts (a row's last chunk is shorter): each
+    becomes a fused reduction / elementwise pass over the chunk's logits."""
+    return ScoreKernels(
+        torch.compile(plain_chunk_stats, dynamic=True, fullgraph=True),
+        torch.compile(plain_chunk_grad, dynamic=True, fullgraph=True),
+    )
+
+
+def _accumulate_weight_grad(total: torch.Tensor, grad_logits: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """`total` (fp32 [V, D]) + grad_logits.T @ hidden, the GEMM in the compute dtype: on CUDA
+    one GEMM accumulating into fp32 (`out_dtype`), elsewhere a GEMM then an fp32 add."""
+    if total.dtype != grad_logits.dtype and grad_logits.is_cuda and _gemm_accumulates_fp32():
+        return torch.addmm(total, grad_logits.t(), hidden, out_dtype=total.dtype)
+    return total.add_(grad_logits.t() @ hidden)
+
+
+@cache
+def _gemm_accumulates_fp32() -> bool:
+    """Whether this torch's CUDA addmm takes half inputs with an fp32 `out_dtype` (2.8+)."""
+    a = torch.ones(2, 2, device="cuda", dtype=torch.bfloat16)
+    try:
+        torch.addmm(torch.zeros(2, 2, device="cuda"), a, a, out_dtype=torch.float32)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
 class _ChunkedScores(torch.autograd.Function):
     """(hidden [R, D], weight [V, D], targets and sampling [R]) -> (logprob [R], entropy [R]).
 
-    Forward keeps no logits; backward recomputes each chunk's logits and differentiates the
-    same `chunk_scores` through autograd, so both passes share one definition of the arithmetic.
-    The weight's gradient is one GEMM per chunk in the compute dtype (as the full-logits path's
-    one GEMM), summed over chunks in fp32 and returned in the weight's dtype.
+    Forward keeps no logits (except for a row of one chunk, whose logits are that chunk's
+    memory either way) and only each untruncated row's logsumexp; backward recomputes each
+    chunk's logits with one GEMM and turns them into their gradient with `kernels.grad`. A chunk
+    holding a row truncated by top-k/top-p is scored by `loss.chunk_scores` and differentiated
+    through autograd instead. The weight's gradient is one GEMM per chunk in the compute dtype
+    (as the full-logits path's one GEMM), summed over chunks in fp32 and returned in the
+    weight's dtype.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, top_p, top_k, chunk_elements):  # type: ignore[override]
-        ctx.save_for_backward(hidden, weight, targets, temperature, top_p, top_k)
+    def forward(ctx, hidden, weight, targets, temperature, top_p, top_k, chunk_elements, kernels):  # type: ignore[override]
         ctx.chunks = row_chunks(hidden.shape[0], weight.shape[0], chunk_elements)
-        picked, entropy = [], []
-        for rows in ctx.chunks:
-            p, e = chunk_scores(hidden[rows] @ weight.t(), targets[rows], *_sampling(rows, temperature, top_p, top_k))
+        ctx.kernels = kernels
+        ctx.truncated = _truncated_chunks(ctx.chunks, top_p, top_k)
+        picked, entropy, lse, kept = [], [], [], None
+        for rows, truncated in zip(ctx.chunks, ctx.truncated, strict=True):
+            logits = hidden[rows] @ weight.t()
+            if truncated:
+                p, e = chunk_scores(logits, targets[rows], *_sampling(rows, temperature, top_p, top_k))
+                chunk_lse = torch.zeros_like(p)
+            else:
+                p, chunk_lse, e = kernels.stats(logits, targets[rows], temperature[rows])
             picked.append(p)
             entropy.append(e)
+            lse.append(chunk_lse)
+            if len(ctx.chunks) == 1:
+                kept = logits
+        ctx.save_for_backward(hidden, weight, targets, temperature, top_p, top_k, torch.cat(lse), kept)
         entropy_out = torch.cat(entropy)
         ctx.mark_non_differentiable(entropy_out)
         return torch.cat(picked), entropy_out
 
     @staticmethod
     def backward(ctx, grad_picked, _grad_entropy):  # type: ignore[override]
-        hidden, weight, targets, temperature, top_p, top_k = ctx.saved_tensors
+        hidden, weight, targets, temperature, top_p, top_k, lse, kept = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[:2]
         grad_hidden = torch.zeros_like(hidden) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
-        for rows in ctx.chunks:
-            with torch.enable_grad():
-                logits = (hidden[rows] @ weight.t()).requires_grad_()
-                picked, _ = chunk_scores(logits, targets[rows], *_sampling(rows, temperature, top_p, top_k))
-                (grad_logits,) = torch.autograd.grad(picked, logits, grad_picked[rows])
+        for rows, truncated in zip(ctx.chunks, ctx.truncated, strict=True):
+            logits = kept if kept is not None else hidden[rows] @ weight.t()
+            if truncated:
+                with torch.enable_grad():
+                    logits = logits.detach().requires_grad_()
+                    picked, _ = chunk_scores(logits, targets[rows], *_sampling(rows, temperature, top_p, top_k))
+                    (grad_logits,) = torch.autograd.grad(picked, logits, grad_picked[rows])
+            else:
+                grad_logits = ctx.kernels.grad(logits, targets[rows], temperature[rows], lse[rows], grad_picked[rows])
             if need_hidden:
                 grad_hidden[rows] = grad_logits @ weight
             if need_weight:
-                grad_weight += grad_logits.t() @ hidden[rows]  # the GEMM in the compute dtype, summed in fp32
+                grad_weight = _accumulate_weight_grad(grad_weight, grad_logits, hidden[rows])
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None
+
+
+def _truncated_chunks(chunks: list[slice], top_p: torch.Tensor | None, top_k: torch.Tensor | None) -> list[bool]:
+    """Which chunks hold a row sampled with top-k or top-p (one host sync per row, none per chunk)."""
+    if top_p is None or top_k is None:
+        return [False] * len(chunks)
+    truncated = (top_p < 1) | (top_k > 0)
+    if not bool(truncated.any()):
+        return [False] * len(chunks)
+    flags = truncated.tolist()
+    return [any(flags[rows]) for rows in chunks]
 
 
 def _sampling(
@@ -84,20 +180,18 @@ def chunked_token_scores(
     weight: torch.Tensor,
     request: ScoreRequest,
     chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+    kernels: ScoreKernels = EAGER_KERNELS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`loss.token_logprobs(hidden @ weight.T, ...)` for one row's hidden states [T, D], chunked.
 
     Position t is scored by the hidden state at t - 1; position 0 gets logprob 0 and entropy 0.
-    A row that fits one chunk is scored by plain autograd: its memory is one chunk's either way,
-    and backward then needs no recompute of the logits (short rows, as on CPU, pay no extra GEMM).
     """
     targets, (temperature, top_p, top_k) = next_token_targets(
         request.input_ids, request.temperature, request.top_p, request.top_k
     )
-    if len(row_chunks(targets.shape[0], weight.shape[0], chunk_elements)) == 1:
-        picked, entropy = chunk_scores(hidden[:-1] @ weight.t(), targets, temperature, top_p, top_k)
-    else:
-        picked, entropy = _ChunkedScores.apply(hidden[:-1], weight, targets, temperature, top_p, top_k, chunk_elements)
+    picked, entropy = _ChunkedScores.apply(
+        hidden[:-1], weight, targets, temperature, top_p, top_k, chunk_elements, kernels
+    )
     return with_first_position(picked, entropy)
 
 
@@ -108,6 +202,8 @@ class LogprobHead(nn.Linear):
     pass through the model's forward, where FSDP has the head's weight gathered for both passes."""
 
     request: ScoreRequest | None = None
+    kernels: ScoreKernels = EAGER_KERNELS
+    """Compiled with the decoder layers (`compile.compile_layers`), else eager."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         request = self.request
@@ -118,7 +214,7 @@ class LogprobHead(nn.Linear):
                 f"LogprobHead scores one packed row of {request.input_ids.shape[0]} tokens, but got hidden "
                 f"states of shape {tuple(hidden.shape)}: call the model on that row with logits_to_keep = 0"
             )
-        picked, entropy = chunked_token_scores(hidden[0], self.weight, request)
+        picked, entropy = chunked_token_scores(hidden[0], self.weight, request, kernels=self.kernels)
         return torch.stack([picked.unsqueeze(0), entropy.unsqueeze(0)], dim=-1)  # a new tensor, not a view
 
     @contextmanager

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.head import LogprobHead, ScoreRequest, chunked_token_scores, install_logprob_head
+from envrl.trainer.head import LogprobHead, ScoreRequest, chunked_token_scores, compiled_kernels, install_logprob_head
 from envrl.trainer.loss import token_logprobs
 from envrl.trainer.packing import pack, packed_token_logprobs
 from tests.support.samples import synthetic_samples
@@ -38,7 +38,7 @@ def grads(scores: torch.Tensor, upstream: torch.Tensor, *inputs: torch.Tensor) -
     return torch.autograd.grad((scores * upstream).sum(), inputs)
 
 
-@pytest.mark.parametrize("chunk_elements", [512 * 37, 512 * 64, 2**26])  # 37 rows, 64 rows, one chunk (plain autograd)
+@pytest.mark.parametrize("chunk_elements", [512 * 37, 512 * 64, 2**26])  # 37 rows, 64 rows, one chunk (logits kept)
 @pytest.mark.parametrize("truncated", [False, True])
 def test_chunked_scores_and_gradients_match_full_logits(chunk_elements, truncated):
     hidden, weight, request = row(truncated=truncated)
@@ -48,6 +48,19 @@ def test_chunked_scores_and_gradients_match_full_logits(chunk_elements, truncate
     torch.testing.assert_close(got, expected, **TOL)
     torch.testing.assert_close(got_entropy, expected_entropy, **TOL)
     assert not got_entropy.requires_grad
+    for g, e in zip(grads(got, upstream, hidden, weight), grads(expected, upstream, hidden, weight), strict=True):
+        torch.testing.assert_close(g, e, **TOL)
+
+
+def test_compiled_kernels_score_and_differentiate_like_full_logits():
+    """The compiled kernels (what `trainer.compile` turns on) reorder the fp32 reductions only,
+    so the same tolerance holds; chunks of 37 rows leave a shorter last chunk (a second shape)."""
+    hidden, weight, request = row(truncated=False)
+    upstream = torch.randn(hidden.shape[0], generator=torch.Generator().manual_seed(1))
+    expected, expected_entropy = full_path(hidden, weight, request)
+    got, got_entropy = chunked_token_scores(hidden, weight, request, 512 * 37, compiled_kernels())
+    torch.testing.assert_close(got, expected, **TOL)
+    torch.testing.assert_close(got_entropy, expected_entropy, **TOL)
     for g, e in zip(grads(got, upstream, hidden, weight), grads(expected, upstream, hidden, weight), strict=True):
         torch.testing.assert_close(g, e, **TOL)
 

@@ -214,14 +214,24 @@ def test_varlen_attention_is_chosen_on_cuda_in_bf16_and_refused_where_it_cannot_
         resolve_attn_implementation(DOCUMENT_VARLEN, torch.device("cpu"), torch.bfloat16)
 
 
-def test_varlen_layout_is_the_rows_cumulative_sample_lengths():
-    layout = varlen_layout((5, 3, 7))
-    assert layout.cu_seqlens.tolist() == [0, 5, 8, 15] and layout.cu_seqlens.dtype == torch.int32
-    assert layout.longest == 7
+def test_varlen_layout_gives_long_samples_their_own_call_and_runs_short_ones_together():
+    n = SDPA_FROM_TOKENS
+    layout = varlen_layout((5, 3, n, 7, n + 1, 2, 4))
+    shapes = [
+        (s.start, s.end, None if s.cu_seqlens is None else s.cu_seqlens.tolist(), s.longest) for s in layout.segments
+    ]
+    assert shapes == [
+        (0, 8, [0, 5, 3 + 5], 5),
+        (8, 8 + n, None, n),
+        (8 + n, 15 + n, [0, 7], 7),
+        (15 + n, 16 + 2 * n, None, n + 1),
+        (16 + 2 * n, 22 + 2 * n, [0, 2, 6], 4),
+    ]
+    assert layout.segments[0].cu_seqlens.dtype == torch.int32
 
 
 def test_a_varlen_row_of_long_samples_runs_per_sample_sdpa_with_shared_kv_heads():
-    """Every sample >= SDPA_FROM_TOKENS: `document_varlen` takes one sdpa call per sample with
+    """Samples >= SDPA_FROM_TOKENS: `document_varlen` takes one sdpa call per sample with
     grouped-query heads shared (no varlen kernel, so this runs on CPU), and must give what
     `document_sdpa` gives with the kv heads repeated. fp32, values O(1), head dim 8: both are the
     same softmax(QK^T)V sums in a possibly different order, a few ulps apart (1e-5 >> 8 * 1.2e-7)."""
