@@ -82,21 +82,34 @@ def compiled_kernels() -> ScoreKernels:
 
 def _accumulate_weight_grad(total: torch.Tensor, grad_logits: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """`total` (fp32 [V, D]) + grad_logits.T @ hidden, the GEMM in the compute dtype: on CUDA
-    one GEMM accumulating into fp32 (`out_dtype`), elsewhere a GEMM then an fp32 add."""
-    if total.dtype != grad_logits.dtype and grad_logits.is_cuda and _gemm_accumulates_fp32():
+    one GEMM accumulating into fp32 (`out_dtype`; in place where this torch allows it: a copy
+    of `total` per chunk cost 22 ms of a 0.77 s step at Qwen3-0.6B 16k), elsewhere a GEMM then
+    an fp32 add."""
+    mode = _fp32_accumulation(total.device) if grad_logits.is_cuda and total.dtype != grad_logits.dtype else None
+    if mode == "in_place":
+        return torch.addmm(total, grad_logits.t(), hidden, out_dtype=total.dtype, out=total)
+    if mode == "new":
         return torch.addmm(total, grad_logits.t(), hidden, out_dtype=total.dtype)
     return total.add_(grad_logits.t() @ hidden)
 
 
 @cache
-def _gemm_accumulates_fp32() -> bool:
-    """Whether this torch's CUDA addmm takes half inputs with an fp32 `out_dtype` (2.8+)."""
-    a = torch.ones(2, 2, device="cuda", dtype=torch.bfloat16)
+def _fp32_accumulation(device: torch.device) -> str | None:
+    """How this torch's CUDA addmm accumulates half inputs into fp32 (`out_dtype`, 2.8+): "in_place"
+    (`out=` the accumulator), "new" (a fresh output), or None; probed once on a 2x2 product."""
+    a = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+    total = torch.full((2, 2), 1.0, device=device)
     try:
-        torch.addmm(torch.zeros(2, 2, device="cuda"), a, a, out_dtype=torch.float32)
+        torch.addmm(total, a, a, out_dtype=torch.float32, out=total)
+        if torch.equal(total, torch.full_like(total, 3.0)):
+            return "in_place"
     except (RuntimeError, TypeError):
-        return False
-    return True
+        pass
+    try:
+        torch.addmm(total, a, a, out_dtype=torch.float32)
+    except (RuntimeError, TypeError):
+        return None
+    return "new"
 
 
 class _ChunkedScores(torch.autograd.Function):

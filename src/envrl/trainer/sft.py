@@ -31,7 +31,7 @@ from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.telemetry.metrics import MetricsSink, WandbConfig
 from envrl.telemetry.progress import duration
 from envrl.trainer.config import OptimConfig, TrainerConfig
-from envrl.trainer.loop import lr_factor
+from envrl.trainer.loop import build_optimizer
 from envrl.trainer.loss import token_logprobs
 from envrl.trainer.packing import SFT_KEYS, MicroBatch, pack, packed_logits, shard
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, init_runtime, shutdown
@@ -103,10 +103,7 @@ class SFTTrainer:
         self.trainer_config = config.trainer_config(steps)
         self.model = build_model(self.trainer_config, runtime)
         optim = config.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, optim, steps))
+        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), optim, steps, runtime.device)
         self.pad_token_id = pad_token_id
         """What inert rows pad with when ranks get unequal micro-batch counts."""
 
