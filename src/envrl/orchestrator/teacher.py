@@ -12,13 +12,14 @@ would then score other tokens than the student sampled.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
 import httpx
 from loguru import logger
 
-from envrl.runtime.http import HttpCallError, RetryPolicy, bearer, poll_delays, request_json
+from envrl.runtime.http import HttpCallError, ResponseTooLarge, RetryPolicy, bearer, fetch, poll_delays, request_json
 from envrl.runtime.secrets import API_KEY_ENV, api_key
 
 PROBE_TEXT = (
@@ -119,15 +120,17 @@ class TeacherClient:
         last = "no answer yet"
         for delay in poll_delays(max_s=1.0):
             try:
-                response = await self._http.get(url, timeout=5.0)
-                if response.status_code == 200:
-                    return [m["id"] for m in response.json()["data"]]
-                if response.status_code in (401, 403):
+                status, body = await fetch(self._http, "GET", url, None, 5.0)
+                if status == 200:
+                    return [m["id"] for m in json.loads(body)["data"]]
+                if status in (401, 403):
                     raise TeacherError(
-                        f"the teacher at {self.base_url} refused GET {url} (HTTP {response.status_code}): it wants an "
+                        f"the teacher at {self.base_url} refused GET {url} (HTTP {status}): it wants an "
                         f"API key; put it in the environment variable {TEACHER_API_KEY_ENV}"
                     )
-                last = f"HTTP {response.status_code}: {response.text[:200]}"
+                last = f"HTTP {status}: {body[:200].decode(errors='replace')}"
+            except ResponseTooLarge as e:
+                raise TeacherError(str(e)) from None
             except (httpx.HTTPError, KeyError, TypeError, ValueError) as e:
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             if time.monotonic() + delay > deadline:
@@ -142,10 +145,9 @@ class TeacherClient:
         url = f"{root}/tokenize"
         payload = {"model": model, "prompt": PROBE_TEXT, "add_special_tokens": False}
         try:
-            response = await http.post(url, json=payload, timeout=self.retry.timeout_s)
-            response.raise_for_status()
-            return [int(t) for t in response.json()["tokens"]]
-        except (httpx.HTTPError, KeyError, TypeError, ValueError) as e:
+            body = await request_json(http, "POST", url, payload, self.retry)
+            return [int(t) for t in body["tokens"]]
+        except (HttpCallError, KeyError, TypeError, ValueError) as e:
             raise TeacherError(
                 f"POST {url} failed ({type(e).__name__}: {e}); the teacher and the student must both serve vLLM's "
                 "/tokenize, which is how envrl checks that they share a tokenizer"

@@ -3,7 +3,8 @@ hot generation path, over aiohttp's kept-alive connections (`keep_alive_session`
 
 Guarantee: every call ends within `attempts * (timeout + max backoff)` seconds, either with the
 decoded JSON body of a 2xx response or with `HttpCallError` naming the URL, the attempts made and
-the last failure. Connection errors, timeouts and 5xx responses are retried with exponential
+the last failure; no response body past `max_bytes` is ever held (a server that sends more is
+refused at once: the remote end is as untrusted as any other process). Connection errors, timeouts and 5xx responses are retried with exponential
 backoff; 4xx responses are the caller's mistake and are raised at once with the server's message.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -32,6 +33,10 @@ class RetryPolicy(BaseModel):
     timeout_s: float = 120.0
     """Deadline of one attempt, in seconds."""
 
+
+MAX_RESPONSE_BYTES = 64 * 2**20
+"""The largest response body read: a generation of 32k tokens with logprobs, or the prompt
+logprobs of a 32k-token sample, is a few MB of JSON."""
 
 IDLE_EXPIRY_S = 4.0
 """A kept-alive generation connection idle this long is closed instead of reused: below the 5 s
@@ -79,12 +84,47 @@ class HttpCallError(RuntimeError):
         return "model_unavailable" if self.status is None or self.status >= 500 else None
 
 
+class ResponseTooLarge(HttpCallError):
+    """The server sent more than the caller's byte bound."""
+
+
+async def fetch(
+    client: httpx.AsyncClient | aiohttp.ClientSession,
+    method: str,
+    url: str,
+    payload: dict[str, Any] | None,
+    timeout_s: float,
+    max_bytes: int = MAX_RESPONSE_BYTES,
+) -> tuple[int, bytes]:
+    """One attempt: (status, body), the body streamed and cut off past `max_bytes`
+    (`ResponseTooLarge`). Transport errors and timeouts propagate as the library raises them."""
+    if isinstance(client, aiohttp.ClientSession):
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with client.request(method, url, json=payload, timeout=timeout) as answer:
+            return answer.status, await _bounded(answer.content.iter_chunked(2**16), method, url, max_bytes)
+    async with client.stream(method, url, json=payload, timeout=timeout_s) as response:
+        return response.status_code, await _bounded(response.aiter_bytes(), method, url, max_bytes)
+
+
+async def _bounded(chunks: AsyncIterator[bytes], method: str, url: str, max_bytes: int) -> bytes:
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > max_bytes:
+            raise ResponseTooLarge(
+                f"{method} {url}: the response is larger than {max_bytes} bytes; refused (a model server's "
+                "answers are a few MB; check that the URL points at one)"
+            )
+    return bytes(body)
+
+
 async def request_json(
     client: httpx.AsyncClient | aiohttp.ClientSession,
     method: str,
     url: str,
     payload: dict[str, Any] | None = None,
     policy: RetryPolicy | None = None,
+    max_bytes: int = MAX_RESPONSE_BYTES,
 ) -> Any:
     """`method` `url` with a JSON body; return the decoded JSON response, retrying per `policy`."""
     policy = policy or RetryPolicy()
@@ -96,13 +136,7 @@ async def request_json(
             await asyncio.sleep(delay)
             delay = min(delay * 2, policy.max_backoff_s)
         try:
-            if isinstance(client, aiohttp.ClientSession):
-                timeout = aiohttp.ClientTimeout(total=policy.timeout_s)
-                async with client.request(method, url, json=payload, timeout=timeout) as answer:
-                    status, body = answer.status, await answer.read()
-            else:
-                response = await client.request(method, url, json=payload, timeout=policy.timeout_s)
-                status, body = response.status_code, response.content
+            status, body = await fetch(client, method, url, payload, policy.timeout_s, max_bytes)
         except (httpx.TransportError, httpx.TimeoutException, aiohttp.ClientError, OSError, TimeoutError) as e:
             last_failure = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             continue
