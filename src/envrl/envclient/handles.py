@@ -5,9 +5,9 @@ Guarantee: a rollout call on an `EnvHandle` returns one Trace per rollout asked 
 `max_retries` times while they come back with errors, and re-run without limit (each counted in
 `retried_rollouts`) when the server was lost, once it answers again. Only a server that is not
 back within `reconnect_timeout_s`, or a sidecar whose supervision ended (`Sidecars`: out of
-restarts), raises `EnvUnavailable`. An env without an `address` gets its server from `Sidecars`,
-which spawns, restarts and stops it; a handle never starts a process. The caller never imports
-environment code: it only talks to servers.
+restarts), raises `EnvUnavailable`. An env without an `address` gets the server planned for it
+(`envclient/plan.py`) from `Sidecars`, which spawns, restarts and stops it; a handle never starts a
+process. The caller never imports environment code: it only talks to servers.
 """
 
 from __future__ import annotations
