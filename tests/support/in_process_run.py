@@ -14,6 +14,7 @@ from typing import Any
 from envrl.launcher.plan import RunPlan
 from envrl.model.client import ClientConfig
 from envrl.orchestrator.loop import Orchestrator
+from envrl.orchestrator.plan import env_plan
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 from tests.support.served_weights import restore_served_weights
@@ -40,10 +41,8 @@ def train_in_process(run: RunPlan, vllm_server: Any, client: ClientConfig | None
     thread = threading.Thread(target=train, daemon=True)
     thread.start()
     try:
-        orchestrator = Orchestrator(run.orchestrator)
-        if client is not None:  # before `run` spawns the sidecars, which then allow only this client
-            for handle in [*orchestrator.train_envs.envs, *orchestrator.evals.envs]:
-                handle.client_config = client
+        # the sidecars `run` spawns serve `client` (when given), as the plan of the envs says
+        orchestrator = Orchestrator(run.orchestrator, env_plan(run.orchestrator, client=client))
         asyncio.run(orchestrator.run())
         thread.join(timeout=600)
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from envrl.config import BaseConfig, ConfigError
-from envrl.model.client import ChatClientConfig, EvalClientConfig, SamplingArgs, SamplingParams
+from envrl.model.client import ChatClientConfig, ClientConfig, EvalClientConfig, SamplingArgs, SamplingParams
 from envrl.runtime.net import is_loopback
 from envrl.runtime.process import RestartPolicy
 from envrl.serve.config import (
@@ -151,13 +151,13 @@ class EnvConfig(BaseConfig):
         self,
         split: str,
         address: str,
-        model_access: ModelAccessConfig,
+        client: ClientConfig,
         restarts: RestartPolicy,
         curve: CurveServerConfig | None = None,
     ) -> EnvServerLaunch:
         """The server of this env on `address` (admitting only the clients of `curve`, if given), for
-        whoever starts it (serve/launch.py) and restarts it per `restarts`; a model client may reach
-        and load only what `model_access` allows."""
+        whoever starts it (serve/launch.py) and restarts it per `restarts`, serving `client` and
+        nothing else (the one model client it allows: `ModelAccessConfig.for_client`)."""
         return EnvServerLaunch(
             split=split,
             name=self.resolved_name,
@@ -166,7 +166,7 @@ class EnvConfig(BaseConfig):
                 address=address,
                 pool=self.pool,
                 timeout=self.timeout,
-                model_access=model_access,
+                model_access=ModelAccessConfig.for_client(client),
                 curve=curve,
             ),
             python=self.interpreter(),

@@ -5,9 +5,9 @@ Guarantee: a rollout call on an `EnvHandle` returns one Trace per rollout asked 
 `max_retries` times while they come back with errors, and re-run without limit (each counted in
 `retried_rollouts`) when the server was lost, once it answers again. Only a server that is not
 back within `reconnect_timeout_s`, or a sidecar whose supervision ended (`Sidecars`: out of
-restarts), raises `EnvUnavailable`. An env without an `address` gets its server from `Sidecars`,
-which spawns, restarts and stops it; a handle never starts a process. The caller never imports
-environment code: it only talks to servers.
+restarts), raises `EnvUnavailable`. An env without an `address` gets the server planned for it
+(`envclient/plan.py`) from `Sidecars`, which spawns, restarts and stops it; a handle never starts a
+process. The caller never imports environment code: it only talks to servers.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from loguru import logger
 from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
 from envrl.envclient.config import DeclaredEnvConfig, EnvConfig
+from envrl.envclient.plan import plan_env
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
+from envrl.serve.launch import EnvServerLaunch
 
 CLIENT_SLACK = 30.0
 """Seconds a client waits beyond the server's own rollout deadline before giving up on a call."""
@@ -51,6 +53,7 @@ class EnvHandle(Generic[C]):
         sampling: SamplingParams,
         ready_timeout: float,
         sidecars: Sidecars | None = None,
+        server: EnvServerLaunch | None = None,
         counters: Counter[str] | None = None,
     ) -> None:
         self.config = config
@@ -60,6 +63,11 @@ class EnvHandle(Generic[C]):
         self.sampling: SamplingArgs = config.sampling_args(sampling)
         self.sidecars = sidecars
         """Where the server of an env without `address` comes from (and is restarted, and stopped)."""
+        self.server = server
+        """The server `sidecars` spawns for an env without `address`, as planned (`envclient/plan.py`);
+        default: the plan of `config` for `client`, for a handle built by hand."""
+        if server is None and config.address is None and sidecars is not None:
+            self.server = plan_env(config, split, client, sidecars.restarts).server
         self.ready_timeout = ready_timeout
         self.num_tasks = 0
         self.group_scoring = False
@@ -79,11 +87,11 @@ class EnvHandle(Generic[C]):
         """Connect to the configured address, or to a sidecar server `sidecars` spawns; then read its info."""
         address = self.config.address
         if address is None:
-            if self.sidecars is None:
+            if self.sidecars is None or self.server is None:
                 raise RuntimeError(
                     f"{self.split} env {self.name!r} has no `address` and no `Sidecars` to spawn its server"
                 )
-            address = await self.sidecars.serve(self.config, self.split, self.client_config, self._count_restart)
+            address = await self.sidecars.serve(self.server, self._count_restart)
         timeout = self.config.timeout.rollout_s
         self._client = EnvClient(
             address,

@@ -1,5 +1,5 @@
-"""The env servers a standalone orchestrator or `rl eval` starts itself (envs without an `address`),
-supervised as `rl` supervises its own.
+"""The env servers a standalone orchestrator or `rl eval` starts itself (envs without an `address`,
+planned by `envclient/plan.py`), supervised as `rl` supervises its own.
 
 Guarantee: every server started here is watched, on a thread of its own, by one `Supervisor`
 (`runtime/supervisor.py`, the one `rl` uses): a server that dies is started again on its address
@@ -22,12 +22,8 @@ from pathlib import Path
 from loguru import logger
 
 from envrl.data.layout import env_log_file
-from envrl.data.traces import Split
-from envrl.envclient.config import EnvConfig
-from envrl.model.client import ClientConfig
 from envrl.runtime.process import Child, RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
-from envrl.serve.config import ModelAccessConfig
 from envrl.serve.launch import EnvServerLaunch
 from envrl.serve.launch import start as start_env_server
 
@@ -51,12 +47,10 @@ class Sidecars:
         self._names: dict[str, str] = {}
         """Each server's address -> its process name (`train env server 'name'`)."""
 
-    async def serve(self, env: EnvConfig, split: Split, client: ClientConfig, on_restart: Callable[[], None]) -> str:
-        """Spawn `env`'s server for `client` on a free loopback port and supervise it; its address.
+    async def serve(self, launch: EnvServerLaunch, on_restart: Callable[[], None]) -> str:
+        """Spawn the planned server (`envclient/plan.py`) and supervise it; the address it bound.
         `on_restart` is called (on the supervisor's thread) each time it is back after a death."""
-        access = ModelAccessConfig.for_client(client)
-        launch = env.server_launch(split, "tcp://127.0.0.1:0", access, self.restarts)
-        log_file = env_log_file(self.output_dir, split, launch.name)
+        log_file = env_log_file(self.output_dir, launch.split, launch.name)
         child, address = await asyncio.to_thread(self._start, launch, log_file)
         again = launch.model_copy(update={"config": launch.config.model_copy(update={"address": address})})
 

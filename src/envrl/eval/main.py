@@ -24,12 +24,13 @@ import httpx
 from loguru import logger
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from envrl.config import BaseConfig, ModelConfig, load_config
+from envrl.config import BaseConfig, ModelConfig, config_to_toml, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.data.traces import Trace
 from envrl.envclient.config import EnvConfig, EvalScoringConfig, check_pass_at
 from envrl.envclient.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.envclient.handles import EnvHandle
+from envrl.envclient.plan import PlannedEnv, describe, plan_env
 from envrl.envclient.sidecars import Sidecars
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import ClientConfig, EvalClientConfig, SamplingParams, TrainClientConfig
@@ -136,6 +137,17 @@ class EvalCommandConfig(BaseConfig):
         return eval_results_file(self.output_dir, env_name)
 
 
+def env_plan(config: EvalCommandConfig) -> list[PlannedEnv[EvalCommandEnvConfig]]:
+    """Each env of `rl eval`, its rollouts on `config.client`, at its `address` or on a server it
+    spawns (`envclient/plan.py`, the planning `rl` and the orchestrator use); pure."""
+    return [plan_env(env, "eval", config.client, config.restarts) for env in config.env]
+
+
+def dry_run_text(config: EvalCommandConfig) -> str:
+    """What `rl eval --dry-run` prints: the resolved config, then each env's server."""
+    return "\n".join(["# eval", config_to_toml(config).rstrip("\n"), *describe(env_plan(config)), ""])
+
+
 class Evaluation:
     """The `eval` command: every env's grid completed by the one eval runner (`run_grids`), its
     rollouts appended as they finish, each results file rewritten in grid order at the end."""
@@ -148,14 +160,15 @@ class Evaluation:
         """The env servers `eval` spawns (envs without `address`), supervised as `rl` supervises its own."""
         self.envs = [
             EnvHandle(
-                env,
-                split="eval",
-                client=config.client,
+                planned.env,
+                split=planned.split,
+                client=planned.client,
                 sampling=config.sampling,
                 ready_timeout=config.env_ready_timeout_s,
                 sidecars=self.sidecars,
+                server=planned.server,
             )
-            for env in config.env
+            for planned in env_plan(config)
         ]
         self.error_causes: Counter[str] = Counter()
         """Failed rollouts by their error's type and first line, over every env (filled by `finish`)."""
@@ -331,7 +344,7 @@ async def _run(config: EvalCommandConfig, lines: LiveLines) -> tuple[dict[str, d
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = load_config(EvalCommandConfig, argv, prog="rl eval")
+    config = load_config(EvalCommandConfig, argv, prog="rl eval", dry_run=dry_run_text)
     lines = LiveLines()
     lines.use_for_stderr()
     setup_logging(config.log, process="eval")

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from envrl.config import ConfigError
 from envrl.data import layout
+from envrl.data.traces import Split
 from envrl.envclient.config import EnvConfig
 from envrl.inference.adapter import lora_serving_options
 from envrl.inference.config import InferenceConfig
@@ -48,10 +49,10 @@ from envrl.launcher.replicas import replica_configs, replica_name
 from envrl.launcher.run_keys import Secret, curve_keys
 from envrl.orchestrator.checks import off_policy_problem
 from envrl.orchestrator.config import OrchestratorConfig
+from envrl.orchestrator.plan import env_plan
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.process import RestartPolicy
 from envrl.runtime.secrets import API_KEY_ENV
-from envrl.serve.config import CurveClientConfig, CurveServerConfig, ModelAccessConfig
 from envrl.serve.launch import EnvServerLaunch
 from envrl.trainer.config import TrainerConfig
 from envrl.transport.config import MEMORY_WITH_RESTARTS
@@ -262,67 +263,38 @@ def _with_inference(
 def _env_servers(
     rl: RLConfig, orchestrator: OrchestratorConfig, where: _Hosts
 ) -> tuple[OrchestratorConfig, list[EnvServerLaunch]]:
-    """The orchestrator pointed at the env servers `rl` starts on the env host, and those servers."""
-    server_keys, client_keys = curve_keys(layout.curve_dir(rl.output_dir))
+    """The env servers `rl` starts on the env host, as the orchestrator's own plan of its envs
+    (`orchestrator/plan.py`) places them on the run's ports behind the run's CURVE keys, and the
+    orchestrator pointed at them: every env it runs then has an address, so it spawns none."""
+    keys = curve_keys(layout.curve_dir(rl.output_dir))
     urls = orchestrator.inference.base_urls
-    own = _OwnServers(where.names[where.env], urls, [orchestrator.model.name], orchestrator.restarts, server_keys)
-    base = rl.env_server_base_port
-    evals = orchestrator.eval_envs()  # before the train envs get their spawned servers' addresses
-    train_port = {env.resolved_name: base + i for i, env in enumerate(orchestrator.train_envs)}
-    declared, servers = [], []
-    for env in orchestrator.envs:
-        if env.address is not None:  # an external server, of this env's train and eval rollouts
-            declared.append(env)
-            continue
-        port = train_port.get(env.resolved_name)  # None: an env only evaluated
-        served = _served(env, None if port is None else own.address(port), client_keys, urls)
-        declared.append(served)
-        if port is not None:
-            servers.append(own.launch("train", served))
-    addresses = {}
-    for i, env in enumerate(evals):
-        if env.address is None:
-            served = _served(env, own.address(base + EVAL_PORT_OFFSET + i), None, urls)
-            addresses[env.resolved_name] = served.address
-            servers.append(own.launch("eval", served))
-    evals_config = orchestrator.eval.model_copy(update={"addresses": addresses})
-    return orchestrator.model_copy(update={"envs": declared, "eval": evals_config}), servers
+    served = orchestrator.model_copy(update={"envs": [_with_run_key(env, urls) for env in orchestrator.envs]})
+    host, base = where.names[where.env], rl.env_server_base_port
+
+    def address(split: Split, i: int) -> str:  # train env i: base + i; eval table i: base + EVAL_PORT_OFFSET + i
+        return f"tcp://{host}:{base + (EVAL_PORT_OFFSET if split == 'eval' else 0) + i}"
+
+    planned = env_plan(served, address=address, curve=keys)
+    trained = {env.name: env.env for env in planned if env.split == "train"}
+    declared = [
+        trained.get(env.resolved_name)
+        or (env if env.address is not None else env.model_copy(update={"curve": keys[1]}))  # an eval-only env
+        for env in served.envs
+    ]
+    addresses = {env.name: env.env.address for env in planned if env.split == "eval" and env.server is not None}
+    evals = served.eval.model_copy(update={"addresses": addresses})
+    servers = [env.server for env in planned if env.server is not None]
+    return served.model_copy(update={"envs": declared, "eval": evals}), servers
 
 
-@dataclass(frozen=True)
-class _OwnServers:
-    """The env servers `rl` starts: on `host`, behind the run's CURVE keys, clients of the run's `urls`."""
-
-    host: str
-    urls: list[str]
-    tokenizers: list[str]
-    restarts: RestartPolicy
-    keys: CurveServerConfig
-
-    def address(self, port: int) -> str:
-        return f"tcp://{self.host}:{port}"
-
-    def launch(self, split: str, env: EnvConfig) -> EnvServerLaunch:
-        # An env with its own client (a chat teacher, say) may use that client and nothing else.
-        own = env.own_client
-        allowed = ModelAccessConfig(base_urls=self.urls, tokenizers=self.tokenizers)
-        access = allowed if own is None else ModelAccessConfig.for_client(own)
-        assert env.address is not None
-        return env.server_launch(split, env.address, access, self.restarts, self.keys)
-
-
-def _served(env: E, address: str | None, curve: CurveClientConfig | None, urls: list[str]) -> E:
-    """`env` served by the run: at `address`, reached through the run's CURVE keys (`curve`, the
-    declaration's), its chat client sending the run's API key when it calls the run's inference
-    (`rl` makes one per run) unless it names a key variable itself."""
-    update: dict[str, object] = {"address": address}
-    if curve is not None:
-        update["curve"] = curve
+def _with_run_key(env: E, urls: list[str]) -> E:
+    """`env` with its chat client sending the run's API key when it calls the run's inference (`rl`
+    makes one per run), unless it names a key variable itself."""
     client = env.client
     run_netlocs = {urlsplit(url).netloc for url in urls}
-    if client is not None and client.api_key_env is None and urlsplit(client.base_url).netloc in run_netlocs:
-        update["client"] = client.model_copy(update={"api_key_env": API_KEY_ENV})
-    return env.model_copy(update=update)
+    if client is None or client.api_key_env is not None or urlsplit(client.base_url).netloc not in run_netlocs:
+        return env
+    return env.model_copy(update={"client": client.model_copy(update={"api_key_env": API_KEY_ENV})})
 
 
 def _commands(

@@ -24,14 +24,15 @@ from functools import partial
 from loguru import logger
 
 from envrl.data.layout import metrics_file, rollouts_root
-from envrl.data.traces import Split
 from envrl.envclient.handles import C, EnvHandle, TrainEnvs
+from envrl.envclient.plan import PlannedEnv
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.batch import BatchBuilder
 from envrl.orchestrator.checks import StepChecks
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.distill import Distiller
+from envrl.orchestrator.plan import env_plan
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import prune_batches
 from envrl.orchestrator.rollout_files import append_group
@@ -52,7 +53,8 @@ class Orchestrator:
     """Wires the run: inference client, metrics, envs, policy tracker and scheduler, all built
     here (after reading the resumed state) and released by `close()`."""
 
-    def __init__(self, config: OrchestratorConfig) -> None:
+    def __init__(self, config: OrchestratorConfig, envs: list[PlannedEnv] | None = None) -> None:
+        """`envs`: the plan of its envs (default `env_plan(config)`, what `orchestrator --dry-run` prints)."""
         self.config, self.output_dir = config, config.output_dir
         resumed = resumed_state(config.output_dir, config.resume)
         self.start_step = 0 if resumed is None else resumed.step + 1
@@ -76,10 +78,11 @@ class Orchestrator:
         self.ledger = Ledger.of(self.output_dir, "orchestrator")
         self.batches: BatchSender = FileBatchSender(self.output_dir)
         self.sidecars = Sidecars(self.output_dir, config.restarts, ready_timeout=config.env_ready_timeout_s)
-        train = [self._env(env, "train") for env in config.train_envs]
+        planned = env_plan(config) if envs is None else envs
+        train = [self._env(env) for env in planned if env.split == "train"]
         self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
         self.evals = TrainEvals(
-            [self._env(env, "eval") for env in config.eval_envs()],
+            [self._env(env) for env in planned if env.split == "eval"],
             config.eval,
             seed=config.seed,
             max_inflight=config.inflight_limit,
@@ -141,16 +144,17 @@ class Orchestrator:
             self.watchdog.stop()
             await self.close()
 
-    def _env(self, env: C, split: Split) -> EnvHandle[C]:
-        """An env's handle: its own client or the run's, its server external or a sidecar."""
+    def _env(self, planned: PlannedEnv[C]) -> EnvHandle[C]:
+        """A planned env's handle: its client, its server external or a sidecar (`orchestrator/plan.py`)."""
         return EnvHandle(
-            env,
-            split=split,
-            client=env.own_client or self.config.train_client(),
+            planned.env,
+            split=planned.split,
+            client=planned.client,
             sampling=self.config.sampling,
             ready_timeout=self.config.env_ready_timeout_s,
             sidecars=self.sidecars,
-            counters=self.counters if split == "train" else Counter(),
+            server=planned.server,
+            counters=self.counters if planned.split == "train" else Counter(),
         )
 
     @property

@@ -1,7 +1,8 @@
 """`orchestrator --config x.toml`: run the orchestrator against an inference server and env servers.
 
 Env configs with an `address` connect to servers somebody else started; the others are spawned
-as sidecar env servers and stopped when the orchestrator exits. Started by hand (not by `rl`,
+as sidecar env servers and stopped when the orchestrator exits; both as `orchestrator/plan.py`
+plans them, which `--dry-run` prints. Started by hand (not by `rl`,
 whose own console shows the run), it prints a line per step on stderr as `rl` does: live on a
 terminal, where its log is routed below the status line, plain lines otherwise.
 """
@@ -22,6 +23,7 @@ from envrl.config import load_config
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
+from envrl.orchestrator.plan import dry_run_text
 from envrl.runtime.lifeline import parent_pid
 from envrl.runtime.process import NO_RESTART_EXIT
 from envrl.telemetry.console import RunConsole
@@ -38,7 +40,7 @@ async def _run(config: OrchestratorConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = load_config(OrchestratorConfig, argv, prog="orchestrator")
+    config = load_config(OrchestratorConfig, argv, prog="orchestrator", dry_run=dry_run_text)
     console = None
     if parent_pid() is None:  # run by hand, not by rl
         lines = LiveLines()

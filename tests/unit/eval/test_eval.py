@@ -13,10 +13,20 @@ from envrl.config import load_config
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Error, Trace, WireTask
 from envrl.envclient.eval_grid import EvalGrid, run_grids
-from envrl.eval.main import EvalCommandConfig, EvalCommandEnvConfig, EvalInputError, Evaluation, format_summary
+from envrl.envclient.plan import SIDECAR_ADDRESS
+from envrl.eval.main import (
+    EvalCommandConfig,
+    EvalCommandEnvConfig,
+    EvalInputError,
+    Evaluation,
+    env_plan,
+    format_summary,
+)
+from envrl.eval.main import main as eval_main
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
+from envrl.serve.config import ModelAccessConfig
 from envrl.telemetry.progress import CLEAR_LINE, LiveLines
 
 
@@ -305,3 +315,33 @@ def test_eval_progress_on_a_terminal_keeps_a_status_line_and_leaves_the_last_lin
     assert shown[-1].startswith("rollouts 2/2 (100%)") and shown[-1].endswith("errors 0\n"), (
         "the status line is gone at the end, the last line stays"
     )
+
+
+def test_rl_eval_plans_a_server_serving_its_client_for_each_env_without_an_address(tmp_path: Path) -> None:
+    envs = '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "far", "address": "tcp://127.0.0.1:7900"}]'
+    c = config(tmp_path, "--env", envs, "--restarts.max-restarts", "5")
+    planned = env_plan(c)
+    assert [(env.split, env.name, env.env.address) for env in planned] == [
+        ("eval", "reverse-text", None), ("eval", "far", "tcp://127.0.0.1:7900"),
+    ]  # fmt: skip
+    server = planned[0].server
+    assert server is not None and planned[1].server is None
+    assert server.config.address == SIDECAR_ADDRESS and server.restarts.max_restarts == 5
+    assert planned[0].client == c.client
+    assert server.config.model_access == ModelAccessConfig.for_client(c.client)
+    assert list(tmp_path.iterdir()) == []  # planned, nothing written
+
+
+def test_rl_eval_dry_run_prints_the_config_and_each_env_servers_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        eval_main(["--env.id", "reverse-text", "--output-dir", str(tmp_path), "--dry-run"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("# ")] == [
+        "# eval",
+        "# eval env server 'reverse-text', spawned on a free loopback port; variables beyond the allow-list: nothing",
+    ]
+    assert out.count("-m envrl.serve.main") == 1 and 'base_urls = [\n    "http://127.0.0.1:8000/v1",' in out
+    assert list(tmp_path.iterdir()) == []

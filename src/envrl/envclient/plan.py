@@ -1,0 +1,88 @@
+"""The plan of one env as a process runs its rollouts: the model client they use and the server
+they go to, external or spawned.
+
+Guarantee: `plan_env` is the one place that decides, for `rl`, `rl eval` and a standalone
+orchestrator alike, whether an env's server is external (its `address`) or spawned, and the
+complete launch of a spawned one (config, interpreter, restart policy, the model client it
+serves, the variables it sees); it is pure (no file, socket or process). `rl`'s plan
+(`launcher/plan.py`) gives it fixed ports and the run's CURVE keys; `rl eval` and a standalone
+orchestrator leave the address to the server (a free loopback port, `SIDECAR_ADDRESS`) and start
+the launch through `Sidecars`. Each entry point's `--dry-run` prints what it planned (`describe`).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from envrl.config import config_to_toml
+from envrl.data.traces import Split
+from envrl.envclient.config import EnvConfig
+from envrl.model.client import ClientConfig
+from envrl.runtime.process import RestartPolicy
+from envrl.serve.config import CurveClientConfig, CurveServerConfig
+from envrl.serve.launch import EnvServerLaunch
+
+SIDECAR_ADDRESS = "tcp://127.0.0.1:0"
+"""Where a spawned server binds when its planner names no port: a free loopback port, reported at start."""
+
+E = TypeVar("E", bound=EnvConfig)
+
+
+@dataclass(frozen=True)
+class PlannedEnv(Generic[E]):
+    """One env of a process: its table as a client connects to it, its model client, and the
+    server to spawn (None: the server is external, at `env.address`)."""
+
+    split: Split
+    env: E
+    """The env as its handle connects: `address` and `curve` of an external server or of one `rl`
+    spawns; `address` None for a sidecar, whose address is known once it is started."""
+    client: ClientConfig
+    """The model client its rollouts use (the env's own, else the run's: the caller's choice)."""
+    server: EnvServerLaunch | None
+
+    @property
+    def name(self) -> str:
+        return self.env.resolved_name
+
+
+def plan_env(
+    env: E,
+    split: Split,
+    client: ClientConfig,
+    restarts: RestartPolicy,
+    *,
+    address: str | None = None,
+    curve: tuple[CurveServerConfig, CurveClientConfig] | None = None,
+) -> PlannedEnv[E]:
+    """`env`'s rollouts of `split` on `client`: at its own `address` if it has one (external), else
+    on a server spawned at `address` (default: a free loopback port) that serves `client`,
+    restarted per `restarts` and, with `curve` (the server's keys, its client's keys), admitting
+    only the holder of those client keys."""
+    if env.address is not None:
+        return PlannedEnv(split, env, client, None)
+    server_keys, client_keys = curve if curve is not None else (None, None)
+    launch = env.server_launch(split, address or SIDECAR_ADDRESS, client, restarts, server_keys)
+    connected = env if address is None else env.model_copy(update={"address": address, "curve": client_keys})
+    return PlannedEnv(split, connected, client, launch)
+
+
+def describe(planned: Sequence[PlannedEnv]) -> list[str]:
+    """`--dry-run`'s lines for `planned`: each external server's address, each spawned server's
+    config and command, and what each sees beyond the environment allow-list."""
+    lines = []
+    for env in planned:
+        if env.server is None:
+            lines.append(f"# {env.split} env {env.name!r}: external server at {env.env.address}")
+            continue
+        where = "a free loopback port" if env.server.config.address == SIDECAR_ADDRESS else env.server.config.address
+        seen = ", ".join(env.server.allowed_env()) or "nothing"
+        lines += [
+            f"# {env.server.title}, spawned on {where}; variables beyond the allow-list: {seen}",
+            config_to_toml(env.server.config).rstrip("\n"),
+            shlex.join(env.server.argv()),
+        ]
+    return lines

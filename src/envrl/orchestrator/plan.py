@@ -1,0 +1,49 @@
+"""The plan of an orchestrator's envs: for each train env, then each eval env, the model client its
+rollouts use and the server they go to.
+
+Guarantee: `env_plan(config)` is pure and is what the orchestrator runs: its handles connect to
+the planned addresses with the planned clients, and it spawns exactly the planned servers
+(`Sidecars`); `orchestrator --dry-run` prints it (`dry_run_text`). An env's rollouts use its own
+`client` if it has one, else the run's train client. `rl`'s plan (`launcher/plan.py`) calls
+`env_plan` with its fixed ports and CURVE keys and starts those servers itself, so the
+orchestrator it starts finds an address on every env and spawns nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from envrl.config import config_to_toml
+from envrl.data.traces import Split
+from envrl.envclient.config import EnvConfig
+from envrl.envclient.plan import PlannedEnv, describe, plan_env
+from envrl.model.client import ClientConfig
+from envrl.orchestrator.config import OrchestratorConfig
+from envrl.serve.config import CurveClientConfig, CurveServerConfig
+
+
+def env_plan(
+    config: OrchestratorConfig,
+    *,
+    client: ClientConfig | None = None,
+    address: Callable[[Split, int], str] | None = None,
+    curve: tuple[CurveServerConfig, CurveClientConfig] | None = None,
+) -> list[PlannedEnv[EnvConfig]]:
+    """Every env of `config`: train envs (`train_envs`), then eval envs (`eval_envs()`), in order.
+    `client` replaces the run's train client; a spawned server binds `address(split, i)` (i: the
+    env's index among its split's envs; default: a free loopback port) behind `curve` (`plan_env`)."""
+    run_client = client or config.train_client()
+    planned: list[PlannedEnv[EnvConfig]] = []
+    splits: list[tuple[Split, list[EnvConfig]]] = [("train", [*config.train_envs]), ("eval", config.eval_envs())]
+    for split, envs in splits:
+        for i, env in enumerate(envs):
+            where = None if address is None else address(split, i)
+            planned.append(
+                plan_env(env, split, env.own_client or run_client, config.restarts, address=where, curve=curve)
+            )
+    return planned
+
+
+def dry_run_text(config: OrchestratorConfig) -> str:
+    """What `orchestrator --dry-run` prints: its config, then each env's server (`describe`)."""
+    return "\n".join(["# orchestrator", config_to_toml(config).rstrip("\n"), *describe(env_plan(config)), ""])
