@@ -11,9 +11,9 @@ version, is docs/CHANGELOG.md.
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
