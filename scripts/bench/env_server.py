@@ -254,7 +254,7 @@ def main() -> None:
         import shutil
         import tempfile
 
-        from envrl.launcher.run_keys import curve_keys, make_curve_keys
+        from envrl.envclient.curve import curve_keys, make_curve_keys
 
         global CURVE
         keys = Path(tempfile.mkdtemp(prefix="envrl-bench-")) / "curve"

@@ -66,7 +66,7 @@ def server_pid(env: EnvHandle) -> int | None:
 
 async def kill_server_once_running(env: EnvHandle) -> int:
     """SIGKILL the sidecar as soon as it reports a rollout in flight; return the pid killed."""
-    async with EnvClient(env.address) as probe:
+    async with EnvClient(env.address, curve=env.config.curve) as probe:  # a sidecar answers only its key's holder
         while (await probe.info()).in_flight == 0:
             await asyncio.sleep(0.05)
     pid = server_pid(env)

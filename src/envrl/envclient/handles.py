@@ -56,7 +56,11 @@ class EnvHandle(Generic[C]):
         server: EnvServerLaunch | None = None,
         counters: Counter[str] | None = None,
     ) -> None:
+        if server is None and config.address is None and sidecars is not None:  # a handle built by hand
+            planned = plan_env(config, split, client, sidecars.restarts, curve=sidecars.curve)
+            config, server = planned.env, planned.server
         self.config = config
+        """The env as this handle connects (a sidecar's: with its client keys)."""
         self.name = config.resolved_name
         self.split = split
         self.client_config = client
@@ -65,9 +69,7 @@ class EnvHandle(Generic[C]):
         """Where the server of an env without `address` comes from (and is restarted, and stopped)."""
         self.server = server
         """The server `sidecars` spawns for an env without `address`, as planned (`envclient/plan.py`);
-        default: the plan of `config` for `client`, for a handle built by hand."""
-        if server is None and config.address is None and sidecars is not None:
-            self.server = plan_env(config, split, client, sidecars.restarts).server
+        default: the plan of `config` for `client` behind the sidecars' keys, for a handle built by hand."""
         self.ready_timeout = ready_timeout
         self.num_tasks = 0
         self.group_scoring = False

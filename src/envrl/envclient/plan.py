@@ -4,10 +4,12 @@ they go to, external or spawned.
 Guarantee: `plan_env` is the one place that decides, for `rl`, `rl eval` and a standalone
 orchestrator alike, whether an env's server is external (its `address`) or spawned, and the
 complete launch of a spawned one (config, interpreter, restart policy, the model client it
-serves, the variables it sees); it is pure (no file, socket or process). `rl`'s plan
-(`launcher/plan.py`) gives it fixed ports and the run's CURVE keys; `rl eval` and a standalone
-orchestrator leave the address to the server (a free loopback port, `SIDECAR_ADDRESS`) and start
-the launch through `Sidecars`. Each entry point's `--dry-run` prints what it planned (`describe`).
+serves, the variables it sees); it is pure (no file, socket or process). Every spawned server
+admits only the one client holding the CURVE keys it is planned with, on loopback too. `rl`'s plan
+(`launcher/plan.py`) gives it fixed ports and the run's keys; `rl eval` and a standalone
+orchestrator give it their sidecars' keys (`sidecar_keys`), leave the address to the server (a
+free loopback port, `SIDECAR_ADDRESS`) and start the launch through `Sidecars`, which makes the
+keys first. Each entry point's `--dry-run` prints what it planned (`describe`).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ class PlannedEnv(Generic[E]):
 
     split: Split
     env: E
-    """The env as its handle connects: `address` and `curve` of an external server or of one `rl`
-    spawns; `address` None for a sidecar, whose address is known once it is started."""
+    """The env as its handle connects: `address` and `curve` of an external server, or of the
+    spawned one (its client keys); `address` None for a sidecar, known once it is started."""
     client: ClientConfig
     """The model client its rollouts use (the env's own, else the run's: the caller's choice)."""
     server: EnvServerLaunch | None
@@ -55,19 +57,18 @@ def plan_env(
     client: ClientConfig,
     restarts: RestartPolicy,
     *,
+    curve: tuple[CurveServerConfig, CurveClientConfig],
     address: str | None = None,
-    curve: tuple[CurveServerConfig, CurveClientConfig] | None = None,
 ) -> PlannedEnv[E]:
     """`env`'s rollouts of `split` on `client`: at its own `address` if it has one (external), else
     on a server spawned at `address` (default: a free loopback port) that serves `client`,
-    restarted per `restarts` and, with `curve` (the server's keys, its client's keys), admitting
-    only the holder of those client keys."""
+    restarted per `restarts`, and admits only the holder of `curve`'s client keys (`curve`: the
+    server's keys, its client's: `envclient/curve.py`), which the env then connects with."""
     if env.address is not None:
         return PlannedEnv(split, env, client, None)
-    server_keys, client_keys = curve if curve is not None else (None, None)
+    server_keys, client_keys = curve
     launch = env.server_launch(split, address or SIDECAR_ADDRESS, client, restarts, server_keys)
-    connected = env if address is None else env.model_copy(update={"address": address, "curve": client_keys})
-    return PlannedEnv(split, connected, client, launch)
+    return PlannedEnv(split, env.model_copy(update={"address": address, "curve": client_keys}), client, launch)
 
 
 def describe(planned: Sequence[PlannedEnv]) -> list[str]:
@@ -80,8 +81,10 @@ def describe(planned: Sequence[PlannedEnv]) -> list[str]:
             continue
         where = "a free loopback port" if env.server.config.address == SIDECAR_ADDRESS else env.server.config.address
         seen = ", ".join(env.server.allowed_env()) or "nothing"
+        assert env.env.curve is not None  # plan_env: a spawned server admits only its client
         lines += [
             f"# {env.server.title}, spawned on {where}; variables beyond the allow-list: {seen}",
+            f"# it admits only the holder of {env.env.curve.secret_key_file} (CURVE keys made before it starts)",
             config_to_toml(env.server.config).rstrip("\n"),
             shlex.join(env.server.argv()),
         ]

@@ -6,7 +6,9 @@ Guarantee: every server started here is watched, on a thread of its own, by one 
 within the `RestartPolicy` given here, so its clients reconnect to the same server. Once one is out
 of restarts, supervision ends and `ended()` returns why (the `ChildFailed` naming the server, its
 exit and its log tail); every wait for a lost server raises it. `close` (at the latest, interpreter
-exit) stops every server, process groups included.
+exit) stops every server, process groups included. Every server it starts demands the CURVE keys
+of its `output_dir` (`sidecar_keys`, made here before the first one starts, private to this
+user): a launch planned without them is refused, so no sidecar serves a client without the key.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 
 from loguru import logger
 
-from envrl.data.layout import env_log_file
+from envrl.data.layout import curve_dir, env_log_file
+from envrl.envclient.curve import make_curve_keys, sidecar_keys
 from envrl.runtime.process import Child, RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.launch import EnvServerLaunch
@@ -39,6 +42,8 @@ class Sidecars:
         self.restarts = restarts
         self.ready_timeout = ready_timeout
         self.supervisor = Supervisor(grace=STOP_GRACE_S)
+        self.curve = sidecar_keys(output_dir)
+        """The keys every server spawned here demands (the server's) and its client holds."""
         self._ended: BaseException | None = None
         self._ended_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -48,8 +53,14 @@ class Sidecars:
         """Each server's address -> its process name (`train env server 'name'`)."""
 
     async def serve(self, launch: EnvServerLaunch, on_restart: Callable[[], None]) -> str:
-        """Spawn the planned server (`envclient/plan.py`) and supervise it; the address it bound.
+        """Make the keys, spawn the planned server (`envclient/plan.py`), supervise it; the address it bound.
         `on_restart` is called (on the supervisor's thread) each time it is back after a death."""
+        if launch.config.curve != self.curve[0]:
+            raise ValueError(
+                f"{launch.title}: a sidecar must demand the CURVE keys in {curve_dir(self.output_dir)}, not "
+                f"{launch.config.curve}; plan it with plan_env(..., curve=sidecar_keys(output_dir)) (envclient/plan.py)"
+            )
+        await asyncio.to_thread(make_curve_keys, curve_dir(self.output_dir))
         log_file = env_log_file(self.output_dir, launch.split, launch.name)
         child, address = await asyncio.to_thread(self._start, launch, log_file)
         again = launch.model_copy(update={"config": launch.config.model_copy(update={"address": address})})

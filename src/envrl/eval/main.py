@@ -28,6 +28,7 @@ from envrl.config import BaseConfig, ModelConfig, config_to_toml, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.data.traces import Trace
 from envrl.envclient.config import EnvConfig, EvalScoringConfig, check_pass_at
+from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.envclient.handles import EnvHandle
 from envrl.envclient.plan import PlannedEnv, describe, plan_env
@@ -139,8 +140,10 @@ class EvalCommandConfig(BaseConfig):
 
 def env_plan(config: EvalCommandConfig) -> list[PlannedEnv[EvalCommandEnvConfig]]:
     """Each env of `rl eval`, its rollouts on `config.client`, at its `address` or on a server it
-    spawns (`envclient/plan.py`, the planning `rl` and the orchestrator use); pure."""
-    return [plan_env(env, "eval", config.client, config.restarts) for env in config.env]
+    spawns (`envclient/plan.py`, the planning `rl` and the orchestrator use) that admits only
+    `eval`'s CURVE key (made by `Sidecars` in `<output_dir>/curve/`); pure."""
+    keys = sidecar_keys(config.output_dir)
+    return [plan_env(env, "eval", config.client, config.restarts, curve=keys) for env in config.env]
 
 
 def dry_run_text(config: EvalCommandConfig) -> str:

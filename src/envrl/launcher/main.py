@@ -28,6 +28,7 @@ from loguru import logger
 
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.data import layout
+from envrl.envclient.curve import make_curve_keys
 from envrl.launcher import preflight, recovery, run_dir, summary
 from envrl.launcher.commands import Command
 from envrl.launcher.completed import completed_run
@@ -37,7 +38,7 @@ from envrl.launcher.log_rotation import LogRotator
 from envrl.launcher.placement import visible_gpus
 from envrl.launcher.plan import Machine, RunPlan, plan
 from envrl.launcher.replicas import wait_for_replicas
-from envrl.launcher.run_keys import make_curve_keys, make_secrets
+from envrl.launcher.run_keys import make_secrets
 from envrl.launcher.slurm import job_hosts, write_sbatch
 from envrl.runtime.net import port_is_free
 from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn

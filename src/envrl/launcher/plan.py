@@ -31,6 +31,7 @@ from envrl.config import ConfigError
 from envrl.data import layout
 from envrl.data.traces import Split
 from envrl.envclient.config import EnvConfig
+from envrl.envclient.curve import curve_keys
 from envrl.inference.adapter import lora_serving_options
 from envrl.inference.config import InferenceConfig
 from envrl.launcher.commands import (
@@ -46,7 +47,7 @@ from envrl.launcher.cpus import CpuPlan, plan_cpus, trainer_env, usable_cores, v
 from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.plan_checks import check_lengths, check_no_shared_port, external_ports
 from envrl.launcher.replicas import replica_configs, replica_name
-from envrl.launcher.run_keys import Secret, curve_keys
+from envrl.launcher.run_keys import Secret
 from envrl.orchestrator.checks import off_policy_problem
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.plan import env_plan

@@ -3,7 +3,8 @@ rollouts use and the server they go to.
 
 Guarantee: `env_plan(config)` is pure and is what the orchestrator runs: its handles connect to
 the planned addresses with the planned clients, and it spawns exactly the planned servers
-(`Sidecars`); `orchestrator --dry-run` prints it (`dry_run_text`). An env's rollouts use its own
+(`Sidecars`), each admitting only the orchestrator's CURVE key (made by `Sidecars` in
+`<output_dir>/curve/`); `orchestrator --dry-run` prints it (`dry_run_text`). An env's rollouts use its own
 `client` if it has one, else the run's train client. `rl`'s plan (`launcher/plan.py`) calls
 `env_plan` with its fixed ports and CURVE keys and starts those servers itself, so the
 orchestrator it starts finds an address on every env and spawns nothing.
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from envrl.config import config_to_toml
 from envrl.data.traces import Split
 from envrl.envclient.config import EnvConfig
+from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.plan import PlannedEnv, describe, plan_env
 from envrl.model.client import ClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
@@ -31,15 +33,17 @@ def env_plan(
 ) -> list[PlannedEnv[EnvConfig]]:
     """Every env of `config`: train envs (`train_envs`), then eval envs (`eval_envs()`), in order.
     `client` replaces the run's train client; a spawned server binds `address(split, i)` (i: the
-    env's index among its split's envs; default: a free loopback port) behind `curve` (`plan_env`)."""
+    env's index among its split's envs; default: a free loopback port) behind `curve` (default:
+    the sidecars' keys in `output_dir`, which `Sidecars` makes; `plan_env`)."""
     run_client = client or config.train_client()
+    keys = curve if curve is not None else sidecar_keys(config.output_dir)
     planned: list[PlannedEnv[EnvConfig]] = []
     splits: list[tuple[Split, list[EnvConfig]]] = [("train", [*config.train_envs]), ("eval", config.eval_envs())]
     for split, envs in splits:
         for i, env in enumerate(envs):
             where = None if address is None else address(split, i)
             planned.append(
-                plan_env(env, split, env.own_client or run_client, config.restarts, address=where, curve=curve)
+                plan_env(env, split, env.own_client or run_client, config.restarts, curve=keys, address=where)
             )
     return planned
 

@@ -12,6 +12,7 @@ import pytest
 from envrl.config import load_config
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Error, Trace, WireTask
+from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.eval_grid import EvalGrid, run_grids
 from envrl.envclient.plan import SIDECAR_ADDRESS
 from envrl.eval.main import (
@@ -329,6 +330,8 @@ def test_rl_eval_plans_a_server_serving_its_client_for_each_env_without_an_addre
     assert server.config.address == SIDECAR_ADDRESS and server.restarts.max_restarts == 5
     assert planned[0].client == c.client
     assert server.config.model_access == ModelAccessConfig.for_client(c.client)
+    server_keys, client_keys = sidecar_keys(tmp_path)  # eval's sidecar admits only eval's own key
+    assert server.config.curve == server_keys and planned[0].env.curve == client_keys and planned[1].env.curve is None
     assert list(tmp_path.iterdir()) == []  # planned, nothing written
 
 
@@ -342,6 +345,7 @@ def test_rl_eval_dry_run_prints_the_config_and_each_env_servers_command(
     assert [line for line in out.splitlines() if line.startswith("# ")] == [
         "# eval",
         "# eval env server 'reverse-text', spawned on a free loopback port; variables beyond the allow-list: nothing",
+        f"# it admits only the holder of {tmp_path}/curve/clients/orchestrator.key_secret (CURVE keys made before it starts)",
     ]
     assert out.count("-m envrl.serve.main") == 1 and 'base_urls = [\n    "http://127.0.0.1:8000/v1",' in out
     assert list(tmp_path.iterdir()) == []

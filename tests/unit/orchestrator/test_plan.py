@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from envrl.config import resolve_config
+from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.plan import SIDECAR_ADDRESS
 from envrl.launcher.config import RLConfig
 from envrl.launcher.plan import plan
@@ -55,6 +56,19 @@ def test_each_spawned_server_serves_exactly_the_client_its_handle_uses(tmp_path:
     assert [env.server.allowed_env() for env in planned if env.name == "taught" and env.server] == [["TEACHER_KEY"]]
 
 
+def test_every_spawned_server_admits_only_the_orchestrators_curve_key_and_external_ones_keep_their_own(
+    tmp_path: Path,
+) -> None:
+    config = orchestrator_config(tmp_path)
+    server_keys, client_keys = sidecar_keys(config.output_dir)
+    assert client_keys.secret_key_file.is_relative_to(config.output_dir / "curve")
+    for env in env_plan(config):
+        if env.server is not None:  # the sidecar demands the keys its handle connects with
+            assert env.server.config.curve == server_keys and env.env.curve == client_keys
+        else:
+            assert env.env.curve is None  # an external server on loopback: as the user configured it
+
+
 def test_a_client_given_to_the_plan_replaces_the_runs_but_not_an_envs_own(tmp_path: Path) -> None:
     scripted = ScriptedClientConfig(replies=["hi"])
     clients = {(env.split, env.name): env.client for env in env_plan(orchestrator_config(tmp_path), client=scripted)}
@@ -94,13 +108,18 @@ def test_dry_run_prints_the_config_and_each_env_servers_command(
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     headers = [line for line in out.splitlines() if line.startswith("# ")]
+    keys = f"# it admits only the holder of {tmp_path}/curve/clients/orchestrator.key_secret (CURVE keys made before it starts)"
     assert headers == [
         "# orchestrator",
         "# train env server 'reverse-text', spawned on a free loopback port; variables beyond the allow-list: nothing",
+        keys,
         "# train env 'far': external server at tcp://127.0.0.1:7900",
         "# train env server 'taught', spawned on a free loopback port; variables beyond the allow-list: TEACHER_KEY",
+        keys,
         "# eval env server 'held-out', spawned on a free loopback port; variables beyond the allow-list: nothing",
+        keys,
         "# eval env server 'reverse-text', spawned on a free loopback port; variables beyond the allow-list: nothing",
+        keys,
         "# eval env 'far': external server at tcp://127.0.0.1:7900",
     ]
     assert out.count("-m envrl.serve.main") == 4
