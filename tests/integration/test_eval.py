@@ -19,6 +19,7 @@ import pytest
 
 from envrl.orchestrator.jsonl import parse_trace_line
 from tests.support.ports import free_port
+from tests.support.standin_inference import JsonHandler, serving
 
 ONE_WORKER = ["--env.pool", '{"min_workers": 1, "max_workers": 1}']
 """One worker per env server: scripted replies then come in call order, and start-up stays cheap."""
@@ -226,6 +227,48 @@ def test_an_eval_whose_rollouts_all_fail_exits_1_naming_the_cause_and_writes_str
 
     summary = json.loads((out / "eval" / "summary.json").read_text(), parse_constant=refuse)
     assert summary["reverse-text"]["reward"] is None and summary["reverse-text"]["error_rate"] == 1.0
+
+
+@pytest.fixture
+def digits_model_server() -> Iterator[str]:
+    """An OpenAI chat server whose every reply is "123" (what `learnable` scores 1.0)."""
+
+    class Digits(JsonHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self._reply({"data": [{"id": "digits"}]})
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._reply({"choices": [{"message": {"role": "assistant", "content": "123"}, "finish_reason": "stop"}]})
+
+    with serving(Digits) as url:
+        yield f"{url}/v1"
+
+
+def test_an_env_with_a_client_of_its_own_is_evaluated_on_it_and_the_others_on_client(
+    tmp_path: Path, digits_model_server: str
+) -> None:
+    """Before: every env ran on --client, an env's own `client` silently ignored."""
+    out = tmp_path / "out"
+    pool = json.loads(ONE_WORKER[1])
+    own = {"id": "learnable", "name": "own", "pool": pool, "client": {"base_url": digits_model_server, "model": "m"}}
+    envs = json.dumps([own, {"id": "learnable", "name": "run", "pool": pool}])
+    done = run_eval(out, "--env", envs, "-n", "2", "-r", "1", *scripted("ab"))
+    assert done.returncode == 0, done.stderr
+    own_rows, run_rows = (read_results(out / "eval" / f"{name}.jsonl") for name in ("own", "run"))
+    assert [(reward, reply) for _, _, reward, reply in own_rows] == [(1.0, "123")] * 2
+    assert [(reward, reply) for _, _, reward, reply in run_rows] == [(0.0, "ab")] * 2
+
+
+def test_an_env_s_own_client_without_a_model_server_fails_at_once_naming_its_key(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    envs = json.dumps([{"id": "reverse-text", "name": "taught", "client": {"base_url": url, "model": "m"}}])
+    done = run_eval(tmp_path / "out", "--env", envs, *scripted("hi"))
+    assert done.returncode == 2, done.stderr
+    assert (
+        f"no model server answers at {url}/models" in done.stderr
+        and "point env 'taught''s client.base_url" in done.stderr
+    )
 
 
 def test_eval_of_a_tool_env_works_with_the_default_client(tmp_path: Path, vllm_server) -> None:

@@ -58,7 +58,7 @@ class EnvHandle(Generic[C]):
     ) -> None:
         if server is None and config.address is None and sidecars is not None:  # a handle built by hand
             planned = plan_env(config, split, client, sidecars.restarts, curve=sidecars.curve)
-            config, server = planned.env, planned.server
+            config, client, server = planned.env, planned.client, planned.server
         self.config = config
         """The env as this handle connects (a sidecar's: with its client keys)."""
         self.name = config.resolved_name

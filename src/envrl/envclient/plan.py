@@ -2,8 +2,8 @@
 they go to, external or spawned.
 
 Guarantee: `plan_env` is the one place that decides, for `rl`, `rl eval` and a standalone
-orchestrator alike, whether an env's server is external (its `address`) or spawned, and the
-complete launch of a spawned one (config, interpreter, restart policy, the model client it
+orchestrator alike, whether an env's server is external (its `address`) or spawned, the model
+client its rollouts use (its own `client`, else the run's), and the complete launch of a spawned one (config, interpreter, restart policy, the model client it
 serves, the variables it sees); it is pure (no file, socket or process). Every spawned server
 admits only the one client holding the CURVE keys it is planned with, on loopback too. `rl`'s plan
 (`launcher/plan.py`) gives it fixed ports and the run's keys; `rl eval` and a standalone
@@ -43,7 +43,7 @@ class PlannedEnv(Generic[E]):
     """The env as its handle connects: `address` and `curve` of an external server, or of the
     spawned one (its client keys); `address` None for a sidecar, known once it is started."""
     client: ClientConfig
-    """The model client its rollouts use (the env's own, else the run's: the caller's choice)."""
+    """The model client its rollouts use: the env's own `client`, else the run's (`plan_env`)."""
     server: EnvServerLaunch | None
 
     @property
@@ -60,10 +60,12 @@ def plan_env(
     curve: tuple[CurveServerConfig, CurveClientConfig],
     address: str | None = None,
 ) -> PlannedEnv[E]:
-    """`env`'s rollouts of `split` on `client`: at its own `address` if it has one (external), else
-    on a server spawned at `address` (default: a free loopback port) that serves `client`,
+    """`env`'s rollouts of `split` on its own `client` if it has one, else on `client` (the run's):
+    at its own `address` if it has one (external), else on a server spawned at `address`
+    (default: a free loopback port) that serves that client,
     restarted per `restarts`, and admits only the holder of `curve`'s client keys (`curve`: the
     server's keys, its client's: `envclient/curve.py`), which the env then connects with."""
+    client = env.own_client or client
     if env.address is not None:
         return PlannedEnv(split, env, client, None)
     server_keys, client_keys = curve

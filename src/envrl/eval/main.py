@@ -73,7 +73,8 @@ class EvalCommandConfig(BaseConfig):
     rollouts_per_example: int | None = Field(None, ge=1)
     """Rollouts per task (-r); when set, replaces every env's own `rollouts_per_example`."""
     client: ClientConfig = DEFAULT_CLIENT
-    """The model under evaluation; a chat client table (`type` eval or none) changes keys of the default one."""
+    """The model under evaluation (an env with a `client` of its own is evaluated on that one); a
+    chat client table (`type` eval or none) changes keys of the default one."""
     sampling: SamplingParams = SamplingParams()
     max_inflight: int = Field(32, ge=1)
     """Most rollouts in flight across all envs (a group-scored task's rollouts go out together)."""
@@ -139,9 +140,10 @@ class EvalCommandConfig(BaseConfig):
 
 
 def env_plan(config: EvalCommandConfig) -> list[PlannedEnv[EvalCommandEnvConfig]]:
-    """Each env of `rl eval`, its rollouts on `config.client`, at its `address` or on a server it
-    spawns (`envclient/plan.py`, the planning `rl` and the orchestrator use) that admits only
-    `eval`'s CURVE key (made by `Sidecars` in `<output_dir>/curve/`); pure."""
+    """Each env of `rl eval`: its rollouts on its own `client` if it has one, else on
+    `config.client` (the orchestrator's rule), at its `address` or on a server it spawns that
+    admits only `eval`'s CURVE key (made by `Sidecars` in `<output_dir>/curve/`); planned by the
+    code `rl` and the orchestrator use (`envclient/plan.py`); pure."""
     keys = sidecar_keys(config.output_dir)
     return [plan_env(env, "eval", config.client, config.restarts, curve=keys) for env in config.env]
 
@@ -180,7 +182,8 @@ class Evaluation:
         """Evaluate; the summary per env (also written to `eval/summary.json`, strict JSON: a
         metric without a value, like the reward of an env whose rollouts all failed, is null)."""
         self.check_earlier_results()
-        await probe_model_server(self.config.client)
+        for client, fix in self.model_clients():
+            await probe_model_server(client, fix)
         try:
             await asyncio.gather(*(env.start() for env in self.envs))
             grids = [self.plan(env) for env in self.envs]
@@ -192,6 +195,17 @@ class Evaluation:
         finite = {env: {k: v if math.isfinite(v) else None for k, v in m.items()} for env, m in summary.items()}
         atomic_write_text(eval_summary_file(self.config.output_dir), json.dumps(finite, indent=1, allow_nan=False))
         return summary
+
+    def model_clients(self) -> list[tuple[ClientConfig, str]]:
+        """Each model client the envs use, once, with the key that points it elsewhere."""
+        clients: list[tuple[ClientConfig, str]] = []
+        for env in self.envs:
+            if all(env.client_config != client for client, _ in clients):
+                own = env.client_config != self.config.client
+                clients.append(
+                    (env.client_config, f"env {env.name!r}'s client.base_url" if own else "--client.base-url")
+                )
+        return clients
 
     def check_earlier_results(self) -> None:
         """Refuse to mix with an earlier eval's results unless resuming it."""
@@ -307,9 +321,10 @@ def format_summary(summary: dict[str, dict[str, float]]) -> str:
     )
 
 
-async def probe_model_server(client: ClientConfig) -> None:
+async def probe_model_server(client: ClientConfig, fix: str) -> None:
     """EvalInputError, at once, if the model server of `client` does not answer at all (nothing
-    listens, a wrong host): without it every rollout would fail the same way, slowly."""
+    listens, a wrong host), saying to correct `fix`: without it every rollout would fail the same
+    way, slowly."""
     if isinstance(client, EvalClientConfig):
         urls = [f"{client.base_url.rstrip('/')}/models"]
     elif isinstance(client, TrainClientConfig):
@@ -323,7 +338,7 @@ async def probe_model_server(client: ClientConfig) -> None:
             except httpx.HTTPError as e:
                 raise EvalInputError(
                     f"no model server answers at {url} ({type(e).__name__}: {e or 'no answer'}): start one "
-                    "(`uv run --no-sync inference --model.name ...`) or point --client.base-url at it"
+                    f"(`uv run --no-sync inference --model.name ...`) or point {fix} at it"
                 ) from None
 
 

@@ -42,9 +42,7 @@ def env_plan(
     for split, envs in splits:
         for i, env in enumerate(envs):
             where = None if address is None else address(split, i)
-            planned.append(
-                plan_env(env, split, env.own_client or run_client, config.restarts, curve=keys, address=where)
-            )
+            planned.append(plan_env(env, split, run_client, config.restarts, curve=keys, address=where))
     return planned
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from envrl.config import load_config
+from envrl.config import load_config, resolve_config
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Error, Trace, WireTask
 from envrl.envclient.curve import sidecar_keys
@@ -26,7 +27,9 @@ from envrl.eval.main import (
 from envrl.eval.main import main as eval_main
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
+from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
+from envrl.orchestrator.plan import env_plan as orchestrator_env_plan
 from envrl.serve.config import ModelAccessConfig
 from envrl.telemetry.progress import CLEAR_LINE, LiveLines
 
@@ -333,6 +336,21 @@ def test_rl_eval_plans_a_server_serving_its_client_for_each_env_without_an_addre
     server_keys, client_keys = sidecar_keys(tmp_path)  # eval's sidecar admits only eval's own key
     assert server.config.curve == server_keys and planned[0].env.curve == client_keys and planned[1].env.curve is None
     assert list(tmp_path.iterdir()) == []  # planned, nothing written
+
+
+def test_rl_eval_runs_an_env_on_its_own_client_by_the_orchestrators_rule(tmp_path: Path) -> None:
+    teacher = {"base_url": "https://api.example.com/v1", "model": "teacher", "api_key_env": "TEACHER_KEY"}
+    envs = [{"id": "reverse-text", "name": "taught", "client": teacher}, {"id": "reverse-text"}]
+    c = config(tmp_path, "--env", json.dumps(envs))
+    taught, plain = env_plan(c)
+    assert isinstance(taught.client, EvalClientConfig) and taught.client.base_url == teacher["base_url"]
+    assert plain.client == c.client  # an env without a client of its own: eval's --client
+    assert taught.server is not None and taught.server.allowed_env() == ["TEACHER_KEY"]
+    for env in (taught, plain):  # each server serves exactly the client its handle uses
+        assert env.server is not None and env.server.config.model_access == ModelAccessConfig.for_client(env.client)
+    declared = [{**envs[0], "name": "taught"}]  # the same env under the orchestrator: the same client
+    orchestrator = resolve_config(OrchestratorConfig, overrides=[("envs", json.dumps(declared))])
+    assert orchestrator_env_plan(orchestrator)[0].client == taught.client
 
 
 def test_rl_eval_dry_run_prints_the_config_and_each_env_servers_command(
