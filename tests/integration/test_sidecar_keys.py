@@ -33,12 +33,14 @@ from envrl.serve.config import CurveClientConfig, PoolConfig
 
 POOL = {"min_workers": 1, "max_workers": 1}
 SCRIPTED = {"type": "scripted", "replies": ["hi"]}
+ENVS = [{"id": "reverse-text", "pool": POOL}, {"id": "reverse-text", "name": "second", "pool": POOL}]
+"""Two envs, whose servers start at once: both must get the same keys."""
 
 
 @asynccontextmanager
 async def eval_sidecars(out: Path):
     """The handles of `rl eval`'s envs, their servers spawned as `rl eval` spawns them."""
-    argv = ["--env.id", "reverse-text", "--env.pool", json.dumps(POOL), "--client", json.dumps(SCRIPTED)]
+    argv = ["--env", json.dumps(ENVS), "--client", json.dumps(SCRIPTED)]
     evaluation = Evaluation(load_config(EvalCommandConfig, [*argv, "--output-dir", str(out)], prog="rl eval"))
     try:
         await asyncio.gather(*(env.start() for env in evaluation.envs))
@@ -51,8 +53,7 @@ async def eval_sidecars(out: Path):
 @asynccontextmanager
 async def orchestrator_sidecars(out: Path):
     """The handles of a standalone orchestrator's train envs, their servers spawned as it spawns them."""
-    envs = json.dumps([{"id": "reverse-text", "pool": POOL}])
-    overrides = [("envs", envs), ("output-dir", str(out)), ("wandb", '{"mode": "disabled"}')]
+    overrides = [("envs", json.dumps(ENVS)), ("output-dir", str(out)), ("wandb", '{"mode": "disabled"}')]
     config = resolve_config(OrchestratorConfig, overrides=overrides)
     orchestrator = Orchestrator(config, env_plan(config, client=ScriptedClientConfig(**SCRIPTED)))
     try:
@@ -90,11 +91,13 @@ def test_a_spawned_sidecar_serves_only_the_client_holding_its_key(tmp_path: Path
 
     async def run() -> dict[str, str]:
         async with spawner(out) as envs:
-            [env] = envs
+            env = envs[0]
             assert env.config.curve is not None  # the handle connects with the planned client keys
             tried = {"no key": None, "a stranger's key": own_keys(tmp_path / "stranger"), "its own": env.config.curve}
             outcomes = {who: await attempt(env.address, curve) for who, curve in tried.items()}
-            outcomes["its handle"] = "served" if not (await env.run_group(0, n=1, seed=0))[0].has_error else "failed"
+            for handle in envs:
+                traces = await handle.run_group(0, n=1, seed=0)
+                outcomes[f"handle {handle.name}"] = "failed" if traces[0].has_error else "served"
             return outcomes
 
     outcomes = asyncio.run(run())
@@ -102,7 +105,8 @@ def test_a_spawned_sidecar_serves_only_the_client_holding_its_key(tmp_path: Path
         "no key": "refused (unavailable)",
         "a stranger's key": "refused (unavailable)",
         "its own": "served",
-        "its handle": "served",
+        "handle reverse-text": "served",
+        "handle second": "served",
     }
     keys = curve_dir(out)
     server, client = sidecar_keys(out)

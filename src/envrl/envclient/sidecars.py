@@ -44,6 +44,7 @@ class Sidecars:
         self.supervisor = Supervisor(grace=STOP_GRACE_S)
         self.curve = sidecar_keys(output_dir)
         """The keys every server spawned here demands (the server's) and its client holds."""
+        self._making_keys = threading.Lock()
         self._ended: BaseException | None = None
         self._ended_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -60,7 +61,7 @@ class Sidecars:
                 f"{launch.title}: a sidecar must demand the CURVE keys in {curve_dir(self.output_dir)}, not "
                 f"{launch.config.curve}; plan it with plan_env(..., curve=sidecar_keys(output_dir)) (envclient/plan.py)"
             )
-        await asyncio.to_thread(make_curve_keys, curve_dir(self.output_dir))
+        await asyncio.to_thread(self._make_keys)
         log_file = env_log_file(self.output_dir, launch.split, launch.name)
         child, address = await asyncio.to_thread(self._start, launch, log_file)
         again = launch.model_copy(update={"config": launch.config.model_copy(update={"address": address})})
@@ -74,6 +75,10 @@ class Sidecars:
         self.supervisor.add(child, Respawn(respawn, self.restarts))
         self._watch()
         return address
+
+    def _make_keys(self) -> None:
+        with self._making_keys:  # envs start at once: one makes the keys, the others find them made
+            make_curve_keys(curve_dir(self.output_dir))
 
     def _start(self, launch: EnvServerLaunch, log_file: Path) -> tuple[Child, str]:
         return start_env_server(launch, log_file=log_file, ready_timeout=self.ready_timeout)
