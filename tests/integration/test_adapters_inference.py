@@ -23,7 +23,7 @@ from envrl.runtime.http import RetryPolicy
 from envrl.serve.client import EnvClient
 from tests.support.env_servers import running_env_server
 from tests.support.run_files import metric_lines
-from tests.support.smoke import finish, rl_process, wait_no_survivors
+from tests.support.smoke import run_to_end
 
 ROOT = Path(__file__).parents[2]
 OPENENV_PROJECT = ROOT / "deps" / "envs" / "openenv-count"
@@ -99,10 +99,7 @@ def test_rl_trains_on_both_adapters(tmp_path: Path) -> None:
         },
     ]
     overrides = ["--max-steps", "24", "--orchestrator.envs", json.dumps(envs), "--orchestrator.eval.env", "[]"]
-    with rl_process(tmp_path, *overrides) as (proc, marker):
-        code, console = finish(proc, timeout=1500)
-        assert not wait_no_survivors(marker), "processes of the run survived it"
-    assert code == 0, console[-3000:]
+    run_to_end(tmp_path, *overrides).check()
     records = metric_lines(tmp_path)
     for name in ("trl-count", "openenv-count"):
         rewards = [m[f"train/{name}/reward"] for m in records if f"train/{name}/reward" in m]

@@ -26,7 +26,7 @@ from envrl.orchestrator.teacher import TeacherClient, TeacherError
 from envrl.runtime.http import RetryPolicy
 from tests.support.chaos_runs import ROOT
 from tests.support.run_files import metric_lines
-from tests.support.smoke import finish, rl_process, wait_no_survivors
+from tests.support.smoke import run_to_end
 from tests.support.standin_inference import JsonHandler, serving
 from tests.support.vllm_server import VLLMServer
 
@@ -101,10 +101,7 @@ def test_rl_distils_a_cut_down_smollm2_from_a_teacher_server(vllm_server: VLLMSe
         "--orchestrator.distill.teacher_url", f"{vllm_server.base_url}/v1",
         "--orchestrator.eval.at_start", "false", "--orchestrator.eval.at_end", "false",
     )  # fmt: skip
-    with rl_process(out, *overrides, config=RECIPE) as (proc, marker):
-        code, console = finish(proc, timeout=900)
-        assert code == 0, console[-3000:]
-        assert not wait_no_survivors(marker)
+    run_to_end(out, *overrides, config=RECIPE, timeout=900).check()
     records = metric_lines(out)
     assert sorted(m["step"] for m in records if "trainer/loss" in m) == list(range(STEPS))
     distill = {m["step"]: m for m in records if "distill/reverse_kl" in m}

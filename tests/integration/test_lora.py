@@ -35,7 +35,7 @@ from tests.support.chaos_runs import ROOT
 from tests.support.logprobs import PROMPTS, sample_completions
 from tests.support.ports import free_port
 from tests.support.run_files import metric_lines
-from tests.support.smoke import finish, rl_process, wait_no_survivors
+from tests.support.smoke import run_to_end
 from tests.support.vllm_server import VLLM_START_TIMEOUT, VLLMServer
 
 LORA_CONFIG = ROOT / "configs" / "debug" / "lora.toml"
@@ -128,10 +128,7 @@ def test_vllm_serves_the_adapter_with_the_logprobs_of_transformers_and_peft(
 
 def test_a_lora_run_learns_and_hands_off_only_adapters(tmp_path: Path) -> None:
     out = tmp_path / "lora"
-    with rl_process(out, config=LORA_CONFIG) as (proc, marker):
-        code, console = finish(proc, timeout=1500)
-        assert code == 0, console[-3000:]
-        assert not wait_no_survivors(marker)
+    run_to_end(out, config=LORA_CONFIG).check()
     records = metric_lines(out)
     rewards = [m["train/reward"] for m in records if "train/reward" in m]
     print(f"LoRA smoke rewards: {[round(r, 2) for r in rewards]}")
@@ -153,9 +150,7 @@ def test_a_resumed_lora_run_serves_the_adapter_it_trains(tmp_path: Path) -> None
     out = tmp_path / "resume"
     common = ("--max-async-level", "0", "--trainer.ckpt.interval", "1")
     for argv in (("--max-steps", "3"), ("--max-steps", "5", "--resume")):
-        with rl_process(out, *argv, *common, config=LORA_CONFIG) as (proc, _):
-            code, console = finish(proc, timeout=900)
-            assert code == 0, console[-3000:]
+        run_to_end(out, *argv, *common, config=LORA_CONFIG, timeout=900).check()
     kls = {m["step"]: m["trainer/mismatch_kl"] for m in metric_lines(out) if "trainer/mismatch_kl" in m}
     assert sorted(kls) == list(range(5))
     assert all(abs(kl) < MAX_KL for kl in kls.values()), kls

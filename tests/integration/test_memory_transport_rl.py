@@ -12,21 +12,17 @@ from pathlib import Path
 from statistics import fmean
 
 from tests.support.run_files import metric_lines
-from tests.support.smoke import SmokeRun, finish, rl_process, wait_no_survivors
+from tests.support.smoke import FinishedRun, run_to_end
 
 
 def per_step(out: Path, key: str) -> list[float]:
     return [m[key] for m in sorted(metric_lines(out), key=lambda m: m["step"]) if key in m]
 
 
-def test_a_smoke_run_with_weights_in_memory_learns_like_one_with_files(smoke_run: SmokeRun, tmp_path: Path) -> None:
+def test_a_smoke_run_with_weights_in_memory_learns_like_one_with_files(smoke_run: FinishedRun, tmp_path: Path) -> None:
     out = tmp_path / "memory"
-    with rl_process(
-        out, "--trainer.weights.transport", "memory", "--max-async-level", "0", "--restarts.max-restarts", "0"
-    ) as (proc, marker):
-        code, console = finish(proc, timeout=1500)
-        assert not wait_no_survivors(marker), "processes of the run survived it"
-    assert code == 0, console[-3000:]
+    overrides = ("--trainer.weights.transport", "memory", "--max-async-level", "0", "--restarts.max-restarts", "0")
+    run_to_end(out, *overrides).check()
     sent = (out / "logs" / "inference.log").read_text().count("weights received in memory")
     assert sent >= 25, "most policies (all but every 10th and the last) go through memory"
     assert (out / "weights" / "step_39" / "transfer.json").is_file()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.support.ports import free_base_port
 from tests.support.run_files import metric_lines
-from tests.support.smoke import finish, rl_process, wait_no_survivors
+from tests.support.smoke import run_to_end
 
 STEPS = 3
 RELOADED = re.compile(r"weights reloaded from (\S+)/step_(\d+) in")
@@ -25,10 +25,7 @@ def test_every_replica_serves_rollouts_and_loads_every_steps_weights(tmp_path: P
         "--placement.inference.replicas", "2", "--inference.port", str(free_base_port()),  # base and base + 1 are free
         "--max-steps", str(STEPS), "--max-async-level", "0", "--orchestrator.eval.env", "[]",
     ]  # fmt: skip
-    with rl_process(out, *overrides) as (proc, marker):
-        code, console = finish(proc, timeout=1200)
-        assert code == 0, console[-3000:]
-        assert not wait_no_survivors(marker), "processes of the run survived it"
+    run_to_end(out, *overrides, timeout=1200).check()
 
     logs = out / "logs"
     for replica in ("inference-0", "inference-1"):

@@ -41,7 +41,7 @@ from tests.support.report_runs import (
     write_metrics,
     write_step,
 )
-from tests.support.smoke import SmokeRun
+from tests.support.smoke import FinishedRun
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -65,7 +65,7 @@ def dom_of_report(tmp_path: Path, output_dir: Path) -> str:
     return unescape(chromium(tmp_path, write_report(output_dir).resolve().as_uri(), "--dump-dom"))
 
 
-def page(smoke_run: SmokeRun, step: int, rollout: int) -> str:
+def page(smoke_run: FinishedRun, step: int, rollout: int) -> str:
     return f"{(smoke_run.out / 'report' / 'index.html').resolve().as_uri()}#step={step}&rollout={rollout}"
 
 
@@ -74,7 +74,7 @@ def rollout_lines(out: Path, step: int) -> int:
 
 
 @needs_chromium
-def test_trace_browser_lists_the_steps_rollouts_with_the_batch_masks(smoke_run: SmokeRun, tmp_path: Path) -> None:
+def test_trace_browser_lists_the_steps_rollouts_with_the_batch_masks(smoke_run: FinishedRun, tmp_path: Path) -> None:
     assert smoke_run.code == 0, smoke_run.console[-3000:]
     # A kept step whose every rollout became one sample: then rollout i is the batch's sample i.
     kept = reversed(published_steps(rollouts_root(smoke_run.out)))
@@ -138,7 +138,7 @@ def test_the_trace_browser_opens_on_the_last_train_step_not_the_final_evals(tmp_
 
 
 @needs_chromium
-def test_screenshot_shows_the_plots(smoke_run: SmokeRun, tmp_path: Path) -> None:
+def test_screenshot_shows_the_plots(smoke_run: FinishedRun, tmp_path: Path) -> None:
     assert smoke_run.code == 0, smoke_run.console[-3000:]
     shot = tmp_path / "report.png"
     chromium(tmp_path, page(smoke_run, 39, 0), f"--screenshot={shot}")
@@ -150,7 +150,7 @@ def test_screenshot_shows_the_plots(smoke_run: SmokeRun, tmp_path: Path) -> None
     assert blue.sum() > 2000, f"only {blue.sum()} plot-blue pixels: the plots are not on the screenshot"
 
 
-def test_the_ledger_records_every_steps_work_in_causal_order(smoke_run: SmokeRun) -> None:
+def test_the_ledger_records_every_steps_work_in_causal_order(smoke_run: FinishedRun) -> None:
     """What the ledger must hold whatever the load: every step's trainer work in order, after the
     batch it reads was published, with the step's parts summing to its wall time. How much of a
     step the spans explain depends on how busy the machine is, so that share is printed by
@@ -172,7 +172,7 @@ def test_the_ledger_records_every_steps_work_in_causal_order(smoke_run: SmokeRun
         assert publishing[step] <= mine["read_batch"].start, f"step {step} read before it was published"
 
 
-def test_timeline_json_is_trace_events_with_a_track_per_process(smoke_run: SmokeRun) -> None:
+def test_timeline_json_is_trace_events_with_a_track_per_process(smoke_run: FinishedRun) -> None:
     assert smoke_run.code == 0, smoke_run.console[-3000:]
     events = json.loads((report_dir(smoke_run.out) / "timeline.json").read_text())["traceEvents"]
     tracks = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}

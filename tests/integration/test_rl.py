@@ -15,13 +15,12 @@ from statistics import fmean
 
 from tests.support.chaos_runs import marked_pids
 from tests.support.run_files import metric_lines
-from tests.support.smoke import SmokeRun, finish, rl_process, wait_no_survivors
+from tests.support.smoke import FinishedRun, finish, rl_process, run_to_end, wait_no_survivors
 
 
-def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: SmokeRun) -> None:
-    out, code, console = smoke_run.out, smoke_run.code, smoke_run.console
-    assert code == 0, console[-3000:]
-    assert not smoke_run.survivors, "processes of the run survived it"
+def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: FinishedRun) -> None:
+    out, console = smoke_run.out, smoke_run.console
+    smoke_run.check()
 
     rewards = [m["train/reward"] for m in metric_lines(out) if "train/reward" in m]
     assert len(rewards) == 40
@@ -42,7 +41,7 @@ def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: SmokeRun) -> Non
     assert not missing
 
 
-def test_smoke_run_console_prints_a_line_for_every_step(smoke_run: SmokeRun) -> None:
+def test_smoke_run_console_prints_a_line_for_every_step(smoke_run: FinishedRun) -> None:
     assert smoke_run.code == 0, smoke_run.console[-3000:]
     lines = re.findall(
         r"^step (\d+) \((\d+)/40\) \| reward learnable \S+ \| eval .* \| ETA \S+$", smoke_run.console, re.M
@@ -52,18 +51,15 @@ def test_smoke_run_console_prints_a_line_for_every_step(smoke_run: SmokeRun) -> 
     ]
 
 
-def test_resumed_run_continues_step_numbering_and_metrics(smoke_run: SmokeRun, tmp_path: Path) -> None:
+def test_resumed_run_continues_step_numbering_and_metrics(smoke_run: FinishedRun, tmp_path: Path) -> None:
     """Continues a copy of the session's finished 40-step smoke run (not vLLM's scratch dir: its
     sockets and cache link belong to that run) for 2 more steps."""
     assert smoke_run.code == 0, smoke_run.console[-3000:]
     out, total = tmp_path / "resume", 42
     shutil.copytree(smoke_run.out, out, ignore=shutil.ignore_patterns("inference"))
-    with rl_process(out, "--max-steps", str(total), "--trainer.ckpt.interval", "1") as (proc, marker):
-        code, console = finish(proc, timeout=60)
-        assert code == 2 and "--resume" in console, "an earlier run's output dir needs --resume or --clean"
-    with rl_process(out, "--max-steps", str(total), "--trainer.ckpt.interval", "1", "--resume") as (proc, marker):
-        code, console = finish(proc, timeout=900)
-        assert code == 0, console[-3000:]
+    refused = run_to_end(out, "--max-steps", str(total), "--trainer.ckpt.interval", "1", timeout=60)
+    assert refused.code == 2 and "--resume" in refused.console, "an earlier run's output dir needs --resume or --clean"
+    run_to_end(out, "--max-steps", str(total), "--trainer.ckpt.interval", "1", "--resume", timeout=900).check()
     records = metric_lines(out)
     assert [m["step"] for m in records if "train/reward" in m] == list(range(total))
     assert [m["step"] for m in records if "trainer/loss" in m] == list(range(total))

@@ -19,7 +19,7 @@ from transformers import AutoConfig
 from envrl.model.smollm2 import CUT_DOWN_SIZES, build_cut_down, config_mismatches
 from tests.support.chaos_runs import ROOT
 from tests.support.run_files import metric_lines
-from tests.support.smoke import finish, rl_process, wait_no_survivors
+from tests.support.smoke import run_to_end
 
 RECIPE = ROOT / "configs" / "cpu" / "smollm2_reverse_text.toml"
 STEPS = 5
@@ -42,10 +42,7 @@ def test_the_smollm2_recipe_trains_a_cut_down_smollm2_with_lora(tmp_path: Path) 
     model = build_cut_down(tmp_path / "model")
     out = tmp_path / "run"
     overrides = ("--model.name", str(model), "--max-steps", str(STEPS), "--trainer.ckpt.interval", str(INTERVAL))
-    with rl_process(out, *overrides, config=RECIPE) as (proc, marker):
-        code, console = finish(proc, timeout=900)
-        assert code == 0, console[-3000:]
-        assert not wait_no_survivors(marker)
+    run_to_end(out, *overrides, config=RECIPE, timeout=900).check()
     records = metric_lines(out)
     assert sorted(m["step"] for m in records if "trainer/loss" in m) == list(range(STEPS))
     recipe = tomllib.loads(RECIPE.read_text())

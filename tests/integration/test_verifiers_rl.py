@@ -11,7 +11,7 @@ from statistics import fmean
 import pytest
 
 from tests.support.run_files import metric_lines
-from tests.support.smoke import ROOT, finish, rl_process, wait_no_survivors
+from tests.support.smoke import ROOT, run_to_end
 from tests.support.verifiers_env import example_python
 
 CONFIG = ROOT / "configs" / "debug" / "verifiers.toml"
@@ -27,10 +27,7 @@ def test_rl_trains_on_the_verifiers_example(tmp_path: Path) -> None:
     """24 steps of 16 rollouts (the config as it is, without the smoke run's eval env): the reward rises.
     73-89 s on the shared 2-core CPU machine, vLLM's start included (five runs)."""
     overrides = ["--config", str(CONFIG), "--orchestrator.eval.env", "[]"]
-    with rl_process(tmp_path, *overrides) as (proc, marker):
-        code, console = finish(proc, timeout=1500)
-        assert not wait_no_survivors(marker), "processes of the run survived it (a warm harness server?)"
-    assert code == 0, console[-3000:]
+    run_to_end(tmp_path, *overrides).check("processes of the run survived it (a warm harness server?)")
     rewards = [m[REWARD] for m in metric_lines(tmp_path) if REWARD in m]
     assert len(rewards) == 24, rewards
     # Measured, first-5 vs last-5 step means: 0.099 -> 0.375, 0.090 -> 0.283, 0.093 -> 0.290,

@@ -3,7 +3,8 @@
 Task i behaves as BEHAVIOURS[i]: a normal rollout, one that sleeps, one that raises out of
 run_group (breaking the never-raise contract), one that hangs, one that burns the CPU
 without ever yielding, one that SIGKILLs its own worker process, and one that returns a Trace
-msgpack cannot carry (a set in its task).
+msgpack cannot carry (a set in its task). With `hold` (a path), loading waits while that file
+exists: a worker started then stays in its start-up, before it connects to its server.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
+from pathlib import Path
 from typing import Any
 
 from envrl.data.traces import Task, Trace, WireTask
@@ -54,6 +57,8 @@ class BadEnv(Environment):
         return await super().run_group(task, client, sampling, n, scoring_timeout=scoring_timeout)
 
 
-def load_environment(sleep: float = 1.0) -> BadEnv:
+def load_environment(sleep: float = 1.0, hold: str | None = None) -> BadEnv:
+    while hold is not None and Path(hold).exists():
+        time.sleep(0.05)
     tasks = [BehaviourTask(idx=i, prompt=f"task {i}: {b}", behaviour=b) for i, b in enumerate(BEHAVIOURS)]
     return BadEnv(sleep, tasks=tasks, eval_tasks=tasks[:1], rubric=Rubric({constant_reward: 1.0}))

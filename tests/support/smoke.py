@@ -60,19 +60,34 @@ def wait_no_survivors(marker: str, timeout: float = 10.0) -> list[int]:
 
 
 @dataclass(frozen=True)
-class SmokeRun:
+class FinishedRun:
+    """An `rl` run waited for to its end, and then for its processes to be gone."""
+
     out: Path
     code: int
     console: str
     """Everything `rl` printed (stdout and stderr, not a TTY)."""
     survivors: list[int]
-    """Marked processes still alive 10 s after `rl` exited (should be none)."""
+    """Marked processes still alive `survivors_timeout` s after `rl` exited (should be none)."""
+
+    def check(self, survivors_note: str = "processes of the run survived it") -> None:
+        """The run exited 0 and left nothing running."""
+        assert self.code == 0, self.console[-3000:]
+        assert not self.survivors, f"{survivors_note}: {self.survivors}"
 
 
-def run_smoke(out: Path) -> SmokeRun:
+def run_to_end(
+    out: Path, *overrides: str, config: Path = SMOKE, timeout: float = 1500, survivors_timeout: float = 10.0
+) -> FinishedRun:
+    """`rl` on `config` in `out` with `overrides`, to its end; its console is also written beside
+    `out` (`<name>-console.txt`) for a failure's post-mortem."""
+    with rl_process(out, *overrides, config=config) as (proc, marker):
+        code, console = finish(proc, timeout=timeout)
+        survivors = wait_no_survivors(marker, survivors_timeout)
+    (out.parent / f"{out.name}-console.txt").write_text(console)
+    return FinishedRun(out, code, console, survivors)
+
+
+def run_smoke(out: Path) -> FinishedRun:
     """The whole smoke config (40 steps) in `out`, to its end."""
-    with rl_process(out) as (proc, marker):
-        code, console = finish(proc, timeout=1500)
-        survivors = wait_no_survivors(marker)
-    (out.parent / "rl-console.txt").write_text(console)  # beside the run dir, for a failure's post-mortem
-    return SmokeRun(out, code, console, survivors)
+    return run_to_end(out)

@@ -1,15 +1,19 @@
 """The env server's worker processes: the OS side of the pool (spawn, reap, kill, stop).
 
 Guarantee: every worker process started here is known by its exit fd until `reap` hands it back,
-and `stop_all` returns only when none is left running (SIGKILL after `grace`). A worker process is
-`python -m envrl.serve.worker`, connected to the server's ipc pool socket; it dies with the server.
+and `stop_all` returns only when none is left running (SIGKILL after `grace`, only for a worker
+that ignored its `stop`). A worker process is `python -m envrl.serve.worker`, connected to the
+server's ipc pool socket; it dies with the server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
+from collections.abc import Collection
 
 from loguru import logger
 
@@ -55,9 +59,16 @@ class WorkerProcesses:
         """SIGKILL a stuck worker; its death is seen through its exit fd like any other."""
         self.children[worker_id].kill()
 
-    def stop_all(self, grace: float) -> None:
-        """Wait up to `grace` seconds for every worker to exit (the server sent them `stop`), then
-        SIGKILL the rest."""
+    def stop_all(self, grace: float, starting: Collection[int] = ()) -> None:
+        """Wait up to `grace` seconds for every worker to exit (the server sent the ready ones `stop`),
+        then SIGKILL the rest. The workers in `starting` never said ready: they get SIGTERM, as the
+        server's `stop` may never reach them (its ROUTER drops a message to a peer that has not
+        connected yet, so a worker still importing its env would wait for a `stop` that never comes)."""
+        for worker_id in starting:
+            child = self.children.get(worker_id)
+            if child is not None and child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         for worker_id, child in list(self.children.items()):
             if child.wait(max(0.0, deadline - time.monotonic())) is None:

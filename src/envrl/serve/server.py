@@ -329,10 +329,12 @@ class EnvServer:
         for request in list(self.requests.by_token.values()):
             message = "the server stopped before this request finished"
             self._finish(request, p.error_response(request.request_id, p.SHUTTING_DOWN, message))
-        for worker_id in self.pool.workers:
-            self.dispatch.send_op(worker_id, [p.OP_STOP, 0])
+        starting = [worker.id for worker in self.pool.workers.values() if not worker.ready]
+        for worker in self.pool.workers.values():
+            if worker.ready:
+                self.dispatch.send_op(worker.id, [p.OP_STOP, 0])
         self.dispatch.flush()
-        self.processes.stop_all(WORKER_STOP_GRACE)
+        self.processes.stop_all(WORKER_STOP_GRACE, starting)
         self.close()
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from envrl.runtime.lifeline import die_with_parent
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
 import asyncio
+import gc
 import os
 import resource
 import signal
@@ -327,6 +328,10 @@ def main(argv: list[str] | None = None) -> None:
         logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
         sys.exit(1)
     asyncio.run(_serve(config, env, identity))
+    # Everything is closed: exit without the collector's full passes over every object the env and
+    # its imports made, which the interpreter's shutdown runs and which were most of a stopped
+    # worker's exit time (long enough on a busy machine for the server to SIGKILL it).
+    gc.freeze()
 
 
 if __name__ == "__main__":

@@ -42,17 +42,27 @@ def step_data(report: Path, step: int) -> dict:
     return json.loads(text[len(STEP_FUNCTION) + 1 : -3])
 
 
+def write_run(out: Path) -> Path:
+    """A small finished run of 2 steps in `out`."""
+    write_config(out)
+    write_metrics(out, 2)
+    write_step(out, 0, [trace(1, [300, 301, 2]), trace(1, error="timeout")], samples_of(trace(1, [300, 301, 2])))
+    write_step(out, 1, [trace(2, [302, 2]), trace(3, [303, 2])], samples_of(trace(2, [302, 2])))
+    return out
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
-    write_config(tmp_path)
-    write_metrics(tmp_path, 2)
-    write_step(tmp_path, 0, [trace(1, [300, 301, 2]), trace(1, error="timeout")], samples_of(trace(1, [300, 301, 2])))
-    write_step(tmp_path, 1, [trace(2, [302, 2]), trace(3, [303, 2])], samples_of(trace(2, [302, 2])))
-    return tmp_path
+    return write_run(tmp_path)
 
 
-def test_report_has_every_plot_and_a_step_file_per_step(run_dir: Path) -> None:
-    index = write_report(run_dir)
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report of `write_run`'s run, written once for the tests that only read it."""
+    return write_report(write_run(tmp_path_factory.mktemp("run")))
+
+
+def test_report_has_every_plot_and_a_step_file_per_step(index: Path) -> None:
     report = index.parent
 
     html = index.read_text()
@@ -63,8 +73,8 @@ def test_report_has_every_plot_and_a_step_file_per_step(run_dir: Path) -> None:
     assert "/*INDEX*/null" not in html
 
 
-def test_step_file_holds_each_rollouts_tokens_masks_logprobs_and_errors(run_dir: Path) -> None:
-    report = write_report(run_dir).parent
+def test_step_file_holds_each_rollouts_tokens_masks_logprobs_and_errors(index: Path) -> None:
+    report = index.parent
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
 
     step0 = step_data(report, 0)
