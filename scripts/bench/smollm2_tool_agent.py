@@ -56,9 +56,13 @@ def run(argv: list[str], log: Path) -> float:
 
 
 def rl(out: Path, model: str, seed: int, *extra: str) -> float:
+    """One `rl` run of the config on free ports (the box is shared); its wall seconds."""
+    from tests.support.ports import free_base_port, free_port
+
     argv = [
         sys.executable, "-m", "envrl.launcher.main", "--config", str(CONFIG), "--model.name", model,
-        "--output-dir", str(out), "--seed", str(seed), "--wandb.mode", "disabled", "--clean", *extra,
+        "--output-dir", str(out), "--seed", str(seed), "--inference.port", str(free_port()),
+        "--env-server-base-port", str(free_base_port()), "--wandb.mode", "disabled", "--clean", *extra,
     ]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     return run(argv, out.parent / f"{out.name}.log")
