@@ -74,6 +74,13 @@ def evals(out: Path) -> list[dict[str, float]]:
     return [m for m in lines if f"eval/{ENV}/reward" in m]
 
 
+def calls_per_episode(out: Path, step: int) -> float:
+    """Tool calls per episode of the eval at `step`, over every episode (the metric
+    `metric/tool_calls` averages only the episodes that called)."""
+    lines = (out / "rollouts" / "eval" / f"step_{step}.jsonl").read_text().splitlines()
+    return fmean(json.loads(line)["metrics"].get("tool_calls", 0.0) for line in lines)
+
+
 def step_seconds(out: Path) -> float:
     from envrl.report.timeline import step_splits
     from envrl.telemetry.ledger import read_ledger
@@ -103,8 +110,8 @@ def seed_run(base: Path, sft_out: Path, seed: int) -> dict[str, float]:
     return {
         "sft": start[f"{key}/reward"],
         "rl": end[f"{key}/reward"],
-        "calls_sft": start.get(f"{key}/metric/tool_calls", 0.0),
-        "calls_rl": end.get(f"{key}/metric/tool_calls", 0.0),
+        "calls_sft": calls_per_episode(rl_out, start["step"]),
+        "calls_rl": calls_per_episode(rl_out, end["step"]),
         "valid_sft": start.get(f"{key}/metric/valid_tool_call_share", 0.0),
         "valid_rl": end.get(f"{key}/metric/valid_tool_call_share", 0.0),
         "step_s": step_seconds(rl_out),
