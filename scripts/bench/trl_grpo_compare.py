@@ -213,6 +213,9 @@ def trl_worker(recipe: str, model: str, steps: int) -> None:
         def on_log(self, *args: object, logs: dict | None = None, **kwargs: object) -> None:
             if logs and "reward" in logs:
                 rewards.append(logs["reward"])
+                # progress on stderr (not read by the parent): a run cut short still shows its steps
+                wall = ends[-1] - (ends[-2] if len(ends) > 1 else start)
+                print(f"TRL step {len(ends)}: {wall:.1f} s, train reward {logs['reward']:.3f}", file=sys.stderr)
 
     lora = shapes["lora"]
     with tempfile.TemporaryDirectory() as out:
