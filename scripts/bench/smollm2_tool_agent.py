@@ -2,15 +2,18 @@
 calculator demonstrations, then `rl` on configs/cpu/smollm2_tool_agent.toml; prints a table.
 
     flock /tmp/envrl-learn.lock uv run --no-sync python -m scripts.bench.smollm2_tool_agent \
-        [--seeds 0 1 2] [--model deps/models/smollm2-135m] [--out outputs/tool_agent_seeds]
+        [--seeds 0 1 2] [--model deps/models/smollm2-135m] [--out outputs/tool_agent_seeds] \
+        [--sft DIR] [--no-base-eval]
 
-Per seed s: `calculator.demos --seed s` (128 conversations, half of them calling the tool), `rl
-sft --seed s` (the recipe's warm start), `rl --seed s` from the fine-tuned weights (eval at step
-0, i.e. after SFT, and after the last step). The base model's eval runs once (`--base-eval`, on
-by default): the same config from the base weights for one step, eval at start only; the eval
-tasks do not depend on the seed. Each line: eval reward base / after SFT / after RL, the eval's
-tool calls per episode and valid-call share after SFT and after RL, the median RL step (trainer
-ledger, steps after the first) and the wall time of SFT and RL. Numbers go to docs/agents.md.
+The warm start is shared: `calculator.demos --seed 0` (96 conversations, about half of them
+calling the tool) and `rl sft --seed 0` once (or `--sft DIR`, the output dir of an earlier one);
+then per seed s, `rl --seed s` from the fine-tuned weights (eval at step 0, i.e. after SFT, and
+after the last step), so the seeds vary RL: its sampling, its LoRA init and its task order. The
+base model's eval runs once (`--base-eval`, on by default): the same config from the base weights
+for one step, eval at start only; the eval tasks do not depend on the seed. Each line: eval
+reward base / after SFT / after RL, the eval's tool calls per episode and valid-call share after
+SFT and after RL, the median RL step (trainer ledger, steps after the first) and the wall time of
+SFT and RL (a seed end to end is SFT + RL). Numbers go to docs/agents.md.
 """
 
 from __future__ import annotations
@@ -32,14 +35,14 @@ SFT_ARGS = (
     "--batch-size",
     "8",
     "--optim.lr",
-    "1e-4",
+    "2e-4",
     "--optim.schedule",
     "cosine",
     "--compile",
     "false",
 )
-"""The recipe's warm start (the config's header): one pass over 128 demonstrations, 16 steps."""
-DEMOS = 128
+"""The recipe's warm start (the config's header): one pass over 96 demonstrations, 12 steps."""
+DEMOS = 96
 
 
 def run(argv: list[str], log: Path) -> float:
@@ -53,9 +56,13 @@ def run(argv: list[str], log: Path) -> float:
 
 
 def rl(out: Path, model: str, seed: int, *extra: str) -> float:
+    """One `rl` run of the config on free ports (the box is shared); its wall seconds."""
+    from tests.support.ports import free_base_port, free_port
+
     argv = [
         sys.executable, "-m", "envrl.launcher.main", "--config", str(CONFIG), "--model.name", model,
-        "--output-dir", str(out), "--seed", str(seed), "--wandb.mode", "disabled", "--clean", *extra,
+        "--output-dir", str(out), "--seed", str(seed), "--inference.port", str(free_port()),
+        "--env-server-base-port", str(free_base_port()), "--wandb.mode", "disabled", "--clean", *extra,
     ]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     return run(argv, out.parent / f"{out.name}.log")
@@ -67,6 +74,13 @@ def evals(out: Path) -> list[dict[str, float]]:
     return [m for m in lines if f"eval/{ENV}/reward" in m]
 
 
+def calls_per_episode(out: Path, step: int) -> float:
+    """Tool calls per episode of the eval at `step`, over every episode (the metric
+    `metric/tool_calls` averages only the episodes that called)."""
+    lines = (out / "rollouts" / "eval" / f"step_{step}.jsonl").read_text().splitlines()
+    return fmean(json.loads(line)["metrics"].get("tool_calls", 0.0) for line in lines)
+
+
 def step_seconds(out: Path) -> float:
     from envrl.report.timeline import step_splits
     from envrl.telemetry.ledger import read_ledger
@@ -74,16 +88,21 @@ def step_seconds(out: Path) -> float:
     return median(s.wall for s in step_splits(read_ledger(out))[1:-1])
 
 
-def seed_run(base: Path, model: str, seed: int) -> dict[str, float]:
-    demos = base / f"demos_s{seed}.jsonl"
-    run([sys.executable, "-m", "calculator.demos", "--out", str(demos), "--count", str(DEMOS), "--seed", str(seed)],
-        base / f"demos_s{seed}.log")  # fmt: skip
-    sft_out = base / f"sft_s{seed}"
+def warm_start(base: Path, model: str) -> tuple[Path, float]:
+    """`rl sft` of the base model on the demonstrations of seed 0: its final weights and wall seconds."""
+    demos = base / "demos.jsonl"
+    run([sys.executable, "-m", "calculator.demos", "--out", str(demos), "--count", str(DEMOS), "--seed", "0"],
+        base / "demos.log")  # fmt: skip
+    sft_out = base / "sft"
     sft_s = run(
         [sys.executable, "-m", "envrl.launcher.main", "sft", "--model.name", model, "--data", str(demos),
-         "--output-dir", str(sft_out), "--seed", str(seed), *SFT_ARGS],
-        base / f"sft_s{seed}.log",
+         "--output-dir", str(sft_out), "--seed", "0", *SFT_ARGS],
+        base / "sft.log",
     )  # fmt: skip
+    return sft_out, sft_s
+
+
+def seed_run(base: Path, sft_out: Path, seed: int) -> dict[str, float]:
     rl_out = base / f"rl_s{seed}"
     rl_s = rl(rl_out, str(sft_out / "weights" / "final"), seed)
     start, end = evals(rl_out)[0], evals(rl_out)[-1]
@@ -91,12 +110,11 @@ def seed_run(base: Path, model: str, seed: int) -> dict[str, float]:
     return {
         "sft": start[f"{key}/reward"],
         "rl": end[f"{key}/reward"],
-        "calls_sft": start.get(f"{key}/metric/tool_calls", 0.0),
-        "calls_rl": end.get(f"{key}/metric/tool_calls", 0.0),
+        "calls_sft": calls_per_episode(rl_out, start["step"]),
+        "calls_rl": calls_per_episode(rl_out, end["step"]),
         "valid_sft": start.get(f"{key}/metric/valid_tool_call_share", 0.0),
         "valid_rl": end.get(f"{key}/metric/valid_tool_call_share", 0.0),
         "step_s": step_seconds(rl_out),
-        "sft_s": sft_s,
         "rl_s": rl_s,
     }
 
@@ -107,6 +125,7 @@ def main() -> None:
     parser.add_argument("--model", default="deps/models/smollm2-135m")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "tool_agent_seeds")
     parser.add_argument("--no-base-eval", dest="base_eval", action="store_false")
+    parser.add_argument("--sft", type=Path, help="an earlier warm start's output dir (skips demos and SFT)")
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
     args.out.mkdir(parents=True, exist_ok=True)
@@ -116,15 +135,17 @@ def main() -> None:
         rl(out, model, 0, "--max-steps", "1", "--orchestrator.eval.no-at-end")
         base = evals(out)[0][f"eval/{ENV}/reward"]
         print(f"base model: eval reward {base:.3f}", flush=True)
+    sft_out, sft_s = (args.sft.resolve(), float("nan")) if args.sft else warm_start(args.out, model)
+    print(f"warm start: {sft_out} (SFT {sft_s:.0f} s)", flush=True)
     rows = []
     for seed in args.seeds:
-        r = seed_run(args.out, model, seed)
+        r = seed_run(args.out, sft_out, seed)
         rows.append(r)
         print(
             f"seed {seed}: eval reward base {base:.3f} / after SFT {r['sft']:.3f} / after RL {r['rl']:.3f} "
             f"(RL gain {r['rl'] - r['sft']:+.3f}, total {r['rl'] - base:+.3f}); tool calls per episode "
             f"{r['calls_sft']:.2f} -> {r['calls_rl']:.2f}; valid-call share {r['valid_sft']:.2f} -> {r['valid_rl']:.2f}; "
-            f"RL step {r['step_s']:.1f} s (median); SFT {r['sft_s']:.0f} s, RL {r['rl_s']:.0f} s",
+            f"RL step {r['step_s']:.1f} s (median); RL {r['rl_s']:.0f} s",
             flush=True,
         )
     gains = [r["rl"] - r["sft"] for r in rows]

@@ -50,4 +50,4 @@ def test_the_tool_agent_recipe_trains_a_cut_down_smollm2_after_sft(tmp_path: Pat
     assert [m["step"] for m in evals] == [0, STEPS] and all(m["eval/calculator/tasks"] == 4 for m in evals)
     rollout = json.loads((out / "rollouts" / "eval" / "step_0.jsonl").read_text().splitlines()[0])
     prompt = AutoTokenizer.from_pretrained(start).decode(rollout["branches"][0]["turns"][0]["tokens"]["prompt_ids"])
-    assert '<tools>[{"type": "function", "function": {"name": "calculate"' in prompt  # what the model saw
+    assert "<tools>\ncalculate(expression: string): Evaluate" in prompt  # what the model saw, one line a tool

@@ -81,7 +81,12 @@ SMOLLM2_TOOLS_CHAT_TEMPLATE = (
     "{%- if tools or messages | selectattr('tool_calls') | list %}"
     "{{ '<|im_start|>system\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
-    "{{ 'You have access to the following tools:\n<tools>' + (tools or []) | tojson + '</tools>\n'"
+    "{{ 'You have access to the following tools:\n<tools>\n' }}"
+    "{%- for tool in tools or [] %}{% set function = tool['function'] or tool %}{{ function['name'] + '(' }}"
+    "{%- for name, spec in ((function['parameters'] or {})['properties'] or {}).items() %}"
+    "{%- if not loop.first %}{{ ', ' }}{% endif %}{{ name + ': ' + (spec['type'] or 'any') | string }}{% endfor %}"
+    "{{ ')' }}{% if function['description'] %}{{ ': ' + function['description'] }}{% endif %}{{ '\n' }}{% endfor %}"
+    "{{ '</tools>\n'"
     ' + \'To call tools, write <tool_call>[{"name": "func_name", "arguments": {"arg": "value"}}]</tool_call>\''
     " + '<|im_end|>\n' }}"
     "{%- for message in messages %}{% if not (loop.first and message['role'] == 'system') %}"
@@ -96,8 +101,10 @@ SMOLLM2_TOOLS_CHAT_TEMPLATE = (
     "{%- else %}" + SMOLLM2_CHAT_TEMPLATE + "{% endif %}"
 )
 """The chat template the converted and cut-down models carry: SmolLM2's own where no tools are
-offered (byte for byte), and where they are, the tools in the system turn as SmolLM2's
-function-calling data shows them (`<tools>[...]</tools>`) and calls in its syntax,
+offered (byte for byte), and where they are, the tools in the system turn between `<tools>` tags,
+one line a tool, `name(arg: type, ...): description` (compact for a 135M model's short context:
+the JSON schemas with each argument's description made the calculator's prompt about twice as
+long; argument descriptions are left out), and calls in SmolLM2's syntax,
 `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>` (the `hermes` family of
 model/tool_calls.py, a list of calls per tag); tool replies are `tool` turns."""
 
