@@ -23,7 +23,9 @@ def _wait(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
-def test_a_killed_process_is_restarted_and_its_fault_closes_when_it_is_back(tmp_path: Path) -> None:
+def _worker_and_trainer(tmp_path: Path) -> tuple[Supervisor, Path, Path]:
+    """A restartable "worker" that is back once `back` exists, and a "trainer" that ends once
+    `done` exists: (supervisor, back, done)."""
     back, done = tmp_path / "back", tmp_path / "done"
     waiter = [sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(done)!r}): time.sleep(0.02)"]
 
@@ -33,6 +35,23 @@ def test_a_killed_process_is_restarted_and_its_fault_closes_when_it_is_back(tmp_
     supervisor = Supervisor(grace=1.0)
     supervisor.add(start(), Respawn(start, RestartPolicy(backoff_s=0.0), back=lambda: back.exists))
     supervisor.add(spawn(waiter, name="trainer"))
+    return supervisor, back, done
+
+
+def _watch_while(supervisor: Supervisor, action: Callable[[], None]) -> None:
+    """Watch until the trainer ends while `action` runs on another thread; every child is stopped
+    however it ends."""
+    thread = threading.Thread(target=action)
+    thread.start()
+    try:
+        supervisor.watch(until={"trainer"})
+    finally:
+        thread.join()
+        supervisor.stop_all()
+
+
+def test_a_killed_process_is_restarted_and_its_fault_closes_when_it_is_back(tmp_path: Path) -> None:
+    supervisor, back, done = _worker_and_trainer(tmp_path)
     first = supervisor.children[0].pid
 
     def kill_then_finish() -> None:
@@ -43,13 +62,7 @@ def test_a_killed_process_is_restarted_and_its_fault_closes_when_it_is_back(tmp_
         _wait(lambda: supervisor.faults[0].seconds_lost is not None, "recovery")
         done.touch()
 
-    killer = threading.Thread(target=kill_then_finish)
-    killer.start()
-    try:
-        supervisor.watch(until={"trainer"})
-    finally:
-        killer.join()
-        supervisor.stop_all()
+    _watch_while(supervisor, kill_then_finish)
     recoveries = supervisor.recoveries()
     assert list(recoveries) == ["worker"] and recoveries["worker"]["restarts"] == 1
     [fault] = recoveries["worker"]["faults"]
@@ -76,15 +89,7 @@ def test_a_process_that_finishes_while_coming_back_is_back(tmp_path: Path) -> No
 
 
 def test_a_process_killed_again_before_it_was_back_counts_two_faults_one_of_them_not_back(tmp_path: Path) -> None:
-    back, done = tmp_path / "back", tmp_path / "done"
-    waiter = [sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(done)!r}): time.sleep(0.02)"]
-
-    def start() -> Child:
-        return spawn(SLEEP, name="worker")
-
-    supervisor = Supervisor(grace=1.0)
-    supervisor.add(start(), Respawn(start, RestartPolicy(backoff_s=0.0), back=lambda: back.exists))
-    supervisor.add(spawn(waiter, name="trainer"))
+    supervisor, back, done = _worker_and_trainer(tmp_path)
 
     def kill_twice_then_finish() -> None:
         for _ in range(2):
@@ -95,13 +100,7 @@ def test_a_process_killed_again_before_it_was_back_counts_two_faults_one_of_them
         _wait(lambda: len(supervisor.faults) == 2 and supervisor.faults[1].back, "recovery")
         done.touch()
 
-    killer = threading.Thread(target=kill_twice_then_finish)
-    killer.start()
-    try:
-        supervisor.watch(until={"trainer"})
-    finally:
-        killer.join()
-        supervisor.stop_all()
+    _watch_while(supervisor, kill_twice_then_finish)
     worker = supervisor.recoveries()["worker"]
     assert worker["restarts"] == 2 and [f["back"] for f in worker["faults"]] == [False, True]
 
