@@ -71,8 +71,7 @@ class EnvHandle(Generic[C]):
         self.name = config.resolved_name
         self.split = split
         self.client_config = client
-        self.expected_client = ClientInfo.of(client)
-        """What the server's `info` must report as its client."""
+        """The model client its rollouts use: what its server must serve (`expected_client`)."""
         self.sampling: SamplingArgs = config.sampling_args(sampling)
         self.sidecars = sidecars
         """Where the server of an env without `address` comes from (and is restarted, and stopped)."""
@@ -87,6 +86,11 @@ class EnvHandle(Generic[C]):
         self._client: EnvClient | None = None
         self._back: asyncio.Task[None] | None = None
         """The one wait for a lost server to answer again, shared by every call that lost it."""
+
+    @property
+    def expected_client(self) -> ClientInfo:
+        """What the server's `info` must report as its client."""
+        return ClientInfo.of(self.client_config)
 
     @property
     def address(self) -> str:
