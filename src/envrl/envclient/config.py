@@ -126,7 +126,7 @@ class EnvConfig(BaseConfig):
 
     @property
     def own_client(self) -> EvalClientConfig | None:
-        """`client` as its env server binds it (a model client of kind `eval`); None: the run's own."""
+        """`client` as its env server serves it (a model client of kind `eval`); None: the run's own."""
         return None if self.client is None else EvalClientConfig.of(self.client)
 
     def interpreter(self) -> str:

@@ -13,6 +13,7 @@ and not part of the protocol.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 
 import msgpack
@@ -106,16 +107,18 @@ class ClientInfo(_Wire):
 
     @classmethod
     def of(cls, client: ClientConfig) -> ClientInfo:
+        """`client`'s info, comparable wherever it is made: URLs without a trailing '/', a local
+        model or tokenizer directory as its absolute path."""
         if isinstance(client, TrainClientConfig):
             return cls(
                 type=client.type,
-                base_urls=client.base_urls,
-                model=client.model,
-                tokenizer=client.tokenizer or client.model,
+                base_urls=[url.rstrip("/") for url in client.base_urls],
+                model=_absolute(client.model),
+                tokenizer=_absolute(client.tokenizer or client.model),
             )
         if isinstance(client, EvalClientConfig):
-            return cls(type=client.type, base_urls=[client.base_url], model=client.model, tokenizer=None)
-        return cls(type=client.type, base_urls=[], model=None, tokenizer=client.tokenizer)
+            return cls(type=client.type, base_urls=[client.base_url.rstrip("/")], model=client.model, tokenizer=None)
+        return cls(type=client.type, base_urls=[], model=None, tokenizer=_absolute(client.tokenizer))
 
     def __str__(self) -> str:
         fields = [
@@ -124,6 +127,14 @@ class ClientInfo(_Wire):
             *(f"{key} {value!r}" for key in ("model", "tokenizer") if (value := getattr(self, key))),
         ]
         return " ".join(fields)
+
+
+def _absolute(name: str | None) -> str | None:
+    """`name` resolved if it is an existing local path (a directory the client loads), else as given (a hub name)."""
+    try:
+        return str(Path(name).resolve()) if name is not None and Path(name).exists() else name
+    except (OSError, ValueError):  # a name no file system could hold: not a local path
+        return name
 
 
 class ServerInfo(_Wire):

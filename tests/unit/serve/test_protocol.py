@@ -1,6 +1,8 @@
 """Request parsing: every way a frame can be wrong maps to one typed error, with the id when known;
 responses built and read through the protocol's models."""
 
+from pathlib import Path
+
 import msgpack
 import pytest
 from pydantic import ValidationError
@@ -65,6 +67,17 @@ def test_client_info_shows_what_a_client_reaches_and_no_secret() -> None:
     assert shown == p.ClientInfo(type="eval", base_urls=["http://c/v1"], model="gpt", tokenizer=None)
     assert "KEY" not in repr(shown) + str(shown) and "secret" not in repr(shown) + str(shown)
     assert p.ClientInfo.of(ScriptedClientConfig(replies=["x"], tokenizer="t")).tokenizer == "t"
+
+
+def test_client_infos_compare_equal_wherever_they_are_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trailing '/' and a relative path to the same tokenizer directory name the same client."""
+    (tmp_path / "tok").mkdir()
+    monkeypatch.chdir(tmp_path)
+    relative = TrainClientConfig(base_url="http://a:8000/", model="tok")
+    absolute = TrainClientConfig(base_url="http://a:8000", model=str(tmp_path / "tok"))
+    assert p.ClientInfo.of(relative) == p.ClientInfo.of(absolute)
+    assert p.ClientInfo.of(relative).tokenizer == str(tmp_path / "tok")
+    assert p.ClientInfo.of(TrainClientConfig(base_url="http://a:8000", model="x" * 5000)).model == "x" * 5000
 
 
 def test_a_non_string_map_key_is_named_by_its_path() -> None:
