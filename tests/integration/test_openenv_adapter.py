@@ -91,12 +91,12 @@ def test_rollouts_beyond_the_servers_session_capacity_wait_instead_of_failing(se
 
 def test_timed_out_rollouts_close_their_sessions(tmp_path: Path) -> None:
     """Rollouts cancelled at the rollout timeout hold every session; if one leaked, the next wave
-    would wait for a session until its own timeout. Each call takes 6 s: a 2-turn rollout (12 s)
-    runs past rollout_s = 10, a rollout stopped after its first turn by an episode budget of one
-    token (6 s) does not."""
-    stuck = {"type": "scripted", "replies": ["12 13 14"], "tokenizer": TOKENIZER, "delay_s": 6.0}
+    would wait for a session until its own timeout. Each call takes 10 s: a 2-turn rollout (20 s)
+    runs past rollout_s = 18, a rollout stopped after its first turn by an episode budget of one
+    token (10 s, and the wait for wave 1's sessions to close) does not."""
+    stuck = {"type": "scripted", "replies": ["12 13 14"], "tokenizer": TOKENIZER, "delay_s": 10.0}
     with running_env_server(
-        tmp_path, "--pool", POOL, "--timeout.rollout_s", "10", "--env.args", '{"turns": 2}',
+        tmp_path, "--pool", POOL, "--timeout.rollout_s", "18", "--env.args", '{"turns": 2}',
         env_id="openenv-count", client=stuck, python=str(PYTHON), ready_timeout=300,
     ) as stuck_server:  # fmt: skip
 
