@@ -37,7 +37,7 @@ GROUP = 4
 
 async def measure(address: str, groups: int, in_flight: int) -> tuple[float, float]:
     """(median ms per rollout one group at a time, ms per rollout with `in_flight` groups at once)."""
-    async with EnvClient(address, model=CLIENT) as client:
+    async with EnvClient(address) as client:
 
         async def group(i: int) -> float:
             start = time.perf_counter()
@@ -69,7 +69,7 @@ def main() -> None:
     for env_id, python in ENVS.items():
         argv = [str(python), "-m", "envrl.serve.main", "--env.id", env_id, "--address", "tcp://127.0.0.1:0",
                 "--pool", '{"min_workers": 1, "max_workers": 1}', "--timeout.scoring_s", "null",
-                "--env.args", json.dumps(ARGS.get(env_id, {}))]  # fmt: skip
+                "--env.args", json.dumps(ARGS.get(env_id, {})), "--client", json.dumps(CLIENT)]  # fmt: skip
         child, address = spawn_sidecar(argv, name=f"env server {env_id}", ready_timeout=300)
         try:
             results[env_id] = asyncio.run(measure(address, args.groups, args.in_flight))

@@ -106,7 +106,7 @@ async def measure_env_server(address: str, server_pid: int, in_flight: int, seco
 
     sampling = {"max_tokens": 1}
     latencies: list[float] = []
-    async with EnvClient(address, model={"type": "scripted"}, timeout=60, curve=CURVE) as client:
+    async with EnvClient(address, timeout=60, curve=CURVE) as client:
         await client.wait_until_ready(60)
         stop_at = 0.0
 
@@ -216,9 +216,7 @@ def overload(address: str, offered: int) -> tuple[int, int]:
         sock.curve_serverkey = zmq.auth.load_certificate(CURVE.server_public_key_file)[0]
         sock.curve_publickey, sock.curve_secretkey = zmq.auth.load_certificate(CURVE.secret_key_file)
     sock.connect(address)
-    sock.send(msgpack.packb({"id": "bind", "method": "bind", "params": {"client": {"type": "scripted"}}}))
-    model = msgpack.unpackb(sock.recv())["result"]["model"]
-    params = {"task_idx": 0, "model": model, "sampling": {"max_tokens": 1}}
+    params = {"task_idx": 0, "sampling": {"max_tokens": 1}}
     for i in range(offered):
         sock.send(msgpack.packb({"id": str(i), "method": "run", "params": params}))
     answers = [msgpack.unpackb(sock.recv()) for _ in range(offered)]
@@ -273,6 +271,8 @@ def main() -> None:
             "tcp://127.0.0.1:0",
             "--log.level",
             "WARNING",
+            "--client",
+            '{"type": "scripted"}',
             *pool_args,
             *curve_args,
         ]

@@ -31,7 +31,6 @@ import zmq
 from envrl.data.layout import published_steps
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.serve import protocol as p
-from envrl.serve.config import ModelAccessConfig
 from envrl.serve.params import ParamsChecker
 from envrl.serve.zmqio import EVENTS, NOBLOCK, raw_recv, raw_send
 
@@ -64,8 +63,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20000)
     n = parser.parse_args().repeats
 
-    checker = ParamsChecker({"train": 100, "eval": 0}, max_group_size=64, model_access=ModelAccessConfig())
-    params = {"task_idx": 3, "split": "train", "model": "0123456789abcdef", "sampling": {}}
+    checker = ParamsChecker({"train": 100, "eval": 0}, max_group_size=64, has_client=True)
+    params = {"task_idx": 3, "split": "train", "sampling": {}}
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 256}
     request = p.encode(
         {"id": "a1b2c3-17", "method": "run", "params": {**params, "n": 8, "seed": 7, "sampling": sampling}}

@@ -7,10 +7,11 @@ afterwards still answers `health` and runs a real rollout.
 
     .venv/bin/python scripts/chaos/fuzz.py [--frames 100000] [--seed 0] [--address tcp://...]
 
-Without --address it starts `env-server --env.id reverse-text` (1 static worker) on a free port
-and stops it afterwards. The frames: well-formed health/info/bind/run/cancel requests, and the same
-with wrong types in every params field (lists, maps, NaN/inf, 64-bit extremes, bytes, nesting),
-missing and unknown keys, bad and huge `n`, unknown model ids, disallowed model endpoints, garbage bytes, truncated
+Without --address it starts `env-server --env.id reverse-text --client <SCRIPTED>` (1 static worker)
+on a free port and stops it afterwards; a server given with --address needs a model client of its own.
+The frames: well-formed health/info/run/cancel requests and protocol 2's `bind` (refused), and the
+same with wrong types in every params field (lists, maps, NaN/inf, 64-bit extremes, bytes, nesting),
+missing and unknown keys, bad and huge `n`, runs that carry a client of their own, garbage bytes, truncated
 msgpack, oversized and multi-frame messages. tests/integration/test_env_server_fuzz.py runs a
 CI-sized share of it.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import random
 import sys
@@ -103,11 +105,9 @@ def owed_id(frames: list[bytes], max_frame_bytes: int) -> str | None:
 class FrameMaker:
     """Random request messages (lists of frames), reproducible from `seed`."""
 
-    def __init__(self, seed: int, num_tasks: int, max_frame_bytes: int, model: str) -> None:
+    def __init__(self, seed: int, num_tasks: int, max_frame_bytes: int) -> None:
         self.rng = random.Random(seed)
         self.num_tasks = num_tasks
-        self.model = model
-        """The id `SCRIPTED` is bound under."""
         self.max_frame_bytes = max_frame_bytes
         self.count = 0
         self.sent_ids: list[str] = []
@@ -118,7 +118,7 @@ class FrameMaker:
 
     def run_params(self) -> dict[str, Any]:
         rng = self.rng
-        params: dict[str, Any] = {"task_idx": rng.randrange(self.num_tasks), "model": self.model, "sampling": SAMPLING}
+        params: dict[str, Any] = {"task_idx": rng.randrange(self.num_tasks), "sampling": SAMPLING}
         if rng.random() < 0.3:
             params["seed"] = rng.randrange(1000)
         if rng.random() < 0.4:
@@ -166,7 +166,7 @@ class FrameMaker:
             params: dict[str, Any] = {"request_id": target}
         elif method == "run":
             params = self.run_params()
-        elif method == "bind":
+        elif method == "bind":  # protocol 2's: refused, the client is the server's config
             params = {"client": SCRIPTED}
         else:
             params = {}
@@ -178,8 +178,8 @@ class FrameMaker:
         return {"id": request_id, "method": method, "params": params}
 
     def confuse(self, method: str, params: dict[str, Any]) -> None:
-        """Break `params` one way: a wrong-typed field, a missing or unknown key, a bad n, a bad client,
-        an unknown model."""
+        """Break `params` one way: a wrong-typed field, a missing or unknown key, a bad n, a client
+        of the request's own (hostile or not)."""
         rng = self.rng
         how = rng.random()
         keys = list(params) or ["task_idx"]
@@ -196,7 +196,7 @@ class FrameMaker:
         elif how < 0.77:
             params["client"] = rng.choice(BAD_CLIENTS)
         elif how < 0.82:
-            params["model"] = rng.choice(["0123456789abcdef", self.model[::-1], ""])
+            params["client"] = SCRIPTED
         elif how < 0.92:
             sampling = dict(SAMPLING)
             sampling[rng.choice(["max_tokens", "temperature", "top_p", "stop", "seed", "extra", "bogus"])] = rng.choice(
@@ -211,8 +211,8 @@ def fuzz(address: str, frames: int, seed: int = 0, max_frame_bytes: int = 65536,
          progress_every: int = 0, answer_timeout: float = 60.0) -> FuzzReport:  # fmt: skip
     """Send `frames` messages to the server at `address`, at most `window` owed answers unread, and
     check the answers; then check the server still serves (`alive`)."""
-    num_tasks, model = asyncio.run(_num_tasks_and_model(address))
-    maker = FrameMaker(seed, num_tasks, max_frame_bytes, model)
+    num_tasks = asyncio.run(_num_tasks(address))
+    maker = FrameMaker(seed, num_tasks, max_frame_bytes)
     report = FuzzReport()
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
@@ -271,12 +271,12 @@ def _count(report: FuzzReport, answer: dict[str, Any]) -> int:
     return paid
 
 
-async def _num_tasks_and_model(address: str) -> tuple[int, str]:
-    """The server's train task count, and the id it binds `SCRIPTED` under."""
+async def _num_tasks(address: str) -> int:
+    """The server's train task count."""
     from envrl.serve.client import EnvClient
 
     async with EnvClient(address) as client:
-        return (await client.wait_until_ready(60)).num_tasks, await client.bind(SCRIPTED)
+        return (await client.wait_until_ready(60)).num_tasks
 
 
 async def _serves(address: str) -> bool:
@@ -284,7 +284,7 @@ async def _serves(address: str) -> bool:
     from envrl.serve.client import EnvClient, EnvServerError
 
     try:
-        async with EnvClient(address, model=SCRIPTED, timeout=30) as client:
+        async with EnvClient(address, timeout=30) as client:
             health = await asyncio.wait_for(client.health(), 5)
             (trace,) = await client.run(0, sampling=SAMPLING)
             return health.status == "ok" and trace.error is None
@@ -300,7 +300,7 @@ def started_server(*args: str, name: str = "fuzzed env-server") -> Iterator[tupl
 
     argv = [
         sys.executable, "-m", "envrl.serve.main", "--env.id", "reverse-text", "--address", "tcp://127.0.0.1:0",
-        "--pool", '{"min_workers": 1, "max_workers": 1}',
+        "--pool", '{"min_workers": 1, "max_workers": 1}', "--client", json.dumps(SCRIPTED),
         "--timeout", '{"rollout_s": 5, "scoring_s": null}',  # scoring in a thread: no fork per rollout
         *args,
     ]  # fmt: skip

@@ -29,7 +29,7 @@ import msgpack
 import zmq
 
 from envrl.serve.client import EnvClient, EnvServerError
-from scripts.chaos.fuzz import SAMPLING, SCRIPTED, started_server
+from scripts.chaos.fuzz import SAMPLING, started_server
 from tests.support.chaos_runs import TableRow, child_pids
 
 DROPPED = "does not read its answers"
@@ -89,7 +89,7 @@ def silent_client(address: str, stop: threading.Event, sent: list[int]) -> None:
 async def reading_clients(address: str, offered: int, seconds: float, counts: Counter[str]) -> None:
     """`offered` loops, each one rollout call after another, for `seconds`."""
     deadline = time.monotonic() + seconds
-    async with EnvClient(address, model=SCRIPTED, timeout=30.0) as client:
+    async with EnvClient(address, timeout=30.0) as client:
         await client.wait_until_ready(60)
 
         async def loop(i: int) -> None:

@@ -63,6 +63,14 @@ DECLARED_ENV_KEYS = (
 """The keys of `[[orchestrator.envs]]` but `sampling`: refused in an eval table, which names its env."""
 
 MIGRATIONS: tuple[Migration, ...] = (
+    # 0.2.0: env server protocol 3, the server's model client is its config (issue 40)
+    *_removed(
+        "EnvServerConfig",
+        "0.2.0",
+        ["model_access"],
+        "an env server serves one model client, its `client` (env-server --client '<ClientConfig map>'; "
+        "docs/protocol.md), and reaches nothing else",
+    ),
     # 0.2.0: the launcher's own keys leave the process sections (issue 40)
     *_renamed(
         "RLConfig",

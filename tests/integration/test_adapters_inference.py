@@ -69,14 +69,13 @@ def test_trl_rollouts_give_exact_token_traces(vllm_server: Any) -> None:
 
 def test_openenv_rollouts_from_the_examples_venv_give_exact_token_traces(vllm_server: Any, tmp_path: Path) -> None:
     client = {"type": "train", "base_url": vllm_server.base_url, "model": vllm_server.model}
-    access = json.dumps({"base_urls": [vllm_server.base_url], "tokenizers": [vllm_server.model]})
     with running_env_server(
-        tmp_path, "--model-access", access, "--env.args", '{"turns": 2}', "--pool", '{"min_workers": 1, "max_workers": 1}',
-        env_id="openenv-count", python=str(OPENENV_PYTHON), ready_timeout=300,
+        tmp_path, "--env.args", '{"turns": 2}', "--pool", '{"min_workers": 1, "max_workers": 1}',
+        env_id="openenv-count", client=client, python=str(OPENENV_PYTHON), ready_timeout=300,
     ) as server:  # fmt: skip
 
         async def main() -> Trace:
-            async with EnvClient(server.address, model=client) as env_client:
+            async with EnvClient(server.address) as env_client:
                 (trace,) = await env_client.run(0, sampling=SAMPLING, seed=3)
                 return trace
 

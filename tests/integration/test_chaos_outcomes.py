@@ -155,9 +155,8 @@ def test_an_env_whose_own_code_raises_is_an_env_error_and_is_not_refilled(tmp_pa
 
 def test_a_model_server_that_does_not_answer_is_an_infra_error(tmp_path: Path) -> None:
     base_url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    access = json.dumps({"base_urls": [base_url]})
     client = {"type": "eval", "base_url": base_url, "model": "m", "retry": {"max_retries": 0}}
-    with running_env_server(tmp_path, "--model-access", access) as server:
-        trace = run(rollout(EnvClient(server.address, model=client), OK))
+    with running_env_server(tmp_path, client=client) as server:
+        trace = run(rollout(EnvClient(server.address), OK))
     assert trace.error is not None and trace.error.type == "model_unavailable", trace.error
     assert trace.outcome == "infra_error"

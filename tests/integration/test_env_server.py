@@ -19,14 +19,12 @@ from typing import Any
 import msgpack
 import pytest
 
-from envrl.serve.client import EnvClient, EnvServerError
+from envrl.serve.client import EnvServerError
 from tests.support.bad_envs import BEHAVIOURS, BURN, DIE, HANG, OK, RAISE, SLEEP
 from tests.support.env_servers import (
     SAMPLING,
-    SCRIPTED,
     RunningServer,
     alive,
-    bind,
     raw_exchange,
     rollout,
     run,
@@ -62,7 +60,7 @@ def test_health_and_info_describe_the_server(server: RunningServer) -> None:
         async with scripted_client(server.address) as client:
             assert (await client.health()).status == "ok"
             info = await client.info()
-            assert info.protocol_version == 2 and info.env_id == "bad_envs:load_environment"
+            assert info.protocol_version == 3 and info.env_id == "bad_envs:load_environment"
             assert (info.num_tasks, info.num_eval_tasks, info.group_scoring) == (len(BEHAVIOURS), 1, False)
             assert (info.workers, info.capacity, info.max_queued, info.in_flight) == (2, CAPACITY, MAX_QUEUED, 0)
 
@@ -176,41 +174,61 @@ def test_request_that_kills_every_worker_is_answered_worker_died(server: Running
     pool_back_to(server, 2)
 
 
-def test_a_model_is_bound_once_and_runs_name_it_by_id(server: RunningServer) -> None:
-    """Equal clients share one id; a run naming no binding gets `unknown_model`; a client the
-    server's `model_access` does not allow is refused at `bind`."""
-    model = bind(server.address)
-    assert bind(server.address, dict(SCRIPTED)) == model != bind(server.address, {"type": "scripted", "replies": ["x"]})
-    run_params = {"task_idx": OK, "sampling": SAMPLING}
+def test_info_reports_the_servers_client_and_a_version_2_bind_is_refused(server: RunningServer) -> None:
+    """The client is the server's config (`--client`): `info` shows it, `run` names none, and a
+    `bind` (protocol 2) is a `bad_request` saying where the client went."""
     pack = msgpack.packb
     answers = raw_exchange(server.address, [
-        [pack({"id": "a", "method": "run", "params": {**run_params, "model": model}})],
-        [pack({"id": "b", "method": "run", "params": {**run_params, "model": "0123456789abcdef"}})],
-        [pack({"id": "c", "method": "bind", "params": {"client": {"type": "eval", "base_url": "http://x/v1", "model": "m"}}})],
+        [pack({"id": "a", "method": "run", "params": {"task_idx": OK, "sampling": SAMPLING}})],
+        [pack({"id": "b", "method": "bind", "params": {"client": {"type": "eval", "base_url": "http://x/v1", "model": "m"}}})],
+        [pack({"id": "c", "method": "info"})],
     ])  # fmt: skip
-    ran, unknown, refused = sorted(answers, key=lambda answer: answer["id"])
+    ran, bound, info = sorted(answers, key=lambda answer: answer["id"])
     assert ran["ok"] and [t["reward"] for t in ran["result"]["traces"]] == [1.0]
-    assert not unknown["ok"] and unknown["error"]["type"] == "unknown_model"
+    assert not bound["ok"] and bound["error"]["type"] == "bad_request"
+    assert (
+        "the model client is the server's config since protocol 3; start it with --client" in bound["error"]["message"]
+    )
+    assert info["result"]["client"] == {"type": "scripted", "base_urls": [], "model": None, "tokenizer": None}
+
+
+def test_a_server_without_a_client_refuses_run_naming_the_option(tmp_path: Path) -> None:
+    with running_env_server(tmp_path, client=None) as server:
+        pack = msgpack.packb
+        answers = raw_exchange(server.address, [
+            [pack({"id": "a", "method": "run", "params": {"task_idx": OK, "sampling": SAMPLING}})],
+            [pack({"id": "b", "method": "info"})],
+        ])  # fmt: skip
+    refused, info = sorted(answers, key=lambda answer: answer["id"])
     assert not refused["ok"] and refused["error"]["type"] == "bad_request"
-    assert "model_access.base_urls" in refused["error"]["message"]
+    assert "has no model client" in refused["error"]["message"] and "--client" in refused["error"]["message"]
+    assert info["ok"] and info["result"]["client"] is None
 
 
-def test_clients_of_different_models_share_one_server_each_with_its_own_model(server: RunningServer) -> None:
-    """Two orchestrators on one server: each binds its own model and its rollouts use it."""
-
-    async def go() -> tuple[list[str], list[str]]:
-        models = [{"type": "scripted", "replies": [reply]} for reply in ("first", "second")]
-        async with EnvClient(server.address, model=models[0]) as a, EnvClient(server.address, model=models[1]) as b:
-            runs = await asyncio.gather(*(client.run(OK, n=2, sampling=SAMPLING) for client in (a, b, a, b)))
-        replies = [[t.turns[0].response["content"] for t in traces] for traces in runs]
-        return replies[0] + replies[2], replies[1] + replies[3]
-
-    assert run(go()) == (["first"] * 4, ["second"] * 4)
+def test_info_and_logs_show_an_eval_client_without_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key variable's value, its name and `extra_body` stay out of `info` and the server's logs,
+    also when a rollout's model call fails (nothing listens on port 9)."""
+    secret, body_secret = "sk-test-never-shown", "body-secret-never-shown"
+    monkeypatch.setenv("ENVRL_TEST_API_KEY", secret)
+    client = {"type": "eval", "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "ENVRL_TEST_API_KEY",
+              "extra_body": {"token": body_secret}, "retry": {"max_retries": 0}}  # fmt: skip
+    with running_env_server(tmp_path, client=client) as server:
+        (info,) = raw_exchange(server.address, [[msgpack.packb({"id": "i", "method": "info"})]])
+        request = {"id": "r", "method": "run", "params": {"task_idx": OK, "sampling": SAMPLING}}
+        (ran,) = raw_exchange(server.address, [[msgpack.packb(request)]])
+    assert info["result"]["client"] == {
+        "type": "eval",
+        "base_urls": ["http://127.0.0.1:9/v1"],
+        "model": "m",
+        "tokenizer": None,
+    }
+    assert ran["ok"] and ran["result"]["traces"][0]["error"] is not None
+    shown = repr(info) + server.log_file.read_text() + (tmp_path / "env-server.out").read_text()
+    assert secret not in shown and body_secret not in shown and "ENVRL_TEST_API_KEY" not in repr(info)
 
 
 def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: RunningServer) -> None:
     pack = msgpack.packb
-    model = bind(server.address)
     cases = {
         "not msgpack": ([b"\xc1\xc1\xc1"], "bad_request", None),
         "not a map": ([pack([1, 2])], "bad_request", None),
@@ -219,7 +237,7 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
         "unknown method": ([pack({"id": "b", "method": "explode", "params": {}})], "unknown_method", "b"),
         "missing task_idx": ([pack({"id": "c", "method": "run", "params": {}})], "bad_request", "c"),
         "task out of range": (
-            [pack({"id": "d", "method": "run", "params": {"task_idx": 99, "model": model, "sampling": SAMPLING}})],
+            [pack({"id": "d", "method": "run", "params": {"task_idx": 99, "sampling": SAMPLING}})],
             "bad_request",
             "d",
         ),
@@ -229,7 +247,7 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
                     {
                         "id": "e",
                         "method": "run",
-                        "params": {"task_idx": 0, "model": model, "sampling": {"max_tokens": "many"}},
+                        "params": {"task_idx": 0, "sampling": {"max_tokens": "many"}},
                     }
                 )
             ],
@@ -253,7 +271,7 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
                     {
                         "id": "j",
                         "method": "run",
-                        "params": {"task_idx": 0, "n": 2**64 - 1, "model": model, "sampling": SAMPLING},
+                        "params": {"task_idx": 0, "n": 2**64 - 1, "sampling": SAMPLING},
                     }
                 )
             ],
@@ -276,7 +294,7 @@ def test_malformed_oversized_and_unknown_requests_get_typed_errors(server: Runni
 
 def test_requests_beyond_capacity_and_queue_get_at_capacity(server: RunningServer) -> None:
     offered = 4 * (CAPACITY + MAX_QUEUED)
-    params = {"task_idx": SLEEP, "model": bind(server.address), "sampling": SAMPLING}
+    params = {"task_idx": SLEEP, "sampling": SAMPLING}
     request = {"method": "run", "params": params}
     answers = raw_exchange(server.address, [[msgpack.packb({"id": str(i), **request})] for i in range(offered)])
     rejected = [a for a in answers if not a["ok"]]
@@ -322,4 +340,4 @@ def test_the_minimal_client_in_docs_protocol_md_works_as_written(server: Running
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     answers = dict(line.split(" ", 1) for line in result.stdout.splitlines())
-    assert "'protocol_version': 2" in answers["1"] and "'reward': 1.0" in answers["3"]
+    assert "'protocol_version': 3" in answers["1"] and "'reward': 1.0" in answers["2"]

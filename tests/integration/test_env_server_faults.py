@@ -1,5 +1,5 @@
 """The env server against faults from outside: early cancels, killed workers, clients that stop
-reading, Traces msgpack cannot carry, requests for model endpoints the server does not allow.
+reading, Traces msgpack cannot carry, requests that try to pick a model client.
 
 One server (1 static worker x 64, kill_grace_s 30, the smallest client send queue (4096), 1 s stall timeout,
 on an ipc:// socket so that a client that stops reading fills its buffers fast) is shared by the
@@ -22,7 +22,6 @@ from tests.support.bad_envs import HANG, OK, SLEEP, UNENCODABLE
 from tests.support.env_servers import (
     SAMPLING,
     RunningServer,
-    bind,
     raw_exchange,
     run,
     running_env_server,
@@ -37,10 +36,9 @@ NO_RETRY = {"max_retries": 0, "timeout_s": 5.0}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     tmp = tmp_path_factory.mktemp("faults")
-    access = f'{{"base_urls": ["{ALLOWED_URL}"], "api_key_envs": ["ENVRL_TEST_ALLOWED_KEY"]}}'
     args = ["--address", f"ipc://{tmp}/env.sock", "--pool", '{"min_workers": 1, "max_workers": 1, "multiplex": 64}',
             "--timeout", '{"rollout_s": 20, "kill_grace_s": 30}', "--env.args", '{"sleep": 0.5}',
-            "--client-send-queue", "4096", "--client-stall-timeout-s", "1", "--model-access", access]  # fmt: skip
+            "--client-send-queue", "4096", "--client-stall-timeout-s", "1"]  # fmt: skip
     with running_env_server(tmp, *args) as running:
         yield running
 
@@ -49,26 +47,20 @@ def request(request_id: str, method: str, params: dict[str, Any] | None = None) 
     return [msgpack.packb({"id": request_id, "method": method, "params": params or {}})]
 
 
-@pytest.fixture(scope="module")
-def model(server: RunningServer) -> str:
-    """The id of the `SCRIPTED` model on the module's server."""
-    return bind(server.address)
-
-
-def rollout_request(request_id: str, task_idx: int, model: str) -> list[bytes]:
-    return request(request_id, "run", {"task_idx": task_idx, "model": model, "sampling": SAMPLING})
+def rollout_request(request_id: str, task_idx: int) -> list[bytes]:
+    return request(request_id, "run", {"task_idx": task_idx, "sampling": SAMPLING})
 
 
 def test_a_cancel_sent_with_its_run_is_answered_cancelled_at_once_and_spares_the_worker(
-    server: RunningServer, model: str
+    server: RunningServer,
 ) -> None:
     """Each run and its cancel land in one worker batch: the rollout is cancelled before its body
     runs. The answer must still come (within the 10 s receive timeout, far below kill_grace_s = 30)
     and the worker, with its other rollout, must be left alone."""
     workers = server.workers()
-    messages = [rollout_request("other", SLEEP, model)]
+    messages = [rollout_request("other", SLEEP)]
     for i in range(20):
-        messages += [rollout_request(f"v{i}", SLEEP, model), request(f"c{i}", "cancel", {"request_id": f"v{i}"})]
+        messages += [rollout_request(f"v{i}", SLEEP), request(f"c{i}", "cancel", {"request_id": f"v{i}"})]
     by_id = {answer["id"]: answer for answer in raw_exchange(server.address, messages)}
     for i in range(20):
         assert by_id[f"v{i}"]["error"]["type"] == "cancelled", by_id[f"v{i}"]
@@ -77,62 +69,57 @@ def test_a_cancel_sent_with_its_run_is_answered_cancelled_at_once_and_spares_the
     assert server.workers() == workers
 
 
-def test_a_trace_msgpack_cannot_carry_comes_back_as_an_error_trace(server: RunningServer, model: str) -> None:
-    (answer,) = raw_exchange(server.address, [rollout_request("u", UNENCODABLE, model)])
+def test_a_trace_msgpack_cannot_carry_comes_back_as_an_error_trace(server: RunningServer) -> None:
+    (answer,) = raw_exchange(server.address, [rollout_request("u", UNENCODABLE)])
     (trace,) = answer["result"]["traces"]
     assert trace["error"]["type"] == "unencodable_trace" and "set" in trace["error"]["message"]
     assert trace["task"]["idx"] == UNENCODABLE and trace["reward"] is None
 
 
 @pytest.mark.parametrize(
-    ("client", "field", "option"),
+    "client",
     [
-        ({"type": "eval", "base_url": "http://203.0.113.9/v1", "model": "m"}, "base_url", "--model-access.base-urls"),
-        (
-            {"type": "eval", "base_url": ALLOWED_URL, "model": "m", "api_key_env": "HOME"},
-            "api_key_env",
-            "--model-access.api-key-envs",
-        ),
-        ({"type": "train", "base_url": ALLOWED_URL, "model": "gpt2"}, "model", "--model-access.tokenizers"),
-        ({"type": "scripted", "tokenizer": "/etc"}, "tokenizer", "--model-access.tokenizers"),
+        {"type": "eval", "base_url": "http://203.0.113.9/v1", "model": "m"},
+        {"type": "eval", "base_url": ALLOWED_URL, "model": "m", "api_key_env": "HOME"},
+        {"type": "scripted", "tokenizer": "/etc"},
     ],
 )
-def test_a_client_asking_for_what_the_server_does_not_allow_is_refused_naming_field_and_option(
-    server: RunningServer, client: dict[str, Any], field: str, option: str
+def test_a_run_naming_a_client_of_its_own_is_refused_and_reaches_nothing(
+    server: RunningServer, client: dict[str, Any]
 ) -> None:
-    (answer,) = raw_exchange(server.address, [request("x", "bind", {"client": client})])
-    assert answer["error"]["type"] == "bad_request"
-    assert f"params.client.{field}" in answer["error"]["message"] and option in answer["error"]["message"]
+    """A request cannot pick what a worker reaches (an URL, a key variable, a tokenizer): the
+    client is the server's config, and a `run` carrying one is a bad_request naming the field."""
+    params = {"task_idx": OK, "sampling": SAMPLING, "client": client}
+    (answer,) = raw_exchange(server.address, [request("x", "run", params)])
+    assert answer["error"]["type"] == "bad_request" and "params.client" in answer["error"]["message"]
 
 
-def test_an_allowed_endpoint_and_key_variable_reach_the_worker(server: RunningServer) -> None:
-    """Allowed: the worker builds the client (the key variable is unset there, so building fails,
-    which proves the binding got past the allowlist) or calls the closed port (an error Trace)."""
+def test_a_client_the_worker_cannot_build_answers_each_run_with_why(tmp_path: Path) -> None:
+    """The key variable is unset in the server: building the client fails in each worker, and each
+    run is answered with the reason (not a hang, not a dead worker)."""
     keyed = {
         "type": "eval",
         "base_url": ALLOWED_URL,
         "model": "m",
-        "api_key_env": "ENVRL_TEST_ALLOWED_KEY",
+        "api_key_env": "ENVRL_TEST_UNSET_KEY",
         "retry": NO_RETRY,
     }
-    plain = {"type": "eval", "base_url": ALLOWED_URL, "model": "m", "retry": NO_RETRY}
-    runs = [
-        rollout_request("k", OK, bind(server.address, keyed)),
-        rollout_request("p", OK, bind(server.address, plain)),
-    ]
-    answers = {a["id"]: a for a in raw_exchange(server.address, runs)}
-    assert "ENVRL_TEST_ALLOWED_KEY (api_key_env) is not set" in answers["k"]["error"]["message"]
-    assert answers["p"]["ok"] and answers["p"]["result"]["traces"][0]["error"] is not None
+    os.environ.pop("ENVRL_TEST_UNSET_KEY", None)
+    with running_env_server(tmp_path, client=keyed) as server:
+        answers = raw_exchange(server.address, [rollout_request("k1", OK), rollout_request("k2", OK)])
+    for answer in answers:
+        assert answer["error"]["type"] == "bad_request"
+        assert "ENVRL_TEST_UNSET_KEY (api_key_env) is not set" in answer["error"]["message"]
 
 
-def test_a_client_that_stops_reading_is_dropped_and_its_requests_cancelled(server: RunningServer, model: str) -> None:
+def test_a_client_that_stops_reading_is_dropped_and_its_requests_cancelled(server: RunningServer) -> None:
     context = zmq.Context.instance()
     stalled = context.socket(zmq.DEALER)
     stalled.setsockopt(zmq.LINGER, 0)
     stalled.setsockopt(zmq.RCVHWM, 1)
     stalled.connect(server.address)
     try:
-        stalled.send_multipart(rollout_request("stalled-hang", HANG, model))
+        stalled.send_multipart(rollout_request("stalled-hang", HANG))
         for i in range(
             20_000
         ):  # 5 MB of `info` answers: 2 x 4096 queued, ~400 KB of socket buffers, the rest overflows

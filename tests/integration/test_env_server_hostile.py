@@ -16,7 +16,7 @@ from envrl.serve import protocol as p
 from envrl.serve.protocol import WORKER_DONE, WORKER_READY
 from tests.support.bad_envs import HANG
 from tests.support.bad_envs import SLEEP as SLEEP_TASK
-from tests.support.env_servers import SAMPLING, bind, raw_exchange, running_env_server, wait_until
+from tests.support.env_servers import SAMPLING, raw_exchange, running_env_server, wait_until
 
 METHODS = ["health", "info", "bind", "run", "cancel", "reboot"]
 PARAM_KEYS = ["task_idx", "split", "client", "model", "sampling", "seed", "n", "request_id", "retry", "type"]
@@ -86,8 +86,8 @@ def test_a_client_sending_decode_bombs_does_not_stop_the_others_being_answered(t
         assert server.child.poll() is None
 
 
-def rollout_request(request_id: str, task_idx: int, model: str) -> bytes:
-    params = {"task_idx": task_idx, "model": model, "sampling": SAMPLING}
+def rollout_request(request_id: str, task_idx: int) -> bytes:
+    params = {"task_idx": task_idx, "sampling": SAMPLING}
     return msgpack.packb({"id": request_id, "method": "run", "params": params})
 
 
@@ -111,7 +111,7 @@ def test_only_the_servers_own_workers_can_answer_on_its_worker_socket(tmp_path: 
         stranger.setsockopt(zmq.IDENTITY, b"not-a-worker")
         stranger.connect(address)
         try:
-            client.send(rollout_request("slow", SLEEP_TASK, bind(server.address)))
+            client.send(rollout_request("slow", SLEEP_TASK))
             time.sleep(0.3)  # the rollout is running (it sleeps 1 s); forge its answer now
             for token in range(8):
                 stranger.send_multipart([WORKER_DONE, msgpack.packb([token]), forged])
@@ -134,13 +134,11 @@ def test_unanswered_requests_are_bounded_by_bytes_per_client_and_in_total(tmp_pa
     """Before: accepted requests were bounded by count only, whatever their frames' size. What the
     server holds of a request is its worker's frame (`encode_work`), about the request's size."""
     pad = "x" * 400  # request ids are free-form strings: a frame of about 500 bytes
-    model = "m" * 16  # a bound model's id is 16 characters
-    params = p.RunParams.model_validate({"task_idx": SLEEP_TASK, "model": model, "sampling": SAMPLING})
+    params = p.RunParams.model_validate({"task_idx": SLEEP_TASK, "sampling": SAMPLING})
     size = len(p.encode_work(f"r00{pad}", params))
     args = ["--pool", '{"min_workers": 1, "max_workers": 1}', "--env.args", '{"sleep": 30.0}',
             "--max-client-bytes", str(4 * size), "--max-pending-bytes", str(6 * size)]  # fmt: skip
     with running_env_server(tmp_path, *args) as server:
-        model = bind(server.address)
         context = zmq.Context.instance()
         first, second = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
         try:
@@ -149,10 +147,10 @@ def test_unanswered_requests_are_bounded_by_bytes_per_client_and_in_total(tmp_pa
                 sock.setsockopt(zmq.RCVTIMEO, 10_000)
                 sock.connect(server.address)
             for i in range(5):
-                first.send(rollout_request(f"r{i:02d}{pad}", SLEEP_TASK, model))
+                first.send(rollout_request(f"r{i:02d}{pad}", SLEEP_TASK))
             refused = msgpack.unpackb(first.recv())
             for i in range(10, 13):
-                second.send(rollout_request(f"r{i:02d}{pad}", SLEEP_TASK, model))
+                second.send(rollout_request(f"r{i:02d}{pad}", SLEEP_TASK))
             refused_in_total = msgpack.unpackb(second.recv())
         finally:
             first.close()
@@ -170,14 +168,13 @@ def test_a_departed_clients_requests_are_cancelled(tmp_path: Path) -> None:
     closes its connection. Before: the server ran them all for nobody, holding their frames."""
     args = ["--pool", '{"min_workers": 1, "max_workers": 1, "multiplex": 2}', "--env.args", '{"sleep": 1.0}']
     with running_env_server(tmp_path, *args) as server:
-        model = bind(server.address)
         context = zmq.Context.instance()
         client = context.socket(zmq.DEALER)
         client.setsockopt(zmq.LINGER, 0)
         client.connect(server.address)
         try:
             for i, task in enumerate([HANG, SLEEP_TASK, HANG, HANG, HANG, HANG]):
-                client.send(rollout_request(f"gone-{i}", task, model))
+                client.send(rollout_request(f"gone-{i}", task))
             wait_until(lambda: info(server.address)["queued"] == 4, 10.0, "4 requests queued behind 2 running")
         finally:
             client.close()

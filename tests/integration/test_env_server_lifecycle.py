@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 
 from envrl.envclient.config import EnvConfig
-from envrl.envclient.handles import EnvHandle
-from envrl.model.client import SamplingParams, ScriptedClientConfig
+from envrl.envclient.handles import EnvClientMismatch, EnvHandle
+from envrl.model.client import SamplingParams, ScriptedClientConfig, TrainClientConfig
 from envrl.runtime.process import ChildFailed, spawn_sidecar
 from envrl.serve.client import EnvServerError
 from tests.support.bad_envs import OK, SLEEP
 from tests.support.curve_keys import make_curve_keys
 from tests.support.env_servers import (
     ENV_SERVER,
+    SCRIPTED,
     alive,
     rollout,
     run,
@@ -124,6 +125,30 @@ def test_the_orchestrators_env_config_carries_curve_keys_to_an_external_server(t
                 await env.shutdown()
 
         assert [trace.reward for trace in run(go())] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("served", [None, SCRIPTED])
+def test_a_handle_refuses_a_server_whose_client_is_not_its_own_naming_both(
+    tmp_path: Path, served: dict[str, Any] | None
+) -> None:
+    """An external server started for another model (or for none) must not feed the run: the
+    handle's start fails naming the server's client and the run's."""
+    expected = TrainClientConfig(base_url="http://127.0.0.1:9", model="the-run-s-model")
+    with running_env_server(tmp_path, client=served) as server:
+        config = EnvConfig(id="bad_envs:load_environment", address=server.address)
+        env = EnvHandle(config, split="train", client=expected, sampling=SamplingParams(max_tokens=8), ready_timeout=20)
+
+        async def go() -> None:
+            try:
+                await env.start()
+            finally:
+                await env.shutdown()
+
+        with pytest.raises(EnvClientMismatch) as refused:
+            run(go())
+    message = str(refused.value)
+    assert f"at {server.address} serves" in message and "the-run-s-model" in message and "http://127.0.0.1:9" in message
+    assert ("no model client" if served is None else "the client scripted") in message
 
 
 def test_elastic_pool_grows_under_load_and_retires_idle_workers(tmp_path: Path) -> None:

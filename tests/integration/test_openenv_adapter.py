@@ -23,7 +23,9 @@ ROOT = Path(__file__).parents[2]
 PROJECT = ROOT / "deps" / "envs" / "openenv-count"
 PYTHON = PROJECT / ".venv" / "bin" / "python"
 MAX_CONCURRENT_ENVS = 8  # openenv_count.server.MAX_CONCURRENT_ENVS
-DIGITS = {"type": "scripted", "replies": ["12 13 14"]}
+DIGITS = {"type": "scripted", "replies": ["12 13 14"], "delay_s": 0.05}
+"""The module server's client: every reply scores 1.0; each call waits a little, so sessions are held."""
+TOKENIZER = str(ROOT / "deps" / "models" / "tiny-chat")
 POOL = '{"min_workers": 1, "max_workers": 1, "multiplex": 64}'
 
 pytestmark = pytest.mark.skipif(
@@ -36,7 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """One server for the module (importing openenv-core's server takes ~10 s of CPU); the crash test runs last."""
     with running_env_server(
         tmp_path_factory.mktemp("openenv"), "--pool", POOL, "--timeout.rollout_s", "5", "--env.args", '{"turns": 2}',
-        env_id="openenv-count", python=str(PYTHON), ready_timeout=300,
+        env_id="openenv-count", client=DIGITS, python=str(PYTHON), ready_timeout=300,
     ) as running:  # fmt: skip
         yield running
 
@@ -57,12 +59,12 @@ def test_the_examples_venv_is_light() -> None:
 
 def test_each_completion_is_a_step_and_step_rewards_are_summed(server: RunningServer) -> None:
     async def run() -> None:
-        mixed = {"type": "scripted", "replies": ["12 13", "ab"]}
-        async with EnvClient(server.address, model=mixed) as client:
+        async with EnvClient(server.address) as client:
             (trace,) = await client.run(3, sampling={"max_tokens": 8}, seed=0)
             assert trace.error is None, trace.error
             assert trace.num_turns == 2 and trace.stop_reason == "completed"
-            assert trace.reward == pytest.approx(1.0)  # 1.0 for "12 13", 0.0 for "ab"
+            assert [turn.response["content"] for turn in trace.turns] == ["12 13 14"] * 2
+            assert trace.reward == pytest.approx(2.0)  # 1.0 for each step's "12 13 14"
             turns = trace.branches[0].turns
             assert turns[0].prompt[-1]["content"].split()[0].isdigit()  # the reset's observation
             assert turns[1].prompt[-1] == {"role": "user", "content": "More numbers."}
@@ -71,10 +73,8 @@ def test_each_completion_is_a_step_and_step_rewards_are_summed(server: RunningSe
 
 
 def test_rollouts_beyond_the_servers_session_capacity_wait_instead_of_failing(server: RunningServer) -> None:
-    slow = {**DIGITS, "delay_s": 0.05}
-
     async def run() -> None:
-        async with EnvClient(server.address, model=slow) as client:
+        async with EnvClient(server.address) as client:
             traces = [
                 trace
                 for traces in await asyncio.gather(
@@ -89,23 +89,31 @@ def test_rollouts_beyond_the_servers_session_capacity_wait_instead_of_failing(se
     asyncio.run(run())
 
 
-def test_timed_out_rollouts_close_their_sessions(server: RunningServer) -> None:
-    """Rollouts cancelled at the rollout timeout hold every session; if one leaked, the next wave would wait forever."""
-    stuck = {**DIGITS, "delay_s": 30.0}
+def test_timed_out_rollouts_close_their_sessions(tmp_path: Path) -> None:
+    """Rollouts cancelled at the rollout timeout hold every session; if one leaked, the next wave
+    would wait for a session until its own timeout. Each call takes 10 s: a 2-turn rollout (20 s)
+    runs past rollout_s = 18, a rollout stopped after its first turn by an episode budget of one
+    token (10 s, and the wait for wave 1's sessions to close) does not."""
+    stuck = {"type": "scripted", "replies": ["12 13 14"], "tokenizer": TOKENIZER, "delay_s": 10.0}
+    with running_env_server(
+        tmp_path, "--pool", POOL, "--timeout.rollout_s", "18", "--env.args", '{"turns": 2}',
+        env_id="openenv-count", client=stuck, python=str(PYTHON), ready_timeout=300,
+    ) as stuck_server:  # fmt: skip
 
-    async def run() -> None:
-        async with EnvClient(server.address, model=stuck) as client, EnvClient(server.address, model=DIGITS) as fine:
-            timed_out = await asyncio.gather(
-                *(client.run(i, sampling={"max_tokens": 8}) for i in range(MAX_CONCURRENT_ENVS))
-            )
-            assert {t.error.type for (t,) in timed_out if t.error} == {"timeout"}
-            again = await asyncio.wait_for(
-                asyncio.gather(*(fine.run(i, sampling={"max_tokens": 8}) for i in range(MAX_CONCURRENT_ENVS))),
-                timeout=30,
-            )
-            assert [t.error for (t,) in again if t.error] == []
+        async def run() -> None:
+            async with EnvClient(stuck_server.address) as client:
+                timed_out = await asyncio.gather(
+                    *(client.run(i, sampling={"max_tokens": 8}) for i in range(MAX_CONCURRENT_ENVS))
+                )
+                assert {t.error.type for (t,) in timed_out if t.error} == {"timeout"}
+                one_turn = {"max_tokens": 8, "max_episode_tokens": 1}
+                again = await asyncio.wait_for(
+                    asyncio.gather(*(client.run(i, sampling=one_turn) for i in range(MAX_CONCURRENT_ENVS))),
+                    timeout=60,
+                )
+                assert [t.error for (t,) in again if t.error] == []
 
-    asyncio.run(run())
+        asyncio.run(run())
 
 
 MCP_ROLLOUT = """
@@ -157,7 +165,7 @@ def test_a_crashed_openenv_server_gives_error_traces_not_a_dead_env_server(serve
     wait_until(lambda: not alive(pid), 10, "the OpenEnv server is dead")
 
     async def run() -> None:
-        async with EnvClient(server.address, model=DIGITS) as client:
+        async with EnvClient(server.address) as client:
             traces = await client.run(0, n=4, sampling={"max_tokens": 8})
             assert {t.error.type for t in traces if t.error} == {"OpenEnvError"}
             assert all("cannot connect to the OpenEnv server" in t.error.message for t in traces if t.error)

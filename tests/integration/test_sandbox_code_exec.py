@@ -76,10 +76,12 @@ SLOW_MODEL = {"type": "scripted", "replies": [_call("print(1)"), "```python\npri
 
 def test_the_env_server_serves_sandboxed_rollouts_and_sigkills_leave_no_sandbox(tmp_path: Path) -> None:
     pool = '{"min_workers": 1, "max_workers": 1}'
-    with running_env_server(tmp_path, "--pool", pool, env_id="code-exec", ready_timeout=120) as server:
+    with running_env_server(
+        tmp_path, "--pool", pool, env_id="code-exec", client=SLOW_MODEL, ready_timeout=120
+    ) as server:
 
         async def go() -> None:
-            async with EnvClient(server.address, model=SLOW_MODEL) as client:
+            async with EnvClient(server.address) as client:
                 traces = await asyncio.gather(*(client.run(i, sampling={"max_tokens": 64}) for i in range(4)))
                 assert all(t.error is None and t.reward is not None for (t,) in traces), [t.error for (t,) in traces]
                 assert wait_gone(ALL_SANDBOXES) == []

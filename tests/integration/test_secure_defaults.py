@@ -140,7 +140,6 @@ NOBODY_CLIENT = """
 import asyncio, os, shutil, sys, tempfile
 from pathlib import Path
 import zmq.auth
-from envrl.model.client import ScriptedClientConfig
 from envrl.serve.client import EnvClient, EnvServerError
 from envrl.serve.config import CurveClientConfig
 
@@ -153,9 +152,8 @@ os.chmod(own / "nobody.key_secret", 0o600)
 curve = CurveClientConfig(server_public_key_file=own / "server.key", secret_key_file=own / "nobody.key_secret")
 
 async def attempt(curve):
-    model = ScriptedClientConfig(replies=["hi"])
     try:
-        async with EnvClient(address, model=model, curve=curve, dead_after=5) as client:
+        async with EnvClient(address, curve=curve, dead_after=5) as client:
             await client.run(0, sampling={"max_tokens": 8}, timeout=5)
         return "served"
     except EnvServerError as e:
@@ -177,6 +175,9 @@ def test_another_user_gets_no_rollout_from_the_run_s_env_servers_and_the_run_s_o
         make_curve_keys(layout.curve_dir(out))
         [launch], [env] = run.env_servers, run.orchestrator.envs
         assert launch.config.curve is not None and env.curve is not None
+        # canned replies instead of the run's inference server (not started here): the keys are the point
+        scripted = launch.config.model_copy(update={"client": ScriptedClientConfig(replies=["hi"])})
+        launch = launch.model_copy(update={"config": scripted})
         public = shared / "server.key"  # what another user could at most learn: the server's public key
         shutil.copy(launch.config.curve.secret_key_file.with_suffix(".key"), public)
         public.chmod(0o644)
@@ -187,8 +188,7 @@ def test_another_user_gets_no_rollout_from_the_run_s_env_servers_and_the_run_s_o
             assert "served" not in attacker.stdout.replace("refused", ""), attacker.stdout
 
             async def own() -> list[Any]:
-                model = ScriptedClientConfig(replies=["hi"])
-                async with EnvClient(address, model=model, curve=env.curve) as client:
+                async with EnvClient(address, curve=env.curve) as client:
                     return await client.run(0, sampling={"max_tokens": 8}, timeout=60)
 
             traces = asyncio.run(own())  # the run's own orchestrator, with the run's client key

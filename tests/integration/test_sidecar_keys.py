@@ -66,7 +66,7 @@ async def orchestrator_sidecars(out: Path):
 async def attempt(address: str, curve: CurveClientConfig | None) -> str:
     """What a client with `curve` gets from the server at `address`: a rollout, or refused."""
     try:
-        async with EnvClient(address, model=ScriptedClientConfig(replies=["hi"]), curve=curve, dead_after=3) as client:
+        async with EnvClient(address, curve=curve, dead_after=3) as client:
             [trace] = await client.run(0, sampling={"max_tokens": 8}, timeout=20)
         return "served" if trace.error is None else f"failed ({trace.error.type})"
     except EnvServerError as e:

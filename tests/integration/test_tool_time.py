@@ -22,11 +22,12 @@ SLEEP_S = 0.3
 
 def test_a_slow_tool_shows_up_by_name_in_the_ledger(tmp_path: Path) -> None:
     args = ["--env.args", json.dumps({"sleep_s": SLEEP_S})]
-    with running_env_server(tmp_path, *args, env_id="slow_tool_env:load_environment") as server:
+    client = ScriptedClientConfig(replies=[CALLS])
+    with running_env_server(tmp_path, *args, env_id="slow_tool_env:load_environment", client=client) as server:
         env = EnvHandle(
             DeclaredEnvConfig(id="agent", address=server.address),
             split="train",
-            client=ScriptedClientConfig(replies=[CALLS]),
+            client=client,
             sampling=SamplingParams(),
             ready_timeout=60,
         )

@@ -2,13 +2,12 @@
 
 Each rollout runs verifiers' null harness (a chat program talking to envrl's chat proxy) in a
 child forked from a warm server of that program, and each env process imports verifiers (~8 s of
-CPU), so the tests share one server and keep to a few rollouts.
+CPU), so the tests that use one model client share one server and keep to a few rollouts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -22,7 +21,6 @@ from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient, EnvServerError
 from tests.support.env_servers import RunningServer, alive, children, wait_until
 from tests.support.verifiers_env import (
-    ACCESS,
     DEAD,
     NULL_HARNESS,
     TIMEOUT,
@@ -36,19 +34,18 @@ REPLIES = ["12 13 14", "twelve"]
 SCRIPTED = {"type": "scripted", "replies": REPLIES, "tokenizer": TOKENIZER}
 
 
+DIGITS = {"taskset": {"num_tasks": 4}, "eval_taskset": {"num_tasks": 2, "seed": 1}, "agent": NULL_HARNESS}
+
+
 @pytest.fixture(scope="module")
-def digits_server(tmp_path_factory: pytest.TempPathFactory, vllm_server: Any) -> Iterator[RunningServer]:
-    """The module's server: scripted clients (the tiny model's tokenizer, a dead model URL) and
-    the session's vLLM may both reach it, so no test pays for a second import of verifiers."""
-    args = {"taskset": {"num_tasks": 4}, "eval_taskset": {"num_tasks": 2, "seed": 1}, "agent": NULL_HARNESS}
-    tokenizers = sorted({TOKENIZER, vllm_server.model})
-    access = json.dumps({"tokenizers": tokenizers, "base_urls": [DEAD, vllm_server.base_url]})
-    with verifiers_env_server(tmp_path_factory.mktemp("verifiers"), args, "--model-access", access) as server:
+def digits_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The module's server, on `SCRIPTED` (the tiny model's tokenizer)."""
+    with verifiers_env_server(tmp_path_factory.mktemp("verifiers"), DIGITS, client=SCRIPTED) as server:
         yield server
 
 
 def test_verifiers_episodes_become_traces_with_every_model_call_as_a_token_turn(digits_server: RunningServer) -> None:
-    traces = run_group(digits_server.address, 2, SCRIPTED)
+    traces = run_group(digits_server.address, 2)
     renderer = chat_renderer(TOKENIZER)
     assert sorted(t.turns[0].response["content"] for t in traces) == sorted(REPLIES)
     for trace in traces:
@@ -73,13 +70,14 @@ def test_the_eval_split_is_the_eval_taskset(digits_server: RunningServer) -> Non
             return served.num_tasks, served.num_eval_tasks
 
     assert asyncio.run(info()) == (4, 2)
-    (trace,) = run_group(digits_server.address, 1, SCRIPTED, task_idx=1, split="eval")
+    (trace,) = run_group(digits_server.address, 1, task_idx=1, split="eval")
     assert trace.error is None and trace.task.data["prompt"] == "261 262"  # type: ignore[attr-defined]  # seed 1's second count
 
 
-def test_a_failing_model_call_gives_an_error_trace_that_names_it(digits_server: RunningServer) -> None:
+def test_a_failing_model_call_gives_an_error_trace_that_names_it(tmp_path: Path) -> None:
     client = {"type": "train", "base_url": DEAD, "model": TOKENIZER, "retry": {"max_retries": 0, "timeout_s": 5.0}}
-    (trace,) = run_group(digits_server.address, 1, client)
+    with verifiers_env_server(tmp_path, DIGITS, client=client) as server:
+        (trace,) = run_group(server.address, 1)
     assert trace.reward is None and trace.stop_reason == "error" and trace.error is not None
     assert "chat proxy" in trace.error.message and "model call 0 failed" in trace.error.message, trace.error
 
@@ -101,35 +99,31 @@ def warm_processes(server: RunningServer) -> tuple[list[int], list[int]]:
     return servers, runs
 
 
-def test_a_cancelled_verifiers_rollout_stops_its_harness_program(digits_server: RunningServer) -> None:
-    hanging = {**SCRIPTED, "delay_s": 600.0}  # the model call never answers in the test's time
-
-    async def main() -> None:
-        async with EnvClient(digits_server.address, model=hanging, timeout=TIMEOUT) as env:
-            sampling = {"max_tokens": 8}
-            pending = asyncio.ensure_future(env.run(0, sampling=sampling, request_id="hang"))
-            started = lambda: len(warm_processes(digits_server)[1]) == 1  # noqa: E731
-            await asyncio.to_thread(wait_until, started, 120, "the harness program started")
-            (server,), (program,) = warm_processes(digits_server)
-            assert await env.cancel("hang")
-            with pytest.raises(EnvServerError) as raised:
-                await pending
-            assert raised.value.type == "cancelled"
-            await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "the harness program stopped")
-            assert alive(server)  # the warm server stays for the worker's next rollouts
-
-    asyncio.run(main())
-
-
-def test_a_killed_worker_takes_its_warm_harness_server_and_runs_with_it(tmp_path: Path) -> None:
+def test_a_cancelled_rollout_stops_its_harness_program_and_a_killed_worker_takes_its_warm_server_along(
+    tmp_path: Path,
+) -> None:
+    """One server whose model never answers in the test's time: a cancel stops the rollout's
+    harness program and keeps the warm server; a SIGKILLed worker takes the warm server, its run
+    and its socket directory along."""
     hanging = {**SCRIPTED, "delay_s": 600.0}
-    with verifiers_env_server(tmp_path, {"taskset": {"num_tasks": 1}, "agent": NULL_HARNESS}, *ACCESS) as server:
+    with verifiers_env_server(tmp_path, {"taskset": {"num_tasks": 1}, "agent": NULL_HARNESS}, client=hanging) as server:
 
         async def main() -> None:
-            async with EnvClient(server.address, model=hanging, timeout=TIMEOUT) as env:
-                pending = asyncio.ensure_future(env.run(0, sampling={"max_tokens": 8}))
+            async with EnvClient(server.address, timeout=TIMEOUT) as env:
+                sampling = {"max_tokens": 8}
+                pending = asyncio.ensure_future(env.run(0, sampling=sampling, request_id="hang"))
                 started = lambda: len(warm_processes(server)[1]) == 1  # noqa: E731
                 await asyncio.to_thread(wait_until, started, 120, "the harness program started")
+                (warm,), (program,) = warm_processes(server)
+                assert await env.cancel("hang")
+                with pytest.raises(EnvServerError) as raised:
+                    await pending
+                assert raised.value.type == "cancelled"
+                await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "the harness program stopped")
+                assert alive(warm)  # the warm server stays for the worker's next rollouts
+
+                pending = asyncio.ensure_future(env.run(0, sampling=sampling))
+                await asyncio.to_thread(wait_until, started, 120, "the next harness program started")
                 (warm,), (program,) = warm_processes(server)
                 socket_dir = Path(Path(f"/proc/{warm}/cmdline").read_bytes().split(b"\0")[3].decode()).parent
                 (worker,) = server.workers()
@@ -145,9 +139,9 @@ def test_a_killed_worker_takes_its_warm_harness_server_and_runs_with_it(tmp_path
 
 
 def test_a_verifiers_env_raising_in_its_rollout_gives_error_traces_and_keeps_serving(tmp_path: Path) -> None:
-    access = ("--model-access", json.dumps({"tokenizers": [TOKENIZER]}))
-    with verifiers_env_server(tmp_path, {"agent": NULL_HARNESS}, *access, env_id="verifiers:vf-raising") as server:
-        traces = run_group(server.address, 2, SCRIPTED)
+    args = {"agent": NULL_HARNESS}
+    with verifiers_env_server(tmp_path, args, client=SCRIPTED, env_id="verifiers:vf-raising") as server:
+        traces = run_group(server.address, 2)
 
         async def health() -> str:
             async with EnvClient(server.address, timeout=TIMEOUT) as env:
@@ -162,13 +156,14 @@ def test_a_verifiers_env_raising_in_its_rollout_gives_error_traces_and_keeps_ser
 
 
 def test_verifiers_turns_against_vllm_carry_the_policys_exact_tokens_and_logprobs(
-    vllm_server: Any, digits_server: RunningServer
+    vllm_server: Any, tmp_path: Path
 ) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     client = {"type": "train", "base_url": vllm_server.base_url, "model": vllm_server.model}
-    traces = run_group(digits_server.address, 2, client)
+    with verifiers_env_server(tmp_path, DIGITS, client=client) as server:
+        traces = run_group(server.address, 2)
     renderer = chat_renderer(vllm_server.model)
     model = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32).eval()
     for trace in traces:

@@ -17,7 +17,6 @@ from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient
 from tests.support.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 from tests.support.verifiers_env import (
-    ACCESS,
     NULL_HARNESS,
     TIMEOUT,
     TOKENIZER,
@@ -37,10 +36,10 @@ def test_sandboxed_harness_programs_reach_the_model_with_exact_tokens_and_leave_
     client = {"type": "scripted", "replies": REPLIES, "tokenizer": TOKENIZER, "delay_s": 1.0}
     seen: list[int] = []
     warm_servers: set[int] = set()
-    with verifiers_env_server(tmp_path, args, *ACCESS) as server:
+    with verifiers_env_server(tmp_path, args, client=client) as server:
 
         async def main() -> list[Trace]:
-            async with EnvClient(server.address, model=client, timeout=TIMEOUT) as env:
+            async with EnvClient(server.address, timeout=TIMEOUT) as env:
                 sampling = {"max_tokens": 8}
                 first = await env.run(0, n=2, sampling=sampling, seed=5)
                 await asyncio.sleep(5)  # sandboxes are started ahead, their warm servers import the program

@@ -16,7 +16,6 @@ import pytest
 
 from tests.support.env_servers import alive, children, wait_until
 from tests.support.verifiers_env import (
-    ACCESS,
     NULL_HARNESS,
     TOKENIZER,
     cmdline,
@@ -32,8 +31,8 @@ TOOL_MODULE = b"digits_tools.tools"
 def test_each_rollout_gets_a_tool_server_forked_warm_and_none_outlives_its_rollout(tmp_path: Path) -> None:
     args = {"taskset": {"num_tasks": 4}, "agent": NULL_HARNESS}
     client = {"type": "scripted", "replies": ["12 13 14", "twelve"], "tokenizer": TOKENIZER}
-    with verifiers_env_server(tmp_path, args, *ACCESS, env_id="verifiers:digits-tools") as server:
-        traces = run_group(server.address, 2, client) + run_group(server.address, 2, client, task_idx=1)
+    with verifiers_env_server(tmp_path, args, client=client, env_id="verifiers:digits-tools") as server:
+        traces = run_group(server.address, 2) + run_group(server.address, 2, task_idx=1)
         (worker,) = server.workers()
         warm = [pid for pid in children(worker) if TOOL_MODULE in cmdline(pid) and b"warm_server" in cmdline(pid)]
         assert len(warm) == 1  # one warm interpreter of the toolset's module per worker
@@ -64,8 +63,8 @@ def test_with_a_sandbox_an_env_with_host_tool_servers_is_refused_unless_it_says_
 def test_with_tools_on_host_a_sandboxed_episode_reaches_its_host_tool_server(tmp_path: Path) -> None:
     args = {"taskset": {"num_tasks": 4}, "agent": NULL_HARNESS, "sandbox": {"episode_s": 120}, "tools_on_host": True}
     client = {"type": "scripted", "replies": ["12 13 14"], "tokenizer": TOKENIZER}
-    with verifiers_env_server(tmp_path, args, *ACCESS, env_id="verifiers:digits-tools") as server:
-        (trace,) = run_group(server.address, 1, client)
+    with verifiers_env_server(tmp_path, args, client=client, env_id="verifiers:digits-tools") as server:
+        (trace,) = run_group(server.address, 1)
     assert trace.error is None, trace.error
     (turn,) = trace.turns
     assert [t["function"]["name"] for t in turn.tools or []] == ["count_next_numbers"]

@@ -1,12 +1,14 @@
 """Real `env-server` processes for tests, on 127.0.0.1 port 0, that never outlive the test.
 
-Guarantee: `running_env_server` yields a ready server (address from the sidecar pipe) and on
-exit stops it and SIGKILLs anything it started that is still alive, even when the test failed.
+Guarantee: `running_env_server` yields a ready server (address from the sidecar pipe), serving
+the model client it was started with (`--client`, default `SCRIPTED`), and on exit stops it and
+SIGKILLs anything it started that is still alive, even when the test failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -19,6 +21,7 @@ from typing import Any
 
 import msgpack
 import zmq
+from pydantic import BaseModel
 
 from envrl.runtime.process import Child, spawn_sidecar
 from envrl.serve.client import EnvClient
@@ -75,14 +78,28 @@ def server_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
 
 
+def client_args(client: BaseModel | dict[str, Any] | None) -> list[str]:
+    """The `--client` flag serving `client` (a ClientConfig or its map); none for None."""
+    if client is None:
+        return []
+    return ["--client", client.model_dump_json() if isinstance(client, BaseModel) else json.dumps(client)]
+
+
 @contextmanager
 def running_env_server(
-    tmp: Path, *args: str, env_id: str = BAD_ENV, ready_timeout: float = 60.0, python: str | None = None
+    tmp: Path,
+    *args: str,
+    env_id: str = BAD_ENV,
+    client: BaseModel | dict[str, Any] | None = SCRIPTED,
+    ready_timeout: float = 60.0,
+    python: str | None = None,
 ) -> Iterator[RunningServer]:
-    """`python`: the interpreter to serve in (an env's own venv); default: this test's `env-server`."""
+    """`client`: the server's model client (None: a server that refuses `run`); `python`: the
+    interpreter to serve in (an env's own venv); default: this test's `env-server`."""
     log = tmp / "env-server.log"
     command = [ENV_SERVER] if python is None else [python, "-m", "envrl.serve.main"]
-    argv = [*command, "--env.id", env_id, "--address", "tcp://127.0.0.1:0", "--log.file", str(log), *args]
+    argv = [*command, "--env.id", env_id, "--address", "tcp://127.0.0.1:0", "--log.file", str(log)]
+    argv += [*client_args(client), *args]
     child, address = spawn_sidecar(
         argv, name="env-server", log_file=tmp / "env-server.out", env=server_env(), ready_timeout=ready_timeout
     )
@@ -124,18 +141,11 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
 
 
 async def rollout(client: EnvClient, task_idx: int, **kwargs: Any) -> Any:
-    """One rollout of task `task_idx` with the client's model (`SCRIPTED` in `scripted_client`)."""
+    """One rollout of task `task_idx` with the server's model client."""
     (trace,) = await client.run(task_idx, sampling=SAMPLING, **kwargs)
     return trace
 
 
 def scripted_client(address: str, **kwargs: Any) -> EnvClient:
-    """An `EnvClient` of the server at `address` whose rollouts use the `SCRIPTED` model."""
-    return EnvClient(address, model=SCRIPTED, **kwargs)
-
-
-def bind(address: str, client: dict[str, Any] = SCRIPTED) -> str:
-    """The model id of `client` on the server at `address` (a raw `bind`), for raw `run` requests."""
-    (answer,) = raw_exchange(address, [[msgpack.packb({"id": "bind", "method": "bind", "params": {"client": client}})]])
-    assert answer["ok"], answer
-    return answer["result"]["model"]
+    """An `EnvClient` of the server at `address` (started with its default `SCRIPTED` client)."""
+    return EnvClient(address, **kwargs)

@@ -2,8 +2,8 @@
 
 Guarantee: `example_python()` is the interpreter of deps/envs/verifiers-digits, synced from its
 uv.lock (verifiers installed there, never in envrl's venv); `verifiers_env_server` yields a ready
-env server of `verifiers:digits-count` running in it and stops it and its workers on exit, even
-when the test failed.
+env server of `verifiers:digits-count` running in it, serving the model client it is given, and
+stops it and its workers on exit, even when the test failed.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ NULL_HARNESS = {"harness": {"id": "null"}}
 TOKENIZER = str(HERE.parents[1] / "deps" / "models" / "tiny-chat")
 DEAD = "http://127.0.0.1:9"
 """The discard port: no model server listens there."""
-ACCESS = ("--model-access", json.dumps({"tokenizers": [TOKENIZER], "base_urls": [DEAD]}))
-"""Scripted clients with the tiny model's tokenizer may run; no model server is reachable."""
 TIMEOUT = 300.0
 ONE_WORKER = ("--pool", '{"min_workers": 1, "max_workers": 1}')
 """Importing verifiers costs ~8 s of CPU per process: one worker is enough for a few rollouts."""
@@ -44,19 +42,22 @@ def example_python() -> str:
 
 @contextmanager
 def verifiers_env_server(
-    tmp: Path, env_args: dict[str, Any], *args: str, env_id: str = ENV_ID
+    tmp: Path, env_args: dict[str, Any], *args: str, client: dict[str, Any], env_id: str = ENV_ID
 ) -> Iterator[RunningServer]:
-    """A server of `env_id` in the example's venv (this directory importable: test tasksets live here)."""
+    """A server of `env_id` in the example's venv (this directory importable: test tasksets live
+    here), its rollouts on `client`."""
     server_args = ("--env.args", json.dumps(env_args), *ONE_WORKER, *args)
-    with running_env_server(tmp, *server_args, env_id=env_id, ready_timeout=180.0, python=example_python()) as server:
+    with running_env_server(
+        tmp, *server_args, env_id=env_id, client=client, ready_timeout=180.0, python=example_python()
+    ) as server:
         yield server
 
 
-def run_group(address: str, n: int, client: dict[str, Any], task_idx: int = 0, split: str = "train") -> list[Trace]:
-    """`n` rollouts of one task through an env client (8 tokens a turn, seed 5)."""
+def run_group(address: str, n: int, task_idx: int = 0, split: str = "train") -> list[Trace]:
+    """`n` rollouts of one task through an env client (8 tokens a turn, seed 5) with the server's client."""
 
     async def main() -> list[Trace]:
-        async with EnvClient(address, model=client, timeout=TIMEOUT) as env:
+        async with EnvClient(address, timeout=TIMEOUT) as env:
             return await env.run(task_idx, n=n, sampling={"max_tokens": 8}, split=split, seed=5)  # type: ignore[arg-type]
 
     return asyncio.run(main())

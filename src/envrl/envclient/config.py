@@ -27,7 +27,6 @@ from envrl.serve.config import (
     EnvServerConfig,
     EnvSpec,
     EnvTimeoutConfig,
-    ModelAccessConfig,
     PoolConfig,
 )
 from envrl.serve.launch import EnvServerLaunch
@@ -127,7 +126,7 @@ class EnvConfig(BaseConfig):
 
     @property
     def own_client(self) -> EvalClientConfig | None:
-        """`client` as its env server binds it (a model client of kind `eval`); None: the run's own."""
+        """`client` as its env server serves it (a model client of kind `eval`); None: the run's own."""
         return None if self.client is None else EvalClientConfig.of(self.client)
 
     def interpreter(self) -> str:
@@ -156,8 +155,8 @@ class EnvConfig(BaseConfig):
         curve: CurveServerConfig | None = None,
     ) -> EnvServerLaunch:
         """The server of this env on `address` (admitting only the clients of `curve`, if given), for
-        whoever starts it (serve/launch.py) and restarts it per `restarts`, serving `client` and
-        nothing else (the one model client it allows: `ModelAccessConfig.for_client`)."""
+        whoever starts it (serve/launch.py) and restarts it per `restarts`, its rollouts on `client`
+        (the server's config: no request names a client)."""
         return EnvServerLaunch(
             split=split,
             name=self.resolved_name,
@@ -166,7 +165,7 @@ class EnvConfig(BaseConfig):
                 address=address,
                 pool=self.pool,
                 timeout=self.timeout,
-                model_access=ModelAccessConfig.for_client(client),
+                client=client,
                 curve=curve,
             ),
             python=self.interpreter(),

@@ -5,7 +5,9 @@ Guarantee: a rollout call on an `EnvHandle` returns one Trace per rollout asked 
 `max_retries` times while they come back with errors, and re-run without limit (each counted in
 `retried_rollouts`) when the server was lost, once it answers again. Only a server that is not
 back within `reconnect_timeout_s`, or a sidecar whose supervision ended (`Sidecars`: out of
-restarts), raises `EnvUnavailable`. An env without an `address` gets the server planned for it
+restarts), raises `EnvUnavailable`. A server whose model client (its `info`) is not the one this
+handle's rollouts are planned with is refused, at start and whenever it answers again, naming
+both, so no run is fed another model's tokens. An env without an `address` gets the server planned for it
 (`envclient/plan.py`) from `Sidecars`, which spawns, restarts and stops it; a handle never starts a
 process. The caller never imports environment code: it only talks to servers.
 """
@@ -28,6 +30,7 @@ from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.launch import EnvServerLaunch
+from envrl.serve.protocol import ClientInfo, ServerInfo
 
 CLIENT_SLACK = 30.0
 """Seconds a client waits beyond the server's own rollout deadline before giving up on a call."""
@@ -35,6 +38,10 @@ CLIENT_SLACK = 30.0
 
 class EnvUnavailable(RuntimeError):
     """An env server that did not come back (the message names it, its address and the config key)."""
+
+
+class EnvClientMismatch(RuntimeError):
+    """An env server whose model client is not the one the run planned (the message names both)."""
 
 
 C = TypeVar("C", bound=EnvConfig)
@@ -64,6 +71,7 @@ class EnvHandle(Generic[C]):
         self.name = config.resolved_name
         self.split = split
         self.client_config = client
+        """The model client its rollouts use: what its server must serve (`expected_client`)."""
         self.sampling: SamplingArgs = config.sampling_args(sampling)
         self.sidecars = sidecars
         """Where the server of an env without `address` comes from (and is restarted, and stopped)."""
@@ -78,6 +86,11 @@ class EnvHandle(Generic[C]):
         self._client: EnvClient | None = None
         self._back: asyncio.Task[None] | None = None
         """The one wait for a lost server to answer again, shared by every call that lost it."""
+
+    @property
+    def expected_client(self) -> ClientInfo:
+        """What the server's `info` must report as its client."""
+        return ClientInfo.of(self.client_config)
 
     @property
     def address(self) -> str:
@@ -97,13 +110,12 @@ class EnvHandle(Generic[C]):
         timeout = self.config.timeout.rollout_s
         self._client = EnvClient(
             address,
-            model=self.client_config,
             timeout=None if timeout is None else timeout + self.config.timeout.kill_grace_s + CLIENT_SLACK,
             curve=self.config.curve,
             capacity_wait=self.config.at_capacity_wait_s,
             on_at_capacity=self._count_at_capacity,
         )
-        info = await self._client.wait_until_ready(self.ready_timeout)
+        info = self._checked(await self._client.wait_until_ready(self.ready_timeout), address)
         self.num_tasks = info.num_tasks if self.split == "train" else info.num_eval_tasks
         self.group_scoring = info.group_scoring
         if self.num_tasks == 0:
@@ -112,6 +124,18 @@ class EnvHandle(Generic[C]):
             f"{self.split} env {self.name!r} ready at {address}: {self.num_tasks} tasks, "
             f"{'group' if self.group_scoring else 'per-rollout'} scoring, {info.workers} workers"
         )
+
+    def _checked(self, info: ServerInfo, address: str) -> ServerInfo:
+        """`info`, once it shows the model client this handle expects; else `EnvClientMismatch`."""
+        if info.client != self.expected_client:
+            served = "no model client" if info.client is None else f"the client {info.client}"
+            where = "external server (`address`)" if self.config.address is not None else "server"
+            raise EnvClientMismatch(
+                f"{self.split} env {self.name!r}: the {where} at {address} serves {served}, but this run's rollouts "
+                f"of it use {self.expected_client}; start that server with --client naming the run's client "
+                "(docs/protocol.md), or point the env at a server that does"
+            )
+        return info
 
     def _count_at_capacity(self) -> None:
         self.counters["at_capacity_retries"] += 1
@@ -196,7 +220,7 @@ class EnvHandle(Generic[C]):
             if not back.done():
                 assert ended is not None
                 raise EnvUnavailable(str(ended.result())) from None
-            back.result()
+            self._checked(back.result(), address)
         except EnvServerError as e:
             raise EnvUnavailable(
                 f"{self.split} env {self.name!r}: the env server at {address} did not answer again within {timeout:g} s "

@@ -125,13 +125,13 @@ class ChatClientConfig(_Plain):
 
 class EvalClientConfig(ChatClientConfig):
     """A chat client where a model client may be of any kind (`rl eval --client`, an env server's
-    bind): the same keys, picked by `type = "eval"`."""
+    `--client`): the same keys, picked by `type = "eval"`."""
 
     type: Literal["eval"] = "eval"
 
     @classmethod
     def of(cls, chat: ChatClientConfig) -> EvalClientConfig:
-        """`chat` as a client of any kind (what an env server binds)."""
+        """`chat` as a client of any kind (what an env server serves)."""
         return cls.model_validate({**chat.model_dump(), "type": "eval"})
 
 

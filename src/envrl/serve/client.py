@@ -5,8 +5,8 @@ error or something that is no protocol response (`bad_response`), or when its de
 drops, or it answers nothing, not even health probes, for `dead_after` seconds; then every
 pending call fails at once and new calls fail fast until it answers again). `at_capacity` answers
 are retried with jittered exponential backoff within the call's deadline and `capacity_wait`.
-Cancelling a call sends `cancel`. The client's model is bound once per connection (`bind`) and again when the server no longer knows
-the binding (`unknown_model`: it restarted); requests are sent unchecked: the server checks them, once.
+Cancelling a call sends `cancel`. Rollouts use the server's own model client (its config; `info`
+reports it); requests are sent unchecked: the server checks them, once.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from loguru import logger
 from pydantic import BaseModel
 
 from envrl.data.traces import Trace
-from envrl.model.client import ClientConfig, SamplingArgs
+from envrl.model.client import SamplingArgs
 from envrl.serve import protocol as p
 from envrl.serve.config import CurveClientConfig, load_secret_certificate
 from envrl.serve.zmqio import Frames, SocketPump
@@ -38,8 +38,6 @@ BAD_RESPONSE = "bad_response"
 FIRST_BACKOFF = 0.02
 """Seconds before the first retry of an `at_capacity` answer; doubled per retry up to `max_backoff`,
 each pause drawn between half and all of it."""
-MAX_REBINDS = 2
-"""Times one `run` call binds its model again after `unknown_model` before it gives up."""
 TICK = 0.1
 """Seconds between checks of call deadlines and server silence (one sweep, not a timer per call)."""
 
@@ -57,8 +55,7 @@ class EnvServerError(RuntimeError):
 class EnvClient:
     """Async client of the env server at `address`; use inside one event loop, close when done.
 
-    `model` is the client the server's rollouts use to reach the model (needed by `run`; a map is
-    sent as it is); `timeout` is the default deadline of a rollout call (None: wait as long as the
+    `timeout` is the default deadline of a rollout call (None: wait as long as the
     server is alive); `health_interval` and `dead_after` set how fast a dead server is noticed.
     """
 
@@ -66,7 +63,6 @@ class EnvClient:
         self,
         address: str,
         *,
-        model: ClientConfig | Mapping[str, Any] | None = None,
         timeout: float | None = None,
         health_interval: float = 1.0,
         dead_after: float = 3.0,
@@ -76,7 +72,6 @@ class EnvClient:
         on_at_capacity: Callable[[], None] | None = None,
     ) -> None:
         self.address = address
-        self.model = model
         self.timeout = timeout
         self.health_interval = health_interval
         self.dead_after = dead_after
@@ -93,9 +88,6 @@ class EnvClient:
         """Request id -> (deadline, method, timeout) of calls that have one."""
         self._down: str | None = None
         self._started = False
-        self._model_id: str | None = None
-        """The server's id of `model`, once bound."""
-        self._binding = asyncio.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -148,11 +140,6 @@ class EnvClient:
     async def info(self, timeout: float = 5.0) -> p.ServerInfo:
         return p.ServerInfo.model_validate(await self._call("info", {}, timeout))
 
-    async def bind(self, client: ClientConfig | Mapping[str, Any], timeout: float = 5.0) -> str:
-        """Bind `client` on the server (checked there against its `model_access`); its model id."""
-        params = {"client": _wire(client)}
-        return p.BindResult.model_validate(await self._call("bind", params, timeout)).model
-
     async def run(
         self,
         task_idx: int,
@@ -164,30 +151,11 @@ class EnvClient:
         timeout: float | None = None,
         request_id: str | None = None,
     ) -> list[Trace]:
-        """`n` rollouts of task `task_idx` with this client's `model`, scored together (rollout i
+        """`n` rollouts of task `task_idx` with the server's model client, scored together (rollout i
         samples with seed + i); env failures come back as Traces with `error` set."""
         params = {"task_idx": task_idx, "split": split, "n": n, "sampling": _wire(sampling), "seed": seed}
-        rebinds = 0
-        while True:
-            params["model"] = model = self._model_id or await self._bind_model()
-            try:
-                result = await self._call("run", params, timeout or self.timeout, request_id=request_id)
-            except EnvServerError as e:
-                if e.type != p.UNKNOWN_MODEL or rebinds == MAX_REBINDS:
-                    raise
-                rebinds += 1
-                if self._model_id == model:
-                    self._model_id = None  # the server restarted (or dropped the binding): bind again
-                continue
-            return p.RunResult.model_validate(result).traces
-
-    async def _bind_model(self) -> str:
-        if self.model is None:
-            raise ValueError(f"EnvClient({self.address!r}) has no model: give EnvClient(model=...) to run rollouts")
-        async with self._binding:
-            if self._model_id is None:
-                self._model_id = await self.bind(self.model)
-            return self._model_id
+        result = await self._call("run", params, timeout or self.timeout, request_id=request_id)
+        return p.RunResult.model_validate(result).traces
 
     async def cancel(self, request_id: str, timeout: float = 5.0) -> bool:
         """Cancel an earlier request of this client; True if it was still queued or running."""

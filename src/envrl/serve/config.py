@@ -2,7 +2,8 @@
 
 Guarantee: an `EnvServerConfig` that validates describes a server that can start: pool sizes are
 positive, a non-loopback address comes with CURVE keys or an explicit `insecure = true`, and
-requests can make a worker reach only the model servers, API keys and tokenizers `model_access` names.
+its workers reach only the model server, API key variable and tokenizer of its one model client
+(`client`, set by whoever starts it): no request names a client.
 `PoolConfig` and `EnvTimeoutConfig` are shared with the orchestrator's env configs.
 """
 
@@ -12,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from envrl.config import BaseConfig
-from envrl.model.client import ClientConfig, EvalClientConfig, TrainClientConfig
+from envrl.model.client import ClientConfig
 from envrl.runtime.net import is_loopback
 from envrl.serve.zmqio import MAX_BATCH
 from envrl.telemetry.log import LogConfig
@@ -102,92 +103,6 @@ class CurveServerConfig(BaseConfig):
     """Directory of the `.key` (public) certificates of the clients allowed to connect."""
 
 
-class ModelAccessConfig(BaseConfig):
-    """What a request's `client` may make a worker reach or load. Whoever starts the server decides;
-    a request only picks among these (anything else is a `bad_request` naming this option).
-
-    The defaults allow no model server, no API key and no tokenizer: only `scripted` clients
-    without a tokenizer. Servers spawned by `rl` and `eval` allow exactly their run's client.
-    """
-
-    base_urls: list[str] = []
-    """Model server URLs a `train` or `eval` client may name as `base_url` (compared without a
-    trailing '/'); a train client naming several replicas needs every one of them here."""
-    api_key_envs: list[str] = []
-    """Environment variables an `eval` client may name as `api_key_env`: the worker sends that
-    variable's value as a bearer token to the client's `base_url`."""
-    tokenizers: list[str] = []
-    """Tokenizers a `train` client (its `tokenizer`, else its `model`) or a `scripted` client's
-    `tokenizer` may load: a hub name or path given here, or a local path that resolves to one
-    given here or lies inside a local directory given here. Existing local paths are stored
-    absolute (resolved where the config is made), so a server started elsewhere allows the same."""
-
-    @field_validator("tokenizers")
-    @classmethod
-    def _local_paths_absolute(cls, tokenizers: list[str]) -> list[str]:
-        return [str(Path(entry).resolve()) if Path(entry).exists() else entry for entry in tokenizers]
-
-    def problem(self, client: ClientConfig) -> str | None:
-        """What `client` asks for that this server does not allow, naming the field and the option; None if all is allowed."""
-        allowed = {url.rstrip("/") for url in self.base_urls}
-        for base_url in _base_urls(client):
-            if base_url.rstrip("/") not in allowed:
-                return _refusal("base_url", base_url, "base_urls", self.base_urls)
-        api_key_env = getattr(client, "api_key_env", None)
-        if api_key_env is not None and api_key_env not in self.api_key_envs:
-            return _refusal("api_key_env", api_key_env, "api_key_envs", self.api_key_envs)
-        tokenizer = getattr(client, "tokenizer", None)
-        field = "tokenizer"
-        if tokenizer is None and isinstance(client, TrainClientConfig):
-            tokenizer, field = client.model, "model"  # a train client loads its model's tokenizer
-        if tokenizer is not None and not self._tokenizer_allowed(tokenizer):
-            return _refusal(field, tokenizer, "tokenizers", self.tokenizers)
-        return None
-
-    def _tokenizer_allowed(self, tokenizer: str) -> bool:
-        if tokenizer in self.tokenizers:
-            return True
-        path = Path(tokenizer)
-        try:
-            if not path.exists():
-                return False
-            resolved = path.resolve()
-        except (OSError, ValueError):  # a name too long for a path, a NUL byte: no such tokenizer
-            return False
-        return any(resolved.is_relative_to(entry) for entry in self.tokenizers if Path(entry).is_absolute())
-
-    @classmethod
-    def for_client(cls, client: ClientConfig) -> ModelAccessConfig:
-        """Allow exactly what `client` uses: for the servers a run spawns for its own client."""
-        tokenizer = getattr(client, "tokenizer", None) or (
-            client.model if isinstance(client, TrainClientConfig) else None
-        )
-        return cls(
-            base_urls=_base_urls(client),
-            api_key_envs=[name for name in [getattr(client, "api_key_env", None)] if name is not None],
-            tokenizers=[tokenizer] if tokenizer is not None else [],
-        )
-
-
-def _base_urls(client: ClientConfig) -> list[str]:
-    """The model server URLs `client` calls (a train client may name several replicas)."""
-    if isinstance(client, TrainClientConfig):
-        return client.base_urls
-    return [client.base_url] if isinstance(client, EvalClientConfig) else []
-
-
-def _refusal(field: str, value: str, option: str, allowed: list[str]) -> str:
-    return (
-        f"params.client.{field} {_shown(value)} is not allowed by this server (model_access.{option} = {allowed}); "
-        f"the server's owner can allow it with --model-access.{option.replace('_', '-')}"
-    )
-
-
-def _shown(value: str, limit: int = 200) -> str:
-    """`value` quoted for an error message, cut to `limit` characters (a request may send megabytes)."""
-    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
-
-
 class EnvServerConfig(BaseConfig):
     env: EnvSpec
     address: str = "tcp://127.0.0.1:5000"
@@ -206,7 +121,7 @@ class EnvServerConfig(BaseConfig):
     max_frame_bytes: int = Field(64 * 1024, ge=1024)
     """Largest request frame accepted; larger ones get a `too_large` error. A frame over twice this
     size is not even read: ZMQ drops the connection that sent it (its MAXMSGSIZE). Requests are
-    KB (`bind`'s client config, `run`'s sampling); the bound also bounds what decoding a hostile
+    KB (`run`'s sampling); the bound also bounds what decoding a hostile
     frame costs the broker, which every client waits on."""
     max_group_size: int = Field(1024, ge=1)
     """Largest `n` of a `run_group` request; larger ones get a `bad_request`."""
@@ -220,8 +135,10 @@ class EnvServerConfig(BaseConfig):
     client_stall_timeout_s: float = Field(30.0, gt=0)
     """Seconds a client's answers may stay blocked (its queue full); then the server drops it:
     logs why, cancels its requests and discards their answers."""
-    model_access: ModelAccessConfig = ModelAccessConfig()
-    """Model servers, API key variables and tokenizers requests may use (default: none; see docs/protocol.md)."""
+    client: ClientConfig | None = None
+    """The model client every rollout uses (a ClientConfig map, e.g. `--client '{"type": "train",
+    "base_url": "http://127.0.0.1:8000", "model": "m"}'`; docs/protocol.md); without one, `run` is a
+    `bad_request`. `info` reports it without secrets."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, seconds to let in-flight rollouts finish before they are answered `shutting_down`."""
     curve: CurveServerConfig | None = None

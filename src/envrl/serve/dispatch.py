@@ -1,7 +1,7 @@
 """The env server's worker side: what each worker is sent, and what becomes of its answers and its death.
 
-Guarantee: a worker gets a request's bound model config before the first `run` op that needs it,
-and each loop turn's ops to one worker go as one message (`flush`); a worker's answer is passed on
+Guarantee: a worker gets the server's model client config once, when it reports ready, so before
+its first `run` op; each loop turn's ops to one worker go as one message (`flush`); a worker's answer is passed on
 (`finish`) only for a request that worker was given and that is still unanswered; when a ready
 worker dies, its requests are re-run or answered `worker_died` (`RequestBook.after_worker_death`);
 a worker that keeps a rollout past its deadline, or past its cancel, by `kill_grace_s` is killed
@@ -54,26 +54,25 @@ class WorkerDispatch:
         self.requests = requests
         self.finish = finish
         self.outbox: dict[int, tuple[list[list[Any]], list[bytes]]] = {}
-        """Per worker id, the ops and their frames (model configs, work) to send it at the next `flush`."""
+        """Per worker id, the ops and their frames (the client config, work) to send it at the next `flush`."""
+        self.client_frame = None if config.client is None else p.encode(config.client.model_dump(mode="json"))
+        """The model client config every worker builds its client from (sent once, at its `ready`)."""
         self.next_sweep = 0.0
         self.stranger_log = Throttle()
 
     def assign(self, request: Request, worker: WorkerHandle) -> None:
-        """Give `request` to `worker`: its model's config if `worker` lacks it, then a `run` op and
-        the request's work frame, sent at the next `flush`."""
+        """Give `request` to `worker`: a `run` op and the request's work frame, sent at the next `flush`."""
         request.worker = worker.id
         self.pool.assign(worker, request.token)
         if self.config.timeout.rollout_s is not None:
             limit = self.config.timeout.rollout_s + self.config.timeout.kill_grace_s
             request.set_deadline(time.monotonic() + limit)
-        ops, frames = self.outbox.setdefault(worker.id, ([], []))
-        model = request.model
-        if model.id not in worker.models:
-            worker.models.add(model.id)
-            ops.append([p.OP_MODEL, model.id])
-            frames.append(model.frame)
-        ops.append([p.OP_RUN, request.token])
-        frames.append(request.work)
+        self._send_with_frame(worker.id, [p.OP_RUN, request.token], request.work)
+
+    def _send_with_frame(self, worker_id: int, op: list[Any], frame: bytes) -> None:
+        ops, frames = self.outbox.setdefault(worker_id, ([], []))
+        ops.append(op)
+        frames.append(frame)
 
     def send_op(self, worker_id: int, op: list[Any]) -> None:
         self.outbox.setdefault(worker_id, ([], []))[0].append(op)
@@ -97,14 +96,16 @@ class WorkerDispatch:
             self.assign(request, worker)
 
     def read_workers(self) -> None:
-        """A worker's `ready`, or its finished answers ([done, tokens, frame, ...]): pass each on
-        (`finish`); answers to requests already answered are dropped."""
+        """A worker's `ready` (it is then sent the model client), or its finished answers ([done,
+        tokens, frame, ...]): pass each on (`finish`); answers to requests already answered are dropped."""
         for frames in recv_batch(self.sock, MAX_BATCH):
             worker = self.pool.by_identity(frames[0])
             if worker is None:
                 self._on_stranger(frames)
                 continue
             if frames[1:2] == [p.WORKER_READY]:
+                if not worker.ready and self.client_frame is not None:
+                    self._send_with_frame(worker.id, [p.OP_CLIENT, 0], self.client_frame)
                 self.pool.mark_ready(worker)
                 continue
             for token, frame in zip(p.decode(frames[2]), frames[3:], strict=False):

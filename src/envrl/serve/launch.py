@@ -46,9 +46,10 @@ class EnvServerLaunch(BaseModel):
         return [self.python, "-m", "envrl.serve.main", *source]
 
     def allowed_env(self, withheld: frozenset[str] = frozenset()) -> list[str]:
-        """Names it may see beyond the allow-list: `pass_env` and its model's API key variables,
+        """Names it may see beyond the allow-list: `pass_env` and its model client's API key variable,
         never one of `withheld` (the inference reload token)."""
-        return sorted({*self.pass_env, *self.config.model_access.api_key_envs} - withheld)
+        api_key_env = getattr(self.config.client, "api_key_env", None)
+        return sorted({*self.pass_env, *([api_key_env] if api_key_env else [])} - withheld)
 
 
 def start(

@@ -1,9 +1,8 @@
 """Checking a request's params: one pydantic model per method, the env's task counts, the server's limits.
 
-Guarantee: `ParamsChecker.run` returns params only when `RunParams` accepts them, `task_idx` is
-in range for its split and `n` is at most `max_group_size`; `ParamsChecker.bind` returns a
-client only when `BindParams` accepts it and it asks for nothing `model_access` does not allow;
-anything else raises `ProtocolError(bad_request)` naming the field. The server checks every
+Guarantee: `ParamsChecker.run` returns params only when the server has a model client, `RunParams`
+accepts them, `task_idx` is in range for its split and `n` is at most `max_group_size`; anything
+else raises `ProtocolError(bad_request)` naming the field (or `--client`). The server checks every
 request here, before it reaches a worker, and nowhere else: workers get the accepted values
 re-encoded (`protocol.encode_work`) and trust them. Whatever a frame holds, nothing else is raised.
 """
@@ -15,32 +14,29 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from envrl.model.client import ClientConfig
 from envrl.serve import protocol as p
-from envrl.serve.config import ModelAccessConfig
 
-M = TypeVar("M", p.CancelParams, p.BindParams, p.RunParams)
+M = TypeVar("M", p.CancelParams, p.RunParams)
+
+NO_CLIENT = (
+    "run: this server has no model client, so it runs no rollouts; its owner starts it with "
+    "--client '<ClientConfig map>' (docs/protocol.md)"
+)
 
 
 class ParamsChecker:
-    def __init__(self, num_tasks: Mapping[str, int], max_group_size: int, model_access: ModelAccessConfig) -> None:
+    def __init__(self, num_tasks: Mapping[str, int], max_group_size: int, has_client: bool) -> None:
         self.num_tasks = num_tasks
         self.max_group_size = max_group_size
-        self.model_access = model_access
+        self.has_client = has_client
 
     def cancel(self, params: dict[str, Any], request_id: str) -> p.CancelParams:
         return _validated(p.CancelParams, "cancel", params, request_id)
 
-    def bind(self, params: dict[str, Any], request_id: str) -> ClientConfig:
-        """The client of a `bind` request, once `model_access` allows everything it would reach."""
-        client = _validated(p.BindParams, "bind", params, request_id).client
-        problem = self.model_access.problem(client)
-        if problem is not None:
-            raise p.ProtocolError(p.BAD_REQUEST, f"bind: {problem}", request_id)
-        return client
-
     def run(self, params: dict[str, Any], request_id: str) -> p.RunParams:
-        """The params of a `run` request (its `model` is looked up by the server's `ModelRegistry`)."""
+        """The params of a `run` request, on a server that has a model client to run it with."""
+        if not self.has_client:
+            raise p.ProtocolError(p.BAD_REQUEST, NO_CLIENT, request_id)
         valid = _validated(p.RunParams, "run", params, request_id)
         count = self.num_tasks[valid.split]
         if valid.task_idx >= count:

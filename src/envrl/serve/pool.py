@@ -41,8 +41,6 @@ class WorkerHandle:
     """Why the server killed it, if it did (for the log line about its death)."""
     load: set[int] = field(default_factory=set)
     """Tokens of the requests it is running."""
-    models: set[str] = field(default_factory=set)
-    """Ids of the bound models it was sent (it builds each one's client once)."""
     idle_since: float = field(default_factory=time.monotonic)
     identity: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
     """Its socket identity on the pool socket: random, handed only to its process, so no other

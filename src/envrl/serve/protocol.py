@@ -1,43 +1,42 @@
-"""Env server wire protocol, version 2: every type and frame that crosses the server's sockets.
+"""Env server wire protocol, version 3: every type and frame that crosses the server's sockets.
 
 Guarantee: each client message is ONE ZMQ frame holding one msgpack map, a request
 (`RequestMessage`) or a response (`OkResponse`, `ErrorResponse`); both sides build these models
 and dump them to send, and the server validates what it receives into them, once: its workers
 get only what it accepted, re-encoded, and trust it. Anything else a client sends is answered
 with a typed error, never a dead server. A rollout request has one shape (`RunParams`: a group
-of `n`, n = 1 for one rollout) and names a model bound once beforehand (`bind`), so model
-clients are checked against `model_access` once per binding, not per request. docs/protocol.md
+of `n`, n = 1 for one rollout) and names no model: the server's one model client is its config
+(`EnvServerConfig.client`), which `info` reports without secrets (`ClientInfo`). docs/protocol.md
 is the prose version of this module; the last section (server <-> worker framing) is internal
 and not part of the protocol.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from envrl.data.traces import Split, Trace
-from envrl.model.client import ClientConfig, SamplingArgs
+from envrl.model.client import ClientConfig, EvalClientConfig, SamplingArgs, TrainClientConfig
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 ErrorType = Literal[
     "bad_request",
     "unknown_method",
-    "unknown_model",
     "too_large",
     "at_capacity",
     "cancelled",
     "shutting_down",
     "internal_error",
 ]
-"""The `error.type` of a response with ok = false, in protocol v2."""
+"""The `error.type` of a response with ok = false, in protocol v3."""
 BAD_REQUEST: ErrorType = "bad_request"  # not msgpack, not a map, a missing or mistyped field, a bad task index
 UNKNOWN_METHOD: ErrorType = "unknown_method"
-UNKNOWN_MODEL: ErrorType = "unknown_model"  # a `run` naming a model id this server does not hold: `bind` again
 TOO_LARGE: ErrorType = "too_large"  # frame over the server's max_frame_bytes
 AT_CAPACITY: ErrorType = "at_capacity"  # every worker slot busy and the wait queue full: back off and retry
 CANCELLED: ErrorType = "cancelled"  # the request was cancelled by a `cancel` call
@@ -49,8 +48,10 @@ TIMEOUT = "timeout"  # the rollout ran past timeout.rollout_s
 WORKER_DIED = "worker_died"  # its worker process died while running it, and again on each re-run
 UNENCODABLE = "unencodable_trace"  # the env returned a Trace msgpack cannot carry (a set, a datetime, ...)
 
-Method = Literal["health", "info", "bind", "run", "cancel"]
+Method = Literal["health", "info", "run", "cancel"]
 METHODS: tuple[Method, ...] = get_args(Method)
+REMOVED_METHODS = {"bind": "the model client is the server's config since protocol 3; start it with --client"}
+"""Methods of earlier versions, answered `bad_request` with what took their place."""
 
 
 class _Wire(BaseModel):
@@ -64,33 +65,19 @@ class RequestMessage(_Wire):
     """Chosen by the client; unique among its connection's requests in flight."""
     method: Method
     params: dict[str, Any] = {}
-    """Checked per method (`BindParams`, `RunParams`, `CancelParams`) by `ParamsChecker`."""
+    """Checked per method (`RunParams`, `CancelParams`) by `ParamsChecker`."""
 
 
 REQUEST_KEYS = frozenset(RequestMessage.model_fields)
 
 
-class BindParams(_Wire):
-    """`params` of `bind`: the model client rollouts will use, checked against `model_access` once."""
-
-    client: ClientConfig
-
-
-class BindResult(_Wire):
-    model: str
-    """The id `run` requests name the bound client by; valid until the server restarts or drops
-    it (then `run` answers `unknown_model`: bind again). Equal clients get the same id."""
-
-
 class RunParams(_Wire):
-    """`params` of `run`: `n` rollouts of one task with the bound model `model`, scored together
+    """`params` of `run`: `n` rollouts of one task with the server's model client, scored together
     (n = 1: one rollout)."""
 
     task_idx: int = Field(ge=0, strict=True)
     split: Split = "train"
     n: int = Field(1, ge=1, strict=True)
-    model: str
-    """A `BindResult.model` of this server."""
     sampling: SamplingArgs
     seed: int | None = Field(None, strict=True)
     """Overrides `sampling.seed` when given; rollout i of the group samples with seed + i."""
@@ -105,6 +92,49 @@ class HealthResult(_Wire):
     status: Literal["ok", "starting", "draining"]
     """ok: at least one worker is ready; starting: none yet; draining: SIGTERM received."""
     workers: int
+
+
+class ClientInfo(_Wire):
+    """A model client as `info` shows it: what it reaches, never a secret (no API key variable,
+    no extra body, no scripted replies). Two clients with equal infos feed a run the same model."""
+
+    type: str
+    base_urls: list[str]
+    """The model servers it calls (a train client's replicas; none for a scripted client)."""
+    model: str | None
+    tokenizer: str | None
+    """The tokenizer it renders with (a train client's `tokenizer`, else its `model`)."""
+
+    @classmethod
+    def of(cls, client: ClientConfig) -> ClientInfo:
+        """`client`'s info, comparable wherever it is made: URLs without a trailing '/', a local
+        model or tokenizer directory as its absolute path."""
+        if isinstance(client, TrainClientConfig):
+            return cls(
+                type=client.type,
+                base_urls=[url.rstrip("/") for url in client.base_urls],
+                model=_absolute(client.model),
+                tokenizer=_absolute(client.tokenizer or client.model),
+            )
+        if isinstance(client, EvalClientConfig):
+            return cls(type=client.type, base_urls=[client.base_url.rstrip("/")], model=client.model, tokenizer=None)
+        return cls(type=client.type, base_urls=[], model=None, tokenizer=_absolute(client.tokenizer))
+
+    def __str__(self) -> str:
+        fields = [
+            self.type,
+            *self.base_urls,
+            *(f"{key} {value!r}" for key in ("model", "tokenizer") if (value := getattr(self, key))),
+        ]
+        return " ".join(fields)
+
+
+def _absolute(name: str | None) -> str | None:
+    """`name` resolved if it is an existing local path (a directory the client loads), else as given (a hub name)."""
+    try:
+        return str(Path(name).resolve()) if name is not None and Path(name).exists() else name
+    except (OSError, ValueError):  # a name no file system could hold: not a local path
+        return name
 
 
 class ServerInfo(_Wire):
@@ -123,6 +153,8 @@ class ServerInfo(_Wire):
     """Requests waiting for a worker slot."""
     max_queued: int
     """Queue bound; beyond capacity + max_queued, requests get `at_capacity`."""
+    client: ClientInfo | None
+    """The server's model client (`--client`), without secrets; None: it runs no rollouts."""
 
 
 class CancelResult(_Wire):
@@ -136,7 +168,7 @@ class RunResult(_Wire):
     traces: list[Trace]
 
 
-Result = RunResult | BindResult | HealthResult | ServerInfo | CancelResult
+Result = RunResult | HealthResult | ServerInfo | CancelResult
 
 
 class OkResponse(_Wire):
@@ -295,6 +327,8 @@ def parse_request(frame: bytes, max_frame_bytes: int) -> RequestMessage:
     if not message.keys() <= REQUEST_KEYS:
         extra = sorted(str(key) for key in message.keys() - REQUEST_KEYS)
         raise ProtocolError(BAD_REQUEST, f"unknown request keys {extra}; a request has id, method, params", request_id)
+    if method in REMOVED_METHODS:
+        raise ProtocolError(BAD_REQUEST, f"{method}: {REMOVED_METHODS[method]}", request_id)
     if method not in METHODS:
         raise ProtocolError(UNKNOWN_METHOD, f"unknown method {method!r}; methods: {', '.join(METHODS)}", request_id)
     return RequestMessage.model_validate(message)
@@ -322,17 +356,16 @@ def validation_message(error: Exception) -> str:
 # Internal: server <-> worker framing over the pool's ipc ROUTER/DEALER (not the client protocol).
 #
 # server -> worker: [header, frame, ...]; header = msgpack list of [op, arg] pairs, and each
-#   "model" and "run" op consumes the next frame:
-#   [OP_MODEL, model id] + the bound client config (msgpack map, as the server validated it at `bind`);
-#   [OP_DROP, model id]: the server forgot that binding (its client closes once no rollout uses it);
+#   "client" and "run" op consumes the next frame:
+#   [OP_CLIENT, 0] + the server's model client config (msgpack map, from its validated config),
+#     sent once, when the worker reports ready, so before its first run op;
 #   [OP_RUN, token] + a `Work` frame (`encode_work`): the accepted request, re-encoded;
 #   [OP_CANCEL, token]; [OP_STOP, 0].
 # worker -> server: [WORKER_READY] once, then [WORKER_DONE, msgpack list of tokens, response, ...]
 #   where each response is the finished client-bound frame for that token.
 
 OP_RUN = "run"
-OP_MODEL = "model"
-OP_DROP = "drop"
+OP_CLIENT = "client"
 OP_CANCEL = "cancel"
 OP_STOP = "stop"
 WORKER_READY = b"ready"
@@ -343,7 +376,6 @@ class Work(NamedTuple):
     """A `run` request as the server accepted it: what a worker needs, nothing it must check."""
 
     request_id: str
-    model: str
     split: Split
     task_idx: int
     n: int
@@ -356,11 +388,11 @@ def encode_work(request_id: str, params: RunParams) -> bytes:
     sampling = params.sampling.model_dump()
     if params.seed is not None:
         sampling["seed"] = params.seed
-    return encode([request_id, params.model, params.split, params.task_idx, params.n, sampling])
+    return encode([request_id, params.split, params.task_idx, params.n, sampling])
 
 
 def decode_work(frame: bytes) -> Work:
     """A frame `encode_work` made. Not validated again: the server built it from a validated
     `RunParams` (`model_construct` takes the dumped fields as they are)."""
-    request_id, model, split, task_idx, n, sampling = decode(frame)
-    return Work(request_id, model, split, task_idx, n, SamplingArgs.model_construct(**sampling))
+    request_id, split, task_idx, n, sampling = decode(frame)
+    return Work(request_id, split, task_idx, n, SamplingArgs.model_construct(**sampling))

@@ -2,8 +2,7 @@
 
 Guarantee: a request is in the book from `add` until `remove`, found by its token and by its
 (client identity, request id), which is unique in the book; `bytes_of(client)` and `total_bytes`
-are the work frames the book holds, to the byte; a booked request counts as a use of its bound
-model (`Model.requests`), so that binding is not dropped under it; `next_queued` yields only requests
+are the work frames the book holds, to the byte; `next_queued` yields only requests
 still in the book and not running, oldest first except re-runs, which go first. The book sends
 nothing: the server answers what it removes.
 """
@@ -17,7 +16,6 @@ from typing import Any
 from envrl.data.traces import Error, Trace
 from envrl.envs.environment import Environment
 from envrl.serve import protocol as p
-from envrl.serve.models import Model
 
 
 @dataclass(eq=False, slots=True)
@@ -32,7 +30,6 @@ class Request:
     split: str
     task_idx: int
     n: int
-    model: Model
     attempts: int = 0
     """Re-runs after its worker died."""
     worker: int | None = None
@@ -62,16 +59,15 @@ class RequestBook:
     def __len__(self) -> int:
         return len(self.by_token)
 
-    def add(self, identity: bytes, request_id: str, work: bytes, params: p.RunParams, model: Model) -> Request:
+    def add(self, identity: bytes, request_id: str, work: bytes, params: p.RunParams) -> Request:
         """Book a request (the caller checked `find` first: ids are unique per client)."""
         token, self.next_token = self.next_token, self.next_token + 1
         request = self.by_token[token] = Request(
-            token, identity, request_id, work, params.split, params.task_idx, params.n, model
+            token, identity, request_id, work, params.split, params.task_idx, params.n
         )
         self.by_key[identity, request_id] = token
         self.total_bytes += len(work)
         self.client_bytes[identity] = self.client_bytes.get(identity, 0) + len(work)
-        model.requests += 1
         return request
 
     def find(self, identity: bytes, request_id: str) -> Request | None:
@@ -81,7 +77,6 @@ class RequestBook:
     def remove(self, request: Request) -> None:
         del self.by_token[request.token]
         del self.by_key[request.identity, request.request_id]
-        request.model.requests -= 1
         self.total_bytes -= len(request.work)
         left = self.client_bytes.pop(request.identity) - len(request.work)
         if left:

@@ -5,13 +5,12 @@ broker itself; each rollout request by its worker (a Trace, an error Trace), or,
 dies, by a re-run on another worker (up to `max_reruns` times) or a `worker_died` error Trace; a
 stuck worker is killed; a bad frame, or one whose handling fails unexpectedly, gets an error
 response and the server keeps serving. Params are checked (`ParamsChecker`) here, once, before
-any use, and a model client once, when it is bound (`bind`, `ModelRegistry`): a worker runs only
-requests the server accepted, with clients the server allowed, and checks neither again.
+any use: a worker runs only requests the server accepted, with the one model client of the
+server's config (`client`), and checks neither again; no request names a client.
 
 The hop to a worker: `_read_clients` -> `_on_request` -> `_accept` books the request and either
 `assign`s it to the least-loaded worker (`WorkerPool.pick`) or queues it; `flush` sends the
-worker its bound model's config (the first time that worker runs it) and a `run` op with the
-accepted request (`protocol.encode_work`); the worker (serve/worker.py) runs the rollouts and sends
+worker a `run` op with the accepted request (`protocol.encode_work`); the worker (serve/worker.py) runs the rollouts and sends
 back the finished response frame, which `read_workers` -> `_finish` forwards. The worker side
 (`assign`, `flush`, answers, deaths, overdue kills) is `serve/dispatch.py`; this module admits,
 answers and runs the loop.
@@ -30,7 +29,6 @@ from envrl.runtime.process import report_ready
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.dispatch import SWEEP_INTERVAL, WorkerDispatch
-from envrl.serve.models import ModelRegistry
 from envrl.serve.params import ParamsChecker
 from envrl.serve.pool import WorkerPool
 from envrl.serve.processes import WorkerProcesses
@@ -61,8 +59,8 @@ class EnvServer:
         self.sockets = sockets
         self.env = env
         self.num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
-        self.checker = ParamsChecker(self.num_tasks, config.max_group_size, config.model_access)
-        self.models = ModelRegistry()
+        self.checker = ParamsChecker(self.num_tasks, config.max_group_size, config.client is not None)
+        self.client_info = None if config.client is None else p.ClientInfo.of(config.client)
         self.requests = RequestBook()
         self.pool = WorkerPool(config.pool)
         self.processes = WorkerProcesses(config, sockets.workers_address)
@@ -167,7 +165,8 @@ class EnvServer:
         if not self.reported and self.pool.ready_workers >= self.pool.config.min_workers:
             self.reported = True
             workers = self.pool.ready_workers
-            logger.info(f"serving {self.env.env_id!r} on {self.sockets.address} ({workers} workers ready)")
+            client = "no model client: run is refused" if self.client_info is None else f"client {self.client_info}"
+            logger.info(f"serving {self.env.env_id!r} on {self.sockets.address} ({workers} workers ready; {client})")
             report_ready(self.sockets.address)
 
     # -- client side ------------------------------------------------------------------------------
@@ -226,7 +225,7 @@ class EnvServer:
             self._cancel(identity, request.request_id)
 
     def _on_request(self, identity: bytes, message: p.RequestMessage) -> None:
-        """Answer health, info, bind and cancel here; check a `run` request's params and accept it."""
+        """Answer health, info and cancel here; check a `run` request's params and accept it."""
         request_id, method, params = message.id, message.method, message.params
         if method == "run":
             self._accept(identity, request_id, self.checker.run(params, request_id))
@@ -234,22 +233,9 @@ class EnvServer:
             self._answer(identity, p.ok_response(request_id, self._health()))
         elif method == "info":
             self._answer(identity, p.ok_response(request_id, self._info()))
-        elif method == "bind":
-            self._answer(identity, p.ok_response(request_id, p.BindResult(model=self._bind(params, request_id))))
         else:
             target = self.checker.cancel(params, request_id).request_id
             self._answer(identity, p.ok_response(request_id, p.CancelResult(cancelled=self._cancel(identity, target))))
-
-    def _bind(self, params: dict[str, Any], request_id: str) -> str:
-        """Bind the request's client (checked against `model_access` here, once); workers that
-        built the client of a binding dropped to make room are told to close it."""
-        model, dropped = self.models.bind(self.checker.bind(params, request_id), request_id)
-        for old in dropped:
-            for worker in self.pool.workers.values():
-                if old.id in worker.models:
-                    worker.models.discard(old.id)
-                    self.dispatch.send_op(worker.id, [p.OP_DROP, old.id])
-        return model.id
 
     def _health(self) -> p.HealthResult:
         workers = self.pool.ready_workers
@@ -261,7 +247,7 @@ class EnvServer:
             protocol_version=p.PROTOCOL_VERSION, env_id=self.env.env_id, num_tasks=self.num_tasks["train"],
             num_eval_tasks=self.num_tasks["eval"], group_scoring=self.env.group_scoring,
             workers=self.pool.ready_workers, in_flight=self.pool.in_flight, capacity=self.pool.capacity,
-            queued=len(self.requests.queue), max_queued=self.config.max_queued,
+            queued=len(self.requests.queue), max_queued=self.config.max_queued, client=self.client_info,
         )  # fmt: skip
 
     def _accept(self, identity: bytes, request_id: str, params: p.RunParams) -> None:
@@ -270,7 +256,6 @@ class EnvServer:
         if self.requests.find(identity, request_id) is not None:
             message = f"request id {request_id!r} is already in flight on this connection; ids must be unique"
             raise p.ProtocolError(p.BAD_REQUEST, message, request_id)
-        model = self.models.get(params.model, request_id)
         queued = len(self.requests.queue)
         worker = None if queued else self.pool.pick()
         if worker is None and queued >= self.config.max_queued:
@@ -278,7 +263,7 @@ class EnvServer:
             raise p.ProtocolError(p.AT_CAPACITY, message, request_id)
         work = p.encode_work(request_id, params)
         self._check_budgets(identity, request_id, len(work))
-        request = self.requests.add(identity, request_id, work, params, model)
+        request = self.requests.add(identity, request_id, work, params)
         if worker is None:
             self.requests.enqueue(request)
         else:

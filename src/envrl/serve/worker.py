@@ -5,9 +5,8 @@ frame (its traces; error Traces when the env fails, runs past `timeout.rollout_s
 msgpack cannot carry; an error response when its task or model client cannot be had, or for a
 cancel, even one that lands before the rollout started), and the worker dies with its server, even a SIGKILLed one.
 It trusts its server: a run op carries a request the server validated (`protocol.decode_work`
-reads it unchecked), naming a model whose config the server allowed and sent it before (`model`
-op); each bound model's client is built once and closed when the server drops it and no rollout
-uses it any more.
+reads it unchecked); every rollout uses the one model client built from the server's config,
+which the server sends once (`client` op) before the first run op, and which is closed at stop.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import resource
 import signal
 import sys
 from contextvars import ContextVar
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -69,18 +67,6 @@ class WorkerConfig(BaseConfig):
     log_level: LogLevel = "INFO"
 
 
-@dataclass
-class BoundClient:
-    """The client of one bound model, shared by every rollout that names it; or why it could not be built."""
-
-    client: ModelClient | None
-    problem: str | None = None
-    users: int = 0
-    """Rollouts running with it now."""
-    dropped: bool = False
-    """The server forgot the binding: closed when its last rollout ends."""
-
-
 class Worker:
     """Runs the requests its server assigns it; construct it inside its event loop."""
 
@@ -90,10 +76,10 @@ class Worker:
         self.running: dict[int, asyncio.Task[None]] = {}
         self.deadlines: dict[int, float] = {}
         self.timed_out: set[int] = set()
-        self.clients: dict[str, BoundClient] = {}
-        """The client of each bound model the server sent, by model id."""
-        self.client_of: dict[int, BoundClient] = {}
-        """The client each running request uses (its use is counted until the request ends)."""
+        self.client: ModelClient | None = None
+        """The server's model client, once its `client` op arrived; every rollout uses it."""
+        self.client_problem = "the server sent no model client"
+        """Why `client` is None (a run op then answers with it)."""
         self.done_tokens: list[int] = []
         self.done_frames: list[bytes] = []
         """Answers finished since the last `_flush`, and their tokens."""
@@ -119,24 +105,21 @@ class Worker:
             for task in self.running.values():
                 task.cancel()
             await asyncio.gather(*self.running.values(), return_exceptions=True)
-            for bound in self.clients.values():
-                if bound.client is not None:
-                    await bound.client.aclose()
+            if self.client is not None:
+                await self.client.aclose()
             self.pump.close(linger_ms=0)
 
     def _on_messages(self, batch: list[Frames]) -> None:
         """The server's ops (sent by its `WorkerDispatch.flush`): `run` a request (its work frame follows the
-        header), `model` (a bound model's config follows), `drop` a model, `cancel` a request, `stop`."""
+        header), `client` (the model client's config follows), `cancel` a request, `stop`."""
         now = self.loop.time()
         for frames in batch:
             payloads = iter(frames[1:])
             for op, arg in p.decode(frames[0]):
                 if op == p.OP_RUN:
                     self._start(arg, next(payloads), now)
-                elif op == p.OP_MODEL:
-                    self._bind(arg, next(payloads))
-                elif op == p.OP_DROP:
-                    self._drop(arg)
+                elif op == p.OP_CLIENT:
+                    self._build_client(next(payloads))
                 elif op == p.OP_CANCEL and arg in self.running:
                     self.running[arg].cancel()
                 elif op == p.OP_STOP and not self.stopped.done():
@@ -147,9 +130,9 @@ class Worker:
         task or model client cannot be had."""
         work = p.decode_work(frame)
         try:
-            bound = self.clients[work.model]
-            if bound.client is None:
-                raise RuntimeError(f"the model client could not be built: {bound.problem}")
+            client = self.client
+            if client is None:
+                raise RuntimeError(f"the model client could not be built: {self.client_problem}")
             task = self.env.get_task(work.split, work.task_idx)
         except Exception as e:  # a task the env cannot give, a client it could not build
             logger.warning(f"req={work.request_id}: cannot start it: {type(e).__name__}: {e}")
@@ -157,27 +140,19 @@ class Worker:
             return
         if self.config.timeout.rollout_s is not None:
             self.deadlines[token] = now + self.config.timeout.rollout_s
-        bound.users += 1
-        self.client_of[token] = bound
         job = self.running[token] = self.loop.create_task(
-            self._run(token, work.request_id, task, bound.client, work.sampling, work.n)
+            self._run(token, work.request_id, task, client, work.sampling, work.n)
         )
         job.add_done_callback(partial(self._on_job_end, token, work.request_id, task, work.n))
 
-    def _bind(self, model_id: str, frame: bytes) -> None:
-        """Build the client of a model the server bound (its config was validated there; this
-        only makes the typed config back from its dump)."""
+    def _build_client(self, frame: bytes) -> None:
+        """Build the server's model client (its config was validated there; this only makes the
+        typed config back from its dump)."""
         try:
-            self.clients[model_id] = BoundClient(build_client(CLIENT_CONFIG.validate_python(p.decode(frame))))
-        except Exception as e:  # a tokenizer that will not load: each run naming it is answered with why
-            logger.warning(f"cannot build the client of bound model {model_id}: {type(e).__name__}: {e}")
-            self.clients[model_id] = BoundClient(None, f"{type(e).__name__}: {e}")
-
-    def _drop(self, model_id: str) -> None:
-        bound = self.clients.pop(model_id, None)
-        if bound is not None:
-            bound.dropped = True
-            self._close_if_unused(bound)
+            self.client = build_client(CLIENT_CONFIG.validate_python(p.decode(frame)))
+        except Exception as e:  # a tokenizer that will not load: each run is answered with why
+            logger.warning(f"cannot build the model client: {type(e).__name__}: {e}")
+            self.client_problem = f"{type(e).__name__}: {e}"
 
     async def _run(
         self, token: int, request_id: str, task: Task, client: ModelClient, sampling: SamplingArgs, n: int
@@ -216,9 +191,6 @@ class Worker:
         del self.running[token]
         self.deadlines.pop(token, None)
         self.timed_out.discard(token)
-        bound = self.client_of.pop(token)
-        bound.users -= 1
-        self._close_if_unused(bound)
 
     def _stopped_frame(self, token: int, request_id: str, task: Task, n: int) -> bytes:
         """The answer of a job that was cancelled: `cancelled`, or a timeout error Trace past its deadline."""
@@ -268,10 +240,6 @@ class Worker:
         except Exception as e:  # the env broke its never-raise contract; still an answer
             logger.error(f"the environment raised {type(e).__name__}: {e} instead of returning an error Trace")
             return [Trace.from_error(task, Error.from_exception(e)) for _ in range(n)]
-
-    def _close_if_unused(self, bound: BoundClient) -> None:
-        if bound.dropped and bound.users == 0 and bound.client is not None:
-            self.loop.create_task(bound.client.aclose())
 
 
 def _sendable(task: Task, trace: Trace) -> Trace:

@@ -30,7 +30,6 @@ from envrl.model.client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.jsonl import parse_trace_line, trace_line
 from envrl.orchestrator.plan import env_plan as orchestrator_env_plan
-from envrl.serve.config import ModelAccessConfig
 from envrl.telemetry.progress import CLEAR_LINE, LiveLines
 
 
@@ -332,7 +331,7 @@ def test_rl_eval_plans_a_server_serving_its_client_for_each_env_without_an_addre
     assert server is not None and planned[1].server is None
     assert server.config.address == SIDECAR_ADDRESS and server.restarts.max_restarts == 5
     assert planned[0].client == c.client
-    assert server.config.model_access == ModelAccessConfig.for_client(c.client)
+    assert server.config.client == c.client
     server_keys, client_keys = sidecar_keys(tmp_path)  # eval's sidecar admits only eval's own key
     assert server.config.curve == server_keys and planned[0].env.curve == client_keys and planned[1].env.curve is None
     assert list(tmp_path.iterdir()) == []  # planned, nothing written
@@ -347,7 +346,7 @@ def test_rl_eval_runs_an_env_on_its_own_client_by_the_orchestrators_rule(tmp_pat
     assert plain.client == c.client  # an env without a client of its own: eval's --client
     assert taught.server is not None and taught.server.allowed_env() == ["TEACHER_KEY"]
     for env in (taught, plain):  # each server serves exactly the client its handle uses
-        assert env.server is not None and env.server.config.model_access == ModelAccessConfig.for_client(env.client)
+        assert env.server is not None and env.server.config.client == env.client
     declared = [{**envs[0], "name": "taught"}]  # the same env under the orchestrator: the same client
     orchestrator = resolve_config(OrchestratorConfig, overrides=[("envs", json.dumps(declared))])
     assert orchestrator_env_plan(orchestrator)[0].client == taught.client
@@ -365,5 +364,5 @@ def test_rl_eval_dry_run_prints_the_config_and_each_env_servers_command(
         "# eval env server 'reverse-text', spawned on a free loopback port; variables beyond the allow-list: nothing",
         f"# it admits only the holder of {tmp_path}/curve/clients/orchestrator.key_secret (CURVE keys made before it starts)",
     ]
-    assert out.count("-m envrl.serve.main") == 1 and 'base_urls = [\n    "http://127.0.0.1:8000/v1",' in out
+    assert out.count("-m envrl.serve.main") == 1 and '[client]\nbase_url = "http://127.0.0.1:8000/v1"' in out
     assert list(tmp_path.iterdir()) == []

@@ -162,16 +162,18 @@ def test_weights_of_every_checkpoint_are_kept_unless_the_user_says_otherwise() -
     assert run.orchestrator.keep_weights_every == 0
 
 
-def test_an_env_with_its_own_chat_client_gets_a_server_that_allows_that_client_only() -> None:
+def test_an_env_with_its_own_chat_client_gets_a_server_that_serves_that_client() -> None:
     teacher = '{"base_url": "https://api.example.com/v1", "model": "teacher", "api_key_env": "TEACHER_KEY"}'
     run = plan(rl_config(("orchestrator.envs", f'[{{"id": "reverse-text", "client": {teacher}}}]')))
     (server,) = run.env_servers
-    access = server.config.model_access
-    assert (access.base_urls, access.api_key_envs, access.tokenizers) == (
-        ["https://api.example.com/v1"],
-        ["TEACHER_KEY"],
-        [],
+    client = server.config.client
+    assert client is not None and client.type == "eval"
+    assert (client.base_url, client.model, client.api_key_env) == (
+        "https://api.example.com/v1",
+        "teacher",
+        "TEACHER_KEY",
     )
+    assert server.allowed_env() == ["TEACHER_KEY"]
     assert run.orchestrator.envs[0].own_client.type == "eval"
 
 
@@ -223,7 +225,7 @@ def test_two_hosts_get_the_same_processes_with_addresses_on_their_hosts(tmp_path
     assert configs["inference"].host == "gpu-b" and configs["inference"].reload.allow_remote
     assert [env.address for env in job.orchestrator.envs] == ["tcp://gpu-b:5000", "tcp://gpu-b:5001"]
     assert set(job.orchestrator.eval.addresses.values()) == {"tcp://gpu-b:6000", "tcp://gpu-b:6001"}
-    assert all(s.config.model_access.base_urls == ["http://gpu-b:8000"] for s in job.env_servers)
+    assert all(s.config.client.base_urls == ["http://gpu-b:8000"] for s in job.env_servers)
     assert job.trainer.weights.host == "gpu-a" and job.orchestrator.inference.base_url == "http://gpu-b:8000"
     # what does not depend on the hosts is the one-host plan's
     assert job.trainer.model_copy(update={"weights": one.trainer.weights}).model_dump() == one.trainer.model_dump()

@@ -32,7 +32,7 @@ def test_each_replica_gets_its_own_port_config_and_name_and_every_client_all_url
     urls = ["http://127.0.0.1:8100", "http://127.0.0.1:8101", "http://127.0.0.1:8102"]
     assert run.orchestrator.inference.base_urls == urls
     [server] = run.env_servers
-    assert server.config.model_access.base_urls == urls
+    assert server.config.client.base_urls == urls
     one = plan(resolve_config(RLConfig, overrides=[ONE_ENV]))
     assert list(one.replicas) == ["inference"] and one.orchestrator.inference.base_url == one.inference.base_url
 

@@ -59,8 +59,8 @@ def test_a_chat_client_of_the_run_s_own_server_sends_the_run_s_api_key(tmp_path:
     envs = [{"id": "reverse-text", "name": name, "client": client} for name, client in (("own", own), ("other", other))]
     rl = resolve_config(RLConfig, overrides=[("orchestrator.envs", json.dumps(envs)), ("output-dir", str(tmp_path))])
     run = plan(rl)
-    clients = {server.name: server.config.model_access.api_key_envs for server in run.env_servers}
-    assert clients == {"own": [API_KEY_ENV], "other": []}
+    clients = {server.name: server.config.client.api_key_env for server in run.env_servers}
+    assert clients == {"own": API_KEY_ENV, "other": None}
 
 
 def test_a_token_already_in_rl_s_environment_is_the_one_handed_on(

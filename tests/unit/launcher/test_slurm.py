@@ -58,7 +58,7 @@ def test_the_job_configs_point_every_process_at_the_hosts(tmp_path: Path) -> Non
     assert env.address == server.address == "tcp://gpu-b:5000"
     assert env.curve.server_public_key_file == job.curve_dir / "server.key"
     assert server.curve.client_keys_dir == job.curve_dir / "clients"
-    assert server.model_access.base_urls == orchestrator.inference.base_url
+    assert server.client.base_urls == orchestrator.inference.base_url
     assert configs["trainer"].weights.host == "gpu-a"
     assert [command.name for command in job.on_host(0)] == ["trainer", "orchestrator"]
 

@@ -16,7 +16,7 @@ from envrl.model.client import SamplingArgs, TrainClientConfig, build_client
 from envrl.model.replicas import InferenceReplicas, ReplicaReloadError
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.runtime.http import HttpCallError
-from envrl.serve.config import ModelAccessConfig
+from envrl.serve.protocol import ClientInfo
 from envrl.transport.weights import ReplicaPolicyLoader
 from tests.support.tiny_chat import TINY_CHAT
 from tests.unit.model.test_model_client import FAST_RETRY, PromptTask, Recorder, TwoTurns, generated
@@ -134,13 +134,10 @@ def test_weights_load_on_every_replica_at_once_and_a_failure_names_the_replica(
     assert good.requests[0][1]["step"] == 1
 
 
-def test_a_train_client_naming_replicas_needs_every_one_allowed() -> None:
-    access = ModelAccessConfig(base_urls=["http://a:8000", "http://b:8001"], tokenizers=[TINY_CHAT])
-    assert access.problem(TrainClientConfig(base_url=["http://a:8000", "http://b:8001/"], model=TINY_CHAT)) is None
-    problem = access.problem(TrainClientConfig(base_url=["http://a:8000", "http://c:8002"], model=TINY_CHAT))
-    assert problem is not None and "'http://c:8002' is not allowed" in problem
-    allowed = ModelAccessConfig.for_client(TrainClientConfig(base_url=["http://a:8000", "http://b:8001"], model="m"))
-    assert allowed.base_urls == ["http://a:8000", "http://b:8001"]
+def test_a_train_client_naming_replicas_reaches_every_one_and_info_shows_them() -> None:
+    client = TrainClientConfig(base_url=["http://a:8000", "http://b:8001"], model=TINY_CHAT)
+    assert client.base_urls == ["http://a:8000", "http://b:8001"]
+    assert ClientInfo.of(client).base_urls == ["http://a:8000", "http://b:8001"]
     with pytest.raises(ValueError, match="base_url is an empty list"):
         TrainClientConfig(base_url=[], model="m")
 

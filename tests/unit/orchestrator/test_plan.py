@@ -13,7 +13,6 @@ from envrl.model.client import EvalClientConfig, ScriptedClientConfig, TrainClie
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.main import main
 from envrl.orchestrator.plan import env_plan
-from envrl.serve.config import ModelAccessConfig
 
 TEACHER = '{"base_url": "https://api.example.com/v1", "model": "teacher", "api_key_env": "TEACHER_KEY"}'
 ENVS = (
@@ -52,7 +51,7 @@ def test_each_spawned_server_serves_exactly_the_client_its_handle_uses(tmp_path:
     assert clients[("train", "taught")].base_url == "https://api.example.com/v1"
     for env in planned:
         if env.server is not None:
-            assert env.server.config.model_access == ModelAccessConfig.for_client(env.client)
+            assert env.server.config.client == env.client
     assert [env.server.allowed_env() for env in planned if env.name == "taught" and env.server] == [["TEACHER_KEY"]]
 
 
@@ -95,7 +94,7 @@ def test_the_orchestrator_rl_starts_spawns_nothing_and_uses_the_clients_rls_serv
         if env.name != "far":
             server = served[(env.split, env.name)]
             assert env.env.address == server.config.address
-            assert server.config.model_access == ModelAccessConfig.for_client(env.client)
+            assert server.config.client == env.client
     assert isinstance(planned[0].client, TrainClientConfig)
     assert planned[0].client.base_urls == run.orchestrator.inference.base_urls
 

@@ -63,7 +63,7 @@ def test_an_answer_that_is_no_protocol_response_fails_its_call_as_bad_response(
 
     errors = asyncio.run(asyncio.wait_for(go(), 20))
     assert all(isinstance(e, EnvServerError) and e.type == BAD_RESPONSE for e in errors), errors
-    assert "not a protocol v2 response" in str(errors[0])
+    assert "not a protocol v3 response" in str(errors[0])
 
 
 def test_at_capacity_answers_are_retried_with_backoff_until_the_capacity_wait_and_counted(

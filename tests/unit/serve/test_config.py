@@ -75,9 +75,19 @@ def test_config_argv_rebuilds_the_same_config_in_a_child() -> None:
         pool=PoolConfig(min_workers=2, max_workers=2, multiplex=8),
         timeout={"rollout_s": None, "scoring_s": 5},
         log={"file": "/tmp/x.log"},
+        client={"type": "eval", "base_url": "http://127.0.0.1:8000/v1", "model": "m", "extra_body": {"k": [1]}},
     )
     parsed = _split_argv(config_argv(config))
     assert resolve_config(EnvServerConfig, parsed.config_files, parsed.overrides) == config
+
+
+def test_model_access_is_refused_naming_the_client_that_replaced_it() -> None:
+    """Protocol 3: a server serves the one client of its config; what it may reach is that client."""
+    with pytest.raises(ConfigError) as error:
+        resolve_config(EnvServerConfig, overrides=[("env.id", "x"), ("model-access", '{"base_urls": []}')])
+    assert "'model_access'" in str(error.value) and "`client`" in str(error.value) and "--client" in str(error.value)
+    config = resolve_config(EnvServerConfig, overrides=[("env.id", "x"), ("client", '{"type": "scripted"}')])
+    assert config.client is not None and config.client.type == "scripted"
 
 
 def test_a_secret_key_other_users_can_read_is_refused_naming_the_fix(tmp_path: Path) -> None:

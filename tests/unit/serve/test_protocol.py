@@ -1,11 +1,14 @@
 """Request parsing: every way a frame can be wrong maps to one typed error, with the id when known;
 responses built and read through the protocol's models."""
 
+from pathlib import Path
+
 import msgpack
 import pytest
 from pydantic import ValidationError
 
 from envrl.data.traces import Error, Trace, WireTask
+from envrl.model.client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
 from envrl.serve import protocol as p
 from envrl.serve.config import EnvServerConfig
 
@@ -36,7 +39,8 @@ def test_a_well_formed_request_parses_and_params_default_to_empty() -> None:
         (msgpack.packb({"id": "b", "method": "info", "params": [1]}), p.BAD_REQUEST, "b"),
         (msgpack.packb({"id": "c", "method": "info", "extra": 1}), p.BAD_REQUEST, "c"),
         (msgpack.packb({"id": "d", "method": "reboot"}), p.UNKNOWN_METHOD, "d"),
-        (msgpack.packb({"id": "e", "method": "bind", "params": {"client": {1: 2}}}), p.BAD_REQUEST, "e"),
+        (msgpack.packb({"id": "e", "method": "run", "params": {"sampling": {1: 2}}}), p.BAD_REQUEST, "e"),
+        (msgpack.packb({"id": "g", "method": "bind", "params": {"client": {"type": "scripted"}}}), p.BAD_REQUEST, "g"),
         (msgpack.packb({"id": "f", "method": "info", "params": {"x": [{"y": {(1, 2): 0}}]}}), p.BAD_REQUEST, "f"),
     ],
 )
@@ -47,16 +51,45 @@ def test_malformed_requests_raise_typed_errors_keeping_the_id_when_readable(
     assert (error.type, error.request_id) == (error_type, request_id)
 
 
+def test_a_version_2_bind_is_refused_saying_where_the_client_went() -> None:
+    error = error_of(msgpack.packb({"id": "b", "method": "bind", "params": {"client": {"type": "scripted"}}}))
+    assert (error.type, error.request_id) == (p.BAD_REQUEST, "b")
+    assert error.message == "bind: the model client is the server's config since protocol 3; start it with --client"
+
+
+def test_client_info_shows_what_a_client_reaches_and_no_secret() -> None:
+    train = TrainClientConfig(base_url=["http://a:8000", "http://b:8000"], model="m")
+    assert p.ClientInfo.of(train) == p.ClientInfo(
+        type="train", base_urls=["http://a:8000", "http://b:8000"], model="m", tokenizer="m"
+    )
+    chat = EvalClientConfig(base_url="http://c/v1", model="gpt", api_key_env="KEY", extra_body={"k": "secret"})
+    shown = p.ClientInfo.of(chat)
+    assert shown == p.ClientInfo(type="eval", base_urls=["http://c/v1"], model="gpt", tokenizer=None)
+    assert "KEY" not in repr(shown) + str(shown) and "secret" not in repr(shown) + str(shown)
+    assert p.ClientInfo.of(ScriptedClientConfig(replies=["x"], tokenizer="t")).tokenizer == "t"
+
+
+def test_client_infos_compare_equal_wherever_they_are_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trailing '/' and a relative path to the same tokenizer directory name the same client."""
+    (tmp_path / "tok").mkdir()
+    monkeypatch.chdir(tmp_path)
+    relative = TrainClientConfig(base_url="http://a:8000/", model="tok")
+    absolute = TrainClientConfig(base_url="http://a:8000", model=str(tmp_path / "tok"))
+    assert p.ClientInfo.of(relative) == p.ClientInfo.of(absolute)
+    assert p.ClientInfo.of(relative).tokenizer == str(tmp_path / "tok")
+    assert p.ClientInfo.of(TrainClientConfig(base_url="http://a:8000", model="x" * 5000)).model == "x" * 5000
+
+
 def test_a_non_string_map_key_is_named_by_its_path() -> None:
-    error = error_of(msgpack.packb({"id": "e", "method": "bind", "params": {"client": {"a": {7: 2}}}}))
-    assert error.message == "map keys must be strings: request.params.client.a: key 7 (int)"
+    error = error_of(msgpack.packb({"id": "e", "method": "run", "params": {"sampling": {"a": {7: 2}}}}))
+    assert error.message == "map keys must be strings: request.params.sampling.a: key 7 (int)"
 
 
 def test_a_bytes_map_key_is_refused_though_msgpack_s_strict_keys_let_it_through() -> None:
     """msgpack's `strict_map_key` refuses all keys but str and bytes; a bin key is named like the others."""
-    error = error_of(msgpack.packb({"id": "e", "method": "bind", "params": {"client": {b"a": 2}}}))
+    error = error_of(msgpack.packb({"id": "e", "method": "run", "params": {"sampling": {b"a": 2}}}))
     assert (error.type, error.request_id) == (p.BAD_REQUEST, "e")
-    assert error.message == "map keys must be strings: request.params.client: key b'a' (bytes)"
+    assert error.message == "map keys must be strings: request.params.sampling: key b'a' (bytes)"
 
 
 def test_a_request_whose_text_holds_bin_type_bytes_still_parses() -> None:
@@ -136,11 +169,10 @@ def test_a_worker_reads_back_exactly_the_values_the_server_accepted() -> None:
             "task_idx": 2,
             "split": "eval",
             "n": 3,
-            "model": "m",
             "sampling": {"max_tokens": 4, "seed": 1, "stop": ["x"]},
             "seed": 9,
         }
     )
     work = p.decode_work(p.encode_work("req", params))
-    assert (work.request_id, work.model, work.split, work.task_idx, work.n) == ("req", "m", "eval", 2, 3)
+    assert (work.request_id, work.split, work.task_idx, work.n) == ("req", "eval", 2, 3)
     assert work.sampling == params.sampling.model_copy(update={"seed": 9})  # the run's seed overrides sampling's
