@@ -81,6 +81,18 @@ def calls_per_episode(out: Path, step: int) -> float:
     return fmean(json.loads(line)["metrics"].get("tool_calls", 0.0) for line in lines)
 
 
+def held_back_eval(model: str, out: Path) -> dict[str, float]:
+    """The config's held-back eval of the weights in `model` (one `rl` step from them, eval at start
+    only; the eval tasks do not depend on the seed): its reward, tool calls per episode and valid-call share."""
+    rl(out, model, 0, "--max-steps", "1", "--orchestrator.eval.no-at-end")
+    record = evals(out)[0]
+    return {
+        "reward": record[f"eval/{ENV}/reward"],
+        "calls": calls_per_episode(out, record["step"]),
+        "valid": record.get(f"eval/{ENV}/metric/valid_tool_call_share", 0.0),
+    }
+
+
 def step_seconds(out: Path) -> float:
     from envrl.report.timeline import step_splits
     from envrl.telemetry.ledger import read_ledger
@@ -121,7 +133,7 @@ def seed_run(base: Path, sft_out: Path, seed: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="none: the warm start only")
     parser.add_argument("--model", default="deps/models/smollm2-135m")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "tool_agent_seeds")
     parser.add_argument("--no-base-eval", dest="base_eval", action="store_false")
@@ -131,9 +143,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     base = float("nan")
     if args.base_eval:
-        out = args.out / "base"
-        rl(out, model, 0, "--max-steps", "1", "--orchestrator.eval.no-at-end")
-        base = evals(out)[0][f"eval/{ENV}/reward"]
+        base = held_back_eval(model, args.out / "base")["reward"]
         print(f"base model: eval reward {base:.3f}", flush=True)
     sft_out, sft_s = (args.sft.resolve(), float("nan")) if args.sft else warm_start(args.out, model)
     print(f"warm start: {sft_out} (SFT {sft_s:.0f} s)", flush=True)
@@ -148,6 +158,8 @@ def main() -> None:
             f"RL step {r['step_s']:.1f} s (median); RL {r['rl_s']:.0f} s",
             flush=True,
         )
+    if not rows:
+        return
     gains = [r["rl"] - r["sft"] for r in rows]
     print(f"mean RL gain {fmean(gains):+.3f} over {len(rows)} seeds (min {min(gains):+.3f}); "
           f"mean after RL {fmean(r['rl'] for r in rows):.3f}", flush=True)  # fmt: skip

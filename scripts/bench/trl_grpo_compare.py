@@ -8,7 +8,11 @@ its `calculate` tool; `--model` then names the SFT warm start both sides begin f
 same tool as a function (`tools=`), SmolLM2's tool-call syntax as a `response_template`
 (`TOOL_RESPONSE_TEMPLATE`; TRL knows no SmolLM2 template), `max_tool_calling_iterations` =
 `max_turns - 1` and a completion budget of `max_tokens x max_turns` (TRL's budget is per episode,
-envrl's per turn). Both sides also print their train reward per step, first steps to last.
+envrl's per turn). Both sides also print their train reward per step, first steps to last; TRL's
+side also its tool calls per episode and failed-call share per step (TRL's `tools/*` logs).
+`--save DIR` merges TRL's LoRA into the weights at the end (DIR/final) and, for the tool agent,
+scores them with envrl's held-back eval (`smollm2_tool_agent.held_back_eval`: the same 48 eval
+tasks as the recipe's seeds); `--stop-by` (Unix time) ends TRL's training early, keeping its steps.
 
 envrl: `rl` on configs/cpu/smollm2_reverse_text.toml as it is (evals off, as TRL runs none),
 each step from the trainer's ledger, with the median split of a steady step into the report's
@@ -72,6 +76,9 @@ TRL_VERSION = "1.16.0"
 CPU_TORCH = "torch==2.13.0+cpu"
 """The CPU build the root pyproject pins for the `cpu` group (from its `local-cpu-torch` index)."""
 CPU_TORCH_INDEX = "/opt/wheels"
+STEP_LOGS = ("reward", "tools/call_frequency", "tools/failure_frequency", "completions/mean_length")
+"""What TRL logs of a step that the TRL side records: train reward, tool calls per episode (the
+calls TRL parsed and ran), the share of those that raised, completion tokens per episode."""
 RESULT = "TRL_STEP_TIMES "
 """Prefix of the one line the TRL side prints for this script to read."""
 
@@ -120,14 +127,15 @@ def run_envrl(recipe: str, model: str, steps: int, warmup: int, out: Path) -> di
     }
 
 
-def run_trl(recipe: str, model: str, steps: int, warmup: int) -> dict[str, float]:
-    """The TRL side in its own throwaway environment; its median step and train reward per step."""
+def run_trl(recipe: str, model: str, steps: int, warmup: int, save: Path | None, stop_by: float) -> dict:
+    """The TRL side in its own throwaway environment; its median step, train reward per step and
+    the per-step records of `trl_worker`."""
     argv = [
         "uv", "run", "--no-project", "--isolated", "--find-links", CPU_TORCH_INDEX,
         "--with", CPU_TORCH, "--with", f"trl=={TRL_VERSION}", "--with", "peft",
         "--with-editable", str(ROOT), "--with-editable", str(ROOT / "deps" / "envs" / ENV_DIRS[recipe]),
         "python", "-m", "scripts.bench.trl_grpo_compare", "--trl-worker", "--model", model, "--steps", str(steps),
-        "--recipe", recipe,
+        "--recipe", recipe, "--stop-by", str(stop_by), *(["--save", str(save)] if save else []),
     ]  # fmt: skip
     # A throwaway environment: compiling its ~12,000 files' bytecode (the root pyproject's
     # `compile-bytecode`) took 2.5 min of the 2-core box before every run.
@@ -137,10 +145,12 @@ def run_trl(recipe: str, model: str, steps: int, warmup: int) -> dict[str, float
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"the TRL side exited with {proc.returncode}:\n{proc.stdout[-3000:]}")
     times = json.loads(lines[-1].removeprefix(RESULT))
-    step, generation = median(times["steps"][warmup:]), median(times["generation"][warmup:])
+    kept = times["steps"][warmup:] or times["steps"]  # a run stopped early keeps its only steps
+    step = median(kept)
+    generation = median(times["generation"][warmup : warmup + len(kept)] or times["generation"])
     return {
         "step s": step, "generation": generation, "training": step - generation, "torch threads": times["threads"],
-        "rewards": times["rewards"],
+        "rewards": times["rewards"], "per step": times["per_step"],
     }  # fmt: skip
 
 
@@ -189,12 +199,15 @@ def tool_agent_task(shapes: dict, model: str) -> tuple[list[dict], Callable[...,
     return rows, reward, trainer_extras, config_extras
 
 
-def trl_worker(recipe: str, model: str, steps: int) -> None:
-    """GRPOTrainer on the recipe's shapes (runs inside the TRL environment); prints the step times."""
+def trl_worker(recipe: str, model: str, steps: int, save: Path | None, stop_by: float) -> None:
+    """GRPOTrainer on the recipe's shapes (runs inside the TRL environment); prints the step times
+    and, per step, what TRL logs of it. Training stops after the step past which another step of the
+    same length would end after `stop_by` (Unix seconds); `save`: the LoRA merged into the model's
+    weights at the end, with its tokenizer, in `save/final`."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback, TrainerControl
     from trl import GRPOConfig, GRPOTrainer
 
     shapes = recipe_shapes(recipe)
@@ -205,17 +218,24 @@ def trl_worker(recipe: str, model: str, steps: int) -> None:
 
     ends: list[float] = []
     rewards: list[float] = []
+    per_step: list[dict[str, float]] = []
 
     class StepEnds(TrainerCallback):
-        def on_step_end(self, *args: object, **kwargs: object) -> None:
+        def on_step_end(self, args: object, state: object, control: TrainerControl, **kwargs: object) -> None:
             ends.append(time.perf_counter())
+            last = ends[-1] - (ends[-2] if len(ends) > 1 else start)
+            if time.time() + last > stop_by:
+                print(f"TRL: stopping after step {len(ends)}: another would end past --stop-by", file=sys.stderr)
+                control.should_training_stop = True
 
         def on_log(self, *args: object, logs: dict | None = None, **kwargs: object) -> None:
             if logs and "reward" in logs:
                 rewards.append(logs["reward"])
-                # progress on stderr (not read by the parent): a run cut short still shows its steps
                 wall = ends[-1] - (ends[-2] if len(ends) > 1 else start)
-                print(f"TRL step {len(ends)}: {wall:.1f} s, train reward {logs['reward']:.3f}", file=sys.stderr)
+                record = {"step s": wall, **{k: logs[k] for k in STEP_LOGS if k in logs}}
+                per_step.append(record)
+                # progress on stderr (not read by the parent): a run cut short still shows its steps
+                print(f"TRL step {len(ends) - 1}: {json.dumps(record)}", file=sys.stderr)
 
     lora = shapes["lora"]
     with tempfile.TemporaryDirectory() as out:
@@ -247,13 +267,13 @@ def trl_worker(recipe: str, model: str, steps: int) -> None:
         start = time.perf_counter()
         trainer.train()
     steps = [b - a for a, b in pairwise([start, *ends])]
-    print(
-        RESULT
-        + json.dumps(
-            {"steps": steps, "generation": generating, "threads": torch.get_num_threads(), "rewards": rewards}
-        ),
-        flush=True,
-    )
+    result = {"steps": steps, "generation": generating, "threads": torch.get_num_threads(), "rewards": rewards}
+    print(RESULT + json.dumps({**result, "per_step": per_step}), flush=True)
+    if save:
+        final = save / "final"
+        trainer.model.merge_and_unload().save_pretrained(final)
+        AutoTokenizer.from_pretrained(model).save_pretrained(final)  # the chat template with tools
+        print(f"TRL: weights after {len(steps)} steps in {final}", file=sys.stderr)
 
 
 def main() -> None:
@@ -263,11 +283,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the medians")
     parser.add_argument("--side", choices=["both", "envrl", "trl"], default="both")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="reverse-text")
+    parser.add_argument(
+        "--save", type=Path, help="TRL's final weights go to SAVE/final (tool-agent: then its held-back eval)"
+    )
+    parser.add_argument(
+        "--stop-by", type=float, default=float("inf"),
+        help="Unix time: TRL stops after the step past which another would end later (its weights still saved)",
+    )  # fmt: skip
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
+    save = args.save.resolve() if args.save else None
     if args.trl_worker:
-        trl_worker(args.recipe, model, args.steps)
+        trl_worker(args.recipe, model, args.steps, save, args.stop_by)
         return
     shapes = recipe_shapes(args.recipe)
     print(
@@ -278,13 +306,24 @@ def main() -> None:
     )
     results: dict[str, dict] = {}
     if args.side in ("both", "trl"):
-        results["trl"] = run_trl(args.recipe, model, args.steps, args.warmup)
+        results["trl"] = run_trl(args.recipe, model, args.steps, args.warmup, save, args.stop_by)
         trl = results["trl"]
         print(
             f"TRL {TRL_VERSION} GRPOTrainer: {trl['step s']:.2f} s/step (generation and scoring {trl['generation']:.2f}, "
             f"the rest {trl['training']:.2f}; {trl['torch threads']} torch threads)",
             flush=True,
         )
+        for i, record in enumerate(trl["per step"]):
+            print(f"TRL step {i}: " + ", ".join(f"{k} {v:.3f}" for k, v in record.items()), flush=True)
+        if save and args.recipe == "tool-agent":
+            from scripts.bench.smollm2_tool_agent import held_back_eval
+
+            held = held_back_eval(str(save / "final"), save / "eval")
+            print(
+                f"TRL's final weights, envrl's held-back eval: reward {held['reward']:.3f}, tool calls per episode "
+                f"{held['calls']:.2f}, valid-call share {held['valid']:.2f}",
+                flush=True,
+            )
     if args.side in ("both", "envrl"):
         with tempfile.TemporaryDirectory() as tmp:
             results["envrl"] = run_envrl(args.recipe, model, args.steps + 1, args.warmup, Path(tmp) / "run")
