@@ -1,6 +1,8 @@
 """`rl` runs on the CPU smoke config for the integration tests, and the one 40-step smoke run
 that test_rl.py and test_report.py share (started once per session, under the heavy lock the
 caller holds).
+Runs leave out the end-of-run report (`--no-report`, seconds of plotting each) unless the test
+reads it (`report=True`).
 
 Every `rl` run here carries a unique marker in its environment, which all of its descendants
 inherit; "nothing left running" means no process with that marker exists once `rl` is gone.
@@ -24,13 +26,15 @@ from tests.support.ports import free_base_port, free_port
 
 
 @contextmanager
-def rl_process(out: Path, *overrides: str, config: Path = SMOKE) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def rl_process(
+    out: Path, *overrides: str, config: Path = SMOKE, report: bool = False
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """Start `rl` on `config` (the smoke config) in `out`; on exit make sure it and all it started are gone."""
     marker = uuid.uuid4().hex
     argv = [
         sys.executable, "-m", "envrl.launcher.main", "--config", str(config),
         "--output-dir", str(out), "--inference.port", str(free_port()),
-        "--env-server-base-port", str(free_base_port()), *overrides,
+        "--env-server-base-port", str(free_base_port()), *([] if report else ["--no-report"]), *overrides,
     ]  # fmt: skip
     env = {**os.environ, MARKER: marker, "WANDB_MODE": "offline"}
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -77,11 +81,16 @@ class FinishedRun:
 
 
 def run_to_end(
-    out: Path, *overrides: str, config: Path = SMOKE, timeout: float = 1500, survivors_timeout: float = 10.0
+    out: Path,
+    *overrides: str,
+    config: Path = SMOKE,
+    timeout: float = 1500,
+    survivors_timeout: float = 10.0,
+    report: bool = False,
 ) -> FinishedRun:
     """`rl` on `config` in `out` with `overrides`, to its end; its console is also written beside
     `out` (`<name>-console.txt`) for a failure's post-mortem."""
-    with rl_process(out, *overrides, config=config) as (proc, marker):
+    with rl_process(out, *overrides, config=config, report=report) as (proc, marker):
         code, console = finish(proc, timeout=timeout)
         survivors = wait_no_survivors(marker, survivors_timeout)
     (out.parent / f"{out.name}-console.txt").write_text(console)
@@ -89,5 +98,5 @@ def run_to_end(
 
 
 def run_smoke(out: Path) -> FinishedRun:
-    """The whole smoke config (40 steps) in `out`, to its end."""
-    return run_to_end(out)
+    """The whole smoke config (40 steps) in `out`, to its end, with its report (test_report.py reads it)."""
+    return run_to_end(out, report=True)
