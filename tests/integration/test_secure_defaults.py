@@ -1,7 +1,9 @@
 """`rl` is secure by default on a shared node: `/update_weights` refuses a caller without the
 run's token and vLLM's routes one without the run's API key (while the run's own calls go through), and neither that token nor a secret of
 `rl`'s environment reaches the env servers and their workers, which run model-driven code.
-A real smoke run (vLLM, trainer, env servers), under the heavy lock.
+A real smoke run (vLLM, trainer, env servers), under the heavy lock: one run, with the key `rl` makes;
+a key the operator sets takes the same route (tests/unit/launcher/test_secrets.py checks it is the one
+handed on).
 """
 
 from __future__ import annotations
@@ -120,20 +122,6 @@ def test_reload_needs_the_run_s_token_and_env_servers_see_neither_it_nor_rl_s_se
         p.read_text(errors="replace") for p in out.rglob("*") if p.is_file() and p.suffix in (".log", ".toml", ".txt")
     )
     assert token not in logged and token not in console and key not in logged and key not in console
-
-
-def test_with_an_api_key_set_vllm_s_routes_demand_it_and_the_run_s_clients_send_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(API_KEY_ENV, "run-api-key")
-    out = tmp_path / "keyed"
-    with rl_process(out, "--max-steps", "2") as (proc, _):
-        port = _wait_until_serving(proc)
-        assert _get(port, "/v1/models", {}) == 401
-        assert _get(port, "/v1/models", {"Authorization": "Bearer run-api-key"}) == 200
-        code, console = finish(proc, timeout=1500)
-    assert code == 0, console[-3000:]  # the orchestrator and the env servers generated with the key
-    assert [m["step"] for m in metric_lines(out) if "trainer/loss" in m] == [0, 1]
 
 
 NOBODY_CLIENT = """
