@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from envrl.inference.server import FORKED
+from envrl.inference.engine_fork import FORKED
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.replicas import InferenceReplicas
 from envrl.model.tiny import DEFAULT_DIR

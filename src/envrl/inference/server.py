@@ -32,6 +32,7 @@ from envrl.config import ConfigError
 from envrl.inference.adapter import check_lora_support
 from envrl.inference.chat_tools import chat_tool_options
 from envrl.inference.config import InferenceConfig
+from envrl.inference.engine_fork import fork_cpu_engine
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
 from envrl.runtime.http import poll_delays
@@ -170,50 +171,7 @@ def log_in_vllm_children() -> None:
         from envrl.inference.cpu_lora import patch_cpu_lora
 
         patch_cpu_lora()
-        fork_cpu_engine()
-
-
-FORKED = "vLLM's engine core starts by fork from the API server"
-FORK_ENV = "ENVRL_VLLM_ENGINE_FORK"
-"""Set to 0 in the inference server's environment to let vLLM-CPU spawn its engine core (its own
-choice), e.g. to measure the difference (`docs/inference.md`, Start-up)."""
-
-
-def fork_cpu_engine() -> None:
-    """vLLM-CPU with its worker in the engine process (`cpu_environment`): start that engine core
-    by fork from the API server, which has imported torch and vLLM already, instead of vLLM-CPU's
-    forced `spawn`, which imports them all once more (about half of the start-up).
-
-    Installed in the API server when it loads its plugins (before `inference.main` sets the
-    engine's environment), decided when vLLM checks the engine config (after). What the engine's
-    torch would have read from the environment at its own import is applied to the torch it
-    inherits: the thread count (`OMP_NUM_THREADS`) and `TORCHDYNAMO_DISABLE`. Several workers,
-    data parallelism, a `VLLM_WORKER_MULTIPROC_METHOD` of the user's or `ENVRL_VLLM_ENGINE_FORK=0`
-    keep vLLM's spawn.
-    """
-    if "VLLM_WORKER_MULTIPROC_METHOD" in os.environ:  # the user's, or vLLM's in a process it started
-        return
-    import torch
-    from vllm.platforms.cpu import CpuPlatform
-
-    spawning = CpuPlatform.check_and_update_config.__func__
-    api_server = os.getpid()
-
-    def check_and_update_config(cls: type[CpuPlatform], vllm_config: Any) -> None:
-        spawning(cls, vllm_config)  # sets VLLM_WORKER_MULTIPROC_METHOD=spawn, among its other settings
-        parallel = vllm_config.parallel_config
-        in_engine = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-        if os.getpid() != api_server:  # the forked engine checks configs too; it starts no process
-            return
-        if in_engine and os.environ.get(FORK_ENV) != "0" and parallel.world_size == parallel.data_parallel_size == 1:
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-            logger.info(f"{FORKED}, so it imports torch and vLLM only once (docs/inference.md, Start-up)")
-            if threads := os.environ.get("OMP_NUM_THREADS"):
-                torch.set_num_threads(int(threads))
-            if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
-                torch._dynamo.config.disable = True
-
-    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
+        fork_cpu_engine()  # in the API server; a forked engine inherits it, a spawned one skips it
 
 
 def option_argv(options: dict[str, Any]) -> list[str]:
