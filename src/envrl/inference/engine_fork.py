@@ -6,8 +6,8 @@ Guarantee: when the worker runs inside the engine process (`VLLM_ENABLE_V1_MULTI
 a fork of the API server: it inherits torch and vLLM already imported (vLLM-CPU's forced `spawn`
 imports them all once more, about half of the start-up), runs with the thread count and the
 dynamo switch the environment asks for (`OMP_NUM_THREADS`, `TORCHDYNAMO_DISABLE`, which torch
-reads only at import), and holds no copy of the API server's listening socket (so the port is
-free, and connections are refused, once the API server is gone). Otherwise vLLM's spawn is kept.
+reads only at import), and holds no copy of the API server's server socket (so the port is free,
+and connections are refused, once the API server is gone). Otherwise vLLM's spawn is kept.
 """
 
 from __future__ import annotations
@@ -67,20 +67,22 @@ def _prepare_fork() -> None:
 
 
 def close_inherited_listeners() -> None:
-    """In a fork of the API server: close the listening TCP sockets it inherited (the API server's
-    own, bound before vLLM starts its engine), keeping every other descriptor."""
+    """In a fork of the API server: close the TCP sockets it inherited bound to a port but
+    connected to no peer (the API server's own, which vLLM binds before it starts its engine and
+    uvicorn listens on after), keeping every other descriptor."""
     for name in os.listdir("/proc/self/fd"):
         try:
             sock = socket.socket(fileno=int(name))
         except (OSError, ValueError):
             continue  # not a socket (or the directory's own descriptor, closed already)
-        try:
-            listening = sock.family in (socket.AF_INET, socket.AF_INET6) and sock.getsockopt(
-                socket.SOL_SOCKET, socket.SO_ACCEPTCONN
-            )
-        except OSError:
-            listening = False
-        if listening:
+        tcp = sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM
+        server_side = False
+        if tcp and sock.getsockname()[1] != 0:
+            try:
+                sock.getpeername()
+            except OSError:  # bound, and no peer: a server's socket (listening, or about to)
+                server_side = True
+        if server_side:
             sock.close()
         else:
             sock.detach()
