@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from envrl.inference.engine_fork import FORKED
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.replicas import InferenceReplicas
 from envrl.model.tiny import DEFAULT_DIR
@@ -190,10 +191,14 @@ def server_process(base_url: str) -> psutil.Process:
     return psutil.Process(listening[0].pid)
 
 
-def test_vllm_cpu_serves_from_two_processes_with_the_worker_in_the_engine(vllm_server) -> None:
-    """API server + engine core (running the model): no third process importing torch and vLLM."""
+def test_vllm_cpu_serves_from_two_processes_with_the_worker_in_the_engine_forked_from_the_api_server(
+    vllm_server,
+) -> None:
+    """API server + engine core (running the model): no third process importing torch and vLLM,
+    and the engine forked from the API server, so it did not import them again either."""
     commands = [" ".join(p.cmdline()).strip() for p in server_process(vllm_server.base_url).children(recursive=True)]
     assert [c for c in commands if "resource_tracker" not in c] == ["VLLM::EngineCore"], commands
+    assert FORKED in vllm_server.log_file.read_text()
 
 
 def test_the_server_warms_up_before_it_answers_health(vllm_server) -> None:

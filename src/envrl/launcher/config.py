@@ -107,6 +107,9 @@ class RLConfig(BaseConfig):
     restarts: RunRestarts = RunRestarts()
     shutdown_grace_s: float = Field(15.0, gt=0)
     """Seconds each process gets to exit after SIGTERM before it is killed."""
+    report: bool = True
+    """Write the report (`<output_dir>/report/`) when the run ends; `--no-report` leaves it out (and
+    its seconds of plotting), and `rl report OUTPUT_DIR` writes it at any time."""
     log: LogConfig = LogConfig()
     """Every process's log level (each one's output goes to `<output_dir>/logs/`)."""
     log_rotation: LogRotationConfig = LogRotationConfig()

@@ -206,7 +206,7 @@ def run_training(argv: Sequence[str]) -> None:
         _write_summary(rl, argv, outcome, supervisor, time.monotonic() - started)
         supervisor.stop_all()
         rotator.stop()
-        if outcome.status != "interrupted":  # after summary.json, which its headline reads
+        if rl.report and outcome.status != "interrupted":  # after summary.json, which its headline reads
             from envrl.report.main import write_report_at_end  # matplotlib's import would slow every rl start
 
             write_report_at_end(rl.output_dir)

@@ -71,6 +71,17 @@ def test_a_token_already_in_rl_s_environment_is_the_one_handed_on(
     assert commands.inference[0].environ(made)[RELOAD_TOKEN_ENV] == "operator-chosen"
 
 
+def test_an_api_key_already_in_rl_s_environment_is_the_one_inference_and_every_client_of_it_get(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the end-to-end run of a made key (tests/integration/test_secure_defaults.py), this is
+    what a key the operator chose changes: which key travels, by the same route."""
+    monkeypatch.setenv(API_KEY_ENV, "operator-api-key")
+    commands, made = launched(tmp_path)
+    got = [command.environ(made)[API_KEY_ENV] for command in (commands.inference[0], commands.orchestrator)]
+    assert got + [commands.env_servers[0].environ(made)[API_KEY_ENV]] == ["operator-api-key"] * 3
+
+
 def test_an_env_server_process_sees_the_allow_list_and_pass_env_but_no_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+import pytest
+
 from envrl.data import layout
 from envrl.launcher import summary
 
@@ -58,20 +60,27 @@ def test_a_run_with_no_metrics_has_a_summary_with_nulls(tmp_path: Path) -> None:
     assert data["error"] == "trainer died"
 
 
-def test_rl_that_fails_before_spawning_still_writes_a_failed_summary_and_report(tmp_path: Path) -> None:
+@pytest.mark.parametrize("report", [True, False], ids=["report", "no-report"])
+def test_rl_that_fails_before_spawning_still_writes_a_failed_summary_and_report_unless_told_not_to(
+    tmp_path: Path, report: bool
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         argv = ["--orchestrator.envs", '[{"id": "reverse-text"}]', "--output-dir", str(tmp_path / "run")]
-        argv += ["--inference.port", str(port)]
+        argv += ["--inference.port", str(port), *([] if report else ["--no-report"])]
         done = subprocess.run([sys.executable, "-m", "envrl.launcher.main", *argv], capture_output=True, timeout=120)
     assert done.returncode == 1, done.stderr.decode()
     data = _read(tmp_path / "run" / "summary.json")
     assert data["status"] == "failed" and data["reason"] == "error"
     assert f":{port}" in data["error"] and data["steps_done"] == 0
     assert data["command"].startswith("rl --orchestrator.envs")
-    assert '"status":"failed"' in (tmp_path / "run" / "report" / "index.html").read_text()  # a report, after it
+    index = tmp_path / "run" / "report" / "index.html"
+    if report:
+        assert '"status":"failed"' in index.read_text()  # a report, after it
+    else:
+        assert not index.parent.exists()
 
 
 def test_summary_records_what_each_recovery_cost(tmp_path: Path) -> None:
