@@ -29,10 +29,14 @@ def test_a_fork_closes_its_inherited_server_sockets_only() -> None:
     try:
         pid = os.fork()
         if pid == 0:  # the child: report which descriptors are still open after the close
-            close_inherited_listeners()
-            fds = (listener.fileno(), bound.fileno(), client.fileno(), accepted.fileno(), near.fileno())
-            os.write(write, bytes(_is_open(fd) for fd in (*fds, unbound.fileno(), read)))
-            os._exit(0)
+            code = 1  # never return into pytest from the fork, whatever raises
+            try:
+                close_inherited_listeners()
+                fds = (listener.fileno(), bound.fileno(), client.fileno(), accepted.fileno(), near.fileno())
+                os.write(write, bytes(_is_open(fd) for fd in (*fds, unbound.fileno(), read)))
+                code = 0
+            finally:
+                os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         # the listener and the bound socket closed; connections, the pair, a plain socket and the pipe kept
