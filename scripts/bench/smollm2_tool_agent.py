@@ -3,7 +3,7 @@ calculator demonstrations, then `rl` on configs/cpu/smollm2_tool_agent.toml; pri
 
     flock /tmp/envrl-learn.lock uv run --no-sync python -m scripts.bench.smollm2_tool_agent \
         [--seeds 0 1 2] [--model deps/models/smollm2-135m] [--out outputs/tool_agent_seeds] \
-        [--sft DIR] [--no-base-eval]
+        [--sft DIR] [--no-base-eval] [--rl-args "--max-async-level 0"]
 
 The warm start is shared: `calculator.demos --seed 0` (96 conversations, about half of them
 calling the tool) and `rl sft --seed 0` once (or `--sft DIR`, the output dir of an earlier one);
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -114,9 +115,9 @@ def warm_start(base: Path, model: str) -> tuple[Path, float]:
     return sft_out, sft_s
 
 
-def seed_run(base: Path, sft_out: Path, seed: int) -> dict[str, float]:
+def seed_run(base: Path, sft_out: Path, seed: int, rl_args: list[str]) -> dict[str, float]:
     rl_out = base / f"rl_s{seed}"
-    rl_s = rl(rl_out, str(sft_out / "weights" / "final"), seed)
+    rl_s = rl(rl_out, str(sft_out / "weights" / "final"), seed, *rl_args)
     start, end = evals(rl_out)[0], evals(rl_out)[-1]
     key = f"eval/{ENV}"
     return {
@@ -138,6 +139,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "tool_agent_seeds")
     parser.add_argument("--no-base-eval", dest="base_eval", action="store_false")
     parser.add_argument("--sft", type=Path, help="an earlier warm start's output dir (skips demos and SFT)")
+    parser.add_argument("--rl-args", default="", help="extra `rl` flags for every seed, one string")
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
     args.out.mkdir(parents=True, exist_ok=True)
@@ -149,7 +151,7 @@ def main() -> None:
     print(f"warm start: {sft_out} (SFT {sft_s:.0f} s)", flush=True)
     rows = []
     for seed in args.seeds:
-        r = seed_run(args.out, sft_out, seed)
+        r = seed_run(args.out, sft_out, seed, shlex.split(args.rl_args))
         rows.append(r)
         print(
             f"seed {seed}: eval reward base {base:.3f} / after SFT {r['sft']:.3f} / after RL {r['rl']:.3f} "
