@@ -4,6 +4,7 @@ answering the others."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import zmq
 
 from envrl.serve import protocol as p
 from envrl.serve.protocol import WORKER_DONE, WORKER_READY
+from envrl.serve.worker import WORKER_CONFIG_ENV
 from tests.support.bad_envs import HANG
 from tests.support.bad_envs import SLEEP as SLEEP_TASK
 from tests.support.env_servers import SAMPLING, raw_exchange, running_env_server, wait_until
@@ -92,14 +94,15 @@ def rollout_request(request_id: str, task_idx: int) -> bytes:
 
 
 def test_only_the_servers_own_workers_can_answer_on_its_worker_socket(tmp_path: Path) -> None:
-    """A process on the node reads the worker socket's path from a worker's command line and
-    answers a running rollout with a forged reward, then says `ready` under a made-up name.
+    """A process on the node that learned the worker socket's path (every local user can list
+    bound unix sockets in /proc/net/unix; here it is read from a worker's environment) answers a
+    running rollout with a forged reward, then says `ready` under a made-up name.
     Before: the forged answer reached the client, and the `ready` crashed the server."""
     args = ["--pool", '{"min_workers": 1, "max_workers": 1}', "--env.args", '{"sleep": 1.0}']
     with running_env_server(tmp_path, *args) as server:
         [worker] = server.workers()
-        cmdline = Path(f"/proc/{worker}/cmdline").read_bytes().decode().split("\0")
-        address = cmdline[cmdline.index("--address") + 1]
+        environ = dict(v.split("=", 1) for v in Path(f"/proc/{worker}/environ").read_text().split("\0") if "=" in v)
+        address = json.loads(environ[WORKER_CONFIG_ENV])["address"]
         forged = msgpack.packb({"id": "slow", "ok": True, "result": {"reward": 999.0}})
         context = zmq.Context.instance()
         client = context.socket(zmq.DEALER)

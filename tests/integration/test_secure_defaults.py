@@ -97,7 +97,8 @@ def test_another_user_gets_no_rollout_from_the_run_s_env_servers_and_the_run_s_o
         public = shared / "server.key"  # what another user could at most learn: the server's public key
         shutil.copy(launch.config.curve.secret_key_file.with_suffix(".key"), public)
         public.chmod(0o644)
-        child, address = start_env_server(launch, log_file=tmp_path / "env-server.log")
+        argv = launch.argv(launch.write_config(tmp_path))
+        child, address = start_env_server(launch, argv=argv, log_file=tmp_path / "env-server.log")
         try:
             attacker = as_nobody([sys.executable, "-c", NOBODY_CLIENT, address, str(public)], timeout=120)
             assert attacker.returncode == 0, attacker.stderr[-3000:]

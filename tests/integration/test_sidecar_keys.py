@@ -1,7 +1,8 @@
 """The env servers `rl eval` and a standalone orchestrator spawn themselves admit only their own
 client, on loopback too: a client without keys, or with a key pair of its own, gets no rollout
 (real servers on loopback, scripted model), while the process's own handles run rollouts; the
-keys are private to their owner and never logged."""
+keys are private to their owner and never logged; no server or worker has its config (the
+model client, the env's args) on a command line, which every local user can read."""
 
 from __future__ import annotations
 
@@ -30,9 +31,11 @@ from envrl.orchestrator.plan import env_plan
 from envrl.runtime.process import RestartPolicy
 from envrl.serve.client import EnvClient, EnvServerError
 from envrl.serve.config import CurveClientConfig, PoolConfig
+from tests.support.env_servers import children, cmdline
 
 POOL = {"min_workers": 1, "max_workers": 1}
-SCRIPTED = {"type": "scripted", "replies": ["hi"]}
+CANARY = "a-reply-only-this-user-may-read"
+SCRIPTED = {"type": "scripted", "replies": [CANARY]}
 ENVS = [{"id": "reverse-text", "pool": POOL}, {"id": "reverse-text", "name": "second", "pool": POOL}]
 """Two envs, whose servers start at once: both must get the same keys."""
 
@@ -95,11 +98,16 @@ def test_a_spawned_sidecar_serves_only_the_client_holding_its_key(tmp_path: Path
             assert env.config.curve is not None  # the handle connects with the planned client keys
             tried = {"no key": None, "a stranger's key": own_keys(tmp_path / "stranger"), "its own": env.config.curve}
             outcomes = {who: await attempt(env.address, curve) for who, curve in tried.items()}
+            server = env.sidecars.pid(env.address)
+            assert server is not None
+            command_lines[server] = cmdline(server).split(b"\0")[:-1]
+            command_lines.update({worker: cmdline(worker).split(b"\0")[:-1] for worker in children(server)})
             for handle in envs:
                 traces = await handle.run_group(0, n=1, seed=0)
                 outcomes[f"handle {handle.name}"] = "failed" if traces[0].has_error else "served"
             return outcomes
 
+    command_lines: dict[int, list[bytes]] = {}
     outcomes = asyncio.run(run())
     assert outcomes == {
         "no key": "refused (unavailable)",
@@ -117,6 +125,15 @@ def test_a_spawned_sidecar_serves_only_the_client_holding_its_key(tmp_path: Path
     secrets = [zmq.auth.load_certificate(path)[1] for path in (server.secret_key_file, client.secret_key_file)]
     logged = b"".join(path.read_bytes() for path in (out / "logs").rglob("*") if path.is_file())
     assert logged and not any(secret in logged for secret in secrets)
+    # The server's config (its client, whose replies are the canary) comes from a file of this
+    # user's; each worker's (the env's args) from its environment; neither from a command line.
+    config_file = out / "configs" / "envs" / "train" / "reverse-text.toml"
+    if spawner is eval_sidecars:
+        config_file = out / "configs" / "envs" / "eval" / "reverse-text.toml"
+    assert CANARY in config_file.read_text() and config_file.stat().st_mode & 0o777 == 0o600
+    server_argv, *workers_argv = command_lines.values()
+    assert server_argv[-4:] == [b"-m", b"envrl.serve.main", b"--config", str(config_file).encode()], server_argv
+    assert workers_argv and all(argv[-2:] == [b"-m", b"envrl.serve.worker"] for argv in workers_argv), workers_argv
 
 
 def test_sidecars_refuse_to_spawn_a_server_planned_without_their_keys(tmp_path: Path) -> None:

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.env_servers import alive, children, wait_until
+from tests.support.env_servers import alive, children, cmdline, wait_until
 from tests.support.verifiers_env import (
     NULL_HARNESS,
     TOKENIZER,
-    cmdline,
     digit_share,
     example_python,
     run_group,

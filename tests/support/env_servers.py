@@ -56,6 +56,13 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def cmdline(pid: int) -> bytes:
+    """The process's NUL-separated argv (empty once it is gone)."""
+    with suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    return b""
+
+
 def alive(pid: int) -> bool:
     """True if `pid` runs (a zombie awaiting its reaper counts as gone)."""
     try:

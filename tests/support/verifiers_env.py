@@ -12,7 +12,7 @@ import asyncio
 import json
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -67,10 +67,3 @@ def digit_share(text: str) -> float:
     """digits-count's reward of a reply."""
     chars = [c for c in text if not c.isspace()]
     return sum(c in "0123456789" for c in chars) / len(chars) if chars else 0.0
-
-
-def cmdline(pid: int) -> bytes:
-    """The process's NUL-separated argv (empty once it is gone)."""
-    with suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    return b""

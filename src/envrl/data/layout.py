@@ -61,6 +61,11 @@ def configs_dir(output_dir: Path) -> Path:
     return Path(output_dir) / "configs"
 
 
+def env_server_process(split: Split, env: str) -> str:
+    """How env `env`'s server is named among the run's processes (its config file): `envs/<split>/<env>`."""
+    return f"envs/{split}/{env}"
+
+
 def process_config_file(output_dir: Path, process: str) -> Path:
     """The resolved config of process `process` (`trainer`, `envs/train/<env>`, ...): `<output_dir>/configs/<process>.toml`."""
     return configs_dir(output_dir) / f"{process}.toml"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from envrl.config import config_to_toml
@@ -73,9 +74,10 @@ def plan_env(
     return PlannedEnv(split, env.model_copy(update={"address": address, "curve": client_keys}), client, launch)
 
 
-def describe(planned: Sequence[PlannedEnv]) -> list[str]:
+def describe(planned: Sequence[PlannedEnv], output_dir: Path) -> list[str]:
     """`--dry-run`'s lines for `planned`: each external server's address, each spawned server's
-    config and command, and what each sees beyond the environment allow-list."""
+    config and command (the config read from its file under `output_dir`), and what each sees
+    beyond the environment allow-list."""
     lines = []
     for env in planned:
         if env.server is None:
@@ -88,6 +90,6 @@ def describe(planned: Sequence[PlannedEnv]) -> list[str]:
             f"# {env.server.title}, spawned on {where}; variables beyond the allow-list: {seen}",
             f"# it admits only the holder of {env.env.curve.secret_key_file} (CURVE keys made before it starts)",
             config_to_toml(env.server.config).rstrip("\n"),
-            shlex.join(env.server.argv()),
+            shlex.join(env.server.argv(env.server.config_file(output_dir))),
         ]
     return lines

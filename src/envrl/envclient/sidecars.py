@@ -9,6 +9,8 @@ exit and its log tail); every wait for a lost server raises it. `close` (at the 
 exit) stops every server, process groups included. Every server it starts demands the CURVE keys
 of its `output_dir` (`sidecar_keys`, made here before the first one starts, private to this
 user): a launch planned without them is refused, so no sidecar serves a client without the key.
+Each server reads its config from a file of this user's only (`EnvServerLaunch.write_config`),
+so its model client is not on a command line another user can read.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class Sidecars:
             make_curve_keys(curve_dir(self.output_dir))
 
     def _start(self, launch: EnvServerLaunch, log_file: Path) -> tuple[Child, str]:
-        return start_env_server(launch, log_file=log_file, ready_timeout=self.ready_timeout)
+        argv = launch.argv(launch.write_config(self.output_dir))
+        return start_env_server(launch, argv=argv, log_file=log_file, ready_timeout=self.ready_timeout)
 
     def pid(self, address: str) -> int | None:
         """The pid of the server serving `address` now (None: not one of these)."""

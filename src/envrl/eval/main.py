@@ -150,7 +150,9 @@ def env_plan(config: EvalCommandConfig) -> list[PlannedEnv[EvalCommandEnvConfig]
 
 def dry_run_text(config: EvalCommandConfig) -> str:
     """What `rl eval --dry-run` prints: the resolved config, then each env's server."""
-    return "\n".join(["# eval", config_to_toml(config).rstrip("\n"), *describe(env_plan(config)), ""])
+    return "\n".join(
+        ["# eval", config_to_toml(config).rstrip("\n"), *describe(env_plan(config), config.output_dir), ""]
+    )
 
 
 class Evaluation:

@@ -69,10 +69,6 @@ class LaunchPlan(BaseModel):
         return [*self.inference, *self.env_servers, self.trainer, *self.trainer_nodes, self.orchestrator]
 
 
-def env_server_key(split: str, name: str) -> str:
-    return f"envs/{split}/{name}"
-
-
 def trainer_argv(
     python: str, ranks: int, config: Path, nodes: int = 1, node_rank: int = 0, master: str = "", port: int = 29500
 ) -> list[str]:

@@ -284,7 +284,7 @@ def _start(run: RunPlan, supervisor: Supervisor, restarts: RestartPolicy, secret
         inference[command.name] = supervisor.add(spawn_inference(command), respawn)
     for server, command in zip(run.env_servers, plan.env_servers, strict=True):
         start_server = partial(
-            start_env_server, server, log_file=command.log_file, argv=command.argv, environ=command.environ(secrets)
+            start_env_server, server, argv=command.argv, log_file=command.log_file, environ=command.environ(secrets)
         )
         supervisor.add(_server_child(start_server), Respawn(partial(_server_child, start_server), server.restarts))
     trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts, out)

@@ -38,7 +38,6 @@ from envrl.launcher.commands import (
     TORCHRUN_RANK_ENV,
     Command,
     LaunchPlan,
-    env_server_key,
     process_command,
     trainer_argv,
 )
@@ -121,7 +120,7 @@ class RunPlan:
         """Each process's config by name (`configs/<name>.toml` in the run directory)."""
         configs: dict[str, BaseModel] = {**self.replicas, "trainer": self.trainer, "orchestrator": self.orchestrator}
         for server in self.env_servers:
-            configs[env_server_key(server.split, server.name)] = server.config
+            configs[layout.env_server_process(server.split, server.name)] = server.config
         return configs
 
     def start_order(self) -> list[tuple[int, Command]]:
@@ -321,7 +320,7 @@ def _commands(
     env_servers = [
         Command(
             name=server.title,
-            argv=server.argv(layout.process_config_file(out, env_server_key(server.split, server.name))),
+            argv=server.argv(server.config_file(out)),
             secrets=[key],
             allowed_env=server.allowed_env(withheld=frozenset({token})),
             log_file=layout.env_log_file(out, server.split, server.name),

@@ -48,4 +48,6 @@ def env_plan(
 
 def dry_run_text(config: OrchestratorConfig) -> str:
     """What `orchestrator --dry-run` prints: its config, then each env's server (`describe`)."""
-    return "\n".join(["# orchestrator", config_to_toml(config).rstrip("\n"), *describe(env_plan(config)), ""])
+    return "\n".join(
+        ["# orchestrator", config_to_toml(config).rstrip("\n"), *describe(env_plan(config), config.output_dir), ""]
+    )

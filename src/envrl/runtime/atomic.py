@@ -94,10 +94,13 @@ FULL_BELOW = 64 * 2**20
 """Free bytes under which `write_failure` calls the disk full."""
 
 
-def write_file(path: Path, data: bytes) -> None:
-    """Write and fsync `data` to `path`; an OSError (a full disk) names the file it failed on."""
+def write_file(path: Path, data: bytes, *, private: bool = False) -> None:
+    """Write and fsync `data` to `path` (`private`: mode 0600 before any byte is written); an
+    OSError (a full disk) names the file it failed on."""
     try:
         with path.open("wb") as f:
+            if private:
+                os.fchmod(f.fileno(), 0o600)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -105,12 +108,13 @@ def write_file(path: Path, data: bytes) -> None:
         raise OSError(e.errno, f"{e.strerror} (writing {len(data)} bytes)", str(path)) from e
 
 
-def atomic_write_text(path: Path, text: str | bytes) -> None:
-    """Replace the file `path` with `text` so that readers see the old or the new content, never half."""
+def atomic_write_text(path: Path, text: str | bytes, *, private: bool = False) -> None:
+    """Replace the file `path` with `text` so that readers see the old or the new content, never
+    half (`private`: a file of this user's only)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(path)
     try:
-        write_file(tmp, text.encode() if isinstance(text, str) else text)
+        write_file(tmp, text.encode() if isinstance(text, str) else text, private=private)
     except OSError:
         tmp.unlink(missing_ok=True)
         raise

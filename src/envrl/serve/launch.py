@@ -6,7 +6,9 @@ Guarantee: an `EnvServerLaunch` holds everything that decides the server process
 interpreter, the variables it may see beyond the allow-list, its restart policy), and `start`
 spawns exactly that process and returns the address it bound; starting it again on its own
 address brings back the same server, so clients reconnect to it. Who restarts it is the one that
-started it: the launcher under `rl`, the orchestrator standalone; both go through `start`.
+started it: the launcher under `rl`, the orchestrator standalone; both go through `start`. The
+server reads its config from a file under the run's `configs/` (its client map included), never
+from flags: a command line is readable by every local user (`/proc/<pid>/cmdline`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from pathlib import Path
 from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
-from envrl.runtime.process import Child, RestartPolicy, allowed_environ, config_argv, spawn_sidecar
+from envrl.config import config_to_toml
+from envrl.data.layout import env_server_process, process_config_file
+from envrl.runtime.atomic import atomic_write_text
+from envrl.runtime.process import Child, RestartPolicy, allowed_environ, spawn_sidecar
 from envrl.serve.config import EnvServerConfig
 
 
@@ -40,10 +45,19 @@ class EnvServerLaunch(BaseModel):
         """How logs and errors name it: `train env server 'reverse-text'`."""
         return f"{self.split} env server {self.name!r}"
 
-    def argv(self, config_file: Path | None = None) -> list[str]:
-        """Its command: the config from `config_file` (written by the launcher) or as flags."""
-        source = ["--config", str(config_file)] if config_file is not None else config_argv(self.config)
-        return [self.python, "-m", "envrl.serve.main", *source]
+    def config_file(self, output_dir: Path) -> Path:
+        """Where its config is written for it: `<output_dir>/configs/envs/<split>/<name>.toml`."""
+        return process_config_file(output_dir, env_server_process(self.split, self.name))
+
+    def write_config(self, output_dir: Path) -> Path:
+        """Write its config to `config_file(output_dir)`, readable by this user only; the path."""
+        path = self.config_file(output_dir)
+        atomic_write_text(path, config_to_toml(self.config), private=True)
+        return path
+
+    def argv(self, config_file: Path) -> list[str]:
+        """Its command, the config read from `config_file`."""
+        return [self.python, "-m", "envrl.serve.main", "--config", str(config_file)]
 
     def allowed_env(self, withheld: frozenset[str] = frozenset()) -> list[str]:
         """Names it may see beyond the allow-list: `pass_env` and its model client's API key variable,
@@ -55,15 +69,15 @@ class EnvServerLaunch(BaseModel):
 def start(
     launch: EnvServerLaunch,
     *,
+    argv: list[str],
     log_file: Path,
-    argv: list[str] | None = None,
     environ: dict[str, str] | None = None,
     ready_timeout: float = 120.0,
 ) -> tuple[Child, str]:
-    """Spawn the server (`argv`/`environ` default to `launch.argv()` and its allowed environment)
-    and wait until it reports the address it bound."""
+    """Spawn the server with `argv` (`launch.argv` of its written config; `environ` defaults to its
+    allowed environment) and wait until it reports the address it bound."""
     child, address = spawn_sidecar(
-        argv or launch.argv(),
+        argv,
         name=launch.title,
         log_file=log_file,
         env=environ if environ is not None else allowed_environ(launch.allowed_env()),

@@ -17,9 +17,9 @@ from collections.abc import Collection
 
 from loguru import logger
 
-from envrl.runtime.process import Child, config_argv, spawn
+from envrl.runtime.process import Child, spawn
 from envrl.serve.config import EnvServerConfig
-from envrl.serve.worker import WORKER_IDENTITY_ENV, WorkerConfig
+from envrl.serve.worker import WORKER_CONFIG_ENV, WORKER_IDENTITY_ENV, WorkerConfig
 
 
 class WorkerProcesses:
@@ -38,9 +38,9 @@ class WorkerProcesses:
             worker_id=worker_id, address=self.pool_address, env=config.env, timeout=config.timeout,
             log_file=config.log.file, log_level=config.log.level,
         )  # fmt: skip
-        argv = [sys.executable, "-m", "envrl.serve.worker", *config_argv(spec)]
-        environ = {**os.environ, WORKER_IDENTITY_ENV: identity.decode()}  # not argv: others can read that
-        child = spawn(argv, name=f"env worker {worker_id}", env=environ)
+        # Both in the environment, not argv: other local users can read a command line
+        environ = {**os.environ, WORKER_IDENTITY_ENV: identity.decode(), WORKER_CONFIG_ENV: spec.model_dump_json()}
+        child = spawn([sys.executable, "-m", "envrl.serve.worker"], name=f"env worker {worker_id}", env=environ)
         child.log_file = config.log.file
         self.children[worker_id] = child
         self.by_exit_fd[child.exit_fd] = worker_id

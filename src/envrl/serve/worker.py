@@ -30,7 +30,7 @@ import zmq
 from loguru import logger
 from pydantic import TypeAdapter
 
-from envrl.config import BaseConfig, load_config
+from envrl.config import BaseConfig
 from envrl.data.traces import Error, Task, Trace
 from envrl.envs.registry import load_environment
 from envrl.model.client import ClientConfig, ModelClient, SamplingArgs, build_client
@@ -47,6 +47,10 @@ UNENCODABLE_ERRORS = (TypeError, ValueError, OverflowError)
 WORKER_IDENTITY_ENV = "ENVRL_WORKER_IDENTITY"
 """The worker's socket identity on its server's pool socket, set by the server; the worker takes
 it out of its environment at start, so nothing it runs (envs, forked scoring) inherits it."""
+WORKER_CONFIG_ENV = "ENVRL_WORKER_CONFIG"
+"""The worker's `WorkerConfig` as JSON, set by the server and taken out the same way: an
+environment is readable by this user only, a command line by every local user (the env's args
+may hold what others must not read)."""
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 """The request a rollout task serves: tags every log line the task (or the env in it) writes."""
 CLIENT_CONFIG: TypeAdapter[ClientConfig] = TypeAdapter(ClientConfig)
@@ -281,11 +285,14 @@ def check_nofile(needed: int = NOFILE_NEEDED) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
-    config = load_config(WorkerConfig, argv, prog="env-worker")
+def main() -> None:
     identity = os.environ.pop(WORKER_IDENTITY_ENV, "").encode()
-    if not identity:
-        sys.exit(f"env-worker: {WORKER_IDENTITY_ENV} is not set: workers are started by their env server")
+    spec = os.environ.pop(WORKER_CONFIG_ENV, "")
+    if not identity or not spec:
+        sys.exit(
+            f"env-worker: {WORKER_IDENTITY_ENV} or {WORKER_CONFIG_ENV} is not set: workers are started by their env server"
+        )
+    config = WorkerConfig.model_validate_json(spec)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us in order
     setup_logging(LogConfig(level=config.log_level, file=config.log_file), process=f"env-worker[{config.worker_id}]")
     logger.configure(patcher=_tag_request)
