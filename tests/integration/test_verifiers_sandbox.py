@@ -15,12 +15,12 @@ import pytest
 from envrl.data.traces import Trace
 from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient
+from tests.support.env_servers import cmdline
 from tests.support.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 from tests.support.verifiers_env import (
     NULL_HARNESS,
     TIMEOUT,
     TOKENIZER,
-    cmdline,
     digit_share,
     verifiers_env_server,
 )
