@@ -1,8 +1,10 @@
 """CI-sized chaos: the faults of scripts/chaos/, folded into as few processes as possible.
 
 One `rl` run takes SIGKILLs of env workers, of the train env server, then of the orchestrator and
-the trainer together, and `--resume` finishes it (two vLLM start-ups, ~5 min on 2 cores); the
-disk-full and corrupt-batch faults hit a `trainer` process alone on hand-made batches (~20 s each).
+the trainer together, then of the trainer once more (past its restart budget: the run dies, and
+`summary.json` (strict JSON) and the report written after it name the trainer and its exit code),
+and `--resume` finishes it (two vLLM start-ups, ~5 min on 2 cores); the disk-full and
+corrupt-batch faults hit a `trainer` process alone on hand-made batches (~20 s each).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from envrl.data.layout import published_steps
 from envrl.data.samples import BATCH_FILE, write_batch
 from envrl.model.tiny import DEFAULT_DIR
+from envrl.report.headline import headline
 from scripts.chaos.corrupt_batch import flip_byte_in_column
 from tests.support.chaos_runs import RlRun, account, check_unique_lines, resume
 from tests.support.commands import run_to_completion
@@ -34,11 +38,29 @@ def trainer_steps(out: Path) -> list[int]:
     return [m["step"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "trainer/loss" in m]
 
 
-def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_resume(tmp_path: Path) -> None:
+def _no_constants(name: str) -> NoReturn:
+    raise ValueError(f"summary.json holds {name}, which is not JSON")
+
+
+def check_the_killed_trainer_is_named(out: Path, max_steps: int) -> None:
+    """A run that died of its trainer's SIGKILL says so in summary.json and its report."""
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=_no_constants)
+    assert summary["status"] == "failed" and summary["reason"] == "process failed"
+    assert summary["failed_process"] == "trainer" and summary["exit_code"] == -signal.SIGKILL
+    assert summary["failed_log"] == str(out / "logs" / "trainer.log")
+    assert summary["steps_done"] < max_steps and summary["train_reward"]["first"] is not None
+    failure = headline(out)["failure"]
+    assert failure["process"] == "trainer" and failure["exit_code"] == -signal.SIGKILL
+    assert '"process":"trainer"' in (out / "report" / "index.html").read_text()
+
+
+def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_are_named_and_resume(
+    tmp_path: Path,
+) -> None:
     out, steps = tmp_path / "chaos", 10
     rng = random.Random(0)
     one_restart = ("--restarts.max-restarts", "1")  # each process (env servers too) comes back once
-    with RlRun(out, "--max-steps", str(steps), "--trainer.ckpt.interval", "2", *one_restart) as run:
+    with RlRun(out, "--max-steps", str(steps), "--trainer.ckpt.interval", "2", *one_restart, report=True) as run:
         run.wait_until("batch 1", lambda: run.steps_done() >= 1)
         stop, worker_kills = threading.Event(), []
 
@@ -74,6 +96,7 @@ def test_killed_workers_env_server_orchestrator_and_trainer_lose_no_rollout_and_
     assert "train env server 'learnable'" in (out / "logs" / "launcher.log").read_text() and "restarted" in run.tail(
         100_000
     )
+    check_the_killed_trainer_is_named(out, steps)  # before the resume writes its own summary
 
     with resume(run, "--max-steps", str(steps), "--trainer.ckpt.interval", "2") as resumed:
         assert resumed.finish(900) == 0, resumed.tail()

@@ -1,5 +1,5 @@
-"""End to end: `rl` on the CPU smoke config learns, survives nothing it started, and resumes.
-(Faults injected into whole runs: test_chaos.py.)
+"""End to end: `rl` on the CPU smoke config learns and survives nothing it started. (Its resume:
+test_recovery.py, on a copy of the same run; faults injected into whole runs: test_chaos.py.)
 
 Every `rl` run here carries a unique marker in its environment, which all of its descendants
 inherit; "nothing left running" means no process with that marker exists once `rl` is gone.
@@ -8,14 +8,13 @@ inherit; "nothing left running" means no process with that marker exists once `r
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from pathlib import Path
 from statistics import fmean
 
 from tests.support.chaos_runs import marked_pids
 from tests.support.run_files import metric_lines
-from tests.support.smoke import FinishedRun, finish, rl_process, run_to_end, wait_no_survivors
+from tests.support.smoke import FinishedRun, finish, rl_process, wait_no_survivors
 
 
 def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: FinishedRun) -> None:
@@ -49,21 +48,6 @@ def test_smoke_run_console_prints_a_line_for_every_step(smoke_run: FinishedRun) 
     assert [(int(step), int(done)) for step, done in lines] == [(s, s + 1) for s in range(40)], smoke_run.console[
         -3000:
     ]
-
-
-def test_resumed_run_continues_step_numbering_and_metrics(smoke_run: FinishedRun, tmp_path: Path) -> None:
-    """Continues a copy of the session's finished 40-step smoke run (not vLLM's scratch dir: its
-    sockets and cache link belong to that run) for 2 more steps."""
-    assert smoke_run.code == 0, smoke_run.console[-3000:]
-    out, total = tmp_path / "resume", 42
-    shutil.copytree(smoke_run.out, out, ignore=shutil.ignore_patterns("inference"))
-    refused = run_to_end(out, "--max-steps", str(total), "--trainer.ckpt.interval", "1", timeout=60)
-    assert refused.code == 2 and "--resume" in refused.console, "an earlier run's output dir needs --resume or --clean"
-    run_to_end(out, "--max-steps", str(total), "--trainer.ckpt.interval", "1", "--resume", timeout=900).check()
-    records = metric_lines(out)
-    assert [m["step"] for m in records if "train/reward" in m] == list(range(total))
-    assert [m["step"] for m in records if "trainer/loss" in m] == list(range(total))
-    assert (out / "weights" / f"step_{total}").is_dir()
 
 
 def test_children_die_when_rl_itself_is_killed(tmp_path: Path) -> None:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import suppress
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,8 @@ import pytest
 from envrl.model.chat_tokens import chat_renderer
 from envrl.serve.client import EnvClient, EnvServerError
 from tests.support.env_servers import RunningServer, alive, children, wait_until
+from tests.support.standin_inference import serving
 from tests.support.verifiers_env import (
-    DEAD,
     NULL_HARNESS,
     TIMEOUT,
     TOKENIZER,
@@ -74,10 +77,55 @@ def test_the_eval_split_is_the_eval_taskset(digits_server: RunningServer) -> Non
     assert trace.error is None and trace.task.data["prompt"] == "261 262"  # type: ignore[attr-defined]  # seed 1's second count
 
 
-def test_a_failing_model_call_gives_an_error_trace_that_names_it(tmp_path: Path) -> None:
-    client = {"type": "train", "base_url": DEAD, "model": TOKENIZER, "retry": {"max_retries": 0, "timeout_s": 5.0}}
-    with verifiers_env_server(tmp_path, DIGITS, client=client) as server:
-        (trace,) = run_group(server.address, 1)
+@dataclass
+class StandinServer:
+    """A verifiers env server whose model client is a train client of `model`, a stand-in model
+    server this test process runs: it refuses every request (HTTP 500) while `failing` is set,
+    and otherwise holds each one unanswered until the module ends."""
+
+    env: RunningServer
+    failing: threading.Event
+
+
+@pytest.fixture(scope="module")
+def standin_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandinServer]:
+    """One env server for the tests of a model that fails and of one that never answers (the two
+    cost one verifiers start-up instead of two); the failing test runs first, as the other one
+    SIGKILLs the server's worker."""
+    failing, release = threading.Event(), threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            if not failing.is_set():
+                release.wait()
+            self.send_error(500, "the stand-in model server refuses")
+
+        do_GET = do_POST = answer  # http.server's names
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with serving(Handler) as url:
+        try:
+            client = {
+                "type": "train",
+                "base_url": url,
+                "model": TOKENIZER,
+                "retry": {"max_retries": 0, "timeout_s": 600},
+            }
+            env_args = {"taskset": {"num_tasks": 1}, "agent": NULL_HARNESS}
+            with verifiers_env_server(tmp_path_factory.mktemp("standin"), env_args, client=client) as server:
+                yield StandinServer(server, failing)
+        finally:
+            release.set()  # before `serving` joins its handler threads
+
+
+def test_a_failing_model_call_gives_an_error_trace_that_names_it(standin_server: StandinServer) -> None:
+    standin_server.failing.set()
+    try:
+        (trace,) = run_group(standin_server.env.address, 1)
+    finally:
+        standin_server.failing.clear()
     assert trace.reward is None and trace.stop_reason == "error" and trace.error is not None
     assert "chat proxy" in trace.error.message and "model call 0 failed" in trace.error.message, trace.error
 
@@ -100,42 +148,41 @@ def warm_processes(server: RunningServer) -> tuple[list[int], list[int]]:
 
 
 def test_a_cancelled_rollout_stops_its_harness_program_and_a_killed_worker_takes_its_warm_server_along(
-    tmp_path: Path,
+    standin_server: StandinServer,
 ) -> None:
     """One server whose model never answers in the test's time: a cancel stops the rollout's
     harness program and keeps the warm server; a SIGKILLed worker takes the warm server, its run
     and its socket directory along."""
-    hanging = {**SCRIPTED, "delay_s": 600.0}
-    with verifiers_env_server(tmp_path, {"taskset": {"num_tasks": 1}, "agent": NULL_HARNESS}, client=hanging) as server:
+    server = standin_server.env
 
-        async def main() -> None:
-            async with EnvClient(server.address, timeout=TIMEOUT) as env:
-                sampling = {"max_tokens": 8}
-                pending = asyncio.ensure_future(env.run(0, sampling=sampling, request_id="hang"))
-                started = lambda: len(warm_processes(server)[1]) == 1  # noqa: E731
-                await asyncio.to_thread(wait_until, started, 120, "the harness program started")
-                (warm,), (program,) = warm_processes(server)
-                assert await env.cancel("hang")
-                with pytest.raises(EnvServerError) as raised:
-                    await pending
-                assert raised.value.type == "cancelled"
-                await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "the harness program stopped")
-                assert alive(warm)  # the warm server stays for the worker's next rollouts
+    async def main() -> None:
+        async with EnvClient(server.address, timeout=TIMEOUT) as env:
+            sampling = {"max_tokens": 8}
+            pending = asyncio.ensure_future(env.run(0, sampling=sampling, request_id="hang"))
+            started = lambda: len(warm_processes(server)[1]) == 1  # noqa: E731
+            await asyncio.to_thread(wait_until, started, 120, "the harness program started")
+            (warm,), (program,) = warm_processes(server)
+            assert await env.cancel("hang")
+            with pytest.raises(EnvServerError) as raised:
+                await pending
+            assert raised.value.type == "cancelled"
+            await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "the harness program stopped")
+            assert alive(warm)  # the warm server stays for the worker's next rollouts
 
-                pending = asyncio.ensure_future(env.run(0, sampling=sampling))
-                await asyncio.to_thread(wait_until, started, 120, "the next harness program started")
-                (warm,), (program,) = warm_processes(server)
-                socket_dir = Path(Path(f"/proc/{warm}/cmdline").read_bytes().split(b"\0")[3].decode()).parent
-                (worker,) = server.workers()
-                os.kill(worker, signal.SIGKILL)
-                await asyncio.to_thread(wait_until, lambda: not alive(warm), 30, "the warm server exited")
-                await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "its run was killed")
-                assert not socket_dir.exists()  # its socket and the runs' files went with it
-                pending.cancel()
-                with suppress(BaseException):
-                    await pending
+            pending = asyncio.ensure_future(env.run(0, sampling=sampling))
+            await asyncio.to_thread(wait_until, started, 120, "the next harness program started")
+            (warm,), (program,) = warm_processes(server)
+            socket_dir = Path(Path(f"/proc/{warm}/cmdline").read_bytes().split(b"\0")[3].decode()).parent
+            (worker,) = server.workers()
+            os.kill(worker, signal.SIGKILL)
+            await asyncio.to_thread(wait_until, lambda: not alive(warm), 30, "the warm server exited")
+            await asyncio.to_thread(wait_until, lambda: not alive(program), 30, "its run was killed")
+            assert not socket_dir.exists()  # its socket and the runs' files went with it
+            pending.cancel()
+            with suppress(BaseException):
+                await pending
 
-        asyncio.run(main())
+    asyncio.run(main())
 
 
 def test_a_verifiers_env_raising_in_its_rollout_gives_error_traces_and_keeps_serving(tmp_path: Path) -> None:

@@ -26,8 +26,6 @@ EXAMPLE = HERE.parents[1] / "deps" / "envs" / "verifiers-digits"
 ENV_ID = "verifiers:digits-count"
 NULL_HARNESS = {"harness": {"id": "null"}}
 TOKENIZER = str(HERE.parents[1] / "deps" / "models" / "tiny-chat")
-DEAD = "http://127.0.0.1:9"
-"""The discard port: no model server listens there."""
 TIMEOUT = 300.0
 ONE_WORKER = ("--pool", '{"min_workers": 1, "max_workers": 1}')
 """Importing verifiers costs ~8 s of CPU per process: one worker is enough for a few rollouts."""
