@@ -16,8 +16,8 @@ reward base / after SFT / after RL, the eval's tool calls per episode and valid-
 SFT and after RL, the median RL step (trainer ledger, steps after the first) and the wall time of
 SFT and RL (a seed end to end is SFT + RL). `--score` runs only the held-back eval of each
 weights dir given (a seed's `weights/final`, TRL's saved weights), `--eval-rollouts` times per
-task: at a reward near 0.9 one pass over 48 tasks has a standard error of about 0.04, four
-passes about 0.02. Numbers go to docs/agents.md.
+task (passes are not independent draws: a trained policy tends to miss the same tasks each
+pass). Numbers go to docs/agents.md.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 import zmq.auth
 
 from envrl.config import load_config, resolve_config
-from envrl.data.layout import curve_dir
+from envrl.data.layout import curve_dir, env_server_process, process_config_file
 from envrl.envclient.config import EnvConfig
 from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.handles import EnvHandle
@@ -127,9 +127,8 @@ def test_a_spawned_sidecar_serves_only_the_client_holding_its_key(tmp_path: Path
     assert logged and not any(secret in logged for secret in secrets)
     # The server's config (its client, whose replies are the canary) comes from a file of this
     # user's; each worker's (the env's args) from its environment; neither from a command line.
-    config_file = out / "configs" / "envs" / "train" / "reverse-text.toml"
-    if spawner is eval_sidecars:
-        config_file = out / "configs" / "envs" / "eval" / "reverse-text.toml"
+    split = "eval" if spawner is eval_sidecars else "train"
+    config_file = process_config_file(out, env_server_process(split, "reverse-text"))
     assert CANARY in config_file.read_text() and config_file.stat().st_mode & 0o777 == 0o600
     server_argv, *workers_argv = command_lines.values()
     assert server_argv[-4:] == [b"-m", b"envrl.serve.main", b"--config", str(config_file).encode()], server_argv
