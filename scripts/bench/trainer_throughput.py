@@ -7,7 +7,9 @@
     python -m scripts.bench.trainer_throughput --carry outputs/gpu-carry   # pure-Python deps for a bare torch box
 
 Guarantee: the timed region is `Trainer.train_on` as `rl` runs it (pack, each rank's forward and
-backward over its rows, clipping, the AdamW step) on a model built offline; MFU counts model
+backward over its rows, clipping, the AdamW step) on a model built offline; tokens/s and MFU
+count every sample whole (a prompt shared by a group, `--group-size`, counts once per sample even
+where the trainer computes it once: `computed/step` says what it ran); MFU counts model
 FLOPs only, never activation recomputation: 6·N per token, N the parameters that multiply
 activations (all but the input embedding; a tied lm_head counted as the matmul it is), plus
 causal attention, 6·layers·(heads·head_dim)·s·(s+1) per sample of s tokens (forward QKᵀ and AV,
@@ -95,6 +97,11 @@ class BenchConfig(BaseConfig):
     length. Shorter samples are packed several to a row."""
     prompt_len: int = 256
     """Tokens at the start of each sample that are not trained on (the prompt)."""
+    group_size: int = 1
+    """Samples per prompt: each run of this many samples begins with the same prompt, as a
+    group's rollouts of one task do."""
+    share_prefixes: bool = True
+    """The trainer's `share_prefixes` (a group's prompt computed once per row, `document_sdpa` only)."""
     rows_per_rank: int = 2
     """Packed rows (micro-batches) each rank trains per optimizer step."""
     steps: int = 3
@@ -225,12 +232,13 @@ def main() -> None:
         "activation_checkpointing": bench.activation_checkpointing,
         "compile": bench.compile,
         "attn_implementation": bench.attn_implementation,
+        "share_prefixes": bench.share_prefixes,
         "dtype": bench.dtype,
         "optim": {"lr": 1e-6},
         "wandb": {"mode": "disabled"},
     }
     if is_compiled is None:  # the old trainer: no compile key, recompute a bool (its default off)
-        del base["compile"]
+        del base["compile"], base["share_prefixes"]
         base["activation_checkpointing"] = bench.activation_checkpointing is True
     config = resolve_config(TrainerConfig, base=base)
     runtime = init_runtime(config)
@@ -247,6 +255,7 @@ def main() -> None:
             prompt_len=(bench.prompt_len, bench.prompt_len),
             completion_len=(n_completion, n_completion),
             vocab_size=trainer.base_config.vocab_size,
+            group_size=bench.group_size,
         )
         results = [trainer.train_on(0, samples, where="synthetic") for _ in range(bench.warmup + bench.steps)]
         timed = results[bench.warmup :]
@@ -356,6 +365,7 @@ def report(
         "seq_len": bench.seq_len,
         "sample_len": bench.sample_len or bench.seq_len,
         "tokens/step": int(tokens),
+        "computed/step": int(timed[0].get("computed_tokens", tokens)),
         "step_s": round(step_s, 3),
         "tokens/s": round(tokens / step_s),
         "tokens/s/rank": round(per_gpu),

@@ -20,15 +20,21 @@ def synthetic_samples(
     vocab_size: int = 1024,
     policy_step: int = 0,
     seed: int = 0,
+    group_size: int = 1,
 ) -> list[TrainingSample]:
-    """`count` samples with lengths drawn uniformly from the given inclusive ranges."""
+    """`count` samples with lengths drawn uniformly from the given inclusive ranges; each run of
+    `group_size` consecutive samples has one prompt (a group's rollouts of one task)."""
     rng = random.Random(seed)
     samples = []
+    prompt: list[int] = []
     for i in range(count):
         n_prompt, n_completion = rng.randint(*prompt_len), rng.randint(*completion_len)
+        if i % group_size == 0:
+            prompt = [rng.randrange(3, vocab_size) for _ in range(n_prompt)]
+        n_prompt = len(prompt)
         samples.append(
             TrainingSample(
-                input_ids=[rng.randrange(3, vocab_size) for _ in range(n_prompt + n_completion)],
+                input_ids=prompt + [rng.randrange(3, vocab_size) for _ in range(n_completion)],
                 loss_mask=[0] * n_prompt + [1] * n_completion,
                 inference_logprobs=[0.0] * n_prompt + [-rng.uniform(4.0, 9.0) for _ in range(n_completion)],
                 advantage=1.0 if i % 2 == 0 else -1.0,

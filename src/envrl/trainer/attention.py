@@ -4,8 +4,9 @@ Guarantee: with `document_varlen` a packed row costs one kernel call per long sa
 one per run of short samples between them (torch's `torch.nn.attention.varlen` over their
 cumulative lengths; CUDA, bf16/fp16);
 with `document_sdpa` it costs the sum over its samples of their own attention (padded only
-within groups of similar length, never across samples). Neither builds a T×T mask, and each
-token's output equals that of the sample run alone. `resolve_attn_implementation` turns the
+within groups of similar length, never across samples), and a prefix that several samples share
+(`Document.suffixes`) is computed once, each sample's own tokens attending to it and causally to
+themselves. Neither builds a T×T mask, and each token's output equals that of the sample run alone. `resolve_attn_implementation` turns the
 config's choice into one that trains on the runtime's device and dtype, or says why it cannot.
 Both run eagerly inside compiled decoder layers, so a row's layout never recompiles them.
 """
@@ -46,6 +47,38 @@ class DocumentGroup:
     """[end - start] indices into the padded [n * longest] grid of the real tokens."""
     count: int
     longest: int
+    prefix: slice | None = None
+    """Row slice of the prefix these samples share (`Document.suffixes`): every query also
+    attends to all of its keys. None: the samples stand alone."""
+
+    def to(self, device: torch.device) -> DocumentGroup:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return DocumentGroup(
+            self.start, self.end, move(self.gather), move(self.keep), self.count, self.longest, self.prefix
+        )
+
+
+@dataclass(frozen=True)
+class Document:
+    """Tokens of a packed row that attend only to one another: a sample of `prefix` tokens
+    (`suffixes` empty), or a prefix that several samples share followed by each one's own
+    tokens (`suffixes`, in row order), which attend to the whole prefix and causally to
+    themselves, with positions that continue the prefix's."""
+
+    prefix: int
+    suffixes: tuple[int, ...] = ()
+
+    @property
+    def length(self) -> int:
+        """Tokens in the row."""
+        return self.prefix + sum(self.suffixes)
+
+    @property
+    def sample_lengths(self) -> tuple[int, ...]:
+        """Tokens of each sample it holds (the prefix counts in each)."""
+        return tuple(self.prefix + s for s in self.suffixes) or (self.prefix,)
 
 
 @dataclass(frozen=True)
@@ -53,16 +86,12 @@ class DocumentLayout:
     groups: tuple[DocumentGroup, ...]
 
     def to(self, device: torch.device) -> DocumentLayout:
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
-
-        return DocumentLayout(
-            tuple(DocumentGroup(g.start, g.end, move(g.gather), move(g.keep), g.count, g.longest) for g in self.groups)
-        )
+        return DocumentLayout(tuple(g.to(device) for g in self.groups))
 
 
-def document_layout(lengths: Sequence[int], slack: float = PADDING_SLACK) -> DocumentLayout:
-    """Group consecutive samples of lengths `lengths` (in row order) for `document_sdpa`."""
+def _padded_runs(lengths: Sequence[int], slack: float) -> list[list[int]]:
+    """Consecutive lengths grouped while padding each group to its longest costs at most `slack`
+    times the attention of its members alone."""
     runs: list[list[int]] = []
     for length in lengths:
         run = runs[-1] if runs else None
@@ -73,21 +102,50 @@ def document_layout(lengths: Sequence[int], slack: float = PADDING_SLACK) -> Doc
                 run.append(length)
                 continue
         runs.append([length])
-    groups = []
+    return runs
+
+
+def _group(start: int, run: Sequence[int], prefix: slice | None = None) -> DocumentGroup:
+    end = start + sum(run)
+    if len(run) == 1:
+        return DocumentGroup(start, end, None, None, 1, run[0], prefix)
+    longest = max(run)
+    gather, keep, offset = [], [], 0
+    for i, length in enumerate(run):
+        gather += [offset + min(j, length - 1) for j in range(longest)]
+        keep += [i * longest + j for j in range(length)]
+        offset += length
+    return DocumentGroup(start, end, torch.tensor(gather), torch.tensor(keep), len(run), longest, prefix)
+
+
+def document_layout(documents: Sequence[int | Document], slack: float = PADDING_SLACK) -> DocumentLayout:
+    """Group the consecutive documents of a row (a bare length is a one-sample `Document`) for
+    `document_sdpa`: runs of lone samples of similar length share a call; a shared prefix is its
+    own call, then its suffixes in runs of similar length, each run one call."""
+    groups: list[DocumentGroup] = []
     start = 0
-    for run in runs:
-        end = start + sum(run)
-        if len(run) == 1:
-            groups.append(DocumentGroup(start, end, None, None, 1, run[0]))
-        else:
-            longest = max(run)
-            gather, keep, offset = [], [], 0
-            for i, length in enumerate(run):
-                gather += [offset + min(j, length - 1) for j in range(longest)]
-                keep += [i * longest + j for j in range(length)]
-                offset += length
-            groups.append(DocumentGroup(start, end, torch.tensor(gather), torch.tensor(keep), len(run), longest))
-        start = end
+    lone: list[int] = []
+
+    def close_lone() -> None:
+        nonlocal start
+        for run in _padded_runs(lone, slack):
+            groups.append(_group(start, run))
+            start += sum(run)
+        lone.clear()
+
+    for document in documents:
+        document = document if isinstance(document, Document) else Document(document)
+        if not document.suffixes:
+            lone.append(document.prefix)
+            continue
+        close_lone()
+        prefix = slice(start, start + document.prefix)
+        groups.append(_group(start, [document.prefix]))
+        start = prefix.stop
+        for run in _padded_runs(document.suffixes, slack):
+            groups.append(_group(start, run, prefix))
+            start += sum(run)
+    close_lone()
     return DocumentLayout(tuple(groups))
 
 
@@ -132,18 +190,43 @@ def _document_attention(
     outputs = []
     for g in layout.groups:
         parts = [x[:, g.start : g.end] for x in (q, k, v)]
-        if (
-            g.gather is None
-        ):  # 4-D: sdpa's flash/efficient kernels refuse 3-D inputs (the math kernel is far slower on CPU)
-            lone = [x.unsqueeze(0) for x in parts]
-            out = F.scaled_dot_product_attention(*lone, dropout_p=dropout, is_causal=True, scale=scaling)[0]
+        # 4-D: sdpa's flash/efficient kernels refuse 3-D inputs (the math kernel is far slower on CPU)
+        if g.gather is None:
+            batch = [x.unsqueeze(0) for x in parts]
         else:
-            padded = [x.index_select(1, g.gather).view(heads, g.count, g.longest, dim).transpose(0, 1) for x in parts]
-            out = F.scaled_dot_product_attention(*padded, dropout_p=dropout, is_causal=True, scale=scaling)
+            batch = [x.index_select(1, g.gather).view(heads, g.count, g.longest, dim).transpose(0, 1) for x in parts]
+        if g.prefix is None:
+            out = F.scaled_dot_product_attention(*batch, dropout_p=dropout, is_causal=True, scale=scaling)
+        else:
+            out = _after_prefix(*batch, k[:, g.prefix], v[:, g.prefix], dropout, scaling)
+        if g.gather is None:
+            out = out[0]
+        else:
             out = out.transpose(0, 1).reshape(heads, g.count * g.longest, dim).index_select(1, g.keep)
         outputs.append(out)
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
     return out.transpose(0, 1).unsqueeze(0).contiguous()
+
+
+def _after_prefix(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_k: torch.Tensor,
+    prefix_v: torch.Tensor,
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """[n, H, L, d] suffixes (padded at their ends) after a shared [H, p, d] prefix: each query
+    sees the whole prefix and its own suffix up to itself (causal, aligned at the bottom right).
+    The prefix's keys and values are expanded, not copied per suffix, so their gradient is the
+    sum over the suffixes that read them."""
+    count, _, length, _ = q.shape
+    p = prefix_k.shape[1]
+    keys = torch.cat([prefix_k.unsqueeze(0).expand(count, -1, -1, -1), k], dim=2)
+    values = torch.cat([prefix_v.unsqueeze(0).expand(count, -1, -1, -1), v], dim=2)
+    visible = torch.ones(length, p + length, dtype=torch.bool, device=q.device).tril(diagonal=p)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling)
 
 
 SDPA_FROM_TOKENS = 4096

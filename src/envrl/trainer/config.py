@@ -142,6 +142,11 @@ class TrainerConfig(BaseConfig):
     of similar-length samples, no T×T mask). Any name transformers knows is passed through
     (`sdpa`, `eager`: dense T×T mask over the packed row; `flex_attention`: GPU only, torch has
     no flex backward on CPU). All keep packed samples apart."""
+    share_prefixes: bool = True
+    """Compute the untrained tokens that samples begin with in common (a group's prompt) once per
+    micro-batch: their keys and values serve every sample of the group, which attends to them as
+    if it held them. Exact, not an approximation; with `document_sdpa` attention only (the CPU and
+    fp32 default), elsewhere off."""
     phase_threads: bool = False
     """On one CPU process: compute with every usable core while the orchestrator waits for this
     step's weights (it has published the newest batch the async bound allows, so vLLM idles)

@@ -38,7 +38,7 @@ from envrl.trainer.compile import CompileClock
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss
-from envrl.trainer.packing import MicroBatch, pack, packed_token_logprobs, shard
+from envrl.trainer.packing import MicroBatch, pack, packed_token_logprobs, runs_shared_prefixes, shard
 from envrl.trainer.parallel import (
     Runtime,
     all_reduce_sum,
@@ -54,7 +54,18 @@ from envrl.transport.memory import TransferError
 if TYPE_CHECKING:
     from envrl.transport.weights import WeightPublisher
 
-SUMS = ("loss", "loss_tokens", "entropy", "mismatch_kl", "ref_kl", "clipped", "masked", "tokens", "samples")
+SUMS = (
+    "loss",
+    "loss_tokens",
+    "entropy",
+    "mismatch_kl",
+    "ref_kl",
+    "clipped",
+    "masked",
+    "tokens",
+    "computed_tokens",
+    "samples",
+)
 
 
 class TrainingError(RuntimeError):
@@ -109,6 +120,9 @@ class Trainer:
         """The frozen initial model the `ref_kl_coef` penalty pulls towards (None without one, and
         with LoRA, whose reference is `self.model` with the adapter disabled)."""
         self.with_reference = with_reference
+        self.share_prefixes = config.share_prefixes and runs_shared_prefixes(self.model)
+        """Whether micro-batches compute a group's common prefix once (`packing.pack`): the
+        config's choice where the attention runs a shared prefix."""
         optim = config.optim
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = build_optimizer(trainable, optim, config.max_steps, runtime.device)
@@ -229,7 +243,14 @@ class Trainer:
         """One optimizer step on `samples` (this rank trains its share); returns the step's metrics."""
         config, runtime = self.config, self.runtime
         staleness = self._check_staleness(step, samples, where) if samples else [0]
-        micro_batches = pack(samples, config.micro_batch_tokens, config.loss.normalize, where, runtime.world_size)
+        micro_batches = pack(
+            samples,
+            config.micro_batch_tokens,
+            config.loss.normalize,
+            where,
+            runtime.world_size,
+            share_prefixes=self.share_prefixes,
+        )
         mine = shard(micro_batches, runtime.rank, runtime.world_size, self.pad_token_id)
         if runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(runtime.device)
@@ -268,6 +289,7 @@ class Trainer:
             "lr": lr,
             "samples": totals["samples"],
             "tokens": totals["tokens"],
+            "computed_tokens": totals["computed_tokens"],
             "loss_tokens": totals["loss_tokens"],
             "micro_batches": len(micro_batches),
             "staleness_max": max(staleness),
@@ -311,7 +333,7 @@ class Trainer:
         self._follow_phase(step)
         # FSDP averages gradients over ranks; the weights already normalise over the whole batch.
         (loss * self.runtime.world_size).backward()
-        tokens = float(mb.num_tokens if mb.num_samples else 0)
+        tokens, computed = (float(mb.sample_tokens), float(mb.num_tokens)) if mb.num_samples else (0.0, 0.0)
         values = [
             loss.detach(),
             stats["loss_tokens"],
@@ -321,6 +343,7 @@ class Trainer:
             stats["clipped"],
             stats["masked"],
             tokens,
+            computed,
             float(mb.num_samples),
         ]
         return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=mb.input_ids.device) for v in values])

@@ -4,13 +4,16 @@ Guarantee: every trainable sample lands in exactly one micro-batch, with positio
 at 0 and its length recorded so attention never crosses samples; each token carries its
 normalisation weight for the whole batch, and `shard` gives every rank the same number of
 micro-batches (padding with inert ones), so ranks run the same collectives and their losses sum
-to the whole batch's loss.
+to the whole batch's loss. With `share_prefixes`, samples that begin with the same untrained
+tokens (a group's prompt) hold those tokens once, as a `Document` whose suffixes read them: every
+trained token is still predicted from exactly its own sample's tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, NamedTuple
 
 import torch
@@ -18,7 +21,7 @@ from loguru import logger
 from torch import nn
 
 from envrl.data.samples import TrainingSample
-from envrl.trainer.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN, document_layout, varlen_layout
+from envrl.trainer.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN, Document, document_layout, varlen_layout
 from envrl.trainer.head import LogprobHead, ScoreRequest
 from envrl.trainer.loss import token_logprobs
 
@@ -39,12 +42,27 @@ class MicroBatch:
     """Per-token sampling temperature (its sample's); top_p and top_k likewise."""
     top_p: torch.Tensor
     top_k: torch.Tensor
-    lengths: tuple[int, ...]
-    """Tokens of each sample, in row order: what document-masked attention keeps apart."""
+    documents: tuple[Document, ...]
+    """The row's documents in row order: what document-masked attention keeps apart."""
     num_samples: int
 
     @property
+    def lengths(self) -> tuple[int, ...]:
+        """Row tokens of each sample, in row order, a shared prefix counted in its first sample's:
+        the segments a per-sample statistic of the loss (`loss.policy_loss`) is taken over."""
+        segments: list[int] = []
+        for d in self.documents:
+            segments += [d.prefix + d.suffixes[0], *d.suffixes[1:]] if d.suffixes else [d.prefix]
+        return tuple(segments)
+
+    @property
+    def sample_tokens(self) -> int:
+        """Tokens of the samples it trains, a shared prefix counted in each (>= `num_tokens`)."""
+        return sum(sum(d.sample_lengths) for d in self.documents)
+
+    @property
     def num_tokens(self) -> int:
+        """Tokens in the row: what the model computes."""
         return self.input_ids.shape[1]
 
     def to(self, device: torch.device) -> MicroBatch:
@@ -99,6 +117,52 @@ def balanced_bins(lengths: Sequence[int], max_tokens: int, multiple_of: int = 1)
         count += 1
 
 
+MIN_SHARED_PREFIX = 16
+"""Shorter common prefixes are not shared: a shared prefix costs one more attention call and
+splits the row's padded groups, which a handful of tokens saved does not pay for."""
+
+
+def _first_trained(sample: TrainingSample) -> int:
+    """Index of the first token the trainer scores (>= 1; the sample has one)."""
+    return next(i for i, m in enumerate(sample.loss_mask) if i > 0 and m)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = 0
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def shared_prefix_groups(samples: Sequence[TrainingSample], max_tokens: int) -> list[tuple[int, list[int]]]:
+    """(shared prefix length, sample indices): samples in lexicographic order of their tokens,
+    consecutive ones grouped while the tokens the group saves ((members - 1) x prefix) do not
+    fall and its row (prefix + each member's rest) fits `max_tokens`; 0 for a sample alone.
+    Groups come in the order of their first sample, so a batch with nothing to share packs as
+    it would without sharing.
+
+    A prefix ends before every member's first trained token, so each member's rest starts with
+    an untrained token: the row position before it (another sample's, or the prefix's last)
+    predicts nothing that is trained.
+    """
+    order = sorted(range(len(samples)), key=lambda i: samples[i].input_ids)
+    groups: list[tuple[int, list[int]]] = []
+    for i in order:
+        ids, limit = samples[i].input_ids, _first_trained(samples[i]) - 1
+        if groups:
+            prefix, members = groups[-1]
+            if len(members) == 1:
+                prefix = _first_trained(samples[members[0]]) - 1
+            shared = _common_prefix(samples[members[-1]].input_ids, ids, min(limit, prefix))
+            n = len(members)
+            row = sum(len(samples[m].input_ids) for m in members) + len(ids) - n * shared
+            if shared >= MIN_SHARED_PREFIX and n * shared >= (n - 1) * prefix and row <= max_tokens:
+                groups[-1] = (shared, [*members, i])
+                continue
+        groups.append((0, [i]))
+    return sorted(groups, key=lambda group: min(group[1]))
+
+
 def pack(
     samples: Sequence[TrainingSample],
     max_tokens: int,
@@ -106,6 +170,7 @@ def pack(
     where: str = "the batch",
     multiple_of: int = 1,
     keys: BudgetKeys = RL_KEYS,
+    share_prefixes: bool = False,
 ) -> list[MicroBatch]:
     """Pack the samples that have loss tokens; samples without any are left out (no gradient).
 
@@ -116,6 +181,9 @@ def pack(
     A sample longer than `max_tokens` is trained in a row of its own (with a warning): the
     budget is a packing target, and `seq_len` is what bounds a sample; the warning names both
     as `keys` says (the user's keys for `max_tokens` and `seq_len`).
+
+    `share_prefixes` (for `document_sdpa` only, which runs a `Document`'s shared prefix): a group
+    of `shared_prefix_groups` becomes one document, no larger than a rank's share of the batch.
     """
     kept = [s for s in samples if _trainable(s) > 0]
     _warn_oversize(samples, max_tokens, where, keys)
@@ -124,26 +192,55 @@ def pack(
         "token": lambda s: 1.0 / total_tokens,
         "sequence": lambda s: 1.0 / (len(kept) * _trainable(s)),
     }[normalize]
+    if share_prefixes:
+        rank_share = -(-sum(len(s.input_ids) for s in kept) // multiple_of)
+        groups = shared_prefix_groups(kept, min(max_tokens, rank_share))
+    else:
+        groups = [(0, [i]) for i in range(len(kept))]
+    documents = [_document(kept, prefix, members) for prefix, members in groups]
     micro_batches = []
-    for indices in balanced_bins([len(s.input_ids) for s in kept], max_tokens, multiple_of):
-        rows = [kept[i] for i in indices]
-        positions = torch.cat([torch.arange(len(s.input_ids)) for s in rows])
+    for indices in balanced_bins([d.length for d in documents], max_tokens, multiple_of):
+        # (sample, first token, last token + 1) pieces in row order
+        pieces = []
+        for g in indices:
+            prefix, members = groups[g]
+            if prefix:
+                pieces.append((kept[members[0]], 0, prefix))
+            pieces += [(kept[m], prefix, len(kept[m].input_ids)) for m in members]
+        positions = torch.cat([torch.arange(a, b) for _, a, b in pieces])
+        per_token = partial(_per_token, pieces)
         micro_batches.append(
             MicroBatch(
-                input_ids=torch.tensor([t for s in rows for t in s.input_ids]).unsqueeze(0),
+                input_ids=per_token(lambda s: s.input_ids, torch.long).unsqueeze(0),
                 position_ids=positions.unsqueeze(0),
-                loss_mask=torch.tensor([m for s in rows for m in s.loss_mask], dtype=torch.bool) & (positions > 0),
-                inference_logprobs=torch.tensor([lp for s in rows for lp in s.inference_logprobs], dtype=torch.float32),
-                advantages=torch.tensor([a for s in rows for a in s.token_advantages], dtype=torch.float32),
-                weights=torch.tensor([weight_of(s) for s in rows for _ in s.input_ids], dtype=torch.float32),
-                temperature=torch.tensor([s.temperature for s in rows for _ in s.input_ids], dtype=torch.float32),
-                top_p=torch.tensor([s.top_p for s in rows for _ in s.input_ids], dtype=torch.float32),
-                top_k=torch.tensor([s.top_k for s in rows for _ in s.input_ids], dtype=torch.long),
-                lengths=tuple(len(s.input_ids) for s in rows),
-                num_samples=len(rows),
+                loss_mask=per_token(lambda s: s.loss_mask, torch.bool) & (positions > 0),
+                inference_logprobs=per_token(lambda s: s.inference_logprobs, torch.float32),
+                advantages=per_token(lambda s: s.token_advantages, torch.float32),
+                weights=per_token(lambda s: [weight_of(s)] * len(s.input_ids), torch.float32),
+                temperature=per_token(lambda s: [s.temperature] * len(s.input_ids), torch.float32),
+                top_p=per_token(lambda s: [s.top_p] * len(s.input_ids), torch.float32),
+                top_k=per_token(lambda s: [s.top_k] * len(s.input_ids), torch.long),
+                documents=tuple(documents[g] for g in indices),
+                num_samples=sum(len(groups[g][1]) for g in indices),
             )
         )
     return micro_batches
+
+
+def _per_token(
+    pieces: Sequence[tuple[TrainingSample, int, int]],
+    values: Callable[[TrainingSample], Sequence[float]],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """[T]: `values` of each piece's sample, over the piece's tokens, in row order."""
+    return torch.tensor([v for s, a, b in pieces for v in values(s)[a:b]], dtype=dtype)
+
+
+def _document(samples: Sequence[TrainingSample], prefix: int, members: Sequence[int]) -> Document:
+    if not prefix:
+        (only,) = members
+        return Document(len(samples[only].input_ids))
+    return Document(prefix, tuple(len(samples[m].input_ids) - prefix for m in members))
 
 
 def _warn_oversize(samples: Sequence[TrainingSample], max_tokens: int, where: str, keys: BudgetKeys) -> None:
@@ -155,6 +252,11 @@ def _warn_oversize(samples: Sequence[TrainingSample], max_tokens: int, where: st
             f"of their own (longest: sample {i}, env {s.env!r}, task {s.task_idx}, {len(s.input_ids)} tokens); "
             f"set {keys.seq_len} <= {keys.max_tokens} to bound them"
         )
+
+
+def runs_shared_prefixes(model: nn.Module) -> bool:
+    """Whether `model`'s attention runs a `Document`'s shared prefix (`document_sdpa` does)."""
+    return model.config._attn_implementation == DOCUMENT_SDPA
 
 
 def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
@@ -170,7 +272,14 @@ def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
     extra = {}
     implementation = model.config._attn_implementation
     if implementation in (DOCUMENT_SDPA, DOCUMENT_VARLEN):
-        layout = (document_layout if implementation == DOCUMENT_SDPA else varlen_layout)(micro_batch.lengths)
+        if implementation == DOCUMENT_SDPA:
+            layout = document_layout(micro_batch.documents)
+        elif any(d.suffixes for d in micro_batch.documents):
+            raise ValueError(
+                f"attn_implementation {DOCUMENT_VARLEN!r} cannot run a shared prefix; pack without share_prefixes"
+            )
+        else:
+            layout = varlen_layout(micro_batch.lengths)
         extra["document_layout"] = layout.to(micro_batch.input_ids.device)
     out = model(input_ids=micro_batch.input_ids, position_ids=micro_batch.position_ids, use_cache=False, **extra)
     return out.logits[0]
@@ -201,7 +310,7 @@ def inert_micro_batch(pad_token_id: int) -> MicroBatch:
         temperature=torch.ones(1),
         top_p=torch.ones(1),
         top_k=torch.zeros(1, dtype=torch.long),
-        lengths=(1,),
+        documents=(Document(1),),
         num_samples=0,
     )
 
