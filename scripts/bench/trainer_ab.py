@@ -7,8 +7,9 @@ Guarantee: nothing under the run directory is written. Each variant is a Trainer
 run's `configs/trainer.toml` (model, LoRA, attention, threads) with its own overrides and a
 scratch output dir; in every round each variant trains every listed step's batch
 (`rollouts/step_<n>/`) once, in turn, so load from other processes falls on all variants alike.
-Prints each variant's step time per round and its median, with the tokens the model ran
-(`computed_tokens`) and the samples' tokens. The variants start from the run's initial weights,
+Prints each variant's step time per round and its median, with the process's CPU time over the
+step (what a loaded box inflates least: others' work delays a step, it does not add to its CPU
+seconds), the tokens the model ran (`computed_tokens`) and the samples' tokens. The variants start from the run's initial weights,
 so with the same overrides they train the same numbers: the differences are time only.
 """
 
@@ -18,6 +19,7 @@ import argparse
 import shlex
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from envrl.config import resolve_config
@@ -53,18 +55,24 @@ def main() -> None:
             config = resolve_config(TrainerConfig, [config_file], [*overrides(flags), ("output_dir", f"{scratch}/{i}")])
             trainers.append(Trainer(config, init_runtime(config)))
         times: dict[str, list[float]] = {flags: [] for flags in args.variant}
+        cpu: dict[str, list[float]] = {flags: [] for flags in args.variant}
         for round_ in range(args.rounds):
             for flags, trainer in zip(args.variant, trainers, strict=True):
                 for n, samples in batches.items():
+                    start = time.process_time()
                     stats = trainer.train_on(n, samples, where=f"rollouts/step_{n}")
+                    cpu[flags].append(time.process_time() - start)
                     times[flags].append(stats["step_time_s"])
                     print(
-                        f"round {round_} {flags!r} step {n}: {stats['step_time_s']:.2f} s, "
+                        f"round {round_} {flags!r} step {n}: {stats['step_time_s']:.2f} s ({cpu[flags][-1]:.1f} CPU s), "
                         f"{stats['computed_tokens']:.0f} of {stats['tokens']:.0f} tokens computed, loss {stats['loss']:.5g}",
                         flush=True,
                     )
     for flags, values in times.items():
-        print(f"{flags!r}: median {statistics.median(values):.2f} s over {len(values)} steps")
+        print(
+            f"{flags!r}: median {statistics.median(values):.2f} s, {statistics.median(cpu[flags]):.1f} CPU s "
+            f"over {len(values)} steps"
+        )
 
 
 if __name__ == "__main__":
