@@ -2,7 +2,8 @@
 
 Guarantee: the process binds its address before anything slow (a taken port fails at once, exit 1,
 with the reason on stderr), exits 1 when the environment cannot load or its workers cannot start,
-0 after a drain, and dies with its parent.
+0 after a drain, and dies with its parent. Its first workers start before it loads the environment
+itself, so their loads overlap its own.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from envrl.runtime.lifeline import die_with_parent
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
 import sys
+from functools import partial
 
 import zmq
 from loguru import logger
@@ -36,8 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"env-server: cannot bind {config.address}: {reason}", file=sys.stderr)
         raise SystemExit(1) from None
     try:
-        env = load_environment(config.env.id, **config.env.args)
-        server = EnvServer(config, sockets, env)
+        server = EnvServer(config, sockets, partial(load_environment, config.env.id, **config.env.args))
     except Exception as e:
         logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
         sockets.close()
