@@ -2,8 +2,7 @@
 
 Guarantee: the process binds its address before anything slow (a taken port fails at once, exit 1,
 with the reason on stderr), exits 1 when the environment cannot load or its workers cannot start,
-0 after a drain, and dies with its parent. Its first workers start before it loads the environment
-itself, so their loads overlap its own.
+0 after a drain, and dies with its parent.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from envrl.runtime.lifeline import die_with_parent
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
 import sys
-from functools import partial
 
 import zmq
 from loguru import logger
@@ -38,7 +36,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"env-server: cannot bind {config.address}: {reason}", file=sys.stderr)
         raise SystemExit(1) from None
     try:
-        server = EnvServer(config, sockets, partial(load_environment, config.env.id, **config.env.args))
+        # before any worker starts: workers inherit what the load sets up in this process (the
+        # openenv adapter starts one OpenEnv app server here and hands its URL down in os.environ)
+        env = load_environment(config.env.id, **config.env.args)
+        server = EnvServer(config, sockets, env)
     except Exception as e:
         logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
         sockets.close()

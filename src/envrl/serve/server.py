@@ -19,7 +19,6 @@ answers and runs the loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -55,33 +54,23 @@ WORKER_STOP_GRACE = 3.0
 class EnvServer:
     """Serves one environment on bound `sockets`; `serve()` runs the loop, `close()` releases all."""
 
-    def __init__(self, config: EnvServerConfig, sockets: ServerSockets, load_env: Callable[[], Environment]) -> None:
-        """Start the first `min_workers` workers, then load the environment here with `load_env`
-        while they import and load theirs (an env that imports a framework costs seconds in each
-        process, so the server is ready after one load instead of two in a row); if that fails,
-        the workers are stopped before the error propagates."""
+    def __init__(self, config: EnvServerConfig, sockets: ServerSockets, env: Environment) -> None:
         self.config = config
         self.sockets = sockets
-        self.pool = WorkerPool(config.pool)
-        self.processes = WorkerProcesses(config, sockets.workers_address)
-        self.poller = zmq.Poller()
-        for worker in self.pool.scale(0, time.monotonic()).started:
-            self.poller.register(self.processes.start(worker.id, worker.identity), zmq.POLLIN)
-        try:
-            self.env = env = load_env()
-            self.num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
-        except BaseException:
-            self.processes.stop_all(WORKER_STOP_GRACE, list(self.pool.workers))
-            raise
+        self.env = env
+        self.num_tasks = {"train": env.num_tasks("train"), "eval": env.num_tasks("eval")}
         self.checker = ParamsChecker(self.num_tasks, config.max_group_size, config.client is not None)
         self.client_info = None if config.client is None else p.ClientInfo.of(config.client)
         self.requests = RequestBook()
+        self.pool = WorkerPool(config.pool)
+        self.processes = WorkerProcesses(config, sockets.workers_address)
         self.sender = ClientSender(
             sockets.clients, config.client_send_queue, config.client_stall_timeout_s, self._on_client_dropped
         )
         self.dispatch = WorkerDispatch(
             config, sockets.workers, env, self.pool, self.processes, self.requests, self._finish
         )
+        self.poller = zmq.Poller()
         self.poller.register(sockets.clients, zmq.POLLIN)
         self.poller.register(sockets.workers, zmq.POLLIN)
         self.draining_until: float | None = None
