@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -44,20 +45,43 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def load_on_two_ranks(model_dir: Path, out: Path, *flags: str) -> list[dict]:
+@dataclass(frozen=True)
+class Loaded:
+    out: Path
+    code: int
+    output: str
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Loaded:
+    """One torchrun of 2 ranks for the module: each rank loads the model, writes its report, then
+    loads it again with LoRA adapters and writes that report too (`--then-lora`: each rank imports
+    torch and transformers once for both loads)."""
+    out = tmp_path_factory.mktemp("loaded")
     command = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "tests.support.sharded_load"]
-    proc = run_to_completion([*command, str(model_dir), str(out), *flags], TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    proc = run_to_completion([*command, str(model_dir), str(out), "--then-lora"], TIMEOUT_S)
+    return Loaded(out, proc.returncode, proc.stdout)
 
 
-def test_each_rank_loads_only_its_shards_from_the_files(model_dir: Path, tmp_path: Path) -> None:
-    for report in load_on_two_ranks(model_dir, tmp_path):
+def reports(loaded: Loaded, suffix: str) -> list[dict]:
+    """Each rank's report of one load (`suffix` "" for the plain load, "-lora" for the LoRA one)."""
+    files = [loaded.out / f"rank{rank}{suffix}.json" for rank in range(2)]
+    assert all(f.is_file() for f in files), loaded.output
+    return [json.loads(f.read_text()) for f in files]
+
+
+def test_each_rank_loads_only_its_shards_from_the_files(loaded: Loaded) -> None:
+    """The plain load (reported before the LoRA load starts): Shard(0) DTensors equal to the
+    file's rows, tied head and rotary right, and each rank grew by about its half, not the whole."""
+    for report in reports(loaded, ""):
         assert report["failed"] == [], report
         assert report["shard_bytes"] < 0.51 * report["full_bytes"], report
         assert report["growth_bytes"] < GROWTH_SHARE * report["full_bytes"], report
 
 
-def test_lora_adapters_on_sharded_ranks_start_as_peft_starts_them(model_dir: Path, tmp_path: Path) -> None:
-    for report in load_on_two_ranks(model_dir, tmp_path, "--lora"):
+def test_lora_adapters_on_sharded_ranks_start_as_peft_starts_them(loaded: Loaded) -> None:
+    """The LoRA load: the same checks of the base weights, and every adapter as peft starts it
+    (B zero, A drawn); the run exited 0."""
+    assert loaded.code == 0, loaded.output
+    for report in reports(loaded, "-lora"):
         assert report["failed"] == [], report

@@ -1,6 +1,6 @@
 """One torchrun rank loading a model as the trainer does, measured and checked against the files.
 
-    torchrun --standalone --nproc-per-node 2 -m tests.support.sharded_load MODEL_DIR OUT_DIR [--full] [--lora]
+    torchrun --standalone --nproc-per-node 2 -m tests.support.sharded_load MODEL_DIR OUT_DIR [--full] [--then-lora]
 
 Guarantee: each rank writes `OUT_DIR/rank<r>.json` after `build_model`: its peak resident memory
 (VmHWM) before and after the load and the growth between them (the peak is reset to the current
@@ -9,12 +9,15 @@ the full fp32 model, and which checks failed: a parameter that is not a Shard(0)
 that differs from the file's rows, a tied head that is not the embedding, a rotary `inv_freq`
 that is not the config's, LoRA adapters not initialised as peft does (B zero, A drawn). With
 `--full` the rank loads as the trainer did before it loaded shards (the whole model from
-`from_pretrained`, then sharded): the baseline of scripts/bench/sharded_load.py.
+`from_pretrained`, then sharded): the baseline of scripts/bench/sharded_load.py. With `--then-lora`
+it then builds the model again, with LoRA adapters, and writes that load's report to
+`OUT_DIR/rank<r>-lora.json` (one start of torch and transformers per rank for both loads).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import re
 from pathlib import Path
@@ -28,7 +31,7 @@ from transformers import AutoModelForCausalLM
 from envrl.config import resolve_config
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loading import checkpoint_index, checkpoint_name, read_rows, shard_rows
-from envrl.trainer.parallel import build_model, init_runtime, shard_model
+from envrl.trainer.parallel import Runtime, build_model, init_runtime, shard_model
 
 
 def memory_kib(field: str) -> int:
@@ -68,19 +71,13 @@ def checks(model: torch.nn.Module, model_dir: Path) -> list[str]:
     return failed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("model_dir", type=Path)
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--full", action="store_true", help="load the whole model on every rank, then shard")
-    parser.add_argument("--lora", action="store_true", help="with LoRA adapters on every linear module")
-    args = parser.parse_args()
-    transformers.utils.logging.disable_progress_bar()
+def load(args: argparse.Namespace, lora: bool, runtime: Runtime | None) -> tuple[dict, Runtime]:
+    """Build the model of `args.model_dir` (with LoRA adapters if `lora`) on this rank; its report."""
     overrides = [("model.name", str(args.model_dir)), ("output-dir", str(args.out_dir)), ("wandb.mode", "disabled")]
-    if args.lora:
+    if lora:
         overrides.append(("lora.rank", "8"))
     config = resolve_config(TrainerConfig, overrides=overrides)
-    runtime = init_runtime(config)
+    runtime = runtime or init_runtime(config)
     before = memory_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     if args.full:
@@ -100,8 +97,25 @@ def main() -> None:
         "full_bytes": full,
         "failed": checks(model, args.model_dir),
     }
-    (args.out_dir / f"rank{runtime.rank}.json").write_text(json.dumps(report) + "\n")
-    dist.barrier()
+    return report, runtime
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--full", action="store_true", help="load the whole model on every rank, then shard")
+    parser.add_argument(
+        "--then-lora", action="store_true", help="then load again with LoRA adapters (rank<r>-lora.json)"
+    )
+    args = parser.parse_args()
+    transformers.utils.logging.disable_progress_bar()
+    runtime = None
+    for lora, suffix in [(False, ""), *([(True, "-lora")] if args.then_lora else [])]:
+        report, runtime = load(args, lora, runtime)
+        (args.out_dir / f"rank{runtime.rank}{suffix}.json").write_text(json.dumps(report) + "\n")
+        gc.collect()  # the first model's memory, before the next load measures its own
+        dist.barrier()
     dist.destroy_process_group()
 
 

@@ -32,7 +32,6 @@ from envrl.data import layout
 from envrl.data.traces import Split
 from envrl.envclient.config import EnvConfig
 from envrl.envclient.curve import curve_keys
-from envrl.inference.adapter import lora_serving_options
 from envrl.inference.config import InferenceConfig
 from envrl.launcher.commands import (
     TORCHRUN_RANK_ENV,
@@ -211,6 +210,9 @@ def _sections(rl: RLConfig, head: str) -> tuple[TrainerConfig, OrchestratorConfi
     weights = trainer.weights.model_copy(update={"host": head})
     trainer = trainer.model_copy(update={"resume": rl.resume, "weights": weights})
     if trainer.lora is not None:  # the server hot-loads each step's adapter (inference.vllm wins)
+        # imported here: the module imports torch (~2 s), which only a LoRA run's plan needs
+        from envrl.inference.adapter import lora_serving_options
+
         inference = inference.model_copy(update={"vllm": {**lora_serving_options(trainer.lora.rank), **inference.vllm}})
     derived = {
         "resume": rl.resume,

@@ -25,7 +25,6 @@ from envrl.model.inference import InferenceClient, InferenceError
 from envrl.runtime.http import HttpCallError
 from envrl.runtime.process import Child, RestartPolicy
 from envrl.runtime.supervisor import Check, Respawn
-from envrl.transport.weights import file_policies
 
 RESUME_FLAG = "--resume"
 
@@ -84,7 +83,7 @@ def on_newest_policy(command: Command, model: str, out: Path) -> Command:
     the base model's name (which its callers send): no call it answers comes from an older policy
     (the policy it serves may run ahead of the orchestrator's by the steps published meanwhile, never
     past a batch's own step). The first start, with nothing published, is the command itself."""
-    steps = file_policies(out)  # a policy sent in memory cannot be loaded again: its sender moved on
+    steps = _file_policies(out)  # a policy sent in memory cannot be loaded again: its sender moved on
     if not steps:
         return command
     newest = str(weights_dir(out, steps[-1]).resolve())
@@ -109,7 +108,7 @@ class ReplicaBack:
         except httpx.HTTPError:
             return False
         loaded = None
-        while (steps := file_policies(self.output_dir)) and steps[-1] != loaded:
+        while (steps := _file_policies(self.output_dir)) and steps[-1] != loaded:
             loaded = steps[-1]
             try:
                 asyncio.run(self._load(loaded))
@@ -128,3 +127,11 @@ class ReplicaBack:
                 await client.update_weights(path, step=step)
         finally:
             await client.aclose()
+
+
+def _file_policies(output_dir: Path) -> list[int]:
+    """`transport.weights.file_policies`, imported when a replica comes back rather than at `rl`'s
+    start: that module imports torch (~2 s), which every `rl` command would otherwise pay first."""
+    from envrl.transport.weights import file_policies
+
+    return file_policies(output_dir)

@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"env-server: cannot bind {config.address}: {reason}", file=sys.stderr)
         raise SystemExit(1) from None
     try:
+        # before any worker starts: workers inherit what the load sets up in this process (the
+        # openenv adapter starts one OpenEnv app server here and hands its URL down in os.environ)
         env = load_environment(config.env.id, **config.env.args)
         server = EnvServer(config, sockets, env)
     except Exception as e:
