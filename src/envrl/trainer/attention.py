@@ -6,8 +6,9 @@ cumulative lengths; CUDA, bf16/fp16);
 with `document_sdpa` it costs the sum over its samples of their own attention (padded only
 within groups of similar length, never across samples), and a prefix that several samples share
 (`Document.suffixes`) is computed once, each sample's own tokens attending to it and causally to
-themselves. Neither builds a T×T mask, and each token's output equals that of the sample run alone. `resolve_attn_implementation` turns the
-config's choice into one that trains on the runtime's device and dtype, or says why it cannot.
+themselves. Neither builds a T×T mask, and each token's output equals that of the sample run
+alone. `resolve_attn_implementation` turns the config's choice into one that trains on the
+runtime's device and dtype, or says why it cannot.
 Both run eagerly inside compiled decoder layers, so a row's layout never recompiles them.
 """
 
