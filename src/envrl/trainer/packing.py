@@ -146,14 +146,15 @@ def shared_prefix_groups(samples: Sequence[TrainingSample], max_tokens: int) -> 
     predicts nothing that is trained.
     """
     order = sorted(range(len(samples)), key=lambda i: samples[i].input_ids)
+    limits = [_first_trained(s) - 1 for s in samples]  # the longest prefix each sample can share
     groups: list[tuple[int, list[int]]] = []
     for i in order:
-        ids, limit = samples[i].input_ids, _first_trained(samples[i]) - 1
+        ids = samples[i].input_ids
         if groups:
             prefix, members = groups[-1]
             if len(members) == 1:
-                prefix = _first_trained(samples[members[0]]) - 1
-            shared = _common_prefix(samples[members[-1]].input_ids, ids, min(limit, prefix))
+                prefix = limits[members[0]]
+            shared = _common_prefix(samples[members[-1]].input_ids, ids, min(limits[i], prefix))
             n = len(members)
             row = sum(len(samples[m].input_ids) for m in members) + len(ids) - n * shared
             if shared >= MIN_SHARED_PREFIX and n * shared >= (n - 1) * prefix and row <= max_tokens:
@@ -262,8 +263,9 @@ def runs_shared_prefixes(model: nn.Module) -> bool:
 def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
     """[T, V] logits of a packed row, each sample attending only to itself.
 
-    With `document_sdpa` / `document_varlen` the row's sample lengths go to the attention as
-    `document_layout` (padded groups / cumulative lengths).
+    With `document_sdpa` the row's `documents` go to the attention as `document_layout` (padded
+    groups, a shared prefix and the suffixes that read it); with `document_varlen` its sample
+    lengths do (cumulative lengths; it runs no shared prefix).
     Any other implementation gets the separation from position ids that restart at 0:
     transformers derives a block-diagonal mask from them (dense T×T for sdpa/eager, a block
     mask for flex, varlen for flash), but only without an attention mask and without a KV
