@@ -22,6 +22,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from envrl.data.layout import batch_dir
+from envrl.runtime.cpu_load import running_threads
 from envrl.trainer.attention import resolve_attn_implementation
 from envrl.trainer.compile import compile_layers, compile_plan
 from envrl.trainer.config import TrainerConfig
@@ -72,11 +73,6 @@ def init_runtime(config: TrainerConfig) -> Runtime:
         f"{torch.get_num_threads()} torch threads on cores {sorted(os.sched_getaffinity(0))})"
     )
     return runtime
-
-
-def running_threads() -> int:
-    """Threads runnable on the machine right now, this one included (/proc/loadavg)."""
-    return int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
 
 
 class PhaseThreads:
