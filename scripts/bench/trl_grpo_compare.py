@@ -2,6 +2,7 @@
 
     uv run --no-sync python -m scripts.bench.trl_grpo_compare [--steps 12] [--warmup 3]
         [--model deps/models/smollm2-135m] [--side both|envrl|trl] [--recipe reverse-text|tool-agent]
+        [--rl-args "--inference.phase-threads"]
 
 `--recipe tool-agent` compares on configs/cpu/smollm2_tool_agent.toml (the calculator env, with
 its `calculate` tool; `--model` then names the SFT warm start both sides begin from): TRL gets the
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -100,9 +102,9 @@ def recipe_shapes(recipe: str) -> dict:
     }
 
 
-def run_envrl(recipe: str, model: str, steps: int, warmup: int, out: Path) -> dict[str, float]:
-    """One `rl` run of the recipe; its median step, the median split of a steady step and the
-    train reward per step."""
+def run_envrl(recipe: str, model: str, steps: int, warmup: int, out: Path, rl_args: list[str]) -> dict[str, float]:
+    """One `rl` run of the recipe (plus `rl_args`); its median step, the median split of a steady
+    step and the train reward per step."""
     from envrl.report.timeline import step_splits
     from envrl.telemetry.ledger import read_ledger
     from tests.support.ports import free_base_port, free_port
@@ -111,7 +113,7 @@ def run_envrl(recipe: str, model: str, steps: int, warmup: int, out: Path) -> di
         sys.executable, "-m", "envrl.launcher.main", "--config", str(RECIPES[recipe]), "--model.name", model,
         "--output-dir", str(out), "--max-steps", str(steps), "--orchestrator.eval.env", "[]",
         "--inference.port", str(free_port()), "--env-server-base-port", str(free_base_port()),
-        "--wandb.mode", "disabled", "--clean",
+        "--wandb.mode", "disabled", "--clean", *rl_args,
     ]  # fmt: skip
     code = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL).returncode
     if code != 0:
@@ -290,6 +292,7 @@ def main() -> None:
         "--stop-by", type=float, default=float("inf"),
         help="Unix time: TRL stops after the step past which another would end later (its weights still saved)",
     )  # fmt: skip
+    parser.add_argument("--rl-args", default="", help="extra `rl` flags for envrl's side, one string")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
@@ -326,7 +329,9 @@ def main() -> None:
             )
     if args.side in ("both", "envrl"):
         with tempfile.TemporaryDirectory() as tmp:
-            results["envrl"] = run_envrl(args.recipe, model, args.steps + 1, args.warmup, Path(tmp) / "run")
+            results["envrl"] = run_envrl(
+                args.recipe, model, args.steps + 1, args.warmup, Path(tmp) / "run", shlex.split(args.rl_args)
+            )
         split = ", ".join(f"{k} {v:.2f}" for k, v in results["envrl"].items() if k not in ("step s", "rewards"))
         print(f"envrl: {results['envrl']['step s']:.2f} s/step (a steady step's split: {split})", flush=True)
     for side, result in results.items():
