@@ -54,11 +54,6 @@ class InferenceConfig(BaseConfig):
     warmup_requests: int = Field(16, ge=0)
     """Concurrent warm-up generations (16 prompt + 8 sampled tokens each) the server runs before
     `/health` answers, so the first real requests are served at full speed; 0 skips the warm-up."""
-    phase_threads: bool = False
-    """On a CPU build: before each model step, vLLM's worker computes with every core this
-    process may use while no other thread on the machine is runnable (the trainer waits for a
-    batch), else with its start-up count (all cores but one). The mirror of
-    `trainer.phase_threads`; no effect on GPUs or with `cpus.pin` (VLLM_CPU_OMP_THREADS_BIND)."""
     reload: ReloadConfig = ReloadConfig()
     ready_timeout_s: float = Field(600.0, gt=0)
     """Seconds `rl` waits for every replica to serve, counted from their launch: the run's one

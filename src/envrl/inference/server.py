@@ -32,7 +32,6 @@ from envrl.config import ConfigError
 from envrl.inference.adapter import check_lora_support
 from envrl.inference.chat_tools import chat_tool_options
 from envrl.inference.config import InferenceConfig
-from envrl.inference.cpu_threads import follow_idle_cores, idle_threads_environment
 from envrl.inference.engine_fork import fork_cpu_engine
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
@@ -156,16 +155,14 @@ def vllm_environment(config: InferenceConfig) -> dict[str, str]:
         "TMPDIR": str(work / "tmp"),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        **(idle_threads_environment() if config.phase_threads else {}),
     }
 
 
 def log_in_vllm_children() -> None:
     """vLLM general plugin, run in the API server and in each process vLLM spawns (GPU engines and
     workers, which do not inherit the parent's logging setup): log like the server process does;
-    on CPU compute LoRA with one GEMM per adapter slot (`envrl.inference.cpu_lora`), size the
-    worker's threads by the machine's load (`envrl.inference.cpu_threads`, with `phase_threads`)
-    and start the engine core by fork (`fork_cpu_engine`)."""
+    on CPU compute LoRA with one GEMM per adapter slot (`envrl.inference.cpu_lora`) and start the
+    engine core by fork (`fork_cpu_engine`)."""
     if raw := os.environ.get(LOG_ENV):
         setup_logging(LogConfig.model_validate_json(raw), process="inference")
     from vllm.platforms import current_platform
@@ -174,7 +171,6 @@ def log_in_vllm_children() -> None:
         from envrl.inference.cpu_lora import patch_cpu_lora
 
         patch_cpu_lora()
-        follow_idle_cores()
         fork_cpu_engine()  # in the API server; a forked engine inherits it, a spawned one skips it
 
 

@@ -22,7 +22,6 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from envrl.data.layout import batch_dir
-from envrl.runtime.cpu_load import running_threads
 from envrl.trainer.attention import resolve_attn_implementation
 from envrl.trainer.compile import compile_layers, compile_plan
 from envrl.trainer.config import TrainerConfig
@@ -73,6 +72,11 @@ def init_runtime(config: TrainerConfig) -> Runtime:
         f"{torch.get_num_threads()} torch threads on cores {sorted(os.sched_getaffinity(0))})"
     )
     return runtime
+
+
+def running_threads() -> int:
+    """Threads runnable on the machine right now, this one included (/proc/loadavg)."""
+    return int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
 
 
 class PhaseThreads:

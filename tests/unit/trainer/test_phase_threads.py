@@ -4,17 +4,27 @@ machine's runnable-thread count."""
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from envrl.data.layout import batch_dir
 from envrl.trainer.parallel import PhaseThreads
 
 
+@pytest.fixture
+def start_threads():
+    """Restores the process's torch thread count after a test changed it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def publish(out: Path, step: int) -> None:
     batch_dir(out, step).mkdir(parents=True)
 
 
-def test_threads_grow_once_the_orchestrator_is_at_its_async_bound(tmp_path: Path, one_torch_thread: None) -> None:
+def test_threads_grow_once_the_orchestrator_is_at_its_async_bound(tmp_path: Path, start_threads: None) -> None:
     threads = PhaseThreads(tmp_path, max_async_level=1, max_steps=10, idle=2, running=lambda: 1)
     publish(tmp_path, 3)
     threads.follow(3)  # batch 4 may still be generated
@@ -26,7 +36,7 @@ def test_threads_grow_once_the_orchestrator_is_at_its_async_bound(tmp_path: Path
     assert torch.get_num_threads() == 1
 
 
-def test_the_last_step_and_on_policy_steps_never_overlap_generation(tmp_path: Path, one_torch_thread: None) -> None:
+def test_the_last_step_and_on_policy_steps_never_overlap_generation(tmp_path: Path, start_threads: None) -> None:
     publish(tmp_path, 9)
     PhaseThreads(tmp_path, max_async_level=2, max_steps=10, idle=2, running=lambda: 1).follow(
         9
@@ -38,7 +48,7 @@ def test_the_last_step_and_on_policy_steps_never_overlap_generation(tmp_path: Pa
     assert torch.get_num_threads() == 2
 
 
-def test_threads_stay_at_the_start_up_count_while_other_work_runs(tmp_path: Path, one_torch_thread: None) -> None:
+def test_threads_stay_at_the_start_up_count_while_other_work_runs(tmp_path: Path, start_threads: None) -> None:
     publish(tmp_path, 0)
     running = [3]  # this thread and two of other processes
     threads = PhaseThreads(tmp_path, max_async_level=0, max_steps=10, idle=2, running=lambda: running[0])
