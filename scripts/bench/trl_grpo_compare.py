@@ -2,7 +2,7 @@
 
     uv run --no-sync python -m scripts.bench.trl_grpo_compare [--steps 12] [--warmup 3]
         [--model deps/models/smollm2-135m] [--side both|envrl|trl] [--recipe reverse-text|tool-agent]
-        [--rl-args "--inference.phase-threads"]
+        [--rl-args="--max-async-level 0"]
 
 `--recipe tool-agent` compares on configs/cpu/smollm2_tool_agent.toml (the calculator env, with
 its `calculate` tool; `--model` then names the SFT warm start both sides begin from): TRL gets the
