@@ -138,6 +138,8 @@ def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_
 
         wait_for(published, 900, f"weights/step_{STEPS}")
         assert len(rank_pids(marker)) == 2
+        # rl, inference (+ vLLM engine), the env server (+ its worker), torchrun, its 2 ranks, orchestrator
+        assert len(marked_pids(marker)) > 5
         proc.kill()  # SIGKILL of rl mid-run
         proc.wait()
         survivors = wait_no_survivors(marker, timeout=60)
