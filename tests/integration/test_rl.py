@@ -1,5 +1,7 @@
 """End to end: `rl` on the CPU smoke config learns and survives nothing it started. (Its resume:
-test_recovery.py, on a copy of the same run; faults injected into whole runs: test_chaos.py.)
+test_recovery.py, on a copy of the same run; faults injected into whole runs: test_chaos.py; a
+SIGKILL of `rl` mid-run taking every process of its run down: test_rl_distributed.py's 2-rank run,
+and every entry point dying with its parent while it still imports: test_lifeline.py.)
 
 Every `rl` run here carries a unique marker in its environment, which all of its descendants
 inherit; "nothing left running" means no process with that marker exists once `rl` is gone.
@@ -8,13 +10,10 @@ inherit; "nothing left running" means no process with that marker exists once `r
 from __future__ import annotations
 
 import re
-import time
-from pathlib import Path
 from statistics import fmean
 
-from tests.support.chaos_runs import marked_pids
 from tests.support.run_files import metric_lines
-from tests.support.smoke import FinishedRun, finish, rl_process, wait_no_survivors
+from tests.support.smoke import FinishedRun
 
 
 def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: FinishedRun) -> None:
@@ -48,21 +47,3 @@ def test_smoke_run_console_prints_a_line_for_every_step(smoke_run: FinishedRun) 
     assert [(int(step), int(done)) for step, done in lines] == [(s, s + 1) for s in range(40)], smoke_run.console[
         -3000:
     ]
-
-
-def test_children_die_when_rl_itself_is_killed(tmp_path: Path) -> None:
-    out = tmp_path / "killed"
-    with rl_process(out, "--max-steps", "1000") as (proc, marker):
-        deadline = time.monotonic() + 900
-        while not (out / "logs" / "orchestrator.log").exists():
-            assert proc.poll() is None, finish(proc, 10)[1][-3000:]
-            assert time.monotonic() < deadline, "the run never started its orchestrator"
-            time.sleep(0.5)
-        assert (
-            len(marked_pids(marker)) > 5
-        )  # rl, inference (+ vLLM engine), env servers (+ workers), trainer, orchestrator
-        proc.kill()
-        proc.wait()
-        survivors = wait_no_survivors(marker, timeout=30)
-        described = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120] for pid in survivors]
-        assert not survivors, described

@@ -1,6 +1,12 @@
 """The trainer under torchrun, started as `rl` starts it: its ranks die with `rl` and with torchrun,
 and a 2-rank `rl` run publishes the weights one process trains from the same rollouts.
 
+The 2-rank run also has two inference replicas (`placement.inference.replicas = 2`): both serve
+rollouts and load every step's weights. What the replicas did is read from their own logs (their
+access log and the reload plugin's line), not from the orchestrator; that no rollout used a stale
+policy is read from the trainer's mismatch KL (on-policy, a rollout sampled by a replica still on
+the old weights would show as a mismatch; the step-0 level is < 1e-3). One `rl` run for both.
+
 The weight comparison replays the 2-rank run's own published batches through a 1-process trainer
 of the same config, so both see the very same rollouts by construction (no reliance on vLLM's
 seeded sampling repeating across runs). As in test_trainer_distributed.py, `optim.eps = 1` with
@@ -12,6 +18,7 @@ samples dropped or counted twice) still moves weights by ~1e-3, far beyond the 1
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,6 +37,7 @@ from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 from tests.support.chaos_runs import MARKER, ROOT, marked_pids
+from tests.support.ports import free_base_port
 from tests.support.run_files import metric_lines
 from tests.support.smoke import finish, rl_process, wait_no_survivors
 
@@ -41,6 +49,9 @@ METRIC_RTOL = 1e-4
 grad norm; see test_trainer_distributed.py). Not the loss: on-policy with group-centred advantages
 it is 0 up to rounding (~1e-9), so its relative difference says nothing."""
 COMPARED_METRICS = ("trainer/grad_norm", "trainer/entropy")
+MAX_KL = 1e-3
+"""Mismatch KL of an on-policy step whose rollouts the trainer's own weights sampled (step 0: < 1e-3)."""
+RELOADED = re.compile(r"weights reloaded from (\S+)/step_(\d+) in")
 PARENT = """
 import sys, time
 from pathlib import Path
@@ -118,10 +129,34 @@ def test_ranks_die_with_torchrun_even_while_they_start(tmp_path: Path) -> None:
         kill_marked(marker)
 
 
-def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_rl(tmp_path: Path) -> None:
+def check_every_replica_served_rollouts_and_loaded_every_steps_weights(out: Path) -> None:
+    """Replicas 0 and 1 each loaded policies 1, 2, ... in order (at least up to STEPS - 1) and
+    served rollouts; the first STEPS steps were sampled on-policy; no single server's log."""
+    logs = out / "logs"
+    for replica in ("inference-0", "inference-1"):
+        log = (logs / f"{replica}.log").read_text()
+        reloads = [(Path(path), int(step)) for path, step in RELOADED.findall(log)]
+        assert len(reloads) >= STEPS - 1, (replica, reloads)  # rl was killed once weights/step_STEPS appeared
+        assert reloads == [((out / "weights").resolve(), step) for step in range(1, len(reloads) + 1)], (
+            replica,
+            reloads,
+        )
+        assert log.count('"POST /inference/v1/generate HTTP/1.1" 200') > 0, f"{replica} served no rollout"
+    assert not (logs / "inference.log").exists()
+    kls = sorted((m["step"], m["trainer/mismatch_kl"]) for m in metric_lines(out) if "trainer/mismatch_kl" in m)
+    assert [step for step, _ in kls[:STEPS]] == list(range(STEPS)), kls
+    assert all(abs(kl) < MAX_KL for _, kl in kls[:STEPS]), kls
+    assert f"all 2 inference replicas now serve policy {STEPS - 1}" in (logs / "orchestrator.log").read_text()
+
+
+def test_two_rank_rl_run_with_two_replicas_publishes_the_weights_one_process_trains_and_dies_with_rl(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "two"
     overrides = {
         "placement.trainer.num-procs": "2",
+        "placement.inference.replicas": "2",
+        "inference.port": str(free_base_port()),  # base and base + 1 are free
         "max-steps": "100",  # still training when killed below; the lr schedule is constant
         "max-async-level": "0",
         "trainer.optim.lr": "1.0",
@@ -138,10 +173,13 @@ def test_two_rank_rl_run_publishes_the_weights_one_process_trains_and_dies_with_
 
         wait_for(published, 900, f"weights/step_{STEPS}")
         assert len(rank_pids(marker)) == 2
+        # rl, 2 inference replicas (+ vLLM engines), the env server (+ its worker), torchrun, its 2 ranks, orchestrator
+        assert len(marked_pids(marker)) > 5
         proc.kill()  # SIGKILL of rl mid-run
         proc.wait()
         survivors = wait_no_survivors(marker, timeout=60)
         assert not survivors, [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in survivors]
+    check_every_replica_served_rollouts_and_loaded_every_steps_weights(out)
 
     one = tmp_path / "one"
     for step in range(STEPS):

@@ -27,7 +27,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from envrl.transport.broadcast import DEFAULT_BUCKET_BYTES, TensorLayout, join_gloo, receive_gloo
+from envrl.transport.broadcast import join_gloo, receive_gloo
+from envrl.transport.transfer_files import DEFAULT_BUCKET_BYTES, TensorLayout
 
 BACKEND = "gloo"
 GROUP_TIMEOUT_S = 300.0

@@ -17,21 +17,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel
 
 from envrl.transport.rendezvous import RendezvousStore
-
-DEFAULT_BUCKET_BYTES = 256 * 2**20
-
-
-class TensorLayout(BaseModel):
-    """What is broadcast, in order: each tensor's name, dtype and shape, cut into buckets of up
-    to `bucket_bytes`."""
-
-    names: list[str]
-    dtype_names: list[str]
-    shapes: list[list[int]]
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+from envrl.transport.transfer_files import TensorLayout
 
 
 def plan_buckets(dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], bucket_bytes: int) -> list[list[int]]:

@@ -20,11 +20,10 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from envrl.runtime.atomic import atomic_dir
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
@@ -124,6 +123,8 @@ def _realias_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str,
 
 def export_dtype(base_config: PretrainedConfig) -> torch.dtype:
     """The dtype the base checkpoint was saved in (fp32 if it does not say)."""
+    import torch  # here, not at the top: the orchestrator reads weights directories without torch
+
     dtype = getattr(base_config, "dtype", None)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)

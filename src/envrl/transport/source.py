@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from envrl.transport.files import Shapes, WeightsError, read_shapes
-from envrl.transport.memory import TRANSFER_FILE, TransferInfo, read_transfer
+from envrl.transport.transfer_files import TRANSFER_FILE, TransferInfo, read_transfer
 
 ADAPTER_CONFIG = "adapter_config.json"
 """The file that makes a weights directory a PEFT LoRA adapter instead of a full model."""

@@ -22,8 +22,8 @@ from loguru import logger
 
 from envrl.data.layout import published_steps, weights_dir, weights_root
 from envrl.model.replicas import InferenceReplicas, ReplicaReloadError
-from envrl.transport.memory import read_secret
 from envrl.transport.source import transport_of
+from envrl.transport.transfer_files import read_secret
 
 if TYPE_CHECKING:
     from torch import nn
