@@ -2,7 +2,7 @@
 
     uv run --no-sync python -m scripts.bench.trl_grpo_compare [--steps 12] [--warmup 3]
         [--model deps/models/smollm2-135m] [--side both|envrl|trl] [--recipe reverse-text|tool-agent]
-        [--rl-args="--max-async-level 0"]
+        [--rl-args="--max-async-level 0"] [--seed N]
 
 `--recipe tool-agent` compares on configs/cpu/smollm2_tool_agent.toml (the calculator env, with
 its `calculate` tool; `--model` then names the SFT warm start both sides begin from): TRL gets the
@@ -102,7 +102,9 @@ def recipe_shapes(recipe: str) -> dict:
     }
 
 
-def run_envrl(recipe: str, model: str, steps: int, warmup: int, out: Path, rl_args: list[str]) -> dict[str, float]:
+def run_envrl(
+    recipe: str, model: str, steps: int, warmup: int, out: Path, rl_args: list[str], seed: int
+) -> dict[str, float]:
     """One `rl` run of the recipe (plus `rl_args`); its median step, the median split of a steady
     step and the train reward per step."""
     from envrl.report.timeline import step_splits
@@ -113,7 +115,7 @@ def run_envrl(recipe: str, model: str, steps: int, warmup: int, out: Path, rl_ar
         sys.executable, "-m", "envrl.launcher.main", "--config", str(RECIPES[recipe]), "--model.name", model,
         "--output-dir", str(out), "--max-steps", str(steps), "--orchestrator.eval.env", "[]",
         "--inference.port", str(free_port()), "--env-server-base-port", str(free_base_port()),
-        "--wandb.mode", "disabled", "--clean", *rl_args,
+        "--wandb.mode", "disabled", "--clean", "--seed", str(seed), *rl_args,
     ]  # fmt: skip
     code = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL).returncode
     if code != 0:
@@ -129,7 +131,7 @@ def run_envrl(recipe: str, model: str, steps: int, warmup: int, out: Path, rl_ar
     }
 
 
-def run_trl(recipe: str, model: str, steps: int, warmup: int, save: Path | None, stop_by: float) -> dict:
+def run_trl(recipe: str, model: str, steps: int, warmup: int, save: Path | None, stop_by: float, seed: int) -> dict:
     """The TRL side in its own throwaway environment; its median step, train reward per step and
     the per-step records of `trl_worker`."""
     argv = [
@@ -137,7 +139,7 @@ def run_trl(recipe: str, model: str, steps: int, warmup: int, save: Path | None,
         "--with", CPU_TORCH, "--with", f"trl=={TRL_VERSION}", "--with", "peft",
         "--with-editable", str(ROOT), "--with-editable", str(ROOT / "deps" / "envs" / ENV_DIRS[recipe]),
         "python", "-m", "scripts.bench.trl_grpo_compare", "--trl-worker", "--model", model, "--steps", str(steps),
-        "--recipe", recipe, "--stop-by", str(stop_by), *(["--save", str(save)] if save else []),
+        "--recipe", recipe, "--stop-by", str(stop_by), "--seed", str(seed), *(["--save", str(save)] if save else []),
     ]  # fmt: skip
     # A throwaway environment: compiling its ~12,000 files' bytecode (the root pyproject's
     # `compile-bytecode`) took 2.5 min of the 2-core box before every run.
@@ -201,7 +203,7 @@ def tool_agent_task(shapes: dict, model: str) -> tuple[list[dict], Callable[...,
     return rows, reward, trainer_extras, config_extras
 
 
-def trl_worker(recipe: str, model: str, steps: int, save: Path | None, stop_by: float) -> None:
+def trl_worker(recipe: str, model: str, steps: int, save: Path | None, stop_by: float, seed: int) -> None:
     """GRPOTrainer on the recipe's shapes (runs inside the TRL environment); prints the step times
     and, per step, what TRL logs of it. Training stops after the step past which another step of the
     same length would end after `stop_by` (Unix seconds); `save`: the LoRA merged into the model's
@@ -212,7 +214,7 @@ def trl_worker(recipe: str, model: str, steps: int, save: Path | None, stop_by: 
     from transformers import AutoTokenizer, TrainerCallback, TrainerControl
     from trl import GRPOConfig, GRPOTrainer
 
-    shapes = recipe_shapes(recipe)
+    shapes = {**recipe_shapes(recipe), "seed": seed}
     if recipe == "tool-agent":
         rows, reward, trainer_extras, config_extras = tool_agent_task(shapes, model)
     else:
@@ -293,23 +295,25 @@ def main() -> None:
         help="Unix time: TRL stops after the step past which another would end later (its weights still saved)",
     )  # fmt: skip
     parser.add_argument("--rl-args", default="", help="extra `rl` flags for envrl's side, one string")
+    parser.add_argument("--seed", type=int, help="both sides' seed (TRL's `seed`, `rl --seed`); default: the recipe's")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
     save = args.save.resolve() if args.save else None
-    if args.trl_worker:
-        trl_worker(args.recipe, model, args.steps, save, args.stop_by)
-        return
     shapes = recipe_shapes(args.recipe)
+    seed = shapes["seed"] if args.seed is None else args.seed
+    if args.trl_worker:
+        trl_worker(args.recipe, model, args.steps, save, args.stop_by, seed)
+        return
     print(
         f"{model}: {shapes['batch'] // shapes['group']} prompts x {shapes['group']} completions of <= "
         f"{shapes['max_tokens']} tokens a step, LoRA r{shapes['lora']['rank']}; medians of steps "
-        f"{args.warmup}..{args.steps - 1}",
+        f"{args.warmup}..{args.steps - 1}, seed {seed}",
         flush=True,
     )
     results: dict[str, dict] = {}
     if args.side in ("both", "trl"):
-        results["trl"] = run_trl(args.recipe, model, args.steps, args.warmup, save, args.stop_by)
+        results["trl"] = run_trl(args.recipe, model, args.steps, args.warmup, save, args.stop_by, seed)
         trl = results["trl"]
         print(
             f"TRL {TRL_VERSION} GRPOTrainer: {trl['step s']:.2f} s/step (generation and scoring {trl['generation']:.2f}, "
@@ -330,7 +334,7 @@ def main() -> None:
     if args.side in ("both", "envrl"):
         with tempfile.TemporaryDirectory() as tmp:
             results["envrl"] = run_envrl(
-                args.recipe, model, args.steps + 1, args.warmup, Path(tmp) / "run", shlex.split(args.rl_args)
+                args.recipe, model, args.steps + 1, args.warmup, Path(tmp) / "run", shlex.split(args.rl_args), seed
             )
         split = ", ".join(f"{k} {v:.2f}" for k, v in results["envrl"].items() if k not in ("step s", "rewards"))
         print(f"envrl: {results['envrl']['step s']:.2f} s/step (a steady step's split: {split})", flush=True)
