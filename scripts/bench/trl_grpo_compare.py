@@ -2,7 +2,7 @@
 
     uv run --no-sync python -m scripts.bench.trl_grpo_compare [--steps 12] [--warmup 3]
         [--model deps/models/smollm2-135m] [--side both|envrl|trl] [--recipe reverse-text|tool-agent]
-        [--rl-args="--max-async-level 0"] [--seed N]
+        [--rl-args="--max-async-level 0"] [--seed N] [--out DIR]
 
 `--recipe tool-agent` compares on configs/cpu/smollm2_tool_agent.toml (the calculator env, with
 its `calculate` tool; `--model` then names the SFT warm start both sides begin from): TRL gets the
@@ -14,6 +14,9 @@ side also its tool calls per episode and failed-call share per step (TRL's `tool
 `--save DIR` merges TRL's LoRA into the weights at the end (DIR/final) and, for the tool agent,
 scores them with envrl's held-back eval (`smollm2_tool_agent.held_back_eval`: the same 48 eval
 tasks as the recipe's seeds); `--stop-by` (Unix time) ends TRL's training early, keeping its steps.
+`--out DIR` keeps both sides' curves: envrl's run in DIR/envrl, TRL's steps as DIR/trl/metrics.jsonl
+(the shape of an `rl` run's: `train/<env>/reward` per step), drawn together in DIR/compare.png and
+DIR/compare.md (`rl report --compare`, which also adds other runs, e.g. more seeds, to the picture).
 
 envrl: `rl` on configs/cpu/smollm2_reverse_text.toml as it is (evals off, as TRL runs none),
 each step from the trainer's ledger, with the median split of a steady step into the report's
@@ -94,6 +97,7 @@ def recipe_shapes(recipe: str) -> dict:
         "batch": orch["batch_size"],
         "max_tokens": orch["sampling"]["max_tokens"],
         "temperature": orch["sampling"].get("temperature", 1.0),
+        "env": orch["envs"][0].get("name", orch["envs"][0]["id"]),
         "env_args": orch["envs"][0].get("args", {}),
         "lora": trainer["lora"],
         "lr": trainer["optim"]["lr"],
@@ -129,6 +133,23 @@ def run_envrl(
         **{k: v for k, v in parts.items() if v >= 0.05},
         "rewards": rewards,
     }
+
+
+def write_trl_metrics(per_step: list[dict[str, float]], env: str, out: Path) -> None:
+    """TRL's per-step logs as `out/metrics.jsonl` in an `rl` run's shape (`train/<env>/reward`,
+    `train/reward`; TRL's other logs under `trl/`), so `rl report --compare` draws it beside envrl's."""
+    from envrl.data.layout import metrics_file
+
+    lines = []
+    for step, record in enumerate(per_step):
+        line: dict[str, object] = {"step": step, "process": "trl"}
+        if "reward" in record:
+            line |= {f"train/{env}/reward": record["reward"], "train/reward": record["reward"]}
+        line |= {f"trl/{key}": value for key, value in record.items() if key != "reward"}
+        lines.append(json.dumps(line))
+    path = metrics_file(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{line}\n" for line in lines))
 
 
 def run_trl(recipe: str, model: str, steps: int, warmup: int, save: Path | None, stop_by: float, seed: int) -> dict:
@@ -295,6 +316,7 @@ def main() -> None:
         help="Unix time: TRL stops after the step past which another would end later (its weights still saved)",
     )  # fmt: skip
     parser.add_argument("--rl-args", default="", help="extra `rl` flags for envrl's side, one string")
+    parser.add_argument("--out", type=Path, help="keep both sides' runs and curves here (compare.png, compare.md)")
     parser.add_argument("--seed", type=int, help="both sides' seed (TRL's `seed`, `rl --seed`); default: the recipe's")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -315,6 +337,8 @@ def main() -> None:
     if args.side in ("both", "trl"):
         results["trl"] = run_trl(args.recipe, model, args.steps, args.warmup, save, args.stop_by, seed)
         trl = results["trl"]
+        if args.out:
+            write_trl_metrics(trl["per step"], shapes["env"], args.out / "trl")
         print(
             f"TRL {TRL_VERSION} GRPOTrainer: {trl['step s']:.2f} s/step (generation and scoring {trl['generation']:.2f}, "
             f"the rest {trl['training']:.2f}; {trl['torch threads']} torch threads)",
@@ -333,8 +357,9 @@ def main() -> None:
             )
     if args.side in ("both", "envrl"):
         with tempfile.TemporaryDirectory() as tmp:
+            run_dir = args.out / "envrl" if args.out else Path(tmp) / "run"
             results["envrl"] = run_envrl(
-                args.recipe, model, args.steps + 1, args.warmup, Path(tmp) / "run", shlex.split(args.rl_args), seed
+                args.recipe, model, args.steps + 1, args.warmup, run_dir, shlex.split(args.rl_args), seed
             )
         split = ", ".join(f"{k} {v:.2f}" for k, v in results["envrl"].items() if k not in ("step s", "rewards"))
         print(f"envrl: {results['envrl']['step s']:.2f} s/step (a steady step's split: {split})", flush=True)
@@ -343,6 +368,12 @@ def main() -> None:
         print(f"{side} train reward by step: {[round(r, 3) for r in rewards]}", flush=True)
     if len(results) == 2:
         print(f"envrl / TRL: {results['envrl']['step s'] / results['trl']['step s']:.2f}x")
+    if args.out:
+        from envrl.report.compare import write_comparison
+
+        runs = [args.out / side for side in results]
+        labels = [{"trl": f"TRL {TRL_VERSION}", "envrl": "envrl"}[side] for side in results]
+        print(f"curves: {write_comparison(runs, args.out, labels)}")
 
 
 if __name__ == "__main__":

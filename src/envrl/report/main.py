@@ -122,15 +122,39 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="rl report",
         description="Write <OUTPUT_DIR>/report/: a headline, plots and a trace browser (open index.html); "
-        "OUTPUT_DIR is an `rl` run's output dir or an `rl eval` one (a trace browser of its rollouts).",
+        "OUTPUT_DIR is an `rl` run's output dir or an `rl eval` one (a trace browser of its rollouts). "
+        "With --compare: several runs' reward curves on one page (compare.png, compare.md in --out).",
     )
     parser.add_argument(
-        "output_dir", type=Path, metavar="OUTPUT_DIR", help="the run directory (output_dir) or an `rl eval` output dir"
+        "output_dir",
+        type=Path,
+        nargs="?",
+        metavar="OUTPUT_DIR",
+        help="the run directory (output_dir) or an `rl eval` output dir",
     )
+    parser.add_argument(
+        "--compare", type=Path, nargs="+", metavar="RUN", help="run directories whose reward curves to draw together"
+    )
+    parser.add_argument("--out", type=Path, help="where --compare writes compare.png and compare.md")
+    parser.add_argument("--labels", nargs="+", help="one legend label per --compare run (default: directory names)")
     args = parser.parse_args(argv)
+    if (args.output_dir is None) == (args.compare is None):
+        parser.error("give one OUTPUT_DIR, or --compare RUN [RUN ...] --out DIR")
+    if args.compare and args.out is None:
+        parser.error("--compare needs --out DIR (where compare.png and compare.md go)")
     from envrl.telemetry.log import LogConfig, setup_logging
 
     setup_logging(LogConfig(), process="report")
+    if args.compare:
+        from envrl.report.compare import write_comparison
+
+        try:
+            written = write_comparison(args.compare, args.out, args.labels)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"rl report: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        print(f"wrote {written} and {written.with_suffix('.png')}")
+        return
     try:
         index = write_report(args.output_dir)
     except FileNotFoundError as e:
