@@ -1,7 +1,7 @@
 """On-policy distillation end to end: the teacher scores exactly the tokens the student sampled,
 a teacher with another tokenizer is refused in one line, and `rl` runs the distillation recipe
-(`configs/cpu/smollm2_distill.toml`) on a cut-down SmolLM2 student with the tiny model as the
-teacher (both use the tiny byte-level tokenizer) for a few steps.
+(`configs/cpu/smollm2_distill.toml`) on a cut-down SmolLM2 student for a few steps, serving the
+tiny model as the teacher itself (`teacher_weights`; both use the tiny byte-level tokenizer).
 
 Tolerance of the scoring test: the teacher's prompt logprobs (one prefill) and the sampled
 tokens' logprobs (one decode step each) come from the same float32 weights on the same server,
@@ -25,6 +25,7 @@ from envrl.model.smollm2 import build_cut_down
 from envrl.orchestrator.teacher import TeacherClient, TeacherError
 from envrl.runtime.http import RetryPolicy
 from tests.support.chaos_runs import ROOT
+from tests.support.ports import free_port
 from tests.support.run_files import metric_lines
 from tests.support.smoke import run_to_end
 from tests.support.standin_inference import JsonHandler, serving
@@ -93,15 +94,22 @@ def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(
     assert "tokenizer differs from the student's" in message
 
 
-def test_rl_distils_a_cut_down_smollm2_from_a_teacher_server(vllm_server: VLLMServer, tmp_path: Path) -> None:
+def test_rl_serves_the_teacher_from_its_weights_and_distils_a_cut_down_smollm2(
+    vllm_server: VLLMServer, tmp_path: Path
+) -> None:
+    """`teacher_weights`: rl starts the teacher's vLLM beside the student's, points the orchestrator
+    at it with the run's API key, and every trained token of every step is scored by it."""
     student = build_cut_down(tmp_path / "student")
-    out = tmp_path / "run"
+    out, port = tmp_path / "run", free_port()
     overrides = (
         "--model.name", str(student), "--max-steps", str(STEPS),
-        "--orchestrator.distill.teacher_url", f"{vllm_server.base_url}/v1",
+        "--orchestrator.distill.teacher-weights", vllm_server.model,
+        "--orchestrator.distill.teacher-port", str(port),
         "--orchestrator.eval.at_start", "false", "--orchestrator.eval.at_end", "false",
     )  # fmt: skip
     run_to_end(out, *overrides, config=RECIPE, timeout=900).check()
+    assert f"server ready at http://127.0.0.1:{port} " in (out / "logs" / "launcher.log").read_text()
+    assert (out / "logs" / "teacher.log").is_file() and (out / "configs" / "teacher.toml").is_file()
     records = metric_lines(out)
     assert sorted(m["step"] for m in records if "trainer/loss" in m) == list(range(STEPS))
     distill = {m["step"]: m for m in records if "distill/reverse_kl" in m}

@@ -14,7 +14,7 @@ import pytest
 from envrl.envclient.config import EnvConfig
 from envrl.envclient.handles import EnvClientMismatch, EnvHandle
 from envrl.model.client import SamplingParams, ScriptedClientConfig, TrainClientConfig
-from envrl.runtime.process import ChildFailed, spawn_sidecar
+from envrl.runtime.process import ChildFailed, begin_sidecar, spawn_sidecar
 from envrl.serve.client import EnvServerError
 from tests.support.bad_envs import OK, SLEEP
 from tests.support.curve_keys import make_curve_keys
@@ -82,6 +82,32 @@ def test_a_sidecar_that_never_reports_is_killed_at_its_ready_timeout(tmp_path: P
     with pytest.raises(ChildFailed) as failed:
         spawn_sidecar(argv, name="silent child", log_file=tmp_path / "out.log", ready_timeout=1.0)
     assert "did not report ready within 1 s" in str(failed.value) and "working on it" in str(failed.value)
+
+
+def _waits_for(mine: Path, theirs: Path) -> list[str]:
+    """A sidecar that marks `mine`, then reports ready only once `theirs` exists: two of them get
+    ready only if they run at once (begun one after the other's ready, the first never would)."""
+    code = (
+        "import pathlib, time; from envrl.runtime.process import report_ready\n"
+        f"pathlib.Path({str(mine)!r}).touch()\n"
+        f"while not pathlib.Path({str(theirs)!r}).exists(): time.sleep(0.05)\n"
+        "report_ready('ok'); time.sleep(60)"
+    )
+    return [sys.executable, "-c", code]
+
+
+def test_sidecars_begun_together_load_at_once_and_an_abandoned_one_is_stopped(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    first = begin_sidecar(_waits_for(a, b), name="first", log_file=tmp_path / "first.log", ready_timeout=60)
+    second = begin_sidecar(_waits_for(b, a), name="second", log_file=tmp_path / "second.log", ready_timeout=60)
+    third = begin_sidecar(_waits_for(tmp_path / "c", tmp_path / "never"), name="third", log_file=tmp_path / "t.log")
+    try:
+        assert (first.ready(), second.ready()) == ("ok", "ok")
+        third.abandon()
+        assert third.child.poll() is not None
+    finally:
+        for sidecar in (first, second, third):
+            sidecar.child.stop(grace=1.0)
 
 
 def test_a_non_loopback_address_without_curve_keys_is_refused(tmp_path: Path) -> None:

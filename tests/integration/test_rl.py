@@ -10,10 +10,11 @@ inherit; "nothing left running" means no process with that marker exists once `r
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from statistics import fmean
 
 from tests.support.run_files import metric_lines
-from tests.support.smoke import FinishedRun
+from tests.support.smoke import FinishedRun, run_to_end
 
 
 def test_smoke_run_learns_and_leaves_nothing_running(smoke_run: FinishedRun) -> None:
@@ -47,3 +48,14 @@ def test_smoke_run_console_prints_a_line_for_every_step(smoke_run: FinishedRun) 
     assert [(int(step), int(done)) for step, done in lines] == [(s, s + 1) for s in range(40)], smoke_run.console[
         -3000:
     ]
+
+
+def test_an_env_server_that_cannot_load_stops_rl_and_the_servers_started_beside_it(tmp_path: Path) -> None:
+    """Env servers start side by side: the broken one fails its start, `rl` exits 1 naming it, and
+    the servers begun with it (the good train env's, the eval env's) go down with the run. (Without
+    `abandon` they would too, a moment later, through their parent-death signal when `rl` exits.)"""
+    envs = '[{"id": "learnable", "args": {"num_train": 256, "num_eval": 32}}, {"id": "no_such_module:load_env", "name": "broken"}]'
+    run = run_to_end(tmp_path / "run", "--orchestrator.envs", envs, timeout=300)
+    assert run.code == 1, run.console[-3000:]
+    assert "train env server 'broken'" in run.console and "before reporting ready" in run.console
+    assert not run.survivors, f"processes of the run survived it: {run.survivors}"

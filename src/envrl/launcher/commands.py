@@ -56,6 +56,8 @@ class Command(BaseModel):
 class LaunchPlan(BaseModel):
     inference: list[Command]
     """One per inference replica."""
+    teacher: Command | None = None
+    """The distillation teacher's server (`orchestrator.distill.teacher_weights`), or None."""
     env_servers: list[Command]
     """In the order of `RunPlan.env_servers`."""
     trainer: Command
@@ -66,7 +68,8 @@ class LaunchPlan(BaseModel):
 
     def commands(self) -> list[Command]:
         """Every command, in start order: servers, then trainer and orchestrator."""
-        return [*self.inference, *self.env_servers, self.trainer, *self.trainer_nodes, self.orchestrator]
+        teacher = [self.teacher] if self.teacher is not None else []
+        return [*self.inference, *teacher, *self.env_servers, self.trainer, *self.trainer_nodes, self.orchestrator]
 
 
 def trainer_argv(

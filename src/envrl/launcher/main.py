@@ -43,6 +43,8 @@ from envrl.launcher.slurm import job_hosts, write_sbatch
 from envrl.runtime.net import port_is_free
 from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn
 from envrl.runtime.supervisor import Respawn, Supervisor
+from envrl.serve.launch import begin as begin_env_server
+from envrl.serve.launch import ready as env_server_ready
 from envrl.serve.launch import start as start_env_server
 from envrl.telemetry.console import RunConsole
 from envrl.telemetry.log import setup_logging
@@ -282,18 +284,38 @@ def _start(run: RunPlan, supervisor: Supervisor, restarts: RestartPolicy, secret
         url, model = configs[command.name].base_url, run.orchestrator.model.name
         respawn = recovery.replica_respawn(command, spawn_inference, restarts, url, model, out, token)
         inference[command.name] = supervisor.add(spawn_inference(command), respawn)
-    for server, command in zip(run.env_servers, plan.env_servers, strict=True):
-        start_server = partial(
-            start_env_server, server, argv=command.argv, log_file=command.log_file, environ=command.environ(secrets)
+    if plan.teacher is not None and run.teacher is not None:  # a server like a replica, on fixed weights
+        logger.info(f"starting the distillation teacher's server on {run.teacher.model.name} (vLLM)")
+        teacher = plan.teacher
+        inference[teacher.name] = supervisor.add(
+            spawn_inference(teacher), Respawn(partial(spawn_inference, teacher), restarts)
         )
-        supervisor.add(_server_child(start_server), Respawn(partial(_server_child, start_server), server.restarts))
+        configs = {**configs, teacher.name: run.teacher}
     trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts, out)
-    supervisor.add(spawn_trainer(plan.trainer), trainer)
+    supervisor.add(spawn_trainer(plan.trainer), trainer)  # it imports and loads while the env servers do
+    _start_env_servers(run, supervisor, secrets)
     orchestrator = recovery.orchestrator_respawn(plan.orchestrator, spawn, restarts, out)
     supervisor.add(spawn(plan.orchestrator), orchestrator)
     logger.info(f"trainer and orchestrator started; logs in {plan.trainer.log_file.parent}")
     # Trainer and orchestrator import and load while vLLM starts; the orchestrator waits for it.
     wait_for_replicas(inference, configs, supervisor, deadline)
+
+
+def _start_env_servers(run: RunPlan, supervisor: Supervisor, secrets: dict[str, str]) -> None:
+    """Begin every env server at once, so they load their envs side by side, then wait for each in
+    turn and hand it to the supervisor; one that fails to start stops those still starting."""
+    begun = []
+    for server, command in zip(run.env_servers, run.commands.env_servers, strict=True):
+        how = dict(argv=command.argv, log_file=command.log_file, environ=command.environ(secrets))
+        begun.append((server, command, partial(start_env_server, server, **how), begin_env_server(server, **how)))
+    for i, (server, command, start_server, starting) in enumerate(begun):
+        try:
+            child, _ = env_server_ready(server, starting, command.log_file)
+        except BaseException:
+            for *_, pending in begun[i + 1 :]:
+                pending.abandon()
+            raise
+        supervisor.add(child, Respawn(partial(_server_child, start_server), server.restarts))
 
 
 def _server_child(start_server: Callable[[], tuple[Child, str]]) -> Child:

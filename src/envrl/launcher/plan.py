@@ -8,7 +8,8 @@ no file, socket, process or environment variable, and names the secrets to make 
 Shared keys (`SHARED_KEYS`) are copied from the top level into every section; env servers get
 fixed ports (train env i: `env_server_base_port + i`, eval table i: `+ 1000 + i`) and the run's
 CURVE keys (they admit only the run's orchestrator, on loopback too); every process gets the
-addresses of the others on the hosts that run them. `rl`, `rl --dry-run`, `rl --slurm` and its
+addresses of the others on the hosts that run them; a distillation teacher named by its weights
+(`orchestrator.distill.teacher_weights`) is one more vLLM server beside the replicas. `rl`, `rl --dry-run`, `rl --slurm` and its
 batch script's first step (`launcher/slurm.py`) execute or print the same plan: on this machine
 (`hosts` None) or on a job's hosts as `[slurm]` places them. A shared key set inside a section,
 a key `rl` sets itself, two processes of the run on one port of one host, or budgets that cannot
@@ -59,6 +60,8 @@ from envrl.transport.config import MEMORY_WITH_RESTARTS
 E = TypeVar("E", bound=EnvConfig)
 LOCAL_HOST = "127.0.0.1"
 """The one host of a run on this machine: its env servers and trainer rank 0 listen there."""
+TEACHER = "teacher"
+"""The process name of the distillation teacher's server `rl` starts (its config and log)."""
 
 
 class Machine(BaseModel):
@@ -97,6 +100,8 @@ class RunPlan:
     """The run's inference options (each replica's own config: `replicas`)."""
     replicas: dict[str, InferenceConfig]
     """Each inference replica's config, by name (`configs/<name>.toml`)."""
+    teacher: InferenceConfig | None
+    """The distillation teacher's server `rl` starts (`orchestrator.distill.teacher_weights`), or None."""
     env_servers: list[EnvServerLaunch]
     """The env servers `rl` starts: train envs, then eval tables, each without an `address`."""
     commands: LaunchPlan
@@ -118,6 +123,8 @@ class RunPlan:
     def configs(self) -> dict[str, BaseModel]:
         """Each process's config by name (`configs/<name>.toml` in the run directory)."""
         configs: dict[str, BaseModel] = {**self.replicas, "trainer": self.trainer, "orchestrator": self.orchestrator}
+        if self.teacher is not None:
+            configs[TEACHER] = self.teacher
         for server in self.env_servers:
             configs[layout.env_server_process(server.split, server.name)] = server.config
         return configs
@@ -130,8 +137,10 @@ class RunPlan:
         return [command for host, command in self.start_order() if host == index]
 
     def spawned_ports(self) -> list[tuple[str, int, str]]:
-        """(host, port, who) of every server the launcher starts: inference replicas, then env servers."""
+        """(host, port, who) of every server the launcher starts: inference replicas, the teacher, then env servers."""
         ports = [(config.host, config.port, name) for name, config in self.replicas.items()]
+        if self.teacher is not None:
+            ports.append((self.teacher.host, self.teacher.port, "the teacher (orchestrator.distill.teacher_port)"))
         for server in self.env_servers:
             parts = urlsplit(server.config.address)
             ports.append((parts.hostname or LOCAL_HOST, parts.port or 0, f"{server.split} env {server.name!r}"))
@@ -175,8 +184,9 @@ def plan(rl: RLConfig, hosts: Sequence[str] | None = None, machine: Machine | No
     urls = [config.base_url for config in replicas.values()]
     orchestrator, servers = _env_servers(rl, _with_inference(orchestrator, inference, urls), where)
     placement = place(rl.placement, inference.vllm, None if where.job else machine.visible_gpus)
+    orchestrator, teacher = _teacher(rl, orchestrator, where, placement)
     cpus = None if where.job else plan_cpus(rl.cpus, set(machine.cores), machine.cpu_vllm)
-    commands, host_of = _commands(rl, replicas, servers, where, placement, cpus, machine)
+    commands, host_of = _commands(rl, replicas, teacher, servers, where, placement, cpus, machine)
     warnings = []
     if problem := off_policy_problem(rl.max_async_level, trainer.loss.clip, trainer.loss.ratio_mask):
         if orchestrator.checks.strict:
@@ -184,7 +194,7 @@ def plan(rl: RLConfig, hosts: Sequence[str] | None = None, machine: Machine | No
         warnings.append(f"check: {problem}")
     run = RunPlan(
         hosts=where.names, trainer=trainer, orchestrator=orchestrator, inference=inference, replicas=replicas,
-        env_servers=servers, commands=commands, host_of=host_of, placement=placement, cpus=cpus,
+        teacher=teacher, env_servers=servers, commands=commands, host_of=host_of, placement=placement, cpus=cpus,
         secrets=[
             Secret(name=inference.reload.token_env, what="/update_weights token: inference and orchestrator only"),
             Secret(name=API_KEY_ENV, what="vLLM's API key: the inference servers and every client of them"),
@@ -262,6 +272,32 @@ def _with_inference(
     return orchestrator.model_copy(update={"inference": client})
 
 
+def _teacher(
+    rl: RLConfig, orchestrator: OrchestratorConfig, where: _Hosts, placement: Placement
+) -> tuple[OrchestratorConfig, InferenceConfig | None]:
+    """The teacher server `rl` starts for `orchestrator.distill.teacher_weights` (the run's inference
+    options on the teacher's weights and `teacher_port`, without the policy's LoRA serving), and
+    the orchestrator pointed at it with the run's API key; `(orchestrator, None)` without one."""
+    distill = orchestrator.distill
+    if distill is None or distill.teacher_weights is None:
+        return orchestrator, None
+    if where.job or placement.trainer_gpus or any(placement.inference_gpus):
+        raise ConfigError(
+            "orchestrator.distill.teacher_weights: rl serves the teacher only in a CPU run on one machine; for a "
+            "GPU or SLURM run start the teacher yourself (`inference --model.name WEIGHTS --port 8100`) and set "
+            "orchestrator.distill.teacher_url instead"
+        )
+    base = _shared(rl, "inference")  # the run's options before _sections added the policy's LoRA serving
+    assert isinstance(base, InferenceConfig)
+    teacher = base.model_copy(
+        update={"model": base.model.model_copy(update={"name": distill.teacher_weights}), "port": distill.teacher_port}
+    )
+    served = distill.model_copy(
+        update={"teacher_url": teacher.base_url, "teacher_weights": None, "teacher_api_key_env": API_KEY_ENV}
+    )
+    return orchestrator.model_copy(update={"distill": served}), teacher
+
+
 def _env_servers(
     rl: RLConfig, orchestrator: OrchestratorConfig, where: _Hosts
 ) -> tuple[OrchestratorConfig, list[EnvServerLaunch]]:
@@ -302,6 +338,7 @@ def _with_run_key(env: E, urls: list[str]) -> E:
 def _commands(
     rl: RLConfig,
     replicas: dict[str, InferenceConfig],
+    teacher: InferenceConfig | None,
     servers: list[EnvServerLaunch],
     where: _Hosts,
     placement: Placement,
@@ -319,6 +356,11 @@ def _commands(
         )
         for i, name in enumerate(replicas)
     ]  # fmt: skip
+    teacher_command = None
+    if teacher is not None:  # on the inference cores: it scores the step's samples while vLLM idles
+        teacher_command = process_command(
+            python, "envrl.inference.main", TEACHER, out, secrets=[token, key], env=cpus.inference_env() if cpus else {}
+        )
     env_servers = [
         Command(
             name=server.title,
@@ -335,8 +377,10 @@ def _commands(
     host_of |= {command.name: where.env for command in env_servers}
     host_of |= {command.name: where.trainer[rank] for rank, command in enumerate(trainers)}
     host_of[orchestrator.name] = 0
+    if teacher_command is not None:
+        host_of[teacher_command.name] = 0
     launch = LaunchPlan(
-        inference=inference, env_servers=env_servers, trainer=trainers[0], trainer_nodes=trainers[1:],
+        inference=inference, teacher=teacher_command, env_servers=env_servers, trainer=trainers[0], trainer_nodes=trainers[1:],
         orchestrator=orchestrator,
     )  # fmt: skip
     return launch, host_of

@@ -5,7 +5,8 @@ Guarantee: `check(rl)` raises `ConfigError` naming the key when `model.name` is 
 directory nor a plausible hub id, or when an env the launcher would serve from this interpreter
 names an id no installed package registers (with the closest installed ids) or args its
 `load_environment` does not take (naming the ones it does), or `trainer.lora.target_modules`
-names a module the local model does not have. Envs served from
+names a module the local model does not have, or `orchestrator.distill.teacher_weights` is not
+a model directory. Envs served from
 their own venv (`project`, `python`) and `package.module:function` or adapter ids are checked by
 their servers, which name the cause the same way.
 """
@@ -24,6 +25,9 @@ from envrl.launcher.config import RLConfig
 
 def check(rl: RLConfig) -> None:
     check_model(rl.model.name)
+    distill = rl.orchestrator.distill
+    if distill is not None and distill.teacher_weights is not None:
+        _check_teacher_weights(distill.teacher_weights)
     if rl.trainer.lora is not None and Path(rl.model.name).expanduser().is_dir():
         from envrl.trainer.lora import LoraError, check_lora_model  # torch: only for LoRA runs
 
@@ -44,6 +48,17 @@ def check(rl: RLConfig) -> None:
                 f"installed: {', '.join(installed) or 'none'} (`uv run --no-sync rl envs` lists them)"
             )
         _check_args(f"orchestrator.envs[{i}].args", env.id, env.args)
+
+
+def _check_teacher_weights(weights: str) -> None:
+    """The model directory `rl` would serve as the distillation teacher exists and is an HF model."""
+    path = Path(weights).expanduser()
+    if not (path / "config.json").is_file():
+        what = "has no config.json" if path.is_dir() else f"does not exist (working directory {Path.cwd()})"
+        raise ConfigError(
+            f"orchestrator.distill.teacher_weights {weights!r}: {path} {what}, so rl cannot serve it as the teacher; "
+            "train the teacher first (its run's weights/final) or point teacher_weights at an HF model directory"
+        )
 
 
 def _check_args(key: str, env_id: str, args: dict[str, object]) -> None:

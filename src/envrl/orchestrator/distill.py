@@ -23,11 +23,11 @@ import time
 from collections.abc import Sequence
 
 from loguru import logger
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from envrl.config import BaseConfig
+from envrl.config import BaseConfig, ConfigError
 from envrl.data.samples import TrainingSample
-from envrl.orchestrator.teacher import TeacherClient
+from envrl.orchestrator.teacher import TEACHER_API_KEY_ENV, TeacherClient
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.metrics import MetricsSink
 
@@ -36,10 +36,19 @@ class DistillConfig(BaseConfig):
     """`orchestrator.distill`: the teacher and how its signal mixes with the env's reward
     (docs/distill.md: these keys next to TRL's and prime-rl's)."""
 
-    teacher_url: str
+    teacher_url: str | None = None
     """The teacher's OpenAI-compatible server, e.g. "http://127.0.0.1:8100/v1" (envrl's `inference`
     on the teacher's weights, or `vllm serve`): it must return vLLM's `prompt_logprobs` and serve
-    `/tokenize`, with the student's tokenizer."""
+    `/tokenize`, with the student's tokenizer. Set this or `teacher_weights`."""
+    teacher_weights: str | None = None
+    """A model directory (e.g. an envrl run's `weights/final`) that `rl` serves as the teacher on a
+    second vLLM of its own, on `teacher_port`, supervised like the run's inference; `rl` then
+    sets `teacher_url` itself. Set this or `teacher_url`."""
+    teacher_port: int = Field(8100, ge=1, le=65535)
+    """Port of the teacher server `rl` starts for `teacher_weights`."""
+    teacher_api_key_env: str = TEACHER_API_KEY_ENV
+    """Environment variable with the teacher's API key, sent as a bearer token when set (the
+    teacher `rl` serves takes the run's own key)."""
     teacher_model: str | None = None
     """The model name to ask the teacher for; default: the one model it lists."""
     kl_coef: float = Field(1.0, ge=0)
@@ -51,6 +60,15 @@ class DistillConfig(BaseConfig):
     """Samples scored by the teacher at once."""
     ready_timeout_s: float = Field(600.0, gt=0)
     """Seconds to wait at start-up for the teacher to answer."""
+
+    @model_validator(mode="after")
+    def _one_teacher(self) -> DistillConfig:
+        if (self.teacher_url is None) == (self.teacher_weights is None):
+            raise ValueError(
+                "orchestrator.distill needs exactly one teacher: teacher_url (a server you started) or "
+                "teacher_weights (a model directory rl serves)"
+            )
+        return self
 
 
 def distilled(
@@ -79,7 +97,15 @@ class Distiller:
     def __init__(self, config: DistillConfig, sink: MetricsSink) -> None:
         self.config = config
         self.sink = sink
-        self.teacher = TeacherClient(config.teacher_url, config.teacher_model, RetryPolicy())
+        if config.teacher_url is None:
+            raise ConfigError(
+                f"orchestrator.distill.teacher_weights = {config.teacher_weights!r} is served by `rl`, which then "
+                "sets teacher_url; a standalone orchestrator needs teacher_url: serve the weights yourself "
+                "(`inference --model.name WEIGHTS --port 8100`) and set orchestrator.distill.teacher_url"
+            )
+        self.teacher = TeacherClient(
+            config.teacher_url, config.teacher_model, RetryPolicy(), config.teacher_api_key_env
+        )
 
     async def start(self, student_url: str, student_model: str) -> None:
         await self.teacher.start(student_url, student_model, self.config.ready_timeout_s)

@@ -19,7 +19,7 @@ import sys
 
 from loguru import logger
 
-from envrl.config import load_config
+from envrl.config import ConfigError, load_config
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     except CheckFailed as e:
         logger.error(f"orchestrator stopped by a check: {e}")
         sys.exit(NO_RESTART_EXIT)  # a resumed run would fail the same check again
+    except ConfigError as e:  # keys that load but cannot run here (a teacher only `rl` serves)
+        logger.error(f"orchestrator: config error: {e}")
+        sys.exit(NO_RESTART_EXIT)
     except Exception as e:
         logger.opt(exception=e).error(f"orchestrator failed: {e}")
         sys.exit(1)

@@ -48,14 +48,14 @@ class TeacherClient:
     """Scores token ids on the teacher server at `base_url` (with or without "/v1"); `model` is
     the served name to ask for (None: the one model the server lists)."""
 
-    def __init__(self, base_url: str, model: str | None, retry: RetryPolicy) -> None:
+    def __init__(
+        self, base_url: str, model: str | None, retry: RetryPolicy, api_key_env: str = TEACHER_API_KEY_ENV
+    ) -> None:
         self.base_url = _api_root(base_url)
         self.model = model
         self.retry = retry
-        key = os.environ.get(TEACHER_API_KEY_ENV)
-        self._http = httpx.AsyncClient(
-            headers=bearer(key, f"environment variable {TEACHER_API_KEY_ENV}") if key else None
-        )
+        key = os.environ.get(api_key_env)
+        self._http = httpx.AsyncClient(headers=bearer(key, f"environment variable {api_key_env}") if key else None)
 
     async def start(self, student_url: str, student_model: str, timeout: float) -> None:
         """Wait (at most `timeout` s) for the teacher to list its models, resolve `model`, and

@@ -286,6 +286,63 @@ def spawn(
     return Child(name, popen, log_file)
 
 
+class StartingSidecar:
+    """A sidecar spawned but not yet ready (`begin_sidecar`): `ready()` waits for its ready line,
+    `abandon()` stops it. Several begun together load at once; each is waited for on its own."""
+
+    def __init__(self, child: Child, read_fd: int, timeout: float) -> None:
+        self.child = child
+        self._read_fd: int | None = read_fd
+        self._timeout = timeout
+        self._deadline = time.monotonic() + timeout
+
+    def ready(self) -> str:
+        """Its ready message; `ChildFailed` (the child stopped) if it exits first or stays silent
+        past its `ready_timeout`, counted from its spawn."""
+        assert self._read_fd is not None, "ready() or abandon() was called already"
+        try:
+            return _read_ready_line(self.child, self._read_fd, self._deadline, self._timeout)
+        except BaseException:
+            self.child.stop(grace=5.0)
+            raise
+        finally:
+            self._close()
+
+    def abandon(self) -> None:
+        """Stop it without waiting for it (another sidecar begun with it failed)."""
+        self.child.stop(grace=5.0)
+        self._close()
+
+    def _close(self) -> None:
+        if self._read_fd is not None:
+            os.close(self._read_fd)
+            self._read_fd = None
+
+
+def begin_sidecar(
+    argv: Sequence[str],
+    *,
+    name: str,
+    log_file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    ready_timeout: float = 120.0,
+) -> StartingSidecar:
+    """Spawn a child that calls `report_ready(message)`; `.ready()` of the result returns that
+    message. The message (an env server's bound address, say) comes over a pipe, so a child can
+    bind port 0 and there is no free-port race."""
+    read_fd, write_fd = os.pipe()
+    child_env = dict(os.environ if env is None else env)
+    child_env[READY_FD_ENV] = str(write_fd)
+    try:
+        child = spawn(argv, name=name, log_file=log_file, env=child_env, pass_fds=[write_fd])
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    return StartingSidecar(child, read_fd, ready_timeout)
+
+
 def spawn_sidecar(
     argv: Sequence[str],
     *,
@@ -296,28 +353,14 @@ def spawn_sidecar(
 ) -> tuple[Child, str]:
     """Start a child that calls `report_ready(message)`, and return it with that message.
 
-    The message (an env server's bound address, say) comes over a pipe, so a child can bind
-    port 0 and there is no free-port race. If the child exits first, it is noticed at once;
-    if it stays silent past `ready_timeout`, it is killed. Either way `ChildFailed` says so.
+    If the child exits first, it is noticed at once; if it stays silent past `ready_timeout`, it
+    is killed. Either way `ChildFailed` says so (`begin_sidecar`, then `ready`).
     """
-    read_fd, write_fd = os.pipe()
-    child_env = dict(os.environ if env is None else env)
-    child_env[READY_FD_ENV] = str(write_fd)
-    try:
-        child = spawn(argv, name=name, log_file=log_file, env=child_env, pass_fds=[write_fd])
-    finally:
-        os.close(write_fd)
-    try:
-        return child, _read_ready_line(child, read_fd, ready_timeout)
-    except BaseException:
-        child.stop(grace=5.0)
-        raise
-    finally:
-        os.close(read_fd)
+    starting = begin_sidecar(argv, name=name, log_file=log_file, env=env, ready_timeout=ready_timeout)
+    return starting.child, starting.ready()
 
 
-def _read_ready_line(child: Child, read_fd: int, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
+def _read_ready_line(child: Child, read_fd: int, deadline: float, timeout: float) -> str:
     data = b""
     while b"\n" not in data:
         left = deadline - time.monotonic()

@@ -4,7 +4,8 @@ one spawn, whoever starts it (`rl`'s launcher, or a standalone orchestrator for 
 
 Guarantee: an `EnvServerLaunch` holds everything that decides the server process (its config,
 interpreter, the variables it may see beyond the allow-list, its restart policy), and `start`
-spawns exactly that process and returns the address it bound; starting it again on its own
+spawns exactly that process and returns the address it bound (`begin` and `ready` split it, so
+several servers load at once); starting it again on its own
 address brings back the same server, so clients reconnect to it. Who restarts it is the one that
 started it: the launcher under `rl`, the orchestrator standalone; both go through `start`. The
 server reads its config from a file under the run's `configs/` (its client map included), never
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from envrl.config import config_to_toml
 from envrl.data.layout import env_server_process, process_config_file
 from envrl.runtime.atomic import atomic_write_text
-from envrl.runtime.process import Child, RestartPolicy, allowed_environ, spawn_sidecar
+from envrl.runtime.process import Child, RestartPolicy, StartingSidecar, allowed_environ, begin_sidecar
 from envrl.serve.config import EnvServerConfig
 
 
@@ -66,6 +67,32 @@ class EnvServerLaunch(BaseModel):
         return sorted({*self.pass_env, *([api_key_env] if api_key_env else [])} - withheld)
 
 
+def begin(
+    launch: EnvServerLaunch,
+    *,
+    argv: list[str],
+    log_file: Path,
+    environ: dict[str, str] | None = None,
+    ready_timeout: float = 120.0,
+) -> StartingSidecar:
+    """Spawn the server with `argv` (`launch.argv` of its written config; `environ` defaults to its
+    allowed environment) without waiting for it: `ready` waits for the address it binds."""
+    return begin_sidecar(
+        argv,
+        name=launch.title,
+        log_file=log_file,
+        env=environ if environ is not None else allowed_environ(launch.allowed_env()),
+        ready_timeout=ready_timeout,
+    )
+
+
+def ready(launch: EnvServerLaunch, starting: StartingSidecar, log_file: Path) -> tuple[Child, str]:
+    """Wait until the server `begin` spawned reports the address it bound."""
+    address = starting.ready()
+    logger.info(f"{launch.title} serving at {address} (log: {log_file})")
+    return starting.child, address
+
+
 def start(
     launch: EnvServerLaunch,
     *,
@@ -74,14 +101,6 @@ def start(
     environ: dict[str, str] | None = None,
     ready_timeout: float = 120.0,
 ) -> tuple[Child, str]:
-    """Spawn the server with `argv` (`launch.argv` of its written config; `environ` defaults to its
-    allowed environment) and wait until it reports the address it bound."""
-    child, address = spawn_sidecar(
-        argv,
-        name=launch.title,
-        log_file=log_file,
-        env=environ if environ is not None else allowed_environ(launch.allowed_env()),
-        ready_timeout=ready_timeout,
-    )
-    logger.info(f"{launch.title} serving at {address} (log: {log_file})")
-    return child, address
+    """Spawn the server and wait until it reports the address it bound (`begin`, then `ready`)."""
+    starting = begin(launch, argv=argv, log_file=log_file, environ=environ, ready_timeout=ready_timeout)
+    return ready(launch, starting, log_file)

@@ -135,6 +135,11 @@ def test_an_earlier_run_in_output_dir_needs_resume_or_clean(tmp_path: Path, caps
             ],
             "orchestrator.envs[1].id 'lernable': no installed environment has this id; did you mean 'learnable'?",
         ),
+        (
+            ["--orchestrator.distill.teacher-weights", "outputs/no_teacher/weights/final"],
+            "orchestrator.distill.teacher_weights 'outputs/no_teacher/weights/final': outputs/no_teacher/weights/final "
+            "does not exist",
+        ),
     ],
 )
 def test_a_missing_model_or_unknown_env_fails_the_dry_run_in_one_line(

@@ -253,3 +253,50 @@ def test_every_key_rl_sets_itself_is_a_key_of_its_config() -> None:
     """`SET_BY_RL` and `owned_keys` are dotted strings: each must name a key, or its refusal never fires."""
     for dotted in [*SET_BY_RL, *RLConfig.owned_keys]:
         assert types_at_path(RLConfig, dotted.split(".")), f"{dotted} is no key of RLConfig"
+
+
+def test_a_teacher_named_by_its_weights_is_a_second_server_the_orchestrator_is_pointed_at(tmp_path: Path) -> None:
+    rl = rl_config(
+        ("output-dir", str(tmp_path)),
+        ("trainer.lora.rank", "8"),
+        ("orchestrator.distill.teacher-weights", "outputs/teacher/weights/final"),
+        ("orchestrator.distill.teacher-port", "8123"),
+    )
+    run = plan(rl)
+    assert run.teacher is not None
+    assert (run.teacher.model.name, run.teacher.port) == ("outputs/teacher/weights/final", 8123)
+    assert (
+        "enable_lora" in run.inference.vllm and "enable_lora" not in run.teacher.vllm
+    )  # the teacher is merged weights
+    distill = run.orchestrator.distill
+    assert distill is not None and distill.teacher_url == "http://127.0.0.1:8123" and distill.teacher_weights is None
+    assert distill.teacher_api_key_env == "ENVRL_INFERENCE_API_KEY"  # rl's teacher takes the run's key
+    assert [c.name for c in run.on_host(0)][:2] == ["inference", "teacher"]
+    teacher = run.commands.teacher
+    assert teacher is not None and teacher.argv[-1].endswith("configs/teacher.toml")
+    assert teacher.log_file == tmp_path / "logs" / "teacher.log"
+    assert set(teacher.secrets) == {"ENVRL_RELOAD_TOKEN", "ENVRL_INFERENCE_API_KEY"}
+    assert (
+        "teacher" in run.configs()
+        and (run.teacher.host, 8123, "the teacher (orchestrator.distill.teacher_port)") in run.spawned_ports()
+    )
+
+
+def test_a_teacher_url_starts_no_teacher_and_is_left_as_given() -> None:
+    run = plan(rl_config(("orchestrator.distill.teacher-url", "http://10.0.0.9:8100/v1")))
+    assert run.teacher is None and run.commands.teacher is None and "teacher" not in run.configs()
+    assert run.orchestrator.distill is not None and run.orchestrator.distill.teacher_url == "http://10.0.0.9:8100/v1"
+
+
+def test_a_teacher_on_the_inference_port_is_an_error_naming_both() -> None:
+    rl = rl_config(("orchestrator.distill.teacher-weights", "w"), ("orchestrator.distill.teacher-port", "8000"))
+    with pytest.raises(
+        ConfigError, match=r"inference and the teacher \(orchestrator.distill.teacher_port\) would both use port 8000"
+    ):
+        plan(rl)
+
+
+def test_a_teacher_by_weights_in_a_slurm_job_is_refused_pointing_at_teacher_url() -> None:
+    rl = rl_config(("orchestrator.distill.teacher-weights", "w"))
+    with pytest.raises(ConfigError, match="teacher_weights.*start the teacher yourself.*teacher_url"):
+        plan(rl, ["gpu-a", "gpu-b"])

@@ -1,11 +1,14 @@
 """On-policy distillation's advantage: per token, reward_coef * A + kl_coef * (teacher - student)."""
 
 import math
+from pathlib import Path
 
 import pytest
 
+from envrl.config import ConfigError
 from envrl.data.samples import TrainingSample
-from envrl.orchestrator.distill import DistillConfig, distilled
+from envrl.orchestrator.distill import DistillConfig, Distiller, distilled
+from envrl.telemetry.metrics import MetricsSink, WandbConfig
 
 # Every logprob and coefficient below is a small multiple of a power of two, so each advantage
 # is computed exactly in float64 and the comparisons can be exact.
@@ -48,3 +51,20 @@ def test_a_token_without_a_sampling_logprob_gets_no_kl_term():
 def test_teacher_logprobs_must_cover_every_token():
     with pytest.raises(ValueError, match="5 teacher logprobs for a sample of 6 tokens"):
         distilled(SAMPLE, TEACHER[:5], config())
+
+
+def test_exactly_one_teacher_is_named() -> None:
+    with pytest.raises(ValueError, match="exactly one teacher: teacher_url .* or teacher_weights"):
+        DistillConfig()
+    with pytest.raises(ValueError, match="exactly one teacher"):
+        DistillConfig(teacher_url="http://127.0.0.1:1/v1", teacher_weights="w")
+
+
+def test_a_standalone_orchestrator_cannot_serve_a_teacher_by_its_weights(tmp_path: Path) -> None:
+    """Only `rl` starts a teacher server; the orchestrator alone needs the server's address."""
+    sink = MetricsSink(tmp_path / "metrics.jsonl", WandbConfig(), process="orchestrator", output_dir=tmp_path)
+    with pytest.raises(
+        ConfigError, match="teacher_weights = 'w' is served by `rl`.*set orchestrator.distill.teacher_url"
+    ):
+        Distiller(DistillConfig(teacher_weights="w"), sink)
+    sink.close()
