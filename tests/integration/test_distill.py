@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
+import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,7 @@ from envrl.runtime.http import RetryPolicy
 from tests.support.chaos_runs import ROOT
 from tests.support.ports import free_port
 from tests.support.run_files import metric_lines
+from tests.support.secrets_probe import status
 from tests.support.smoke import run_to_end
 from tests.support.standin_inference import JsonHandler, serving
 from tests.support.vllm_server import VLLMServer
@@ -94,11 +98,26 @@ def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(
     assert "tokenizer differs from the student's" in message
 
 
+def probe_teacher(proc: subprocess.Popen[bytes], marker: str, port: int) -> dict[str, int]:
+    """Once the teacher `rl` started answers /health: its models without the run's API key, and
+    `/update_weights` without the run's token (HTTP statuses); {} if the run ended first."""
+    while status(port, "/health", {}) != 200:
+        if proc.poll() is not None:
+            return {}
+        time.sleep(0.2)
+    update = {"path": "/nonexistent", "step": 10_000}
+    return {
+        "models, no key": status(port, "/v1/models", {}),
+        "update, no token": status(port, "/update_weights", {}, update),
+    }
+
+
 def test_rl_serves_the_teacher_from_its_weights_and_distils_a_cut_down_smollm2(
     vllm_server: VLLMServer, tmp_path: Path
 ) -> None:
-    """`teacher_weights`: rl starts the teacher's vLLM beside the student's, points the orchestrator
-    at it with the run's API key, and every trained token of every step is scored by it."""
+    """`teacher_weights`: rl starts the teacher's vLLM beside the student's, behind the run's API
+    key and reload token, points the orchestrator at it with the key, and every trained token of
+    every step is scored by it."""
     student = build_cut_down(tmp_path / "student")
     out, port = tmp_path / "run", free_port()
     overrides = (
@@ -107,7 +126,10 @@ def test_rl_serves_the_teacher_from_its_weights_and_distils_a_cut_down_smollm2(
         "--orchestrator.distill.teacher-port", str(port),
         "--orchestrator.eval.at_start", "false", "--orchestrator.eval.at_end", "false",
     )  # fmt: skip
-    run_to_end(out, *overrides, config=RECIPE, timeout=900).check()
+    run = run_to_end(out, *overrides, config=RECIPE, timeout=900, while_running=partial(probe_teacher, port=port))
+    run.check()
+    # a local caller without the run's secrets can neither read the teacher nor swap its weights
+    assert run.seen == {"models, no key": 401, "update, no token": 401}, run.seen
     assert f"server ready at http://127.0.0.1:{port} " in (out / "logs" / "launcher.log").read_text()
     assert (out / "logs" / "teacher.log").is_file() and (out / "configs" / "teacher.toml").is_file()
     records = metric_lines(out)
