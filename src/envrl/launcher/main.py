@@ -284,12 +284,10 @@ def _start(run: RunPlan, supervisor: Supervisor, restarts: RestartPolicy, secret
         url, model = configs[command.name].base_url, run.orchestrator.model.name
         respawn = recovery.replica_respawn(command, spawn_inference, restarts, url, model, out, token)
         inference[command.name] = supervisor.add(spawn_inference(command), respawn)
-    if plan.teacher is not None and run.teacher is not None:  # a server like a replica, on fixed weights
+    if (teacher := plan.teacher) is not None and run.teacher is not None:  # like a replica, on fixed weights
         logger.info(f"starting the distillation teacher's server on {run.teacher.model.name} (vLLM)")
-        teacher = plan.teacher
-        inference[teacher.name] = supervisor.add(
-            spawn_inference(teacher), Respawn(partial(spawn_inference, teacher), restarts)
-        )
+        respawn = Respawn(partial(spawn_inference, teacher), restarts)
+        inference[teacher.name] = supervisor.add(spawn_inference(teacher), respawn)
         configs = {**configs, teacher.name: run.teacher}
     trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts, out)
     supervisor.add(spawn_trainer(plan.trainer), trainer)  # it imports and loads while the env servers do

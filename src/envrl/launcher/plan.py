@@ -9,9 +9,9 @@ Shared keys (`SHARED_KEYS`) are copied from the top level into every section; en
 fixed ports (train env i: `env_server_base_port + i`, eval table i: `+ 1000 + i`) and the run's
 CURVE keys (they admit only the run's orchestrator, on loopback too); every process gets the
 addresses of the others on the hosts that run them; a distillation teacher named by its weights
-(`orchestrator.distill.teacher_weights`) is one more vLLM server beside the replicas. `rl`, `rl --dry-run`, `rl --slurm` and its
-batch script's first step (`launcher/slurm.py`) execute or print the same plan: on this machine
-(`hosts` None) or on a job's hosts as `[slurm]` places them. A shared key set inside a section,
+(`orchestrator.distill.teacher_weights`) is one more vLLM server beside the replicas. `rl`,
+`rl --dry-run`, `rl --slurm` and its batch script's first step (`launcher/slurm.py`) execute or
+print the same plan: on this machine (`hosts` None) or on a job's hosts as `[slurm]` places them. A shared key set inside a section,
 a key `rl` sets itself, two processes of the run on one port of one host, or budgets that cannot
 work together are one-line `ConfigError`s.
 """
