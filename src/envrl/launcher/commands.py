@@ -67,7 +67,9 @@ class LaunchPlan(BaseModel):
     orchestrator: Command
 
     def commands(self) -> list[Command]:
-        """Every command, in start order: servers, then trainer and orchestrator."""
+        """Every command, servers first, then trainer and orchestrator: the order `rl --slurm`
+        starts them in (`rl` itself starts the trainer before the env servers, so it loads while
+        they do)."""
         teacher = [self.teacher] if self.teacher is not None else []
         return [*self.inference, *teacher, *self.env_servers, self.trainer, *self.trainer_nodes, self.orchestrator]
 
