@@ -98,15 +98,20 @@ def _waits_for(mine: Path, theirs: Path) -> list[str]:
 
 def test_sidecars_begun_together_load_at_once_and_an_abandoned_one_is_stopped(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
-    first = begin_sidecar(_waits_for(a, b), name="first", log_file=tmp_path / "first.log", ready_timeout=60)
-    second = begin_sidecar(_waits_for(b, a), name="second", log_file=tmp_path / "second.log", ready_timeout=60)
-    third = begin_sidecar(_waits_for(tmp_path / "c", tmp_path / "never"), name="third", log_file=tmp_path / "t.log")
+    begun = []
     try:
+        for name, argv in (
+            ("first", _waits_for(a, b)),
+            ("second", _waits_for(b, a)),
+            ("third", _waits_for(tmp_path / "c", tmp_path / "never")),
+        ):
+            begun.append(begin_sidecar(argv, name=name, log_file=tmp_path / f"{name}.log", ready_timeout=60))
+        first, second, third = begun
         assert (first.ready(), second.ready()) == ("ok", "ok")
         third.abandon()
         assert third.child.poll() is not None
     finally:
-        for sidecar in (first, second, third):
+        for sidecar in begun:
             sidecar.child.stop(grace=1.0)
 
 
