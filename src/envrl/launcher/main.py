@@ -301,19 +301,22 @@ def _start(run: RunPlan, supervisor: Supervisor, restarts: RestartPolicy, secret
 
 def _start_env_servers(run: RunPlan, supervisor: Supervisor, secrets: dict[str, str]) -> None:
     """Begin every env server at once, so they load their envs side by side, then wait for each in
-    turn and hand it to the supervisor; one that fails to start stops those still starting."""
+    turn and hand it to the supervisor; a failure to begin or start one stops every server not yet
+    handed over."""
     begun = []
-    for server, command in zip(run.env_servers, run.commands.env_servers, strict=True):
-        how = dict(argv=command.argv, log_file=command.log_file, environ=command.environ(secrets))
-        begun.append((server, command, partial(start_env_server, server, **how), begin_env_server(server, **how)))
-    for i, (server, command, start_server, starting) in enumerate(begun):
-        try:
+    handed = 0
+    try:
+        for server, command in zip(run.env_servers, run.commands.env_servers, strict=True):
+            how = dict(argv=command.argv, log_file=command.log_file, environ=command.environ(secrets))
+            begun.append((server, command, partial(start_env_server, server, **how), begin_env_server(server, **how)))
+        for server, command, start_server, starting in begun:
             child, _ = env_server_ready(server, starting, command.log_file)
-        except BaseException:
-            for *_, pending in begun[i + 1 :]:
-                pending.abandon()
-            raise
-        supervisor.add(child, Respawn(partial(_server_child, start_server), server.restarts))
+            supervisor.add(child, Respawn(partial(_server_child, start_server), server.restarts))
+            handed += 1
+    except BaseException:
+        for *_, pending in begun[handed:]:
+            pending.abandon()
+        raise
 
 
 def _server_child(start_server: Callable[[], tuple[Child, str]]) -> Child:
