@@ -36,7 +36,7 @@ from envrl.launcher.config import RLConfig
 from envrl.launcher.cpus import pin, vllm_is_cpu_build
 from envrl.launcher.log_rotation import LogRotator
 from envrl.launcher.placement import visible_gpus
-from envrl.launcher.plan import Machine, RunPlan, plan
+from envrl.launcher.plan import TEACHER, Machine, RunPlan, plan
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.run_keys import make_secrets
 from envrl.launcher.slurm import job_hosts, write_sbatch
@@ -284,11 +284,10 @@ def _start(run: RunPlan, supervisor: Supervisor, restarts: RestartPolicy, secret
         url, model = configs[command.name].base_url, run.orchestrator.model.name
         respawn = recovery.replica_respawn(command, spawn_inference, restarts, url, model, out, token)
         inference[command.name] = supervisor.add(spawn_inference(command), respawn)
-    if (teacher := plan.teacher) is not None and run.teacher is not None:  # like a replica, on fixed weights
-        logger.info(f"starting the distillation teacher's server on {run.teacher.model.name} (vLLM)")
-        respawn = Respawn(partial(spawn_inference, teacher), restarts)
-        inference[teacher.name] = supervisor.add(spawn_inference(teacher), respawn)
-        configs = {**configs, teacher.name: run.teacher}
+    # a teacher on the replicas' devices starts once they serve: vLLM sizes its memory from what is free
+    teacher_later = run.placement.teacher_shares_inference
+    if not teacher_later:
+        _start_teacher(run, supervisor, restarts, spawn_inference, inference)
     trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts, out)
     supervisor.add(spawn_trainer(plan.trainer), trainer)  # it imports and loads while the env servers do
     _start_env_servers(run, supervisor, secrets)
@@ -296,7 +295,30 @@ def _start(run: RunPlan, supervisor: Supervisor, restarts: RestartPolicy, secret
     supervisor.add(spawn(plan.orchestrator), orchestrator)
     logger.info(f"trainer and orchestrator started; logs in {plan.trainer.log_file.parent}")
     # Trainer and orchestrator import and load while vLLM starts; the orchestrator waits for it.
+    if teacher_later:
+        wait_for_replicas(inference, configs, supervisor, deadline)
+        deadline = time.monotonic() + run.inference.ready_timeout_s  # the teacher's own start-up
+        _start_teacher(run, supervisor, restarts, spawn_inference, inference)
+    if run.teacher is not None:
+        configs = {**configs, TEACHER: run.teacher}
     wait_for_replicas(inference, configs, supervisor, deadline)
+
+
+def _start_teacher(
+    run: RunPlan,
+    supervisor: Supervisor,
+    restarts: RestartPolicy,
+    spawn_inference: Callable[[Command], Child],
+    inference: dict[str, Child],
+) -> None:
+    """Start the distillation teacher's server, if the run has one, supervised like a replica on fixed weights."""
+    teacher = run.commands.teacher
+    if teacher is None or run.teacher is None:
+        return
+    logger.info(f"starting the distillation teacher's server on {run.teacher.model.name} (vLLM)")
+    inference[teacher.name] = supervisor.add(
+        spawn_inference(teacher), Respawn(partial(spawn_inference, teacher), restarts)
+    )
 
 
 def _start_env_servers(run: RunPlan, supervisor: Supervisor, secrets: dict[str, str]) -> None:

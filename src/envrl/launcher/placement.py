@@ -3,9 +3,9 @@
 Guarantee: a `Placement` from `place` only names devices that exist as far as `rl` can tell
 (non-negative ids, none twice in a list, each below the number of GPUs `rl` sees when it can
 count them); the trainer has one rank per device of `placement.trainer.gpus` (else
-`placement.trainer.num_procs` gloo ranks on CPU); inference and trainer share no device unless
-their lists are identical, which is the explicit way to share (one GPU for both). Anything else
-is a one-line `ConfigError` naming the keys. The keys are the launcher's own (`[placement]` of
+`placement.trainer.num_procs` gloo ranks on CPU); no two roles on one host (trainer, inference,
+a distillation teacher) share a device unless their lists are identical, which is the explicit
+way to share (one GPU for several). Anything else is a one-line `ConfigError` naming the keys. The keys are the launcher's own (`[placement]` of
 `rl`'s config): no process reads them.
 
 Device ids count the GPUs `rl` itself sees: under `CUDA_VISIBLE_DEVICES=4,5`, `gpus = [1]`
@@ -14,8 +14,9 @@ starts the process with `CUDA_VISIBLE_DEVICES=5`.
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,26 @@ class InferencePlacement(BaseConfig):
     on all. The `inference` command serves one: start one per replica (docs/scale.md)."""
 
 
+class TeacherPlacement(BaseConfig):
+    """`[placement.teacher]`: the devices of the distillation teacher's vLLM server, which `rl`
+    starts for `orchestrator.distill.teacher_weights`."""
+
+    gpus: list[int] = []
+    """Devices of the teacher's server, counted among the GPUs `rl` sees (under `--slurm`: of the
+    first inference host, where it runs). Empty: it sees what `rl` sees, which a run that lists
+    any role's devices (and every `--slurm` job) refuses. Its own devices, or the same list as
+    `placement.inference.gpus` (two vLLM servers on those devices: then
+    `inference.vllm.gpu_memory_utilization` at most 0.45, which both take). It runs with the
+    run's `inference.vllm` options, so their parallel sizes must fit the list."""
+
+
 class PlacementConfig(BaseConfig):
     """`[placement]`: which devices each role of `rl`'s run gets and how many of each it starts
     (`rl --slurm`: on each host of `[slurm]`). The launcher's own keys: no process reads them."""
 
     trainer: TrainerPlacement = TrainerPlacement()
     inference: InferencePlacement = InferencePlacement()
+    teacher: TeacherPlacement = TeacherPlacement()
 
 
 class Placement(BaseModel):
@@ -71,6 +86,8 @@ class Placement(BaseModel):
     trainer_gpus: list[int]
     inference_gpus: list[list[int]]
     """Each inference replica's devices (its slice of `inference.gpus`)."""
+    teacher_gpus: list[int] = []
+    """The distillation teacher's server's devices."""
     visible: list[str] | None
     """The GPUs `rl` sees (its own CUDA_VISIBLE_DEVICES entries, else one per driver GPU), None if unknown."""
 
@@ -79,6 +96,16 @@ class Placement(BaseModel):
 
     def inference_env(self, replica: int = 0) -> dict[str, str]:
         return cuda_env(self.inference_gpus[replica], self.visible)
+
+    def teacher_env(self) -> dict[str, str]:
+        return cuda_env(self.teacher_gpus, self.visible)
+
+    @property
+    def teacher_shares_inference(self) -> bool:
+        """Whether the teacher's server runs on the inference servers' devices (the same list)."""
+        return bool(self.teacher_gpus) and sorted(self.teacher_gpus) == sorted(
+            g for s in self.inference_gpus for g in s
+        )
 
 
 def visible_gpus(environ: Mapping[str, str] = os.environ, driver_dir: Path = NVIDIA_GPUS_DIR) -> list[str] | None:
@@ -98,20 +125,35 @@ def cuda_env(gpus: Sequence[int], visible: Sequence[str] | None) -> dict[str, st
     return {"CUDA_VISIBLE_DEVICES": ",".join(names)}
 
 
-def place(config: PlacementConfig, vllm: dict[str, Any], visible: list[str] | None) -> Placement:
-    """Check the device lists of both roles against each other and this machine (module docstring);
+ROLE_KEYS = {
+    "trainer": "placement.trainer.gpus",
+    "inference": "placement.inference.gpus",
+    "teacher": "placement.teacher.gpus",
+}
+"""Each role's device list, by the name `place` knows it under."""
+
+
+def place(
+    config: PlacementConfig,
+    vllm: dict[str, Any],
+    visible: list[str] | None,
+    apart: Collection[frozenset[str]] = (),
+) -> Placement:
+    """Check the device lists of the roles against each other and this machine (module docstring);
     each of the `replicas` inference servers gets its slice of their `gpus` (`replica_gpus`), which
-    must hold the parallel sizes of the servers' `vllm` options."""
-    trainer, inference = config.trainer, config.inference
-    for key, gpus in (("placement.trainer.gpus", trainer.gpus), ("placement.inference.gpus", inference.gpus)):
-        _check_device_list(key, gpus, visible)
-    shared = sorted(set(trainer.gpus) & set(inference.gpus))
-    if shared and sorted(trainer.gpus) != sorted(inference.gpus):
-        raise ConfigError(
-            f"placement.trainer.gpus {trainer.gpus} and placement.inference.gpus {inference.gpus} overlap on "
-            f"{shared}: give each role its own devices, or the same list to both to share them (then lower "
-            "inference.vllm.gpu_memory_utilization)"
-        )
+    must hold the parallel sizes of the servers' `vllm` options, as the teacher's list must.
+    `apart` names pairs of roles (`ROLE_KEYS`) that run on different hosts, whose lists may overlap."""
+    trainer, inference, teacher = config.trainer, config.inference, config.teacher
+    lists = {"trainer": trainer.gpus, "inference": inference.gpus, "teacher": teacher.gpus}
+    for role, gpus in lists.items():
+        _check_device_list(ROLE_KEYS[role], gpus, visible)
+    for (a, gpus_a), (b, gpus_b) in itertools.combinations(lists.items(), 2):
+        shared = sorted(set(gpus_a) & set(gpus_b))
+        if shared and sorted(gpus_a) != sorted(gpus_b) and frozenset((a, b)) not in apart:
+            raise ConfigError(
+                f"{ROLE_KEYS[a]} {gpus_a} and {ROLE_KEYS[b]} {gpus_b} overlap on {shared}: give each role its own "
+                "devices, or the same list to both to share them (then lower inference.vllm.gpu_memory_utilization)"
+            )
     ranks = trainer.num_procs or max(1, len(trainer.gpus))
     if trainer.gpus and ranks != len(trainer.gpus):
         raise ConfigError(
@@ -120,8 +162,15 @@ def place(config: PlacementConfig, vllm: dict[str, Any], visible: list[str] | No
             "list one device per rank"
         )
     slices = replica_gpus(inference.gpus, inference.replicas)
-    _check_vllm_fits(vllm, slices[0])
-    return Placement(trainer_ranks=ranks, trainer_gpus=trainer.gpus, inference_gpus=slices, visible=visible)
+    _check_vllm_fits(vllm, slices[0], "one replica's slice of placement.inference.gpus")
+    _check_vllm_fits(vllm, teacher.gpus, "placement.teacher.gpus")
+    return Placement(
+        trainer_ranks=ranks,
+        trainer_gpus=trainer.gpus,
+        inference_gpus=slices,
+        teacher_gpus=teacher.gpus,
+        visible=visible,
+    )
 
 
 def replica_gpus(gpus: Sequence[int], replicas: int) -> list[list[int]]:
@@ -157,8 +206,8 @@ def _check_device_list(key: str, gpus: Sequence[int], visible: Sequence[str] | N
             )
 
 
-def _check_vllm_fits(vllm: dict[str, Any], gpus: Sequence[int]) -> None:
-    """One vLLM server cannot run more parallel ranks than it has devices (`gpus`, its slice)."""
+def _check_vllm_fits(vllm: dict[str, Any], gpus: Sequence[int], what: str) -> None:
+    """One vLLM server cannot run more parallel ranks than it has devices (`gpus`: `what`)."""
     if not gpus:
         return
     need = 1
@@ -168,6 +217,6 @@ def _check_vllm_fits(vllm: dict[str, Any], gpus: Sequence[int]) -> None:
     if need > len(gpus):
         sizes = ", ".join(f"{k} = {vllm[k]}" for k in vllm if k.replace("-", "_") in VLLM_PARALLEL_KEYS)
         raise ConfigError(
-            f"inference.vllm ({sizes}) needs {need} devices per server but it gets {len(gpus)} of placement.inference.gpus: "
+            f"inference.vllm ({sizes}) needs {need} devices per server but it gets {len(gpus)} ({what}): "
             "list more devices or lower the parallel sizes"
         )

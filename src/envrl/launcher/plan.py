@@ -9,7 +9,7 @@ Shared keys (`SHARED_KEYS`) are copied from the top level into every section; en
 fixed ports (train env i: `env_server_base_port + i`, eval table i: `+ 1000 + i`) and the run's
 CURVE keys (they admit only the run's orchestrator, on loopback too); every process gets the
 addresses of the others on the hosts that run them; a distillation teacher named by its weights
-(`orchestrator.distill.teacher_weights`) is one more vLLM server beside the replicas. `rl`,
+(`orchestrator.distill.teacher_weights`) is one more vLLM server beside the replicas (launcher/teacher.py). `rl`,
 `rl --dry-run`, `rl --slurm` and its batch script's first step (`launcher/slurm.py`) execute or
 print the same plan: on this machine (`hosts` None) or on a job's hosts as `[slurm]` places them. A shared key set inside a section,
 a key `rl` sets itself, two processes of the run on one port of one host, or budgets that cannot
@@ -18,6 +18,7 @@ work together are one-line `ConfigError`s.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Sequence
@@ -47,6 +48,7 @@ from envrl.launcher.placement import Placement, place, visible_gpus
 from envrl.launcher.plan_checks import check_lengths, check_no_shared_port, external_ports
 from envrl.launcher.replicas import replica_configs, replica_name
 from envrl.launcher.run_keys import Secret
+from envrl.launcher.teacher import plan_teacher
 from envrl.orchestrator.checks import off_policy_problem
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.plan import env_plan
@@ -163,6 +165,17 @@ class _Hosts:
         """Where the orchestrator and trainer rank 0 run."""
         return self.names[0]
 
+    @property
+    def teacher(self) -> int:
+        """Where a distillation teacher's server runs: the first inference host."""
+        return self.inference[0]
+
+    @property
+    def apart(self) -> set[frozenset[str]]:
+        """The pairs of roles (`placement.ROLE_KEYS`) that share no host, so their devices may overlap."""
+        hosts = {"trainer": set(self.trainer), "inference": set(self.inference), "teacher": {self.teacher}}
+        return {frozenset((a, b)) for (a, x), (b, y) in itertools.combinations(hosts.items(), 2) if not x & y}
+
 
 def _hosts(rl: RLConfig, hosts: Sequence[str] | None) -> _Hosts:
     if hosts is None:
@@ -183,8 +196,12 @@ def plan(rl: RLConfig, hosts: Sequence[str] | None = None, machine: Machine | No
     replicas = _replicas(rl, inference, where)
     urls = [config.base_url for config in replicas.values()]
     orchestrator, servers = _env_servers(rl, _with_inference(orchestrator, inference, urls), where)
-    placement = place(rl.placement, inference.vllm, None if where.job else machine.visible_gpus)
-    orchestrator, teacher = _teacher(rl, orchestrator, where, placement)
+    placement = place(rl.placement, inference.vllm, None if where.job else machine.visible_gpus, where.apart)
+    base = _shared(rl, "inference")  # the run's options before _sections added the policy's LoRA serving
+    assert isinstance(base, InferenceConfig)
+    teacher_host = where.names[where.teacher] if where.job else base.host
+    neighbours = [role for role in ("trainer", "inference") if frozenset((role, "teacher")) not in where.apart]
+    orchestrator, teacher = plan_teacher(orchestrator, base, teacher_host, placement, neighbours, where.job)
     cpus = None if where.job else plan_cpus(rl.cpus, set(machine.cores), machine.cpu_vllm)
     commands, host_of = _commands(rl, replicas, teacher, servers, where, placement, cpus, machine)
     warnings = []
@@ -272,32 +289,6 @@ def _with_inference(
     return orchestrator.model_copy(update={"inference": client})
 
 
-def _teacher(
-    rl: RLConfig, orchestrator: OrchestratorConfig, where: _Hosts, placement: Placement
-) -> tuple[OrchestratorConfig, InferenceConfig | None]:
-    """The teacher server `rl` starts for `orchestrator.distill.teacher_weights` (the run's inference
-    options on the teacher's weights and `teacher_port`, without the policy's LoRA serving), and
-    the orchestrator pointed at it with the run's API key; `(orchestrator, None)` without one."""
-    distill = orchestrator.distill
-    if distill is None or distill.teacher_weights is None:
-        return orchestrator, None
-    if where.job or placement.trainer_gpus or any(placement.inference_gpus):
-        raise ConfigError(
-            "orchestrator.distill.teacher_weights: rl serves the teacher only in a CPU run on one machine; for a "
-            "GPU or SLURM run start the teacher yourself (`inference --model.name WEIGHTS --port 8100`) and set "
-            "orchestrator.distill.teacher_url instead"
-        )
-    base = _shared(rl, "inference")  # the run's options before _sections added the policy's LoRA serving
-    assert isinstance(base, InferenceConfig)
-    teacher = base.model_copy(
-        update={"model": base.model.model_copy(update={"name": distill.teacher_weights}), "port": distill.teacher_port}
-    )
-    served = distill.model_copy(
-        update={"teacher_url": teacher.base_url, "teacher_weights": None, "teacher_api_key_env": API_KEY_ENV}
-    )
-    return orchestrator.model_copy(update={"distill": served}), teacher
-
-
 def _env_servers(
     rl: RLConfig, orchestrator: OrchestratorConfig, where: _Hosts
 ) -> tuple[OrchestratorConfig, list[EnvServerLaunch]]:
@@ -359,8 +350,9 @@ def _commands(
     teacher_command = None
     if teacher is not None:  # on the inference cores: it scores the step's samples while vLLM idles
         teacher_command = process_command(
-            python, "envrl.inference.main", TEACHER, out, secrets=[token, key], env=cpus.inference_env() if cpus else {}
-        )
+            python, "envrl.inference.main", TEACHER, out, secrets=[token, key],
+            env={**placement.teacher_env(), **(cpus.inference_env() if cpus else {})},
+        )  # fmt: skip
     env_servers = [
         Command(
             name=server.title,
@@ -378,7 +370,7 @@ def _commands(
     host_of |= {command.name: where.trainer[rank] for rank, command in enumerate(trainers)}
     host_of[orchestrator.name] = 0
     if teacher_command is not None:
-        host_of[teacher_command.name] = 0
+        host_of[teacher_command.name] = where.teacher
     launch = LaunchPlan(
         inference=inference, teacher=teacher_command, env_servers=env_servers, trainer=trainers[0], trainer_nodes=trainers[1:],
         orchestrator=orchestrator,

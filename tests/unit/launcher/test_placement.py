@@ -10,6 +10,7 @@ from envrl.launcher.placement import (
     InferencePlacement,
     Placement,
     PlacementConfig,
+    TeacherPlacement,
     TrainerPlacement,
     place,
     replica_gpus,
@@ -18,15 +19,22 @@ from envrl.launcher.placement import (
 
 
 def placement(
-    trainer: dict | None = None, inference: dict | None = None, visible: list[str] | None = None, replicas: int = 1
+    trainer: dict | None = None,
+    inference: dict | None = None,
+    visible: list[str] | None = None,
+    replicas: int = 1,
+    teacher: dict | None = None,
+    apart: set[frozenset[str]] | None = None,
 ) -> Placement:
-    """`[placement]` with these `trainer` and `inference` keys (`inference["vllm"]`: the servers' options)."""
+    """`[placement]` with these `trainer`, `inference` and `teacher` keys (`inference["vllm"]`: the servers' options)."""
     inference = dict(inference or {})
     vllm = inference.pop("vllm", {})
     config = PlacementConfig(
-        trainer=TrainerPlacement(**(trainer or {})), inference=InferencePlacement(**inference, replicas=replicas)
+        trainer=TrainerPlacement(**(trainer or {})),
+        inference=InferencePlacement(**inference, replicas=replicas),
+        teacher=TeacherPlacement(**(teacher or {})),
     )
-    return place(config, vllm, visible)
+    return place(config, vllm, visible, apart or set())
 
 
 def test_without_device_lists_every_process_sees_what_rl_sees() -> None:
@@ -126,3 +134,38 @@ def test_rl_sees_its_own_visible_devices_else_the_drivers(tmp_path: Path) -> Non
 def test_each_inference_replica_sees_only_its_slice_of_the_devices() -> None:
     p = placement({"gpus": [2]}, {"gpus": [0, 1]}, ["0", "1", "2"], replicas=2)
     assert [p.inference_env(0), p.inference_env(1)] == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+
+
+def test_roles_on_different_hosts_may_list_the_same_devices_and_the_teacher_gets_its_own() -> None:
+    """In a job the trainer's host is not the inference host: their lists number different GPUs."""
+    with pytest.raises(ConfigError, match="overlap"):
+        placement({"gpus": [0, 1, 2, 3]}, {"gpus": [0, 1]}, teacher={"gpus": [2]})
+    p = placement(
+        {"gpus": [0, 1, 2, 3]},
+        {"gpus": [0, 1]},
+        teacher={"gpus": [2]},
+        apart={frozenset(("trainer", "inference")), frozenset(("trainer", "teacher"))},
+    )
+    assert (p.trainer_env(), p.inference_env(), p.teacher_env()) == (
+        {"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+        {"CUDA_VISIBLE_DEVICES": "0,1"},
+        {"CUDA_VISIBLE_DEVICES": "2"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("teacher", "message"),
+    [
+        ({"gpus": [1, 2]}, r"placement.trainer.gpus \[0, 1\] and placement.teacher.gpus \[1, 2\] overlap on \[1\]"),
+        ({"gpus": [3, 3]}, r"placement.teacher.gpus = \[3, 3\] lists devices \[3\] more than once"),
+    ],
+)
+def test_a_teacher_list_is_checked_like_the_others(teacher: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        placement({"gpus": [0, 1]}, {"gpus": [4]}, teacher=teacher)
+
+
+def test_the_teacher_list_must_hold_the_servers_parallel_sizes() -> None:
+    inference = {"gpus": [0, 1], "vllm": {"tensor_parallel_size": 2}}
+    with pytest.raises(ConfigError, match=r"needs 2 devices per server but it gets 1 \(placement.teacher.gpus\)"):
+        placement({}, inference, teacher={"gpus": [2]})

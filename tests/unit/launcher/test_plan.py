@@ -7,7 +7,7 @@ import pytest
 from envrl.config import ConfigError, config_help, resolve_config
 from envrl.config_schema import types_at_path
 from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan import Machine, plan
 
 TWO_TRAIN_TWO_EVAL = [
     ("orchestrator.envs", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
@@ -296,7 +296,111 @@ def test_a_teacher_on_the_inference_port_is_an_error_naming_both() -> None:
         plan(rl)
 
 
-def test_a_teacher_by_weights_in_a_slurm_job_is_refused_pointing_at_teacher_url() -> None:
-    rl = rl_config(("orchestrator.distill.teacher-weights", "w"))
-    with pytest.raises(ConfigError, match="teacher_weights.*start the teacher yourself.*teacher_url"):
+def test_a_slurm_job_serves_the_teacher_on_the_first_inference_host_on_its_own_devices() -> None:
+    rl = rl_config(
+        ("orchestrator.distill.teacher-weights", "w"),
+        ("slurm.nodes", "3"),
+        ("slurm.inference-nodes", "2"),
+        ("placement.trainer.gpus", "[0, 1, 2, 3, 4, 5, 6, 7]"),  # another host: may overlap the others' lists
+        ("placement.inference.gpus", "[0, 1, 2, 3, 4, 5]"),
+        ("placement.inference.replicas", "6"),
+        ("placement.teacher.gpus", "[6, 7]"),
+        ("inference.vllm", '{"tensor_parallel_size": 1}'),
+    )
+    run = plan(rl, ["gpu-a", "gpu-b", "gpu-c"])
+    assert run.teacher is not None and (run.teacher.host, run.teacher.port) == ("gpu-b", 8100)
+    assert run.teacher.reload.allow_remote  # off loopback: the run's token guards it
+    assert run.orchestrator.distill is not None and run.orchestrator.distill.teacher_url == "http://gpu-b:8100"
+    teacher = run.commands.teacher
+    assert teacher is not None and run.host_of["teacher"] == 1
+    assert teacher.env["CUDA_VISIBLE_DEVICES"] == "6,7"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (  # a job: every role has devices
+            [],
+            r"places its roles on GPUs .* set placement.teacher.gpus",
+        ),
+        (
+            [("placement.inference.gpus", "[0, 1]"), ("placement.teacher.gpus", "[1, 2]")],
+            r"placement.inference.gpus \[0, 1\] and placement.teacher.gpus \[1, 2\] overlap on \[1\]",
+        ),
+        (  # the steps start at once: two vLLM servers would size their memory against each other
+            [
+                ("placement.inference.gpus", "[0, 1]"),
+                ("placement.teacher.gpus", "[0, 1]"),
+                ("inference.vllm", '{"gpu_memory_utilization": 0.4}'),
+            ],
+            r"placement.teacher.gpus = placement.inference.gpus = \[0, 1\] in a --slurm job",
+        ),
+        (  # the replicas would see every device of the host
+            [("placement.teacher.gpus", "[7]")],
+            r"placement.teacher.gpus = \[7\], but placement.inference.gpus on the teacher's host is empty",
+        ),
+    ],
+)
+def test_a_teacher_in_a_slurm_job_needs_devices_no_replica_sees(overrides: list[tuple[str, str]], message: str) -> None:
+    rl = rl_config(("orchestrator.distill.teacher-weights", "w"), *overrides)
+    with pytest.raises(ConfigError, match=message):
         plan(rl, ["gpu-a", "gpu-b"])
+
+
+def test_a_gpu_run_serves_the_teacher_on_its_devices_beside_the_other_roles() -> None:
+    rl = rl_config(
+        ("orchestrator.distill.teacher-weights", "w"),
+        ("placement.trainer.gpus", "[0]"),
+        ("placement.inference.gpus", "[1]"),
+        ("placement.teacher.gpus", "[2]"),
+    )
+    run = plan(rl, machine=Machine(visible_gpus=["GPU-a", "GPU-b", "GPU-c"]))
+    assert run.commands.teacher is not None and run.commands.teacher.env["CUDA_VISIBLE_DEVICES"] == "GPU-c"
+    assert run.teacher is not None and run.teacher.host == "127.0.0.1" and run.host_of["teacher"] == 0
+    assert not run.placement.teacher_shares_inference  # started beside the student's server
+
+
+def test_a_teacher_sharing_the_inference_devices_must_leave_room_for_both_servers() -> None:
+    shared = [
+        ("orchestrator.distill.teacher-weights", "w"),
+        ("placement.trainer.gpus", "[0]"),
+        ("placement.inference.gpus", "[1]"),
+        ("placement.teacher.gpus", "[1]"),
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=r"two vLLM servers .* inference.vllm.gpu_memory_utilization = 0.9 of .*; set it to 0.45 or less",
+    ):
+        plan(rl_config(*shared))
+    run = plan(rl_config(*shared, ("inference.vllm", '{"gpu_memory_utilization": 0.4}')))
+    assert run.commands.teacher is not None and run.commands.teacher.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert run.placement.teacher_shares_inference  # so the launcher starts it once the student's server serves
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            [("orchestrator.distill.teacher-weights", "w"), ("placement.trainer.gpus", "[0]")],
+            r"places its roles on GPUs .* set placement.teacher.gpus",
+        ),
+        (
+            [
+                ("orchestrator.distill.teacher-weights", "w"),
+                ("placement.trainer.gpus", "[0, 1]"),
+                ("placement.inference.gpus", "[2]"),
+                ("placement.teacher.gpus", "[1]"),
+            ],
+            r"placement.trainer.gpus \[0, 1\] and placement.teacher.gpus \[1\] overlap on \[1\]",
+        ),
+        (
+            [("orchestrator.distill.teacher-url", "http://h:1/v1"), ("placement.teacher.gpus", "[1]")],
+            "placement.teacher.gpus is set but orchestrator.distill.teacher_weights is not",
+        ),
+    ],
+)
+def test_teacher_placements_that_cannot_work_are_one_line_naming_the_keys(
+    overrides: list[tuple[str, str]], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plan(rl_config(*overrides))
