@@ -100,8 +100,8 @@ class BenchConfig(BaseConfig):
     group_size: int = 1
     """Samples per prompt: each run of this many samples begins with the same prompt, as a
     group's rollouts of one task do."""
-    share_prefixes: bool = True
-    """The trainer's `share_prefixes` (a group's prompt computed once per row, `document_sdpa` only)."""
+    share_prefixes: Literal["auto"] | bool = "auto"
+    """The trainer's `share_prefixes` (a group's prompt computed once per row; `auto`: with `document_sdpa`)."""
     rows_per_rank: int = 2
     """Packed rows (micro-batches) each rank trains per optimizer step."""
     steps: int = 3

@@ -35,6 +35,7 @@ BEFORE = ROOT / "outputs" / "gpu-before"
 whose bench runs as the step `bench-before`, from that tree, on the same card in the same call."""
 BEFORE_TAG = "<before>"
 TINY_MODEL = ROOT / "outputs" / "bench" / "trainer_throughput" / "qwen3-tiny-random"
+GROUPS = ["--sample-len", "2048", "--prompt-len", "1024", "--group-size", "8"]
 TINY = ["--shape", "qwen3-tiny", "--seq-len", "256", "--prompt-len", "16", "--steps", "1", "--compile", "false"]
 
 
@@ -59,6 +60,9 @@ def steps(device: str, out: Path) -> list[tuple[str, list[str], int]]:
         *plan,
         ("plain-step", PLAIN, 60),  # a TRL-style step beside envrl's (scripts/bench/plain_step.py)
         ("bench-packed-2k", [*BENCH, "--sample-len", "2048"], 75),
+        # RL-shaped rows: groups of 8 samples of 2k tokens sharing a 1k prompt, prompt once vs 8 times
+        ("bench-groups-shared", [*BENCH, *GROUPS, "--share-prefixes", "true"], 60),
+        ("bench-groups-unshared", [*BENCH, *GROUPS, "--share-prefixes", "false"], 60),
         ("bench-no-recompute", [*BENCH, "--activation-checkpointing", "false"], 50),
         ("plain-step-compiled", [*PLAIN, "--compile"], 75),
         ("bench-compile-off", [*BENCH, "--compile", "false"], 50),

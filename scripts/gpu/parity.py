@@ -1,6 +1,7 @@
 """Compiled vs eager decoder layers (and on CUDA varlen vs document_sdpa attention): logprobs
 and gradients of a packed row of short samples and, on CUDA, of a row of samples long enough for
-`document_varlen`'s per-sample sdpa path, on the device at hand.
+`document_varlen`'s per-sample sdpa path and of a row of groups sharing their prompts, on the
+device at hand.
 
     python -m scripts.gpu.parity --device cuda     # bf16, what the GPU kit runs
     python -m scripts.gpu.parity --device cpu      # fp32
@@ -64,6 +65,9 @@ def main() -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     short = synthetic_samples(8, prompt_len=(16, 64), completion_len=(64, 300), vocab_size=VOCAB)
     rows_ok = [compare("8 short samples", short, dtype, device)]
+    # groups of 4 sharing a prompt: each prompt once, its completions in masked sdpa calls after it
+    groups = synthetic_samples(12, prompt_len=(200, 300), completion_len=(16, 200), vocab_size=VOCAB, group_size=4)
+    rows_ok.append(compare("3 groups of 4 sharing a prompt (shared prefixes)", groups, dtype, device, share=True))
     if device.type == "cuda":  # samples >= SDPA_FROM_TOKENS: document_varlen's per-sample sdpa calls
         n = attention.SDPA_FROM_TOKENS
         long = synthetic_samples(2, prompt_len=(16, 16), completion_len=(n, n), vocab_size=VOCAB)
@@ -73,9 +77,10 @@ def main() -> int:
     return 0 if all(rows_ok) else 1
 
 
-def compare(title: str, samples: list, dtype: torch.dtype, device: torch.device) -> bool:
-    """Compiled vs eager, and document_varlen vs document_sdpa, on one packed row of `samples`."""
-    (mb,) = pack(samples, 1 << 20, "token")
+def compare(title: str, samples: list, dtype: torch.dtype, device: torch.device, share: bool = False) -> bool:
+    """Compiled vs eager, and document_varlen vs document_sdpa, on one packed row of `samples`
+    (with `share`, packed with shared prefixes, which both attentions run)."""
+    (mb,) = pack(samples, 1 << 20, "token", share_prefixes=share)
     mb = mb.to(device)
     sdpa = attention.DOCUMENT_SDPA
     eager = scores(model(sdpa, dtype, device, compiled=False), mb)

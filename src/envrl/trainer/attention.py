@@ -4,9 +4,10 @@ Guarantee: with `document_varlen` a packed row costs one kernel call per long sa
 one per run of short samples between them (torch's `torch.nn.attention.varlen` over their
 cumulative lengths; CUDA, bf16/fp16);
 with `document_sdpa` it costs the sum over its samples of their own attention (padded only
-within groups of similar length, never across samples), and a prefix that several samples share
-(`Document.suffixes`) is computed once, each sample's own tokens attending to it and causally to
-themselves. Neither builds a T×T mask, and each token's output equals that of the sample run
+within groups of similar length, never across samples). With either, a prefix that several
+samples share (`Document.suffixes`) is computed once, as a sample of its own, and each sample's
+own tokens attend to it and causally to themselves (one masked sdpa call per group of suffixes
+of similar length, the same code on both). Neither builds a T×T mask, and each token's output equals that of the sample run
 alone. `resolve_attn_implementation` turns the config's choice into one that trains on the
 runtime's device and dtype, or says why it cannot.
 Both run eagerly inside compiled decoder layers, so a row's layout never recompiles them.
@@ -51,6 +52,13 @@ class DocumentGroup:
     prefix: slice | None = None
     """Row slice of the prefix these samples share (`Document.suffixes`): every query also
     attends to all of its keys. None: the samples stand alone."""
+
+    def shifted(self, offset: int) -> DocumentGroup:
+        """The same group in a row whose tokens start `offset` later (its indices are relative)."""
+        prefix = None if self.prefix is None else slice(self.prefix.start + offset, self.prefix.stop + offset)
+        return DocumentGroup(
+            self.start + offset, self.end + offset, self.gather, self.keep, self.count, self.longest, prefix
+        )
 
     def to(self, device: torch.device) -> DocumentGroup:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -187,26 +195,41 @@ def _document_attention(
     """[H, T, d] -> [1, T, H, d]; run eagerly inside a compiled layer (the compiled graph breaks
     here), so the row's layout (a Python structure that changes every micro-batch) never
     becomes a guard that recompiles the layer."""
-    heads, _, dim = q.shape
-    outputs = []
-    for g in layout.groups:
-        parts = [x[:, g.start : g.end] for x in (q, k, v)]
-        # 4-D: sdpa's flash/efficient kernels refuse 3-D inputs (the math kernel is far slower on CPU)
-        if g.gather is None:
-            batch = [x.unsqueeze(0) for x in parts]
-        else:
-            batch = [x.index_select(1, g.gather).view(heads, g.count, g.longest, dim).transpose(0, 1) for x in parts]
-        if g.prefix is None:
-            out = F.scaled_dot_product_attention(*batch, dropout_p=dropout, is_causal=True, scale=scaling)
-        else:
-            out = _after_prefix(*batch, k[:, g.prefix], v[:, g.prefix], dropout, scaling)
-        if g.gather is None:
-            out = out[0]
-        else:
-            out = out.transpose(0, 1).reshape(heads, g.count * g.longest, dim).index_select(1, g.keep)
-        outputs.append(out)
+    outputs = [_group_attention(q, k, v, g, dropout, scaling) for g in layout.groups]
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
     return out.transpose(0, 1).unsqueeze(0).contiguous()
+
+
+def _group_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: DocumentGroup,
+    dropout: float,
+    scaling: float | None,
+    kv_groups: int = 1,
+) -> torch.Tensor:
+    """[H, T, d] queries, [H / kv_groups, T, d] keys and values of a row -> [H, g.end - g.start, d]:
+    the group's samples, one sdpa call, after their shared prefix where the group has one (each
+    kv head repeated for its `kv_groups` query heads, on the group's tokens only)."""
+    heads, _, dim = q.shape
+    if kv_groups > 1:
+        rows = slice(g.prefix.start if g.prefix is not None else g.start, g.end)
+        k, v = (x[:, rows].repeat_interleave(kv_groups, 0) for x in (k, v))
+        q, g = q[:, rows], g.shifted(-rows.start)
+    parts = [x[:, g.start : g.end] for x in (q, k, v)]
+    # 4-D: sdpa's flash/efficient kernels refuse 3-D inputs (the math kernel is far slower on CPU)
+    if g.gather is None:
+        batch = [x.unsqueeze(0) for x in parts]
+    else:
+        batch = [x.index_select(1, g.gather).view(heads, g.count, g.longest, dim).transpose(0, 1) for x in parts]
+    if g.prefix is None:
+        out = F.scaled_dot_product_attention(*batch, dropout_p=dropout, is_causal=True, scale=scaling)
+    else:
+        out = _after_prefix(*batch, k[:, g.prefix], v[:, g.prefix], dropout, scaling)
+    if g.gather is None:
+        return out[0]
+    return out.transpose(0, 1).reshape(heads, g.count * g.longest, dim).index_select(1, g.keep)
 
 
 def _after_prefix(
@@ -248,23 +271,27 @@ class VarlenSegment:
     """[samples + 1] int32, from the segment's start; None for a lone long sample."""
     longest: int
 
+    def to(self, device: torch.device) -> VarlenSegment:
+        cu_seqlens = None if self.cu_seqlens is None else self.cu_seqlens.to(device)
+        return VarlenSegment(self.start, self.end, cu_seqlens, self.longest)
+
 
 @dataclass(frozen=True)
 class VarlenLayout:
-    segments: tuple[VarlenSegment, ...]
+    segments: tuple[VarlenSegment | DocumentGroup, ...]
+    """In row order; a `DocumentGroup` is a run of suffixes after the prefix they share."""
 
     def to(self, device: torch.device) -> VarlenLayout:
-        return VarlenLayout(
-            tuple(
-                VarlenSegment(s.start, s.end, None if s.cu_seqlens is None else s.cu_seqlens.to(device), s.longest)
-                for s in self.segments
-            )
-        )
+        return VarlenLayout(tuple(s.to(device) for s in self.segments))
 
 
-def varlen_layout(lengths: Sequence[int], sdpa_from: int = SDPA_FROM_TOKENS) -> VarlenLayout:
-    """Split a row of samples of `lengths` (in row order) into segments (`VarlenSegment`)."""
-    segments: list[VarlenSegment] = []
+def varlen_layout(
+    documents: Sequence[int | Document], sdpa_from: int = SDPA_FROM_TOKENS, slack: float = PADDING_SLACK
+) -> VarlenLayout:
+    """Split a row of documents (in row order; a bare length is a one-sample `Document`) into
+    segments: samples as `VarlenSegment`s, a shared prefix as one more sample, then its suffixes
+    in runs of similar length (`document_layout`'s grouping), each a `DocumentGroup`."""
+    segments: list[VarlenSegment | DocumentGroup] = []
     run: list[int] = []
     start = 0
 
@@ -274,13 +301,21 @@ def varlen_layout(lengths: Sequence[int], sdpa_from: int = SDPA_FROM_TOKENS) -> 
             segments.append(VarlenSegment(start - sum(run), start, cu, max(run)))
             run.clear()
 
-    for length in lengths:
+    for document in documents:
+        document = document if isinstance(document, Document) else Document(document)
+        length = document.prefix
         if length >= sdpa_from:
             close_run()
             segments.append(VarlenSegment(start, start + length, None, length))
         else:
             run.append(length)
         start += length
+        if document.suffixes:
+            close_run()
+            prefix = slice(start - length, start)
+            for suffixes in _padded_runs(document.suffixes, slack):
+                segments.append(_group(start, suffixes, prefix))
+                start += sum(suffixes)
     close_run()
     return VarlenLayout(tuple(segments))
 
@@ -324,9 +359,14 @@ def _varlen_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: VarlenLayout, scaling: float | None, groups: int
 ) -> torch.Tensor:
     """[H, T, d] -> [1, T, H, d], one kernel call per segment of the layout: a long sample
-    through sdpa, a run of short ones through torch's varlen kernel."""
+    through sdpa, a run of short ones through torch's varlen kernel, a run of suffixes through
+    `document_sdpa`'s masked call after their prefix (kv heads repeated for it)."""
     outputs = []
     for segment in layout.segments:
+        if isinstance(segment, DocumentGroup):
+            out = _group_attention(q, k, v, segment, 0.0, scaling, kv_groups=groups)
+            outputs.append(out.transpose(0, 1).unsqueeze(0))
+            continue
         parts = [x[:, segment.start : segment.end] for x in (q, k, v)]
         if segment.cu_seqlens is None:
             outputs.append(_sample_sdpa(*parts, scaling, groups))

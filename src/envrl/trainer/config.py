@@ -142,11 +142,14 @@ class TrainerConfig(BaseConfig):
     of similar-length samples, no T×T mask). Any name transformers knows is passed through
     (`sdpa`, `eager`: dense T×T mask over the packed row; `flex_attention`: GPU only, torch has
     no flex backward on CPU). All keep packed samples apart."""
-    share_prefixes: bool = True
+    share_prefixes: Literal["auto"] | bool = "auto"
     """Compute the untrained tokens that samples begin with in common (a group's prompt) once per
     micro-batch: their keys and values serve every sample of the group, which attends to them as
-    if it held them. Exact, not an approximation; with `document_sdpa` attention only (the CPU and
-    fp32 default), elsewhere off."""
+    if it held them. Exact, not an approximation. Only envrl's `document_sdpa` (the CPU and fp32
+    default) and `document_varlen` (the GPU default without flash-attn) attentions run it; `auto`
+    shares with `document_sdpa` (measured: docs/trainer.md) and not yet with `document_varlen`,
+    whose suffixes after a prefix run as masked sdpa calls not measured on a GPU (`true` shares
+    there too; docs/gpu.md)."""
     phase_threads: bool = False
     """On one CPU process: compute with every usable core while the orchestrator waits for this
     step's weights (it has published the newest batch the async bound allows, so vLLM idles)

@@ -38,7 +38,7 @@ from envrl.trainer.compile import CompileClock
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss
-from envrl.trainer.packing import MicroBatch, pack, packed_token_logprobs, runs_shared_prefixes, shard
+from envrl.trainer.packing import MicroBatch, pack, packed_token_logprobs, shard, shares_prefixes
 from envrl.trainer.parallel import (
     Runtime,
     all_reduce_sum,
@@ -120,9 +120,8 @@ class Trainer:
         """The frozen initial model the `ref_kl_coef` penalty pulls towards (None without one, and
         with LoRA, whose reference is `self.model` with the adapter disabled)."""
         self.with_reference = with_reference
-        self.share_prefixes = config.share_prefixes and runs_shared_prefixes(self.model)
-        """Whether micro-batches compute a group's common prefix once (`packing.pack`): the
-        config's choice where the attention runs a shared prefix."""
+        self.share_prefixes = shares_prefixes(self.model, config.share_prefixes)
+        """Whether micro-batches compute a group's common prefix once (`packing.pack`)."""
         optim = config.optim
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = build_optimizer(trainable, optim, config.max_steps, runtime.device)

@@ -183,7 +183,7 @@ def pack(
     budget is a packing target, and `seq_len` is what bounds a sample; the warning names both
     as `keys` says (the user's keys for `max_tokens` and `seq_len`).
 
-    `share_prefixes` (for `document_sdpa` only, which runs a `Document`'s shared prefix): a group
+    `share_prefixes` (for `document_sdpa` and `document_varlen`, which run a `Document`'s shared prefix): a group
     of `shared_prefix_groups` becomes one document, no larger than a rank's share of the batch.
     """
     kept = [s for s in samples if _trainable(s) > 0]
@@ -255,17 +255,23 @@ def _warn_oversize(samples: Sequence[TrainingSample], max_tokens: int, where: st
         )
 
 
-def runs_shared_prefixes(model: nn.Module) -> bool:
-    """Whether `model`'s attention runs a `Document`'s shared prefix (`document_sdpa` does)."""
-    return model.config._attn_implementation == DOCUMENT_SDPA
+def shares_prefixes(model: nn.Module, choice: Literal["auto"] | bool = "auto") -> bool:
+    """Whether to pack `model`'s rows with shared prefixes (`trainer.share_prefixes` = `choice`):
+    never where its attention cannot run them (only `document_sdpa` and `document_varlen` can),
+    `auto` with `document_sdpa`, where it was measured to pay (docs/trainer.md), and `true`
+    wherever it can."""
+    implementation = model.config._attn_implementation
+    if choice is False or implementation not in (DOCUMENT_SDPA, DOCUMENT_VARLEN):
+        return False
+    return choice is True or implementation == DOCUMENT_SDPA
 
 
 def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
     """[T, V] logits of a packed row, each sample attending only to itself.
 
     With `document_sdpa` the row's `documents` go to the attention as `document_layout` (padded
-    groups, a shared prefix and the suffixes that read it); with `document_varlen` its sample
-    lengths do (cumulative lengths; it runs no shared prefix).
+    groups, a shared prefix and the suffixes that read it); with `document_varlen` as
+    `varlen_layout` (cumulative lengths of runs of samples, and the same suffix groups).
     Any other implementation gets the separation from position ids that restart at 0:
     transformers derives a block-diagonal mask from them (dense T×T for sdpa/eager, a block
     mask for flex, varlen for flash), but only without an attention mask and without a KV
@@ -274,14 +280,7 @@ def packed_logits(model: nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
     extra = {}
     implementation = model.config._attn_implementation
     if implementation in (DOCUMENT_SDPA, DOCUMENT_VARLEN):
-        if implementation == DOCUMENT_SDPA:
-            layout = document_layout(micro_batch.documents)
-        elif any(d.suffixes for d in micro_batch.documents):
-            raise ValueError(
-                f"attn_implementation {DOCUMENT_VARLEN!r} cannot run a shared prefix; pack without share_prefixes"
-            )
-        else:
-            layout = varlen_layout(micro_batch.lengths)
+        layout = (document_layout if implementation == DOCUMENT_SDPA else varlen_layout)(micro_batch.documents)
         extra["document_layout"] = layout.to(micro_batch.input_ids.device)
     out = model(input_ids=micro_batch.input_ids, position_ids=micro_batch.position_ids, use_cache=False, **extra)
     return out.logits[0]

@@ -33,7 +33,7 @@ from envrl.telemetry.progress import duration
 from envrl.trainer.config import OptimConfig, TrainerConfig
 from envrl.trainer.loop import build_optimizer
 from envrl.trainer.loss import token_logprobs
-from envrl.trainer.packing import SFT_KEYS, MicroBatch, pack, packed_logits, runs_shared_prefixes, shard
+from envrl.trainer.packing import SFT_KEYS, MicroBatch, pack, packed_logits, shard, shares_prefixes
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, init_runtime, shutdown
 from envrl.trainer.sft_data import DemonstrationError, load_demonstrations
 from envrl.trainer.weights import publish_weights
@@ -111,7 +111,7 @@ class SFTTrainer:
         """One optimizer step on `samples`; returns loss (mean NLL per assistant token) and accuracy."""
         runtime = self.runtime
         where = f"SFT step {index}"
-        share = runs_shared_prefixes(self.model)
+        share = shares_prefixes(self.model)
         micro_batches = pack(
             samples, self.config.micro_batch_tokens, "token", where, runtime.world_size, SFT_KEYS, share_prefixes=share
         )

@@ -8,12 +8,15 @@ import torch
 from loguru import logger
 from transformers import AutoModelForCausalLM
 
+import envrl.trainer.attention as attention
 from envrl.data.samples import TrainingSample
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.attention import (
     DOCUMENT_SDPA,
     DOCUMENT_VARLEN,
     SDPA_FROM_TOKENS,
+    Document,
+    DocumentGroup,
     _document_attention,
     _varlen_attention,
     document_layout,
@@ -22,6 +25,7 @@ from envrl.trainer.attention import (
 )
 from envrl.trainer.packing import RL_KEYS, SFT_KEYS, BudgetKeys, balanced_bins, pack, packed_logits, shard
 from tests.support.samples import synthetic_samples
+from tests.support.varlen_reference import reference_varlen_attn
 
 
 def sample(prompt: int, completion: int, first_id: int = 5) -> TrainingSample:
@@ -244,3 +248,51 @@ def test_a_varlen_row_of_long_samples_runs_per_sample_sdpa_with_shared_kv_heads(
     want = _document_attention(q, *repeated, document_layout(lengths), 0.0, None)
     assert got.shape == want.shape == (1, sum(lengths), 4, 8)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_a_varlen_row_puts_a_shared_prefix_in_the_runs_and_its_suffixes_in_groups_after_it():
+    layout = varlen_layout([Document(5), Document(20, (3, 7, 4)), Document(6)], sdpa_from=16)
+    kinds = [
+        (type(s).__name__, s.start, s.end, getattr(s, "prefix", None) or getattr(s, "cu_seqlens", None))
+        for s in layout.segments
+    ]
+    assert [k[:3] for k in kinds] == [
+        ("VarlenSegment", 0, 5),  # the lone sample's run closes before the prefix
+        ("VarlenSegment", 5, 25),  # the prefix, 20 >= sdpa_from tokens: its own sdpa call
+        ("DocumentGroup", 25, 39),  # its three suffixes, padded to 7 in one call
+        ("VarlenSegment", 39, 45),
+    ]
+    group = layout.segments[2]
+    assert isinstance(group, DocumentGroup) and group.prefix == slice(5, 25) and group.count == 3
+
+
+@pytest.mark.parametrize("sdpa_from", [SDPA_FROM_TOKENS, 16])
+def test_a_varlen_row_with_shared_prefixes_attends_and_differentiates_as_document_sdpa(
+    monkeypatch: pytest.MonkeyPatch, sdpa_from: int
+):
+    """`document_varlen` with shared prefixes (the short runs through the varlen kernel's
+    arithmetic, `reference_varlen_attn`: the kernel is CUDA only) against `document_sdpa`, which
+    test_shared_prefix.py checks against rows without sharing. Prefixes below and (sdpa_from 16)
+    above the per-sample sdpa threshold; 4 query heads on 2 kv heads. fp32, values O(1), head dim
+    8: the same softmax(QK^T)V sums in another order, a few ulps apart (1e-5 >> 64 x 1.2e-7),
+    gradients too (sums of as many such terms)."""
+    monkeypatch.setattr(attention, "_varlen_kernel", lambda: reference_varlen_attn)
+    documents = [Document(5), Document(20, (3, 7, 4, 11)), Document(6), Document(18, (2, 9)), Document(4)]
+    total = sum(d.length for d in documents)
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(4, total, 8, generator=generator, requires_grad=True)
+    k, v = (torch.randn(2, total, 8, generator=generator, requires_grad=True) for _ in range(2))
+    weights = torch.randn(1, total, 4, 8, generator=generator)
+    results = []
+    for run in (
+        lambda: _varlen_attention(q, k, v, varlen_layout(documents, sdpa_from=sdpa_from), None, groups=2),
+        lambda: _document_attention(
+            q, *(x.repeat_interleave(2, 0) for x in (k, v)), document_layout(documents), 0.0, None
+        ),
+    ):
+        out = run()
+        grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+        results.append((out.detach(), *grads))
+    for got, want in zip(*results, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

@@ -1,16 +1,27 @@
 """Shared prefixes: a group's common prompt is computed once and every sample trains exactly as alone."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import envrl.trainer.attention as attention
 from envrl.data.samples import TrainingSample
 from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.attention import DOCUMENT_SDPA, Document, document_layout
+from envrl.trainer.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN, Document, document_layout
 from envrl.trainer.config import LossConfig
 from envrl.trainer.loss import policy_loss, token_logprobs
-from envrl.trainer.packing import MIN_SHARED_PREFIX, MicroBatch, pack, packed_logits, shared_prefix_groups
+from envrl.trainer.packing import (
+    MIN_SHARED_PREFIX,
+    MicroBatch,
+    pack,
+    packed_logits,
+    shared_prefix_groups,
+    shares_prefixes,
+)
 from tests.support.samples import synthetic_samples
+from tests.support.varlen_reference import reference_varlen_attn
 
 P = MIN_SHARED_PREFIX
 
@@ -92,12 +103,17 @@ def per_sample(mb: MicroBatch, values: torch.Tensor) -> dict[tuple[int, ...], li
     return out
 
 
-def test_shared_prefix_rows_score_and_train_every_sample_as_rows_without_sharing():
+@pytest.mark.parametrize("attn", [DOCUMENT_SDPA, DOCUMENT_VARLEN])
+def test_shared_prefix_rows_score_and_train_every_sample_as_rows_without_sharing(
+    attn: str, monkeypatch: pytest.MonkeyPatch
+):
     """Same logprobs per trained token and same gradients of the loss, shared or not. fp32 with
     logits O(1): the two rows sum the same attention terms in a different order and grouping,
     a few ulps per sum (1e-5 >> 64 terms x 1.2e-7); grads summed over 18 samples agree to 1e-5
-    of the largest."""
-    model = AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32, attn_implementation=DOCUMENT_SDPA)
+    of the largest. `document_varlen` runs its short samples through the CUDA kernel's
+    arithmetic (`reference_varlen_attn`), the rest through its own calls."""
+    monkeypatch.setattr(attention, "_varlen_kernel", lambda: reference_varlen_attn)
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32, attn_implementation=attn)
     samples = grouped_samples()
     results = []
     for share in (False, True):
@@ -142,3 +158,21 @@ def test_a_batch_with_nothing_to_share_packs_as_without_sharing():
     plain, shared = (pack(samples, 64, "token", share_prefixes=share) for share in (False, True))
     assert [mb.documents for mb in shared] == [mb.documents for mb in plain]
     assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(plain, shared, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("attn", "choice", "shared"),
+    [
+        (DOCUMENT_SDPA, "auto", True),  # measured to pay (docs/trainer.md)
+        (DOCUMENT_VARLEN, "auto", False),  # not measured on a GPU yet
+        (DOCUMENT_VARLEN, True, True),
+        (DOCUMENT_SDPA, False, False),
+        ("sdpa", True, False),  # transformers' own attentions cannot run a shared prefix
+        ("flash_attention_2", True, False),
+    ],
+)
+def test_prefixes_are_shared_where_the_attention_runs_them_by_default_only_where_measured(
+    attn: str, choice: str | bool, shared: bool
+):
+    model = SimpleNamespace(config=SimpleNamespace(_attn_implementation=attn))
+    assert shares_prefixes(model, choice) is shared  # type: ignore[arg-type]
