@@ -143,13 +143,9 @@ class TrainerConfig(BaseConfig):
     (`sdpa`, `eager`: dense T×T mask over the packed row; `flex_attention`: GPU only, torch has
     no flex backward on CPU). All keep packed samples apart."""
     share_prefixes: Literal["auto"] | bool = "auto"
-    """Compute the untrained tokens that samples begin with in common (a group's prompt) once per
-    micro-batch: their keys and values serve every sample of the group, which attends to them as
-    if it held them. Exact, not an approximation. Only envrl's `document_sdpa` (the CPU and fp32
-    default) and `document_varlen` (the GPU default without flash-attn) attentions run it; `auto`
-    shares with `document_sdpa` (measured: docs/trainer.md) and not yet with `document_varlen`,
-    whose suffixes after a prefix run as masked sdpa calls not measured on a GPU (`true` shares
-    there too; docs/gpu.md)."""
+    """Compute the untrained tokens a group's samples begin with (its prompt) once per micro-batch,
+    exactly. `auto`: under envrl's `document_sdpa` attention (CPU, fp32); `true`: under
+    `document_varlen` (GPUs) too, not yet measured there (docs/trainer.md, Shared prefixes)."""
     phase_threads: bool = False
     """On one CPU process: compute with every usable core while the orchestrator waits for this
     step's weights (it has published the newest batch the async bound allows, so vLLM idles)
