@@ -22,8 +22,9 @@ LogLevel = Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRI
 
 # Libraries that install their own handlers; we strip those so their records reach loguru once.
 THIRD_PARTY_LOGGERS = ("vllm", "transformers", "urllib3", "zmq", "asyncio", "httpx", "wandb", "torch")
-CHATTY_LOGGERS = ("httpx", "httpcore")
-"""Log every request at INFO; we keep their warnings only."""
+CHATTY_LOGGERS = ("httpx", "httpcore", "matplotlib")
+"""Log routine work at INFO (every HTTP request; matplotlib its font cache, at a fresh install's
+first report); we keep their warnings only."""
 
 CONSOLE_FORMAT = "<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> <cyan>{extra[process]}</cyan> {message}"
 FILE_FORMAT = "{time:YYYY-MM-DD HH:mm:ss.SSS} {level: <7} {extra[process]} {name}:{line} {message}"
