@@ -1,9 +1,10 @@
 """`inference --config x.toml`: serve `model.name` with vLLM plus `POST /update_weights`.
 
 Guarantee: the process serves on `host:port` with exactly the engine options `vllm_args` builds,
-keeps every file vLLM writes under `<output_dir>/inference/` (its environment is set before vLLM
-is imported) except the model-class records runs share, dies with its parent, and exits 2 on a
-config error (unknown vLLM options included).
+on a socket that listens from before vLLM is imported (`hold_port`: no other user can take the
+port while vLLM starts), keeps every file vLLM writes under `<output_dir>/inference/` (its
+environment is set before vLLM is imported) except the model-class records runs share, dies
+with its parent, and exits 2 on a config error (unknown vLLM options included) or a taken port.
 """
 
 from __future__ import annotations
