@@ -9,18 +9,24 @@ import asyncio
 import signal
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from envrl.config import ModelConfig
+from envrl.inference.config import RELOAD_TOKEN_ENV, InferenceConfig
 from envrl.inference.engine_fork import FORKED
+from envrl.inference.server import start
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.replicas import InferenceReplicas
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.runtime.http import HttpCallError, RetryPolicy
+from envrl.runtime.secrets import API_KEY_ENV
 from envrl.transport.weights import ReplicaPolicyLoader
+from tests.support.ports import free_port
 from tests.support.served_weights import (
     EXACT,
     PROMPTS,
@@ -31,6 +37,7 @@ from tests.support.served_weights import (
     reference_logprobs,
     update_weights,
 )
+from tests.support.vllm_server import VLLM_START_TIMEOUT
 
 
 def test_completion_logprobs_equal_transformers_float32(vllm_server) -> None:
@@ -289,3 +296,39 @@ def test_sigusr1_dumps_the_servers_stacks_into_its_log_and_it_keeps_serving(vllm
     wait_until(dumped, 30.0, "the server's thread stacks in its log")
     assert server.is_running() and server.status() != psutil.STATUS_ZOMBIE
     assert httpx.get(f"{vllm_server.base_url}/health", timeout=30).status_code == 200
+
+
+def test_with_an_api_key_no_route_but_health_and_its_own_token_ones_serves_a_caller_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: vLLM guards only /v1, /v2, /inference and /cohere, so `/invocations` (SageMaker's
+    alias of the completion and chat routes) and `/generative_scoring` generated for any local
+    user without the run's key."""
+    monkeypatch.setenv(API_KEY_ENV, "the-runs-key")
+    monkeypatch.setenv(RELOAD_TOKEN_ENV, "the-runs-reload-token")
+    config = InferenceConfig(model=ModelConfig(name=str(DEFAULT_DIR)), output_dir=tmp_path, port=free_port())
+    child = start(config, log_file=tmp_path / "inference.log", ready_timeout=VLLM_START_TIMEOUT)
+    completion = {"model": str(DEFAULT_DIR), "prompt": "hi", "max_tokens": 2}
+    chat = {"model": str(DEFAULT_DIR), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    scoring = {"model": str(DEFAULT_DIR), "query": "hi", "items": ["a"], "label_token_ids": [1, 2]}
+    calls = [
+        ("/invocations", completion), ("/invocations", chat), ("/generative_scoring", scoring),
+        ("/tokenize", {"model": str(DEFAULT_DIR), "prompt": "hi"}), ("/detokenize", {"model": str(DEFAULT_DIR), "tokens": [1]}),
+        ("/v1/completions", completion), ("/scale_elastic_ep", {"new_data_parallel_size": 2}),
+    ]  # fmt: skip
+    try:
+        with httpx.Client(base_url=config.base_url, timeout=60) as http:
+            refused = [(path, http.post(path, json=body).status_code) for path, body in calls]
+            keyed = http.post("/invocations", json=completion, headers={"Authorization": "Bearer the-runs-key"})
+            open_ = {path: http.get(path).status_code for path in ("/health", "/version", "/weights")}
+            reloaded = http.post(  # the orchestrator's reload client sends the reload token, not the key
+                "/update_weights",
+                json={"path": str(DEFAULT_DIR)},
+                headers={"Authorization": "Bearer the-runs-reload-token"},
+            )
+    finally:
+        child.stop(grace=30.0)
+    assert [status for _, status in refused] == [401] * len(calls), refused
+    assert keyed.status_code == 200 and keyed.json()["choices"]
+    assert open_ == dict.fromkeys(open_, 200)
+    assert reloaded.status_code == 200, reloaded.text

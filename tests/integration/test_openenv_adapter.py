@@ -14,14 +14,17 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from envrl.serve.client import EnvClient
 from tests.support.env_servers import RunningServer, alive, children, running_env_server, wait_until
+from tests.support.other_user import needs_root
 
 ROOT = Path(__file__).parents[2]
 PROJECT = ROOT / "deps" / "envs" / "openenv-count"
 PYTHON = PROJECT / ".venv" / "bin" / "python"
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 MAX_CONCURRENT_ENVS = 8  # openenv_count.server.MAX_CONCURRENT_ENVS
 DIGITS = {"type": "scripted", "replies": ["12 13 14"], "delay_s": 0.05}
 """The module server's client: every reply scores 1.0; each call waits a little, so sessions are held."""
@@ -157,6 +160,44 @@ def test_mcp_mode_offers_the_servers_tools_and_answers_each_tool_call_with_its_r
     assert replies[0]["content"] == "6 7"
     assert replies[1]["content"].startswith("error: the arguments are not JSON")
     assert replies[2]["content"] == "error: Unknown tool: 'nope'"
+
+
+HOLD_SESSIONS = """
+import base64, os, socket, sys, time
+port, count, hold_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+held = []
+for _ in range(count):
+    s = socket.create_connection(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall((f"GET /ws HTTP/1.1\\r\\nHost: 127.0.0.1:{port}\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\n"
+               f"Sec-WebSocket-Key: {key}\\r\\nSec-WebSocket-Version: 13\\r\\n\\r\\n").encode())
+    print(s.recv(4096).split(b"\\r\\n", 1)[0].decode(), flush=True)
+    held.append(s)
+time.sleep(hold_s)
+"""
+"""Another local user's client: opens `count` OpenEnv sessions (a WebSocket handshake each) and holds them."""
+
+
+def test_another_user_opens_no_session_on_the_envs_openenv_server(server: RunningServer) -> None:
+    """Before: the OpenEnv server an env server starts served anyone on loopback; another user
+    holding its `max_concurrent_envs` sessions made every rollout of the run wait until it timed out."""
+    needs_root()
+    port = next(c.laddr.port for c in psutil.Process(openenv_child(server)).net_connections() if c.status == "LISTEN")
+    argv = [*AS_NOBODY, "/usr/bin/python3", "-c", HOLD_SESSIONS, str(port), str(MAX_CONCURRENT_ENVS), "30"]
+    other = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        answers = [other.stdout.readline().strip() for _ in range(MAX_CONCURRENT_ENVS)]  # type: ignore[union-attr]
+
+        async def run() -> list:
+            async with EnvClient(server.address) as client:
+                return await client.run(1, n=2, sampling={"max_tokens": 8})
+
+        traces = asyncio.run(run())
+    finally:
+        other.kill()
+        other.wait()
+    assert not any(" 101 " in answer for answer in answers), answers
+    assert [t.error for t in traces] == [None, None] and all(t.reward == pytest.approx(2.0) for t in traces)
 
 
 def test_a_crashed_openenv_server_gives_error_traces_not_a_dead_env_server(server: RunningServer) -> None:

@@ -19,7 +19,9 @@ from matplotlib.image import imread
 
 from envrl.data.layout import (
     batch_dir,
+    eval_results_file,
     eval_rollouts_file,
+    logs_dir,
     published_steps,
     report_dir,
     rollouts_root,
@@ -108,6 +110,35 @@ def test_a_failed_runs_report_opens_with_the_failure_box_not_empty_plots(tmp_pat
     assert "The run failed: trainer with exit code 1" in failure.group(1)
     assert failure.group(1).rstrip().endswith(f"{FAILED_LOG_TAIL}</pre>")
     assert "<img" not in dom and "no plots: the run wrote no metrics line" in dom
+
+
+HOSTILE_TEXT = (
+    '<!--<script> </script><img src=x onerror="document.body.dataset.pwned=1">'
+    "<script>document.body.dataset.pwned=2</script>"
+)
+"""Text a model can place in a log line or a completion: an HTML comment opener that would make
+the page's own `</script>` not end its script, and markup that would run if parsed as HTML."""
+
+
+@needs_chromium
+def test_model_text_in_logs_and_completions_is_shown_as_text_and_never_runs(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_failed_run(run)
+    with (logs_dir(run) / "trainer.log").open("a") as log:
+        log.write(f"the last completion was {HOSTILE_TEXT}\n")
+    dom = dom_of_report(tmp_path, run)
+    assert "data-pwned" not in dom, "the page ran model text"
+    failure = re.search(r'<div id="failure">(.*?)</div>', dom, re.S)
+    assert failure, "the failure box is missing: model text in the log broke the page's script"
+    assert failure.group(1).rstrip().endswith(f"the last completion was {HOSTILE_TEXT}</pre>")
+
+    out = tmp_path / "eval"
+    hostile = trace(1, [300, 2], reward=1.0)
+    hostile.branches[0].turns[0].response["content"] = HOSTILE_TEXT
+    append_lines(eval_results_file(out, "reverse-text"), [trace_line(hostile, env="reverse-text", rollout=0)])
+    dom = chromium(tmp_path, write_report(out).resolve().as_uri() + "#rollout=0", "--dump-dom")
+    assert "data-pwned" not in dom, "the page ran model text"
+    assert HOSTILE_TEXT in unescape(re.search(r'<div id="rollout-detail".*', dom, re.S).group(0))
 
 
 @needs_chromium

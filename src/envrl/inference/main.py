@@ -1,9 +1,10 @@
 """`inference --config x.toml`: serve `model.name` with vLLM plus `POST /update_weights`.
 
 Guarantee: the process serves on `host:port` with exactly the engine options `vllm_args` builds,
-keeps every file vLLM writes under `<output_dir>/inference/` (its environment is set before vLLM
-is imported) except the model-class records runs share, dies with its parent, and exits 2 on a
-config error (unknown vLLM options included).
+on a socket that listens from before vLLM is imported (`hold_port`: no other user can take the
+port while vLLM starts), keeps every file vLLM writes under `<output_dir>/inference/` (its
+environment is set before vLLM is imported) except the model-class records runs share, dies
+with its parent, and exits 2 on a config error (unknown vLLM options included) or a taken port.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from envrl.runtime.lifeline import die_with_parent
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,18 +22,20 @@ from pathlib import Path
 from envrl.config import ConfigError, load_config
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import cpu_environment, link_model_info_cache, vllm_args, vllm_environment
-from envrl.runtime.net import port_is_free
 from envrl.telemetry.log import setup_logging
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(InferenceConfig, argv, prog="inference")
-    if not port_is_free(config.host, config.port):
+    try:
+        held = hold_port(config.host, config.port)
+    except OSError as e:
         print(
-            f"inference: port {config.host}:{config.port} is already in use; stop what holds it or pass --port",
+            f"inference: port {config.host}:{config.port} is already in use ({e.strerror}); stop what holds it "
+            "or pass --port",
             file=sys.stderr,
         )
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     setup_logging(config.log, process="inference")
     env = vllm_environment(config)
     for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
@@ -51,7 +55,43 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from None
     if on_cpu:
         os.environ.update(cpu_environment(eager=args.enforce_eager))  # read by the engine process vLLM starts
+    serve_on(held, (args.host or "", args.port))
     uvloop.run(run_server(args))
+
+
+BACKLOG = 2048
+"""uvicorn's own backlog: room for the health polls of a start of many minutes."""
+
+
+def hold_port(host: str, port: int) -> socket.socket:
+    """The server's socket, bound as vLLM binds it (SO_REUSEADDR) and listening from now on.
+
+    vLLM binds its port before its engine starts but listens only once it serves (minutes on
+    CPU); a bound socket that does not listen shares its port with any user's that also sets
+    SO_REUSEADDR, so another local user could listen there first and answer the run (its keys,
+    its rollouts). A listening one shares it with no other user. Connections made meanwhile wait
+    in the backlog until the server serves."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve_on(held: socket.socket, address: tuple[str, int]) -> None:
+    """Make vLLM serve on `held` where it would bind `address` (its one socket factory)."""
+    from vllm.entrypoints.launchers import launcher
+
+    make = launcher.create_server_socket
+
+    def create_server_socket(addr: tuple[str, int], *, reuse_port: bool) -> socket.socket:
+        return held if tuple(addr) == address else make(addr, reuse_port=reuse_port)
+
+    launcher.create_server_socket = create_server_socket
 
 
 if __name__ == "__main__":

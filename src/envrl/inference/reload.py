@@ -49,6 +49,7 @@ from pydantic import BaseModel, Field
 
 from envrl.inference.adapter import PolicyAdapter, check_adapter
 from envrl.inference.config import ReloadConfig
+from envrl.inference.guard import guard
 from envrl.inference.warmup import WARMUP_ENV, warm_up
 from envrl.transport.files import Shapes, WeightsError, check_shapes, read_shapes, reload_files
 from envrl.transport.memory import Joined, TransferSecret, check_receivable, join_sender, receive_policy
@@ -133,6 +134,7 @@ class WeightReloadPlugin:
         router.add_api_route("/update_weights", self.update_weights, methods=["POST"])
         router.add_api_route("/weights", self.served_weights, methods=["GET"])
         app.include_router(router)
+        guard(app)  # the API key on vLLM's unguarded routes too (envrl.inference.guard)
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         self._engine = engine_client

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from loguru import logger
@@ -33,6 +34,7 @@ from envrl.inference.adapter import check_lora_support
 from envrl.inference.chat_tools import chat_tool_options
 from envrl.inference.config import InferenceConfig
 from envrl.inference.engine_fork import fork_cpu_engine
+from envrl.inference.listeners import foreign_listeners
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
 from envrl.runtime.http import poll_delays
@@ -252,7 +254,9 @@ def spawn_server(config: InferenceConfig, *, log_file: Path) -> Child:
 def wait_until_serving(
     child: Child, base_url: str, timeout: float, also_check: Callable[[], None] = lambda: None
 ) -> None:
-    """Return once `base_url/health` answers; raise ChildFailed if the server dies or times out.
+    """Return once `base_url/health` answers; raise ChildFailed if the server dies or times out, or
+    if a socket of another uid listens where `base_url` is served on this machine (`listeners.py`:
+    a server another local user started on the port while this one loads is never taken for it).
 
     Polls soon after the spawn, then less often (`poll_delays`), all on one HTTP client (a new
     one per poll would build an SSL context each time): death is noticed at the next poll (within
@@ -264,6 +268,8 @@ def wait_until_serving(
     started = time.monotonic()
     next_report = started + 15.0
     delays = poll_delays()
+    where = urlsplit(base_url)
+    host, port = where.hostname or "", where.port or (443 if where.scheme == "https" else 80)
     with httpx.Client(timeout=5.0) as http:
         while True:
             if child.poll() is not None:
@@ -272,16 +278,28 @@ def wait_until_serving(
             now = time.monotonic()
             if now - started > timeout:
                 raise child.failure(f"did not serve {base_url}/health within {timeout:g} s")
+            _refuse_foreign(child, base_url, host, port)
             try:
-                if http.get(f"{base_url}/health").status_code == 200:
-                    logger.info(f"inference server ready at {base_url} after {now - started:.1f} s")
-                    return
+                answered = http.get(f"{base_url}/health").status_code == 200
             except httpx.HTTPError:
-                pass
+                answered = False
+            if answered:
+                _refuse_foreign(child, base_url, host, port)  # it may have begun to listen since
+                logger.info(f"inference server ready at {base_url} after {now - started:.1f} s")
+                return
             if now >= next_report:
                 logger.info(f"waiting for the inference server at {base_url} ({now - started:.0f} s)")
                 next_report = now + 15.0
             time.sleep(next(delays))
+
+
+def _refuse_foreign(child: Child, base_url: str, host: str, port: int) -> None:
+    if foreign := foreign_listeners(host, port):
+        raise child.failure(
+            f"is not what listens at {base_url}: {', '.join(foreign)} listens there, not this run's user "
+            f"(uid {os.getuid()}); another local user took the port while the server started, and would get "
+            "the run's keys and answer its rollouts: stop it, or use another inference.port"
+        )
 
 
 def start(config: InferenceConfig, *, log_file: Path, ready_timeout: float) -> Child:

@@ -28,15 +28,18 @@ STEP_FUNCTION = "envrlStep"
 
 
 def _js(value: Any) -> str:
-    """`value` as a JavaScript literal (NaN and Infinity are JS globals; `</` cannot end a script)."""
-    return json.dumps(value, separators=(",", ":")).replace("</", "<\\/")
+    """`value` as a JavaScript literal (NaN and Infinity are JS globals) that holds no `<`, `>` or
+    `&`: inside the page's `<script>` the HTML parser sees none of `</script>`, `<!--` or `-->`,
+    so no text (a model's completion in a log line) can end the script or keep it from ending."""
+    text = json.dumps(value, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _message(message: dict[str, Any]) -> dict[str, Any]:
     content = message.get("content")
-    shown = {"role": message.get("role", "?"), "content": content if isinstance(content, str) else _js(content)}
+    shown = {"role": message.get("role", "?"), "content": content if isinstance(content, str) else json.dumps(content)}
     if message.get("tool_calls"):
-        shown["tool_calls"] = _js(message["tool_calls"])
+        shown["tool_calls"] = json.dumps(message["tool_calls"])
     return shown
 
 

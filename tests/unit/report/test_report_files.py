@@ -164,3 +164,17 @@ def test_a_step_whose_batch_retention_deleted_keeps_the_tokens_its_file_showed(r
     shutil.rmtree(batch_dir(run_dir, 0))
     write_report(run_dir)
     assert step_data(report, 0) == before
+
+
+def test_model_text_in_the_page_holds_no_character_the_html_parser_acts_on(tmp_path: Path) -> None:
+    """`<!--<script>` in a log line once kept the page's own `</script>` from ending its script
+    (a blank page); the inlined data now carries `<`, `>` and `&` as JSON escapes only."""
+    write_failed_run(tmp_path)
+    hostile = "<!--<script> </script><img src=x onerror=alert(1)> & -->"
+    with (tmp_path / "logs" / "trainer.log").open("a") as log:
+        log.write(hostile + "\n")
+    report = write_report(tmp_path).parent
+    html = (report / "index.html").read_text()
+    data = html[html.index("const INDEX = ") : html.index(";\n", html.index("const INDEX = "))]
+    assert not {"<", ">", "&"} & set(data)
+    assert index_data(report)["headline"]["failure"]["log_tail"].endswith(hostile)

@@ -8,17 +8,21 @@ says `done` (or at `max_turns`, truncated). With `mcp` (an OpenEnv `MCPEnvironme
 the server lists after `reset` are offered to the model, each tool call of a completion becomes
 one `call_tool` step whose result (or error) is the call's tool message, and a completion
 without tool calls is the `action` step. A server given as `app` is started once per env
-server, as its child (dies with it), on a port it binds itself; its workers reuse it.
+server, as its child (dies with it), on a port it binds itself; its workers reuse it, and it
+answers no one else: every request and session must carry a token the env server made for it
+(`TokenGuard`), so another local user can neither open sessions there nor hold its capacity.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import importlib
 import json
 import os
 import random
+import secrets
 import socket
 import sys
 import time
@@ -45,6 +49,10 @@ MAX_CAPACITY_POLL = 0.25
 """Longest wait between two tries for a session of a server at capacity (seconds, jittered ±50%)."""
 URL_ENV_PREFIX = "ENVRL_OPENENV_URL_"
 """Where an env server publishes the URL of the OpenEnv server it started, for its workers."""
+TOKEN_ENV_PREFIX = "ENVRL_OPENENV_TOKEN_"
+"""Beside it, the token that server demands (environment only: never argv, a file or a log)."""
+TOKEN_ENV = "ENVRL_OPENENV_TOKEN"
+"""How the OpenEnv server's process gets its token (it removes it before loading the app)."""
 
 
 class OpenEnvTask(Task):
@@ -74,14 +82,21 @@ class StepResult:
 class OpenEnvSession:
     """One WebSocket session with an OpenEnv server (`/ws`): one environment instance there."""
 
-    def __init__(self, url: str, message_timeout: float) -> None:
+    def __init__(self, url: str, message_timeout: float, token: str | None = None) -> None:
         self.url = url
         self.message_timeout = message_timeout
+        self._headers = {"Authorization": f"Bearer {token}"} if token else None
         self._ws: ClientConnection | None = None
 
     async def connect(self, timeout: float) -> None:
         try:
-            self._ws = await connect(self.url, open_timeout=timeout, close_timeout=CLOSE_TIMEOUT, max_size=None)
+            self._ws = await connect(
+                self.url,
+                additional_headers=self._headers,
+                open_timeout=timeout,
+                close_timeout=CLOSE_TIMEOUT,
+                max_size=None,
+            )
         except (OSError, TimeoutError, WebSocketException) as e:
             raise OpenEnvError(f"cannot connect to the OpenEnv server at {self.url}: {e}", "CONNECT") from e
 
@@ -186,7 +201,7 @@ class OpenEnvEnvironment(Environment):
             stop_on_length=False,  # every completion is an action, also one cut off by max_tokens
             **kwargs,
         )
-        http = url if url is not None else _served(app)  # type: ignore[arg-type]
+        http, self.token = (url, None) if url is not None else _served(app)  # type: ignore[arg-type]
         self.url = http.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/") + "/ws"
         self.observation_to_messages = observation
         self.completion_to_action = action
@@ -223,7 +238,7 @@ class OpenEnvEnvironment(Environment):
         """A session reset with `args`; at capacity, retried (with jittered backoff) until one is free."""
         delay = self.capacity_poll
         while True:
-            session = OpenEnvSession(self.url, self.message_timeout)
+            session = OpenEnvSession(self.url, self.message_timeout, self.token)
             state.data["session"] = session
             await session.connect(self.connect_timeout)
             try:
@@ -327,10 +342,13 @@ _children: list[Child] = []
 """OpenEnv servers this process started (they die with it)."""
 
 
-def _served(app: str) -> str:
-    """The URL of this env server's child serving `app`: started here once, inherited by the workers."""
-    key = URL_ENV_PREFIX + hashlib.sha1(app.encode()).hexdigest()[:12]
+def _served(app: str) -> tuple[str, str]:
+    """The URL of this env server's child serving `app` and the token it demands: started here
+    once, both inherited by the workers."""
+    name = hashlib.sha1(app.encode()).hexdigest()[:12]
+    key, token_key = URL_ENV_PREFIX + name, TOKEN_ENV_PREFIX + name
     if key not in os.environ:
+        token = secrets.token_urlsafe(32)
         argv = [
             sys.executable,
             "-m",
@@ -338,10 +356,36 @@ def _served(app: str) -> str:
             "envrl.envs.adapters.openenv",
             app,
         ]  # dies with us from its 1st line
-        child, url = spawn_sidecar(argv, name=f"OpenEnv server {app}", ready_timeout=START_TIMEOUT)
+        env = {**os.environ, TOKEN_ENV: token}
+        child, url = spawn_sidecar(argv, name=f"OpenEnv server {app}", env=env, ready_timeout=START_TIMEOUT)
         _children.append(child)
-        os.environ[key] = url
-    return os.environ[key]
+        os.environ[key], os.environ[token_key] = url, token
+    return os.environ[key], os.environ[token_key]
+
+
+class TokenGuard:
+    """ASGI middleware: a request or WebSocket handshake without `Authorization: Bearer <token>`
+    is refused (401; a handshake is closed, which the server answers 403) before the app sees it.
+    Every local user reaches a loopback port; without it another one could hold the server's
+    sessions (`max_concurrent_envs`) and make every rollout of the run wait until it times out."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._expected = hashlib.sha256(f"Bearer {token}".encode()).digest()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            given = next((v for k, v in scope.get("headers", []) if k.lower() == b"authorization"), b"")
+            if not hmac.compare_digest(hashlib.sha256(given).digest(), self._expected):
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                else:
+                    await send({"type": "http.response.start", "status": 401, "headers": []})
+                    await send(
+                        {"type": "http.response.body", "body": b"this OpenEnv server serves its env server only"}
+                    )
+                return
+        await self.app(scope, receive, send)
 
 
 def load_app(app_spec: str) -> Any:
@@ -363,7 +407,8 @@ def serve(app_spec: str) -> None:
     """Child side: serve `module:attribute` with uvicorn on a free loopback port, report its URL."""
     import uvicorn  # installed with openenv-core
 
-    app = load_app(app_spec)
+    token = os.environ.pop(TOKEN_ENV)  # before the app is loaded: neither it nor its children see it
+    app = TokenGuard(load_app(app_spec), token)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)  # connections made once the URL is reported wait in the backlog until uvicorn runs
