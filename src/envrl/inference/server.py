@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from loguru import logger
@@ -34,10 +33,10 @@ from envrl.inference.adapter import check_lora_support
 from envrl.inference.chat_tools import chat_tool_options
 from envrl.inference.config import InferenceConfig
 from envrl.inference.engine_fork import fork_cpu_engine
-from envrl.inference.listeners import foreign_listeners
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
 from envrl.runtime.http import poll_delays
+from envrl.runtime.listeners import foreign_listeners_at, squatter_error
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.process import Child, config_argv, spawn
 from envrl.runtime.secrets import API_KEY_ENV, api_key
@@ -268,8 +267,6 @@ def wait_until_serving(
     started = time.monotonic()
     next_report = started + 15.0
     delays = poll_delays()
-    where = urlsplit(base_url)
-    host, port = where.hostname or "", where.port or (443 if where.scheme == "https" else 80)
     with httpx.Client(timeout=5.0) as http:
         while True:
             if child.poll() is not None:
@@ -278,13 +275,13 @@ def wait_until_serving(
             now = time.monotonic()
             if now - started > timeout:
                 raise child.failure(f"did not serve {base_url}/health within {timeout:g} s")
-            _refuse_foreign(child, base_url, host, port)
+            _refuse_foreign(child, base_url)
             try:
                 answered = http.get(f"{base_url}/health").status_code == 200
             except httpx.HTTPError:
                 answered = False
             if answered:
-                _refuse_foreign(child, base_url, host, port)  # it may have begun to listen since
+                _refuse_foreign(child, base_url)  # it may have begun to listen since
                 logger.info(f"inference server ready at {base_url} after {now - started:.1f} s")
                 return
             if now >= next_report:
@@ -293,13 +290,9 @@ def wait_until_serving(
             time.sleep(next(delays))
 
 
-def _refuse_foreign(child: Child, base_url: str, host: str, port: int) -> None:
-    if foreign := foreign_listeners(host, port):
-        raise child.failure(
-            f"is not what listens at {base_url}: {', '.join(foreign)} listens there, not this run's user "
-            f"(uid {os.getuid()}); another local user took the port while the server started, and would get "
-            "the run's keys and answer its rollouts: stop it, or use another inference.port"
-        )
+def _refuse_foreign(child: Child, base_url: str) -> None:
+    if foreign := foreign_listeners_at(base_url):
+        raise child.failure(squatter_error(base_url, foreign))
 
 
 def start(config: InferenceConfig, *, log_file: Path, ready_timeout: float) -> Child:

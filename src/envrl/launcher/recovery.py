@@ -23,7 +23,8 @@ from envrl.data.layout import published_steps, rollouts_root, weights_dir, weigh
 from envrl.launcher.commands import Command
 from envrl.model.inference import InferenceClient, InferenceError
 from envrl.runtime.http import HttpCallError
-from envrl.runtime.process import Child, RestartPolicy
+from envrl.runtime.listeners import foreign_listeners_at, squatter_error
+from envrl.runtime.process import Child, ChildFailed, RestartPolicy
 from envrl.runtime.supervisor import Check, Respawn
 
 RESUME_FLAG = "--resume"
@@ -93,7 +94,9 @@ def on_newest_policy(command: Command, model: str, out: Path) -> Command:
 
 class ReplicaBack:
     """The check of a restarted replica: once it answers `/health`, load the newest published
-    policy into it (again while a newer one appeared meanwhile); back once that holds."""
+    policy into it (again while a newer one appeared meanwhile); back once that holds. Another
+    local user listening on its port (it took the port while the replica was dead) ends the run
+    (ChildFailed) before the reload token is sent there."""
 
     def __init__(self, base_url: str, model: str, output_dir: Path, token: str | None) -> None:
         self.base_url = base_url
@@ -107,6 +110,8 @@ class ReplicaBack:
                 return False
         except httpx.HTTPError:
             return False
+        if foreign := foreign_listeners_at(self.base_url):
+            raise ChildFailed(f"inference replica: {squatter_error(self.base_url, foreign)}")
         loaded = None
         while (steps := _file_policies(self.output_dir)) and steps[-1] != loaded:
             loaded = steps[-1]

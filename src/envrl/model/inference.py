@@ -156,33 +156,35 @@ class InferenceClient:
 
     async def wait_until_ready(self, timeout: float) -> None:
         """Poll `GET /health` until the server answers 200; raise TimeoutError after `timeout` s.
-        Says every `WAIT_REPORT_S` what it waits for (a server that is not started looks the same as
-        one still loading, so it waits the whole `timeout` either way)."""
+        The polls carry no API key (`/health` needs none): whoever answers them learns nothing.
+        Says every `WAIT_REPORT_S` what it waits for (a server that is not started looks the same
+        as one still loading, so it waits the whole `timeout` either way)."""
         url = f"{self.base_url}/health"
         start = time.monotonic()
         deadline, next_report = start + timeout, start + WAIT_REPORT_S
         last = "no answer yet"
         delays = poll_delays(max_s=0.1)  # a poll is one request on the kept client, and step 0 waits on this
-        while True:
-            if time.monotonic() >= next_report:
-                next_report += WAIT_REPORT_S
-                logger.info(
-                    f"still waiting for the inference server at {self.base_url} ({time.monotonic() - start:.0f} s of "
-                    f"{timeout:.0f} s; last: {last}); is it started (`inference --config ...`) at that address?"
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(
-                    f"inference server at {self.base_url} not ready after {timeout:.0f}s (last: {last}); check its log"
-                )
-            try:
-                response = await self._http.get(url, timeout=min(5.0, remaining))
-                if response.status_code == 200:
-                    return
-                last = f"HTTP {response.status_code}"
-            except httpx.HTTPError as e:
-                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            await asyncio.sleep(min(next(delays), max(0.0, deadline - time.monotonic())))
+        async with httpx.AsyncClient() as http:
+            while True:
+                if time.monotonic() >= next_report:
+                    next_report += WAIT_REPORT_S
+                    logger.info(
+                        f"still waiting for the inference server at {self.base_url} ({time.monotonic() - start:.0f} s "
+                        f"of {timeout:.0f} s; last: {last}); is it started (`inference --config ...`) at that address?"
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"inference server at {self.base_url} not ready after {timeout:.0f}s (last: {last}); check its log"
+                    )
+                try:
+                    response = await http.get(url, timeout=min(5.0, remaining))
+                    if response.status_code == 200:
+                        return
+                    last = f"HTTP {response.status_code}"
+                except httpx.HTTPError as e:
+                    last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                await asyncio.sleep(min(next(delays), max(0.0, deadline - time.monotonic())))
 
     async def update_weights(
         self,

@@ -19,9 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envrl.inference.listeners import listeners
 from envrl.inference.server import wait_until_serving
+from envrl.launcher.recovery import ReplicaBack
 from envrl.model.tiny import DEFAULT_DIR as TINY_MODEL
+from envrl.runtime.listeners import listeners
 from envrl.runtime.process import ChildFailed, spawn
 from tests.support.other_user import needs_root
 from tests.support.ports import free_port
@@ -106,3 +107,17 @@ def test_no_other_user_can_take_the_port_while_the_server_starts(tmp_path: Path)
     finally:
         server.stop(grace=5)
     assert took.returncode != 0 and "Address already in use" in took.stderr, took.stdout + took.stderr
+
+
+def test_a_restarted_replica_found_on_another_users_server_ends_the_run_before_the_token_goes_there(
+    tmp_path: Path,
+) -> None:
+    """While a replica was dead its port was free: a `nobody` server there answers `/health`, and
+    the launcher's recovery, taking it for the replica, would post `/update_weights` with the
+    run's reload token to it."""
+    needs_root()
+    port = free_port()
+    (tmp_path / "weights" / "step_0").mkdir(parents=True)  # a policy the recovery would load
+    back = ReplicaBack(f"http://127.0.0.1:{port}", "m", tmp_path, token="the-run-s-reload-token")
+    with nobody_answers_health(port), pytest.raises(ChildFailed, match=r"uid 65534\) listens at"):
+        back()

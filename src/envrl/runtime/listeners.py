@@ -3,7 +3,7 @@
 Guarantee: `foreign_listeners(host, port)` names every socket of another uid that listens where a
 connection to `host:port` from this machine would be accepted (`host`'s own addresses and the
 wildcards), so a client can refuse a server another local user started on a port it expected its
-own server on. A host that is not this machine's (no socket of this network namespace matches)
+own server on (`squatter_error` says so in one line), before it sends that server a secret. A host that is not this machine's (no socket of this network namespace matches)
 yields none: the check says nothing about remote servers.
 """
 
@@ -13,6 +13,7 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 LISTEN = "0A"
 """The TCP state LISTEN as /proc/net/tcp writes it."""
@@ -60,3 +61,18 @@ def foreign_listeners(host: str, port: int) -> list[str]:
     targets = _addresses(host) | WILDCARDS
     me = os.getuid()
     return [f"{address}:{port} (uid {uid})" for address, uid in listeners(port) if address in targets and uid != me]
+
+
+def foreign_listeners_at(url: str) -> list[str]:
+    """`foreign_listeners` where `url` (http or https, default ports 80 and 443) is served."""
+    where = urlsplit(url)
+    return foreign_listeners(where.hostname or "", where.port or (443 if where.scheme == "https" else 80))
+
+
+def squatter_error(url: str, foreign: list[str]) -> str:
+    """The one-line error of a client that finds another user listening where its run's server should."""
+    return (
+        f"{', '.join(foreign)} listens at {url}, not this run's user (uid {os.getuid()}): another local user "
+        "took the port of the run's server and would get the run's keys and answer its requests; stop it, or "
+        "use another port"
+    )
