@@ -66,6 +66,8 @@ OWN_OPTIONS = {
     "worker_extension_cls": "envrl installs its own weight-reload extension there",
     "logprobs_mode": "envrl serves processed_logprobs: the logprobs of the distribution that sampled",
     "enable_scale_out": "envrl's client generates through vLLM's token-in/token-out endpoint, which this enables",
+    "api_key": "a key on the command line is readable by every local user (/proc/PID/cmdline); put it in the "
+    f"environment variable {API_KEY_ENV} (rl makes one per run)",
 }
 WORKER_EXTENSION = "envrl.inference.worker.WeightReloadExtension"
 LOGPROBS_MODE = "processed_logprobs"
@@ -202,8 +204,8 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
     parser = make_arg_parser(FlexibleArgumentParser(prog="inference (vLLM options)"))
     known = vars(parser.parse_args([]))
     for key in config.vllm:
-        if key in OWN_OPTIONS:
-            raise ConfigError(f"'inference.vllm.{key}' cannot be set: {OWN_OPTIONS[key]}")
+        if (own := key.replace("-", "_")) in OWN_OPTIONS:  # either spelling reaches vLLM
+            raise ConfigError(f"'inference.vllm.{key}' cannot be set: {OWN_OPTIONS[own]}")
         if key.replace("-", "_") not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f"; did you mean 'inference.vllm.{close[0]}'?" if close else ""
