@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -102,6 +103,16 @@ class RestartBudget:
         )
 
 
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 and C1 controls but tab and newline: escape sequences a terminal acts on (colours, cursor
+moves, a window title, OSC 52's clipboard write)."""
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters as `\\xNN` escapes, safe to print to a terminal."""
+    return CONTROL_CHARACTERS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 class ChildFailed(RuntimeError):
     """A child died or stalled before it was ready; the message names it and shows its log tail."""
 
@@ -163,13 +174,15 @@ class Child:
         return f"exited with code {code}"
 
     def log_tail(self, lines: int = 20) -> str:
-        """The last `lines` lines of the child's log file ('' when it has none)."""
+        """The last `lines` lines of the child's log file ('' when it has none), with control
+        characters shown as escapes (`printable`): it goes to a terminal, and a log can hold what
+        a model wrote."""
         if self.log_file is None or not self.log_file.exists():
             return ""
         with self.log_file.open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
             text = f.read().decode(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(printable(line) for line in text.splitlines()[-lines:])
 
     def failure(self, what: str) -> ChildFailed:
         """A ChildFailed saying `what` happened to this child (`describe_exit()` helps), with its log tail."""
