@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -187,6 +188,7 @@ def test_without_a_model_server_eval_fails_at_once_naming_the_url(tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert f"no model server answers at {url}/models" in done.stderr
     assert not (tmp_path / "out" / "eval").exists()
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o700  # made private before its logs
 
 
 @pytest.fixture

@@ -24,8 +24,9 @@ import httpx
 from loguru import logger
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from envrl.config import BaseConfig, ModelConfig, config_to_toml, load_config
+from envrl.config import BaseConfig, ConfigError, ModelConfig, config_to_toml, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
+from envrl.data.private_dir import own_output_dir
 from envrl.data.traces import Trace
 from envrl.envclient.config import EnvConfig, EvalScoringConfig, check_pass_at
 from envrl.envclient.curve import sidecar_keys
@@ -365,6 +366,11 @@ async def _run(config: EvalCommandConfig, lines: LiveLines) -> tuple[dict[str, d
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(EvalCommandConfig, argv, prog="rl eval", dry_run=dry_run_text)
+    try:
+        own_output_dir(config.output_dir)  # made 0700 (before its logs): what the model wrote is nobody else's
+    except ConfigError as e:
+        print(f"rl eval: error: {e}", file=sys.stderr)
+        sys.exit(2)
     lines = LiveLines()
     lines.use_for_stderr()
     setup_logging(config.log, process="eval")

@@ -26,6 +26,7 @@ from loguru import logger
 from envrl.config import ConfigError, config_to_toml
 from envrl.data import layout
 from envrl.data.layout import user_config_file
+from envrl.data.private_dir import refuse_foreign_owner
 from envrl.launcher.config import RLConfig
 
 MARKER = layout.run_marker_file(Path()).name
@@ -122,12 +123,7 @@ def prepare(rl: RLConfig) -> None:
 def make_private(out: Path, group: str | None = None) -> None:
     """Give `out` mode 0700, or 0750 with `group` (set-group-id, so what is written in it stays in
     that group); ConfigError if another user owns it (they could read or replace what the run writes)."""
-    info = out.stat()
-    if info.st_uid != os.geteuid():
-        raise ConfigError(
-            f"output_dir {out} belongs to uid {info.st_uid}, not to this user ({os.geteuid()}): its owner could "
-            "read or replace the run's files; choose another --output-dir"
-        )
+    refuse_foreign_owner(out)
     if group is not None:
         try:
             shutil.chown(out, group=group)

@@ -20,6 +20,7 @@ import sys
 from loguru import logger
 
 from envrl.config import ConfigError, load_config
+from envrl.data.private_dir import own_output_dir
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
@@ -41,6 +42,11 @@ async def _run(config: OrchestratorConfig) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(OrchestratorConfig, argv, prog="orchestrator", dry_run=dry_run_text)
+    try:
+        own_output_dir(config.output_dir)  # by hand: made 0700; under rl: rl made it, and it is ours
+    except ConfigError as e:
+        print(f"orchestrator: config error: {e}", file=sys.stderr)
+        sys.exit(NO_RESTART_EXIT)
     console = None
     if parent_pid() is None:  # run by hand, not by rl
         lines = LiveLines()
