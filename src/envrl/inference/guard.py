@@ -11,51 +11,26 @@ guarded by default. Without a key, nothing changes (vLLM serves every route to a
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from envrl.runtime.bearer_guard import BearerGuard
 from envrl.runtime.secrets import api_key
-
-Scope = MutableMapping[str, Any]
-ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 OPEN = frozenset({"/health", "/ping", "/load", "/version", "/metrics", "/weights", "/update_weights"})
 """Paths served without the key: probes that generate nothing (vLLM leaves them open as well),
 `GET /weights` (the served policy's path and step) and `/update_weights` (its own token)."""
-
-
-class KeyGuard:
-    """ASGI middleware refusing requests without the key (see the module)."""
-
-    def __init__(self, app: ASGIApp, key: str) -> None:
-        self.app = app
-        self._digest = hashlib.sha256(f"Bearer {key}".encode()).digest()
-
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] in ("http", "websocket") and scope.get("method") != "OPTIONS" and not self._allowed(scope):
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1008})
-                return
-            body = (
-                b'{"error":"Unauthorized: this server needs \'Authorization: Bearer <key>\' (ENVRL_INFERENCE_API_KEY)"}'
-            )
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-            await send({"type": "http.response.start", "status": 401, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-            return
-        await self.app(scope, receive, send)
-
-    def _allowed(self, scope: Scope) -> bool:
-        path = scope["path"].removeprefix(scope.get("root_path", ""))
-        if path in OPEN:
-            return True
-        given = next((v for k, v in scope.get("headers", []) if k.lower() == b"authorization"), b"")
-        return hmac.compare_digest(hashlib.sha256(given).digest(), self._digest)
+REFUSAL = b'{"error":"Unauthorized: this server needs \'Authorization: Bearer <key>\' (ENVRL_INFERENCE_API_KEY)"}'
 
 
 def guard(app: Any) -> None:
-    """Put `KeyGuard` in front of `app` (vLLM's FastAPI app, before it starts) when a key is set."""
+    """Put `BearerGuard` in front of `app` (vLLM's FastAPI app, before it starts) when a key is set;
+    CORS preflights (OPTIONS) pass, as vLLM's own key check lets them."""
     if (key := api_key()) is not None:
-        app.add_middleware(KeyGuard, key=key)
+        app.add_middleware(
+            BearerGuard,
+            token=key,
+            refusal=REFUSAL,
+            content_type=b"application/json",
+            open_paths=OPEN,
+            open_methods=frozenset({"OPTIONS"}),
+        )

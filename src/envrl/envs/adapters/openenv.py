@@ -10,14 +10,13 @@ one `call_tool` step whose result (or error) is the call's tool message, and a c
 without tool calls is the `action` step. A server given as `app` is started once per env
 server, as its child (dies with it), on a port it binds itself; its workers reuse it, and it
 answers no one else: every request and session must carry a token the env server made for it
-(`TokenGuard`), so another local user can neither open sessions there nor hold its capacity.
+(`runtime/bearer_guard.py`), so another local user can neither open sessions there nor hold its capacity.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import importlib
 import json
 import os
@@ -38,6 +37,7 @@ from envrl.data.traces import Message, Task
 from envrl.envs.environment import Environment, TaskSource
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
+from envrl.runtime.bearer_guard import BearerGuard
 from envrl.runtime.process import Child, report_ready, spawn_sidecar
 
 CAPACITY_REACHED = "CAPACITY_REACHED"
@@ -363,31 +363,6 @@ def _served(app: str) -> tuple[str, str]:
     return os.environ[key], os.environ[token_key]
 
 
-class TokenGuard:
-    """ASGI middleware: a request or WebSocket handshake without `Authorization: Bearer <token>`
-    is refused (401; a handshake is closed, which the server answers 403) before the app sees it.
-    Every local user reaches a loopback port; without it another one could hold the server's
-    sessions (`max_concurrent_envs`) and make every rollout of the run wait until it times out."""
-
-    def __init__(self, app: Any, token: str) -> None:
-        self.app = app
-        self._expected = hashlib.sha256(f"Bearer {token}".encode()).digest()
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] in ("http", "websocket"):
-            given = next((v for k, v in scope.get("headers", []) if k.lower() == b"authorization"), b"")
-            if not hmac.compare_digest(hashlib.sha256(given).digest(), self._expected):
-                if scope["type"] == "websocket":
-                    await send({"type": "websocket.close", "code": 1008})
-                else:
-                    await send({"type": "http.response.start", "status": 401, "headers": []})
-                    await send(
-                        {"type": "http.response.body", "body": b"this OpenEnv server serves its env server only"}
-                    )
-                return
-        await self.app(scope, receive, send)
-
-
 def load_app(app_spec: str) -> Any:
     """The ASGI app `module:attribute` names (`module` alone: its `app`), or, for
     `module:factory()`, what calling the factory with no arguments returns (servers written as
@@ -408,7 +383,7 @@ def serve(app_spec: str) -> None:
     import uvicorn  # installed with openenv-core
 
     token = os.environ.pop(TOKEN_ENV)  # before the app is loaded: neither it nor its children see it
-    app = TokenGuard(load_app(app_spec), token)
+    app = BearerGuard(load_app(app_spec), token, refusal=b"this OpenEnv server serves its env server only")
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)  # connections made once the URL is reported wait in the backlog until uvicorn runs
