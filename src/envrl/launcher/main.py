@@ -19,7 +19,7 @@ import importlib
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from importlib.metadata import version
 from typing import Any, NoReturn
@@ -29,23 +29,19 @@ from loguru import logger
 from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.data import layout
 from envrl.envclient.curve import make_curve_keys
-from envrl.launcher import preflight, recovery, run_dir, summary
-from envrl.launcher.commands import Command
+from envrl.launcher import preflight, run_dir, summary
 from envrl.launcher.completed import completed_run
 from envrl.launcher.config import RLConfig
-from envrl.launcher.cpus import pin, vllm_is_cpu_build
+from envrl.launcher.cpus import vllm_is_cpu_build
+from envrl.launcher.host import start as start_slice
 from envrl.launcher.log_rotation import LogRotator
 from envrl.launcher.placement import visible_gpus
-from envrl.launcher.plan import TEACHER, Machine, RunPlan, plan
-from envrl.launcher.replicas import wait_for_replicas
+from envrl.launcher.plan import Machine, RunPlan, plan
 from envrl.launcher.run_keys import make_secrets
 from envrl.launcher.slurm import job_hosts, write_sbatch
 from envrl.runtime.net import port_is_free
-from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn
-from envrl.runtime.supervisor import Respawn, Supervisor
-from envrl.serve.launch import begin as begin_env_server
-from envrl.serve.launch import ready as env_server_ready
-from envrl.serve.launch import start as start_env_server
+from envrl.runtime.process import ChildFailed
+from envrl.runtime.supervisor import Supervisor
 from envrl.telemetry.console import RunConsole
 from envrl.telemetry.log import setup_logging
 from envrl.telemetry.progress import duration
@@ -185,7 +181,7 @@ def run_training(argv: Sequence[str]) -> None:
     outcome = summary.Outcome(status="failed", reason="launcher error", error="see logs/launcher.log")
     try:
         _check_ports(run)
-        _start(run, supervisor, rl.restarts, secrets)
+        start_slice(run, supervisor, rl.restarts, secrets)
         console.start()
         supervisor.watch(until={"trainer", "orchestrator"})
         console.stop()
@@ -262,95 +258,6 @@ def _busy_ports(run: RunPlan) -> str:
     return (
         f"ports already in use: {', '.join(busy)}; stop what holds them or change inference.port / env_server_base_port"
     )
-
-
-def _start(run: RunPlan, supervisor: Supervisor, restarts: RestartPolicy, secrets: dict[str, str]) -> None:
-    """Start every process of `run` with the run's `secrets`, each with its way back when it dies
-    (`launcher/recovery.py`)."""
-    plan, cpus = run.commands, run.cpus
-    if cpus is not None:
-        logger.info(f"cores: inference computes on {cpus.inference}, the trainer on {cpus.trainer}")
-    what = "inference server" if len(plan.inference) == 1 else f"{len(plan.inference)} inference replicas"
-    logger.info(f"starting {what} (vLLM; about a minute on CPU)")
-    deadline = time.monotonic() + run.inference.ready_timeout_s  # before the orchestrator's own
-    out, configs = run.output_dir, run.replicas
-    # vLLM's in-process worker (and all it starts) inherits the affinity, as torchrun's ranks do the trainer's
-    spawn = partial(_spawn, secrets=secrets)
-    spawn_inference = partial(spawn, cores=cpus.inference if cpus else None)
-    spawn_trainer = partial(spawn, cores=cpus.trainer if cpus else None)
-    token = secrets[run.inference.reload.token_env]
-    inference = {}
-    for command in plan.inference:
-        url, model = configs[command.name].base_url, run.orchestrator.model.name
-        respawn = recovery.replica_respawn(command, spawn_inference, restarts, url, model, out, token)
-        inference[command.name] = supervisor.add(spawn_inference(command), respawn)
-    # a teacher on the replicas' devices starts once they serve: vLLM sizes its memory from what is free
-    teacher_later = run.placement.teacher_shares_inference
-    if not teacher_later:
-        _start_teacher(run, supervisor, restarts, spawn_inference, inference)
-    trainer = recovery.trainer_respawn(plan.trainer, spawn_trainer, restarts, out)
-    supervisor.add(spawn_trainer(plan.trainer), trainer)  # it imports and loads while the env servers do
-    _start_env_servers(run, supervisor, secrets)
-    orchestrator = recovery.orchestrator_respawn(plan.orchestrator, spawn, restarts, out)
-    supervisor.add(spawn(plan.orchestrator), orchestrator)
-    logger.info(f"trainer and orchestrator started; logs in {plan.trainer.log_file.parent}")
-    # Trainer and orchestrator import and load while vLLM starts; the orchestrator waits for it.
-    if teacher_later:
-        wait_for_replicas(inference, configs, supervisor, deadline)
-        deadline = time.monotonic() + run.inference.ready_timeout_s  # the teacher's own start-up
-        _start_teacher(run, supervisor, restarts, spawn_inference, inference)
-    if run.teacher is not None:
-        configs = {**configs, TEACHER: run.teacher}
-    wait_for_replicas(inference, configs, supervisor, deadline)
-
-
-def _start_teacher(
-    run: RunPlan,
-    supervisor: Supervisor,
-    restarts: RestartPolicy,
-    spawn_inference: Callable[[Command], Child],
-    inference: dict[str, Child],
-) -> None:
-    """Start the distillation teacher's server, if the run has one, supervised like a replica on fixed weights."""
-    teacher = run.commands.teacher
-    if teacher is None or run.teacher is None:
-        return
-    logger.info(f"starting the distillation teacher's server on {run.teacher.model.name} (vLLM)")
-    inference[teacher.name] = supervisor.add(
-        spawn_inference(teacher), Respawn(partial(spawn_inference, teacher), restarts)
-    )
-
-
-def _start_env_servers(run: RunPlan, supervisor: Supervisor, secrets: dict[str, str]) -> None:
-    """Begin every env server at once, so they load their envs side by side, then wait for each in
-    turn and hand it to the supervisor; a failure to begin or start one stops every server not yet
-    handed over."""
-    begun = []
-    handed = 0
-    try:
-        for server, command in zip(run.env_servers, run.commands.env_servers, strict=True):
-            how = dict(argv=command.argv, log_file=command.log_file, environ=command.environ(secrets))
-            begun.append((server, command, partial(start_env_server, server, **how), begin_env_server(server, **how)))
-        for server, command, start_server, starting in begun:
-            child, _ = env_server_ready(server, starting, command.log_file)
-            supervisor.add(child, Respawn(partial(_server_child, start_server), server.restarts))
-            handed += 1
-    except BaseException:
-        for *_, pending in begun[handed:]:
-            pending.abandon()
-        raise
-
-
-def _server_child(start_server: Callable[[], tuple[Child, str]]) -> Child:
-    """An env server started (again) on the fixed address its config names, so clients reconnect to it."""
-    return start_server()[0]
-
-
-def _spawn(command: Command, cores: list[int] | None = None, secrets: dict[str, str] | None = None) -> Child:
-    child = spawn(command.argv, name=command.name, log_file=command.log_file, env=command.environ(secrets or {}))
-    if cores is not None:
-        pin(child.popen.pid, cores)
-    return child
 
 
 def _summary(rl: RLConfig, recoveries: dict[str, dict[str, Any]], wall_time_s: float) -> None:

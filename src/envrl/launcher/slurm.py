@@ -25,18 +25,15 @@ from pathlib import Path
 from envrl.config import ConfigError, config_to_toml, resolve_config
 from envrl.data import layout
 from envrl.envclient.curve import make_curve_keys
-from envrl.launcher.commands import Command
 from envrl.launcher.config import RLConfig
+from envrl.launcher.host import FINISHING
 from envrl.launcher.plan import Machine, RunPlan, plan
-from envrl.runtime.process import ALLOWED_ENV, ALLOWED_ENV_PREFIXES
-
-FINISHING = ("trainer", "orchestrator")
-"""Commands whose exit ends the run (by name prefix); the others serve until the job stops them."""
 
 
 def job_hosts(rl: RLConfig) -> list[str]:
-    """The job's hosts as the batch script names them: `${HOST_0}` .. (SLURM names them when it runs)."""
-    return [f"${{HOST_{i}}}" for i in range(rl.slurm.nodes)]
+    """The job's hosts as the batch script names them: `${ADDR_0}` .. (each node's address, which
+    SLURM knows once the job runs; a node's name need not resolve on the other nodes)."""
+    return [f"${{ADDR_{i}}}" for i in range(rl.slurm.nodes)]
 
 
 def write_job_files(run: RunPlan) -> None:
@@ -50,48 +47,16 @@ def write_job_files(run: RunPlan) -> None:
     make_curve_keys(run.curve_dir)
 
 
-def _word(token: str) -> str:
-    """A shell word: a host variable expands (`"${HOST_0}:29500"`), everything else is quoted."""
-    return f'"{token}"' if "${HOST_" in token else shlex.quote(token)
-
-
-PREFIXED_ENV = "ENVRL_PREFIXED_ENV"
-"""The script's `,NAME,...` string of every variable of the job under `ALLOWED_ENV_PREFIXES`."""
-
-
-def prefixed_env_lines() -> list[str]:
-    """Script lines collecting the names of the job's variables under `ALLOWED_ENV_PREFIXES` (e.g.
-    `LC_*`), which the allow-list passes by prefix, so their names are only known when the job runs."""
-    patterns = "|".join(f"{prefix}*" for prefix in ALLOWED_ENV_PREFIXES)
-    return [
-        f"{PREFIXED_ENV}=  # the allow-list's variables by prefix (envrl.runtime.process.ALLOWED_ENV_PREFIXES)",
-        f"for name in $(compgen -e); do case $name in {patterns}) {PREFIXED_ENV}+=,$name;; esac; done",
-    ]
-
-
-def export_option(passed: list[str]) -> str:
-    """srun's `--export` giving a step only the allow-list of `runtime.process.allowed_environ` plus
-    `passed`, with the values they have in the job (a variable not set stays unset). Names only:
-    srun reads the values from its own environment, so no value is a word of any command line
-    (another user reads those in /proc/<pid>/cmdline)."""
-    names = ",".join(sorted(ALLOWED_ENV | set(passed)))
-    return f'--export="{names}${{{PREFIXED_ENV}}}"'
-
-
-def srun_line(command: Command, host: int) -> str:
-    """One srun step starting `command` on host `host`, in the background, its output to its log.
-    A command with an allow-list (an env server) sees only that of the job's environment."""
-    step = ["srun", "--nodes=1", "--ntasks=1", "--overlap", f'--nodelist="${{HOST_{host}}}"']
-    step.append(f"--output={shlex.quote(str(command.log_file))}")
-    if command.allowed_env is not None:
-        step.append(export_option(command.allowed_env))
-    env = [f"{key}={shlex.quote(value)}" for key, value in command.env.items()]
-    return " ".join([*step, *(["env", *env] if env else []), *map(_word, command.argv), "&"])
-
-
 def _secret_line(name: str, make: str, what: str) -> str:
     """Export `name`, generated unless the job's environment has it: a value never on a command line."""
     return f'export {name}="${{{name}:-{make}}}"  # {what}'
+
+
+def host_step(python: str, stored: Path, host: int, hosts: str) -> str:
+    """The srun step running host `host`'s slice of the run under its supervisor (`launcher/host.py`)."""
+    step = ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--kill-on-bad-exit=0", f'--nodelist="${{HOST_{host}}}"']
+    slice_ = [python, "-m", "envrl.launcher.host", "--config", shlex.quote(str(stored)), "--hosts", f'"{hosts}"']
+    return " ".join([*step, *slice_, "--host", str(host), "&"])
 
 
 def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) -> str:
@@ -100,7 +65,7 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
     job = plan(rl, job_hosts(rl), machine)  # the script's commands; its first step plans the configs again
     python = shlex.quote(sys.executable)
     make_token = f'$({python} -c "import secrets; print(secrets.token_urlsafe(32))")'
-    host_list = ",".join(f"${{HOST_{i}}}" for i in range(slurm.nodes))
+    addresses = ",".join(job_hosts(rl))
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=envrl-{out.name}",
@@ -110,20 +75,24 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
         f"#SBATCH --output={layout.logs_dir(out).resolve()}/slurm-%j.out",
         *[f"#SBATCH {option}" for option in slurm.sbatch],
         "# Written by `rl --slurm` (envrl.launcher.slurm) from the run's resolved config; submit with sbatch.",
-        "# One srun step per process on its host; logs in the run's logs/. The run directory must be on a",
-        "# filesystem every host mounts at the same path (docs/scale.md).",
+        "# One srun step per host runs its slice of the run under envrl's supervisor (envrl.launcher.host);",
+        "# each process logs in the run's logs/. The run directory must be on a filesystem every host",
+        "# mounts at the same path (docs/scale.md).",
         "set -uo pipefail",
         f"cd {shlex.quote(os.getcwd())}",
         'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-        *[f"HOST_{i}=${{HOSTS[{i}]}}" for i in range(slurm.nodes)],
+        "# each node's address as SLURM knows it (NodeAddr): what the run's processes bind and dial",
+        "ADDRS=()",
+        'for host in "${HOSTS[@]}"; do',
+        '  ADDRS+=("$(scontrol show node "$host" -o | sed -n \'s/.* NodeAddr=\\([^ ]*\\).*/\\1/p\')")',
+        "done",
+        *[f"HOST_{i}=${{HOSTS[{i}]}} ADDR_{i}=${{ADDRS[{i}]}}" for i in range(slurm.nodes)],
         *[_secret_line(secret.name, make_token, secret.what) for secret in job.secrets],
-        *prefixed_env_lines(),
         "# each process's config for these hosts (and the env servers' CURVE keys)",
-        f'{python} -m envrl.launcher.slurm --config {shlex.quote(str(stored))} --hosts "{host_list}" || exit 2',
+        f'{python} -m envrl.launcher.slurm --config {shlex.quote(str(stored))} --hosts "{addresses}" || exit 2',
         "declare -A NAME",
         "FINISHING=()",
     ]
-    lines += [f"# host {i}: {', '.join(c.name for c in job.on_host(i))}" for i in range(len(job.hosts))]
     rotation = rl.log_rotation
     rotate = f"--logs-dir {shlex.quote(str(layout.logs_dir(out)))} --max-mb {rotation.max_mb:g} --keep {rotation.keep}"
     lines += [
@@ -131,13 +100,15 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
         f"{python} -m envrl.launcher.log_rotation {rotate} &",
         "NAME[$!]=log-rotation",
     ]
-    for i, command in job.start_order():
-        lines.append(srun_line(command, i))
-        lines.append(f"NAME[$!]={shlex.quote(command.name)}")
-        if command.name.startswith(FINISHING):
+    for i in range(len(job.hosts)):
+        names = [c.name for c in job.on_host(i)]
+        lines.append(f"# host {i}: {', '.join(names)}")
+        lines.append(host_step(python, stored, i, addresses))
+        lines.append(f'NAME[$!]="host {i} (${{HOST_{i}}}, ${{ADDR_{i}}})"')
+        if any(name.startswith(FINISHING) for name in names):
             lines.append("FINISHING+=($!)")
     lines += [
-        "# the run ends when the orchestrator and every trainer host are done, or at the first failure",
+        "# the run ends when every host with the trainer or the orchestrator is done, or at the first failure",
         "status=0",
         "while [ ${#FINISHING[@]} -gt 0 ]; do",
         "  code=0; wait -n -p pid || code=$?",
@@ -146,6 +117,8 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
         "  fi",
         '  FINISHING=("${FINISHING[@]/$pid}"); FINISHING=(${FINISHING[@]})',
         "done",
+        "# SIGTERM to every host's step: its supervisor stops what it started (SLURM kills what is left at the job's end)",
+        'scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null',
         "kill $(jobs -p) 2>/dev/null; wait",
         "exit $status",
         "",

@@ -66,9 +66,9 @@ def test_slurm_dry_run_prints_the_jobs_plan(capsys: pytest.CaptureFixture[str]) 
         main([*ONE_ENV, "--slurm", "--dry-run", "--slurm.env-node", "1", "--placement.inference.replicas", "2"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert "# host 0 (${HOST_0}): trainer, orchestrator\n" in out
-    assert "# host 1 (${HOST_1}): inference-0, inference-1, train env server 'reverse-text'\n" in out
-    assert 'address = "tcp://${HOST_1}:5000"' in out and 'host = "${HOST_0}"' in out
+    assert "# host 0 (${ADDR_0}): trainer, orchestrator\n" in out
+    assert "# host 1 (${ADDR_1}): inference-0, inference-1, train env server 'reverse-text'\n" in out
+    assert 'address = "tcp://${ADDR_1}:5000"' in out and 'host = "${ADDR_0}"' in out
 
 
 def dry_run_commands(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:

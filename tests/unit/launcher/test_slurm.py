@@ -24,24 +24,22 @@ def two_nodes(tmp_path: Path, *overrides: tuple[str, str]) -> RLConfig:
     return resolve_config(RLConfig, [TWO_NODES], overrides=base)
 
 
-def test_the_sbatch_script_starts_each_process_on_its_host(tmp_path: Path) -> None:
+def test_the_sbatch_script_runs_each_hosts_slice_under_its_supervisor(tmp_path: Path) -> None:
     script = sbatch_script(two_nodes(tmp_path), tmp_path / "rl.toml")
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=8\n" in script
     assert "#SBATCH --exclusive\n" in script
-    assert f'-m envrl.launcher.slurm --config {tmp_path / "rl.toml"} --hosts "${{HOST_0}},${{HOST_1}}"' in script
+    hosts = '--hosts "${ADDR_0},${ADDR_1}"'
+    assert f"-m envrl.launcher.slurm --config {tmp_path / 'rl.toml'} {hosts}" in script
     steps = [line for line in script.splitlines() if line.startswith("srun ")]
-    inference = [line for line in steps if "envrl.inference.main" in line]
-    assert [line.split(" env ")[1].split()[0] for line in inference] == [f"CUDA_VISIBLE_DEVICES={i}" for i in range(8)]
-    assert all('--nodelist="${HOST_1}"' in line for line in inference)
-    [env_server] = [line for line in steps if "envrl.serve.main" in line]
+    for i, step in enumerate(steps):
+        assert f'--nodelist="${{HOST_{i}}}"' in step and step.endswith(
+            f"-m envrl.launcher.host --config {tmp_path / 'rl.toml'} {hosts} --host {i} &"
+        )
+    assert len(steps) == 2
+    assert "# host 0: trainer, orchestrator\n" in script
     assert (
-        '--nodelist="${HOST_1}"' in env_server and " --export=" in env_server and "ENVRL_RELOAD_TOKEN" not in env_server
+        "# host 1: " + ", ".join([*(f"inference-{i}" for i in range(8)), "train env server 'reverse-text'"]) in script
     )
-    [trainer] = [line for line in steps if "envrl.trainer.main" in line]
-    assert '--nodelist="${HOST_0}"' in trainer and "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in trainer
-    assert "--nproc-per-node 8" in trainer
-    assert steps.index(trainer) > steps.index(env_server)  # servers first
-    assert '--nodelist="${HOST_0}"' in steps[-1] and "envrl.orchestrator.main" in steps[-1]
     assert f"-m envrl.launcher.log_rotation --logs-dir {tmp_path / 'run' / 'logs'} --max-mb 100 --keep 3 &" in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
@@ -101,23 +99,20 @@ def test_the_jobs_curve_secrets_are_readable_by_their_owner_only(tmp_path: Path)
 
 FAKE_SRUN = r"""#!/bin/bash
 # SLURM's srun, as far as these tests need: it records the words it got and the environment the
-# step would get (--export=NAME,...: those names plus SLURM_*; no --export: all), and runs nothing.
+# step gets (all of the job's: srun's default --export=ALL), and runs nothing.
 step=$(mktemp -p "$SRUN_LOG" step.XXXXXX)
 printf '%s\0' "$@" > "$step.argv"
-exported=ALL
-while [[ $1 == --* ]]; do case $1 in --export=*) exported=${1#--export=};; esac; shift; done
-if [[ $exported == ALL ]]; then env -0 > "$step.env"; else
-  IFS=, read -ra names <<< "$exported"
-  for name in $(compgen -e); do
-    [[ $name == SLURM_* || ,$exported, == *,$name,* ]] && printf '%s=%s\0' "$name" "${!name}"
-  done > "$step.env"
-fi
+env -0 > "$step.env"
+"""
+FAKE_SCONTROL = r"""#!/bin/bash
+# `scontrol show hostnames`, `scontrol show node NAME -o` of a job on gpu-a and gpu-b
+case $2 in hostnames) printf 'gpu-a\ngpu-b\n';; node) echo "NodeName=$3 Arch=x86_64 NodeAddr=addr-$3 NodeHostName=$3";; esac
 """
 
 
 def run_job_steps(tmp_path: Path, rl: RLConfig, environ: dict[str, str]) -> list[tuple[list[str], dict[str, str]]]:
-    """Run the job script of `rl` up to its wait loop with a stand-in srun (SLURM is not on this
-    box): each step's srun words and the environment the step would start with."""
+    """Run the job script of `rl` up to its wait loop with a stand-in srun and scontrol: each
+    step's srun words and the environment the step starts with."""
     script = write_sbatch(rl).read_text().split("# the run ends when")[0]
     # the job's log rotation runs until the job ends: stopped here, once it has started
     script += 'for pid in "${!NAME[@]}"; do [[ ${NAME[$pid]} == log-rotation ]] && kill $pid && wait $pid; done; wait\n'
@@ -125,7 +120,7 @@ def run_job_steps(tmp_path: Path, rl: RLConfig, environ: dict[str, str]) -> list
     bin_dir.mkdir()
     log.mkdir()
     (bin_dir / "srun").write_text(FAKE_SRUN)
-    (bin_dir / "scontrol").write_text("#!/bin/bash\nprintf 'gpu-a\\ngpu-b\\n'\n")
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
     for tool in ("srun", "scontrol"):
         (bin_dir / tool).chmod(0o755)
     base = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_NODELIST": "gpu-[a-b]"}
@@ -139,22 +134,15 @@ def run_job_steps(tmp_path: Path, rl: RLConfig, environ: dict[str, str]) -> list
     return steps
 
 
-def test_no_secret_is_a_word_of_any_job_step_and_env_servers_get_only_the_allow_list(tmp_path: Path) -> None:
+def test_no_secret_is_a_word_of_any_job_step_and_each_host_gets_the_jobs_secrets_and_addresses(tmp_path: Path) -> None:
     rl = two_nodes(tmp_path)
-    rl.orchestrator.envs[0].pass_env = ["MY_JUDGE_KEY"]
-    environ = {"MY_JUDGE_KEY": "judge-secret", "WANDB_API_KEY": "wandb-secret", "LC_TIME": "C"}
-    steps = run_job_steps(tmp_path, rl, environ)
-    assert len(steps) == 8 + 1 + 1 + 1  # inference replicas, env server, trainer, orchestrator
-    [(_, orchestrator)] = [(argv, env) for argv, env in steps if "envrl.orchestrator.main" in argv]
-    token, key = orchestrator["ENVRL_RELOAD_TOKEN"], orchestrator["ENVRL_INFERENCE_API_KEY"]
+    environ = {"WANDB_API_KEY": "wandb-secret"}
+    steps = sorted(run_job_steps(tmp_path, rl, environ), key=lambda step: step[0][-1])
+    assert [argv[-1] for argv, _ in steps] == ["0", "1"]  # one step per host
+    for argv, _ in steps:
+        assert argv[argv.index("--hosts") + 1] == "addr-gpu-a,addr-gpu-b"  # NodeAddr, not the node's name
+    token, key = steps[0][1]["ENVRL_RELOAD_TOKEN"], steps[0][1]["ENVRL_INFERENCE_API_KEY"]
     assert len(token) >= 32 and len(key) >= 32 and token != key  # generated by the job, one each
-    secrets = ["judge-secret", "wandb-secret", token, key]
+    assert all((env["ENVRL_RELOAD_TOKEN"], env["ENVRL_INFERENCE_API_KEY"]) == (token, key) for _, env in steps)
     for argv, _ in steps:  # what any user of the host reads in /proc/<srun's pid>/cmdline
-        assert not [secret for secret in secrets if any(secret in word for word in argv)], argv
-    [(_, server)] = [(argv, env) for argv, env in steps if "envrl.serve.main" in argv]
-    assert server["MY_JUDGE_KEY"] == "judge-secret" and server["ENVRL_INFERENCE_API_KEY"] == key
-    assert server["LC_TIME"] == "C" and server["HOME"] == str(tmp_path)  # by prefix; from the allow-list
-    assert "ENVRL_RELOAD_TOKEN" not in server and "WANDB_API_KEY" not in server
-    for argv, env in steps:
-        if "envrl.inference.main" in argv:
-            assert env["ENVRL_INFERENCE_API_KEY"] == key and env["ENVRL_RELOAD_TOKEN"] == token
+        assert not [secret for secret in ("wandb-secret", token, key) if any(secret in word for word in argv)], argv
