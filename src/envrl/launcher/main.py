@@ -102,11 +102,25 @@ def dry_run_text(rl: RLConfig, slurm: bool = False) -> str:
             f"# cpus: {pinned}",
             *[f"# secret to make: {secret.name} ({secret.what})" for secret in run.secrets],
             f"# secret to make: CURVE keys of the env servers and the orchestrator in {run.curve_dir}",
+            *[f"# binds {address} ({who})" for address, who in _binds(run, rl.slurm.rendezvous_port)],
             "# commands (variables: what differs from rl's environment)",
             *commands,
             "",
         ]
     )
+
+
+def _binds(run: RunPlan, rendezvous_port: int) -> list[tuple[str, str]]:
+    """(address, who) of every listener the run's processes open for the others (the inference
+    engine's own ports are on loopback)."""
+    spelled = {host.lower(): host for host in run.hosts}  # a URL's host comes back in lower case
+    binds = [(f"{spelled.get(host, host)}:{port}", who) for host, port, who in run.spawned_ports()]
+    weights = run.trainer.weights
+    if weights.transport == "memory":
+        binds.append((f"{weights.host}:<a port per policy>", "trainer rank 0: the memory transport's group"))
+    if run.commands.trainer_nodes:
+        binds.append((f"{run.hosts[0]}:{rendezvous_port}", "torchrun's rendezvous"))
+    return binds
 
 
 def _plan(rl: RLConfig, slurm: bool = False) -> RunPlan:
@@ -160,6 +174,7 @@ def run_training(argv: Sequence[str]) -> None:
             _check_devices(rl, visible_gpus(), vllm_is_cpu_build())
         run_dir.prepare(rl)
         if slurm:
+            run_dir.write_user_config(rl)  # for `rl --resume --slurm --output-dir DIR`
             print(write_sbatch(rl, Machine.here()))
             return
     except ConfigError as e:

@@ -117,9 +117,10 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
         "  fi",
         '  FINISHING=("${FINISHING[@]/$pid}"); FINISHING=(${FINISHING[@]})',
         "done",
-        "# SIGTERM to every host's step: its supervisor stops what it started (SLURM kills what is left at the job's end)",
+        "# SIGTERM to every host's step: its supervisor stops what it started within shutdown_grace_s",
         'scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null',
-        "kill $(jobs -p) 2>/dev/null; wait",
+        'for pid in "${!NAME[@]}"; do [[ ${NAME[$pid]} == log-rotation ]] && kill "$pid"; done',
+        "wait",
         "exit $status",
         "",
     ]

@@ -69,6 +69,7 @@ def test_slurm_dry_run_prints_the_jobs_plan(capsys: pytest.CaptureFixture[str]) 
     assert "# host 0 (${ADDR_0}): trainer, orchestrator\n" in out
     assert "# host 1 (${ADDR_1}): inference-0, inference-1, train env server 'reverse-text'\n" in out
     assert 'address = "tcp://${ADDR_1}:5000"' in out and 'host = "${ADDR_0}"' in out
+    assert "# binds ${ADDR_1}:5000 (train env 'reverse-text')\n" in out  # every listener, on its host's address
 
 
 def dry_run_commands(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:

@@ -1,0 +1,95 @@
+"""Submitting `rl --slurm` jobs to the box and looking into its hosts while they run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from scripts.slurm_box.box import environ
+from scripts.slurm_box.conf import Box
+from tests.support.chaos_runs import ROOT
+
+SLURM_SMOKE = ROOT / "configs" / "debug" / "slurm_smoke.toml"
+DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
+RUN_PROCESSES = ("envrl.", "VLLM", "vllm", "torchrun")
+"""What a process of a run (not SLURM's own) has in its command line or name."""
+
+
+def write_job(out: Path, *args: str, config: Path = SLURM_SMOKE) -> Path:
+    """`rl --config config --slurm` for a run in `out`; the batch script's path."""
+    argv = [sys.executable, "-m", "envrl.launcher.main", *(["--config", str(config)] if config else [])]
+    argv += ["--output-dir", str(out), "--no-report", *args, "--slurm"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def submit(box: Box, script: Path) -> int:
+    done = subprocess.run(["sbatch", "--parsable", str(script)], env=environ(box), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip().split(";")[0])
+
+
+def job_state(box: Box, job: int) -> str:
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "-o", str(job)], env=environ(box), capture_output=True, text=True
+    )
+    return shown.stdout.split("JobState=")[1].split()[0] if "JobState=" in shown.stdout else "GONE"
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float, job: tuple[Box, int] | None = None) -> None:
+    """Poll `check` until it holds; fail after `timeout` s, or at once when `job` ended first."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if job is not None and (state := job_state(*job)) in DONE:
+            raise AssertionError(f"job {job[1]} ended ({state}) before {what}")
+        assert time.monotonic() < deadline, f"not {what} after {timeout:g} s"
+        time.sleep(0.5)
+
+
+def wait_job(box: Box, job: int, timeout: float = 600) -> str:
+    """The job's final state."""
+    wait_until(f"job {job} done", lambda: job_state(box, job) in DONE, timeout)
+    return job_state(box, job)
+
+
+def host_pids(box: Box, host: int) -> list[int]:
+    """Every process in node `host`'s network namespace."""
+    listed = subprocess.run(["ip", "netns", "pids", box.netns(box.names[host])], capture_output=True, text=True)
+    return [int(pid) for pid in listed.stdout.split()]
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def run_pids(box: Box, host: int) -> list[int]:
+    """The run's processes on node `host` (not slurmd, slurmstepd or srun)."""
+    return [pid for pid in host_pids(box, host) if any(word in command_line(pid) for word in RUN_PROCESSES)]
+
+
+def pid_running(box: Box, host: int, needle: str) -> int | None:
+    """The oldest process on node `host` whose command line holds `needle`."""
+    found = [pid for pid in host_pids(box, host) if needle in command_line(pid)]
+    return min(found) if found else None
+
+
+def listeners(box: Box, host: int) -> list[tuple[str, int]]:
+    """(local address, pid) of every TCP listener in node `host`'s namespace."""
+    argv = ["nsenter", f"--net=/run/netns/{box.netns(box.names[host])}", "ss", "-ltnpH"]
+    lines = subprocess.run(argv, capture_output=True, text=True).stdout.splitlines()
+    return [(line.split()[3].rsplit(":", 1)[0], int(line.split("pid=")[1].split(",")[0])) for line in lines]
+
+
+def kill_in_host(box: Box, host: int, needle: str, sig: int) -> int:
+    pid = pid_running(box, host, needle)
+    assert pid is not None, f"no {needle!r} on {box.names[host]}"
+    os.kill(pid, sig)
+    return pid

@@ -1,0 +1,76 @@
+"""`rl --slurm` jobs under the box's SLURM: the smoke run over 3 hosts learns with each process
+on its host's own address, and every role heals on its host as under `rl`."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+from statistics import fmean
+
+from envrl.data.layout import published_steps, rollouts_root
+from scripts.slurm_box.conf import Box
+from tests.integration.slurm.jobs import (
+    command_line,
+    kill_in_host,
+    listeners,
+    run_pids,
+    submit,
+    wait_job,
+    wait_until,
+    write_job,
+)
+from tests.support.run_files import metric_lines
+
+INFERENCE, TRAIN_ENV = "envrl.inference.main", "envs/train/learnable.toml"
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def job_log(out: Path, job: int) -> str:
+    return (out / "logs" / f"slurm-{job}.out").read_text(errors="replace")
+
+
+def test_the_smoke_job_learns_on_three_hosts_each_process_on_its_own_address(cluster: Box, tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    job = submit(cluster, write_job(out))
+    wait_until("step 5 published", lambda: len(published_steps(rollouts_root(out))) > 5, 600, (cluster, job))
+    bound = {host: listeners(cluster, host) for host in range(cluster.nodes)}
+    assert wait_job(cluster, job) == "COMPLETED", job_log(out, job)[-3000:]
+
+    done = summary(out)
+    assert (done["status"], done["steps_done"]) == ("success", 40), done
+    rewards = [m["train/reward"] for m in metric_lines(out) if "train/reward" in m]
+    assert fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.3, rewards
+    log = job_log(out, job)
+    for host, name in enumerate(cluster.names):  # each host says which it is and what it runs
+        assert re.search(rf"host{host} host {host} \({name}, {re.escape(cluster.address(name))}\): ", log), log
+    assert f"--host {cluster.address('envrl-node2')} --port 8000" in (out / "logs" / "inference.log").read_text()
+    for host, found in bound.items():  # the run's listeners: the host's own address, or loopback
+        own = {cluster.address(cluster.names[host]), "127.0.0.1"}
+        ours = [(addr, command_line(pid)) for addr, pid in found if "slurm" not in command_line(pid)]
+        assert ours and all(addr in own for addr, _ in ours), (host, ours)
+    assert [run_pids(cluster, host) for host in range(cluster.nodes)] == [[], [], []], "left running after the job"
+
+
+def test_sigkilled_servers_on_other_hosts_come_back_and_the_job_finishes_every_step(
+    cluster: Box, tmp_path: Path
+) -> None:
+    out, steps = tmp_path / "heals", 12
+    heal = ["--trainer.weights.transport", "filesystem", "--restarts.max-restarts", "2", "--max-steps", str(steps)]
+    job = submit(cluster, write_job(out, *heal))
+    wait_until("step 3 published", lambda: len(published_steps(rollouts_root(out))) > 3, 600, (cluster, job))
+    kill_in_host(cluster, 2, INFERENCE, signal.SIGKILL)
+    kill_in_host(cluster, 1, TRAIN_ENV, signal.SIGKILL)
+    assert wait_job(cluster, job) == "COMPLETED", job_log(out, job)[-3000:]
+
+    done = summary(out)
+    assert (done["status"], done["steps_done"]) == ("success", steps), done
+    assert [m["step"] for m in metric_lines(out) if "trainer/loss" in m] == list(range(steps))
+    log = job_log(out, job)
+    for host, name in ((2, "inference"), (1, "train env server 'learnable'")):
+        assert re.search(rf"host{host} recovery: {re.escape(name)} was killed by SIGKILL; back after", log), log
+    assert [run_pids(cluster, host) for host in range(cluster.nodes)] == [[], [], []]
