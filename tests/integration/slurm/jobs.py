@@ -19,8 +19,9 @@ RUN_PROCESSES = ("envrl.", "VLLM", "vllm", "torchrun")
 """What a process of a run (not SLURM's own) has in its command line or name."""
 
 
-def write_job(out: Path, *args: str, config: Path = SLURM_SMOKE) -> Path:
-    """`rl --config config --slurm` for a run in `out`; the batch script's path."""
+def write_job(out: Path, *args: str, config: Path | None = SLURM_SMOKE) -> Path:
+    """`rl --config config --slurm` for a run in `out` (no `config`: the run's own, to resume it);
+    the batch script's path."""
     argv = [sys.executable, "-m", "envrl.launcher.main", *(["--config", str(config)] if config else [])]
     argv += ["--output-dir", str(out), "--no-report", *args, "--slurm"]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)

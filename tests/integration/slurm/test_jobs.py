@@ -1,15 +1,18 @@
 """`rl --slurm` jobs under the box's SLURM: the smoke run over 3 hosts learns with each process
-on its host's own address, and every role heals on its host as under `rl`."""
+on its host's own address; servers SIGKILLed on other hosts heal as under `rl`, scancel leaves
+nothing on any host and `rl --resume --slurm` finishes the run with every step trained once."""
 
 from __future__ import annotations
 
 import json
 import re
 import signal
+import subprocess
 from pathlib import Path
 from statistics import fmean
 
 from envrl.data.layout import published_steps, rollouts_root
+from scripts.slurm_box.box import environ
 from scripts.slurm_box.conf import Box
 from tests.integration.slurm.jobs import (
     command_line,
@@ -21,6 +24,7 @@ from tests.integration.slurm.jobs import (
     wait_until,
     write_job,
 )
+from tests.support.chaos_runs import check_unique_lines
 from tests.support.run_files import metric_lines
 
 INFERENCE, TRAIN_ENV = "envrl.inference.main", "envs/train/learnable.toml"
@@ -56,21 +60,33 @@ def test_the_smoke_job_learns_on_three_hosts_each_process_on_its_own_address(clu
     assert [run_pids(cluster, host) for host in range(cluster.nodes)] == [[], [], []], "left running after the job"
 
 
-def test_sigkilled_servers_on_other_hosts_come_back_and_the_job_finishes_every_step(
+def trained_steps(out: Path) -> list[int]:
+    return sorted(m["step"] for m in metric_lines(out) if m.get("process") == "trainer")
+
+
+def test_a_job_heals_servers_killed_on_other_hosts_scancel_leaves_nothing_and_resume_slurm_finishes(
     cluster: Box, tmp_path: Path
 ) -> None:
-    out, steps = tmp_path / "heals", 12
-    heal = ["--trainer.weights.transport", "filesystem", "--restarts.max-restarts", "2", "--max-steps", str(steps)]
-    job = submit(cluster, write_job(out, *heal))
+    out, total = tmp_path / "heals", 16
+    heal = ["--trainer.weights.transport", "filesystem", "--restarts.max-restarts", "2", "--trainer.ckpt.interval", "4"]
+    job = submit(cluster, write_job(out, *heal, "--max-steps", str(total)))
     wait_until("step 3 published", lambda: len(published_steps(rollouts_root(out))) > 3, 600, (cluster, job))
     kill_in_host(cluster, 2, INFERENCE, signal.SIGKILL)
     kill_in_host(cluster, 1, TRAIN_ENV, signal.SIGKILL)
-    assert wait_job(cluster, job) == "COMPLETED", job_log(out, job)[-3000:]
+    healed = [rf"host{host} recovery: {re.escape(name)} was killed by SIGKILL; back after"
+              for host, name in ((2, "inference"), (1, "train env server 'learnable'"))]  # fmt: skip
+    wait_until("both back", lambda: all(re.search(h, job_log(out, job)) for h in healed), 300, (cluster, job))
+    wait_until("step 10 published", lambda: len(published_steps(rollouts_root(out))) > 10, 300, (cluster, job))
+    subprocess.run(["scancel", str(job)], env=environ(cluster), check=True)
+    assert wait_job(cluster, job) == "CANCELLED"
+    wait_until("nothing of the run left", lambda: not any(run_pids(cluster, h) for h in range(cluster.nodes)), 60)
+    assert not subprocess.run(["pgrep", "-f", str(out)], capture_output=True).stdout, "a process of the run is left"
 
+    resumed = submit(cluster, write_job(out, "--resume", "--max-steps", str(total), config=None))
+    assert wait_job(cluster, resumed) == "COMPLETED", job_log(out, resumed)[-3000:]
     done = summary(out)
-    assert (done["status"], done["steps_done"]) == ("success", steps), done
-    assert [m["step"] for m in metric_lines(out) if "trainer/loss" in m] == list(range(steps))
-    log = job_log(out, job)
-    for host, name in ((2, "inference"), (1, "train env server 'learnable'")):
-        assert re.search(rf"host{host} recovery: {re.escape(name)} was killed by SIGKILL; back after", log), log
+    assert (done["status"], done["steps_done"]) == ("success", total), done
+    assert trained_steps(out) == list(range(total))  # every step trained once: nothing lost or repeated
+    assert [m["step"] for m in metric_lines(out) if "train/reward" in m] == list(range(total))
+    check_unique_lines(out)
     assert [run_pids(cluster, host) for host in range(cluster.nodes)] == [[], [], []]
