@@ -8,6 +8,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from statistics import fmean
 
@@ -24,7 +25,7 @@ from tests.integration.slurm.jobs import (
     wait_until,
     write_job,
 )
-from tests.support.chaos_runs import check_unique_lines
+from tests.support.chaos_runs import ROOT, check_unique_lines
 from tests.support.run_files import metric_lines
 
 INFERENCE, TRAIN_ENV = "envrl.inference.main", "envs/train/learnable.toml"
@@ -43,6 +44,9 @@ def test_the_smoke_job_learns_on_three_hosts_each_process_on_its_own_address(clu
     job = submit(cluster, write_job(out))
     wait_until("step 5 published", lambda: len(published_steps(rollouts_root(out))) > 5, 600, (cluster, job))
     bound = {host: listeners(cluster, host) for host in range(cluster.nodes)}
+    tried = intrude(
+        cluster, 0, f"http://{cluster.address('envrl-node2')}:8000", f"tcp://{cluster.address('envrl-node1')}:5000"
+    )
     assert wait_job(cluster, job) == "COMPLETED", job_log(out, job)[-3000:]
 
     done = summary(out)
@@ -58,6 +62,18 @@ def test_the_smoke_job_learns_on_three_hosts_each_process_on_its_own_address(clu
         ours = [(addr, command_line(pid)) for addr, pid in found if "slurm" not in command_line(pid)]
         assert ours and all(addr in own for addr, _ in ours), (host, ours)
     assert [run_pids(cluster, host) for host in range(cluster.nodes)] == [[], [], []], "left running after the job"
+    refused = {"models, no key": 401, "completions, no key": 401, "update, no token": 401, "update, guessed token": 401}
+    assert tried == {**refused, "env server answers": False}, tried  # another user on host 0 gets nothing
+
+
+def intrude(box: Box, host: int, inference: str, env: str) -> dict:
+    """What `nobody` on node `host` gets from the run's inference server and env server (intruder.py)."""
+    user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    argv = ["nsenter", f"--net=/run/netns/{box.netns(box.names[host])}", *user, sys.executable]
+    done = subprocess.run([*argv, "-m", "tests.integration.slurm.intruder", "--inference", inference, "--env", env],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def trained_steps(out: Path) -> list[int]:
