@@ -34,18 +34,10 @@ def trainer_times(out: Path) -> list[float]:
 
 
 def one_box(out: Path) -> float:
+    rl = [sys.executable, "-m", "envrl.launcher.main", "--config", str(CONFIG), "--output-dir", str(out)]
+    ports = ["--inference.port", str(free_port()), "--env-server-base-port", str(free_base_port())]  # a shared box
     start = time.time()
-    argv = [
-        sys.executable,
-        "-m",
-        "envrl.launcher.main",
-        "--config",
-        str(CONFIG),
-        "--output-dir",
-        str(out),
-        "--no-report",
-    ]
-    subprocess.run(argv, cwd=ROOT, check=True, capture_output=True)
+    subprocess.run([*rl, *ports, "--no-report"], cwd=ROOT, check=True, capture_output=True)
     return start
 
 
