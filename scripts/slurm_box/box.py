@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from scripts.slurm_box.conf import BRIDGE, CONTROLLER, MARKER, PREFIX, Box, slurm_conf
+from scripts.slurm_box.conf import BRIDGE, CONTROLLER, MARKER, PREFIX, Box, hosts_file, slurm_conf
 
 NEEDED = ("ip", "nsenter", "unshare", "hostname", "munged", "slurmctld", "slurmd", "sinfo", "scontrol")
 READY_TIMEOUT_S = 60.0
@@ -98,10 +98,12 @@ def make_network(box: Box) -> None:
 
 
 def in_host(box: Box, host: str, *argv: str) -> list[str]:
-    """`argv` run in `host`'s network namespace and a UTS namespace of its own named `host`
-    (nsenter, not `ip netns exec`, which remounts /sys)."""
-    script = 'hostname "$0" && exec "$@"'
-    return ["nsenter", f"--net=/run/netns/{box.netns(host)}", "unshare", "--uts", "sh", "-c", script, host, *argv]
+    """`argv` run in `host`'s network namespace, a UTS namespace of its own named `host`, and a
+    mount namespace of its own where /etc/hosts names every host of the box (nsenter, not `ip
+    netns exec`, which remounts /sys)."""
+    script = 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"'
+    enter = ["nsenter", f"--net=/run/netns/{box.netns(host)}", "unshare", "--uts", "--mount", "--propagation=private"]
+    return [*enter, "sh", "-c", script, host, str(box.hosts_file), *argv]
 
 
 def start_daemons(box: Box) -> None:
@@ -145,6 +147,7 @@ def up(box: Box) -> None:
     box.root.chmod(0o755)
     (box.root / MARKER).write_text("made by python -m scripts.slurm_box up; `down` removes this directory\n")
     box.conf.write_text(slurm_conf(box, os.cpu_count() or 1))
+    box.hosts_file.write_text(hosts_file(box))
     try:
         make_network(box)
         start_daemons(box)

@@ -70,6 +70,11 @@ class Box:
     def munge_socket(self) -> Path:
         return self.root / "munge" / "munge.socket"
 
+    @property
+    def hosts_file(self) -> Path:
+        """The /etc/hosts every host of the box sees (its own mount namespace binds it there)."""
+        return self.root / "hosts"
+
     def pid_file(self, daemon: str) -> Path:
         """The pid file of `munged`, `slurmctld` or a node's `slurmd` (`slurmd-envrl-node0`)."""
         return self.root / "run" / f"{daemon}.pid"
@@ -114,3 +119,10 @@ def slurm_conf(box: Box, cpus: int) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def hosts_file(box: Box) -> str:
+    """/etc/hosts of the box's hosts: loopback, the box itself, and every host by name, as a
+    cluster's DNS names its nodes."""
+    lines = ["127.0.0.1 localhost", f"{box.gateway} envrl-box", *(f"{box.address(h)} {h}" for h in box.hosts)]
+    return "\n".join(lines) + "\n"

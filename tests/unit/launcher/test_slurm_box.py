@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.slurm_box.conf import CONTROLLER, MAX_NODES, Box, slurm_conf
+from scripts.slurm_box.conf import CONTROLLER, MAX_NODES, Box, hosts_file, slurm_conf
 
 
 def conf_keys(text: str) -> dict[str, str]:
@@ -42,3 +42,9 @@ def test_every_host_has_its_own_address_namespace_and_a_link_name_linux_accepts(
 def test_a_box_that_cannot_be_says_which_option_is_wrong(nodes: int, subnet: str, said: str) -> None:
     with pytest.raises(ValueError, match=said):
         Box(nodes=nodes, subnet=subnet)
+
+
+def test_every_host_resolves_every_other_by_name() -> None:
+    box = Box(nodes=2)
+    names = {line.split()[1]: line.split()[0] for line in hosts_file(box).splitlines()}
+    assert names == {"localhost": "127.0.0.1", "envrl-box": box.gateway} | {h: box.address(h) for h in box.hosts}
