@@ -1,5 +1,5 @@
 """`rl --slurm` jobs under the box's SLURM: the smoke run over 3 hosts learns with each process
-on its host's own address; servers SIGKILLed on other hosts heal as under `rl`, scancel leaves
+on its host's own address, and `nobody` on another host gets nothing from its servers; servers SIGKILLed on other hosts heal as under `rl`, scancel leaves
 nothing on any host and `rl --resume --slurm` finishes the run with every step trained once."""
 
 from __future__ import annotations
