@@ -27,6 +27,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from envrl.config import BaseConfig, ConfigError, ModelConfig, config_to_toml, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.data.private_dir import own_output_dir
+from envrl.data.rollout_lines import append_lines, parse_trace_line, trace_line
 from envrl.data.traces import Trace
 from envrl.envclient.config import EnvConfig, EvalScoringConfig, check_pass_at
 from envrl.envclient.curve import sidecar_keys
@@ -36,7 +37,6 @@ from envrl.envclient.plan import PlannedEnv, describe, plan_env
 from envrl.envclient.sidecars import Sidecars
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import ClientConfig, EvalClientConfig, SamplingParams, TrainClientConfig
-from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
 from envrl.runtime.atomic import atomic_write_text
 from envrl.runtime.lifeline import die_with_parent
 from envrl.runtime.process import ChildFailed, RestartPolicy

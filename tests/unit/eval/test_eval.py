@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from envrl.config import load_config, resolve_config
+from envrl.data.rollout_lines import parse_trace_line, trace_line
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Error, Trace, WireTask
 from envrl.envclient.curve import sidecar_keys
@@ -28,7 +29,6 @@ from envrl.eval.main import main as eval_main
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.jsonl import parse_trace_line, trace_line
 from envrl.orchestrator.plan import env_plan as orchestrator_env_plan
 from envrl.telemetry.progress import CLEAR_LINE, LiveLines
 
