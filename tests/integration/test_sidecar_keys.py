@@ -18,6 +18,7 @@ import zmq.auth
 
 from envrl.config import load_config, resolve_config
 from envrl.data.layout import curve_dir, env_server_process, process_config_file
+from envrl.envclient.client import EnvClient, EnvServerError
 from envrl.envclient.config import EnvConfig
 from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.handles import EnvHandle
@@ -29,7 +30,6 @@ from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.orchestrator.plan import env_plan
 from envrl.runtime.process import RestartPolicy
-from envrl.serve.client import EnvClient, EnvServerError
 from envrl.serve.config import CurveClientConfig, PoolConfig
 from tests.support.env_servers import children, cmdline
 

@@ -24,11 +24,11 @@ from loguru import logger
 
 from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
+from envrl.envclient.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.envclient.config import DeclaredEnvConfig, EnvConfig
 from envrl.envclient.plan import plan_env
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
-from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.launch import EnvServerLaunch
 from envrl.serve.protocol import ClientInfo, ServerInfo
 
