@@ -24,7 +24,7 @@ import httpx
 from loguru import logger
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from envrl.config import BaseConfig, ConfigError, ModelConfig, config_to_toml, load_config
+from envrl.config import BaseConfig, ConfigError, ModelConfig, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.data.private_dir import own_output_dir
 from envrl.data.rollout_lines import append_lines, parse_trace_line, trace_line
@@ -33,7 +33,7 @@ from envrl.envclient.config import EnvConfig, EvalScoringConfig, check_pass_at
 from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.eval_grid import EvalGrid, Pair, Unit, run_grids
 from envrl.envclient.handles import EnvHandle
-from envrl.envclient.plan import PlannedEnv, describe, plan_env
+from envrl.envclient.plan import PlannedEnv, dry_run_text, env_plan
 from envrl.envclient.sidecars import Sidecars
 from envrl.eval.progress import EvalProgress
 from envrl.model.client import ClientConfig, EvalClientConfig, SamplingParams, TrainClientConfig
@@ -140,20 +140,15 @@ class EvalCommandConfig(BaseConfig):
         return eval_results_file(self.output_dir, env_name)
 
 
-def env_plan(config: EvalCommandConfig) -> list[PlannedEnv[EvalCommandEnvConfig]]:
-    """Each env of `rl eval`: its rollouts on its own `client` if it has one, else on
-    `config.client` (the orchestrator's rule), at its `address` or on a server it spawns that
-    admits only `eval`'s CURVE key (made by `Sidecars` in `<output_dir>/curve/`); planned by the
-    code `rl` and the orchestrator use (`envclient/plan.py`); pure."""
-    keys = sidecar_keys(config.output_dir)
-    return [plan_env(env, "eval", config.client, config.restarts, curve=keys) for env in config.env]
+def eval_envs(config: EvalCommandConfig) -> list[PlannedEnv[EvalCommandEnvConfig]]:
+    """Each env of `rl eval` (`env_plan`, as `rl` and the orchestrator plan theirs): its rollouts on
+    its own `client` if it has one, else on `config.client`, at its `address` or on a server it
+    spawns that admits only `eval`'s CURVE key (made by `Sidecars` in `<output_dir>/curve/`)."""
+    return env_plan((), config.env, config.client, config.restarts, curve=sidecar_keys(config.output_dir))
 
 
-def dry_run_text(config: EvalCommandConfig) -> str:
-    """What `rl eval --dry-run` prints: the resolved config, then each env's server."""
-    return "\n".join(
-        ["# eval", config_to_toml(config).rstrip("\n"), *describe(env_plan(config), config.output_dir), ""]
-    )
+def _dry_run_text(config: EvalCommandConfig) -> str:
+    return dry_run_text("eval", config, eval_envs(config), config.output_dir)
 
 
 class Evaluation:
@@ -176,7 +171,7 @@ class Evaluation:
                 sidecars=self.sidecars,
                 server=planned.server,
             )
-            for planned in env_plan(config)
+            for planned in eval_envs(config)
         ]
         self.error_causes: Counter[str] = Counter()
         """Failed rollouts by their error's type and first line, over every env (filled by `finish`)."""
@@ -365,7 +360,7 @@ async def _run(config: EvalCommandConfig, lines: LiveLines) -> tuple[dict[str, d
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = load_config(EvalCommandConfig, argv, prog="rl eval", dry_run=dry_run_text)
+    config = load_config(EvalCommandConfig, argv, prog="rl eval", dry_run=_dry_run_text)
     try:
         own_output_dir(config.output_dir)  # made 0700 (before its logs): what the model wrote is nobody else's
     except ConfigError as e:

@@ -35,6 +35,7 @@ from envrl.data import layout
 from envrl.data.traces import Split
 from envrl.envclient.config import EnvConfig
 from envrl.envclient.curve import curve_keys
+from envrl.envclient.plan import env_plan
 from envrl.inference.config import InferenceConfig
 from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, SHARED_KEYS, RLConfig, set_by_user
 from envrl.launcher.plan.checks import check_lengths, check_no_shared_port, external_ports, off_policy_problem
@@ -51,7 +52,6 @@ from envrl.launcher.plan.replicas import replica_configs, replica_name
 from envrl.launcher.plan.teacher import plan_teacher
 from envrl.launcher.run_keys import Secret
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.plan import env_plan
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.process import RestartPolicy
 from envrl.runtime.secrets import API_KEY_ENV
@@ -293,7 +293,7 @@ def _env_servers(
     rl: RLConfig, orchestrator: OrchestratorConfig, where: _Hosts
 ) -> tuple[OrchestratorConfig, list[EnvServerLaunch]]:
     """The env servers `rl` starts on the env host, as the orchestrator's own plan of its envs
-    (`orchestrator/plan.py`) places them on the run's ports behind the run's CURVE keys, and the
+    (`envclient/plan.py`) places them on the run's ports behind the run's CURVE keys, and the
     orchestrator pointed at them: every env it runs then has an address, so it spawns none."""
     keys = curve_keys(layout.curve_dir(rl.output_dir))
     urls = orchestrator.inference.base_urls
@@ -303,7 +303,8 @@ def _env_servers(
     def address(split: Split, i: int) -> str:  # train env i: base + i; eval table i: base + EVAL_PORT_OFFSET + i
         return f"tcp://{host}:{base + (EVAL_PORT_OFFSET if split == 'eval' else 0) + i}"
 
-    planned = env_plan(served, address=address, curve=keys)
+    client = served.train_client()
+    planned = env_plan(served.train_envs, served.eval_envs(), client, served.restarts, curve=keys, address=address)
     trained = {env.name: env.env for env in planned if env.split == "train"}
     declared = [
         trained.get(env.resolved_name)
