@@ -161,18 +161,7 @@ class Evaluation:
         """Where progress goes (stderr by default)."""
         self.sidecars = Sidecars(config.output_dir, config.restarts, ready_timeout=config.env_ready_timeout_s)
         """The env servers `eval` spawns (envs without `address`), supervised as `rl` supervises its own."""
-        self.envs = [
-            EnvHandle(
-                planned.env,
-                split=planned.split,
-                client=planned.client,
-                sampling=config.sampling,
-                ready_timeout=config.env_ready_timeout_s,
-                sidecars=self.sidecars,
-                server=planned.server,
-            )
-            for planned in eval_envs(config)
-        ]
+        self.envs = [EnvHandle.of(planned, self.sidecars, config.sampling) for planned in eval_envs(config)]
         self.error_causes: Counter[str] = Counter()
         """Failed rollouts by their error's type and first line, over every env (filled by `finish`)."""
 

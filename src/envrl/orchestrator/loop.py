@@ -25,7 +25,7 @@ from loguru import logger
 
 from envrl.data.layout import metrics_file, rollouts_root
 from envrl.envclient.curve import sidecar_keys
-from envrl.envclient.handles import C, EnvHandle, TrainEnvs
+from envrl.envclient.handles import EnvHandle, TrainEnvs
 from envrl.envclient.plan import PlannedEnv, env_plan
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import ClientConfig
@@ -90,10 +90,12 @@ class Orchestrator:
         self.batches: BatchSender = FileBatchSender(self.output_dir)
         self.sidecars = Sidecars(self.output_dir, config.restarts, ready_timeout=config.env_ready_timeout_s)
         planned = orchestrator_envs(config) if envs is None else envs
-        train = [self._env(env) for env in planned if env.split == "train"]
+        train = [
+            EnvHandle.of(env, self.sidecars, config.sampling, self.counters) for env in planned if env.split == "train"
+        ]
         self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
         self.evals = TrainEvals(
-            [self._env(env) for env in planned if env.split == "eval"],
+            [EnvHandle.of(env, self.sidecars, config.sampling) for env in planned if env.split == "eval"],
             config.eval,
             seed=config.seed,
             max_inflight=config.inflight_limit,
@@ -154,19 +156,6 @@ class Orchestrator:
         finally:
             self.watchdog.stop()
             await self.close()
-
-    def _env(self, planned: PlannedEnv[C]) -> EnvHandle[C]:
-        """A planned env's handle: its client, its server external or a sidecar (`envclient/plan.py`)."""
-        return EnvHandle(
-            planned.env,
-            split=planned.split,
-            client=planned.client,
-            sampling=self.config.sampling,
-            ready_timeout=self.config.env_ready_timeout_s,
-            sidecars=self.sidecars,
-            server=planned.server,
-            counters=self.counters if planned.split == "train" else Counter(),
-        )
 
     @property
     def _envs(self) -> list[EnvHandle]:
