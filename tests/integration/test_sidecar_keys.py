@@ -24,7 +24,8 @@ from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.handles import EnvHandle
 from envrl.envclient.plan import plan_env
 from envrl.envclient.sidecars import Sidecars
-from envrl.eval.main import EvalCommandConfig, Evaluation
+from envrl.eval.config import EvalCommandConfig
+from envrl.eval.runner import Evaluation
 from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator, orchestrator_envs

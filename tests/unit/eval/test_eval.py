@@ -17,16 +17,12 @@ from envrl.data.traces import Error, Trace, WireTask
 from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.eval_grid import EvalGrid, run_grids
 from envrl.envclient.plan import SIDECAR_ADDRESS
-from envrl.eval.main import (
-    EvalCommandConfig,
-    EvalCommandEnvConfig,
-    EvalInputError,
-    Evaluation,
-    eval_envs,
-    format_summary,
-)
+from envrl.eval.config import EvalCommandConfig, EvalCommandEnvConfig, EvalInputError, eval_envs
 from envrl.eval.main import main as eval_main
 from envrl.eval.progress import EvalProgress
+from envrl.eval.resume import check_earlier_results
+from envrl.eval.runner import Evaluation
+from envrl.eval.summary import format_summary
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import orchestrator_envs
@@ -172,7 +168,7 @@ def test_earlier_results_without_resume_are_refused(tmp_path: Path) -> None:
     c = config(tmp_path, "--env.id", "e")
     write_results(c.results_file("e"), "e", [(0, good(0))])
     with pytest.raises(EvalInputError, match=f"--resume {tmp_path}"):
-        Evaluation(c).check_earlier_results()
+        check_earlier_results(c, ["e"])
 
 
 class Gauge:
