@@ -42,11 +42,11 @@ from envrl.launcher.plan.checks import check_lengths, check_no_shared_port, exte
 from envrl.launcher.plan.commands import (
     TORCHRUN_RANK_ENV,
     Command,
-    LaunchPlan,
+    RunCommands,
     process_command,
     trainer_argv,
 )
-from envrl.launcher.plan.cpus import CpuPlan, plan_cpus, trainer_env, usable_cores, vllm_is_cpu_build
+from envrl.launcher.plan.cpus import CoreSplit, split_cores, trainer_env, usable_cores, vllm_is_cpu_build
 from envrl.launcher.plan.placement import Placement, place, visible_gpus
 from envrl.launcher.plan.replicas import replica_configs, replica_name
 from envrl.launcher.plan.teacher import plan_teacher
@@ -106,11 +106,11 @@ class RunPlan:
     """The distillation teacher's server `rl` starts (`orchestrator.distill.teacher_weights`), or None."""
     env_servers: list[EnvServerLaunch]
     """The env servers `rl` starts: train envs, then eval tables, each without an `address`."""
-    commands: LaunchPlan
+    commands: RunCommands
     host_of: dict[str, int]
     """The index in `hosts` of each command, by command name."""
     placement: Placement
-    cpus: CpuPlan | None
+    cpus: CoreSplit | None
     secrets: list[Secret]
     """Environment secrets the launcher makes before it starts anything (`run_keys.make_secrets`)."""
     curve_dir: Path
@@ -202,7 +202,7 @@ def plan(rl: RLConfig, hosts: Sequence[str] | None = None, machine: Machine | No
     teacher_host = where.names[where.teacher] if where.job else base.host
     neighbours = [role for role in ("trainer", "inference") if frozenset((role, "teacher")) not in where.apart]
     orchestrator, teacher = plan_teacher(orchestrator, base, teacher_host, placement, neighbours, where.job)
-    cpus = None if where.job else plan_cpus(rl.cpus, set(machine.cores), machine.cpu_vllm)
+    cpus = None if where.job else split_cores(rl.cpus, set(machine.cores), machine.cpu_vllm)
     commands, host_of = _commands(rl, replicas, teacher, servers, where, placement, cpus, machine)
     warnings = []
     if problem := off_policy_problem(rl.max_async_level, trainer.loss.clip, trainer.loss.ratio_mask):
@@ -334,9 +334,9 @@ def _commands(
     servers: list[EnvServerLaunch],
     where: _Hosts,
     placement: Placement,
-    cpus: CpuPlan | None,
+    cpus: CoreSplit | None,
     machine: Machine,
-) -> tuple[LaunchPlan, dict[str, int]]:
+) -> tuple[RunCommands, dict[str, int]]:
     """Each process's command with its devices and cores in its environment, and its host."""
     python, out = sys.executable, rl.output_dir
     token, key = rl.inference.reload.token_env, API_KEY_ENV
@@ -372,7 +372,7 @@ def _commands(
     host_of[orchestrator.name] = 0
     if teacher_command is not None:
         host_of[teacher_command.name] = where.teacher
-    launch = LaunchPlan(
+    launch = RunCommands(
         inference=inference, teacher=teacher_command, env_servers=env_servers, trainer=trainers[0], trainer_nodes=trainers[1:],
         orchestrator=orchestrator,
     )  # fmt: skip
@@ -380,7 +380,7 @@ def _commands(
 
 
 def _trainer_commands(
-    rl: RLConfig, where: _Hosts, placement: Placement, cpus: CpuPlan | None, machine: Machine
+    rl: RLConfig, where: _Hosts, placement: Placement, cpus: CoreSplit | None, machine: Machine
 ) -> list[Command]:
     """The trainer's command on each of its hosts (rank 0's host first: the rendezvous)."""
     ranks, nodes, out = placement.trainer_ranks, len(where.trainer), rl.output_dir
