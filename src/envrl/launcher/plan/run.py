@@ -36,7 +36,7 @@ from envrl.data.traces import Split
 from envrl.envclient.config import EnvConfig
 from envrl.envclient.curve import curve_keys
 from envrl.envclient.plan import env_plan
-from envrl.inference.config import InferenceConfig
+from envrl.inference.config import InferenceConfig, lora_serving_options
 from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, SHARED_KEYS, RLConfig, set_by_user
 from envrl.launcher.plan.checks import check_lengths, check_no_shared_port, external_ports, off_policy_problem
 from envrl.launcher.plan.commands import (
@@ -237,9 +237,6 @@ def _sections(rl: RLConfig, head: str) -> tuple[TrainerConfig, OrchestratorConfi
     weights = trainer.weights.model_copy(update={"host": head})
     trainer = trainer.model_copy(update={"resume": rl.resume, "weights": weights})
     if trainer.lora is not None:  # the server hot-loads each step's adapter (inference.vllm wins)
-        # imported here: the module imports torch (~2 s), which only a LoRA run's plan needs
-        from envrl.inference.adapter import lora_serving_options
-
         inference = inference.model_copy(update={"vllm": {**lora_serving_options(trainer.lora.rank), **inference.vllm}})
     derived = {
         "resume": rl.resume,
