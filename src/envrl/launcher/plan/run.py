@@ -25,19 +25,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
 from envrl.config import ConfigError
 from envrl.data import layout
-from envrl.data.traces import Split
-from envrl.envclient.config import EnvConfig
-from envrl.envclient.curve import curve_keys
-from envrl.envclient.plan import env_plan
 from envrl.inference.config import InferenceConfig, lora_serving_options
-from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, SHARED_KEYS, RLConfig, set_by_user
+from envrl.launcher.config import SET_BY_RL, SHARED_KEYS, RLConfig, set_by_user
 from envrl.launcher.plan.checks import check_lengths, check_no_shared_port, external_ports, off_policy_problem
 from envrl.launcher.plan.commands import (
     TORCHRUN_RANK_ENV,
@@ -47,6 +42,7 @@ from envrl.launcher.plan.commands import (
     trainer_argv,
 )
 from envrl.launcher.plan.cpus import CoreSplit, split_cores, trainer_env, usable_cores, vllm_is_cpu_build
+from envrl.launcher.plan.env_servers import env_servers
 from envrl.launcher.plan.placement import Placement, place, visible_gpus
 from envrl.launcher.plan.replicas import replica_configs, replica_name
 from envrl.launcher.plan.teacher import plan_teacher
@@ -59,7 +55,6 @@ from envrl.serve.launch import EnvServerLaunch
 from envrl.trainer.config import TrainerConfig
 from envrl.transport.config import MEMORY_WITH_RESTARTS
 
-E = TypeVar("E", bound=EnvConfig)
 LOCAL_HOST = "127.0.0.1"
 """The one host of a run on this machine: its env servers and trainer rank 0 listen there."""
 TEACHER = "teacher"
@@ -195,7 +190,7 @@ def plan(rl: RLConfig, hosts: Sequence[str] | None = None, machine: Machine | No
     trainer, orchestrator, inference = _sections(rl, where.head)
     replicas = _replicas(rl, inference, where)
     urls = [config.base_url for config in replicas.values()]
-    orchestrator, servers = _env_servers(rl, _with_inference(orchestrator, inference, urls), where)
+    orchestrator, servers = env_servers(rl, _with_inference(orchestrator, inference, urls), where.names[where.env])
     placement = place(rl.placement, inference.vllm, None if where.job else machine.visible_gpus, where.apart)
     base = _shared(rl, "inference")  # the run's options before _sections added the policy's LoRA serving
     assert isinstance(base, InferenceConfig)
@@ -284,44 +279,6 @@ def _with_inference(
         }
     )
     return orchestrator.model_copy(update={"inference": client})
-
-
-def _env_servers(
-    rl: RLConfig, orchestrator: OrchestratorConfig, where: _Hosts
-) -> tuple[OrchestratorConfig, list[EnvServerLaunch]]:
-    """The env servers `rl` starts on the env host, as the orchestrator's own plan of its envs
-    (`envclient/plan.py`) places them on the run's ports behind the run's CURVE keys, and the
-    orchestrator pointed at them: every env it runs then has an address, so it spawns none."""
-    keys = curve_keys(layout.curve_dir(rl.output_dir))
-    urls = orchestrator.inference.base_urls
-    served = orchestrator.model_copy(update={"envs": [_with_run_key(env, urls) for env in orchestrator.envs]})
-    host, base = where.names[where.env], rl.env_server_base_port
-
-    def address(split: Split, i: int) -> str:  # train env i: base + i; eval table i: base + EVAL_PORT_OFFSET + i
-        return f"tcp://{host}:{base + (EVAL_PORT_OFFSET if split == 'eval' else 0) + i}"
-
-    client = served.train_client()
-    planned = env_plan(served.train_envs, served.eval_envs(), client, served.restarts, curve=keys, address=address)
-    trained = {env.name: env.env for env in planned if env.split == "train"}
-    declared = [
-        trained.get(env.resolved_name)
-        or (env if env.address is not None else env.model_copy(update={"curve": keys[1]}))  # an eval-only env
-        for env in served.envs
-    ]
-    addresses = {env.name: env.env.address for env in planned if env.split == "eval" and env.server is not None}
-    evals = served.eval.model_copy(update={"addresses": addresses})
-    servers = [env.server for env in planned if env.server is not None]
-    return served.model_copy(update={"envs": declared, "eval": evals}), servers
-
-
-def _with_run_key(env: E, urls: list[str]) -> E:
-    """`env` with its chat client sending the run's API key when it calls the run's inference (`rl`
-    makes one per run), unless it names a key variable itself."""
-    client = env.client
-    run_netlocs = {urlsplit(url).netloc for url in urls}
-    if client is None or client.api_key_env is not None or urlsplit(client.base_url).netloc not in run_netlocs:
-        return env
-    return env.model_copy(update={"client": client.model_copy(update={"api_key_env": API_KEY_ENV})})
 
 
 def _commands(
