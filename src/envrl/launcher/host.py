@@ -23,10 +23,10 @@ from loguru import logger
 from envrl.config import ConfigError, resolve_config
 from envrl.data import layout
 from envrl.launcher import recovery, summary
-from envrl.launcher.commands import Command
 from envrl.launcher.config import RLConfig
-from envrl.launcher.cpus import pin
-from envrl.launcher.plan import TEACHER, Machine, RunPlan, plan
+from envrl.launcher.plan.commands import Command
+from envrl.launcher.plan.cpus import pin
+from envrl.launcher.plan.run import TEACHER, Machine, RunPlan, plan
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.run_keys import make_secrets
 from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn

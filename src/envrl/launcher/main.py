@@ -32,11 +32,11 @@ from envrl.envclient.curve import make_curve_keys
 from envrl.launcher import preflight, run_dir, summary
 from envrl.launcher.completed import completed_run
 from envrl.launcher.config import RLConfig
-from envrl.launcher.cpus import vllm_is_cpu_build
 from envrl.launcher.host import start as start_slice
 from envrl.launcher.log_rotation import LogRotator
-from envrl.launcher.placement import visible_gpus
-from envrl.launcher.plan import Machine, RunPlan, plan
+from envrl.launcher.plan.cpus import vllm_is_cpu_build
+from envrl.launcher.plan.placement import visible_gpus
+from envrl.launcher.plan.run import Machine, RunPlan, plan
 from envrl.launcher.run_keys import make_secrets
 from envrl.launcher.slurm import job_hosts, write_sbatch
 from envrl.runtime.net import port_is_free
