@@ -82,11 +82,11 @@ def pid_running(box: Box, host: int, needle: str) -> int | None:
     return min(found) if found else None
 
 
-def listeners(box: Box, host: int) -> list[tuple[str, int]]:
-    """(local address, pid) of every TCP listener in node `host`'s namespace."""
+def listeners(box: Box, host: int) -> list[tuple[str, str]]:
+    """(local address, process name) of every TCP listener in node `host`'s namespace."""
     argv = ["nsenter", f"--net=/run/netns/{box.netns(box.names[host])}", "ss", "-ltnpH"]
     lines = subprocess.run(argv, capture_output=True, text=True).stdout.splitlines()
-    return [(line.split()[3].rsplit(":", 1)[0], int(line.split("pid=")[1].split(",")[0])) for line in lines]
+    return [(line.split()[3].rsplit(":", 1)[0], line.split('users:(("')[1].split('"')[0]) for line in lines]
 
 
 def kill_in_host(box: Box, host: int, needle: str, sig: int) -> int:
