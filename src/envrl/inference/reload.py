@@ -51,6 +51,7 @@ from envrl.inference.adapter import PolicyAdapter, check_adapter
 from envrl.inference.config import ReloadConfig
 from envrl.inference.guard import guard
 from envrl.inference.warmup import WARMUP_ENV, warm_up
+from envrl.transport.digest import check_files_digest
 from envrl.transport.files import Shapes, WeightsError, check_shapes, read_shapes, reload_files
 from envrl.transport.memory import Joined, TransferSecret, check_receivable, join_sender, receive_policy
 from envrl.transport.rendezvous import RendezvousError
@@ -223,6 +224,7 @@ class WeightReloadPlugin:
         match source:
             case FileWeights():
                 check_shapes(source.shapes, self._served, str(source.path))
+                check_files_digest(source.path)
             case AdapterWeights() if self._adapter is None:
                 raise WeightsError(
                     f"{source.path} holds a LoRA adapter, but this server was started without LoRA; start it with "

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from envrl.transport.digest import PolicyDigest
+from envrl.transport.files import WeightsError
 from envrl.transport.rendezvous import RendezvousStore
 from envrl.transport.transfer_files import TensorLayout
 
@@ -102,6 +104,7 @@ def receive_gloo(group: dist.ProcessGroupGloo, info: TensorLayout) -> Iterator[l
         return buffer, broadcast_gloo(group, buffer)
 
     pending = post(buckets[0]) if buckets else None
+    digest = PolicyDigest()
     for n, bucket in enumerate(buckets):
         assert pending is not None
         buffer, work = pending
@@ -112,8 +115,15 @@ def receive_gloo(group: dist.ProcessGroupGloo, info: TensorLayout) -> Iterator[l
             size = tensor_bytes(info.dtype_names[i], info.shapes[i])
             dtype = getattr(torch, info.dtype_names[i])
             out.append((info.names[i], buffer[offset : offset + size].view(dtype).reshape(info.shapes[i])))
+            if info.digest is not None:
+                digest.add_bytes(info.names[i], info.dtype_names[i], info.shapes[i], buffer[offset : offset + size])
             offset += size
         yield out
+    if info.digest is not None and digest.hexdigest() != info.digest:
+        raise WeightsError(
+            f"the policy received in memory is not what the trainer sent: its {len(info.names)} tensors hash to "
+            f"{digest.hexdigest()[:16]}..., the sender's digest is {info.digest[:16]}..."
+        )
 
 
 def nccl_unique_id() -> str:

@@ -2,7 +2,7 @@
 and reloads them.
 
 Guarantee: `write_policy` makes `weights/step_<k>/` appear only complete (temp dir, fsync,
-rename) holding HF safetensors with exactly the tensor names of the base checkpoint (tied
+rename) holding its digest (envrl.transport.digest) and HF safetensors with exactly the tensor names of the base checkpoint (tied
 weights once, as HF saves them), its config and its tokenizer, in the base checkpoint's dtype
 (`export_dtype`), so both `AutoModelForCausalLM.from_pretrained` and a replica take it as is.
 On the replica, `check_shapes` (from safetensors headers only, no tensor data: `read_shapes`)
@@ -100,10 +100,14 @@ def write_policy(
     """Publish `target` holding `state` (the model's full state) as the base checkpoint holds it."""
     dtype = export_dtype(base_config)
     state = _realias_tied(model, {name: tensor.to(dtype) for name, tensor in state.items()})
+    from envrl.transport.digest import DIGEST_FILE, digest_of
+
     with atomic_dir(target) as tmp:
         model.save_pretrained(tmp, state_dict=state)
         base_config.save_pretrained(tmp)  # the live config says fp32 and use_cache=False
         tokenizer.save_pretrained(tmp)
+        saved = sorted(read_shapes(tmp))  # tied tensors once, as saved: the names a replica reads
+        (tmp / DIGEST_FILE).write_text(digest_of((name, state[name]) for name in saved) + "\n")
 
 
 def _realias_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -38,6 +38,7 @@ from loguru import logger
 from envrl.data.layout import published_steps, weights_dir, weights_root
 from envrl.runtime.atomic import atomic_dir, write_file
 from envrl.transport.broadcast import join_gloo, nccl_unique_id, send_gloo, send_nccl
+from envrl.transport.digest import digest_of
 from envrl.transport.files import Shapes, WeightsError, check_shapes
 from envrl.transport.rendezvous import RendezvousError, RendezvousServer, RendezvousStore, new_secret
 from envrl.transport.transfer_files import (
@@ -130,6 +131,7 @@ class PolicySender:
             dtype_names=[str(t.dtype).removeprefix("torch.") for _, t in named],
             shapes=[list(t.shape) for _, t in named],
             bucket_bytes=bucket_bytes,
+            digest=digest_of(named) if backend == "gloo" else None,  # the snapshot is on the CPU there
         )
         self._tensors: list[torch.Tensor] | None = [t for _, t in named]
         self._device = torch.cuda.current_device() if backend == "nccl" else None

@@ -33,6 +33,9 @@ class TensorLayout(BaseModel):
     dtype_names: list[str]
     shapes: list[list[int]]
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    digest: str | None = None
+    """The sender's digest of the tensors (envrl.transport.digest), checked by each receiver over
+    the bytes it got; None on nccl (vLLM's receiver, not envrl's, holds those bytes)."""
 
 
 class TransferInfo(TensorLayout):
@@ -46,7 +49,8 @@ class TransferInfo(TensorLayout):
 
     def update_info(self) -> dict[str, object]:
         """The per-round payload of vLLM's `update_weights` (the same fields for both backends)."""
-        return {"names": self.names, "dtype_names": self.dtype_names, "shapes": self.shapes}
+        info: dict[str, object] = {"names": self.names, "dtype_names": self.dtype_names, "shapes": self.shapes}
+        return info | ({"digest": self.digest} if self.digest is not None else {})
 
     def init_info(self, rank_offset: int, world_size: int, secret: TransferSecret) -> dict[str, object]:
         """The payload of vLLM's `init_weight_transfer_engine` for a replica whose first worker
