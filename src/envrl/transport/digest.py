@@ -8,7 +8,7 @@ replica refuses a policy whose digest differs (`WeightsError` naming the policy)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,13 +50,16 @@ def digest_of(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     return digest.hexdigest()
 
 
-def files_digest(path: Path) -> str:
-    """The digest of the tensors in `path`/*.safetensors, in name order, as a replica reads them."""
+def policy_digest(path: Path, state: Mapping[str, torch.Tensor] | None = None) -> str:
+    """The digest of the tensors in `path`/*.safetensors, in name order: each taken from `state`
+    (the trainer's, as it wrote them) where it has that name, else as read from the file (a
+    replica; a tied tensor the trainer's state names otherwise)."""
     from safetensors import safe_open
 
     handles = [safe_open(str(file), framework="pt") for file in sorted(path.glob("*.safetensors"))]
     where = {name: handle for handle in handles for name in handle.keys()}  # noqa: SIM118 (safe_open is not a dict)
-    return digest_of((name, where[name].get_tensor(name)) for name in sorted(where))
+    state = state or {}
+    return digest_of((name, state[name] if name in state else where[name].get_tensor(name)) for name in sorted(where))
 
 
 def check_files_digest(path: Path) -> None:
@@ -65,7 +68,7 @@ def check_files_digest(path: Path) -> None:
     file = path / DIGEST_FILE
     if not file.is_file():
         return
-    want, got = file.read_text().strip(), files_digest(path)
+    want, got = file.read_text().strip(), policy_digest(path)
     if got != want:
         raise WeightsError(
             f"the policy in {path} is not what the trainer published: its tensors hash to {got[:16]}..., the "

@@ -100,14 +100,13 @@ def write_policy(
     """Publish `target` holding `state` (the model's full state) as the base checkpoint holds it."""
     dtype = export_dtype(base_config)
     state = _realias_tied(model, {name: tensor.to(dtype) for name, tensor in state.items()})
-    from envrl.transport.digest import DIGEST_FILE, digest_of
+    from envrl.transport.digest import DIGEST_FILE, policy_digest
 
     with atomic_dir(target) as tmp:
         model.save_pretrained(tmp, state_dict=state)
         base_config.save_pretrained(tmp)  # the live config says fp32 and use_cache=False
         tokenizer.save_pretrained(tmp)
-        saved = sorted(read_shapes(tmp))  # tied tensors once, as saved: the names a replica reads
-        (tmp / DIGEST_FILE).write_text(digest_of((name, state[name]) for name in saved) + "\n")
+        (tmp / DIGEST_FILE).write_text(policy_digest(tmp, state) + "\n")
 
 
 def _realias_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

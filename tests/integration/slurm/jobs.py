@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from envrl.data.layout import published_steps, rollouts_root
 from scripts.slurm_box.box import environ
 from scripts.slurm_box.conf import Box
 from tests.support.chaos_runs import ROOT
@@ -33,6 +34,12 @@ def submit(box: Box, script: Path) -> int:
     done = subprocess.run(["sbatch", "--parsable", str(script)], env=environ(box), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return int(done.stdout.strip().split(";")[0])
+
+
+def newest_batch(out: Path) -> int:
+    """The newest batch the orchestrator published (-1: none); older ones may be cleaned up."""
+    steps = published_steps(rollouts_root(out))
+    return steps[-1] if steps else -1
 
 
 def job_state(box: Box, job: int) -> str:

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 from statistics import fmean
 
-from envrl.data.layout import published_steps, rollouts_root
 from scripts.slurm_box.box import environ
 from scripts.slurm_box.conf import Box
 from tests.integration.slurm.jobs import (
     kill_in_host,
     listeners,
+    newest_batch,
     run_pids,
     submit,
     wait_job,
@@ -41,7 +41,7 @@ def job_log(out: Path, job: int) -> str:
 def test_the_smoke_job_learns_on_three_hosts_each_process_on_its_own_address(cluster: Box, tmp_path: Path) -> None:
     out = tmp_path / "smoke"
     job = submit(cluster, write_job(out))
-    wait_until("step 5 published", lambda: len(published_steps(rollouts_root(out))) > 5, 600, (cluster, job))
+    wait_until("batch 5 published", lambda: newest_batch(out) >= 5, 600, (cluster, job))
     bound = {host: listeners(cluster, host) for host in range(cluster.nodes)}
     tried = intrude(
         cluster, 0, f"http://{cluster.address('envrl-node2')}:8000", f"tcp://{cluster.address('envrl-node1')}:5000"
@@ -82,16 +82,16 @@ def trained_steps(out: Path) -> list[int]:
 def test_a_job_heals_servers_killed_on_other_hosts_scancel_leaves_nothing_and_resume_slurm_finishes(
     cluster: Box, tmp_path: Path
 ) -> None:
-    out, total = tmp_path / "heals", 16
+    out, total = tmp_path / "heals", 24
     heal = ["--trainer.weights.transport", "filesystem", "--restarts.max-restarts", "2", "--trainer.ckpt.interval", "4"]
     job = submit(cluster, write_job(out, *heal, "--max-steps", str(total)))
-    wait_until("step 3 published", lambda: len(published_steps(rollouts_root(out))) > 3, 600, (cluster, job))
+    wait_until("batch 3 published", lambda: newest_batch(out) >= 3, 600, (cluster, job))
     kill_in_host(cluster, 2, INFERENCE, signal.SIGKILL)
     kill_in_host(cluster, 1, TRAIN_ENV, signal.SIGKILL)
     healed = [rf"host{host} recovery: {re.escape(name)} was killed by SIGKILL; back after"
               for host, name in ((2, "inference"), (1, "train env server 'learnable'"))]  # fmt: skip
     wait_until("both back", lambda: all(re.search(h, job_log(out, job)) for h in healed), 300, (cluster, job))
-    wait_until("step 10 published", lambda: len(published_steps(rollouts_root(out))) > 10, 300, (cluster, job))
+    wait_until("batch 9 published", lambda: newest_batch(out) >= 9, 300, (cluster, job))
     subprocess.run(["scancel", str(job)], env=environ(cluster), check=True)
     assert wait_job(cluster, job) == "CANCELLED"
     wait_until("nothing of the run left", lambda: not any(run_pids(cluster, h) for h in range(cluster.nodes)), 60)
