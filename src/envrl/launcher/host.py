@@ -143,6 +143,9 @@ def _spawn(command: Command, cores: list[int] | None = None, secrets: dict[str, 
     return child
 
 
+STOPPED_EXIT = 128 + signal.SIGTERM
+
+
 class Stopped(Exception):
     """SLURM stops the step (scancel, the job's end, `--signal`)."""
 
@@ -153,7 +156,8 @@ def _stop(signum: int, _frame: object) -> None:
 
 def run_slice(rl: RLConfig, hosts: Sequence[str], host: int) -> int:
     """Run host `host`'s slice of the job until its finishing processes are done (or, with none,
-    until SIGTERM); 0 when done or stopped, 1 when a process failed past its budget."""
+    until SIGTERM); 0 when done, 1 when a process failed past its budget, `STOPPED_EXIT` when
+    stopped (scancel, `--signal` before the time limit: the job is not complete)."""
     run = plan(rl, hosts, Machine.here())
     where = f"host {host} ({socket.gethostname()}, {hosts[host]})"
     log_file = layout.process_log_file(rl.output_dir, f"host{host}")
@@ -171,7 +175,7 @@ def run_slice(rl: RLConfig, hosts: Sequence[str], host: int) -> int:
         logger.info(f"{where}: done")
     except Stopped as e:
         logger.info(f"{where}: {e} received: stopping {', '.join(mine)}")
-        outcome = summary.Outcome(status="interrupted", reason=str(e))
+        code, outcome = STOPPED_EXIT, summary.Outcome(status="interrupted", reason=str(e))
     except ChildFailed as e:
         logger.error(f"{where}: {e}")
         code, outcome = 1, summary.Outcome(status="failed", reason=f"process failed on {where}", error=str(e))
