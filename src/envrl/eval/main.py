@@ -24,7 +24,7 @@ import httpx
 from loguru import logger
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from envrl.config import BaseConfig, ConfigError, ModelConfig, config_to_toml, load_config
+from envrl.config import BaseConfig, ModelConfig, config_to_toml, load_config
 from envrl.data.layout import eval_results_file, eval_results_root, eval_summary_file
 from envrl.data.private_dir import own_output_dir
 from envrl.data.traces import Trace
@@ -38,8 +38,10 @@ from envrl.eval.progress import EvalProgress
 from envrl.model.client import ClientConfig, EvalClientConfig, SamplingParams, TrainClientConfig
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
 from envrl.runtime.atomic import atomic_write_text
+from envrl.runtime.cli import one_line_errors
 from envrl.runtime.lifeline import die_with_parent
 from envrl.runtime.process import ChildFailed, RestartPolicy
+from envrl.serve.client import EnvServerError
 from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.telemetry.progress import LiveLines
 
@@ -366,20 +368,15 @@ async def _run(config: EvalCommandConfig, lines: LiveLines) -> tuple[dict[str, d
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(EvalCommandConfig, argv, prog="rl eval", dry_run=dry_run_text)
-    try:
+    with one_line_errors("rl eval"):
         own_output_dir(config.output_dir)  # made 0700 (before its logs): what the model wrote is nobody else's
-    except ConfigError as e:
-        print(f"rl eval: error: {e}", file=sys.stderr)
-        sys.exit(2)
     lines = LiveLines()
     lines.use_for_stderr()
     setup_logging(config.log, process="eval")
     die_with_parent()
     try:
-        summary, causes = asyncio.run(_run(config, lines))
-    except EvalInputError as e:
-        print(f"rl eval: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        with one_line_errors("rl eval", EvalInputError, EnvServerError):  # ConfigError: a mismatched server too
+            summary, causes = asyncio.run(_run(config, lines))
     except ChildFailed as e:
         logger.error(f"eval failed: {e}")
         sys.exit(1)

@@ -47,7 +47,7 @@ from envrl.serve.launch import begin as begin_env_server
 from envrl.serve.launch import ready as env_server_ready
 from envrl.serve.launch import start as start_env_server
 from envrl.telemetry.console import RunConsole
-from envrl.telemetry.log import setup_logging
+from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.telemetry.progress import duration
 
 COMMANDS: dict[str, str] = {
@@ -147,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def run_training(argv: Sequence[str]) -> None:
     """Resolve, start and supervise one training run; exits with the code in the module docstring."""
     epilog = EXAMPLES + "\n\nCommands: " + ", ".join(f"rl {name} --help" for name in COMMANDS)
+    setup_logging(LogConfig(), process="rl")  # the run's own format from the first line (its file comes later)
     try:
         argv = run_dir.resume_argv(argv)
     except ConfigError as e:

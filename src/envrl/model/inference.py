@@ -55,6 +55,10 @@ class InferenceError(RuntimeError):
     """The inference server answered, but not with what the call needs."""
 
 
+class ServerNotReady(TimeoutError):
+    """An inference server that did not answer `/health` in time (the message names its URL)."""
+
+
 class ContextLengthError(InferenceError):
     """The prompt leaves no room for a single generated token in the server's context
     (`max_model_len`): the rollout cannot go on, which is a truncation, not a failure."""
@@ -174,7 +178,7 @@ class InferenceClient:
                     )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(
+                    raise ServerNotReady(
                         f"inference server at {self.base_url} not ready after {timeout:.0f}s (last: {last}); check its log"
                     )
                 try:

@@ -19,14 +19,18 @@ import sys
 
 from loguru import logger
 
-from envrl.config import ConfigError, load_config
+from envrl.config import load_config
 from envrl.data.private_dir import own_output_dir
+from envrl.envclient.handles import EnvUnavailable
+from envrl.model.inference import ServerNotReady
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.orchestrator.plan import dry_run_text
+from envrl.runtime.cli import one_line_errors
 from envrl.runtime.lifeline import parent_pid
 from envrl.runtime.process import NO_RESTART_EXIT
+from envrl.serve.client import EnvServerError
 from envrl.telemetry.console import RunConsole
 from envrl.telemetry.log import setup_logging
 from envrl.telemetry.progress import LiveLines
@@ -40,13 +44,15 @@ async def _run(config: OrchestratorConfig) -> None:
     await Orchestrator(config).run()
 
 
+EXPECTED = (ServerNotReady, EnvServerError)
+"""Wiring mistakes besides `ConfigError` (an env server with another model client is one): a
+server that never answered at start; each one line, exit 2."""
+
+
 def main(argv: list[str] | None = None) -> None:
     config = load_config(OrchestratorConfig, argv, prog="orchestrator", dry_run=dry_run_text)
-    try:
+    with one_line_errors("orchestrator"):
         own_output_dir(config.output_dir)  # by hand: made 0700; under rl: rl made it, and it is ours
-    except ConfigError as e:
-        print(f"orchestrator: config error: {e}", file=sys.stderr)
-        sys.exit(NO_RESTART_EXIT)
     console = None
     if parent_pid() is None:  # run by hand, not by rl
         lines = LiveLines()
@@ -56,16 +62,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if console is not None:
             console.start()
-        asyncio.run(_run(config))
+        with one_line_errors("orchestrator", *EXPECTED):
+            asyncio.run(_run(config))
     except (KeyboardInterrupt, asyncio.CancelledError):
         logger.warning("orchestrator stopped by a signal; env servers it spawned were shut down")
         sys.exit(130)
     except CheckFailed as e:
         logger.error(f"orchestrator stopped by a check: {e}")
         sys.exit(NO_RESTART_EXIT)  # a resumed run would fail the same check again
-    except ConfigError as e:  # keys that load but cannot run here (a teacher only `rl` serves)
-        logger.error(f"orchestrator: config error: {e}")
-        sys.exit(NO_RESTART_EXIT)
+    except EnvUnavailable as e:  # a server lost for good: not a bug, but a restart may find it back
+        logger.error(f"orchestrator stopped: {e}")
+        sys.exit(1)
     except Exception as e:
         logger.opt(exception=e).error(f"orchestrator failed: {e}")
         sys.exit(1)

@@ -25,6 +25,7 @@ from typing import Any
 
 from loguru import logger
 
+from envrl.runtime.cli import CONFIG_ERROR_EXIT
 from envrl.runtime.process import NO_RESTART_EXIT, Child, ChildFailed, Restart, RestartBudget, RestartPolicy
 
 Check = Callable[[], bool]
@@ -131,7 +132,7 @@ class Supervisor:
                     logger.info(f"{child.name} finished")
                     finished.add(child.name)
                     self._close_fault(child.name)
-                elif child.name in self._restartable and code != NO_RESTART_EXIT:
+                elif child.name in self._restartable and code not in (NO_RESTART_EXIT, CONFIG_ERROR_EXIT):
                     self._restart(child)
                 else:
                     raise child.failure(child.describe_exit())
