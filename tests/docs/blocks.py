@@ -98,13 +98,15 @@ def problems(blocks: list[Block]) -> list[str]:
     for block in blocks:
         if block.kind is None:
             if block.lang in COMMAND_LANGS:
-                found.append(f"{block.where}: a ```{block.lang} block without a `<!-- doc: KIND -->` marker ({', '.join(KINDS)})")
+                found.append(
+                    f"{block.where}: a ```{block.lang} block without a `<!-- doc: KIND -->` marker ({', '.join(KINDS)})"
+                )
         elif block.kind not in KINDS:
             found.append(f"{block.where}: unknown marker kind {block.kind!r}; one of {', '.join(KINDS)}")
         elif block.kind == "covered" and not all((ROOT / path).is_file() for path in block.covered_by or [""]):
             found.append(f"{block.where}: `covered` needs by=PATH[,PATH] of the tests that run the same command")
         elif block.kind in ("needs", "illustration") and not block.options.get("why"):
-            found.append(f"{block.where}: `{block.kind}` needs why=\"...\" (what CI lacks, or what it shows)")
+            found.append(f'{block.where}: `{block.kind}` needs why="..." (what CI lacks, or what it shows)')
     return found
 
 

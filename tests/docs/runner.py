@@ -3,7 +3,9 @@
 Guarantee: the block runs under `bash -e` in a directory that holds the checkout's files (linked,
 so `uv run --no-sync`, `configs/` and `deps/` resolve as in a clone) and an empty `outputs/`;
 every process it started, background jobs included, is gone when `run_block` returns.
-Marker options: `timeout=S` (default 300), `until=REGEX` (a server block: stop it once a line
+Marker options: `append=ARGS` (shortens a run: added to the block's last command, e.g.
+`--max-steps 3`), `after=previous` (first runs the page's run block before it, in the same
+directory), `timeout=S` (default 300), `until=REGEX` (a server block: stop it once a line
 matches), `expect=REGEX` (a line the output must hold), `file=PATH` (must exist after),
 `rises=OUTPUT_DIR` (its train reward rises as the smoke run's: the mean of the last 5 steps at
 least 0.3 above the first 5's).
@@ -11,6 +13,7 @@ least 0.3 above the first 5's).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -52,9 +55,10 @@ def run_block(block: Block, where: Path) -> Ran:
     env = {**os.environ, MARKER: marker, "WANDB_MODE": "offline"}
     until = re.compile(options["until"], re.M) if "until" in options else None
     deadline = time.monotonic() + float(options.get("timeout", 300))
+    text = block.text.rstrip() + (f" {options['append']}" if "append" in options else "")
     with log.open("wb") as out:  # a file, not a pipe: background jobs may outlive the shell
         shell = subprocess.Popen(
-            ["bash", "-ec", block.text], cwd=where, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            ["bash", "-ec", text], cwd=where, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
         while shell.poll() is None and time.monotonic() < deadline:
@@ -75,10 +79,8 @@ def _stop(shell: subprocess.Popen[bytes], marker: str) -> None:
     """SIGTERM to everything the block started, SIGKILL to what is left after 30 s."""
     for sig, grace in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 5.0)):
         for pid in [shell.pid, *marked_pids(marker)]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         end = time.monotonic() + grace
         while (shell.poll() is None or marked_pids(marker)) and time.monotonic() < end:
             time.sleep(0.2)

@@ -14,6 +14,13 @@ RUN = [block for block in all_blocks() if block.kind == "run"]
 
 @pytest.mark.parametrize("block", RUN, ids=[block.where for block in RUN])
 def test_the_block_runs_as_written(block: Block, tmp_path: Path) -> None:
-    ran = run_block(block, scratch_checkout(tmp_path / "checkout"))
+    where = scratch_checkout(tmp_path / "checkout")
+    if block.options.get("after") == "previous":  # a block that needs what the one before it made
+        before = [b for b in RUN if b.page == block.page and b.line < block.line][-1]
+        first = run_block(before, where)
+        assert not outcome_problems(before, first), (
+            f"{before.where}, which {block.where} needs, failed:\n{first.output[-2000:]}"
+        )
+    ran = run_block(block, where)
     wrong = outcome_problems(block, ran)
     assert not wrong, f"{block.where}: {'; '.join(wrong)}; last output:\n{ran.output[-3000:]}"
