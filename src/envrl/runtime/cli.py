@@ -1,9 +1,6 @@
-"""How every envrl command ends on a mistake the user can fix.
-
-Guarantee: inside `one_line_errors`, a `ConfigError` or an error of the kinds the command names
-(a server that serves another model, answers nothing, a missing model) ends the process with exit
-code 2 and ONE line on stderr (what, where, how to fix); any other exception, a bug, keeps its traceback.
-"""
+"""Guarantee: inside `one_line_errors`, a `ConfigError` or an error kind the command names (a
+wiring mistake: another model client, no answer, a missing model) exits 2 with ONE line on
+stderr saying what, where and how to fix; anything else, a bug, keeps its traceback."""
 
 from __future__ import annotations
 
