@@ -18,7 +18,7 @@ from envrl.config import resolve_config
 from envrl.data import layout
 from envrl.envclient.curve import make_curve_keys
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 from envrl.model.client import ScriptedClientConfig
 from envrl.runtime.secrets import API_KEY_ENV, RELOAD_TOKEN_ENV
 from envrl.serve.client import EnvClient

@@ -11,7 +11,7 @@ import asyncio
 import threading
 from typing import Any
 
-from envrl.launcher.plan import RunPlan
+from envrl.launcher.plan.run import RunPlan
 from envrl.model.client import ClientConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.orchestrator.plan import env_plan

@@ -6,7 +6,7 @@ orchestrator alike, whether an env's server is external (its `address`) or spawn
 client its rollouts use (its own `client`, else the run's), and the complete launch of a spawned one (config, interpreter, restart policy, the model client it
 serves, the variables it sees); it is pure (no file, socket or process). Every spawned server
 admits only the one client holding the CURVE keys it is planned with, on loopback too. `rl`'s plan
-(`launcher/plan.py`) gives it fixed ports and the run's keys; `rl eval` and a standalone
+(`launcher/plan/run.py`) gives it fixed ports and the run's keys; `rl eval` and a standalone
 orchestrator give it their sidecars' keys (`sidecar_keys`), leave the address to the server (a
 free loopback port, `SIDECAR_ADDRESS`) and start the launch through `Sidecars`, which makes the
 keys first. Each entry point's `--dry-run` prints what it planned (`describe`).

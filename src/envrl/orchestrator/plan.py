@@ -5,7 +5,7 @@ Guarantee: `env_plan(config)` is pure and is what the orchestrator runs: its han
 the planned addresses with the planned clients, and it spawns exactly the planned servers
 (`Sidecars`), each admitting only the orchestrator's CURVE key (made by `Sidecars` in
 `<output_dir>/curve/`); `orchestrator --dry-run` prints it (`dry_run_text`). An env's rollouts use its own
-`client` if it has one, else the run's train client. `rl`'s plan (`launcher/plan.py`) calls
+`client` if it has one, else the run's train client. `rl`'s plan (`launcher/plan/run.py`) calls
 `env_plan` with its fixed ports and CURVE keys and starts those servers itself, so the
 orchestrator it starts finds an address on every env and spawns nothing.
 """

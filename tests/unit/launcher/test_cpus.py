@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envrl.config import ConfigError
-from envrl.launcher.cpus import CpuPlan, CpusConfig, plan_cpus, trainer_env
+from envrl.launcher.plan.cpus import CpuPlan, CpusConfig, plan_cpus, trainer_env
 
 
 def test_cores_are_split_in_halves_inference_first() -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from envrl.config import resolve_config
-from envrl.launcher.commands import LaunchPlan
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.commands import LaunchPlan
+from envrl.launcher.plan.run import plan
 from envrl.launcher.run_keys import make_secrets
 from envrl.runtime.process import spawn
 from envrl.runtime.secrets import API_KEY_ENV, RELOAD_TOKEN_ENV

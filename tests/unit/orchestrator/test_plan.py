@@ -8,7 +8,7 @@ from envrl.config import resolve_config
 from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.plan import SIDECAR_ADDRESS
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.main import main

@@ -10,7 +10,7 @@ servers get fixed ports (train env i: `env_server_base_port + i`, eval table i: 
 and the run's CURVE keys (they admit only the run's orchestrator, on loopback too); every
 process gets the addresses of the others on the hosts that run them; a distillation teacher
 named by its weights (`orchestrator.distill.teacher_weights`) is one more vLLM server beside the
-replicas (launcher/teacher.py). `rl`, `rl --dry-run`, `rl --slurm` and its batch script's first
+replicas (launcher/plan/teacher.py). `rl`, `rl --dry-run`, `rl --slurm` and its batch script's first
 step (`launcher/slurm.py`) execute or print the same plan: on this machine (`hosts` None) or on
 a job's hosts as `[slurm]` places them. A shared key set inside a section, a key `rl` sets
 itself, two processes of the run on one port of one host, or budgets that cannot work together
@@ -36,21 +36,20 @@ from envrl.data.traces import Split
 from envrl.envclient.config import EnvConfig
 from envrl.envclient.curve import curve_keys
 from envrl.inference.config import InferenceConfig
-from envrl.launcher.commands import (
+from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, SHARED_KEYS, RLConfig, set_by_user
+from envrl.launcher.plan.checks import check_lengths, check_no_shared_port, external_ports, off_policy_problem
+from envrl.launcher.plan.commands import (
     TORCHRUN_RANK_ENV,
     Command,
     LaunchPlan,
     process_command,
     trainer_argv,
 )
-from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, SHARED_KEYS, RLConfig, set_by_user
-from envrl.launcher.cpus import CpuPlan, plan_cpus, trainer_env, usable_cores, vllm_is_cpu_build
-from envrl.launcher.placement import Placement, place, visible_gpus
-from envrl.launcher.plan_checks import check_lengths, check_no_shared_port, external_ports
-from envrl.launcher.replicas import replica_configs, replica_name
+from envrl.launcher.plan.cpus import CpuPlan, plan_cpus, trainer_env, usable_cores, vllm_is_cpu_build
+from envrl.launcher.plan.placement import Placement, place, visible_gpus
+from envrl.launcher.plan.replicas import replica_configs, replica_name
+from envrl.launcher.plan.teacher import plan_teacher
 from envrl.launcher.run_keys import Secret
-from envrl.launcher.teacher import plan_teacher
-from envrl.orchestrator.checks import off_policy_problem
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.plan import env_plan
 from envrl.runtime.net import is_loopback_host
