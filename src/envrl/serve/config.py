@@ -174,6 +174,8 @@ def client_flags(client: ClientConfig) -> str:
     quoted for a shell: what a refusal of a server with another client tells its owner to pass."""
     values = client.model_dump(mode="json", exclude_defaults=True)
     values.pop("type", None)
+    if values.get("tokenizer") is not None and _same_path(values["tokenizer"], values.get("model")):
+        del values["tokenizer"]  # the default: the model's own
     flags = [f"--client.type {client.type}"]
 
     def add(prefix: str, value: object) -> None:
@@ -187,3 +189,8 @@ def client_flags(client: ClientConfig) -> str:
     for key, value in values.items():
         add(key.replace("_", "-"), value)
     return " ".join(flags)
+
+
+def _same_path(a: str, b: str | None) -> bool:
+    """`a` and `b` name the same local directory, or are the same name."""
+    return a == b or (b is not None and Path(a).exists() and Path(a).resolve() == Path(b).resolve())
