@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import pytest
 from envrl.config import load_config
 from envrl.model.client import ClientConfig, EvalClientConfig, TrainClientConfig
 from envrl.serve.config import EnvServerConfig, client_flags
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(
@@ -41,3 +44,14 @@ def test_a_wiring_mistake_is_one_line_and_exit_2(command: str, argv: list[str], 
         [sys.executable, "-m", module, *argv, *address], capture_output=True, text=True, cwd=tmp_path, timeout=120
     )
     assert done.returncode == 2 and done.stderr.startswith(says) and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_rl_resume_says_its_first_line_in_the_runs_log_format(tmp_path: Path) -> None:
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "rl.toml").write_text((ROOT / "configs" / "debug" / "cpu_smoke.toml").read_text())
+    done = subprocess.run(
+        [sys.executable, "-m", "envrl.launcher.main", "--resume", "--output-dir", str(tmp_path), "--dry-run"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    first = done.stderr.splitlines()[0]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d INFO +rl resuming with the run's stored config .*", first), done.stderr
