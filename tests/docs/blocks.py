@@ -28,6 +28,10 @@ KINDS = {
     "illustration": "a shape or an excerpt, not meant to be run as it stands",
 }
 """What a marker may say of its block."""
+INDENTED_COMMAND = re.compile(
+    r"^    (uv |rl |python|flock |bash |torchrun |env-server |inference |trainer |orchestrator )"
+)
+"""A markdown code block by indentation that starts with a command: it cannot carry a marker."""
 MARKER = re.compile(r"^<!--\s*doc:\s*(.*?)\s*-->$")
 FENCE = re.compile(r"^(\s*)(```+)(\S*)\s*$")
 
@@ -70,6 +74,8 @@ def parse(path: Path, root: Path = ROOT) -> list[Block]:
     while i < len(lines):
         fence = FENCE.match(lines[i])
         if fence is None:
+            if INDENTED_COMMAND.match(lines[i]) and (i == 0 or not lines[i - 1].strip()):
+                blocks.append(Block(str(path.relative_to(root)), i + 1, "indented", lines[i].strip(), None))
             i += 1
             continue
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence.group(2)), len(lines))
@@ -96,7 +102,9 @@ def problems(blocks: list[Block]) -> list[str]:
     """What is wrong with the markers: a command block without one, an unknown kind, a kind missing its option."""
     found = []
     for block in blocks:
-        if block.kind is None:
+        if block.lang == "indented":
+            found.append(f"{block.where}: an indented command block: make it a fenced ```bash block with a marker")
+        elif block.kind is None:
             if block.lang in COMMAND_LANGS:
                 found.append(
                     f"{block.where}: a ```{block.lang} block without a `<!-- doc: KIND -->` marker ({', '.join(KINDS)})"
