@@ -21,9 +21,9 @@ import sys
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-import envrl.trainer.attention as attention
-from envrl.trainer.compile import compile_layers, compile_plan
-from envrl.trainer.head import install_logprob_head
+import envrl.trainer.model.attention as attention
+from envrl.trainer.model.compile import compile_layers, compile_plan
+from envrl.trainer.model.head import install_logprob_head
 from envrl.trainer.packing import MicroBatch, pack, packed_token_logprobs
 from tests.support.samples import synthetic_samples
 

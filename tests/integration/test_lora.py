@@ -30,7 +30,7 @@ from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.log import LogConfig
-from envrl.trainer.lora import publish_adapter
+from envrl.trainer.model.lora import publish_adapter
 from tests.support.chaos_runs import ROOT
 from tests.support.logprobs import PROMPTS, sample_completions
 from tests.support.ports import free_port

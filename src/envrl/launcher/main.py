@@ -55,7 +55,7 @@ COMMANDS: dict[str, str] = {
     "report": "envrl.report.main",
     "envs": "envrl.envs.registry",
     "replay": "envrl.trainer.replay",
-    "sft": "envrl.trainer.sft",
+    "sft": "envrl.trainer.sft.main",
 }
 """`rl NAME ARGS...` runs `main(ARGS)` of the module: a user command that does not collide with the
 shell (`eval` is a builtin). Adding a command is one line here."""

@@ -5,8 +5,14 @@ import torch
 from torch import nn
 
 from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.head import LogprobHead, ScoreRequest, chunked_token_scores, compiled_kernels, install_logprob_head
 from envrl.trainer.loss import token_logprobs
+from envrl.trainer.model.head import (
+    LogprobHead,
+    ScoreRequest,
+    chunked_token_scores,
+    compiled_kernels,
+    install_logprob_head,
+)
 from envrl.trainer.packing import pack, packed_token_logprobs
 from tests.support.samples import synthetic_samples
 

@@ -8,10 +8,10 @@ import torch
 from loguru import logger
 from transformers import AutoModelForCausalLM
 
-import envrl.trainer.attention as attention
+import envrl.trainer.model.attention as attention
 from envrl.data.samples import TrainingSample
 from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.attention import (
+from envrl.trainer.model.attention import (
     DOCUMENT_SDPA,
     DOCUMENT_VARLEN,
     SDPA_FROM_TOKENS,

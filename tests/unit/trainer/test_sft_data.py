@@ -7,7 +7,7 @@ import pytest
 
 from envrl.model.chat_tokens import ChatRenderer
 from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.sft_data import DemonstrationError, assistant_mask, load_demonstrations
+from envrl.trainer.sft.data import DemonstrationError, assistant_mask, load_demonstrations
 
 RENDERER = ChatRenderer(str(DEFAULT_DIR))
 CONVERSATION = [
