@@ -64,6 +64,10 @@ MOVED: dict[str, Moved] = {
         "envrl.orchestrator.env_handles": "envrl.envclient.handles",
         "envrl.orchestrator.eval_grid": "envrl.envclient.eval_grid",
         "envrl.launcher.supervisor": "envrl.runtime.supervisor",
+        # envs/ keeps what an env author writes against; process machinery went below it (issue 54)
+        "envrl.envs.forked": "envrl.runtime.forked",
+        "envrl.envs.adapters.chat_proxy": "envrl.proxy.chat",
+        "envrl.envs.adapters.warm_programs": "envrl.runtime.warm.programs",
     }.items()
 }
 """Old module path -> where it lives now, the version that moved it and the first version without
