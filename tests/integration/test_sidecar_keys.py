@@ -28,7 +28,7 @@ from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.orchestrator.plan import env_plan
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.client import EnvClient, EnvServerError
 from envrl.serve.config import CurveClientConfig, PoolConfig
 from tests.support.env_servers import children, cmdline

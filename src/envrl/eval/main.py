@@ -39,7 +39,8 @@ from envrl.model.client import ClientConfig, EvalClientConfig, SamplingParams, T
 from envrl.orchestrator.jsonl import append_lines, parse_trace_line, trace_line
 from envrl.runtime.atomic import atomic_write_text
 from envrl.runtime.lifeline import die_with_parent
-from envrl.runtime.process import ChildFailed, RestartPolicy
+from envrl.runtime.process import ChildFailed
+from envrl.runtime.restarts import RestartPolicy
 from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.telemetry.progress import LiveLines
 

@@ -41,7 +41,8 @@ from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.run_keys import make_secrets
 from envrl.launcher.slurm import job_hosts, write_sbatch
 from envrl.runtime.net import port_is_free
-from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn
+from envrl.runtime.process import Child, ChildFailed, spawn
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.launch import begin as begin_env_server
 from envrl.serve.launch import ready as env_server_ready

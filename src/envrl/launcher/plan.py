@@ -54,7 +54,7 @@ from envrl.orchestrator.checks import off_policy_problem
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.plan import env_plan
 from envrl.runtime.net import is_loopback_host
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.secrets import API_KEY_ENV
 from envrl.serve.launch import EnvServerLaunch
 from envrl.trainer.config import TrainerConfig
