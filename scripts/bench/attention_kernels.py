@@ -47,7 +47,8 @@ def per_sample_sdpa(backend: SDPBackend | None, gqa: bool) -> Kernel:
 
 def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     """torch.nn.attention.varlen over the whole row, called as the trainer calls it."""
-    from envrl.trainer.model.attention import _varlen_kernel_call, varlen_layout
+    from envrl.trainer.model.attention import _varlen_kernel_call
+    from envrl.trainer.model.layout import varlen_layout
 
     (segment,) = varlen_layout(lengths, sdpa_from=sum(lengths) + 1).to(q.device).segments
     return _varlen_kernel_call(q, k, v, segment.cu_seqlens, segment.longest, None, q.shape[0] // k.shape[0])[

@@ -26,7 +26,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from envrl.config import BaseConfig, load_config
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.telemetry.log import LogConfig, setup_logging
-from envrl.trainer.model.attention import DOCUMENT_SDPA, PADDING_SLACK
+from envrl.trainer.model.attention import DOCUMENT_SDPA
+from envrl.trainer.model.layout import PADDING_SLACK
 from envrl.trainer.packing import MicroBatch, pack, packed_logits
 from tests.support.samples import synthetic_samples
 

@@ -22,8 +22,9 @@ from torch import nn
 
 from envrl.data.samples import TrainingSample
 from envrl.trainer.loss import token_logprobs
-from envrl.trainer.model.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN, Document, document_layout, varlen_layout
+from envrl.trainer.model.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN
 from envrl.trainer.model.head import LogprobHead, ScoreRequest
+from envrl.trainer.model.layout import Document, document_layout, varlen_layout
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from envrl.data.samples import TrainingSample
 from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import LossConfig
 from envrl.trainer.loss import policy_loss, token_logprobs
-from envrl.trainer.model.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN, Document, document_layout
+from envrl.trainer.model.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN
+from envrl.trainer.model.layout import Document, document_layout
 from envrl.trainer.packing import (
     MIN_SHARED_PREFIX,
     MicroBatch,
