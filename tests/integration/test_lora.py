@@ -27,7 +27,6 @@ from envrl.inference.adapter import lora_serving_options
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import start
 from envrl.model.inference import InferenceClient, TokenCompletion
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.log import LogConfig
 from envrl.trainer.model.lora import publish_adapter
@@ -36,6 +35,7 @@ from tests.support.logprobs import PROMPTS, sample_completions
 from tests.support.ports import free_port
 from tests.support.run_files import metric_lines
 from tests.support.smoke import run_to_end
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.vllm_server import VLLM_START_TIMEOUT, VLLMServer
 
 LORA_CONFIG = ROOT / "configs" / "debug" / "lora.toml"

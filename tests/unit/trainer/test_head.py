@@ -4,7 +4,6 @@ import pytest
 import torch
 from torch import nn
 
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.loss import token_logprobs
 from envrl.trainer.model.head import (
     LogprobHead,
@@ -15,6 +14,7 @@ from envrl.trainer.model.head import (
 )
 from envrl.trainer.packing import pack, packed_token_logprobs
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 # fp32 throughout. Each score is a log-softmax over V = 512 logits, each logit a D = 64 dot
 # product: the chunked and the full path run the same kernels on different row slices, so

@@ -10,7 +10,6 @@ from transformers import AutoModelForCausalLM
 
 import envrl.trainer.model.attention as attention
 from envrl.data.samples import TrainingSample
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.model.attention import (
     DOCUMENT_SDPA,
     DOCUMENT_VARLEN,
@@ -21,6 +20,7 @@ from envrl.trainer.model.attention import (
 from envrl.trainer.model.layout import SDPA_FROM_TOKENS, Document, DocumentGroup, document_layout, varlen_layout
 from envrl.trainer.packing import RL_KEYS, SFT_KEYS, BudgetKeys, balanced_bins, pack, packed_logits, shard
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.varlen_reference import reference_varlen_attn
 
 
