@@ -28,7 +28,8 @@ from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset
 from envrl.data.traces import Error, Span, Task, Timing, Trace, WireTask
 from envrl.envs.adapters.verifiers.runtime import Placement, local_runtimes
 from envrl.envs.adapters.verifiers.sandbox import EpisodeSandboxes, episode_sandbox
-from envrl.envs.environment import Environment, append_turn
+from envrl.envs.environment import Environment
+from envrl.envs.runner import append_turn
 from envrl.model.client import ModelClient, SamplingArgs
 from envrl.proxy.chat import ChatProxy, ProxyLimits, Session
 from envrl.runtime.warm.programs import WarmPrograms
