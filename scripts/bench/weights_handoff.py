@@ -90,7 +90,7 @@ def smollm2_shape(out: Path) -> Path:
     """SmolLM2-135M's architecture with random weights and the tiny tokenizer, built once."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from envrl.model.tiny import DEFAULT_DIR
+    from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
     if (out / "config.json").is_file():
         return out
@@ -111,8 +111,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
 
     from envrl.config import ModelConfig
     from envrl.data.layout import weights_dir
-    from envrl.inference.adapter import lora_serving_options
-    from envrl.inference.config import InferenceConfig
+    from envrl.inference.config import InferenceConfig, lora_serving_options
     from envrl.inference.server import start
     from envrl.model.inference import InferenceClient
     from envrl.runtime.http import RetryPolicy
@@ -180,7 +179,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
 def handoff(args: argparse.Namespace) -> None:
     import transformers
 
-    from envrl.model.tiny import DEFAULT_DIR
+    from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
     transformers.utils.logging.disable_progress_bar()
 

@@ -3,7 +3,7 @@ policy, rank 0 hands it to the transport `trainer.weights.transport` names.
 
 Guarantee: `FileWeightPublisher` publishes `weights/step_<k>/` as envrl.transport.files writes it
 (HF safetensors, config, tokenizer, in the base checkpoint's dtype), or for a LoRA model only the
-PEFT adapter (envrl.trainer.lora), which the server hot-loads onto its base;
+PEFT adapter (envrl.trainer.model.lora), which the server hot-loads onto its base;
 `MemoryWeightPublisher` instead sends a full model's tensors, in the same dtype and under the
 same names, straight into the replicas (envrl.transport.memory), leaving only `transfer.json` and
 its owner-only `transfer.secret` in `weights/step_<k>/`; a starting trainer removes every such
@@ -25,7 +25,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from envrl.data.layout import weights_dir
 from envrl.runtime.atomic import atomic_dir
-from envrl.trainer.lora import export_merged, is_lora, publish_adapter
+from envrl.trainer.model.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
 from envrl.transport.config import WeightsConfig
 from envrl.transport.files import export_dtype, write_policy

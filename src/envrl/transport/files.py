@@ -9,7 +9,7 @@ On the replica, `check_shapes` (from safetensors headers only, no tensor data: `
 raises `WeightsError` naming the directory and the first problems found unless it holds
 exactly the served checkpoint's tensor names with the same shapes, so a bad reload is refused
 before the running engine is touched; `reload_files` then reloads them in place on every
-worker. A LoRA adapter travels as files too (envrl.trainer.lora writes it,
+worker. A LoRA adapter travels as files too (envrl.trainer.model.lora writes it,
 envrl.inference.adapter loads it).
 """
 

@@ -18,7 +18,8 @@ from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 
 from envrl.config import ConfigError
-from envrl.inference.adapter import ADAPTER_ID, check_lora_support, lora_serving_options
+from envrl.inference.adapter import ADAPTER_ID, check_lora_support
+from envrl.inference.config import lora_serving_options
 from envrl.inference.reload import WeightReloadPlugin
 
 
