@@ -1,7 +1,7 @@
 """The command blocks of README.md and docs/*.md, each with the marker that says how CI treats it.
 
 Guarantee: every fenced block a user could take for a command (```bash, ```sh or unlabelled) has a
-`<!-- doc: KIND ... -->` marker on the line before it, and the digest of every block and its marker
+`<!-- doc: KIND ... -->` marker on the line before it, and the digest of every command block with its marker
 is committed in `blocks.lock.json`, so a command that changes without its check changing fails.
 `python -m tests.docs.blocks --update` rewrites the lock (after the block's check was made to fit).
 """
@@ -32,6 +32,8 @@ INDENTED_COMMAND = re.compile(
     r"^    (uv |rl |python|flock |bash |torchrun |env-server |inference |trainer |orchestrator )"
 )
 """A markdown code block by indentation that starts with a command: it cannot carry a marker."""
+COMMANDS = ("run", "covered", "needs")
+"""The kinds that are commands a user runs: their digests are locked."""
 MARKER = re.compile(r"^<!--\s*doc:\s*(.*?)\s*-->$")
 FENCE = re.compile(r"^(\s*)(```+)(\S*)\s*$")
 
@@ -119,10 +121,10 @@ def problems(blocks: list[Block]) -> list[str]:
 
 
 def digests(blocks: list[Block]) -> dict[str, list[str]]:
-    """Per page, the digest of each marked block in order (what `blocks.lock.json` holds)."""
+    """Per page, the digest of each command block (run, covered, needs) in order: what `blocks.lock.json` holds."""
     out: dict[str, list[str]] = {}
     for block in blocks:
-        if block.kind is not None:
+        if block.kind in COMMANDS:
             out.setdefault(block.page, []).append(f"{block.kind} {block.digest}")
     return out
 
@@ -134,8 +136,8 @@ def main(argv: list[str]) -> None:
         LOCK.write_text(json.dumps(digests(blocks), indent=1, sort_keys=True) + "\n")
         print(f"wrote {LOCK.relative_to(ROOT)}")
         return
-    for page, entries in digests(blocks).items():
-        kinds = [entry.split()[0] for entry in entries]
+    for page in dict.fromkeys(block.page for block in blocks):
+        kinds = [block.kind or f"{block.lang or 'text'} excerpt" for block in blocks if block.page == page]
         print(page, {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)})
 
 
