@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envrl.inference.server import wait_until_serving
+from envrl.inference.launch import wait_until_serving
 from envrl.launcher.recovery import ReplicaBack
 from envrl.model.tiny import DEFAULT_DIR as TINY_MODEL
 from envrl.runtime.listeners import listeners
