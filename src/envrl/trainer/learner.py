@@ -142,14 +142,7 @@ class Learner:
             sums += self._forward_backward(step, micro_batch.to(runtime.device))
         all_reduce_sum(sums, runtime)
         totals = dict(zip(SUMS, sums.tolist(), strict=True))
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.optim.max_grad_norm)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):
-            raise TrainingError(
-                f"step {step}: loss is {totals['loss']} and grad norm {grad_norm} on batch {where}; stopped "
-                f"before the optimizer step, so weights/step_{step} stays the last good policy. "
-                "Look for NaN/inf advantages or logprobs in the batch, or lower trainer.optim.lr"
-            )
+        grad_norm = self._finite_grad_norm(step, totals["loss"], where)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
@@ -157,6 +150,30 @@ class Learner:
             torch.cuda.synchronize(runtime.device)
         elapsed = time.perf_counter() - start
         self.compile_clock.report(elapsed)
+        return self._metrics(totals, grad_norm, lr, len(micro_batches), staleness, elapsed)
+
+    def _finite_grad_norm(self, step: int, loss: float, where: str) -> float:
+        """The gradient's norm, clipped; `TrainingError` before the optimizer step if it or the loss is not finite."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.max_grad_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise TrainingError(
+                f"step {step}: loss is {loss} and grad norm {grad_norm} on batch {where}; stopped "
+                f"before the optimizer step, so weights/step_{step} stays the last good policy. "
+                "Look for NaN/inf advantages or logprobs in the batch, or lower trainer.optim.lr"
+            )
+        return grad_norm
+
+    def _metrics(
+        self,
+        totals: dict[str, float],
+        grad_norm: float,
+        lr: float,
+        micro_batches: int,
+        staleness: list[int],
+        elapsed: float,
+    ) -> dict[str, float]:
+        """The step's metrics line: per-token means over the trained tokens, counts and timings."""
         n = max(totals["loss_tokens"], 1.0)
         return {
             "loss": totals["loss"],
@@ -171,12 +188,12 @@ class Learner:
             "tokens": totals["tokens"],
             "computed_tokens": totals["computed_tokens"],
             "loss_tokens": totals["loss_tokens"],
-            "micro_batches": len(micro_batches),
+            "micro_batches": micro_batches,
             "staleness_max": max(staleness),
             "staleness_mean": sum(staleness) / len(staleness),
             "step_time_s": elapsed,
             "tokens_per_s": totals["tokens"] / elapsed,
-            "peak_mem_gib": peak_memory_gib(runtime.device),
+            "peak_mem_gib": peak_memory_gib(self.runtime.device),
         }
 
     @contextmanager

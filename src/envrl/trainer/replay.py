@@ -196,9 +196,14 @@ def replay(output_dir: Path, step: int) -> TensorDiff | None:
         name: tolerance(moved[name], t.abs().max().item() if t.numel() else 0.0, tokens, steps, config.optim.betas)
         for name, t in state.items()
     }
-    found = differences(state, published_state(target), tolerances)
+    return _verdict(
+        differences(state, published_state(target), tolerances), f"step {step} replayed from checkpoint {start}", target
+    )
+
+
+def _verdict(found: list[TensorDiff], replayed: str, target: Path) -> TensorDiff | None:
+    """Log how the replayed tensors compare with `target`'s; the first beyond its tolerance."""
     beyond = [d for d in found if not d.within]
-    replayed = f"step {step} replayed from checkpoint {start}"
     if not found:
         logger.success(f"{replayed}: every tensor equals {target} bit for bit")
         return None
