@@ -9,7 +9,7 @@ import pytest
 
 from envrl.config import ConfigError, resolve_config
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 
 ONE_ENV = {"orchestrator": {"envs": [{"id": "reverse-text"}]}}
 

@@ -1,7 +1,7 @@
 """`RLConfig`: one file for a whole run, the user's keys only.
 
 Guarantee: an `RLConfig` holds what the user wrote (with defaults), never a value derived from
-another section: `launcher/plan.py`'s `plan` turns it into each process's own complete config,
+another section: `launcher/plan/run.py`'s `plan` turns it into each process's own complete config,
 once. The keys that `rl` sets itself in a process's section (`SHARED_KEYS`, `SET_BY_RL`) are
 `owned_keys`: left out of `--help`, and refused by `plan` when given. The launcher's own keys
 (which devices and how many of each process: `[placement]`; hosts: `[slurm]`; cores: `[cpus]`)
@@ -17,9 +17,9 @@ from pydantic import BaseModel, Field, model_validator
 
 from envrl.config import BaseConfig, ModelConfig
 from envrl.inference.config import InferenceConfig
-from envrl.launcher.cpus import CpusConfig
 from envrl.launcher.log_rotation import LogRotationConfig
-from envrl.launcher.placement import PlacementConfig
+from envrl.launcher.plan.cpus import CpusConfig
+from envrl.launcher.plan.placement import PlacementConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.runtime.restarts import RestartPolicy
 from envrl.telemetry.log import LogConfig

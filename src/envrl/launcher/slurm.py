@@ -1,7 +1,7 @@
 """`rl --config x.toml --slurm`: the run as a SLURM batch script, each host running its slice.
 
 Guarantee: the script runs exactly the commands of the run's plan for the job's hosts
-(`launcher/plan.py`'s `plan(rl, hosts)`, which places them as `[slurm]` says: trainer ranks on
+(`launcher/plan/run.py`'s `plan(rl, hosts)`, which places them as `[slurm]` says: trainer ranks on
 the first `trainer_nodes` hosts, torchrun's rendezvous on host 0; `placement.inference.replicas`
 servers on each of the last `inference_nodes`; the env servers on `env_node`, over CURVE as
 under `rl`; the orchestrator on host 0). It makes the plan's secrets in the job's environment,
@@ -25,9 +25,9 @@ from pathlib import Path
 from envrl.config import ConfigError, config_to_toml, resolve_config
 from envrl.data import layout
 from envrl.envclient.curve import make_curve_keys
-from envrl.launcher.commands import Command
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import Machine, RunPlan, plan
+from envrl.launcher.plan.commands import Command
+from envrl.launcher.plan.run import Machine, RunPlan, plan
 from envrl.runtime.process import ALLOWED_ENV, ALLOWED_ENV_PREFIXES
 
 FINISHING = ("trainer", "orchestrator")

@@ -1,5 +1,5 @@
 """The run's rollout files: a train group's lines in `rollouts/train.jsonl`, an evaluation's in
-`rollouts/eval/step_<n>.jsonl` (the lines' format: `jsonl.py`).
+`rollouts/eval/step_<n>.jsonl` (the lines' format: `data/rollout_lines.py`).
 
 Guarantee: each call appends all of its rollouts' lines in one write, each line naming its step,
 env and policy step; a failed write (a full disk) raises `OSError` naming the file (a resume drops
@@ -13,8 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 from envrl.data.layout import train_rollouts_file
+from envrl.data.rollout_lines import append_lines, trace_line
 from envrl.data.traces import Trace
-from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.scheduler import Group
 from envrl.runtime.atomic import write_failure
 

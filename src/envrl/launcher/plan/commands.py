@@ -1,7 +1,7 @@
 """The command line, environment and log file of every process `rl` starts.
 
 Guarantee: `rl` starts exactly the commands `rl --dry-run` prints, since both come from the
-run's plan (`launcher/plan.py`); `env` holds only what differs from `rl`'s own environment. A
+run's plan (`launcher/plan/run.py`); `env` holds only what differs from `rl`'s own environment. A
 command names the run's secrets it gets (`secrets`: the `/update_weights` token, the vLLM API
 key) and never holds their values: the launcher makes them when it executes the plan
 (`run_keys.make_secrets`) and hands them over in the environment only (`environ`): never in
@@ -53,7 +53,9 @@ class Command(BaseModel):
         return {**inherited, **self.env, **{name: secrets[name] for name in self.secrets if name in secrets}}
 
 
-class LaunchPlan(BaseModel):
+class RunCommands(BaseModel):
+    """Every command of a run, by role (`RunPlan.commands`)."""
+
     inference: list[Command]
     """One per inference replica."""
     teacher: Command | None = None

@@ -3,9 +3,10 @@
 Guarantee: `check_lengths` refuses a turn's `max_tokens` that fills the model's context and a
 training sample longer than the trainer's micro-batch; `check_no_shared_port` refuses two
 processes of the run on one port of one host (a wildcard bind takes the port on every
-interface; `external_ports` lists the env servers at the user's own addresses). Each refusal
-is one `ConfigError` line naming the keys to change. Called by `launcher/plan.py`, which makes
-the configs they read.
+interface; `external_ports` lists the env servers at the user's own addresses);
+`off_policy_problem` names a loss with no off-policy correction while `max_async_level > 0`.
+Each refusal is one line naming the keys to change. Called by `plan/run.py`, which makes the
+configs they read.
 """
 
 from __future__ import annotations
@@ -80,3 +81,14 @@ def _same_host(a: str, b: str) -> bool:
         return True
     a, b = a.lower(), b.lower()  # host names are case-insensitive
     return a == b or (is_loopback_host(a) and is_loopback_host(b) and "localhost" in (a, b))
+
+
+def off_policy_problem(max_async_level: int, clip: object, ratio_mask: object) -> str | None:
+    """Why the loss has no off-policy correction for samples up to `max_async_level` steps stale (None: it has)."""
+    if max_async_level == 0 or clip is not False or ratio_mask is not None:
+        return None
+    return (
+        f"max_async_level = {max_async_level}: samples may come from policies {max_async_level} step(s) old, but "
+        "trainer.loss has no off-policy correction (clip = false and no ratio_mask): their importance ratios are "
+        "unbounded; set trainer.loss.clip = [0.2, 0.2] or trainer.loss.ratio_mask = [0.5, 2.0], or max_async_level = 0"
+    )
