@@ -16,7 +16,7 @@ no network but the chat proxy's port, no host files but its image, a uid of its 
 started with `files` in its workdir and closed with everything in it when the episode ends, at
 `timeout_s` and on cancellation; a failure of the sandbox itself is an error Trace of its
 `sandbox_*` type. The same URL reaches the proxy inside (its port is forwarded, sandbox/bridge.py).
-What the program's model calls may cost the worker is bounded by `proxy` (chat_proxy.py); calls
+What the program's model calls may cost the worker is bounded by `proxy` (proxy/chat.py); calls
 the proxy refused are counted in the rollout's `proxy_refused` metric.
 """
 

@@ -1,4 +1,4 @@
-"""Inside a sandbox: one run of a program by the warm server there (warm_server.py), as if run directly.
+"""Inside a sandbox: one run of a program by the warm server there (server.py), as if run directly.
 
 Guarantee: reads one run request (JSON, warm_server.RunRequest without `env` defaults) on stdin,
 waits (bounded) for the warm server's socket, has it fork the run with the sandbox's environment

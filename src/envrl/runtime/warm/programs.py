@@ -1,4 +1,4 @@
-"""Programs run by forks of warm interpreters: the client side of warm_server.py.
+"""Programs run by forks of warm interpreters: the client side of server.py.
 
 Guarantee: `WarmPrograms.run` runs `interpreter program *args` (or `interpreter -m NAME *args`) with the given environment and
 working directory in a child forked from that program's warm server (one per program, started

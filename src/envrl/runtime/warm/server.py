@@ -8,13 +8,13 @@ is answered on the request's connection. A run whose connection closes before it
 killed with its whole process group; when this server's stdin closes (its parent stopped it or
 died, even by SIGKILL) every live run is killed the same way; when this server is SIGKILLed
 itself, every live run gets SIGKILL from the kernel (its parent-death signal) and the caller
-waiting on it kills the run's process group (warm_programs.py), the socket's directory (its
+waiting on it kills the run's process group (programs.py), the socket's directory (its
 parent's, holding the runs' output files) is removed and the server exits. Modules a
 run imported lazily (httpx's transport on the first client, say) are imported by the server
 after that run, so later forks start with them (a run that serves until it is killed, an MCP
 tool server, reports them `REPORT_AFTER_S` into its life).
 
-    PYTHON warm_server.py PROGRAM SOCKET       (PROGRAM: a file, or "-m NAME" for a module)
+    PYTHON server.py PROGRAM SOCKET       (PROGRAM: a file, or "-m NAME" for a module)
 
 The server runs the program's top level once (a module's under its own name), so its entry
 point must sit under `if __name__ == "__main__"`, as verifiers' programs and toolsets have it.

@@ -2,7 +2,7 @@
 
 Guarantee: each envrl rollout is one verifiers episode of the task, run by verifiers' own env,
 harness (in the local `subprocess` runtime unless the config names another; its programs forked
-from warm interpreters, verifiers_runtime.py) and scoring; every model call the harness makes
+from warm interpreters, runtime.py) and scoring; every model call the harness makes
 reaches envrl's model client through a chat proxy in this process and is recorded as a Turn
 with the exact tokens the client returned. `run_rollout` and `run_group`
 never raise (cancellation aside): a failure inside verifiers or the adapter becomes an error Trace.

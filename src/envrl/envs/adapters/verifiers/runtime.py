@@ -3,11 +3,11 @@ or inside a sandbox per episode.
 
 Guarantee: inside `local_runtimes(placement)`, the runtime verifiers makes for an episode's
 agent (a `subprocess` config) is a `SandboxRuntime` when the placement has sandboxes
-(verifiers_sandbox.py), and one it makes for anything else then (a tool server) is refused
+(sandbox.py), and one it makes for anything else then (a tool server) is refused
 unless the placement says `tools_on_host`; every other runtime verifiers makes for a
 `subprocess` config (the episode's without a sandbox, its tool servers') is a
 `WarmSubprocessRuntime` when `pool` is given: it runs a harness's prepared program (`prepare_uv_script`) through
-the pool (in a child forked from a warm interpreter of that program, warm_programs.py), with the
+the pool (in a child forked from a warm interpreter of that program, runtime/warm/programs.py), with the
 argv, environment and working directory the plain runtime would have given it, and answers the
 same `ProgramResult`; everything else it runs exactly as the plain runtime does.
 

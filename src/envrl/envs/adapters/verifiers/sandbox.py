@@ -11,8 +11,8 @@ routes verifiers hands the runtime before the agent starts (its interception ser
 servers), at the same URLs (`prepare_execution`). Tool servers verifiers starts for an episode
 in runtimes of their own stay on the host, as with the plain runtime. With `warm` > 0, once an
 episode has prepared its harness program, later episodes take their sandbox from a pool whose
-sandboxes already run a warm server of that program (warm_server.py, imported ahead inside the
-sandbox), and the program's run is a fork of it (warm_client.py): each episode still has a
+sandboxes already run a warm server of that program (runtime/warm/server.py, imported ahead inside the
+sandbox), and the program's run is a fork of it (runtime/warm/client.py): each episode still has a
 sandbox of its own, and the imports are paid before the episode instead of in it.
 """
 
