@@ -1,13 +1,5 @@
-"""One config loader for every entry point.
-
-Guarantee: a config is built from defaults, then `--config` TOML files in order (deep-merged),
-then dotted command-line overrides, then the renamed keys that still work moved to their new
-names (`config_migrations.MIGRATIONS`, each with ONE warning line), and validated once. Any
-problem (unknown key, wrong type, missing file, a key renamed or removed for good) becomes a
-`ConfigError` whose message is ONE line naming the dotted key, where the value came from, and
-the closest valid key (phrased by `config_schema.describe_error`, which also walks the model
-tree for typing overrides and `--help`); entry points turn it into exit code 2.
-"""
+"""One config loader for every entry point: defaults, `--config` files, command-line overrides, renamed keys, then
+one validation; any problem is a `ConfigError` of ONE line naming the dotted key, its source and the closest key."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Every config key that was renamed, moved or removed, in one table.
-
-Guarantee: the loader (`config.py`) consults `MIGRATIONS` for every config it reads. A key whose
-`removed_in` version is still ahead is moved to its new key (or, removed, dropped) with ONE
-warning line naming the new key and the version that refuses it; from `removed_in` on, the old
-key is refused in ONE line naming the new key or what took its place (`config_schema.describe_error`).
-Each row names its config model by class name, so a row follows its model when the module moves
-(tests/unit/test_config_migrations.py checks every row against the models). The history, by
-version, is docs/CHANGELOG.md.
-"""
+"""Every renamed, moved or removed config key in one table: warned once and moved until its `removed_in` version,
+then refused in ONE line naming the new key or what took its place (history: docs/CHANGELOG.md)."""
 
 from __future__ import annotations
 

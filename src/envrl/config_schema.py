@@ -1,13 +1,5 @@
-"""What a dotted key means in a tree of config models, and a validation error as one line.
-
-Guarantee: `_models_at`/`types_at_path` follow a key path through nested models, lists and unions
-(narrowed by a table's `type` tag) exactly as pydantic validates it, so the loader types a
-command-line value, `--help` lists a key, and `describe_error` names the closest valid key from the same
-walk; `describe_error` turns any pydantic error into ONE line naming the dotted key as the user wrote it
-(union tags dropped), the source that set it, and a renamed key's successor or a removed key's
-reason (from `config_migrations.MIGRATIONS`), a key one table too high, or a did-you-mean. The
-loader is `envrl/config.py`.
-"""
+"""A dotted key followed through the config models exactly as pydantic validates it (overrides, `--help`, did-you-mean),
+and any validation error as ONE line naming the key as the user wrote it and where it was set."""
 
 from __future__ import annotations
 
