@@ -1,12 +1,5 @@
-"""Config of one env: the env and its server (`EnvConfig`; declared in `[[orchestrator.envs]]`,
-`DeclaredEnvConfig`) and, apart from it, how an eval scores it (`EvalScoringConfig`; an
-`[[orchestrator.eval.env]]` table names a declared env, `EvalTableConfig`). An eval env is the
-pair, composed where it is used: `OrchestratorConfig.eval_envs` and `rl eval`'s `[[env]]`.
-
-Guarantee: a declaration builds its env server (`server_launch`) and its sampling args in one
-place, whoever starts it; an eval table holds only what scores its env (any server key in it is
-refused, naming where it belongs); pass@k asks for no more rollouts than a task gets.
-"""
+"""Config of one env (`EnvConfig`) and of how an eval scores it (`EvalScoringConfig`): a declaration builds its server
+launch and sampling args in one place; an eval table holds only what scores its env (docs/config.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""An environment behind its env server, as the orchestrator and `rl eval` call it: connect, run
-rollouts with retries, wait for a lost server.
-
-Guarantee: a rollout call on an `EnvHandle` returns one Trace per rollout asked for: re-run up to
-`max_retries` times while they come back with errors, and re-run without limit (each counted in
-`retried_rollouts`) when the server was lost, once it answers again. Only a server that is not
-back within `reconnect_timeout_s`, or a sidecar whose supervision ended (`Sidecars`: out of
-restarts), raises `EnvUnavailable`. A server whose model client (its `info`) is not the one this
-handle's rollouts are planned with is refused, at start and whenever it answers again, naming
-both, so no run is fed another model's tokens. An env without an `address` gets the server planned for it
-(`envclient/plan.py`) from `Sidecars`, which spawns, restarts and stops it; a handle never starts a
-process. The caller never imports environment code: it only talks to servers.
-"""
+"""An env behind its server: a rollout call returns one Trace per rollout asked for (errors retried `max_retries` times,
+a lost server waited for up to `reconnect_timeout_s`), and a server serving another model client is refused."""
 
 from __future__ import annotations
 
