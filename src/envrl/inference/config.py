@@ -1,9 +1,5 @@
-"""Config of the `inference` entry point.
-
-Guarantee: everything vLLM is started with comes from this model (engine options pass through
-`vllm` untouched) plus the documented CPU defaults, and every file vLLM writes (compile cache,
-RPC sockets, temp files) lands under `<output_dir>/inference/`.
-"""
+"""Config of the `inference` entry point: vLLM starts with this model's options (`vllm` passed through) plus the CPU
+defaults, and every file vLLM writes lands under `<output_dir>/inference/`."""
 
 from __future__ import annotations
 
