@@ -1,12 +1,5 @@
-"""`RLConfig`: one file for a whole run, the user's keys only.
-
-Guarantee: an `RLConfig` holds what the user wrote (with defaults), never a value derived from
-another section: `launcher/plan.py`'s `plan` turns it into each process's own complete config,
-once. The keys that `rl` sets itself in a process's section (`SHARED_KEYS`, `SET_BY_RL`) are
-`owned_keys`: left out of `--help`, and refused by `plan` when given. The launcher's own keys
-(which devices and how many of each process: `[placement]`; hosts: `[slurm]`; cores: `[cpus]`)
-live in sections of their own, never in a process's.
-"""
+"""`RLConfig`: one file for a whole run, the user's keys only (never a value derived from another section); the keys
+`rl` sets itself in a process's section are `owned_keys`, out of `--help` and refused when given."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Combinations of an `rl` run's keys that cannot work together, found before anything starts.
-
-Guarantee: `check_lengths` refuses a turn's `max_tokens` that fills the model's context and a
-training sample longer than the trainer's micro-batch; `check_no_shared_port` refuses two
-processes of the run on one port of one host (a wildcard bind takes the port on every
-interface; `external_ports` lists the env servers at the user's own addresses). Each refusal
-is one `ConfigError` line naming the keys to change. Called by `launcher/plan.py`, which makes
-the configs they read.
-"""
+"""Key combinations of an `rl` run that cannot work (a turn that fills the context, a sample past the micro-batch,
+two processes on one port of one host), each refused before anything starts as one `ConfigError` line naming the
+keys."""
 
 from __future__ import annotations
 

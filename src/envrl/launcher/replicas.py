@@ -1,10 +1,5 @@
-"""The inference replicas of an `rl` run: one vLLM server per replica, each on a port of its own.
-
-Guarantee: replica i of k serves on `inference.port + i` with the run's inference options, is
-named `inference` (k = 1) or `inference-<i>`, which names its config (`configs/<name>.toml`) and
-its log (`logs/<name>.log`); `wait_for_replicas` returns only once every replica answers /health,
-and fails at the run's one start-up limit (`READY_TIMEOUT_KEY`) naming that key.
-"""
+"""Replica i of k serves on `inference.port + i`, named `inference` or `inference-<i>` (its config and log);
+`wait_for_replicas` returns once every replica answers /health, or fails at the run's one start-up limit."""
 
 from __future__ import annotations
 
