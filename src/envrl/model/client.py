@@ -1,12 +1,5 @@
-"""How environments talk to a model: one `ModelClient` interface, built from a serialisable config.
-
-Guarantee: every client answers `generate(messages, sampling, tools=..., previous=...)` with the
-assistant message, and the train and scripted-with-tokenizer clients also with the exact prompt
-and completion token ids and the sampled tokens' logprobs (validated to be the same length);
-the train client also with the policy step that sampled each token, as the server labels them.
-A `ClientConfig` is plain data, so it can cross the env-server wire; the train client keeps the
-branch's tokens (see `chat_tokens`), never re-tokenising earlier turns.
-"""
+"""How envs talk to a model: every `ModelClient` answers `generate` with the assistant message (train clients also
+with exact token ids, their logprobs of equal length and each token's policy step); a `ClientConfig` is plain data."""
 
 from __future__ import annotations
 
