@@ -1,13 +1,5 @@
-"""Group-relative advantages.
-
-Guarantee: a group's baseline holds only its rollouts with a reward and no error (`baseline`):
-a rollout whose env or infrastructure failed never enters it, and a group with fewer than
-`MIN_BASELINE` such rollouts (or fewer than its size, for groups of one) is not trained on. A
-group's advantages are its baseline's rewards minus their mean, optionally divided by a
-reward standard deviation (the group's own, or the whole batch's), in the group's order; a group
-whose rewards are all equal carries no learning signal and is either kept with zero advantages
-or dropped, as configured.
-"""
+"""Group-relative advantages: a group's baseline holds only its scored, error-free rollouts (too few: not trained
+on), and its advantages are their rewards minus the mean, optionally scaled by a reward standard deviation."""
 
 from __future__ import annotations
 

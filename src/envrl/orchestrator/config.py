@@ -1,10 +1,5 @@
-"""Config of the orchestrator: its envs, batch shape, async bound, sampling and outputs.
-
-Guarantee: an `OrchestratorConfig` that validates declares every env once (`envs`), uniquely
-named, with unique addresses, at least one of them trained on, ratios on all train envs or on
-none; every eval table names one declared env (each at most once) and every env not trained on
-is evaluated; and a batch holds whole groups.
-"""
+"""Config of the orchestrator: a valid one declares every env once, uniquely named and addressed, at least one
+trained, every eval table naming one declared env, and batches of whole groups."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""The plan of an orchestrator's envs: for each train env, then each eval env, the model client its
-rollouts use and the server they go to.
-
-Guarantee: `env_plan(config)` is pure and is what the orchestrator runs: its handles connect to
-the planned addresses with the planned clients, and it spawns exactly the planned servers
-(`Sidecars`), each admitting only the orchestrator's CURVE key (made by `Sidecars` in
-`<output_dir>/curve/`); `orchestrator --dry-run` prints it (`dry_run_text`). An env's rollouts use its own
-`client` if it has one, else the run's train client. `rl`'s plan (`launcher/plan.py`) calls
-`env_plan` with its fixed ports and CURVE keys and starts those servers itself, so the
-orchestrator it starts finds an address on every env and spawns nothing.
-"""
+"""`env_plan(config)`, pure: per train env then eval env, the model client its rollouts use and the server they go
+to; the orchestrator connects and spawns exactly what it plans, each server admitting only its CURVE key."""
 
 from __future__ import annotations
 
