@@ -1,11 +1,5 @@
-"""Configuration of an env server: the environment, its address, worker pool, timeouts, limits.
-
-Guarantee: an `EnvServerConfig` that validates describes a server that can start: pool sizes are
-positive, a non-loopback address comes with CURVE keys or an explicit `insecure = true`, and
-its workers reach only the model server, API key variable and tokenizer of its one model client
-(`client`, set by whoever starts it): no request names a client.
-`PoolConfig` and `EnvTimeoutConfig` are shared with the orchestrator's env configs.
-"""
+"""Config of an env server: a valid `EnvServerConfig` can start (positive pool sizes, a non-loopback address with
+CURVE keys or `insecure = true`), and its workers reach only its one model client; no request names a client."""
 
 from __future__ import annotations
 
