@@ -1,9 +1,5 @@
-"""Trainer config: everything `trainer --config x.toml` reads, and nothing else.
-
-Guarantee: a validated `TrainerConfig` is self-consistent (bounds ordered, positive sizes), so
-the training loop never re-checks its options; `model`, `output_dir`, `max_steps` and
-`max_async_level` are the keys `RLConfig` shares with the other processes.
-"""
+"""Trainer config: a validated `TrainerConfig` is self-consistent, so the loop never re-checks its options; `model`,
+`output_dir`, `max_steps` and `max_async_level` are the keys `RLConfig` shares with every process."""
 
 from __future__ import annotations
 
