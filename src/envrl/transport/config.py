@@ -1,8 +1,5 @@
-"""Config of the weight transport (`trainer.weights`).
-
-Guarantee: a validated `WeightsConfig` names one transport and one collective; the replicas'
-side is set by `rl` to match (envrl.inference.server).
-"""
+"""Config of the weight transport (`trainer.weights`): a validated `WeightsConfig` names one transport and one
+collective; `rl` sets the replicas' side to match."""
 
 from __future__ import annotations
 
