@@ -1,5 +1,5 @@
 """`run_forked(fn, timeout)`: `fn()`'s result, `ForkedCallError` or `TimeoutError`, the child killed with everything it
-started at its deadline; answers are msgpack, never pickle (the how, shared children: docs/sandbox.md)."""
+started at its deadline; answers are msgpack, never pickle (shared children: docs/running.md)."""
 
 from __future__ import annotations
 
