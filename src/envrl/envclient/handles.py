@@ -18,6 +18,7 @@ from envrl.envclient.plan import plan_env
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
 from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
+from envrl.serve.config import KILL_GRACE_S
 from envrl.serve.launch import EnvServerLaunch
 from envrl.serve.protocol import ClientInfo, ServerInfo
 
@@ -99,7 +100,7 @@ class EnvHandle(Generic[C]):
         timeout = self.config.timeout.rollout_s
         self._client = EnvClient(
             address,
-            timeout=None if timeout is None else timeout + self.config.timeout.kill_grace_s + CLIENT_SLACK,
+            timeout=None if timeout is None else timeout + KILL_GRACE_S + CLIENT_SLACK,
             curve=self.config.curve,
             capacity_wait=self.config.at_capacity_wait_s,
             on_at_capacity=self._count_at_capacity,
@@ -200,7 +201,7 @@ class EnvHandle(Generic[C]):
         assert self._client is not None
         address, timeout = self._client.address, self.config.reconnect_timeout_s
         logger.warning(
-            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout_s)"
+            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it"
         )
         back = asyncio.ensure_future(self._client.wait_until_ready(timeout))
         ended = asyncio.ensure_future(self.sidecars.ended()) if self.config.address is None and self.sidecars else None
@@ -213,7 +214,7 @@ class EnvHandle(Generic[C]):
         except EnvServerError as e:
             raise EnvUnavailable(
                 f"{self.split} env {self.name!r}: the env server at {address} did not answer again within {timeout:g} s "
-                f"({e}); restart it, or raise envs.reconnect_timeout_s"
+                f"({e}); restart it"
             ) from None
         finally:
             for wait in (back, ended):

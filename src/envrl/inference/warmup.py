@@ -10,7 +10,7 @@ from typing import Any
 from loguru import logger
 
 WARMUP_ENV = "ENVRL_INFERENCE_WARMUP_REQUESTS"
-"""Carries `inference.warmup_requests` from the entry point to the endpoint plugin that runs it."""
+"""Carries `InferenceConfig.warmup_requests` from the entry point to the endpoint plugin that runs it."""
 PROMPT_TOKENS = 16
 MAX_TOKENS = 8
 

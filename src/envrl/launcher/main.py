@@ -52,7 +52,7 @@ shell (`eval` is a builtin). Adding a command is one line here."""
 
 USAGE = """usage: rl --config FILE.toml [--section.key VALUE ...] [--resume | --clean] [--dry-run | --slurm]
        rl COMMAND ...        commands: eval, report, envs, sft, replay (rl COMMAND --help)
-       rl --help             every option;  rl --version
+       rl --help             the options people change;  rl --help-all  every option;  rl --version
 
 The smoke run (a tiny model learns on CPU in about a minute):
   uv run --no-sync rl --config configs/debug/cpu_smoke.toml"""

@@ -109,18 +109,18 @@ class ChatClientConfig(_Plain):
     model: str
     api_key_env: str | None = None
     """Name of the environment variable holding the API key (keys never go into configs)."""
-    return_tokens: bool = False
-    """Ask a vLLM server for prompt/completion token ids and logprobs too."""
     extra_body: dict[str, Any] = {}
     """Extra request fields, passed as-is."""
-    retry: RetryPolicy = RetryPolicy()
 
 
 class EvalClientConfig(ChatClientConfig):
     """A chat client where a model client may be of any kind (`rl eval --client`, an env server's
-    `--client`): the same keys, picked by `type = "eval"`."""
+    `--client`): the same keys, picked by `type = "eval"`, plus tokens and retries."""
 
     type: Literal["eval"] = "eval"
+    return_tokens: bool = False
+    """Ask a vLLM server for prompt/completion token ids and logprobs too."""
+    retry: RetryPolicy = RetryPolicy()
 
     @classmethod
     def of(cls, chat: ChatClientConfig) -> EvalClientConfig:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
-
+from envrl.config import BaseConfig
 from envrl.data.traces import Trace
 
 MIN_BASELINE = 2
@@ -22,9 +21,7 @@ def baseline(traces: Sequence[Trace]) -> list[Trace]:
     return good if len(good) >= min(MIN_BASELINE, len(traces)) else []
 
 
-class AdvantageConfig(BaseModel):
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
+class AdvantageConfig(BaseConfig):
     scale: Literal["none", "group", "batch"] = "none"
     """What the centred rewards are divided by: nothing (Dr. GRPO), the group's reward standard
     deviation (GRPO), or the standard deviation of every reward in the step's batch (TRL's
@@ -34,8 +31,8 @@ class AdvantageConfig(BaseModel):
     mask_truncated: bool = False
     """Train no sample of a truncated rollout (cut off by `max_tokens`, the episode budget or the
     context); its reward still counts in its group's mean (TRL's `mask_truncated_completions`)."""
-    eps: float = 1e-6
-    """Added to a standard deviation before dividing by it."""
+    eps: ClassVar[float] = 1e-6
+    """Added to a standard deviation before dividing by it (fixed)."""
 
 
 def _std(values: Sequence[float]) -> float:

@@ -8,6 +8,7 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
+from typing import ClassVar
 
 from loguru import logger
 from pydantic import Field, model_validator
@@ -43,10 +44,10 @@ class DistillConfig(BaseConfig):
     reward_coef: float = Field(0.0, ge=0)
     """Weight of the env's group advantage; 0 (the default) distils alone, the reward then only
     shows in metrics and evals."""
-    max_concurrency: int = Field(16, ge=1)
+    max_concurrency: ClassVar[int] = 16
     """Samples scored by the teacher at once."""
-    ready_timeout_s: float = Field(600.0, gt=0)
-    """Seconds to wait at start-up for the teacher to answer."""
+    ready_timeout_s: ClassVar[float] = 600.0
+    """Seconds to wait at start-up for the teacher to answer (one inference start-up limit, as rl's)."""
 
     @model_validator(mode="after")
     def _one_teacher(self) -> DistillConfig:

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from envrl.config import BaseConfig, ModelConfig
+from envrl.config import BaseConfig, RunKeys
 from envrl.telemetry.log import LogConfig
 from envrl.telemetry.metrics import WandbConfig
 from envrl.transport.config import WeightsConfig
@@ -111,14 +110,7 @@ class CheckpointConfig(BaseConfig):
     """Resume from `checkpoints/step_<resume_step>/` (an error if it is missing)."""
 
 
-class TrainerConfig(BaseConfig):
-    model: ModelConfig = ModelConfig()
-    output_dir: Path = Path("outputs/run")
-    """Run directory: reads `rollouts/step_<n>/`, writes `weights/`, `checkpoints/`, `metrics.jsonl`."""
-    max_steps: int = Field(20, ge=1)
-    """Stop after this many optimizer steps (step n trains on rollouts/step_<n>)."""
-    max_async_level: int = Field(1, ge=0)
-    """Batch n must come from policies >= n - max_async_level; an older sample is an error."""
+class TrainerConfig(RunKeys):
     resume: bool = False
     """Continue from the newest checkpoint in `output_dir` (start fresh if there is none)."""
     seed: int = 0

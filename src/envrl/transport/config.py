@@ -3,7 +3,7 @@ collective; `rl` sets the replicas' side to match."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -35,5 +35,5 @@ class WeightsConfig(BaseConfig):
     timeout_s: float = Field(1800.0, gt=0)
     """How long the trainer waits for the replicas to join a policy sent in memory; then its
     snapshot and rendezvous are released."""
-    bucket_mb: int = Field(256, ge=1)
+    bucket_mb: ClassVar[int] = 256
     """Size of one broadcast buffer (gloo); tensors are packed into buffers of up to this."""
