@@ -26,8 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envrl.config import ModelConfig
-from envrl.inference.adapter import lora_serving_options
-from envrl.inference.config import InferenceConfig
+from envrl.inference.config import InferenceConfig, lora_serving_options
 from envrl.inference.cpu_lora import STOCK_ENV
 from envrl.inference.server import start
 from envrl.model.inference import InferenceClient

@@ -24,41 +24,50 @@ _REGROUP = ("0.2", "0.3")
 """The tree regroup (issue 30): root modules into data/, runtime/ and telemetry/, the model client
 library into model/, `rl eval` into eval/."""
 
-MOVED: dict[str, Moved] = {
-    old: Moved(new, *_REGROUP)
-    for old, new in {
-        "envrl.traces": "envrl.data.traces",
-        "envrl.seeds": "envrl.data.seeds",
-        "envrl.samples": "envrl.data.samples",
-        "envrl.layout": "envrl.data.layout",
-        "envrl.atomic": "envrl.runtime.atomic",
-        "envrl.guarded": "envrl.runtime.guarded",
-        "envrl.http": "envrl.runtime.http",
-        "envrl.lifeline": "envrl.runtime.lifeline",
-        "envrl.net": "envrl.runtime.net",
-        "envrl.process": "envrl.runtime.process",
-        "envrl.console": "envrl.telemetry.console",
-        "envrl.ledger": "envrl.telemetry.ledger",
-        "envrl.log": "envrl.telemetry.log",
-        "envrl.metrics": "envrl.telemetry.metrics",
-        "envrl.progress": "envrl.telemetry.progress",
-        "envrl.envs.model_client": "envrl.model.client",
-        "envrl.envs.chat_tokens": "envrl.model.chat_tokens",
-        "envrl.envs.tool_calls": "envrl.model.tool_calls",
-        "envrl.inference.client": "envrl.model.inference",
-        "envrl.inference.replicas": "envrl.model.replicas",
-        "envrl.orchestrator.envs": "envrl.envclient.handles",
-        "envrl.orchestrator.evaluate": "envrl.eval.main",
-    }.items()
-} | {
-    old: Moved(new, "0.2", "0.3")
-    for old, new in {  # the client side of env servers left the orchestrator (issue 40)
-        "envrl.orchestrator.env_config": "envrl.envclient.config",
-        "envrl.orchestrator.env_handles": "envrl.envclient.handles",
-        "envrl.orchestrator.eval_grid": "envrl.envclient.eval_grid",
-        "envrl.launcher.supervisor": "envrl.runtime.supervisor",
-    }.items()
-}
+MOVED: dict[str, Moved] = (
+    {
+        old: Moved(new, *_REGROUP)
+        for old, new in {
+            "envrl.traces": "envrl.data.traces",
+            "envrl.seeds": "envrl.data.seeds",
+            "envrl.samples": "envrl.data.samples",
+            "envrl.layout": "envrl.data.layout",
+            "envrl.atomic": "envrl.runtime.atomic",
+            "envrl.guarded": "envrl.runtime.guarded",
+            "envrl.http": "envrl.runtime.http",
+            "envrl.lifeline": "envrl.runtime.lifeline",
+            "envrl.net": "envrl.runtime.net",
+            "envrl.process": "envrl.runtime.process",
+            "envrl.console": "envrl.telemetry.console",
+            "envrl.ledger": "envrl.telemetry.ledger",
+            "envrl.log": "envrl.telemetry.log",
+            "envrl.metrics": "envrl.telemetry.metrics",
+            "envrl.progress": "envrl.telemetry.progress",
+            "envrl.envs.model_client": "envrl.model.client",
+            "envrl.envs.chat_tokens": "envrl.model.chat_tokens",
+            "envrl.envs.tool_calls": "envrl.model.tool_calls",
+            "envrl.inference.client": "envrl.model.inference",
+            "envrl.inference.replicas": "envrl.model.replicas",
+            "envrl.orchestrator.envs": "envrl.envclient.handles",
+            "envrl.orchestrator.evaluate": "envrl.eval.main",
+        }.items()
+    }
+    | {
+        old: Moved(new, "0.2", "0.3")
+        for old, new in {  # the client side of env servers left the orchestrator (issue 40)
+            "envrl.orchestrator.env_config": "envrl.envclient.config",
+            "envrl.orchestrator.env_handles": "envrl.envclient.handles",
+            "envrl.orchestrator.eval_grid": "envrl.envclient.eval_grid",
+            "envrl.launcher.supervisor": "envrl.runtime.supervisor",
+        }.items()
+    }
+    | {
+        old: Moved(new, "0.2", "0.3")
+        for old, new in {  # every file format and client has one home (issue 54)
+            "envrl.serve.client": "envrl.envclient.client",
+        }.items()
+    }
+)
 """Old module path -> where it lives now, the version that moved it and the first version without
 the old path (a row is deleted in that version, with a line in docs/CHANGELOG.md)."""
 

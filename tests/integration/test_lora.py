@@ -23,8 +23,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from envrl.config import ModelConfig
-from envrl.inference.adapter import lora_serving_options
-from envrl.inference.config import InferenceConfig
+from envrl.inference.config import InferenceConfig, lora_serving_options
 from envrl.inference.server import start
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.tiny import DEFAULT_DIR

@@ -55,7 +55,7 @@ RELOADED = re.compile(r"weights reloaded from (\S+)/step_(\d+) in")
 PARENT = """
 import sys, time
 from pathlib import Path
-from envrl.launcher.commands import trainer_argv
+from envrl.launcher.plan.commands import trainer_argv
 from envrl.runtime.process import spawn
 spawn(trainer_argv(sys.executable, 2, Path(sys.argv[1])), name="trainer", log_file=Path(sys.argv[2]))
 print("spawned", flush=True)

@@ -25,7 +25,7 @@ from compass.demos import demonstration, solver_calls
 from envrl.config import load_config, resolve_config
 from envrl.envs import TrainClientConfig
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 from envrl.trainer import sft
 from envrl.trainer.parallel import init_runtime, shutdown
 from tests.support.in_process_run import train_in_process

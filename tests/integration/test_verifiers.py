@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from envrl.envclient.client import EnvClient, EnvServerError
 from envrl.model.chat_tokens import chat_renderer
-from envrl.serve.client import EnvClient, EnvServerError
 from tests.support.env_servers import RunningServer, alive, children, wait_until
 from tests.support.standin_inference import serving
 from tests.support.verifiers_env import (

@@ -5,7 +5,7 @@ import typing
 from pydantic import BaseModel
 
 from envrl.config_schema import unwrap_types
-from envrl.eval.main import EvalCommandConfig
+from envrl.eval.config import EvalCommandConfig
 from envrl.launcher.config import RLConfig
 from envrl.serve.config import EnvServerConfig
 from envrl.trainer.sft import SFTConfig

@@ -13,7 +13,7 @@ from envrl.config_schema import types_at_path, user_keys
 from envrl.inference.config import InferenceConfig
 from envrl.launcher.config import RLConfig
 from envrl.launcher.main import main
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.serve.config import EnvServerConfig
 from envrl.trainer.config import TrainerConfig

@@ -61,3 +61,17 @@ def test_the_env_client_library_imports_none_of_its_users() -> None:
         for name in sorted(envrl_imports(path) & users)
     ]
     assert not wrong, "envclient reaches up into a package that uses it:\n" + "\n".join(wrong)
+
+
+def test_the_launcher_reads_the_orchestrator_only_through_its_config() -> None:
+    """`rl` plans the orchestrator's process from `orchestrator.config` (its envs by `envclient/plan.py`); it
+    reaches no orchestrator internal, so the orchestrator can change inside without `rl` changing."""
+    wrong = [
+        f"{path.relative_to(SRC)} imports {node.module}"
+        for path in sorted((SRC / "launcher").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("envrl.orchestrator")
+        and node.module != "envrl.orchestrator.config"
+    ]
+    assert not wrong, "the launcher imports orchestrator internals:\n" + "\n".join(wrong)

@@ -27,7 +27,7 @@ OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 INFRA_ERRORS = frozenset(
     {
         "worker_died",  # the env worker process died running it (serve/protocol.py), re-runs spent
-        "unavailable",  # the env server was lost and not back (serve/client.py)
+        "unavailable",  # the env server was lost and not back (envclient/client.py)
         "at_capacity",  # the env server refused it: every slot busy, its queue full
         "shutting_down",  # the env server was draining
         "internal_error",  # a bug in the env server, not in the env

@@ -13,11 +13,11 @@ from loguru import logger
 
 from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
+from envrl.envclient.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.envclient.config import DeclaredEnvConfig, EnvConfig
-from envrl.envclient.plan import plan_env
+from envrl.envclient.plan import PlannedEnv, plan_env
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
-from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.serve.config import KILL_GRACE_S
 from envrl.serve.launch import EnvServerLaunch
 from envrl.serve.protocol import ClientInfo, ServerInfo
@@ -76,6 +76,23 @@ class EnvHandle(Generic[C]):
         self._client: EnvClient | None = None
         self._back: asyncio.Task[None] | None = None
         """The one wait for a lost server to answer again, shared by every call that lost it."""
+
+    @classmethod
+    def of(
+        cls, planned: PlannedEnv[C], sidecars: Sidecars, sampling: SamplingParams, counters: Counter[str] | None = None
+    ) -> EnvHandle[C]:
+        """The handle of a `planned` env (`env_plan`): its client, its server external or spawned by
+        `sidecars`, given the sidecars' `ready_timeout` to answer."""
+        return cls(
+            planned.env,
+            split=planned.split,
+            client=planned.client,
+            sampling=sampling,
+            ready_timeout=sidecars.ready_timeout,
+            sidecars=sidecars,
+            server=planned.server,
+            counters=counters,
+        )
 
     @property
     def expected_client(self) -> ClientInfo:

@@ -10,15 +10,8 @@ from envrl.config import ConfigError
 from envrl.transport.files import WeightsError
 from envrl.transport.source import AdapterWeights
 
-SERVABLE_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The values vLLM 0.32 takes for `max_lora_rank`."""
 ADAPTER_NAME = "envrl-policy"
 ADAPTER_ID = 1
-
-
-def lora_serving_options(rank: int) -> dict[str, Any]:
-    """vLLM options that serve adapters of rank `rank`: LoRA on, the smallest servable max rank."""
-    return {"enable_lora": True, "max_lora_rank": next(r for r in SERVABLE_RANKS if r >= rank)}
 
 
 def check_adapter(adapter: AdapterWeights, max_rank: int) -> None:

@@ -15,6 +15,14 @@ from envrl.runtime.net import is_loopback_host
 from envrl.runtime.secrets import RELOAD_TOKEN_ENV
 from envrl.telemetry.log import LogConfig
 
+SERVABLE_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.32 takes for `max_lora_rank`."""
+
+
+def lora_serving_options(rank: int) -> dict[str, Any]:
+    """vLLM options that serve adapters of rank `rank`: LoRA on, the smallest servable max rank."""
+    return {"enable_lora": True, "max_lora_rank": next(r for r in SERVABLE_RANKS if r >= rank)}
+
 
 class ReloadConfig(BaseConfig):
     """`POST /update_weights`: its deadline and who may call it."""

@@ -9,9 +9,9 @@ from pydantic import BaseModel, Field, model_validator
 
 from envrl.config import BaseConfig, RunKeys
 from envrl.inference.config import InferenceConfig
-from envrl.launcher.cpus import CpusConfig
 from envrl.launcher.log_rotation import LogRotationConfig
-from envrl.launcher.placement import PlacementConfig
+from envrl.launcher.plan.cpus import CpusConfig
+from envrl.launcher.plan.placement import PlacementConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.runtime.process import RestartPolicy
 from envrl.telemetry.log import LogConfig

@@ -19,13 +19,13 @@ from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.data import layout
 from envrl.envclient.curve import make_curve_keys
 from envrl.launcher import preflight, recovery, run_dir, summary
-from envrl.launcher.commands import Command
 from envrl.launcher.completed import completed_run
 from envrl.launcher.config import RLConfig
-from envrl.launcher.cpus import pin, vllm_is_cpu_build
 from envrl.launcher.log_rotation import LogRotator
-from envrl.launcher.placement import visible_gpus
-from envrl.launcher.plan import TEACHER, Machine, RunPlan, plan
+from envrl.launcher.plan.commands import Command
+from envrl.launcher.plan.cpus import pin, vllm_is_cpu_build
+from envrl.launcher.plan.placement import visible_gpus
+from envrl.launcher.plan.run import TEACHER, Machine, RunPlan, plan
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.run_keys import make_secrets
 from envrl.launcher.slurm import job_hosts, write_sbatch

@@ -11,7 +11,7 @@ import httpx
 from loguru import logger
 
 from envrl.data.layout import published_steps, rollouts_root, weights_dir, weights_root
-from envrl.launcher.commands import Command
+from envrl.launcher.plan.commands import Command
 from envrl.model.inference import InferenceClient, InferenceError
 from envrl.runtime.http import HttpCallError
 from envrl.runtime.listeners import foreign_listeners_at, squatter_error

@@ -1,12 +1,11 @@
-"""Replica i of k serves on `inference.port + i`, named `inference` or `inference-<i>` (its config and log);
-`wait_for_replicas` returns once every replica answers /health, or fails at the run's one start-up limit."""
+"""`wait_for_replicas` returns only once every inference replica of an `rl` run answers /health, and fails at the
+run's one start-up limit (`READY_TIMEOUT_KEY`) naming that key."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
 
-from envrl.config import ConfigError
 from envrl.inference.config import InferenceConfig
 from envrl.runtime.process import Child, ChildFailed
 from envrl.runtime.supervisor import Supervisor
@@ -14,21 +13,6 @@ from envrl.runtime.supervisor import Supervisor
 READY_TIMEOUT_KEY = "inference.ready_timeout_s"
 """The one start-up limit of an `rl` run's inference: the launcher counts it from the replicas'
 launch, the orchestrator (started later) from its own wait, so the launcher's check fails first."""
-
-
-def replica_name(index: int, count: int) -> str:
-    return "inference" if count == 1 else f"inference-{index}"
-
-
-def replica_configs(inference: InferenceConfig, count: int) -> dict[str, InferenceConfig]:
-    """Each of `count` replicas' own config, by replica name: one server each, on its own port."""
-    last = inference.port + count - 1
-    if last > 65535:
-        raise ConfigError(
-            f"placement.inference.replicas = {count} from inference.port = {inference.port} needs ports up to "
-            f"{last}, past 65535: lower inference.port"
-        )
-    return {replica_name(i, count): inference.model_copy(update={"port": inference.port + i}) for i in range(count)}
 
 
 def wait_for_replicas(

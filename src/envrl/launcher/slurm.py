@@ -13,9 +13,9 @@ from pathlib import Path
 from envrl.config import ConfigError, config_to_toml, resolve_config
 from envrl.data import layout
 from envrl.envclient.curve import make_curve_keys
-from envrl.launcher.commands import Command
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import Machine, RunPlan, plan
+from envrl.launcher.plan.commands import Command
+from envrl.launcher.plan.run import Machine, RunPlan, plan
 from envrl.runtime.process import ALLOWED_ENV, ALLOWED_ENV_PREFIXES
 
 FINISHING = ("trainer", "orchestrator")

@@ -12,15 +12,16 @@ from functools import partial
 from loguru import logger
 
 from envrl.data.layout import metrics_file, rollouts_root
-from envrl.envclient.handles import C, EnvHandle, TrainEnvs
-from envrl.envclient.plan import PlannedEnv
+from envrl.envclient.curve import sidecar_keys
+from envrl.envclient.handles import EnvHandle, TrainEnvs
+from envrl.envclient.plan import PlannedEnv, env_plan
 from envrl.envclient.sidecars import Sidecars
+from envrl.model.client import ClientConfig
 from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.batch import BatchBuilder
 from envrl.orchestrator.checks import StepChecks
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.distill import Distiller
-from envrl.orchestrator.plan import env_plan
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import prune_batches
 from envrl.orchestrator.rollout_files import append_group
@@ -37,12 +38,22 @@ from envrl.transport.batches import BatchSender, FileBatchSender
 from envrl.transport.weights import ReplicaPolicyLoader
 
 
+def orchestrator_envs(config: OrchestratorConfig, client: ClientConfig | None = None) -> list[PlannedEnv]:
+    """The orchestrator's envs (`env_plan`): train envs, then eval tables, on `client` (default: the
+    run's train client) where an env has no client of its own; a server it spawns binds a free
+    loopback port and admits only the sidecars' key (made by `Sidecars` in `<output_dir>/curve/`)."""
+    run_client = client or config.train_client()
+    return env_plan(
+        config.train_envs, config.eval_envs(), run_client, config.restarts, curve=sidecar_keys(config.output_dir)
+    )
+
+
 class Orchestrator:
     """Wires the run: inference client, metrics, envs, policy tracker and scheduler, all built
     here (after reading the resumed state) and released by `close()`."""
 
     def __init__(self, config: OrchestratorConfig, envs: list[PlannedEnv] | None = None) -> None:
-        """`envs`: the plan of its envs (default `env_plan(config)`, what `orchestrator --dry-run` prints)."""
+        """`envs`: the plan of its envs (default `orchestrator_envs(config)`, what `orchestrator --dry-run` prints)."""
         self.config, self.output_dir = config, config.output_dir
         resumed = resumed_state(config.output_dir, config.resume)
         self.start_step = 0 if resumed is None else resumed.step + 1
@@ -66,11 +77,13 @@ class Orchestrator:
         self.ledger = Ledger.of(self.output_dir, "orchestrator")
         self.batches: BatchSender = FileBatchSender(self.output_dir)
         self.sidecars = Sidecars(self.output_dir, config.restarts, ready_timeout=config.env_ready_timeout_s)
-        planned = env_plan(config) if envs is None else envs
-        train = [self._env(env) for env in planned if env.split == "train"]
+        planned = orchestrator_envs(config) if envs is None else envs
+        train = [
+            EnvHandle.of(env, self.sidecars, config.sampling, self.counters) for env in planned if env.split == "train"
+        ]
         self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
         self.evals = TrainEvals(
-            [self._env(env) for env in planned if env.split == "eval"],
+            [EnvHandle.of(env, self.sidecars, config.sampling) for env in planned if env.split == "eval"],
             config.eval,
             seed=config.seed,
             max_inflight=config.inflight_limit,
@@ -131,19 +144,6 @@ class Orchestrator:
         finally:
             self.watchdog.stop()
             await self.close()
-
-    def _env(self, planned: PlannedEnv[C]) -> EnvHandle[C]:
-        """A planned env's handle: its client, its server external or a sidecar (`orchestrator/plan.py`)."""
-        return EnvHandle(
-            planned.env,
-            split=planned.split,
-            client=planned.client,
-            sampling=self.config.sampling,
-            ready_timeout=self.config.env_ready_timeout_s,
-            sidecars=self.sidecars,
-            server=planned.server,
-            counters=self.counters if planned.split == "train" else Counter(),
-        )
 
     @property
     def _envs(self) -> list[EnvHandle]:

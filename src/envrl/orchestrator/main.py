@@ -15,10 +15,10 @@ from loguru import logger
 
 from envrl.config import ConfigError, load_config
 from envrl.data.private_dir import own_output_dir
+from envrl.envclient.plan import dry_run_text
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.loop import Orchestrator
-from envrl.orchestrator.plan import dry_run_text
+from envrl.orchestrator.loop import Orchestrator, orchestrator_envs
 from envrl.runtime.lifeline import parent_pid
 from envrl.runtime.process import NO_RESTART_EXIT
 from envrl.telemetry.console import RunConsole
@@ -34,8 +34,12 @@ async def _run(config: OrchestratorConfig) -> None:
     await Orchestrator(config).run()
 
 
+def _dry_run_text(config: OrchestratorConfig) -> str:
+    return dry_run_text("orchestrator", config, orchestrator_envs(config), config.output_dir)
+
+
 def main(argv: list[str] | None = None) -> None:
-    config = load_config(OrchestratorConfig, argv, prog="orchestrator", dry_run=dry_run_text)
+    config = load_config(OrchestratorConfig, argv, prog="orchestrator", dry_run=_dry_run_text)
     try:
         own_output_dir(config.output_dir)  # by hand: made 0700; under rl: rl made it, and it is ours
     except ConfigError as e:

@@ -1,5 +1,5 @@
-"""The run's rollout files (train lines, `rollouts/eval/step_<n>.jsonl`): each call appends its lines in one write,
-each naming its step, env and policy step; a failed write raises `OSError` naming the file."""
+"""The run's rollout files (train lines, `rollouts/eval/step_<n>.jsonl`; format: `data/rollout_lines.py`): each call
+appends its lines in one write, each naming its step, env and policy step; a failed write raises `OSError`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 from envrl.data.layout import train_rollouts_file
+from envrl.data.rollout_lines import append_lines, trace_line
 from envrl.data.traces import Trace
-from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.scheduler import Group
 from envrl.runtime.atomic import write_failure
 

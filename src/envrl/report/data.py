@@ -24,9 +24,9 @@ from envrl.data.layout import (
     weights_dir,
     weights_root,
 )
+from envrl.data.rollout_lines import parse_trace_line
 from envrl.data.samples import BatchError, TrainingSample, read_batch
 from envrl.data.traces import Split, Trace
-from envrl.orchestrator.jsonl import parse_trace_line
 from envrl.telemetry.metrics import metric_float
 
 Record = dict[str, Any]

@@ -7,7 +7,7 @@ import pytest
 from envrl.config import ConfigError, config_help, resolve_config
 from envrl.config_schema import types_at_path
 from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, RLConfig
-from envrl.launcher.plan import Machine, plan
+from envrl.launcher.plan.run import Machine, plan
 
 TWO_TRAIN_TWO_EVAL = [
     ("orchestrator.envs", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),

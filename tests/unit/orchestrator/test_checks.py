@@ -11,7 +11,8 @@ from envrl.config import ConfigError, resolve_config
 from envrl.data.layout import stall_dump_file
 from envrl.data.traces import Branch, Trace, Turn, WireTask
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.checks import off_policy_problem
+from envrl.launcher.plan.run import plan
 from envrl.model.tiny import CHAT_TEMPLATE, DEFAULT_DIR
 from envrl.orchestrator.checks import (
     CheckFailed,
@@ -19,7 +20,6 @@ from envrl.orchestrator.checks import (
     StepChecks,
     Streak,
     no_tool_call_cause,
-    off_policy_problem,
     template_probe,
 )
 from envrl.orchestrator.watchdog import StallWatchdog

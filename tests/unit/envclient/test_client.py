@@ -11,7 +11,7 @@ import msgpack
 import pytest
 import zmq
 
-from envrl.serve.client import BAD_RESPONSE, EnvClient, EnvServerError
+from envrl.envclient.client import BAD_RESPONSE, EnvClient, EnvServerError
 
 
 @pytest.fixture

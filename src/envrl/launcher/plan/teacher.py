@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from envrl.config import ConfigError
 from envrl.inference.config import InferenceConfig
-from envrl.launcher.placement import ROLE_KEYS, Placement
+from envrl.launcher.plan.placement import ROLE_KEYS, Placement
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.secrets import API_KEY_ENV

@@ -9,34 +9,29 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
 from envrl.config import ConfigError
 from envrl.data import layout
-from envrl.data.traces import Split
-from envrl.envclient.config import EnvConfig
-from envrl.envclient.curve import curve_keys
-from envrl.inference.config import InferenceConfig
-from envrl.launcher.commands import (
+from envrl.inference.config import InferenceConfig, lora_serving_options
+from envrl.launcher.config import SET_BY_RL, SHARED_KEYS, RLConfig, set_by_user
+from envrl.launcher.plan.checks import check_lengths, check_no_shared_port, external_ports, off_policy_problem
+from envrl.launcher.plan.commands import (
     TORCHRUN_RANK_ENV,
     Command,
-    LaunchPlan,
+    RunCommands,
     process_command,
     trainer_argv,
 )
-from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, SHARED_KEYS, RLConfig, set_by_user
-from envrl.launcher.cpus import CpuPlan, plan_cpus, trainer_env, usable_cores, vllm_is_cpu_build
-from envrl.launcher.placement import Placement, place, visible_gpus
-from envrl.launcher.plan_checks import check_lengths, check_no_shared_port, external_ports
-from envrl.launcher.replicas import replica_configs, replica_name
+from envrl.launcher.plan.cpus import CoreSplit, split_cores, trainer_env, usable_cores, vllm_is_cpu_build
+from envrl.launcher.plan.env_servers import env_servers
+from envrl.launcher.plan.placement import Placement, place, visible_gpus
+from envrl.launcher.plan.replicas import replica_configs, replica_name
+from envrl.launcher.plan.teacher import plan_teacher
 from envrl.launcher.run_keys import Secret
-from envrl.launcher.teacher import plan_teacher
-from envrl.orchestrator.checks import off_policy_problem
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.plan import env_plan
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.process import RestartPolicy
 from envrl.runtime.secrets import API_KEY_ENV
@@ -44,7 +39,6 @@ from envrl.serve.launch import EnvServerLaunch
 from envrl.trainer.config import TrainerConfig
 from envrl.transport.config import MEMORY_WITH_RESTARTS
 
-E = TypeVar("E", bound=EnvConfig)
 LOCAL_HOST = "127.0.0.1"
 """The one host of a run on this machine: its env servers and trainer rank 0 listen there."""
 TEACHER = "teacher"
@@ -91,11 +85,11 @@ class RunPlan:
     """The distillation teacher's server `rl` starts (`orchestrator.distill.teacher_weights`), or None."""
     env_servers: list[EnvServerLaunch]
     """The env servers `rl` starts: train envs, then eval tables, each without an `address`."""
-    commands: LaunchPlan
+    commands: RunCommands
     host_of: dict[str, int]
     """The index in `hosts` of each command, by command name."""
     placement: Placement
-    cpus: CpuPlan | None
+    cpus: CoreSplit | None
     secrets: list[Secret]
     """Environment secrets the launcher makes before it starts anything (`run_keys.make_secrets`)."""
     curve_dir: Path
@@ -180,14 +174,14 @@ def plan(rl: RLConfig, hosts: Sequence[str] | None = None, machine: Machine | No
     trainer, orchestrator, inference = _sections(rl, where.head)
     replicas = _replicas(rl, inference, where)
     urls = [config.base_url for config in replicas.values()]
-    orchestrator, servers = _env_servers(rl, _with_inference(orchestrator, inference, urls), where)
+    orchestrator, servers = env_servers(rl, _with_inference(orchestrator, inference, urls), where.names[where.env])
     placement = place(rl.placement, inference.vllm, None if where.job else machine.visible_gpus, where.apart)
     base = _shared(rl, "inference")  # the run's options before _sections added the policy's LoRA serving
     assert isinstance(base, InferenceConfig)
     teacher_host = where.names[where.teacher] if where.job else base.host
     neighbours = [role for role in ("trainer", "inference") if frozenset((role, "teacher")) not in where.apart]
     orchestrator, teacher = plan_teacher(orchestrator, base, teacher_host, placement, neighbours, where.job)
-    cpus = None if where.job else plan_cpus(rl.cpus, set(machine.cores), machine.cpu_vllm)
+    cpus = None if where.job else split_cores(rl.cpus, set(machine.cores), machine.cpu_vllm)
     commands, host_of = _commands(rl, replicas, teacher, servers, where, placement, cpus, machine)
     warnings = []
     if problem := off_policy_problem(rl.max_async_level, trainer.loss.clip, trainer.loss.ratio_mask):
@@ -222,9 +216,6 @@ def _sections(rl: RLConfig, head: str) -> tuple[TrainerConfig, OrchestratorConfi
     weights = trainer.weights.model_copy(update={"host": head})
     trainer = trainer.model_copy(update={"resume": rl.resume, "weights": weights})
     if trainer.lora is not None:  # the server hot-loads each step's adapter (inference.vllm wins)
-        # imported here: the module imports torch (~2 s), which only a LoRA run's plan needs
-        from envrl.inference.adapter import lora_serving_options
-
         inference = inference.model_copy(update={"vllm": {**lora_serving_options(trainer.lora.rank), **inference.vllm}})
     derived = {
         "resume": rl.resume,
@@ -274,43 +265,6 @@ def _with_inference(
     return orchestrator.model_copy(update={"inference": client})
 
 
-def _env_servers(
-    rl: RLConfig, orchestrator: OrchestratorConfig, where: _Hosts
-) -> tuple[OrchestratorConfig, list[EnvServerLaunch]]:
-    """The env servers `rl` starts on the env host, as the orchestrator's own plan of its envs
-    (`orchestrator/plan.py`) places them on the run's ports behind the run's CURVE keys, and the
-    orchestrator pointed at them: every env it runs then has an address, so it spawns none."""
-    keys = curve_keys(layout.curve_dir(rl.output_dir))
-    urls = orchestrator.inference.base_urls
-    served = orchestrator.model_copy(update={"envs": [_with_run_key(env, urls) for env in orchestrator.envs]})
-    host, base = where.names[where.env], rl.env_server_base_port
-
-    def address(split: Split, i: int) -> str:  # train env i: base + i; eval table i: base + EVAL_PORT_OFFSET + i
-        return f"tcp://{host}:{base + (EVAL_PORT_OFFSET if split == 'eval' else 0) + i}"
-
-    planned = env_plan(served, address=address, curve=keys)
-    trained = {env.name: env.env for env in planned if env.split == "train"}
-    declared = [
-        trained.get(env.resolved_name)
-        or (env if env.address is not None else env.model_copy(update={"curve": keys[1]}))  # an eval-only env
-        for env in served.envs
-    ]
-    addresses = {env.name: env.env.address for env in planned if env.split == "eval" and env.server is not None}
-    evals = served.eval.model_copy(update={"addresses": addresses})
-    servers = [env.server for env in planned if env.server is not None]
-    return served.model_copy(update={"envs": declared, "eval": evals}), servers
-
-
-def _with_run_key(env: E, urls: list[str]) -> E:
-    """`env` with its chat client sending the run's API key when it calls the run's inference (`rl`
-    makes one per run), unless it names a key variable itself."""
-    client = env.client
-    run_netlocs = {urlsplit(url).netloc for url in urls}
-    if client is None or client.api_key_env is not None or urlsplit(client.base_url).netloc not in run_netlocs:
-        return env
-    return env.model_copy(update={"client": client.model_copy(update={"api_key_env": API_KEY_ENV})})
-
-
 def _commands(
     rl: RLConfig,
     replicas: dict[str, InferenceConfig],
@@ -318,9 +272,9 @@ def _commands(
     servers: list[EnvServerLaunch],
     where: _Hosts,
     placement: Placement,
-    cpus: CpuPlan | None,
+    cpus: CoreSplit | None,
     machine: Machine,
-) -> tuple[LaunchPlan, dict[str, int]]:
+) -> tuple[RunCommands, dict[str, int]]:
     """Each process's command with its devices and cores in its environment, and its host."""
     python, out = sys.executable, rl.output_dir
     token, key = rl.inference.reload.token_env, API_KEY_ENV
@@ -356,7 +310,7 @@ def _commands(
     host_of[orchestrator.name] = 0
     if teacher_command is not None:
         host_of[teacher_command.name] = where.teacher
-    launch = LaunchPlan(
+    launch = RunCommands(
         inference=inference, teacher=teacher_command, env_servers=env_servers, trainer=trainers[0], trainer_nodes=trainers[1:],
         orchestrator=orchestrator,
     )  # fmt: skip
@@ -364,7 +318,7 @@ def _commands(
 
 
 def _trainer_commands(
-    rl: RLConfig, where: _Hosts, placement: Placement, cpus: CpuPlan | None, machine: Machine
+    rl: RLConfig, where: _Hosts, placement: Placement, cpus: CoreSplit | None, machine: Machine
 ) -> list[Command]:
     """The trainer's command on each of its hosts (rank 0's host first: the rendezvous)."""
     ranks, nodes, out = placement.trainer_ranks, len(where.trainer), rl.output_dir

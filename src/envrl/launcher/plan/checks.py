@@ -1,6 +1,6 @@
-"""Key combinations of an `rl` run that cannot work (a turn that fills the context, a sample past the micro-batch,
-two processes on one port of one host), each refused before anything starts as one `ConfigError` line naming the
-keys."""
+"""Key combinations of an `rl` run that cannot work (a turn filling the context, a sample past the micro-batch, two
+processes on one port of one host, an async loss without off-policy correction), each found before anything starts
+and refused (or named) in one line naming the keys."""
 
 from __future__ import annotations
 
@@ -74,3 +74,14 @@ def _same_host(a: str, b: str) -> bool:
         return True
     a, b = a.lower(), b.lower()  # host names are case-insensitive
     return a == b or (is_loopback_host(a) and is_loopback_host(b) and "localhost" in (a, b))
+
+
+def off_policy_problem(max_async_level: int, clip: object, ratio_mask: object) -> str | None:
+    """Why the loss has no off-policy correction for samples up to `max_async_level` steps stale (None: it has)."""
+    if max_async_level == 0 or clip is not False or ratio_mask is not None:
+        return None
+    return (
+        f"max_async_level = {max_async_level}: samples may come from policies {max_async_level} step(s) old, but "
+        "trainer.loss has no off-policy correction (clip = false and no ratio_mask): their importance ratios are "
+        "unbounded; set trainer.loss.clip = [0.2, 0.2] or trainer.loss.ratio_mask = [0.5, 2.0], or max_async_level = 0"
+    )

@@ -42,7 +42,9 @@ class Command(BaseModel):
         return {**inherited, **self.env, **{name: secrets[name] for name in self.secrets if name in secrets}}
 
 
-class LaunchPlan(BaseModel):
+class RunCommands(BaseModel):
+    """Every command of a run, by role (`RunPlan.commands`)."""
+
     inference: list[Command]
     """One per inference replica."""
     teacher: Command | None = None

@@ -31,7 +31,7 @@ class CpusConfig(BaseConfig):
         return self
 
 
-class CpuPlan(BaseModel):
+class CoreSplit(BaseModel):
     """The cores each compute process gets, and what that means for its environment."""
 
     inference: list[int]
@@ -53,7 +53,7 @@ def vllm_is_cpu_build() -> bool:
     return True
 
 
-def plan_cpus(config: CpusConfig, available: set[int], cpu_build: bool) -> CpuPlan | None:
+def split_cores(config: CpusConfig, available: set[int], cpu_build: bool) -> CoreSplit | None:
     """The split of `available` cores for this run, or None when nothing should be pinned."""
     if not config.pin or not cpu_build:
         return None
@@ -77,13 +77,17 @@ def plan_cpus(config: CpusConfig, available: set[int], cpu_build: bool) -> CpuPl
             f"cpus: no cores left for {'inference' if not inference else 'the trainer'} "
             f"(usable: {cores}); give both lists or set cpus.pin = false"
         )
-    return CpuPlan(inference=inference, trainer=trainer)
+    return CoreSplit(inference=inference, trainer=trainer)
 
 
 def trainer_env(
-    plan: CpuPlan | None, cpu_build: bool, max_async_level: int, cores: int | None = None, omp_set: bool | None = None
+    split: CoreSplit | None,
+    cpu_build: bool,
+    max_async_level: int,
+    cores: int | None = None,
+    omp_set: bool | None = None,
 ) -> dict[str, str]:
-    """What the trainer's environment gets: the plan's threads when pinned; unpinned beside vLLM-CPU
+    """What the trainer's environment gets: the split's threads when pinned; unpinned beside vLLM-CPU
     (unless OMP_NUM_THREADS is set), one torch thread when it trains while vLLM generates, and
     on-policy all `cores` (default: the usable ones) but one, as vLLM leaves one to the others.
 
@@ -92,8 +96,8 @@ def trainer_env(
     train alone either: env workers, the orchestrator and vLLM's API server run beside it, so a
     second thread gains little on a quiet box and loses much beside another job
     (docs/measurements.md). `cores` and `omp_set` (OMP_NUM_THREADS is set) default to this process's."""
-    if plan is not None:
-        return plan.trainer_env()
+    if split is not None:
+        return split.trainer_env()
     if omp_set is None:
         omp_set = "OMP_NUM_THREADS" in os.environ
     if not cpu_build or omp_set:
