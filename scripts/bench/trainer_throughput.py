@@ -72,7 +72,7 @@ from envrl.data.samples import TrainingSample, read_batch, write_batch  # noqa: 
 from envrl.telemetry.log import LogConfig, setup_logging  # noqa: E402
 
 try:
-    from envrl.trainer.compile import decoder_layers, is_compiled
+    from envrl.trainer.model.compile import decoder_layers, is_compiled
 except ImportError:  # an envrl from before issue 38, for a before/after run: PYTHONPATH=<old tree>/src
     decoder_layers = is_compiled = None
 from envrl.model.smollm2 import SMOLLM2_CONFIG  # noqa: E402

@@ -90,7 +90,7 @@ def smollm2_shape(out: Path) -> Path:
     """SmolLM2-135M's architecture with random weights and the tiny tokenizer, built once."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from envrl.model.tiny import DEFAULT_DIR
+    from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
     if (out / "config.json").is_file():
         return out
@@ -179,7 +179,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
 def handoff(args: argparse.Namespace) -> None:
     import transformers
 
-    from envrl.model.tiny import DEFAULT_DIR
+    from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
     transformers.utils.logging.disable_progress_bar()
 

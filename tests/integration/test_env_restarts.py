@@ -21,7 +21,8 @@ from envrl.envclient.config import EnvConfig
 from envrl.envclient.handles import EnvHandle, EnvUnavailable
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.runtime.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
+from envrl.runtime.process import ChildFailed, config_argv, spawn_sidecar
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.config import EnvServerConfig, EnvSpec, PoolConfig
 from tests.support.ports import free_port

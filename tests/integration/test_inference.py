@@ -21,7 +21,6 @@ from envrl.inference.engine_fork import FORKED
 from envrl.inference.server import start
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.replicas import InferenceReplicas
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.runtime.http import HttpCallError, RetryPolicy
 from envrl.runtime.secrets import API_KEY_ENV
@@ -37,6 +36,7 @@ from tests.support.served_weights import (
     reference_logprobs,
     update_weights,
 )
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.vllm_server import VLLM_START_TIMEOUT
 
 

@@ -36,7 +36,7 @@ def test_shared_layers_import_only_the_layers_below_them() -> None:
 
 def test_every_top_level_package_is_a_layer_or_a_process_or_a_library_of_envs() -> None:
     """A new top-level package must be placed in the layering above (or here) on purpose."""
-    others = {"envs", "envclient", "sandbox", "transport"}
+    others = {"envs", "envclient", "proxy", "sandbox", "transport"}
     names = {p.stem for p in SRC.iterdir() if p.suffix == ".py" and p.stem != "__init__"}
     names |= {p.name for p in SRC.iterdir() if p.is_dir() and any(p.glob("*.py"))}
     assert names == set(LAYERS) | PROCESS_PACKAGES | others

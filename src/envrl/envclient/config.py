@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from envrl.config import BaseConfig, ConfigError
 from envrl.model.client import ChatClientConfig, ClientConfig, EvalClientConfig, SamplingArgs, SamplingParams
 from envrl.runtime.net import is_loopback
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.config import (
     CurveClientConfig,
     CurveServerConfig,

@@ -15,7 +15,7 @@ from envrl.config import config_to_toml
 from envrl.data.traces import Split
 from envrl.envclient.config import EnvConfig
 from envrl.model.client import ClientConfig
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.config import CurveClientConfig, CurveServerConfig
 from envrl.serve.launch import EnvServerLaunch
 

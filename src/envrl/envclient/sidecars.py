@@ -15,7 +15,8 @@ from loguru import logger
 
 from envrl.data.layout import curve_dir, env_log_file
 from envrl.envclient.curve import make_curve_keys, sidecar_keys
-from envrl.runtime.process import Child, RestartPolicy
+from envrl.runtime.process import Child
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.launch import EnvServerLaunch
 from envrl.serve.launch import start as start_env_server

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from envrl.data.traces import Error, Span
-from envrl.envs.forked import ForkedCallError, run_forked
 from envrl.envs.state import RolloutState
+from envrl.runtime.forked import ForkedCallError, run_forked
 from envrl.sandbox.errors import SandboxError
 
 RewardFn = Callable[..., Any]

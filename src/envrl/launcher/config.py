@@ -13,7 +13,7 @@ from envrl.launcher.log_rotation import LogRotationConfig
 from envrl.launcher.plan.cpus import CpusConfig
 from envrl.launcher.plan.placement import PlacementConfig
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.telemetry.log import LogConfig
 from envrl.telemetry.metrics import WandbConfig
 from envrl.trainer.config import TrainerConfig

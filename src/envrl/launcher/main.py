@@ -30,7 +30,8 @@ from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.run_keys import make_secrets
 from envrl.launcher.slurm import job_hosts, write_sbatch
 from envrl.runtime.net import port_is_free
-from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn
+from envrl.runtime.process import Child, ChildFailed, spawn
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.launch import begin as begin_env_server
 from envrl.serve.launch import ready as env_server_ready
@@ -44,7 +45,7 @@ COMMANDS: dict[str, str] = {
     "report": "envrl.report.main",
     "envs": "envrl.envs.registry",
     "replay": "envrl.trainer.replay",
-    "sft": "envrl.trainer.sft",
+    "sft": "envrl.trainer.sft.main",
 }
 """`rl NAME ARGS...` runs `main(ARGS)` of the module: a user command that does not collide with the
 shell (`eval` is a builtin). Adding a command is one line here."""

@@ -19,7 +19,7 @@ def check(rl: RLConfig) -> None:
     if distill is not None and distill.teacher_weights is not None:
         _check_teacher_weights(distill.teacher_weights)
     if rl.trainer.lora is not None and Path(rl.model.name).expanduser().is_dir():
-        from envrl.trainer.lora import LoraError, check_lora_model  # torch: only for LoRA runs
+        from envrl.trainer.model.lora import LoraError, check_lora_model  # torch: only for LoRA runs
 
         try:
             check_lora_model(rl.trainer.lora, rl.model.name)

@@ -15,7 +15,8 @@ from envrl.launcher.plan.commands import Command
 from envrl.model.inference import InferenceClient, InferenceError
 from envrl.runtime.http import HttpCallError
 from envrl.runtime.listeners import foreign_listeners_at, squatter_error
-from envrl.runtime.process import Child, ChildFailed, RestartPolicy
+from envrl.runtime.process import Child, ChildFailed
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Check, Respawn
 
 RESUME_FLAG = "--resume"

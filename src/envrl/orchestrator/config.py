@@ -23,7 +23,7 @@ from envrl.orchestrator.distill import DistillConfig
 from envrl.orchestrator.retention import BatchRetention
 from envrl.orchestrator.trajectories import SeqLenPolicy
 from envrl.runtime.http import RetryPolicy
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.secrets import RELOAD_TOKEN_ENV
 from envrl.telemetry.log import LogConfig
 from envrl.telemetry.metrics import WandbConfig

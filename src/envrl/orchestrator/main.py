@@ -20,7 +20,7 @@ from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator, orchestrator_envs
 from envrl.runtime.lifeline import parent_pid
-from envrl.runtime.process import NO_RESTART_EXIT
+from envrl.runtime.restarts import NO_RESTART_EXIT
 from envrl.telemetry.console import RunConsole
 from envrl.telemetry.log import setup_logging
 from envrl.telemetry.progress import LiveLines

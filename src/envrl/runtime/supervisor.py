@@ -15,7 +15,8 @@ from typing import Any
 
 from loguru import logger
 
-from envrl.runtime.process import NO_RESTART_EXIT, Child, ChildFailed, Restart, RestartBudget, RestartPolicy
+from envrl.runtime.process import Child, ChildFailed
+from envrl.runtime.restarts import NO_RESTART_EXIT, Restart, RestartBudget, RestartPolicy
 
 Check = Callable[[], bool]
 """True once a restarted process does its work again (polled about once a second)."""

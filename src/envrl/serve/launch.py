@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict
 from envrl.config import config_to_toml
 from envrl.data.layout import env_server_process, process_config_file
 from envrl.runtime.atomic import atomic_write_text
-from envrl.runtime.process import Child, RestartPolicy, StartingSidecar, allowed_environ, begin_sidecar
+from envrl.runtime.process import Child, StartingSidecar, allowed_environ, begin_sidecar
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.config import EnvServerConfig
 
 

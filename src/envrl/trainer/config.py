@@ -145,7 +145,7 @@ class TrainerConfig(RunKeys):
     """Recompute decoder layers' activations in backward to save memory: `true` every layer,
     `false` none, `auto` none when every layer's activations at `micro_batch_tokens` fit the
     device's free memory, else every k-th layer with the largest k that fits, else every layer
-    (the estimate: `envrl.trainer.recompute`; the choice is logged at start-up)."""
+    (the estimate: `envrl.trainer.model.recompute`; the choice is logged at start-up)."""
     compile: Literal["auto"] | bool = "auto"
     """Compile each decoder layer (`torch.compile`, regional: identical layers compile once; the
     inductor cache under `~/.cache/envrl/inductor`, so a restart reuses it). `auto`: on GPU, and

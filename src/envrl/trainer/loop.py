@@ -28,10 +28,10 @@ from envrl.runtime.atomic import write_failure
 from envrl.telemetry.ledger import Ledger
 from envrl.telemetry.metrics import MetricsSink
 from envrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from envrl.trainer.compile import CompileClock
 from envrl.trainer.config import OptimConfig, TrainerConfig
-from envrl.trainer.lora import is_lora
 from envrl.trainer.loss import policy_loss
+from envrl.trainer.model.compile import CompileClock
+from envrl.trainer.model.lora import is_lora
 from envrl.trainer.packing import MicroBatch, pack, packed_token_logprobs, shard, shares_prefixes
 from envrl.trainer.parallel import (
     Runtime,

@@ -20,7 +20,7 @@ from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer, TrainingError
-from envrl.trainer.lora import LoraError
+from envrl.trainer.model.lora import LoraError
 from envrl.trainer.parallel import init_runtime, shutdown
 
 EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError, RankCountMismatch, LoraError)

@@ -13,9 +13,10 @@ from loguru import logger
 from torch import nn
 
 from envrl.data.samples import TrainingSample
-from envrl.trainer.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN, Document, document_layout, varlen_layout
-from envrl.trainer.head import LogprobHead, ScoreRequest
 from envrl.trainer.loss import token_logprobs
+from envrl.trainer.model.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN
+from envrl.trainer.model.head import LogprobHead, ScoreRequest
+from envrl.trainer.model.layout import Document, document_layout, varlen_layout
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class BudgetKeys(NamedTuple):
 RL_KEYS = BudgetKeys("trainer.micro_batch_tokens", "orchestrator.seq_len")
 """`rl` and the standalone trainer."""
 SFT_KEYS = BudgetKeys("micro_batch_tokens", "seq_len")
-"""`rl sft` (its own config, envrl.trainer.sft)."""
+"""`rl sft` (its own config, envrl.trainer.sft.main)."""
 
 
 def _trainable(sample: TrainingSample) -> int:

@@ -15,13 +15,19 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from envrl.data.layout import batch_dir
-from envrl.trainer.attention import resolve_attn_implementation
-from envrl.trainer.compile import compile_layers, compile_plan
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.head import install_logprob_head
-from envrl.trainer.loading import load_shards, model_files
-from envrl.trainer.lora import apply_lora
-from envrl.trainer.recompute import LayerShape, apply_recompute, free_memory, local_trainable_params, plan_recompute
+from envrl.trainer.model.attention import resolve_attn_implementation
+from envrl.trainer.model.compile import compile_layers, compile_plan
+from envrl.trainer.model.head import install_logprob_head
+from envrl.trainer.model.loading import load_shards, model_files
+from envrl.trainer.model.lora import apply_lora
+from envrl.trainer.model.recompute import (
+    LayerShape,
+    apply_recompute,
+    free_memory,
+    local_trainable_params,
+    plan_recompute,
+)
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ def phase_threads(config: TrainerConfig, runtime: Runtime) -> PhaseThreads | Non
 def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     """The HF model in fp32 (with `trainer.lora`: LoRA adapters on it, the base frozen), placed on
     the runtime's device. One process loads it whole; sharded ranks build it on the meta device
-    and read only their own shards from the checkpoint files (`trainer/loading.py`)."""
+    and read only their own shards from the checkpoint files (`trainer/model/loading.py`)."""
     attn_implementation = resolve_attn_implementation(config.attn_implementation, runtime.device, runtime.compute_dtype)
     if runtime.sharded:
         with torch.device("meta"):

@@ -15,7 +15,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from envrl.data.layout import weights_dir
 from envrl.runtime.atomic import atomic_dir
-from envrl.trainer.lora import export_merged, is_lora, publish_adapter
+from envrl.trainer.model.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
 from envrl.transport.config import WeightsConfig
 from envrl.transport.files import export_dtype, write_policy

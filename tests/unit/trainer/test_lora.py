@@ -11,11 +11,11 @@ from torch.distributed.checkpoint import FileSystemReader
 from transformers import AutoModelForCausalLM
 
 from envrl.config import ConfigError, resolve_config
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.lora import LoraError, check_lora_model
+from envrl.trainer.model.lora import LoraError, check_lora_model
 from tests.support.run_files import metric_lines, write_batches
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.trainers import make_trainer, tensor_names
 
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj", "lm_head"]}

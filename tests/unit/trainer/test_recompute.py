@@ -2,7 +2,7 @@
 
 import pytest
 
-from envrl.trainer.recompute import HEAD_BYTES, MARGIN, OPTIMIZER_BYTES_PER_PARAM, LayerShape, plan_recompute
+from envrl.trainer.model.recompute import HEAD_BYTES, MARGIN, OPTIMIZER_BYTES_PER_PARAM, LayerShape, plan_recompute
 from tests.support.trainers import make_trainer
 
 GIB = 2**30

@@ -11,13 +11,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envrl.data.layout import batch_dir
 from envrl.data.samples import BATCH_FILE, BatchError, TrainingSample, write_batch
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.checkpoint import list_checkpoints
 from envrl.trainer.config import OptimConfig
 from envrl.trainer.loop import TrainingError, lr_factor
 from envrl.trainer.weights import publish_weights
 from tests.support.run_files import metric_lines, write_batches
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.trainers import make_trainer, tensor_names
 
 

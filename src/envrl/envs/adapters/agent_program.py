@@ -12,11 +12,12 @@ import signal
 from collections.abc import Mapping, Sequence
 
 from envrl.data.traces import Message, Task
-from envrl.envs.adapters.chat_proxy import ChatProxy, ProxyLimits
-from envrl.envs.environment import Environment, TaskSource, append_turn
+from envrl.envs.environment import Environment, TaskSource
 from envrl.envs.rubric import Rubric
+from envrl.envs.runner import append_turn
 from envrl.envs.state import RolloutState
 from envrl.model.client import ModelClient, SamplingArgs
+from envrl.proxy.chat import ChatProxy, ProxyLimits
 from envrl.sandbox import BubblewrapProvider, Sandbox, SandboxConfig, SandboxProvider, WarmPool
 
 PASSED_THROUGH = ("PATH", "HOME", "LANG", "VIRTUAL_ENV")

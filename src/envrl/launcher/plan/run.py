@@ -33,7 +33,7 @@ from envrl.launcher.plan.teacher import plan_teacher
 from envrl.launcher.run_keys import Secret
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.runtime.net import is_loopback_host
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.secrets import API_KEY_ENV
 from envrl.serve.launch import EnvServerLaunch
 from envrl.trainer.config import TrainerConfig

@@ -15,7 +15,8 @@ import aiohttp
 from loguru import logger
 
 from envrl.data.traces import Message
-from envrl.envs.adapters.chat_proxy import (
+from envrl.model.client import ModelResponse, SamplingArgs, ScriptedClient, ScriptedClientConfig
+from envrl.proxy.chat import (
     MAX_JSON_DEPTH,
     MAX_JSON_VALUES,
     MAX_WAITING,
@@ -23,7 +24,6 @@ from envrl.envs.adapters.chat_proxy import (
     ProxyLimits,
     Session,
 )
-from envrl.model.client import ModelResponse, SamplingArgs, ScriptedClient, ScriptedClientConfig
 
 SESSION = "0123456789abcdef" * 2
 HELLO = {"messages": [{"role": "user", "content": "hi"}]}

@@ -13,7 +13,7 @@ import torch
 from loguru import logger
 from torch import nn
 
-from envrl.trainer.head import LogprobHead, compiled_kernels
+from envrl.trainer.model.head import LogprobHead, compiled_kernels
 
 CompileChoice = Literal["auto"] | bool
 

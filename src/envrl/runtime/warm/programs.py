@@ -17,7 +17,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from envrl.envs.adapters import warm_server
+from envrl.runtime.warm import server as warm_server
 
 SERVER = Path(warm_server.__file__)
 READY_TIMEOUT = 180.0

@@ -13,7 +13,7 @@ import sys
 from contextlib import suppress
 from pathlib import Path
 
-from envrl.envs.adapters.warm_programs import WarmPrograms
+from envrl.runtime.warm.programs import WarmPrograms
 from tests.support.env_servers import alive, children, wait_until
 
 PROGRAM = """
@@ -51,7 +51,7 @@ def warm_servers() -> list[int]:
     found = []
     for pid in children(os.getpid()):
         with suppress(FileNotFoundError):
-            if b"warm_server.py" in Path(f"/proc/{pid}/cmdline").read_bytes() and alive(pid):
+            if b"warm/server.py" in Path(f"/proc/{pid}/cmdline").read_bytes() and alive(pid):
                 found.append(pid)
     return found
 

@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 from verifiers.v1.runtimes import ProgramResult, Runtime, SubprocessConfig
 from verifiers.v1.runtimes.subprocess import SubprocessRuntimeInfo
 
-from envrl.envs.adapters import warm_server
+from envrl.runtime.warm import client as warm_client
+from envrl.runtime.warm import server as warm_server
 from envrl.sandbox import Sandbox, SandboxConfig, SandboxProvider, WarmPool
 from envrl.sandbox.bubblewrap import SANDBOX_PATH
 from envrl.sandbox.venv import sandbox_venv, venvs_root
@@ -29,7 +30,7 @@ SCRIPTS = ".vf-scripts"
 WARM = ".envrl-warm"
 """The warm server's directory in the sandbox's workdir (its socket, its runs' output)."""
 _WARM_SERVER = Path(warm_server.__file__).read_text()
-_WARM_CLIENT = (Path(__file__).parent / "warm_client.py").read_text()
+_WARM_CLIENT = Path(warm_client.__file__).read_text()
 
 
 def script_dependencies(script: str) -> list[str]:

@@ -12,8 +12,8 @@ import torch
 from loguru import logger
 from torch import nn
 
-from envrl.trainer.compile import decoder_layers
 from envrl.trainer.loss import LOGITS_CHUNK_ELEMENTS
+from envrl.trainer.model.compile import decoder_layers
 
 RecomputeChoice = Literal["auto"] | bool
 

@@ -16,12 +16,13 @@ from verifiers.v1.utils.loaders import load_environment as load_vf_environment
 from verifiers.v1.utils.loaders import load_taskset, resolve_env_config, taskset_config_type
 
 from envrl.data.traces import Error, Span, Task, Timing, Trace, WireTask
-from envrl.envs.adapters.chat_proxy import ChatProxy, ProxyLimits, Session
-from envrl.envs.adapters.verifiers_runtime import Placement, local_runtimes
-from envrl.envs.adapters.verifiers_sandbox import EpisodeSandboxes, episode_sandbox
-from envrl.envs.adapters.warm_programs import WarmPrograms
-from envrl.envs.environment import Environment, append_turn
+from envrl.envs.adapters.verifiers.runtime import Placement, local_runtimes
+from envrl.envs.adapters.verifiers.sandbox import EpisodeSandboxes, episode_sandbox
+from envrl.envs.environment import Environment
+from envrl.envs.runner import append_turn
 from envrl.model.client import ModelClient, SamplingArgs
+from envrl.proxy.chat import ChatProxy, ProxyLimits, Session
+from envrl.runtime.warm.programs import WarmPrograms
 from envrl.sandbox import BubblewrapProvider, SandboxConfig
 
 SUPPORTED_VERSION = "0.4."

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envrl.envs.forked import ForkedCallError, run_forked
+from envrl.runtime.forked import ForkedCallError, run_forked
 from tests.support.env_servers import alive, wait_until
 
 

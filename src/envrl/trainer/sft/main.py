@@ -30,7 +30,7 @@ from envrl.trainer.loop import build_optimizer
 from envrl.trainer.loss import token_logprobs
 from envrl.trainer.packing import SFT_KEYS, MicroBatch, pack, packed_logits, shard, shares_prefixes
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, init_runtime, shutdown
-from envrl.trainer.sft_data import DemonstrationError, load_demonstrations
+from envrl.trainer.sft.data import DemonstrationError, load_demonstrations
 from envrl.trainer.weights import publish_weights
 
 

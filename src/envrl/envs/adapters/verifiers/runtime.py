@@ -17,8 +17,8 @@ import verifiers.v1.rollout as vf_rollout
 import verifiers.v1.runtimes as vf_runtimes
 from verifiers.v1.runtimes import ProgramResult, Runtime, SubprocessConfig, SubprocessRuntime, register
 
-from envrl.envs.adapters.verifiers_sandbox import EpisodeSandboxes, SandboxRuntime
-from envrl.envs.adapters.warm_programs import WarmPrograms, WarmRun
+from envrl.envs.adapters.verifiers.sandbox import EpisodeSandboxes, SandboxRuntime
+from envrl.runtime.warm.programs import WarmPrograms, WarmRun
 
 
 @dataclass(frozen=True)
