@@ -1,5 +1,6 @@
-"""A dotted key followed through the config models exactly as pydantic validates it (overrides, `--help`, did-you-mean),
-and any validation error as ONE line naming the key as the user wrote it and where it was set."""
+"""A dotted key followed through the config models exactly as pydantic validates it (overrides, `--help`,
+did-you-mean, the surface's key count), and any validation error as ONE line naming the key as the user wrote it and
+where it was set."""
 
 from __future__ import annotations
 
