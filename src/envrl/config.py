@@ -327,8 +327,8 @@ class RunDirKeys(BaseConfig):
 
     model: ModelConfig = ModelConfig()
     output_dir: Path = Path("outputs/rl")
-    """Run directory: logs/, configs/, rollouts/, weights/, checkpoints/, metrics.jsonl; private to its
-    owner (mode 0700; under `rl`, `output_dir_group` may name a group that reads it)."""
+    """Run directory: logs/, configs/, rollouts/, weights/, checkpoints/, metrics.jsonl. `rl` makes it
+    private to its owner (mode 0700) unless `output_dir_group` names a group that may read it."""
 
 
 class RunKeys(RunDirKeys):
