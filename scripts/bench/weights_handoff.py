@@ -112,7 +112,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
     from envrl.config import ModelConfig
     from envrl.data.layout import weights_dir
     from envrl.inference.config import InferenceConfig, lora_serving_options
-    from envrl.inference.server import start
+    from envrl.inference.launch import start
     from envrl.model.inference import InferenceClient
     from envrl.runtime.http import RetryPolicy
     from envrl.telemetry.log import LogConfig

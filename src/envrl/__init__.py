@@ -65,7 +65,6 @@ MOVED: dict[str, Moved] = (
         old: Moved(new, "0.2", "0.3")
         for old, new in {  # every file format and client has one home (issue 54)
             "envrl.serve.client": "envrl.envclient.client",
-            # envs/ keeps what an env author writes against; process machinery went below it
             "envrl.envs.forked": "envrl.runtime.forked",
             "envrl.envs.adapters.chat_proxy": "envrl.proxy.chat",
             "envrl.envs.adapters.warm_programs": "envrl.runtime.warm.programs",

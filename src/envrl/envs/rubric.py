@@ -121,7 +121,7 @@ class Rubric:
 
     `share_process=True` lets the sync functions of several rollouts run one after another in one
     forked child (a fork costs more than cheap scoring); only for pure functions that run no
-    model-written code, since they see each other's side effects (envs/forked.py)."""
+    model-written code, since they see each other's side effects (runtime/forked.py)."""
 
     def __init__(
         self,

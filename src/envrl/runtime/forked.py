@@ -199,8 +199,8 @@ class _Forker:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _run(self, calls: list[_Call]) -> None:
-        """Fork one child for `calls` and settle each from its answer, in order, each within its timeout."""
+    def _fork(self, calls: list[_Call]) -> tuple[int, int] | None:
+        """A child forked to run `calls` and the pipe it answers on; None when none could be forked."""
         try:
             read_fd, write_fd = os.pipe()
             try:
@@ -214,11 +214,19 @@ class _Forker:
                 _fail(call, e)
             self.children -= 1
             self._start()
-            return
+            return None
         if pid == 0:
             os.close(read_fd)
             _child([c.fn for c in calls], write_fd)
         os.close(write_fd)
+        return pid, read_fd
+
+    async def _run(self, calls: list[_Call]) -> None:
+        """Fork one child for `calls` and settle each from its answer, in order, each within its timeout."""
+        forked = self._fork(calls)
+        if forked is None:
+            return
+        pid, read_fd = forked
         child = _Child(pid)
         self.held.update(dict.fromkeys(calls, child))
         left = deque(calls)

@@ -19,7 +19,8 @@ from envrl.data.samples import BatchError
 from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.loop import Trainer, TrainingError
+from envrl.trainer.learner import TrainingError
+from envrl.trainer.loop import Trainer
 from envrl.trainer.model.lora import LoraError
 from envrl.trainer.parallel import init_runtime, shutdown
 

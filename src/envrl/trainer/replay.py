@@ -26,9 +26,9 @@ from envrl.data.layout import (
 )
 from envrl.data.samples import read_batch
 from envrl.telemetry.log import LogConfig, setup_logging
-from envrl.trainer.checkpoint import RankCountMismatch, load_checkpoint
+from envrl.trainer.checkpoint import Checkpoints, RankCountMismatch
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.loop import Trainer
+from envrl.trainer.learner import Learner
 from envrl.trainer.parallel import Runtime, full_state_dict, init_runtime, shutdown
 from envrl.transport.source import transport_of
 
@@ -160,17 +160,17 @@ def replay(output_dir: Path, step: int) -> TensorDiff | None:
     logged = logged_trainer_metrics(output_dir)
     runtime = init_runtime(config)
     try:
-        trainer = Trainer(config, runtime)
-        load_checkpoint(output_dir, start, trainer.model, trainer.optimizer, trainer.scheduler, runtime)
-        state = _snapshot(trainer.model, runtime)
+        learner = Learner(config, runtime)
+        Checkpoints(output_dir, config.ckpt, config.max_steps, learner, runtime).load(start)
+        state = _snapshot(learner.model, runtime)
         moved, tokens = dict.fromkeys(state, 0.0), 0
         for s in range(start, step + 1):
             batch = read_batch(batch_dir(output_dir, s))
             n = sum(len(sample.input_ids) for sample in batch)
             tokens = max(tokens, n)
-            stats = trainer.train_on(s, batch, where=str(batch_dir(output_dir, s)))
+            stats = learner.train_on(s, batch, where=str(batch_dir(output_dir, s)))
             logger.info(f"step {s}: " + ", ".join(_beside_logged(k, stats[k], logged.get(s, {}), n) for k in COMPARED))
-            before, state = state, _snapshot(trainer.model, runtime)
+            before, state = state, _snapshot(learner.model, runtime)
             for name, tensor in state.items():
                 moved[name] += (tensor - before[name]).abs().max().item() if tensor.numel() else 0.0
     finally:
@@ -187,9 +187,14 @@ def replay(output_dir: Path, step: int) -> TensorDiff | None:
         name: tolerance(moved[name], t.abs().max().item() if t.numel() else 0.0, tokens, steps, config.optim.betas)
         for name, t in state.items()
     }
-    found = differences(state, published_state(target), tolerances)
+    return _verdict(
+        differences(state, published_state(target), tolerances), f"step {step} replayed from checkpoint {start}", target
+    )
+
+
+def _verdict(found: list[TensorDiff], replayed: str, target: Path) -> TensorDiff | None:
+    """Log how the replayed tensors compare with `target`'s; the first beyond its tolerance."""
     beyond = [d for d in found if not d.within]
-    replayed = f"step {step} replayed from checkpoint {start}"
     if not found:
         logger.success(f"{replayed}: every tensor equals {target} bit for bit")
         return None

@@ -1,4 +1,4 @@
-"""Programs run by forks of warm interpreters (client of warm_server.py): a run answers as a fresh interpreter's would;
+"""Programs run by forks of warm interpreters (the client of server.py): a run answers as a fresh interpreter's would;
 a cancelled run is killed with its group, and `aclose` or this process's death stops the servers and their runs."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A warm interpreter for one program: each run is a fork executing the program's unchanged source as `__main__`, killed
-with its group when its connection or this server goes. Usage: `PYTHON warm_server.py PROGRAM SOCKET` (stdlib only)."""
+with its group when its connection or this server goes. Usage: `PYTHON server.py PROGRAM SOCKET` (stdlib only)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.telemetry.metrics import MetricsSink, WandbConfig
 from envrl.telemetry.progress import duration
 from envrl.trainer.config import OptimConfig, TrainerConfig
-from envrl.trainer.loop import build_optimizer
+from envrl.trainer.learner import build_optimizer
 from envrl.trainer.loss import token_logprobs
 from envrl.trainer.packing import SFT_KEYS, MicroBatch, pack, packed_logits, shard, shares_prefixes
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, init_runtime, shutdown
