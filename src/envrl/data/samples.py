@@ -1,5 +1,6 @@
-"""Training samples, one per Trace branch: per-token lists of equal length, and off the 0/1 loss mask nothing to train;
-a batch written by `write_batch` is complete when visible and reads back equal, or fails with a `BatchError`."""
+"""Training samples, one per Trace branch: per-token lists of equal length, a 0/1 loss mask, and logprobs and
+advantages 0 (policy step -1) wherever it is 0; a batch `write_batch` wrote is complete when visible and reads back
+equal, or fails with a `BatchError` naming the file."""
 
 from __future__ import annotations
 
