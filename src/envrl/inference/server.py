@@ -1,15 +1,5 @@
-"""`inference`: vLLM's own OpenAI-compatible server, plus `POST /update_weights`; the process is
-run by `envrl.inference.main`, and spawned and awaited through `inference/launch.py`.
-
-Guarantee: the process serves `model.name` on `host:port` with exactly the engine options of
-`inference.vllm` (over the CPU defaults when vLLM runs on CPU), logs vLLM's records through
-`setup_logging`, and keeps every file vLLM writes under `<output_dir>/inference/`, except its
-model-class records, shared between runs (`link_model_info_cache`). Every replica starts with a
-weight-transfer engine (vLLM's `weight_transfer_config`): vLLM's `nccl` on GPU, envrl's `gloo`
-(envrl.inference.transfer) on CPU, so a trainer publishing in memory can broadcast policies
-into it (`inference.vllm.weight_transfer_config` wins). Chat requests with tools are parsed by
-vLLM's parser of the model's tool-call family (`envrl.inference.chat_tools`).
-"""
+"""`inference`: vLLM's own OpenAI server plus `POST /update_weights`, with exactly `inference.vllm`'s options and a
+weight-transfer engine on every replica; `inference/launch.py` starts it (docs/inference.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Waiting for an `rl` run's inference replicas to serve.
-
-Guarantee: `wait_for_replicas` returns only once every replica answers /health, and fails at the
-run's one start-up limit (`READY_TIMEOUT_KEY`) naming that key.
-"""
+"""`wait_for_replicas` returns only once every inference replica of an `rl` run answers /health, and fails at the
+run's one start-up limit (`READY_TIMEOUT_KEY`) naming that key."""
 
 from __future__ import annotations
 

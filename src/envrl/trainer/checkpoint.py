@@ -1,13 +1,5 @@
-"""Training checkpoints: everything needed to continue a run bit for bit.
-
-Guarantee: `checkpoints/step_<k>/` is the state after k completed steps (model, optimizer,
-scheduler, each rank's RNG; of the model only the weights that train, so a LoRA checkpoint holds
-the adapter) and appears only when every rank's part is written and fsynced;
-only the newest `keep` are retained, and older ones are deleted only after a newer one exists.
-Checkpoints at or past the step being written (left by a run that went further before this one
-resumed from earlier) are moved aside to `checkpoints/abandoned/`, never deleted: they are not
-this run's newest, and pruning must not count them.
-"""
+"""`checkpoints/step_<k>/` is the state after k steps (model's trained weights, optimizer, scheduler, every rank's
+RNG), appearing only when complete; the newest `keep` are retained, and later ones are moved aside, never deleted."""
 
 from __future__ import annotations
 

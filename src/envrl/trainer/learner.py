@@ -1,8 +1,6 @@
-"""One optimizer step of the policy: the model (and its reference), its optimizer and schedule, and the loss.
-
-Guarantee: `train_on` either steps the optimizer or raises `TrainingError` naming the step and the
-batch, before a non-finite loss or gradient reaches the weights.
-"""
+"""One optimizer step of the policy (model, reference, optimizer, schedule, loss): `train_on` either steps the
+optimizer or raises `TrainingError` naming the step and the batch, before a non-finite loss or gradient reaches the
+weights."""
 
 from __future__ import annotations
 

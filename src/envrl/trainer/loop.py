@@ -1,11 +1,5 @@
-"""The training loop: step n trains on `rollouts/step_<n>/` and publishes `weights/step_<n+1>/`
-(the last step also `weights/final/`).
-
-Guarantee: a step either completes (optimizer stepped, weights published, checkpoint written on
-its interval, one metrics line) or stops the run with an error naming the step and the batch:
-a missing batch past its deadline, a corrupt batch, a broken off-policy bound, or a non-finite
-loss or gradient, which is caught before the optimizer can write it into the weights.
-"""
+"""The training loop: step n trains on `rollouts/step_<n>/` and publishes `weights/step_<n+1>/`, or stops the run
+with an error naming the step and batch; a non-finite loss or gradient never reaches the weights."""
 
 from __future__ import annotations
 

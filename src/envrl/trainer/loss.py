@@ -1,9 +1,5 @@
-"""The policy-gradient loss on one packed micro-batch, as pure tensor functions.
-
-Guarantee: the loss is a weighted sum over tokens whose weights already carry the batch-wide
-normalisation, so summing it over micro-batches and ranks gives exactly the loss of the whole
-batch however it was packed or split; statistics are returned as sums for the same reason.
-"""
+"""The policy-gradient loss as pure tensor functions: token weights carry the batch-wide normalisation, so summing
+over micro-batches and ranks gives exactly the whole batch's loss, however packed."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""`trainer` entry point: `trainer --config x.toml [--optim.lr 1e-5 ...]`, alone or under torchrun.
-
-Guarantee: the process exits 0 after `max_steps`, 2 on a config error, and 1 on any failure
-after logging one error line that says which step and file went wrong.
-"""
+"""`trainer --config x.toml`, alone or under torchrun: exit 0 after `max_steps`, 2 on a config error, 1 on any
+failure after one error line naming the step and file."""
 
 from __future__ import annotations
 

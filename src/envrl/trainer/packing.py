@@ -1,13 +1,5 @@
-"""Sequence packing: a batch of samples -> balanced micro-batches of at most `max_tokens` tokens.
-
-Guarantee: every trainable sample lands in exactly one micro-batch, with position ids restarting
-at 0 and its length recorded so attention never crosses samples; each token carries its
-normalisation weight for the whole batch, and `shard` gives every rank the same number of
-micro-batches (padding with inert ones), so ranks run the same collectives and their losses sum
-to the whole batch's loss. With `share_prefixes`, samples that begin with the same untrained
-tokens (a group's prompt) hold those tokens once, as a `Document` whose suffixes read them: every
-trained token is still predicted from exactly its own sample's tokens.
-"""
+"""Packing: every trainable sample lands in exactly one micro-batch of at most `max_tokens`, attention never crosses
+samples, every rank gets the same number of micro-batches, and a shared prefix is held once."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""`rl replay --step N OUTPUT_DIR`: recompute trainer step N offline and say where it departs
-from what the run logged.
-
-Guarantee: nothing under OUTPUT_DIR is written. The trainer is rebuilt from the run's own
-`configs/trainer.toml`, restored from the newest checkpoint at or before N, and trains the kept
-batches from there through N exactly as the run did (same code, model, optimizer, schedule and
-RNG state). For each step it reports loss and grad norm beside the logged ones; after step N it
-compares every parameter with the policy the run published for step N + 1 against a tolerance
-from float32's arithmetic (`tolerance`), says which side of it each differing tensor is, and
-names the first tensor beyond it.
-"""
+"""`rl replay --step N OUTPUT_DIR`: recomputes step N offline from the run's own config and checkpoints, writing
+nothing there, and names the first tensor beyond float32's tolerance of the policy the run published."""
 
 from __future__ import annotations
 
