@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
-from envrl.inference.server import start
+from envrl.inference.launch import start
 from envrl.model.inference import InferenceClient
 from envrl.telemetry.log import LogConfig
 from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR

@@ -42,7 +42,7 @@ import httpx
 
 from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
-from envrl.inference.server import start
+from envrl.inference.launch import start
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.log import LogConfig

@@ -42,7 +42,6 @@ def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> EnvHandle:
         id="bad_envs:load_environment",
         args={"sleep": 2.0},
         pool=PoolConfig(min_workers=1, max_workers=1),
-        reconnect_timeout_s=60,
     )
     return EnvHandle(
         config,

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from envrl.config import ModelConfig
 from envrl.inference.config import RELOAD_TOKEN_ENV, InferenceConfig
 from envrl.inference.engine_fork import FORKED
-from envrl.inference.server import start
+from envrl.inference.launch import start
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.replicas import InferenceReplicas
 from envrl.orchestrator.policy import PolicyTracker

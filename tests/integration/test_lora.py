@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig, lora_serving_options
-from envrl.inference.server import start
+from envrl.inference.launch import start
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.log import LogConfig

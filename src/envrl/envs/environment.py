@@ -1,11 +1,5 @@
-"""The Environment base: its tasks and the hooks an env author overrides; envs/runner.py runs its episodes.
-
-Guarantee: `rollout` and `run_group` (and `run_rollout`, its n = 1) never raise (cancellation aside): any failure
-in setup, a model call, an env hook or a reward function becomes `Trace.error` with reward None.
-Every model call is recorded as a Turn with its tokens; a turn whose prompt tokens extend the
-previous turn's prompt + completion continues its Branch, any other turn starts a new one.
-Rollout timeouts are the caller's: cancelling the coroutine stops the rollout.
-"""
+"""The Environment base: its tasks and the hooks an env author overrides; `rollout` and `run_group` (run by
+envs/runner.py) never raise (cancellation aside): any failure is `Trace.error` with reward None."""
 
 from __future__ import annotations
 

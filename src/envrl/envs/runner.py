@@ -1,8 +1,6 @@
-"""Running an Environment's episodes: its hooks called in order, each model call recorded, failures kept.
-
-Guarantee: `run_group` and `rollout` never raise (cancellation aside): a failure in setup, a model call,
-an env hook or a reward function becomes `Trace.error` with reward None, and `cleanup` runs for every state.
-"""
+"""Running an Environment's episodes: `run_group` and `rollout` never raise (cancellation aside), any failure is
+`Trace.error` with reward None, `cleanup` runs for every state, and every model call is a Turn extending its Branch
+only when its prompt extends it."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""Models built offline, for debug runs, tests and the GPU kit (no model hub needed).
-
-    python -m envrl.model.tiny [--out DIR] [--seed N]     # default: ./deps/models/tiny-chat
-    python -m envrl.model.tiny --shape qwen3-0.6b        # ./deps/models/qwen3-0.6b-random (1.2 GB)
-
-Guarantee: `build_tiny_model(out, seed)` writes the same bytes for the same seed: a Llama causal
-LM (hidden 64, 2 layers, head_dim 32 because vLLM on CPU rejects smaller heads) and a byte-level
-BPE tokenizer trained on a fixed in-code corpus, with a ChatML chat template that renders tools
-and tool calls. `build_qwen3_model(out, shape, seed)` does the same for a Qwen3 architecture of a
-named shape (`QWEN3_SHAPES`) with random bf16 weights and that tokenizer. The results are plain
-HF directories for transformers and vLLM alike.
-"""
+"""Models built offline for debug runs and tests: `build_tiny_model` and `build_qwen3_model` write the same bytes
+for the same seed, plain HF directories. Usage: `python -m envrl.model.tiny [--out DIR] [--seed N] [--shape NAME]`."""
 
 from __future__ import annotations
 

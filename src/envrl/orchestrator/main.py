@@ -1,11 +1,5 @@
-"""`orchestrator --config x.toml`: run the orchestrator against an inference server and env servers.
-
-Env configs with an `address` connect to servers somebody else started; the others are spawned
-as sidecar env servers and stopped when the orchestrator exits; both as `envclient/plan.py`
-plans them, which `--dry-run` prints. Started by hand (not by `rl`,
-whose own console shows the run), it prints a line per step on stderr as `rl` does: live on a
-terminal, where its log is routed below the status line, plain lines otherwise.
-"""
+"""`orchestrator --config x.toml`: runs against an inference server and env servers, spawning as sidecars (stopped
+at exit) the envs without an `address`, as `--dry-run` prints them."""
 
 from __future__ import annotations
 

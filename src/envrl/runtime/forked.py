@@ -1,28 +1,5 @@
-"""Run synchronous functions in forked children that are killed at their deadlines.
-
-Guarantee: `run_forked(fn, timeout)` returns `fn()`'s result, re-raises its failure as
-`ForkedCallError`, or raises `TimeoutError` once `fn` has run for `timeout` seconds in a child;
-a child is killed and reaped as soon as one of its calls times out or is cancelled, so a CPU-bound
-function cannot outlive its deadline (or its caller) as a thread would. At most `os.cpu_count()`
-children run at once; waiting for one does not count against the deadline. Each call gets a child
-of its own unless it is `shared`: shared calls that are waiting when a child starts run in it one
-after another, because a fork costs more than cheap scoring (docs/measurements.md); each one's deadline counts from the moment the call before it answered, and when a call
-times out, dies or is cancelled, the calls after it go back to the front of the queue and run in a
-fresh child. A shared function sees the side effects of the ones before it in its child, and one
-that writes to the answer pipe itself could answer for them: share only pure functions that run
-no model-written code.
-A plain `os.fork` is used (not multiprocessing), so it also works inside daemonic worker
-processes. Answers come back as msgpack, never pickle: a child that runs model-written code
-cannot make the parent run code by what it writes to the pipe. So a result must be msgpack data
-(numbers, str, bytes, lists, str-keyed maps; tuples come back as lists, numpy scalars as Python
-numbers).
-Nothing a function starts outlives its child, however it detached (double fork, setsid): the
-child is a subreaper, so every process started under it stays its descendant, and the child
-(stopped first when killed from outside) SIGKILLs all of them before it exits or is killed
-(`process.kill_tree`: a /proc walk, since a process group is left with one setsid and a pid
-namespace or cgroup needs privileges). Only the parent's own SIGKILL, which kills the child by
-its parent-death signal, leaves them behind.
-"""
+"""`run_forked(fn, timeout)`: `fn()`'s result, `ForkedCallError` or `TimeoutError`, the child killed with everything it
+started at its deadline; answers are msgpack, never pickle (shared children: docs/running.md)."""
 
 from __future__ import annotations
 
@@ -222,8 +199,8 @@ class _Forker:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _run(self, calls: list[_Call]) -> None:
-        """Fork one child for `calls` and settle each from its answer, in order, each within its timeout."""
+    def _fork(self, calls: list[_Call]) -> tuple[int, int] | None:
+        """A child forked to run `calls` and the pipe it answers on; None when none could be forked."""
         try:
             read_fd, write_fd = os.pipe()
             try:
@@ -237,11 +214,19 @@ class _Forker:
                 _fail(call, e)
             self.children -= 1
             self._start()
-            return
+            return None
         if pid == 0:
             os.close(read_fd)
             _child([c.fn for c in calls], write_fd)
         os.close(write_fd)
+        return pid, read_fd
+
+    async def _run(self, calls: list[_Call]) -> None:
+        """Fork one child for `calls` and settle each from its answer, in order, each within its timeout."""
+        forked = self._fork(calls)
+        if forked is None:
+            return
+        pid, read_fd = forked
         child = _Child(pid)
         self.held.update(dict.fromkeys(calls, child))
         left = deque(calls)

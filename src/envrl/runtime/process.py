@@ -1,14 +1,5 @@
-"""Spawning, watching and stopping child processes: the one abstraction for every envrl child.
-
-Guarantee: a child started with `spawn` dies with its parent (parent-death signal plus a
-watchdog thread, once it calls `envrl.runtime.lifeline.die_with_parent`, which every entry point does
-first), and so do grandchildren started by a child that called `adopt_children` (torchrun's
-ranks, which live in sessions of their own), its exit is observable at once through a
-pollable fd, and a sidecar that dies or stalls before reporting ready raises `ChildFailed`
-naming it, its exit status and the tail of its log. A child
-started with `allowed_environ(...)` sees only the allow-listed variables (never the launcher's
-tokens or keys), and `kill_tree` leaves no live descendant of a subreaper behind, daemons included.
-"""
+"""The one child-process abstraction: a `spawn`ed child dies with its parent, its exit is seen at once, a sidecar
+that dies before ready raises `ChildFailed` with its log tail; `kill_tree` leaves no live descendant behind."""
 
 from __future__ import annotations
 

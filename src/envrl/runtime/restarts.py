@@ -1,8 +1,5 @@
-"""Restarting a child that died: the policy, each server's budget and one dead child's way back.
-
-Guarantee: a `RestartBudget` allows at most `max_restarts` restarts within any `window_s` seconds,
-each after a doubling backoff; a child that exits `NO_RESTART_EXIT` is not restarted.
-"""
+"""Restarting a dead child: a `RestartBudget` allows at most `max_restarts` restarts within any `window_s` seconds,
+each after a doubling backoff; a child that exits `NO_RESTART_EXIT` is not restarted."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Where the trainer runs: one CPU process, or torchrun ranks with FSDP2-sharded parameters.
-
-Guarantee: `build_model` returns a model that trains the same way on either path: fp32 on one
-CPU process; on GPUs (or several ranks) each decoder layer is FSDP2-sharded with fp32 master
-weights, compute in `dtype` and gradients reduced in fp32, and no rank ever holds the whole model
-(each reads its own shards from the checkpoint files). Collectives here are no-ops when
-there is no process group, so callers never branch on the runtime. `PhaseThreads` changes only
-how many torch threads one CPU process computes with, never what it computes.
-"""
+"""`build_model` trains the same way on one CPU process or FSDP2-sharded ranks (fp32 master weights, no rank holding
+the whole model); collectives are no-ops without a process group; `PhaseThreads` changes only the thread count."""
 
 from __future__ import annotations
 

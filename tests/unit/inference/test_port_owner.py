@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envrl.inference.server import wait_until_serving
+from envrl.inference.launch import wait_until_serving
 from envrl.launcher.recovery import ReplicaBack
 from envrl.runtime.listeners import listeners
 from envrl.runtime.process import ChildFailed, spawn

@@ -47,7 +47,7 @@ def program(tmp_path: Path) -> str:
 
 
 def warm_servers() -> list[int]:
-    """This test process's children that run warm_server.py."""
+    """This test process's children that run runtime/warm/server.py."""
     found = []
     for pid in children(os.getpid()):
         with suppress(FileNotFoundError):

@@ -1,13 +1,5 @@
-"""Inside a sandbox: one run of a program by the warm server there (warm_server.py), as if run directly.
-
-Guarantee: reads one run request (JSON, warm_server.RunRequest without `env` defaults) on stdin,
-waits (bounded) for the warm server's socket, has it fork the run with the sandbox's environment
-plus the request's `env`, then writes the run's stdout and stderr to its own and exits with the
-run's exit code (killed by the same signal when the run was). Standard library only: it runs on
-the sandbox's interpreter and is sent as argv, like the sandbox's agent.
-
-    python3 -I -S -c <this file> SOCKET < REQUEST
-"""
+"""Inside a sandbox, one run of a program by the warm server there, as if run directly (same stdout, stderr and exit);
+standard library only.  Usage: `python3 -I -S -c <this file> SOCKET < REQUEST`"""
 
 import json
 import os

@@ -1,13 +1,5 @@
-"""Programs run by forks of warm interpreters: the client side of warm_server.py.
-
-Guarantee: `WarmPrograms.run` runs `interpreter program *args` (or `interpreter -m NAME *args`) with the given environment and
-working directory in a child forked from that program's warm server (one per program, started
-on its first run, restarted if it died) and returns its exit code, stdout and stderr as a fresh
-interpreter's run would give them; a run whose caller is cancelled is killed with its process
-group; `start` does the same without waiting (a server the caller `kill`s when done). `aclose` (or the death of this process, even by SIGKILL) stops the servers and their
-live runs; a server that dies (even by SIGKILL) takes its runs with it, and their process groups
-are killed by the callers that were waiting on them.
-"""
+"""Programs run by forks of warm interpreters (the client of server.py): a run answers as a fresh interpreter's would;
+a cancelled run is killed with its group, and `aclose` or this process's death stops the servers and their runs."""
 
 from __future__ import annotations
 

@@ -1,28 +1,5 @@
-"""A warm interpreter for one Python program: it imports the program once, then forks a child per run.
-
-Guarantee: every run executes the program's unchanged source as `__main__` (a file as `python
-FILE` runs it, a module as `python -m NAME` does, `sys.path[0]` included), with the argv,
-environment and working directory of its request, in a session of its own (stdin /dev/null,
-stdout and stderr to the request's files), and its exit code (negative: killed by that signal)
-is answered on the request's connection. A run whose connection closes before it exits is
-killed with its whole process group; when this server's stdin closes (its parent stopped it or
-died, even by SIGKILL) every live run is killed the same way; when this server is SIGKILLed
-itself, every live run gets SIGKILL from the kernel (its parent-death signal) and the caller
-waiting on it kills the run's process group (warm_programs.py), the socket's directory (its
-parent's, holding the runs' output files) is removed and the server exits. Modules a
-run imported lazily (httpx's transport on the first client, say) are imported by the server
-after that run, so later forks start with them (a run that serves until it is killed, an MCP
-tool server, reports them `REPORT_AFTER_S` into its life).
-
-    PYTHON warm_server.py PROGRAM SOCKET       (PROGRAM: a file, or "-m NAME" for a module)
-
-The server runs the program's top level once (a module's under its own name), so its entry
-point must sit under `if __name__ == "__main__"`, as verifiers' programs and toolsets have it.
-
-Standard library only: it runs in the program's own interpreter (verifiers' uv script
-environment), where envrl is not installed. Imports are what a fresh interpreter spends its time
-on (docs/measurements.md); a fork of this warm process skips them.
-"""
+"""A warm interpreter for one program: each run is a fork executing the program's unchanged source as `__main__`, killed
+with its group when its connection or this server goes. Usage: `PYTHON server.py PROGRAM SOCKET` (stdlib only)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""Document-masked attention for packed rows: each sample attends causally to itself only.
-
-Guarantee: with `document_varlen` a packed row costs one kernel call per long sample (sdpa) and
-one per run of short samples between them (torch's `torch.nn.attention.varlen` over their
-cumulative lengths; CUDA, bf16/fp16); with `document_sdpa` it costs the sum over its samples of
-their own attention (padded only within groups of similar length, never across samples). With
-either, a prefix that several samples share (`Document.suffixes`) is computed once, as a sample
-of its own, and each sample's own tokens attend to it and causally to themselves (one masked
-sdpa call per group of suffixes of similar length, the same code on both). Neither builds a T×T
-mask, and each token's output equals that of the sample run alone. `resolve_attn_implementation`
-turns the config's choice into one that trains on the runtime's device and dtype, or says why it
-cannot.
-Both run eagerly inside compiled decoder layers, so a row's layout never recompiles them.
-"""
+"""Document-masked attention for packed rows: each token's output equals that of its sample run alone (a shared
+prefix computed once), never with a T×T mask; `resolve_attn_implementation` picks one that trains here or says why
+not."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Regional compilation of the decoder layers (`trainer.compile`), as torchtitan does it.
-
-Guarantee: `compile_layers` either compiles every decoder layer in place (`module.compile()`:
-the modules, their parameters and state-dict names stay; identical layers share one compiled
-code object, so a 28-layer model compiles once, not 28 times) or leaves the model eager and says
-in one line why; it never fails a run that eager mode would train. Compiled code is cached under
-a directory private to the user (`compile_cache_dir`), so a restart reuses it. Attention stays
-eager inside the compiled layers (`attention.py` marks it), so a packed row's layout never
-becomes a guard that recompiles them.
-"""
+"""`compile_layers` compiles every decoder layer in place (identical layers once, cached per user) or leaves the
+model eager and says why in one line; it never fails a run that eager mode would train."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""The output head that scores the row's own tokens without materialising `[tokens, vocab]` logits.
-
-Guarantee: with a request set, `LogprobHead` returns, for each position of the row, the
-log-probability of the row's next token under the distribution that sampled it and that
-distribution's entropy (what `loss.token_logprobs` returns from full logits), computed
-`LOGITS_CHUNK_ELEMENTS` logits at a time in forward and recomputed chunk by chunk in backward:
-peak memory above the hidden states is O(chunk × vocab), never O(tokens × vocab). Rows sampled
-without top-k/top-p (RL's usual case) go through two small kernels, the scores and their
-gradient, which compiled read each chunk's logits once per pass instead of materialising fp32
-copies of them. Without a
-request it is the `nn.Linear` it replaced (generation, SFT and any other caller see logits).
-The head's weight is the same parameter (tied or not; state-dict names unchanged).
-"""
+"""`LogprobHead`: each position's logprob of the next token under its sampling distribution, and its entropy,
+computed chunk by chunk, never materialising `[tokens, vocab]` logits; without a request, the `nn.Linear` it
+replaced."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""How a packed row's samples are grouped into attention kernel calls, one group per call.
-
-Guarantee: every token of a row is in exactly one group or segment, and none attends across samples.
-"""
+"""How a packed row's samples group into attention kernel calls: every token of a row is in exactly one group or
+segment, and none attends across samples."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Sharded weights straight from the checkpoint files: each rank reads only the rows it owns.
-
-Guarantee: after `load_shards`, every tensor of a model that was built on the meta device and then
-FSDP2-sharded holds its checkpoint value, cast to the parameter's dtype, or (for what a checkpoint
-does not hold: LoRA adapters, non-persistent buffers such as rotary `inv_freq`) the value the
-engines initialise it to (peft's adapter init, transformers' `_init_weights`); a parameter that
-is neither in the files nor an adapter is a `LoadError` naming it and the files. Each rank
-reads from the safetensors files only the rows of its own shard, one bounded chunk at a time with
-the file mapped only while that chunk is read, so no rank holds more than its shard plus one chunk:
-a model bigger than one host's memory per rank loads. (`torch.distributed.checkpoint`'s
-HuggingFaceStorageReader keeps each whole file mapped while it reads, so a rank's resident memory
-grows by every page it touched: half a model more, which is what this module exists to avoid.)
-"""
+"""`load_shards`: every tensor of a meta-built, FSDP2-sharded model holds its checkpoint value (or its engine's
+init), each rank reading only its own rows one bounded chunk at a time; anything else is a `LoadError` naming it."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""LoRA in the trainer: which modules get adapters, adding them, what a step publishes, and the
-merged export of the final policy.
-
-Guarantee: `apply_lora` adds `peft` adapters only to the decoder layers' linear modules (and
-`lm_head`) named in `trainer.lora.target_modules` (an unknown name is a one-line `LoraError`
-listing the names the model has, raised before any weight is loaded when `check_lora_model`
-runs first), freezes every base weight, and starts from B = 0, so step 0's policy is exactly
-the base model; `publish_adapter` writes a PEFT adapter directory (adapter_config.json +
-adapter_model.safetensors) that appears only complete, which both `PeftModel.from_pretrained`
-and the inference server's `/update_weights` take as is; `export_merged` computes what the
-adapter does, as a plain HF model.
-"""
+"""LoRA: adapters only on the named linear modules (an unknown name is a `LoraError` listing the model's), base
+frozen, B = 0 so step 0 is the base model; adapters publish complete, and `export_merged` gives a plain HF model."""
 
 from __future__ import annotations
 

@@ -1,27 +1,5 @@
-"""Activation recomputation only where memory needs it (`trainer.activation_checkpointing`).
-
-Guarantee: `plan_recompute` is a pure function of the device's free memory, the row length and
-the model's shape: it recomputes no layer when every layer's activations fit the budget, else
-every k-th layer with the largest k that fits, else every layer; `apply_recompute` checkpoints
-exactly the layers the plan names, and the plan's one-line reason (with its estimate) is logged.
-
-The estimate, per decoder layer and per token of the row, in the compute dtype's bytes: what
-autograd keeps for backward in a Llama/Qwen-style layer run eagerly,
-
-    4·D                 the two RMSNorms' inputs and outputs (the q/k/v and gate/up inputs)
-  + 2·(H + 2·KV)·hd     q, k, v out of their projections and again after qk-norm and rotary
-  + 2·H·hd              attention's output and o_proj's input
-  + 4·I                 gate, up, SiLU(gate) and their product (down's input)
-
-(D hidden, H/KV query/key-value heads of hd, I the MLP width). A checkpointed layer keeps only
-its input (D per token), and backward rebuilds one layer's full set at a time. At Qwen3-0.6B's
-shape in bf16 that is 56 KiB per token per layer, 24.5 GiB for a 16k row over 28 layers, where
-one H200 measured 31.6 GiB between recompute on and off (issue 38: the off run also kept more
-of the logits path). The budget is the free memory at build time less what the first optimizer
-step allocates (fp32 gradients and AdamW's two moments: 12 bytes per local parameter), the
-logits path's chunk (`LOGITS_CHUNK_ELEMENTS`, ~1 GiB with its gradient) and a margin of 10% of
-the free memory for the allocator's fragmentation.
-"""
+"""`plan_recompute`, pure: no layer recomputed when every layer's activations fit the free memory, else every k-th
+with the largest k that fits, else all; the plan's reason is logged (the estimate: docs/trainer.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Demonstrations for supervised fine-tuning: a JSONL file of chat conversations becomes token
-samples whose loss mask covers exactly the assistant messages.
-
-Guarantee: every sample's tokens are the model's own chat-template rendering of its whole
-conversation; a token is trained on only if it belongs to an assistant message (its content, tool
-calls and end-of-turn tokens, as the template closes it), so the model learns to answer and to
-stop, never to write a user, system or tool message. A conversation the template does not render
-as a sequence of prefixes (so no honest mask exists), or a line that is not a conversation, is an
-error naming the file, line and message.
-
-Each line: `{"messages": [{"role": ..., "content": ...}, ...], "tools": [...]}` (`tools`
-optional), the conversational format of TRL's SFTTrainer and of OpenAI's fine-tuning API.
-"""
+"""SFT demonstrations (JSONL of `{"messages", "tools"}`): the model's own template renders each conversation and
+only assistant tokens are trained; a conversation with no honest mask is an error naming file, line and message."""
 
 from __future__ import annotations
 

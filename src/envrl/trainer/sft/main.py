@@ -1,11 +1,6 @@
-"""`rl sft --config sft.toml`: supervised fine-tuning on demonstrations, the warm start before RL.
-
-Guarantee: every optimizer step minimises the mean negative log-likelihood of the assistant
-tokens of `batch_size` conversations (all of the run's conversations once per epoch, in a seeded
-order), with the RL trainer's model building, packing, attention and optimizer; the result is
-published once, complete, to `<output_dir>/weights/final/` (an HF directory `rl --model.name`
-takes). A step whose loss or gradient is not finite stops the run before the optimizer sees it.
-"""
+"""`rl sft --config sft.toml`: each step minimises the NLL of the assistant tokens of `batch_size` conversations
+with the RL trainer's machinery, publishing `weights/final/` once, complete; a non-finite step stops before the
+optimizer."""
 
 from __future__ import annotations
 
@@ -31,7 +26,7 @@ from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.telemetry.metrics import MetricsSink, WandbConfig
 from envrl.telemetry.progress import duration
 from envrl.trainer.config import OptimConfig, TrainerConfig
-from envrl.trainer.loop import build_optimizer
+from envrl.trainer.learner import build_optimizer
 from envrl.trainer.loss import token_logprobs
 from envrl.trainer.packing import SFT_KEYS, MicroBatch, pack, packed_logits, shard, shares_prefixes
 from envrl.trainer.parallel import Runtime, all_reduce_sum, build_model, init_runtime, shutdown

@@ -1,15 +1,5 @@
-"""`verifiers:<taskset-id>`: a verifiers (v1, 0.4.x) environment served as an envrl Environment.
-
-Guarantee: each envrl rollout is one verifiers episode of the task, run by verifiers' own env,
-harness (in the local `subprocess` runtime unless the config names another; its programs forked
-from warm interpreters, verifiers_runtime.py) and scoring; every model call the harness makes
-reaches envrl's model client through a chat proxy in this process and is recorded as a Turn
-with the exact tokens the client returned. `run_rollout` and `run_group`
-never raise (cancellation aside): a failure inside verifiers or the adapter becomes an error Trace.
-With `sandbox`, nothing verifiers starts for an episode runs on the host as the worker's user
-unless the env says so: an env whose tasks have tool servers (which verifiers starts in runtimes
-of their own, on the host) is refused at load unless `tools_on_host = true`.
-"""
+"""`verifiers:<taskset-id>`: each rollout is one verifiers episode, its model calls recorded as Turns with exact tokens;
+`run_rollout`/`run_group` never raise, and with `sandbox` a host-side tool server needs `tools_on_host = true`."""
 
 from __future__ import annotations
 

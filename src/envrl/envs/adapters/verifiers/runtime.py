@@ -1,21 +1,5 @@
-"""verifiers' local `subprocess` runtime with its harness programs started from warm interpreters,
-or inside a sandbox per episode.
-
-Guarantee: inside `local_runtimes(placement)`, the runtime verifiers makes for an episode's
-agent (a `subprocess` config) is a `SandboxRuntime` when the placement has sandboxes
-(verifiers_sandbox.py), and one it makes for anything else then (a tool server) is refused
-unless the placement says `tools_on_host`; every other runtime verifiers makes for a
-`subprocess` config (the episode's without a sandbox, its tool servers') is a
-`WarmSubprocessRuntime` when `pool` is given: it runs a harness's prepared program (`prepare_uv_script`) through
-the pool (in a child forked from a warm interpreter of that program, warm_programs.py), with the
-argv, environment and working directory the plain runtime would have given it, and answers the
-same `ProgramResult`; everything else it runs exactly as the plain runtime does.
-
-Why: a fresh interpreter spends most of its start importing verifiers' chat program (openai,
-mcp) for every rollout; a fork of one that already imported it skips that (docs/measurements.md). verifiers
-0.4 has no runtime registry, so the seam is its rollout's `make_runtime` (wrapped once, and
-only active in a context that names a pool or a sandbox).
-"""
+"""verifiers' `subprocess` runtime, its prepared programs forked from warm interpreters (or sandboxed per episode), with
+the argv, environment and working directory and `ProgramResult` the plain runtime would give (docs/adapters.md)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""verifiers' local runtime inside an envrl sandbox: a harness program and everything it runs
-(a `bash` harness's commands included) confined to one sandbox per episode.
-
-Guarantee: inside `sandboxed(...)`, the runtime verifiers makes for an episode's agent (a
-`subprocess` config) is a `SandboxRuntime`: its commands, files, background processes and
-harness program run in a sandbox started for the episode and closed when verifiers stops the
-runtime (episode end, cancel, timeout; the sandbox's own cap and reaper otherwise). A prepared
-PEP 723 program runs on the sandbox's interpreter in a venv of its declared dependencies
-(envrl.sandbox.venv, built once per machine). The only host ports the sandbox reaches are the
-routes verifiers hands the runtime before the agent starts (its interception server, the tool
-servers), at the same URLs (`prepare_execution`). Tool servers verifiers starts for an episode
-in runtimes of their own stay on the host, as with the plain runtime. With `warm` > 0, once an
-episode has prepared its harness program, later episodes take their sandbox from a pool whose
-sandboxes already run a warm server of that program (warm_server.py, imported ahead inside the
-sandbox), and the program's run is a fork of it (warm_client.py): each episode still has a
-sandbox of its own, and the imports are paid before the episode instead of in it.
-"""
+"""verifiers' local runtime inside one envrl sandbox per episode: the harness program and all it runs stay in it, closed
+when verifiers stops the runtime; it reaches only the host routes verifiers hands it (docs/sandbox.md)."""
 
 from __future__ import annotations
 
