@@ -1,8 +1,9 @@
 """The command blocks of README.md and docs/*.md, each with the marker that says how CI treats it.
 
-Guarantee: every fenced block a user could take for a command (```bash, ```sh or unlabelled) has a
-`<!-- doc: KIND ... -->` marker on the line before it, and the digest of every command block with its marker
-is committed in `blocks.lock.json`, so a command that changes without its check changing fails.
+Guarantee: every fenced block a user could take for a command (```bash, ```sh, or unlabelled and
+starting like one) has a `<!-- doc: KIND ... -->` marker on the line before it, and the digest of
+every command block with its marker is committed in `blocks.lock.json`, so a command that changes
+without its check changing fails.
 `python -m tests.docs.blocks --update` rewrites the lock (after the block's check was made to fit).
 """
 
@@ -19,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = Path(__file__).with_name("blocks.lock.json")
 COMMAND_LANGS = ("bash", "sh", "shell", "")
-"""Fence languages whose blocks may be commands: each needs a marker (toml, python, json are excerpts)."""
+"""Fence languages whose blocks may be commands: a bash, sh or shell block always needs a marker, an
+unlabelled one when it starts like a command (toml, python, json are excerpts)."""
 KINDS = {
     "run": "run by tests/docs/test_run_blocks.py exactly as written, in a scratch checkout",
     "covered": "the same command as a test the suite already runs (`by=` names it)",
@@ -28,9 +30,10 @@ KINDS = {
     "illustration": "a shape or an excerpt, not meant to be run as it stands",
 }
 """What a marker may say of its block."""
-INDENTED_COMMAND = re.compile(
-    r"^    (uv |rl |python|flock |bash |torchrun |env-server |inference |trainer |orchestrator )"
-)
+STARTS = r"(uv |rl |python|flock |bash |torchrun |env-server |inference |trainer |orchestrator )"
+COMMAND = re.compile(rf"^\s*({STARTS}|[A-Z_]+=\S* )")
+"""How a command starts: an unlabelled block that starts so needs a marker (one that shows output does not)."""
+INDENTED_COMMAND = re.compile(rf"^    {STARTS}")
 """A markdown code block by indentation that starts with a command: it cannot carry a marker."""
 COMMANDS = ("run", "covered", "needs")
 """The kinds that are commands a user runs: their digests are locked."""
@@ -107,7 +110,7 @@ def problems(blocks: list[Block]) -> list[str]:
         if block.lang == "indented":
             found.append(f"{block.where}: an indented command block: make it a fenced ```bash block with a marker")
         elif block.kind is None:
-            if block.lang in COMMAND_LANGS:
+            if block.lang in COMMAND_LANGS[:-1] or (block.lang == "" and COMMAND.match(block.text)):
                 found.append(
                     f"{block.where}: a ```{block.lang} block without a `<!-- doc: KIND -->` marker ({', '.join(KINDS)})"
                 )
