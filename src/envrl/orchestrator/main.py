@@ -22,7 +22,7 @@ from envrl.model.inference import ServerNotReady
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator, orchestrator_envs
-from envrl.runtime.cli import one_line_errors
+from envrl.runtime.cli import check_model, one_line_errors
 from envrl.runtime.lifeline import parent_pid
 from envrl.runtime.restarts import NO_RESTART_EXIT
 from envrl.telemetry.console import RunConsole
@@ -50,6 +50,7 @@ def _dry_run_text(config: OrchestratorConfig) -> str:
 def main(argv: list[str] | None = None) -> None:
     config = load_config(OrchestratorConfig, argv, prog="orchestrator", dry_run=_dry_run_text)
     with one_line_errors("orchestrator"):
+        check_model(config.model.name)  # its tokenizer renders every train rollout: fail now, not after the waits
         own_output_dir(config.output_dir)  # by hand: made 0700; under rl: rl made it, and it is ours
     console = None
     if parent_pid() is None:  # run by hand, not by rl

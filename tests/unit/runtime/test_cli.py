@@ -35,10 +35,16 @@ def test_the_printed_client_flags_give_an_env_server_that_client(client: ClientC
     [
         ("env-server", ["--env.id", "no-such-env"], "env-server: error: --env.id: no environment 'no-such-env'"),
         ("inference", ["--model.name", "no/such/model"], "inference: error: model.name 'no/such/model': no such"),
+        ("trainer", ["--model.name", "no/such/model"], "trainer: error: model.name 'no/such/model': no such"),
+        (
+            "orchestrator",
+            ["--model.name", "no/such/model", "--envs", '[{"id": "learnable"}]'],
+            "orchestrator: error: model.name 'no/such/model': no such",
+        ),
     ],
 )
 def test_a_wiring_mistake_is_one_line_and_exit_2(command: str, argv: list[str], says: str, tmp_path: Path) -> None:
-    module = {"env-server": "envrl.serve.main", "inference": "envrl.inference.main"}[command]
+    module = "envrl.serve.main" if command == "env-server" else f"envrl.{command}.main"
     address = ["--address", "tcp://127.0.0.1:0"] if command == "env-server" else []
     done = subprocess.run(
         [sys.executable, "-m", module, *argv, *address], capture_output=True, text=True, cwd=tmp_path, timeout=120
