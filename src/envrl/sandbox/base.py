@@ -147,13 +147,22 @@ class Sandbox(abc.ABC):
         timeout: float | None = None,
         stdin: str | None = None,
         cwd: str | None = None,
-        isolate: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
         """Run `cmd` (a shell line, or argv) in the sandbox's working directory, or `cwd`.
         `timeout` defaults to `command_timeout_s` and is cut to what the episode has left.
-        `isolate`: first kill everything earlier commands left running (a verdict nothing else touches).
         `env`: variables set for this command over the sandbox's own (PATH, HOME, LANG, TMPDIR)."""
+
+    async def verdict(
+        self, cmd: str | Sequence[str], files: Mapping[str, bytes | str], *, timeout: float | None = None
+    ) -> CommandResult:
+        """The only way to run what decides a reward: in a clean room. Every process the episode
+        started is killed first; then `files` (relative names) are created, only by the host and
+        only as new regular files, in a directory made after that, which is `cmd`'s working
+        directory, HOME and TMPDIR. Nothing the episode left can change the inputs or swap the
+        program. A room the episode made impossible (its disk full) is the program's failure
+        (exit 126). Later calls see the sandbox without the episode's processes."""
+        raise NotImplementedError(f"{type(self).__name__} has no clean room for a verdict")
 
     async def forward_host_ports(self, ports: Sequence[int]) -> None:
         """Let code in the sandbox reach these host loopback TCP ports at the same address

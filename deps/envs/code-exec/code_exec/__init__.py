@@ -1,9 +1,9 @@
 """code-exec: write Python that prints a target value; the code runs only in a sandbox.
 
 Guarantee: every rollout owns one sandbox (started in `reset`, closed in `close`, also on
-cancel and timeout), model-written code runs nowhere else, and the reward is read from the
-sandboxed run of the final program after everything the episode left running was killed, so
-nothing the model started earlier can touch the verdict. A sandbox failure is an error Trace of
+cancel and timeout), model-written code runs nowhere else, and the reward is read from the final
+program's run in the sandbox's clean room (`Sandbox.verdict`: written by the host after everything
+the episode started is gone), so nothing the model ran earlier can touch the verdict. A sandbox failure is an error Trace of
 its `sandbox_*` type; the program's own failures (an exception, a timeout, a limit) are the
 model's and score 0.
 """
@@ -94,10 +94,10 @@ class PythonSandbox:
 
 
 async def printed_target(env: PythonSandbox, state: RolloutState, target: str) -> float:
-    """1 if the final program, run alone in the episode's sandbox, prints exactly `target`."""
+    """1 if the final program, run in the sandbox's clean room, prints exactly `target`."""
     assert env.sandbox is not None
-    await env.sandbox.write_file("final.py", final_program(state.completion))
-    result = await env.sandbox.run(["python3", "final.py"], timeout=RUN_TIMEOUT_S, isolate=True)
+    program = {"final.py": final_program(state.completion)}
+    result = await env.sandbox.verdict(["python3", "final.py"], program, timeout=RUN_TIMEOUT_S)
     state.trace.metrics["final_exit_ok"] = float(result.exit_code == 0)
     return float(result.stdout.strip() == target)
 

@@ -34,7 +34,7 @@ from verifiers.v1.runtimes.subprocess import SubprocessRuntimeInfo
 
 from envrl.envs.adapters import warm_server
 from envrl.sandbox import Sandbox, SandboxConfig, SandboxProvider, WarmPool
-from envrl.sandbox.bubblewrap import SANDBOX_PATH
+from envrl.sandbox.argv import SANDBOX_PATH
 from envrl.sandbox.venv import sandbox_venv, venvs_root
 
 LOOPBACK = {"127.0.0.1", "localhost"}
