@@ -6,7 +6,8 @@ gets 0.0), from vLLM's `prompt_logprobs` on `/v1/completions` with the ids as th
 text and no re-tokenisation in between), or raises `TeacherError` naming the server and what was
 wrong. `start` refuses, with a one-line `TeacherError`, a teacher whose tokenizer turns the same
 text into other token ids than the student's (`/tokenize` on both servers), since its logprobs
-would then score other tokens than the student sampled.
+would then score other tokens than the student sampled. Neither key goes to another local user's
+listener (`ForeignListener`, checked before every request) nor to a proxy.
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ import time
 import httpx
 from loguru import logger
 
-from envrl.runtime.http import HttpCallError, ResponseTooLarge, RetryPolicy, bearer, fetch, poll_delays, request_json
+from envrl.runtime.http import (
+    HttpCallError,
+    ResponseTooLarge,
+    RetryPolicy,
+    bearer,
+    fetch,
+    own_server_client,
+    poll_delays,
+    request_json,
+)
 from envrl.runtime.secrets import API_KEY_ENV, api_key
 
 PROBE_TEXT = (
@@ -55,7 +65,7 @@ class TeacherClient:
         self.model = model
         self.retry = retry
         key = os.environ.get(api_key_env)
-        self._http = httpx.AsyncClient(headers=bearer(key, f"environment variable {api_key_env}") if key else None)
+        self._http = own_server_client(bearer(key, f"environment variable {api_key_env}") if key else None)
 
     async def start(self, student_url: str, student_model: str, timeout: float) -> None:
         """Wait (at most `timeout` s) for the teacher to list its models, resolve `model`, and
@@ -72,9 +82,7 @@ class TeacherClient:
                 f"the teacher at {self.base_url} serves {served}, not orchestrator.distill.teacher_model = {self.model!r}"
             )
         key = api_key()  # the student's own key: the teacher's is never sent to the student, nor the other way
-        async with httpx.AsyncClient(
-            headers=bearer(key, f"environment variable {API_KEY_ENV}") if key else None
-        ) as http:
+        async with own_server_client(bearer(key, f"environment variable {API_KEY_ENV}") if key else None) as http:
             student = await self._tokenize(http, _api_root(student_url), student_model)
         teacher = await self._tokenize(self._http, self.base_url, self.model)
         if student != teacher:
