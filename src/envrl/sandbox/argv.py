@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import shutil
 import stat
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
+
+from loguru import logger
 
 from envrl.sandbox import reaper, uids
 from envrl.sandbox.base import SandboxConfig
 from envrl.sandbox.bridge import MOUNT
 from envrl.sandbox.errors import SandboxStartError
+from envrl.sandbox.limits import Limits
 
 SANDBOX_UID = 65534
 """The user id (nobody) code sees inside the sandbox."""
@@ -92,3 +95,18 @@ def bwrap_argv(
     argv += ["--chdir", work, "--setenv", "HOME", work, "--setenv", "TMPDIR", work, "--setenv", "LANG", "C.UTF-8"]
     argv += ["--setenv", "PATH", SANDBOX_PATH, "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
     return [*argv, "--", str(config.python), "-I", "-S", "-c", _AGENT, *map(str, agent_fds)]
+
+
+def say_memory_bound(limits: Limits) -> None:
+    """Say once per process and limits what bounds a sandbox's memory, and that no cgroup does."""
+    _say_once(limits.nproc, limits.memory_mib, limits.disk_mib)
+
+
+@cache
+def _say_once(nproc: int, memory_mib: int, disk_mib: int) -> None:
+    logger.info(
+        f"sandbox memory: no memory cgroup per sandbox (envrl makes none yet); each holds at most "
+        f"{nproc} processes x {memory_mib} MiB (limits.nproc x limits.memory_mib) plus 2 x "
+        f"{disk_mib} MiB of tmpfs (workdir, /dev/shm); memfd and SysV shared memory are refused "
+        "(docs/sandbox.md, limits)"
+    )

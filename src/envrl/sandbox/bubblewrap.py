@@ -26,7 +26,7 @@ from typing import Any
 from loguru import logger
 
 from envrl.sandbox import reaper, seccomp, uids
-from envrl.sandbox.argv import bwrap_argv, check_image
+from envrl.sandbox.argv import bwrap_argv, check_image, say_memory_bound
 from envrl.sandbox.base import CommandResult, Sandbox, SandboxConfig, SandboxProvider, started
 from envrl.sandbox.bridge import HostBridge
 from envrl.sandbox.errors import (
@@ -106,6 +106,7 @@ class BubblewrapSandbox(Sandbox):
             raise SandboxClosed("start() on a closed sandbox")
         self._arm()
         check_image(self.config)  # a config that cannot start fails before a uid is claimed
+        say_memory_bound(self.config.limits)
         program = seccomp.program()
         reaper.reap_now_and_then()
         refused: dict[int, str] = {}
