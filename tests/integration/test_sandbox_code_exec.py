@@ -134,3 +134,12 @@ def test_a_fifo_and_symlinks_planted_at_the_verdict_by_earlier_daemons_do_not_fo
     task, trace = _rollout([_call(plant_at_verdict("wrong")), f"```python\nprint({target!r})\n```"])
     assert trace.error is None and trace.reward == 1.0, (trace.error, trace.reward)
     assert wait_gone(ALL_SANDBOXES) == []
+
+
+def test_a_final_program_that_kills_its_sandbox_during_the_verdict_earns_0_not_an_error() -> None:
+    """An error Trace leaves the group's baseline: a program that cannot print the target would
+    abstain instead of scoring 0 by killing the agent that runs it."""
+    abstain = "import os, signal\nos.kill(-1, signal.SIGKILL)"
+    task, trace = _rollout([f"```python\n{abstain}\n```"])
+    assert trace.error is None and trace.reward == 0.0, (trace.error, trace.reward)
+    assert wait_gone(ALL_SANDBOXES) == []

@@ -161,7 +161,9 @@ class Sandbox(abc.ABC):
         only as new regular files, in a directory made after that, which is `cmd`'s working
         directory, HOME and TMPDIR. Nothing the episode left can change the inputs or swap the
         program. A room the episode made impossible (its disk full) is the program's failure
-        (exit 126). Later calls see the sandbox without the episode's processes."""
+        (exit 126), and so is a sandbox that dies during the verdict (exit -9: only the judged
+        program ran, so it killed the agent; never an error Trace a model could hide a 0 behind).
+        Later calls see the sandbox without the episode's processes."""
         raise NotImplementedError(f"{type(self).__name__} has no clean room for a verdict")
 
     async def forward_host_ports(self, ports: Sequence[int]) -> None:

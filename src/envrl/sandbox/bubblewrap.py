@@ -183,7 +183,10 @@ class BubblewrapSandbox(Sandbox):
         raw = {name: data.encode() if isinstance(data, str) else data for name, data in files.items()}
         sent = {name: base64.b64encode(data).decode() for name, data in raw.items()}
         request = {"op": "verdict", "files": sent, "stdin": None, "cwd": self.config.workdir, "env": {}}
-        return await self._command(request, cmd, timeout)
+        try:
+            return await self._command(request, cmd, timeout)
+        except SandboxDied as e:  # in the clean room only the judged program ran: an abstention is its failure
+            return CommandResult(-9, "", f"the sandbox died during the verdict (its program killed the agent?): {e}")
 
     async def _command(self, request: dict[str, Any], cmd: str | Sequence[str], timeout: float | None) -> CommandResult:
         wanted = self.config.command_timeout_s if timeout is None else timeout
