@@ -136,10 +136,11 @@ def test_a_fifo_and_symlinks_planted_at_the_verdict_by_earlier_daemons_do_not_fo
     assert wait_gone(ALL_SANDBOXES) == []
 
 
-def test_a_final_program_that_kills_its_sandbox_during_the_verdict_earns_0_not_an_error() -> None:
-    """An error Trace leaves the group's baseline: a program that cannot print the target would
-    abstain instead of scoring 0 by killing the agent that runs it."""
+def test_a_program_that_kills_its_sandbox_in_a_tool_call_or_the_verdict_earns_0_not_an_error() -> None:
+    """An error Trace leaves the group's baseline: a model that cannot print the target would
+    abstain instead of scoring 0 by killing the agent that runs its code (red-team pass, issue 53)."""
     abstain = "import os, signal\nos.kill(-1, signal.SIGKILL)"
-    task, trace = _rollout([f"```python\n{abstain}\n```"])
-    assert trace.error is None and trace.reward == 0.0, (trace.error, trace.reward)
+    for replies in ([f"```python\n{abstain}\n```"], [_call(abstain), _call("print(1)"), "```python\nprint(1)\n```"]):
+        task, trace = _rollout(replies)
+        assert trace.error is None and trace.reward == 0.0, (trace.error, trace.reward)
     assert wait_gone(ALL_SANDBOXES) == []
