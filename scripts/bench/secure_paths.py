@@ -5,8 +5,8 @@
 Prints, each as p50/p99 in milliseconds: a bubblewrap sandbox's start (create until its agent
 answers), a verdict (the final program written and run in a clean room: `Sandbox.verdict`, or on
 a tree without it `write_file` + `run(isolate=True)`), and requests of `InferenceClient` to a
-loopback server in this process: `generate` on a kept-alive connection, `generate` on a new
-connection each time, and `served_weights` (the httpx client of reloads).
+loopback server in this process: `generate` on a kept-alive connection, a new client's first
+request (`GET /v1/models`, on a new connection), and `served_weights` (the httpx client of reloads).
 """
 
 from __future__ import annotations
@@ -95,9 +95,8 @@ async def client_paths(requests: int) -> None:
         await client.aclose()
         for _ in range(requests):
             client = InferenceClient(url, "m")
-            await client.max_model_len()
             begun = time.perf_counter()
-            await client.generate([1, 2, 3], {"max_tokens": 4})
+            await client.max_model_len()  # the first request of a client: on a new connection
             fresh.append(time.perf_counter() - begun)
             await client.aclose()
         client = InferenceClient(url, "m")
@@ -109,7 +108,7 @@ async def client_paths(requests: int) -> None:
     finally:
         await runner.cleanup()
     print(f"generate, kept     {percentiles(kept)}")
-    print(f"generate, new conn {percentiles(fresh)}")
+    print(f"first request, new connection {percentiles(fresh)}")
     print(f"served_weights     {percentiles(reloads)}")
 
 
