@@ -108,7 +108,7 @@ def foreign_listeners(host: str, port: int) -> list[str]:
     """'address:port (uid N)' of each socket another uid listens with where `host:port` is served."""
     targets = _addresses(host)
     me = os.getuid()
-    found = listeners(port) if targets else []
+    found = listeners(port) if targets & WILDCARDS else []  # a remote host: no socket here serves it
     return [f"{address}:{port} (uid {uid})" for address, uid in found if address in targets and uid != me]
 
 
