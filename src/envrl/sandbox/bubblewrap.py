@@ -6,8 +6,8 @@ default), IPC, UTS and cgroup namespaces, under a host user id nothing else on t
 killing the uid kills only the sandbox), with no capability, a seccomp filter that refuses every
 way to reach another process's memory or fds (seccomp.py), no environment from its owner, no
 inherited file descriptor but the agent's protocol pipes (protocol.py: answers only the agent
-can give), a read-only image and a fresh size-limited tmpfs as its only writable
-place. It dies with its owner (bubblewrap's `--die-with-parent`; the reaper for what survives
+can give), a read-only image and two fresh size-limited tmpfs (workdir, /dev/shm) as its only
+writable places (argv.py). It dies with its owner (bubblewrap's `--die-with-parent`; the reaper for what survives
 that), at its episode cap, and on `close()`: every process running as its uid is SIGKILLed at
 once, daemons and orphans included.
 """
