@@ -12,6 +12,8 @@ import json
 import os
 import uuid
 
+import pytest
+
 from envrl.sandbox import BubblewrapProvider, Limits, SandboxConfig
 from tests.support.sandboxes import wait_gone
 
@@ -79,6 +81,8 @@ def test_memory_a_sandbox_could_hold_outside_its_limits_and_the_host_keyring_are
     async def main() -> dict[str, object]:
         box = await BubblewrapProvider().create(SandboxConfig(limits=Limits(disk_mib=DISK_MIB)))
         try:
+            with pytest.warns(DeprecationWarning, match="Sandbox.verdict"):  # isolate: no clean room
+                await box.run("true", isolate=True)
             await box.write_file("doors.py", program)
             result = await box.run(["python3", "doors.py"], timeout=60)
             assert result.exit_code == 0, result.stderr

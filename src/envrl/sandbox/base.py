@@ -147,11 +147,15 @@ class Sandbox(abc.ABC):
         timeout: float | None = None,
         stdin: str | None = None,
         cwd: str | None = None,
+        isolate: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
         """Run `cmd` (a shell line, or argv) in the sandbox's working directory, or `cwd`.
         `timeout` defaults to `command_timeout_s` and is cut to what the episode has left.
-        `env`: variables set for this command over the sandbox's own (PATH, HOME, LANG, TMPDIR)."""
+        `env`: variables set for this command over the sandbox's own (PATH, HOME, LANG, TMPDIR).
+        `isolate` (deprecated in 0.2, gone in 0.3: it is no clean room, the files it runs were
+        written while the episode ran): kill everything earlier commands left running first;
+        what decides a reward runs through `verdict`."""
 
     async def verdict(
         self, cmd: str | Sequence[str], files: Mapping[str, bytes | str], *, timeout: float | None = None

@@ -19,6 +19,7 @@ import base64
 import contextlib
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,10 @@ CLOSE_WAIT_S = 10.0
 ANSWER_GRACE_S = 2.0
 """How long past a command's own timeout the agent may take to answer before it counts as dead."""
 _FORWARDER = (Path(__file__).parent / "forwarder.py").read_text()
+ISOLATE_DEPRECATED = (
+    "Sandbox.run(isolate=True) is deprecated and goes in envrl 0.3: its files were written while the episode "
+    "ran, so earlier processes could swap them; run what decides a reward with Sandbox.verdict(cmd, files)"
+)
 
 
 class BubblewrapSandbox(Sandbox):
@@ -170,9 +175,13 @@ class BubblewrapSandbox(Sandbox):
         timeout: float | None = None,
         stdin: str | None = None,
         cwd: str | None = None,
+        isolate: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
-        return await self._command({"op": "run", "stdin": stdin, "cwd": cwd, "env": dict(env or {})}, cmd, timeout)
+        if isolate:
+            warnings.warn(ISOLATE_DEPRECATED, DeprecationWarning, stacklevel=2)
+        request = {"op": "run", "stdin": stdin, "cwd": cwd, "isolate": isolate, "env": dict(env or {})}
+        return await self._command(request, cmd, timeout)
 
     async def verdict(
         self, cmd: str | Sequence[str], files: Mapping[str, bytes | str], *, timeout: float | None = None

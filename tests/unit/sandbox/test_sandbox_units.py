@@ -102,7 +102,7 @@ class _Box(Sandbox):
     async def start(self) -> None:
         pass
 
-    async def run(self, cmd, *, timeout=None, stdin=None, cwd=None, env=None) -> CommandResult:  # noqa: ANN001
+    async def run(self, cmd, *, timeout=None, stdin=None, cwd=None, isolate=False, env=None) -> CommandResult:  # noqa: ANN001
         return CommandResult(0, "", "")
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
