@@ -1,9 +1,6 @@
-"""Token-in/token-out client of the inference server.
-
-Guarantee: `generate` returns exactly one logprob per completion token (a length mismatch is an
-error, never padded or truncated), and every call ends within its `RetryPolicy` deadline. No
-key, token or secret goes to a listener of another local user (`ForeignListener`), nor to a proxy.
-"""
+"""Token-in/token-out client of the inference server: `generate` returns exactly one logprob per completion token (a
+mismatch is an error, never padded), every call ends within its `RetryPolicy` deadline, and no key, token or secret
+goes to another local user's listener (`ForeignListener`) or a proxy."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""The process inside a sandbox that runs commands and moves files for its host, one op at a time.
-
-Guarantee: it answers every request on its protocol pipe with exactly one frame (a 4-byte
-big-endian length, then JSON) that echoes the request's `seq` and `nonce`, keeps at most
-`max_output` bytes of each stream of a command, and when a command runs past its timeout, kills
-every other process of the sandbox (`kill(-1)` inside the pid namespace). A `verdict` runs only
-after every other process is gone, in a directory made then, on files it creates itself
-(`O_EXCL|O_NOFOLLOW`): nothing the episode ran can touch its inputs. Its protocol pipes are the
-two fds named on its argv (never stdio, which it and bubblewrap's init hold as /dev/null),
-held non-inheritable, so no command gets them. It is not dumpable, so code it runs (same user)
-cannot open its fds through /proc (the seccomp filter refuses ptrace besides). Standard library only: it runs on the image's interpreter
-(`python3 -I -S -c <this file> REQUESTS_FD ANSWERS_FD`), never imports envrl, and is sent as
-argv, so it needs no file in the image.
-"""
+"""The agent inside a sandbox: every request gets exactly one frame echoing its `seq` and `nonce`, output is
+bounded, its pipes reach no command, a `verdict` runs after every other process is gone on files it creates
+(`O_EXCL|O_NOFOLLOW`) in a new directory; stdlib only. Usage: `python3 -I -S -c <this file> REQUESTS_FD ANSWERS_FD`"""
 
 import base64
 import contextlib

@@ -1,8 +1,5 @@
-"""The command line that starts a bubblewrap sandbox, and the checks of its image before a start.
-
-Guarantee: `bwrap_argv` mounts nothing writable but the sandbox's sized tmpfs (`workdir`, also
-`/tmp`) and a `/dev/shm` of the same size: bubblewrap's own root and `/dev` are read-only.
-"""
+"""Bubblewrap's command line and the image checks: nothing is writable but two fresh tmpfs of `limits.disk_mib`
+(workdir, also `/tmp`, and `/dev/shm`); bubblewrap's own root and `/dev` are read-only."""
 
 from __future__ import annotations
 
