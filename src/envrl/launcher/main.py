@@ -307,9 +307,8 @@ def _start_teacher(
     if teacher is None or run.teacher is None:
         return
     logger.info(f"starting the distillation teacher's server on {run.teacher.model.name} (vLLM)")
-    inference[teacher.name] = supervisor.add(
-        spawn_inference(teacher), Respawn(partial(spawn_inference, teacher), restarts)
-    )
+    respawn = recovery.teacher_respawn(teacher, spawn_inference, restarts, run.teacher.base_url)
+    inference[teacher.name] = supervisor.add(spawn_inference(teacher), respawn)
 
 
 def _start_env_servers(run: RunPlan, supervisor: Supervisor, secrets: dict[str, str]) -> None:
