@@ -1,13 +1,6 @@
 """envrl: RL post-training with environments served as supervised processes.
 
-Guarantee: every module path that was public in an earlier minor version and has moved since
-(`MOVED`) still imports, until the version its row names: `import envrl.traces` gives the module
-at the new path itself (the same classes, so `isinstance` and pydantic validation keep working)
-and warns once, with a `DeprecationWarning` naming the new path. A path that exists is never
-shadowed, and nothing is imported before an old path is asked for. Env authors import from
-`envrl.envs` (docs/environments.md, The public API); docs/CHANGELOG.md has the history and the
-versioning policy.
-"""
+Guarantee: every moved public module path (`MOVED`) still imports, warning once, until its row's version."""
 
 from __future__ import annotations
 
@@ -72,6 +65,9 @@ MOVED: dict[str, Moved] = (
         old: Moved(new, "0.2", "0.3")
         for old, new in {  # every file format and client has one home (issue 54)
             "envrl.serve.client": "envrl.envclient.client",
+            "envrl.envs.forked": "envrl.runtime.forked",
+            "envrl.envs.adapters.chat_proxy": "envrl.proxy.chat",
+            "envrl.envs.adapters.warm_programs": "envrl.runtime.warm.programs",
         }.items()
     }
 )

@@ -29,7 +29,7 @@ from envrl.eval.runner import Evaluation
 from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator, orchestrator_envs
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.config import CurveClientConfig, PoolConfig
 from tests.support.env_servers import children, cmdline
 

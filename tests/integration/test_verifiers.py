@@ -140,7 +140,7 @@ def warm_processes(server: RunningServer) -> tuple[list[int], list[int]]:
         cmdline = b""
         with suppress(FileNotFoundError, ProcessLookupError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        is_server = not forked and b"warm_server.py" in cmdline and b"runtimes/scripts/" in cmdline
+        is_server = not forked and b"warm/server.py" in cmdline and b"runtimes/scripts/" in cmdline
         if alive(pid) and (forked or is_server):
             (runs if forked else servers).append(pid)
         todo += [(child, is_server) for child in children(pid)]

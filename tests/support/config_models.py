@@ -8,7 +8,7 @@ from envrl.config_schema import unwrap_types
 from envrl.eval.config import EvalCommandConfig
 from envrl.launcher.config import RLConfig
 from envrl.serve.config import EnvServerConfig
-from envrl.trainer.sft import SFTConfig
+from envrl.trainer.sft.main import SFTConfig
 
 ENTRY_POINTS: list[type[BaseModel]] = [RLConfig, EvalCommandConfig, EnvServerConfig, SFTConfig]
 

@@ -1,9 +1,5 @@
-"""Rollouts as JSON lines: each line is one Trace's JSON with bookkeeping fields beside its keys.
-
-Guarantee: `parse_trace_line(trace_line(trace, **fields))` gives back `fields` (with the
-Trace's `outcome` added: every line says what became of its rollout) and an equal Trace; a line that is not one (cut short by a crash, edited by hand) raises `ValueError` saying
-why, so a reader can skip it knowingly.
-"""
+"""Rollouts as JSON lines: `parse_trace_line(trace_line(trace, **fields))` gives back the fields (plus `outcome`)
+and an equal Trace; a line that is not one raises `ValueError` saying why."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""`summary.json`'s content and its reader: what one `rl` run did (`envrl.launcher.summary` writes it).
-
-Guarantee: `read_summary` only reads; a missing, unreadable or malformed file reads as `{}` (never
-raises), so a run that died before its summary still gets a report.
-"""
+"""`summary.json`'s content and its reader: `read_summary` only reads, and a missing, unreadable or malformed file
+reads as `{}` (never raises), so a run that died before its summary still gets a report."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""`EnvClient`: the async client of one env server (one DEALER socket, many requests in flight).
-
-Guarantee: every call ends: with its result, with `EnvServerError` when the server answered an
-error or something that is no protocol response (`bad_response`), or when its deadline passes (`timeout`), or when the server is found dead (its connection
-drops, or it answers nothing, not even health probes, for `dead_after` seconds; then every
-pending call fails at once and new calls fail fast until it answers again). `at_capacity` answers
-are retried with jittered exponential backoff within the call's deadline and `capacity_wait`.
-Cancelling a call sends `cancel`. Rollouts use the server's own model client (its config; `info`
-reports it); requests are sent unchecked: the server checks them, once.
-"""
+"""`EnvClient`: every call ends, with its result or an `EnvServerError` (an error answer, a bad response, its
+deadline, or a dead server, which fails every pending call at once); `at_capacity` is retried with backoff; cancel
+sends `cancel`."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""An environment behind its env server, as the orchestrator and `rl eval` call it: connect, run
-rollouts with retries, wait for a lost server.
-
-Guarantee: a rollout call on an `EnvHandle` returns one Trace per rollout asked for: re-run up to
-`max_retries` times while they come back with errors, and re-run without limit (each counted in
-`retried_rollouts`) when the server was lost, once it answers again. Only a server that is not
-back within `reconnect_timeout_s`, or a sidecar whose supervision ended (`Sidecars`: out of
-restarts), raises `EnvUnavailable`. A server whose model client (its `info`) is not the one this
-handle's rollouts are planned with is refused, at start and whenever it answers again, naming
-both, so no run is fed another model's tokens. An env without an `address` gets the server planned for it
-(`envclient/plan.py`) from `Sidecars`, which spawns, restarts and stops it; a handle never starts a
-process. The caller never imports environment code: it only talks to servers.
-"""
+"""An env behind its server: a rollout call returns one Trace per rollout asked for (errors retried `max_retries` times,
+a lost server waited for up to `reconnect_timeout_s`), and a server serving another model client is refused."""
 
 from __future__ import annotations
 
@@ -22,6 +11,7 @@ from typing import Generic, TypeVar
 
 from loguru import logger
 
+from envrl.config import ConfigError
 from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
 from envrl.envclient.client import UNAVAILABLE, EnvClient, EnvServerError
@@ -29,6 +19,7 @@ from envrl.envclient.config import DeclaredEnvConfig, EnvConfig
 from envrl.envclient.plan import PlannedEnv, plan_env
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
+from envrl.serve.config import KILL_GRACE_S, client_flags
 from envrl.serve.launch import EnvServerLaunch
 from envrl.serve.protocol import ClientInfo, ServerInfo
 
@@ -40,8 +31,9 @@ class EnvUnavailable(RuntimeError):
     """An env server that did not come back (the message names it, its address and the config key)."""
 
 
-class EnvClientMismatch(RuntimeError):
-    """An env server whose model client is not the one the run planned (the message names both)."""
+class EnvClientMismatch(ConfigError):
+    """An env server whose model client is not the one the run planned (the message names both and
+    the `--client` the server needs): a wiring mistake, reported as one line."""
 
 
 C = TypeVar("C", bound=EnvConfig)
@@ -127,7 +119,7 @@ class EnvHandle(Generic[C]):
         timeout = self.config.timeout.rollout_s
         self._client = EnvClient(
             address,
-            timeout=None if timeout is None else timeout + self.config.timeout.kill_grace_s + CLIENT_SLACK,
+            timeout=None if timeout is None else timeout + KILL_GRACE_S + CLIENT_SLACK,
             curve=self.config.curve,
             capacity_wait=self.config.at_capacity_wait_s,
             on_at_capacity=self._count_at_capacity,
@@ -149,7 +141,7 @@ class EnvHandle(Generic[C]):
             where = "external server (`address`)" if self.config.address is not None else "server"
             raise EnvClientMismatch(
                 f"{self.split} env {self.name!r}: the {where} at {address} serves {served}, but this run's rollouts "
-                f"of it use {self.expected_client}; start that server with --client naming the run's client "
+                f"of it use {self.expected_client}; start that server with `{client_flags(self.client_config)}` "
                 "(docs/protocol.md), or point the env at a server that does"
             )
         return info
@@ -228,7 +220,7 @@ class EnvHandle(Generic[C]):
         assert self._client is not None
         address, timeout = self._client.address, self.config.reconnect_timeout_s
         logger.warning(
-            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout_s)"
+            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it"
         )
         back = asyncio.ensure_future(self._client.wait_until_ready(timeout))
         ended = asyncio.ensure_future(self.sidecars.ended()) if self.config.address is None and self.sidecars else None
@@ -241,7 +233,7 @@ class EnvHandle(Generic[C]):
         except EnvServerError as e:
             raise EnvUnavailable(
                 f"{self.split} env {self.name!r}: the env server at {address} did not answer again within {timeout:g} s "
-                f"({e}); restart it, or raise envs.reconnect_timeout_s"
+                f"({e}); restart it"
             ) from None
         finally:
             for wait in (back, ended):

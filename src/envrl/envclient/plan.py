@@ -1,16 +1,5 @@
-"""The plan of one env as a process runs its rollouts: the model client they use and the server
-they go to, external or spawned.
-
-Guarantee: `env_plan` (each env by `plan_env`) is the one place that decides, for `rl`, `rl eval` and a standalone
-orchestrator alike, whether an env's server is external (its `address`) or spawned, the model
-client its rollouts use (its own `client`, else the run's), and the complete launch of a spawned one (config, interpreter, restart policy, the model client it
-serves, the variables it sees); it is pure (no file, socket or process). Every spawned server
-admits only the one client holding the CURVE keys it is planned with, on loopback too. `rl`'s plan
-(`launcher/plan/run.py`) gives it fixed ports and the run's keys; `rl eval` and a standalone
-orchestrator give it their sidecars' keys (`sidecar_keys`), leave the address to the server (a
-free loopback port, `SIDECAR_ADDRESS`) and start the launch through `Sidecars`, which makes the
-keys first. Each entry point's `--dry-run` prints what it planned (`dry_run_text`).
-"""
+"""`env_plan` (each env by `plan_env`), the one pure place that decides for `rl`, `rl eval` and a standalone
+orchestrator whether a server is external or spawned, its model client and the complete launch of a spawned one."""
 
 from __future__ import annotations
 
@@ -26,7 +15,7 @@ from envrl.config import config_to_toml
 from envrl.data.traces import Split
 from envrl.envclient.config import EnvConfig
 from envrl.model.client import ClientConfig
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.config import CurveClientConfig, CurveServerConfig
 from envrl.serve.launch import EnvServerLaunch
 

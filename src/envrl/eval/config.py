@@ -14,7 +14,7 @@ from envrl.envclient.config import EnvConfig, EvalScoringConfig, check_pass_at
 from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.plan import PlannedEnv, env_plan
 from envrl.model.client import ClientConfig, EvalClientConfig, SamplingParams
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.telemetry.log import LogConfig
 
 DEFAULT_CLIENT = EvalClientConfig(base_url="http://127.0.0.1:8000/v1", model=ModelConfig().name)

@@ -1,13 +1,6 @@
-"""`eval`: evaluate a served model on one or more envs, without training.
-
-Guarantee: when `eval` finishes, `<output_dir>/eval/<env>.jsonl` holds exactly one line per
-(task, rollout) pair of that env's grid (tasks 0..n-1 of its eval split, r rollouts each), in
-grid order, and the summary (printed, and `eval/summary.json`) is computed from exactly those
-lines. While it runs, each finished rollout is appended at once, so a crash or Ctrl-C loses only
-what was in flight; `--resume DIR` keeps the successful rollouts found there (for a pair written
-twice, the later line wins), re-runs the missing and errored pairs (whole tasks for group-scored
-envs, whose rewards only mean something together), and rewrites each file atomically.
-"""
+"""`eval`'s runner: when it finishes, `<output_dir>/eval/<env>.jsonl` holds one line per (task, rollout) pair in
+grid order and the summary is computed from exactly those lines; a crash loses only what was in flight (`--resume
+DIR`)."""
 
 from __future__ import annotations
 
@@ -118,7 +111,8 @@ async def probe_model_server(client: ClientConfig, fix: str) -> None:
         urls = [f"{url.rstrip('/')}/v1/models" for url in client.base_urls]
     else:
         return
-    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as http:
+    own = isinstance(client, TrainClientConfig)  # envrl's own servers: never through a proxy
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, trust_env=not own) as http:
         for url in urls:
             try:
                 await http.get(url)

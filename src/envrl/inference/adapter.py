@@ -1,12 +1,5 @@
-"""Serving a LoRA policy: the base model stays loaded, each step's adapter is hot-loaded onto it.
-
-Guarantee: after `PolicyAdapter.load(path)` every later request for the served model name
-(token-in/token-out and chat alike) runs with the adapter in `path`: vLLM's serving layer picks
-an adapter by the request's model name, and the adapter is registered under the served names
-themselves, always as the same adapter id reloaded in place, so a request that was routed while
-a reload waited (it holds the id, not the weights) also runs on the new adapter. A load that
-fails leaves the previous adapter (or the bare base) serving. `clear()` serves the base again.
-"""
+"""Serving a LoRA policy: after `PolicyAdapter.load(path)` every later request for the served name runs with that
+adapter (always the same id, reloaded in place); a failed load leaves the previous one serving."""
 
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ from envrl.launcher.plan.cpus import pin
 from envrl.launcher.plan.run import TEACHER, Machine, RunPlan, plan
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.run_keys import make_secrets
-from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn
+from envrl.runtime.process import Child, ChildFailed, spawn
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.launch import begin as begin_env_server
 from envrl.serve.launch import ready as env_server_ready
@@ -102,9 +103,8 @@ def _start_teacher(
     if teacher is None or run.teacher is None:
         return
     logger.info(f"starting the distillation teacher's server on {run.teacher.model.name} (vLLM)")
-    inference[teacher.name] = supervisor.add(
-        spawn_inference(teacher), Respawn(partial(spawn_inference, teacher), restarts)
-    )
+    respawn = recovery.teacher_respawn(teacher, spawn_inference, restarts, run.teacher.base_url)
+    inference[teacher.name] = supervisor.add(spawn_inference(teacher), respawn)
 
 
 def _start_env_servers(

@@ -1,16 +1,5 @@
-"""`rl --config x.toml`: start and supervise a whole training run on one machine; `rl eval ...`
-and the other `COMMANDS` run the command of that name instead.
-
-Guarantee: every process this command starts is stopped before it returns, whatever happens
-(a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
-itself is SIGKILLed), torchrun's trainer ranks included (`launcher/torchrun.py`). A process that
-dies is restarted within its budget (an env server on its address, per the run's `restarts`;
-inference, trainer and orchestrator per `restarts`, each with its own budget, as `launcher/recovery.py` says), and
-what each death cost goes to `summary.json`; a death past its budget ends the run, which
-`--resume` continues. Exit code: 0 when trainer and
-orchestrator finished, 1 when a process failed (it is named, with the tail of its log), 2 for a
-bad config, 130 on Ctrl-C.
-"""
+"""`rl`: every process it starts is stopped before it returns, whatever happens; a dead process is restarted within
+its budget, and exit is 0 (done), 1 (a process failed, named with its log tail), 2 (bad config) or 130 (Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -43,7 +32,7 @@ from envrl.runtime.net import port_is_free
 from envrl.runtime.process import ChildFailed
 from envrl.runtime.supervisor import Supervisor
 from envrl.telemetry.console import RunConsole
-from envrl.telemetry.log import setup_logging
+from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.telemetry.progress import duration
 
 COMMANDS: dict[str, str] = {
@@ -51,7 +40,7 @@ COMMANDS: dict[str, str] = {
     "report": "envrl.report.main",
     "envs": "envrl.envs.registry",
     "replay": "envrl.trainer.replay",
-    "sft": "envrl.trainer.sft",
+    "sft": "envrl.trainer.sft.main",
 }
 """`rl NAME ARGS...` runs `main(ARGS)` of the module: a user command that does not collide with the
 shell (`eval` is a builtin). Adding a command is one line here."""
@@ -59,7 +48,7 @@ shell (`eval` is a builtin). Adding a command is one line here."""
 
 USAGE = """usage: rl --config FILE.toml [--section.key VALUE ...] [--resume | --clean] [--dry-run | --slurm]
        rl COMMAND ...        commands: eval, report, envs, sft, replay (rl COMMAND --help)
-       rl --help             every option;  rl --version
+       rl --help             the options people change;  rl --help-all  every option;  rl --version
 
 The smoke run (a tiny model learns on CPU in about a minute):
   uv run --no-sync rl --config configs/debug/cpu_smoke.toml"""
@@ -157,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def run_training(argv: Sequence[str]) -> None:
     """Resolve, start and supervise one training run; exits with the code in the module docstring."""
     epilog = EXAMPLES + "\n\nCommands: " + ", ".join(f"rl {name} --help" for name in COMMANDS)
+    setup_logging(LogConfig(), process="rl")  # the run's own format from the first line (its file comes later)
     try:
         argv = run_dir.resume_argv(argv)
     except ConfigError as e:

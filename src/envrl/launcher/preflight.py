@@ -1,26 +1,16 @@
-"""What `rl` (and `rl --dry-run`) checks before it starts anything, so a run that cannot work fails
-in a second with one line instead of after vLLM loaded.
-
-Guarantee: `check(rl)` raises `ConfigError` naming the key when `model.name` is neither a model
-directory nor a plausible hub id, or when an env the launcher would serve from this interpreter
-names an id no installed package registers (with the closest installed ids) or args its
-`load_environment` does not take (naming the ones it does), or `trainer.lora.target_modules`
-names a module the local model does not have, or `orchestrator.distill.teacher_weights` is not
-a model directory. Envs served from
-their own venv (`project`, `python`) and `package.module:function` or adapter ids are checked by
-their servers, which name the cause the same way.
-"""
+"""`check(rl)`, before anything starts: a model, env id, env args, LoRA target or teacher that is not there is one
+`ConfigError` naming the key (and the closest valid choices)."""
 
 from __future__ import annotations
 
 import difflib
 import inspect
-import os
 from pathlib import Path
 
 from envrl.config import ConfigError
 from envrl.envs.registry import environment_loader, installed_environment_ids
 from envrl.launcher.config import RLConfig
+from envrl.runtime.cli import check_model
 
 
 def check(rl: RLConfig) -> None:
@@ -29,7 +19,7 @@ def check(rl: RLConfig) -> None:
     if distill is not None and distill.teacher_weights is not None:
         _check_teacher_weights(distill.teacher_weights)
     if rl.trainer.lora is not None and Path(rl.model.name).expanduser().is_dir():
-        from envrl.trainer.lora import LoraError, check_lora_model  # torch: only for LoRA runs
+        from envrl.trainer.model.lora import LoraError, check_lora_model  # torch: only for LoRA runs
 
         try:
             check_lora_model(rl.trainer.lora, rl.model.name)
@@ -74,28 +64,3 @@ def _check_args(key: str, env_id: str, args: dict[str, object]) -> None:
         raise ConfigError(
             f"{key}: {env_id!r} takes no argument {unknown[0]!r}; {hint}it accepts: {', '.join(accepted) or 'none'}"
         )
-
-
-def check_model(name: str) -> None:
-    """A local HF model directory, or a hub id (`org/name`) that may be downloaded or is cached."""
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"model.name {name!r}: {path} has no config.json, so it is not an HF model directory")
-        return
-    looks_like_a_path = name.startswith((".", "/", "~")) or name.count("/") != 1
-    if looks_like_a_path:
-        raise ConfigError(
-            f"model.name {name!r}: no such directory (working directory {Path.cwd()}), and not a hub id "
-            "(org/name); check the path, or build the model first (README: The tiny model)"
-        )
-    if os.environ.get("HF_HUB_OFFLINE") == "1" and not _cached(name):
-        raise ConfigError(
-            f"model.name {name!r}: not in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids downloading it"
-        )
-
-
-def _cached(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache  # installed with transformers; only needed here
-
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)

@@ -1,8 +1,5 @@
-"""Waiting for an `rl` run's inference replicas to serve.
-
-Guarantee: `wait_for_replicas` returns only once every replica answers /health, and fails at the
-run's one start-up limit (`READY_TIMEOUT_KEY`) naming that key.
-"""
+"""`wait_for_replicas` returns only once every inference replica of an `rl` run answers /health, and fails at the
+run's one start-up limit (`READY_TIMEOUT_KEY`) naming that key."""
 
 from __future__ import annotations
 
@@ -10,6 +7,7 @@ import time
 from collections.abc import Mapping
 
 from envrl.inference.config import InferenceConfig
+from envrl.inference.launch import wait_until_serving
 from envrl.runtime.process import Child, ChildFailed
 from envrl.runtime.supervisor import Supervisor
 
@@ -23,10 +21,6 @@ def wait_for_replicas(
 ) -> None:
     """Return once every replica serves; a replica (or any supervised process) dying first, or the
     `time.monotonic()` `deadline` passing, raises ChildFailed."""
-    # imported here, once the run's processes are spawned: the module imports torch (~2 s), which
-    # `rl` would otherwise pay before it starts anything (and `rl eval`, `rl --help` for nothing)
-    from envrl.inference.server import wait_until_serving
-
     for name, child in children.items():
         left = max(deadline - time.monotonic(), 1.0)  # a replica started beside the others may serve already
         try:

@@ -1,6 +1,6 @@
-"""`rl --config x.toml --slurm`: the run as a SLURM batch script whose one srun step per host runs
-that host's slice of the run's plan (`launcher/plan/run.py`) under envrl's supervisor
-(`launcher/host.py`), every process bound to its node's address; docs/scale.md says how."""
+"""`rl --slurm`: a SLURM batch script whose one `srun` step per host runs that host's slice of the plan under envrl's
+supervisor (`launcher/host.py`), every process bound to its node's address; the job ends when the hosts with the
+orchestrator and trainers are done or at the first failure (docs/scale.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""`summary.json`: what one `rl` run did, written by the launcher when the run ends, however it ends.
-
-Guarantee: the file is strict JSON (a value that was not measured, NaN included, is `null`), it is
-replaced whole (written to a temp file, then renamed), and it exists after every run that got as
-far as its output dir, with `status` `success`, `failed` or `interrupted`.
-"""
+"""`summary.json`, written when an `rl` run ends however it ends: strict JSON (unmeasured values `null`), replaced
+whole, with `status` `success`, `failed` or `interrupted`."""
 
 from __future__ import annotations
 

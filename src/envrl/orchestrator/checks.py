@@ -1,13 +1,5 @@
-"""Checks that fail loudly: a run that cannot learn says so, with the cause and the fix.
-
-Guarantee: after each step `StepChecks.after_step` warns once per streak (one line naming the
-env, the cause and the fix), or raises `CheckFailed` with that line when `checks.strict`, when
-- a tool env's rollouts held no parseable tool call for `no_tool_call_steps` steps in a row
-  (the cause, where it can tell: the chat template ignores tools, the model writes another
-  family's syntax, calls in the right syntax do not parse, or the model never tries), or
-- every group of `zero_variance_steps` steps in a row had equal rewards (nothing to learn).
-The stall watchdog is `orchestrator/watchdog.py`.
-"""
+"""Checks that fail loudly: a streak of steps with no parseable tool call or no reward variance warns once with its
+cause and fix (raises `CheckFailed` under `checks.strict`)."""
 
 from __future__ import annotations
 

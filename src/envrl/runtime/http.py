@@ -1,12 +1,5 @@
-"""The one HTTP call helper: JSON POST/GET with a deadline and retries, over httpx or, for the
-hot generation path, over aiohttp's kept-alive connections (`keep_alive_session`).
-
-Guarantee: every call ends within `attempts * (timeout + max backoff)` seconds, either with the
-decoded JSON body of a 2xx response or with `HttpCallError` naming the URL, the attempts made and
-the last failure; no response body past `max_bytes` is ever held (a server that sends more is
-refused at once: the remote end is as untrusted as any other process). Connection errors, timeouts and 5xx responses are retried with exponential
-backoff; 4xx responses are the caller's mistake and are raised at once with the server's message.
-"""
+"""The one HTTP call helper: every call ends within `attempts * (timeout + max backoff)` with a 2xx JSON body or an
+`HttpCallError` naming URL, attempts and last failure; no body past `max_bytes` is held; 4xx is never retried."""
 
 from __future__ import annotations
 
@@ -19,6 +12,8 @@ import aiohttp
 import httpx
 from loguru import logger
 from pydantic import BaseModel, ConfigDict
+
+from envrl.runtime.listeners import check_listener
 
 
 class RetryPolicy(BaseModel):
@@ -44,6 +39,17 @@ after which vLLM's uvicorn closes idle connections itself (`VLLM_HTTP_TIMEOUT_KE
 reuse does not race the server's close."""
 
 
+def own_server_client(headers: Mapping[str, str] | None = None, **options: Any) -> httpx.AsyncClient:
+    """An httpx client for the run's own servers: never through a proxy (`trust_env=False`: the
+    proxy variables `rl` passes on would send keys in plain text to a site proxy), and every
+    request first checks that no other local user listens where it goes (`ForeignListener`)."""
+
+    async def check(request: httpx.Request) -> None:
+        check_listener(str(request.url))
+
+    return httpx.AsyncClient(headers=headers, trust_env=False, event_hooks={"request": [check]}, **options)
+
+
 def keep_alive_session(headers: Mapping[str, str] | None = None) -> aiohttp.ClientSession:
     """An aiohttp session for the hot generation path: every connection kept alive, none capped.
 
@@ -52,11 +58,26 @@ def keep_alive_session(headers: Mapping[str, str] | None = None) -> aiohttp.Clie
     holding the connections of one step's rollouts spends O(connections^2) per request (profile in
     docs/measurements.md); httpx's default cap on kept-alive connections hides that by
     reconnecting the rest. aiohttp's connector reuses an
-    idle connection in O(1). Create it inside the event loop that uses it.
+    idle connection in O(1). Never through a proxy; each new connection first checks that no
+    other local user listens where it goes (`ForeignListener`). Create it inside the event loop that uses it.
     """
+    checks = aiohttp.TraceConfig()  # each new connection (a first request, a reconnect) checks the listener
+    checks.on_request_start.append(_note_url)
+    checks.on_connection_create_start.append(_check_noted)
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_EXPIRY_S), headers=headers
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_EXPIRY_S),
+        headers=headers,
+        trust_env=False,
+        trace_configs=[checks],
     )
+
+
+async def _note_url(session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceRequestStartParams) -> None:
+    context.url = str(params.url)
+
+
+async def _check_noted(session: aiohttp.ClientSession, context: Any, params: object) -> None:
+    check_listener(context.url)
 
 
 def poll_delays(first_s: float = 0.05, max_s: float = 0.5) -> Iterator[float]:

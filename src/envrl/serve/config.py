@@ -1,15 +1,11 @@
-"""Configuration of an env server: the environment, its address, worker pool, timeouts, limits.
-
-Guarantee: an `EnvServerConfig` that validates describes a server that can start: pool sizes are
-positive, a non-loopback address comes with CURVE keys or an explicit `insecure = true`, and
-its workers reach only the model server, API key variable and tokenizer of its one model client
-(`client`, set by whoever starts it): no request names a client.
-`PoolConfig` and `EnvTimeoutConfig` are shared with the orchestrator's env configs.
-"""
+"""Config of an env server: a valid `EnvServerConfig` can start (positive pool sizes, a non-loopback address with
+CURVE keys or `insecure = true`), and its workers reach only its one model client; no request names a client."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +18,7 @@ from envrl.serve.zmqio import MAX_BATCH
 from envrl.telemetry.log import LogConfig
 
 
-class PoolConfig(BaseConfig):
+class PoolShape(BaseConfig):
     """Between `min_workers` and `max_workers` processes: grows under load, retires idle workers.
     A fixed pool is `min_workers = max_workers`: it starts that many and never grows or shrinks."""
 
@@ -32,10 +28,6 @@ class PoolConfig(BaseConfig):
     """Most worker processes; defaults to the number of CPUs."""
     multiplex: int = Field(256, ge=1)
     """Rollouts one worker runs concurrently (they mostly wait on the model server)."""
-    idle_timeout_s: float = Field(60.0, gt=0)
-    """Seconds a worker beyond `min_workers` may sit idle before it is retired."""
-    grow_at: float = Field(0.75, gt=0, le=1)
-    """Start another worker once in-flight rollouts exceed this fraction of the live capacity."""
 
     @model_validator(mode="before")
     @classmethod
@@ -52,20 +44,38 @@ class PoolConfig(BaseConfig):
         raise ValueError(f"{given}: drop it; every pool grows from min_workers to max_workers")
 
     @model_validator(mode="after")
-    def _min_below_max(self) -> PoolConfig:
+    def _min_below_max(self) -> PoolShape:
         if self.min_workers > self.max_workers:
             raise ValueError(f"min_workers ({self.min_workers}) is above max_workers ({self.max_workers})")
         return self
 
 
-class EnvTimeoutConfig(BaseConfig):
+class PoolConfig(PoolShape):
+    """An env server's pool: its shape (an env table's `pool`) and how it grows and shrinks."""
+
+    idle_timeout_s: float = Field(60.0, gt=0)
+    """Seconds a worker beyond `min_workers` may sit idle before it is retired."""
+    grow_at: float = Field(0.75, gt=0, le=1)
+    """Start another worker once in-flight rollouts exceed this fraction of the live capacity."""
+
+
+KILL_GRACE_S = 5.0
+"""Default of `EnvTimeoutConfig.kill_grace_s`, the one a server spawned for an env table gets."""
+
+
+class RolloutTimeouts(BaseConfig):
     """Deadlines that stop runaway environment work (seconds; none = no limit)."""
 
     rollout_s: float | None = Field(600.0, gt=0)
     """Whole rollout (or whole group) from the moment a worker starts it; then a `timeout` error Trace."""
     scoring_s: float | None = Field(60.0, gt=0)
     """Reward functions only (queueing and generation excluded); enforced by the environment."""
-    kill_grace_s: float = Field(5.0, gt=0)
+
+
+class EnvTimeoutConfig(RolloutTimeouts):
+    """An env server's deadlines: an env table's `timeout`, and when a stuck worker is killed."""
+
+    kill_grace_s: float = Field(KILL_GRACE_S, gt=0)
     """A worker that has not answered `kill_grace_s` after a rollout's timeout (or its cancel) is
     presumed stuck (CPU-bound code ignores cancellation) and is killed and replaced."""
 
@@ -136,8 +146,8 @@ class EnvServerConfig(BaseConfig):
     """Seconds a client's answers may stay blocked (its queue full); then the server drops it:
     logs why, cancels its requests and discards their answers."""
     client: ClientConfig | None = None
-    """The model client every rollout uses (a ClientConfig map, e.g. `--client '{"type": "train",
-    "base_url": "http://127.0.0.1:8000", "model": "m"}'`; docs/protocol.md); without one, `run` is a
+    """The model client every rollout uses, e.g. `--client.type train --client.base-url
+    http://127.0.0.1:8000 --client.model m` (docs/protocol.md); without one, `run` is a
     `bad_request`. `info` reports it without secrets."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, seconds to let in-flight rollouts finish before they are answered `shutting_down`."""
@@ -165,3 +175,30 @@ class CurveClientConfig(BaseConfig):
     """The server's public `.key` certificate file."""
     secret_key_file: Path
     """This client's `.key_secret` certificate file (its public key must be in the server's client_keys_dir)."""
+
+
+def client_flags(client: ClientConfig) -> str:
+    """The `env-server` options that make it serve `client` (its keys that differ from the defaults),
+    quoted for a shell: what a refusal of a server with another client tells its owner to pass."""
+    values = client.model_dump(mode="json", exclude_defaults=True)
+    values.pop("type", None)
+    if values.get("tokenizer") is not None and _same_path(values["tokenizer"], values.get("model")):
+        del values["tokenizer"]  # the default: the model's own
+    flags = [f"--client.type {client.type}"]
+
+    def add(prefix: str, value: object) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                add(f"{prefix}.{key.replace('_', '-')}", inner)
+        else:
+            text = value if isinstance(value, str) else json.dumps(value)
+            flags.append(f"--client.{prefix} {shlex.quote(text)}")
+
+    for key, value in values.items():
+        add(key.replace("_", "-"), value)
+    return " ".join(flags)
+
+
+def _same_path(a: str, b: str | None) -> bool:
+    """`a` and `b` name the same local directory, or are the same name."""
+    return a == b or (b is not None and Path(a).exists() and Path(a).resolve() == Path(b).resolve())

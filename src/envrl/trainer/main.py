@@ -1,8 +1,5 @@
-"""`trainer` entry point: `trainer --config x.toml [--optim.lr 1e-5 ...]`, alone or under torchrun.
-
-Guarantee: the process exits 0 after `max_steps`, 2 on a config error, and 1 on any failure
-after logging one error line that says which step and file went wrong.
-"""
+"""`trainer --config x.toml`, alone or under torchrun: exit 0 after `max_steps`, 2 on a config error, 1 on any
+failure after one error line naming the step and file."""
 
 from __future__ import annotations
 
@@ -19,11 +16,13 @@ from loguru import logger
 
 from envrl.config import load_config
 from envrl.data.samples import BatchError
+from envrl.runtime.cli import check_model, one_line_errors
 from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.loop import Trainer, TrainingError
-from envrl.trainer.lora import LoraError
+from envrl.trainer.learner import TrainingError
+from envrl.trainer.loop import Trainer
+from envrl.trainer.model.lora import LoraError
 from envrl.trainer.parallel import init_runtime, shutdown
 
 EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError, RankCountMismatch, LoraError)
@@ -31,6 +30,8 @@ EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError, RankCountMism
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(TrainerConfig, argv, prog="trainer")
+    with one_line_errors("trainer"):
+        check_model(config.model.name)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         setup_logging(config.log, process="trainer")

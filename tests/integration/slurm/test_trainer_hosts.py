@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import load_file
 
 from envrl.config import load_config
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
@@ -20,6 +19,7 @@ from scripts.slurm_box.conf import Box
 from tests.integration.slurm.jobs import submit, wait_job, write_job
 from tests.integration.test_rl_distributed import COMPARED_METRICS, METRIC_RTOL, STEPS, WEIGHT_ATOL
 from tests.support.run_files import metric_lines
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 
 def test_two_ranks_on_two_hosts_train_as_one_process_does(cluster: Box, tmp_path: Path) -> None:

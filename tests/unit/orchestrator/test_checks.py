@@ -13,7 +13,7 @@ from envrl.data.traces import Branch, Trace, Turn, WireTask
 from envrl.launcher.config import RLConfig
 from envrl.launcher.plan.checks import off_policy_problem
 from envrl.launcher.plan.run import plan
-from envrl.model.tiny import CHAT_TEMPLATE, DEFAULT_DIR
+from envrl.model.tiny import CHAT_TEMPLATE
 from envrl.orchestrator.checks import (
     CheckFailed,
     ChecksConfig,
@@ -23,6 +23,7 @@ from envrl.orchestrator.checks import (
     template_probe,
 )
 from envrl.orchestrator.watchdog import StallWatchdog
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 TOOLS = [{"type": "function", "function": {"name": "move", "parameters": {"type": "object"}}}]
 

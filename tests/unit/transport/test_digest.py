@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.transport.broadcast import plan_buckets, tensor_bytes
 from envrl.transport.digest import DIGEST_FILE, PolicyDigest, check_files_digest, digest_of
 from envrl.transport.files import WeightsError, write_policy
 from envrl.transport.memory import PolicySender, TransferInfo, TransferSecret
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.unit.transport.receivers import receive
 
 

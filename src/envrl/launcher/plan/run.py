@@ -1,21 +1,5 @@
-"""The plan of an `rl` run: each process's complete config, its host, devices and command, and
-the secrets the run needs.
-
-Guarantee: `plan(rl, hosts, machine)` is the only place where values flow between the sections
-of an `RLConfig`, and it is pure: it never changes `rl` (every config it returns is a copy),
-touches no file, socket, process or environment variable, and names the secrets to make
-(`secrets`, `curve_dir`) instead of making them; what it knows of the launching machine comes in
-`machine`. Shared keys (`SHARED_KEYS`) are copied from the top level into every section; env
-servers get fixed ports (train env i: `env_server_base_port + i`, eval table i: `+ 1000 + i`)
-and the run's CURVE keys (they admit only the run's orchestrator, on loopback too); every
-process gets the addresses of the others on the hosts that run them; a distillation teacher
-named by its weights (`orchestrator.distill.teacher_weights`) is one more vLLM server beside the
-replicas (launcher/plan/teacher.py). `rl`, `rl --dry-run`, `rl --slurm` and its batch script's first
-step (`launcher/slurm.py`) execute or print the same plan: on this machine (`hosts` None) or on
-a job's hosts as `[slurm]` places them. A shared key set inside a section, a key `rl` sets
-itself, two processes of the run on one port of one host, or budgets that cannot work together
-are one-line `ConfigError`s.
-"""
+"""`plan(rl, hosts, machine)`: the only place values flow between an `RLConfig`'s sections, pure (no file, socket,
+process or variable touched); `rl`, `--dry-run` and `--slurm` execute or print the same plan."""
 
 from __future__ import annotations
 
@@ -49,7 +33,7 @@ from envrl.launcher.plan.teacher import plan_teacher
 from envrl.launcher.run_keys import Secret
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.runtime.net import is_loopback_host
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.secrets import API_KEY_ENV
 from envrl.serve.launch import EnvServerLaunch
 from envrl.trainer.config import TrainerConfig

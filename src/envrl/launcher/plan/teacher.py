@@ -1,14 +1,6 @@
-"""The distillation teacher's server `rl` starts for `orchestrator.distill.teacher_weights`.
-
-Guarantee: a planned teacher is the run's inference options (before the policy's LoRA serving)
-on the teacher's weights and `teacher_port`, on the run's one host or a `--slurm` job's first
-inference host, and the orchestrator is pointed at it with the run's API key. When the run
-places any role on GPUs (or is a job), the teacher has `placement.teacher.gpus` of its own, every
-other role on its host lists its devices (an empty list sees all of them, the teacher's too), and
-a teacher sharing the inference servers' devices (not in a job) leaves room for both vLLM servers,
-and the launcher starts it once they serve (vLLM sizes its memory from what is free when it
-starts). Anything else is a one-line `ConfigError` naming the keys.
-"""
+"""The distillation teacher's server `rl` starts for `teacher_weights`: the run's inference options on the teacher's
+weights, its own devices or the inference servers' shared with room for both; anything else a one-line
+`ConfigError`."""
 
 from __future__ import annotations
 
