@@ -1,10 +1,6 @@
-"""One host's slice of a run's plan, started and supervised as `rl` does on one box.
-
-Guarantee: `start(run, ..., host)` starts exactly the plan's processes on `host` (all of them when
-`host` is None: `rl`), each with its way back when it dies (`launcher/recovery.py`); under `rl
---slurm` each host of the job runs `python -m envrl.launcher.host` as one srun step, which stops
-every process it started before it exits and names the failed process and its host.
-"""
+"""One host's slice of a run's plan, started and supervised as `rl` does on one box: each process
+restarts as its policy says, and the step stops everything it started before it exits, naming a
+failed process and its host (docs/scale.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""A policy's digest: one sha256 over its tensors' names, dtypes, shapes and bytes, in a fixed order.
-
-Guarantee: the trainer computes it from the tensors it publishes (written beside the files as
-`policy.sha256`, or in `transfer.json` for gloo), a replica from what it reads or receives, and a
-replica refuses a policy whose digest differs (`WeightsError` naming the policy).
-"""
+"""A policy's digest (sha256 over its tensors' names, dtypes, shapes and bytes, in a fixed order),
+which the trainer publishes and every replica recomputes from what it loads; a mismatch is a
+`WeightsError` naming the policy (docs/scale.md)."""
 
 from __future__ import annotations
 
