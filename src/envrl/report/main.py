@@ -23,7 +23,6 @@ from envrl.report.data import (
     Detokenizer,
     eval_lines,
     parse_rollouts,
-    read_metrics,
     results_lines,
     step_rollouts,
     tokenizer_source,
@@ -35,6 +34,7 @@ from envrl.report.plots import Run, write_plots
 from envrl.report.timeline import chrome_trace, env_times, step_splits
 from envrl.runtime.atomic import atomic_write_text
 from envrl.telemetry.ledger import read_ledger
+from envrl.telemetry.metrics import read_metrics
 
 
 def write_report(output_dir: Path) -> Path:

@@ -1,4 +1,4 @@
-"""The one metrics sink: `metrics.jsonl` plus wandb, used by every process that logs metrics.
+"""`metrics.jsonl`'s one home: the sink every process logs metrics through (plus wandb), and its reader.
 
 Guarantee: each `log(step, values)` call appends exactly one JSON line (`step`, `time`,
 `process`, then the values) with a single `write` to a file opened for appending, so several
@@ -20,10 +20,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from loguru import logger
 
 from envrl.config import BaseConfig
+from envrl.data.layout import metrics_file
 from envrl.runtime.atomic import filter_lines, shared_lock
 
 if TYPE_CHECKING:
     from envrl.data.traces import Trace
+
+Record = dict[str, Any]
+"""One line of `metrics.jsonl` as read back."""
 
 SAMPLE_ROWS = 8
 """Rollouts per eval in the wandb table of samples."""
@@ -158,3 +162,32 @@ class MetricsSink:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def read_metrics(output_dir: Path) -> list[Record]:
+    """Every complete metrics line of the run, in file order."""
+    path = metrics_file(output_dir)
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            logger.warning(f"{path}:{number}: not a JSON line (cut by a crash?); skipped")
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records
+
+
+def series(records: list[Record], key: str) -> tuple[list[int], list[float]]:
+    """Steps and values of `key`, the last line winning when a step was logged twice."""
+    by_step = {r["step"]: metric_float(r[key]) for r in records if key in r}
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def env_names(records: list[Record], prefix: str) -> list[str]:
+    """Env names appearing as `<prefix>/<env>/reward` keys, sorted."""
+    return sorted({k.split("/")[1] for r in records for k in r if k.startswith(f"{prefix}/") and k.count("/") == 2})
