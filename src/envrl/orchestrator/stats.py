@@ -1,5 +1,5 @@
 """What a training step's numbers add to its rollouts' (`telemetry/rollouts.py`): why an env has
-no reward, what `seq_len` changed, and where a step's generated tokens went.
+no reward, what `seq_len` changed, where a step's generated tokens and its rollouts' seconds went.
 
 Guarantee: token counts are of generated (completion) tokens: `generated` = every rollout that arrived for the step, `stale` = those of
 rollouts dropped as stale (the loop's `train/trained_tokens` counts those in its samples).
@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from envrl.data.samples import TrainingSample
 from envrl.data.traces import Trace
 from envrl.orchestrator.trajectories import SeqLenCounts
+from envrl.telemetry.diagnosis import ROLLOUT_SECONDS
 
 
 def why_unscored(traces: Sequence[Trace]) -> str:
@@ -59,3 +60,25 @@ def token_metrics(
     }
     metrics.update({f"tokens/lag_{lag}": float(n) for lag, n in sorted(lags.items())})
     return metrics
+
+
+def rollout_seconds(groups: Sequence[tuple[float, Sequence[Trace]]]) -> dict[str, float]:
+    """`perf/rollout_s/<part>`: the step's rollout-seconds in each part (`queue` from dispatch to the
+    worker's start, `setup`, `model`, `tool <name>`, `scoring`), summed over the rollouts of
+    `groups` (each: when it was dispatched, its traces); what the live step line splits the
+    trainer's wait by (`telemetry/diagnosis.metrics_step`)."""
+    parts: Counter[str] = Counter()
+    for dispatched, traces in groups:
+        for trace in traces:
+            timing = trace.timing
+            spans = [s for s in (timing.setup, timing.generation, timing.scoring) if s is not None]
+            if not spans:
+                continue
+            parts["queue"] += max(spans[0].start - dispatched, 0.0)
+            for name, span in (("setup", timing.setup), ("model", timing.generation), ("scoring", timing.scoring)):
+                if span is not None:
+                    parts[name] += span.duration
+            for tool, seconds in timing.tools.items():
+                parts[f"tool {tool}"] += seconds
+                parts["model"] -= seconds
+    return {f"{ROLLOUT_SECONDS}{part}": max(seconds, 0.0) for part, seconds in parts.items()}

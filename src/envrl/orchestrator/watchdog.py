@@ -8,7 +8,7 @@ orchestrator's in-flight table and its wait for the trainer, this process's Pyth
 the stacks every other envrl process of the run wrote on SIGUSR1 (`runtime/stacks.py`); then,
 under `checks.strict`, it cancels the run's task (`stalled` says why), else the run goes on and a later stall is
 dumped again. Before the first step finishes there is no median, so no limit.
-The dump also lists where each of the orchestrator's asyncio tasks awaits.
+The dump also lists where each of the orchestrator's asyncio tasks awaits and what the steps before it waited for.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.scheduler import Group, Scheduler
 from envrl.runtime.atomic import atomic_write_text
 from envrl.runtime.stacks import collect_stacks, task_stacks, thread_stacks
+from envrl.telemetry.advice import diagnose_run
+from envrl.telemetry.metrics import MetricsSink
 
 HISTORY = 50
 """Step times the median is taken over (the latest ones)."""
@@ -50,11 +52,12 @@ class StallWatchdog:
         clock: Callable[[], float] = time.monotonic,
         history: Iterable[float] = (),
         poll_s: float = 1.0,
+        sink: MetricsSink | None = None,
     ) -> None:
         """`describe`: the orchestrator's lines for the dump (in-flight table, wait for the trainer);
         `stacks_root`: the pid whose envrl descendants are asked for their stacks (the launcher
         under `rl`; this process when run alone); `strict`: a stall cancels the task that called
-        `start` (then `stalled` holds the dump)."""
+        `start` (then `stalled` holds the dump); `sink`: where a stall is also logged as a check."""
         self.output_dir = output_dir
         self.factor, self.min_s, self.strict = factor, min_s, strict
         self.describe = describe
@@ -67,6 +70,7 @@ class StallWatchdog:
         self.stalled: str | None = None
         """The dump of the stall that stopped the run (`strict`)."""
         self.poll_s = poll_s
+        self.sink = sink
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -97,6 +101,8 @@ class StallWatchdog:
             f"stall: no step finished in {waited:.0f} s since step {self.step} (limit {limit:.0f} s = max(stall_min_s, "
             f"{self.factor:g} x the median step time {median:.1f} s)); where every role is:",
             *self.describe(),
+            "== what the steps before waited for (docs/report.md, What is my run waiting for?)",
+            *(line for d in diagnose_run(self.output_dir) for line in d.lines()),
             *(task_stacks(self._loop) if self._loop is not None else []),
             f"== orchestrator (pid {os.getpid()}): Python stacks",
             thread_stacks(),
@@ -105,6 +111,8 @@ class StallWatchdog:
             lines += [f"== {found.role} (pid {found.pid}, stderr {found.log}): Python stacks", found.stacks]
         text = "\n".join(lines)
         path = stall_dump_file(self.output_dir, self.step + 1)
+        if self.sink is not None:
+            self.sink.log_check(self.step + 1, "stall", f"{lines[0]}; dump: {path}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, text)

@@ -31,10 +31,11 @@ from envrl.report.data import (
 from envrl.report.headline import headline, is_eval_dir
 from envrl.report.page import fingerprint, step_summary, write_index, write_step
 from envrl.report.plots import Run, write_plots
-from envrl.report.timeline import chrome_trace, env_times, step_splits
+from envrl.report.timeline import chrome_trace
 from envrl.runtime.atomic import atomic_write_text
 from envrl.telemetry.ledger import read_ledger
 from envrl.telemetry.metrics import read_metrics
+from envrl.telemetry.steps import env_times, step_splits
 
 
 def write_report(output_dir: Path) -> Path:

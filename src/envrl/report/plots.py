@@ -1,5 +1,5 @@
 """The report's PNG plots, drawn with matplotlib's Agg backend from `metrics.jsonl` lines and,
-for the time split, from the time ledger (`report/timeline.py`).
+for the time split, from the time ledger (`telemetry/steps.py`).
 
 Guarantee: every plot in `PLOTS` is written (an empty one says "no data yet"), each file replaced
 in one rename, so a page opened during a run shows the old or the new image, never half of one.
@@ -19,9 +19,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.axes import Axes  # noqa: E402
 
-from envrl.report.timeline import PARTS, StepSplit  # noqa: E402
 from envrl.runtime.atomic import atomic_write_text  # noqa: E402
 from envrl.telemetry.metrics import Record, env_names, series  # noqa: E402
+from envrl.telemetry.steps import PARTS, StepSplit  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import errno
 import json
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 
 Record = dict[str, Any]
 """One line of `metrics.jsonl` as read back."""
+
+CHECK = "check"
+"""The key that marks a check's line (`log_check`) among the metric lines."""
 
 SAMPLE_ROWS = 8
 """Rollouts per eval in the wandb table of samples."""
@@ -91,6 +95,7 @@ class MetricsSink:
                     f"{path}: dropped {dropped} {process} line(s) of steps >= {resume_step} (logged again after the resume)"
                 )
         self._fd = self._open()
+        self._lock = threading.Lock()  # a check may be logged from the stall watchdog's thread
         self._run = None
         if wandb.mode != "disabled":
             import wandb as wandb_lib  # imported here: it costs a second and only some runs want it
@@ -113,13 +118,18 @@ class MetricsSink:
         return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def log(self, step: int, values: dict[str, float | int | str]) -> None:
-        record = {
-            "step": step,
-            "time": round(time.time(), 3),
-            "process": self.process,
-            **{k: _json_value(v) for k, v in values.items()},
-        }
-        with shared_lock(self.path):
+        self._append({"step": step, **{k: _json_value(v) for k, v in values.items()}})
+        if self._run is not None:
+            self._run.log(dict(values), step=step)
+
+    def log_check(self, step: int, check: str, message: str) -> None:
+        """A check that fired at `step` (`check`: its name, `message`: the cause and the fix), as a
+        line of its own that the console prints and `checks_fired` reads back; not sent to wandb."""
+        self._append({"step": step, CHECK: check, "message": message})
+
+    def _append(self, values: dict[str, Any]) -> None:
+        record = {"step": values["step"], "time": round(time.time(), 3), "process": self.process, **values}
+        with self._lock, shared_lock(self.path):
             if not self.path.exists() or os.stat(self.path).st_ino != os.fstat(self._fd).st_ino:
                 os.close(self._fd)  # another process's resume rewrote the file: append to the new one
                 self._fd = self._open()
@@ -130,8 +140,6 @@ class MetricsSink:
                 os.fsync(self._fd)  # on disk before the step it belongs to is published
             except OSError as e:
                 raise OSError(e.errno, f"{e.strerror} (appending a metrics line)", str(self.path)) from e
-        if self._run is not None:
-            self._run.log(dict(values), step=step)
 
     def log_samples(self, step: int, name: str, traces: list[Trace]) -> None:
         """A wandb table `name` of the first `SAMPLE_ROWS` rollouts (prompt, completion, reward,
@@ -191,3 +199,12 @@ def series(records: list[Record], key: str) -> tuple[list[int], list[float]]:
 def env_names(records: list[Record], prefix: str) -> list[str]:
     """Env names appearing as `<prefix>/<env>/reward` keys, sorted."""
     return sorted({k.split("/")[1] for r in records for k in r if k.startswith(f"{prefix}/") and k.count("/") == 2})
+
+
+def checks_fired(records: list[Record]) -> list[dict[str, Any]]:
+    """The checks that fired (`log_check`), in file order: `step`, `process`, `check`, `message`."""
+    return [
+        {key: r.get(key) for key in ("step", "process", CHECK, "message")}
+        for r in records
+        if isinstance(r.get(CHECK), str)
+    ]
