@@ -4,7 +4,7 @@ Guarantee: the report only reads the run directory (safe while the run goes on) 
 under `<output_dir>/report/`, every file in one rename and the index last, so `index.html` is
 always a complete page whose plots and step files exist. Exit code 0 when written, 2 when
 OUTPUT_DIR is neither a run directory nor an `rl eval` output dir. The page opens with the
-headline (`report/headline.py`); a run with no metrics line (one that failed at start) gets no plots.
+headline (`report/headline.py`), whose checks and diagnosis are also printed; a run with no metrics line gets no plots.
 """
 
 from __future__ import annotations
@@ -161,4 +161,10 @@ def main(argv: list[str] | None = None) -> None:
     except FileNotFoundError as e:
         print(f"rl report: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    facts = headline(args.output_dir)
+    for check in facts.get("checks") or []:
+        when = "at start" if check["step"] is None else f"step {check['step']}"
+        print(f"warning ({when}): {check['message']}")
+    if facts.get("waiting_for"):
+        print(f"what the run waits for: {facts['waiting_for']['line']}\n{facts['waiting_for']['text']}")
     print(f"open file://{index.resolve()}")
