@@ -235,13 +235,14 @@ def advise(d: Diagnosis, steps: list[StepTimes], facts: RunFacts) -> list[Advice
                 ),
             )
         )
-    wall = d.step_s
-    env_share = sum(d.shares[role] for role in ENV_ROLES)
+    stage = {role: _mean([s.stage.get(role, math.nan) for s in steps]) for role in ROLES}
+    if not all(math.isfinite(v) for v in stage.values()):  # no ledger: the critical path's shares
+        stage = {role: share * d.step_s for role, share in d.shares.items()}
+    env_s, g = sum(stage[role] for role in ENV_ROLES), stage["generation"]
     rollout_side = level == 0 or r >= t
-    if rollout_side and env_share >= max(d.shares["generation"], d.shares["training"]):
-        out += _env_advice(d, steps, facts, env_share * wall, t, r, speedup)
+    if rollout_side and env_s >= g and max(d.shares[role] for role in ENV_ROLES) >= d.shares["training"]:
+        out += _env_advice(d, steps, facts, env_s, t, r, speedup)
     elif rollout_side and d.shares["generation"] >= d.shares["training"]:
-        g = d.shares["generation"] * wall
         k = facts.replicas
         out.append(
             Advice(
@@ -263,10 +264,10 @@ def advise(d: Diagnosis, steps: list[StepTimes], facts: RunFacts) -> list[Advice
 def _env_advice(
     d: Diagnosis, steps: list[StepTimes], facts: RunFacts, env_s: float, t: float, r: float, speedup: Any
 ) -> list[Advice]:
-    """More env workers when env work queues (it takes longer per step than one rollout's own),
-    else the slowest tool by name."""
+    """More env workers when env work queues (`env_s`, the rollout stage's env seconds, exceed the
+    quickest rollout's own), and the slowest tool by name."""
     out = []
-    per_rollout = _mean([s.rollout_env_s for s in steps])
+    per_rollout = _mean([s.rollout_env_s for s in steps])  # the least a rollout's env work takes
     work: dict[str, float] = {}
     for s in steps:
         for env, seconds in s.env_work.items():
@@ -283,8 +284,8 @@ def _env_advice(
                 change=f"min_workers = max_workers = {new} (max_workers {workers} now)",
                 speedup=speedup(t, r - saved),
                 reason=(
-                    f"env work holds {env_s / d.step_s:.0%} of the step ({env_s:.2f} s) while one rollout's own is "
-                    f"{per_rollout:.2f} s: rollouts wait for a worker (or its scoring children); {new} workers "
+                    f"env work holds {env_s / d.step_s:.0%} of the step ({env_s:.2f} s) while the quickest rollout's "
+                    f"takes {per_rollout:.2f} s: rollouts wait for a worker (or its scorer, its children); {new} workers "
                     f"share it {new // workers}x wider (min_workers too: a pool grows only on in-flight rollouts)"
                 ),
             )

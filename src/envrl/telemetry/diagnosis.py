@@ -74,6 +74,9 @@ class StepTimes:
     """The orchestrator making this batch: collecting its rollouts, then batching (its stage)."""
     policy_wait: float
     """The orchestrator waiting for the trainer's policy and its reload before this batch."""
+    stage: dict[str, float] = field(default_factory=dict)
+    """The rollout stage (`rollouts_busy`) split: seconds per rollout-side role (`generation`, the
+    env roles, `orchestrator` for batching and instants no rollout phase explains)."""
     tools: dict[str, float] = field(default_factory=dict)
     """Seconds of `env tools` per tool name."""
     env_work: dict[str, float] = field(default_factory=dict)
@@ -81,7 +84,8 @@ class StepTimes:
     queue_s: float = math.nan
     """Mean seconds a rollout of this batch waited between dispatch and its env worker's start."""
     rollout_env_s: float = math.nan
-    """Mean seconds of env work (setup, tools, scoring) of one rollout of this batch."""
+    """The least env work (setup, tools, scoring) of one rollout of this batch: what no number of
+    workers shortens (a rollout that waited for a worker or a scorer counts its wait too)."""
 
 
 def ledger_steps(spans: list[LedgerSpan]) -> list[StepTimes]:
@@ -91,14 +95,24 @@ def ledger_steps(spans: list[LedgerSpan]) -> list[StepTimes]:
     times = env_times(spans)
     own: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     queues: dict[int, list[float]] = defaultdict(list)
-    rollouts: dict[int, int] = defaultdict(int)
+    phases: dict[int, list[LedgerSpan]] = defaultdict(list)
+    collecting: dict[int, list[LedgerSpan]] = defaultdict(list)
+    per_rollout: dict[int, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
     for span in spans:
+        extra = span.model_extra or {}
+        key = tuple(extra.get(k) for k in ("env", "task", "seed", "rollout"))
+        if span.name in PHASE_ROLE and "env" in extra:
+            phases[span.step].append(span)
+        if span.process == "orchestrator" and span.name == "wait_rollouts":
+            collecting[span.step].append(span)
         if span.process == "orchestrator" or span.name == "reload_weights":
             own[span.step][span.name] += span.duration
         elif span.name == "env_queue":
             queues[span.step].append(span.duration)
+        elif span.name in ("setup", "scoring") and "env" in extra:
+            per_rollout[span.step][key] += span.duration
         elif span.name == "rollout":
-            rollouts[span.step] += 1
+            per_rollout[span.step][key] += sum((extra.get("tools") or {}).values())
     out = []
     for split in step_splits(spans):
         roles = dict.fromkeys(ROLES, 0.0)
@@ -112,13 +126,19 @@ def ledger_steps(spans: list[LedgerSpan]) -> list[StepTimes]:
                     tool_s[name.removeprefix("tool ")] += seconds
         generated = sum(parts.get("model", 0.0) for parts in per_env.values()) + sum(tool_s.values())
         tools = {}
-        if generated > 0 and roles["generation"] > 0:
-            for name, seconds in tool_s.items():
-                tools[name] = roles["generation"] * seconds / generated
-            roles["env tools"] = sum(tools.values())
-            roles["generation"] -= roles["env tools"]
+        o = own.get(split.step, {})
+        nearby = [s for k in range(split.step, split.step + STAGE_STEPS) for s in phases.get(k, [])]
+        stage = _stage(collecting.get(split.step, []), nearby)
+        stage["orchestrator"] += o.get("batching", 0.0)
+        if generated > 0:
+            for part in (roles, stage):
+                moved = part["generation"] * sum(tool_s.values()) / generated
+                part["env tools"] += moved
+                part["generation"] -= moved
+            total_tools = sum(tool_s.values())
+            tools = {name: roles["env tools"] * s / total_tools for name, s in tool_s.items()} if total_tools else {}
         env_work = {env: sum(s for k, s in parts.items() if k != "model") for env, parts in per_env.items()}
-        o, n = own.get(split.step, {}), rollouts.get(split.step, 0)
+        least = min(per_rollout.get(split.step, {}).values(), default=math.nan)
         queue = queues.get(split.step, [])
         out.append(
             StepTimes(
@@ -128,12 +148,41 @@ def ledger_steps(spans: list[LedgerSpan]) -> list[StepTimes]:
                 trainer_busy=sum(split.parts[p] for p in TRAINER_OWN),
                 rollouts_busy=o.get("wait_rollouts", 0.0) + o.get("batching", 0.0),
                 policy_wait=o.get("wait_policy", 0.0) + o.get("reload_weights", 0.0),
+                stage=stage,
                 tools=tools,
                 env_work=env_work,
                 queue_s=sum(queue) / len(queue) if queue else math.nan,
-                rollout_env_s=sum(env_work.values()) / n if n else math.nan,
+                rollout_env_s=least,
             )
         )
+    return out
+
+
+PHASE_ROLE = {"generation": "generation", "scoring": "env scoring", "setup": "env setup", "env_queue": "env queue"}
+"""A rollout's phase spans as roles, first match wins where several overlap (`telemetry/steps.ROLLOUT_ORDER`)."""
+STAGE_STEPS = 4
+"""The rollouts a batch's collection can be waiting on are those of it and of the next few batches
+(in flight under the async bound)."""
+
+
+def _stage(intervals: list[LedgerSpan], phases: list[LedgerSpan]) -> dict[str, float]:
+    """Each instant of `intervals` (the orchestrator collecting rollouts) given to the first role of
+    `PHASE_ROLE` whose phase is active then, else to `orchestrator`."""
+    out = dict.fromkeys(ROLES, 0.0)
+    for interval in intervals:
+        inside = [s for s in phases if s.end > interval.start and s.start < interval.end]
+        cuts = sorted(
+            {
+                interval.start,
+                interval.end,
+                *(t for s in inside for t in (s.start, s.end) if interval.start < t < interval.end),
+            }
+        )
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            t = (a + b) / 2
+            active = {s.name for s in inside if s.start <= t < s.end}
+            name = next((n for n in PHASE_ROLE if n in active), None)
+            out[PHASE_ROLE[name] if name else "orchestrator"] += b - a
     return out
 
 
