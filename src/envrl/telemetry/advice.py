@@ -25,6 +25,8 @@ WINDOW = 10
 """The recent steps the first diagnosis covers."""
 ADVISE_MIN = 1.2
 """A setting is advised only when the model expects at least this factor more steps per minute."""
+MANY_MICRO_BATCHES = 4
+"""A step of at least this many micro-batches may be advised fewer, fuller ones."""
 WORKER_FACTOR = 4
 """Advised env workers: this many times the pool's current `max_workers`."""
 
@@ -305,40 +307,34 @@ def _env_advice(
 
 
 def _trainer_advice(steps: list[StepTimes], facts: RunFacts, t: float, r: float, speedup: Any) -> list[Advice]:
-    """Fewer, fuller micro-batches when a step's fixed cost per micro-batch is measurable: the
-    trainer's step time fitted as a + b x tokens over the steps, a spread over the micro-batches."""
+    """Fewer, fuller micro-batches when a step runs many: the expected effect takes a micro-batch's
+    cost as all fixed (its tokens free), so it is the most the change can give."""
     rows = [facts.trainer[s.step] for s in steps if s.step in facts.trainer]
     points = [
-        (
-            metric_float(row.get("trainer/tokens")),
-            metric_float(row.get("trainer/step_time_s")),
-            metric_float(row.get("trainer/micro_batches")),
-        )
+        (metric_float(row.get("trainer/tokens")), metric_float(row.get("trainer/step_time_s")))
         for row in rows
+        if metric_float(row.get("trainer/micro_batches")) >= MANY_MICRO_BATCHES
     ]
     points = [p for p in points if all(math.isfinite(v) for v in p)]
     budget = facts.micro_batch_tokens
-    if len(points) < 3 or budget is None:
+    if not points or budget is None:
         return []
-    tokens, seconds, batches = zip(*points, strict=True)
-    m = statistics.fmean(batches)
-    if m <= 1 or statistics.pvariance(tokens) == 0:
-        return []
-    slope, intercept = statistics.linear_regression(tokens, seconds)
-    new_budget = 1 << math.ceil(math.log2(max(max(tokens), budget * 2)))
-    new_m = max(1.0, m * budget / new_budget) if budget * m >= max(tokens) else 1.0
-    saved = max(intercept, 0.0) * (1 - new_m / m)
-    if saved <= 0:
-        return []
+    m = statistics.fmean(metric_float(row.get("trainer/micro_batches")) for row in rows)
+    tokens = max(p[0] for p in points)
+    new_budget = 1 << math.ceil(math.log2(max(tokens, budget * MANY_MICRO_BATCHES)))
+    new_m = max(1.0, math.ceil(tokens / new_budget))
+    compute = statistics.fmean(p[1] for p in points)
+    saved = compute * (1 - new_m / m)
     return [
         Advice(
             setting="trainer.micro_batch_tokens",
             change=f"{budget} -> {new_budget}",
             speedup=speedup(t - saved, r),
             reason=(
-                f"training bounds the step; its time fits {intercept:.3f} s + {slope * 1e3:.3f} ms/token, and the fixed "
-                f"part is paid per micro-batch ({m:.1f} a step): {new_budget} tokens make about {new_m:.0f}. It costs "
-                "memory (activations and logits grow with it); it does not change what is learned"
+                f"training bounds the step: {compute:.2f} s of compute in {m:.0f} micro-batches of about "
+                f"{tokens / m:.0f} tokens; {new_budget} tokens make {new_m:.0f}, and a small micro-batch costs "
+                "mostly its fixed work (the expected effect counts only that: at most this much). It costs memory "
+                "(activations and logits grow with it); it does not change what is learned"
             ),
         )
     ]
