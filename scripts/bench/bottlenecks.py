@@ -3,8 +3,8 @@
     flock /tmp/envrl-heavy.lock uv run --no-sync python -m scripts.bench.bottlenecks [--rounds 2] [--steps 6]
 
 For each unbalanced config of `configs/debug/` (bound_scoring, bound_sync, bound_trainer) the run is
-made as given, its first advice (`telemetry/advice.py`, read back from its summary.json) applied to a
-copy of the config, and that run made too; with `--rounds` > 1 the two alternate (A B A B), so a
+made as given, its advice on the setting the config was built for (`telemetry/advice.py`, read back
+from its summary.json) applied to a copy of the config, and that run made too; with `--rounds` > 1 the two alternate (A B A B), so a
 box that slows down hurts both alike. Printed per config: the advice, the speed-up the model
 expected, and steps per minute of each run (the trainer's step wall times from the ledger, the first
 step left out: it carries vLLM's start) with the measured ratio. `balanced.toml` is run once: its
@@ -31,7 +31,12 @@ from envrl.telemetry.diagnosis import ledger_steps
 from envrl.telemetry.ledger import read_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
-UNBALANCED = ("bound_scoring", "bound_sync", "bound_trainer")
+UNBALANCED = {
+    "bound_scoring": "orchestrator.envs[slow].pool",
+    "bound_sync": "max_async_level",
+    "bound_trainer": "trainer.micro_batch_tokens",
+}
+"""Each unbalanced config and the setting its advice must name (the one applied, wherever it ranks)."""
 
 
 def run(config: Path, out: Path, steps: int) -> None:
@@ -46,11 +51,13 @@ def steps_per_min(out: Path) -> float:
     return 60.0 / fmean(walls)
 
 
-def first_advice(out: Path) -> tuple[Diagnosis | None, Advice | None]:
+def advice_for(out: Path, setting: str | None) -> tuple[Diagnosis | None, Advice | None]:
+    """The run's diagnosis of its last steps and its advice on `setting` (None: its first advice)."""
     found = [Diagnosis.model_validate(d) for d in read_summary(out).get("diagnosis") or []]
     if not found:
         return None, None
-    return found[0], (found[0].advice[0] if found[0].advice else None)
+    named = [a for a in found[0].advice if setting is None or a.setting == setting]
+    return found[0], (named[0] if named else None)
 
 
 def apply(config: dict[str, Any], advice: Advice) -> dict[str, Any]:
@@ -88,7 +95,7 @@ def main() -> None:
                 run(source, out, args.steps)
                 base.append(steps_per_min(out))
                 if advice is None:
-                    diagnosis, advice = first_advice(out)
+                    diagnosis, advice = advice_for(out, UNBALANCED[name])
                     if advice is None:
                         break
                     changed = root / f"{name}-advised.toml"
@@ -100,7 +107,7 @@ def main() -> None:
             rows.append((name, diagnosis, advice, base, advised))
         run_balanced = ROOT / "configs" / "debug" / "balanced.toml"
         run(run_balanced, root / "balanced", args.steps)
-        balanced, _ = first_advice(root / "balanced")
+        balanced, _ = advice_for(root / "balanced", None)
     print("\n| config | bound | advice | expected | steps/min as given | with the advice | measured |")
     print("|---|---|---|---|---|---|---|")
     for name, diagnosis, advice, base, advised in rows:
