@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from envrl.config import resolve_config
 from envrl.launcher import summary
 from envrl.launcher.config import RLConfig
@@ -65,7 +63,10 @@ def test_a_trainer_made_the_bottleneck_is_named_with_a_training_setting(tmp_path
     assert recent.advice[0].setting == "trainer.micro_batch_tokens"
 
 
-@pytest.mark.skip(reason="set after the balanced config's first runs")
-def test_a_balanced_run_gets_no_advice(tmp_path: Path, vllm_server: Any) -> None:
+def test_a_balanced_runs_stages_are_both_busy_and_no_setting_is_a_big_win(tmp_path: Path, vllm_server: Any) -> None:
+    """Whether its stages land within ADVISE_MIN of each other on a shared box is timing (two runs
+    gave trainer : rollouts 0.88 and 1.27); what holds is that both work most of the step and no
+    change is expected to give much (the exact no-advice case is test_diagnosis.py's, simulated)."""
     [recent] = run("balanced", tmp_path / "run", vllm_server)
-    assert recent.advice == []
+    assert recent.trainer_busy > 0.5 and recent.rollouts_busy > 0.5
+    assert all(a.speedup < 2 for a in recent.advice)

@@ -23,8 +23,9 @@ from envrl.telemetry.metrics import Record, metric_float, read_metrics
 
 WINDOW = 10
 """The recent steps the first diagnosis covers."""
-ADVISE_MIN = 1.2
-"""A setting is advised only when the model expects at least this factor more steps per minute."""
+ADVISE_MIN = 1.3
+"""A setting is advised only when the model expects at least this factor more steps per minute (below
+it, run-to-run noise on a shared box is as large as the gain)."""
 MANY_MICRO_BATCHES = 4
 """A step of at least this many micro-batches may be advised fewer, fuller ones."""
 WORKER_FACTOR = 4
