@@ -1,8 +1,8 @@
 """What a run is waiting for, over its last steps and over the whole run, and the settings that would
 move it, each with the speed-up the pipeline model expects from the run's own numbers (docs/report.md).
 
-Guarantee: `diagnose_run` only reads the run directory and never raises on a missing or cut file (no
-trainer step yet: no diagnosis); advice is given only where its expected speed-up is at least `ADVISE_MIN`.
+Guarantee: `diagnose_run` only reads the run directory and never raises (no trainer step yet: no
+diagnosis); advice is given only where its expected speed-up is at least `ADVISE_MIN`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
 from pydantic import BaseModel
 
 from envrl.data.layout import ledger_dir, process_config_file
@@ -183,7 +184,16 @@ def diagnose(steps: list[StepTimes], facts: RunFacts, window: str) -> Diagnosis:
 def diagnose_run(output_dir: Path, window: int = WINDOW) -> list[Diagnosis]:
     """The run's diagnosis over its last `window` steps and over the whole run (one when they are
     the same steps); the first step, which carries the processes' start-up, is left out once there
-    are three. Empty before the trainer finished a step."""
+    are three. Empty before the trainer finished a step, and (logged) when the files cannot be
+    read: a summary, a report or a stall dump is never lost to its diagnosis."""
+    try:
+        return _diagnose_run(output_dir, window)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        logger.opt(exception=e).warning(f"the diagnosis of {output_dir} failed: {e}")
+        return []
+
+
+def _diagnose_run(output_dir: Path, window: int) -> list[Diagnosis]:
     if not ledger_dir(output_dir).is_dir():
         return []
     steps = [s for s in ledger_steps(read_ledger(output_dir)) if s.wall > 0]
