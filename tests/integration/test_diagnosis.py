@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from envrl.config import resolve_config
+from envrl.config import config_to_toml, resolve_config
+from envrl.data.layout import process_config_file
 from envrl.launcher import summary
 from envrl.launcher.config import RLConfig
 from envrl.launcher.plan import plan
@@ -25,9 +26,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run(name: str, out: Path, vllm_server: Any, steps: int = 4) -> list[Diagnosis]:
     overrides = [("output_dir", str(out)), ("model.name", vllm_server.model), ("max_steps", str(steps))]
-    train_in_process(
-        plan(resolve_config(RLConfig, [ROOT / "configs" / "debug" / f"{name}.toml"], overrides)), vllm_server
-    )
+    planned = plan(resolve_config(RLConfig, [ROOT / "configs" / "debug" / f"{name}.toml"], overrides))
+    for process, config in planned.configs().items():  # what `rl` writes, and the advice reads
+        path = process_config_file(out, process)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(config_to_toml(config))
+    train_in_process(planned, vllm_server)
     return diagnose_run(out)
 
 
