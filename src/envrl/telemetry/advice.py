@@ -319,7 +319,7 @@ def _env_advice(
 
 def _trainer_advice(steps: list[StepTimes], facts: RunFacts, t: float, r: float, speedup: Any) -> list[Advice]:
     """Fewer, fuller micro-batches when a step runs many: the expected effect takes a micro-batch's
-    cost as all fixed (its tokens free), so it is the most the change can give."""
+    cost as all fixed (its tokens free), and the other stage as it was."""
     rows = [facts.trainer[s.step] for s in steps if s.step in facts.trainer]
     points = [
         (metric_float(row.get("trainer/tokens")), metric_float(row.get("trainer/step_time_s")))
@@ -344,8 +344,8 @@ def _trainer_advice(steps: list[StepTimes], facts: RunFacts, t: float, r: float,
             reason=(
                 f"training bounds the step: {compute:.2f} s of compute in {m:.0f} micro-batches of about "
                 f"{tokens / m:.0f} tokens; {new_budget} tokens make {new_m:.0f}, and a small micro-batch costs "
-                "mostly its fixed work (the expected effect counts only that: at most this much). It costs memory "
-                "(activations and logits grow with it); it does not change what is learned"
+                "mostly its fixed work (the expected effect saves all of it and leaves the rollouts as they were). "
+                "It costs memory (activations and logits grow with it); it does not change what is learned"
             ),
         )
     ]
