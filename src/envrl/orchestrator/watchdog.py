@@ -111,8 +111,6 @@ class StallWatchdog:
             lines += [f"== {found.role} (pid {found.pid}, stderr {found.log}): Python stacks", found.stacks]
         text = "\n".join(lines)
         path = stall_dump_file(self.output_dir, self.step + 1)
-        if self.sink is not None:
-            self.sink.log_check(self.step + 1, "stall", f"{lines[0]}; dump: {path}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, text)
@@ -122,6 +120,11 @@ class StallWatchdog:
             f"{text}\nstall dump written to {path}; raise orchestrator.checks.stall_factor or stall_min_s "
             "if steps are legitimately this slow"
         )
+        if self.sink is not None:  # after the dump: a sink closed under this thread must not cost it
+            try:
+                self.sink.log_check(self.step + 1, "stall", f"{lines[0]}; dump: {path}")
+            except OSError as e:
+                logger.warning(f"stall: cannot log the stall to {self.sink.path}: {e}")
         return text
 
     def start(self) -> None:

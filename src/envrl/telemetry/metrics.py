@@ -130,6 +130,8 @@ class MetricsSink:
     def _append(self, values: dict[str, Any]) -> None:
         record = {"step": values["step"], "time": round(time.time(), 3), "process": self.process, **values}
         with self._lock, shared_lock(self.path):
+            if self._fd < 0:
+                raise OSError(errno.EBADF, "the metrics sink is closed", str(self.path))
             if not self.path.exists() or os.stat(self.path).st_ino != os.fstat(self._fd).st_ino:
                 os.close(self._fd)  # another process's resume rewrote the file: append to the new one
                 self._fd = self._open()
@@ -167,9 +169,10 @@ class MetricsSink:
                 run.finish()
             except OSError as e:
                 logger.warning(f"wandb run {run.name!r} could not be finished ({e}); {self.path} is complete")
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 def read_metrics(output_dir: Path) -> list[Record]:
