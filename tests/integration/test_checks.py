@@ -129,7 +129,9 @@ def test_a_tool_env_whose_template_shows_no_tools_and_whose_rewards_never_vary_w
         (1, "zero_variance", flat[0]),
     ]
     summary.write(out, [], summary.Outcome(status="success", reason="completed"), 1.0)
-    assert summary.closing_line(out).startswith("run success, finished with 2 warning(s) (no_tool_call, zero_variance)")
+    assert summary.closing_line(out).startswith(
+        "the run finished (success) with 2 warning(s) (no_tool_call, zero_variance)"
+    )
 
 
 def test_under_strict_a_tool_env_without_tool_calls_stops_the_run_with_the_cause(tmp_path: Path) -> None:

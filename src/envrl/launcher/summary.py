@@ -136,6 +136,6 @@ def closing_line(output_dir: Path) -> str | None:
         return None
     names = ", ".join(sorted({str(c.get("check")) for c in fired if isinstance(c, dict)}))
     return (
-        f"run {content.get('status', 'ended')}, finished with {len(fired)} warning(s) ({names}): they are listed in "
+        f"the run finished ({content.get('status', 'no status')}) with {len(fired)} warning(s) ({names}): listed in "
         f"{summary_file(output_dir)} under `checks` and in the report's headline"
     )

@@ -114,6 +114,6 @@ def test_fired_checks_are_listed_and_the_last_line_says_the_run_finished_with_wa
     ]
     assert written["diagnosis"] == []  # no time ledger: nothing to diagnose
     assert summary.closing_line(tmp_path) == (
-        f"run success, finished with 2 warning(s) (plan, zero_variance): they are listed in {path} under `checks` "
+        f"the run finished (success) with 2 warning(s) (plan, zero_variance): listed in {path} under `checks` "
         "and in the report's headline"
     )
