@@ -217,7 +217,7 @@ def _pipeline(trainer: float, rollouts: float, level: int | None) -> float:
 def advise(d: Diagnosis, steps: list[StepTimes], facts: RunFacts) -> list[Advice]:
     """Every setting the model expects to move the step rate, best first."""
     level = facts.max_async_level
-    t, r = _mean([s.trainer_busy for s in steps]), _mean([s.rollouts_busy for s in steps])
+    t, r = _mean([s.trainer_busy for s in steps]), _mean([s.rollouts_busy + s.reload for s in steps])
     if not (t > 0 and r > 0):
         return []
     now = _pipeline(t, r, level)

@@ -74,6 +74,8 @@ class StepTimes:
     """The orchestrator making this batch: collecting its rollouts, then batching (its stage)."""
     policy_wait: float
     """The orchestrator waiting for the trainer's policy and its reload before this batch."""
+    reload: float = 0.0
+    """Of `policy_wait`, the reload itself: the orchestrator's stage pays it every policy."""
     stage: dict[str, float] = field(default_factory=dict)
     """The rollout stage (`rollouts_busy`) split: seconds per rollout-side role (`generation`, the
     env roles, `orchestrator` for batching and instants no rollout phase explains)."""
@@ -148,6 +150,7 @@ def ledger_steps(spans: list[LedgerSpan]) -> list[StepTimes]:
                 trainer_busy=sum(split.parts[p] for p in TRAINER_OWN),
                 rollouts_busy=o.get("wait_rollouts", 0.0) + o.get("batching", 0.0),
                 policy_wait=o.get("wait_policy", 0.0) + o.get("reload_weights", 0.0),
+                reload=o.get("reload_weights", 0.0),
                 stage=stage,
                 tools=tools,
                 env_work=env_work,

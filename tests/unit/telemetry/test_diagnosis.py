@@ -45,9 +45,9 @@ def test_generation_and_training_taking_turns_are_advised_max_async_level_with_w
     [advice] = d.advice
     assert advice.setting == "max_async_level" and advice.change == "0 -> 1"
     assert "changes the algorithm" in advice.reason and "importance ratio" in advice.reason
-    # trainer 0.56 s (read, train, publish, log) and rollouts 0.57 s (generate, score, batch) in turn
-    # become the slower of the two a step
-    assert advice.speedup == pytest.approx((0.56 + 0.57) / 0.57, rel=0.05)
+    # trainer 0.54 s (read, train, publish, log) and rollouts 0.62 s (reload, generate, score, batch) in
+    # turn become the slower of the two a step
+    assert advice.speedup == pytest.approx((0.54 + 0.62) / 0.62, rel=1e-6)
     assert d.policy_wait > 0.3, "the orchestrator waits for each policy"
 
 
