@@ -13,10 +13,10 @@ import pytest
 
 from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
-from envrl.inference.server import start
-from envrl.model.tiny import DEFAULT_DIR
+from envrl.inference.launch import start
 from envrl.telemetry.log import LogConfig
 from tests.support.ports import free_port
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.vllm_server import VLLM_START_TIMEOUT, VLLMServer
 
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from statistics import median
 
+from envrl.envclient.client import EnvClient
 from envrl.runtime.process import spawn_sidecar
-from envrl.serve.client import EnvClient
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENENV_PYTHON = ROOT / "deps" / "envs" / "openenv-count" / ".venv" / "bin" / "python"

@@ -7,7 +7,7 @@ Guarantee: every candidate computes the same thing, causal attention within each
 row (checked against the first candidate's output before timing); each is timed over the same
 inputs with CUDA events after warm-up, forward and backward together, and a candidate a backend
 cannot run is reported as such instead of failing the run. This is how the trainer's attention
-choice (`src/envrl/trainer/attention.py`) is made; docs/gpu.md has the numbers.
+choice (`src/envrl/trainer/model/attention.py`) is made; docs/gpu.md has the numbers.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def per_sample_sdpa(backend: SDPBackend | None, gqa: bool) -> Kernel:
 
 def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     """torch.nn.attention.varlen over the whole row, called as the trainer calls it."""
-    from envrl.trainer.attention import _varlen_kernel_call, varlen_layout
+    from envrl.trainer.model.attention import _varlen_kernel_call
+    from envrl.trainer.model.layout import varlen_layout
 
     (segment,) = varlen_layout(lengths, sdpa_from=sum(lengths) + 1).to(q.device).segments
     return _varlen_kernel_call(q, k, v, segment.cu_seqlens, segment.longest, None, q.shape[0] // k.shape[0])[

@@ -102,7 +102,7 @@ class CpuMeter:
 
 
 async def measure_env_server(address: str, server_pid: int, in_flight: int, seconds: float) -> dict[str, float]:
-    from envrl.serve.client import EnvClient
+    from envrl.envclient.client import EnvClient
 
     sampling = {"max_tokens": 1}
     latencies: list[float] = []
@@ -335,7 +335,7 @@ def main() -> None:
 
 
 async def _info(address: str) -> Any:
-    from envrl.serve.client import EnvClient
+    from envrl.envclient.client import EnvClient
 
     async with EnvClient(address, curve=CURVE) as client:
         return await client.info()

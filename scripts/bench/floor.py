@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.envs.registry import load_environment
 from envrl.model.chat_tokens import chat_renderer
-from envrl.model.tiny import DEFAULT_DIR as TINY_MODEL
+from tests.support.tiny_chat import TINY_CHAT_DIR as TINY_MODEL
 
 
 @dataclass

@@ -27,7 +27,7 @@ from envrl.data.layout import batch_dir, process_config_file
 from envrl.data.samples import TrainingSample, read_batch
 from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.loop import Trainer
+from envrl.trainer.learner import Learner
 from envrl.trainer.parallel import init_runtime
 
 
@@ -83,7 +83,7 @@ def main() -> None:
         config = resolve_config(
             TrainerConfig, [process_config_file(args.run, "trainer")], [("compile", "false"), ("output_dir", scratch)]
         )
-        trainer = Trainer(config, init_runtime(config))
+        trainer = Learner(config, init_runtime(config))
         named = {layer_key(n): p for n, p in trainer.model.named_parameters() if p.requires_grad}
         init = {key: p.detach().clone() for key, p in named.items()}
         stats = trainer.train_on(0, samples, where="rollouts/step_0")

@@ -29,10 +29,10 @@ from pathlib import Path
 import zmq
 
 from envrl.data.layout import published_steps
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.serve import protocol as p
 from envrl.serve.params import ParamsChecker
 from envrl.serve.zmqio import EVENTS, NOBLOCK, raw_recv, raw_send
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 ROUNDS = 5
 

@@ -26,10 +26,10 @@ from transformers import AutoModelForCausalLM
 
 from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
-from envrl.inference.server import start
+from envrl.inference.launch import start
 from envrl.model.inference import InferenceClient
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.telemetry.log import LogConfig
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 
 def tree_rss_gib(pid: int) -> float:

@@ -24,8 +24,8 @@ def peak_mib() -> float:
 
 
 def one(path: str, tokens: int, vocab: int, hidden: int) -> None:
-    from envrl.trainer.head import ScoreRequest, chunked_token_scores
     from envrl.trainer.loss import token_logprobs
+    from envrl.trainer.model.head import ScoreRequest, chunked_token_scores
 
     torch.manual_seed(0)
     h = torch.randn(tokens, hidden, requires_grad=True)
@@ -49,7 +49,7 @@ def timed(tokens: int, vocab: int, hidden: int, reps: int) -> None:
     import statistics
     import time
 
-    import envrl.trainer.head as head
+    import envrl.trainer.model.head as head
     from envrl.trainer.loss import token_logprobs
 
     torch.manual_seed(0)

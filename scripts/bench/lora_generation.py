@@ -26,13 +26,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envrl.config import ModelConfig
-from envrl.inference.adapter import lora_serving_options
-from envrl.inference.config import InferenceConfig
+from envrl.inference.config import InferenceConfig, lora_serving_options
 from envrl.inference.cpu_lora import STOCK_ENV
-from envrl.inference.server import start
+from envrl.inference.launch import start
 from envrl.model.inference import InferenceClient
 from envrl.telemetry.log import LogConfig
-from envrl.trainer.lora import export_merged, publish_adapter
+from envrl.trainer.model.lora import export_merged, publish_adapter
 from tests.support.ports import free_port
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

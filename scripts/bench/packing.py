@@ -24,11 +24,12 @@ from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from envrl.config import BaseConfig, load_config
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.telemetry.log import LogConfig, setup_logging
-from envrl.trainer.attention import DOCUMENT_SDPA, PADDING_SLACK
+from envrl.trainer.model.attention import DOCUMENT_SDPA
+from envrl.trainer.model.layout import PADDING_SLACK
 from envrl.trainer.packing import MicroBatch, pack, packed_logits
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 MIXES: dict[str, tuple[int, tuple[int, int], tuple[int, int]]] = {
     # name: (samples, prompt_len range, completion_len range)

@@ -42,12 +42,12 @@ import httpx
 
 from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
-from envrl.inference.server import start
+from envrl.inference.launch import start
 from envrl.model.inference import InferenceClient, TokenCompletion
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.log import LogConfig
 from tests.support.served_weights import perturbed_copy, reference_logprobs, running_requests
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 WAYS = ("wait", "recompute", "keep")
 

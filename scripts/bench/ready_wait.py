@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from envrl.inference import server as inference_server
+from envrl.inference import launch as inference_launch
 from envrl.model import inference as model_inference
 from envrl.runtime.http import poll_delays
 from tests.support.ports import free_port
@@ -60,7 +60,7 @@ def serve_later(port: int, delay: float) -> tuple[threading.Event, list[float], 
 
 
 def launcher_wait(url: str) -> None:
-    inference_server.wait_until_serving(Alive(), url, timeout=30.0)  # type: ignore[arg-type]
+    inference_launch.wait_until_serving(Alive(), url, timeout=30.0)  # type: ignore[arg-type]
 
 
 def orchestrator_wait(url: str) -> None:
@@ -90,7 +90,7 @@ def main() -> None:
     trials = parser.parse_args().trials
     fixed: Callable[[float], Callable[..., Iterator[float]]] = lambda s: lambda **_: itertools.repeat(s)  # noqa: E731
     cases = [
-        ("rl's wait_until_serving", launcher_wait, inference_server, fixed(1.0), "fixed 1 s"),
+        ("rl's wait_until_serving", launcher_wait, inference_launch, fixed(1.0), "fixed 1 s"),
         ("orchestrator's wait_until_ready", orchestrator_wait, model_inference, fixed(0.5), "fixed 0.5 s"),
     ]
     for name, wait, module, before, before_name in cases:

@@ -4,7 +4,7 @@
 
 Each round runs `rollouts` concurrent `run_rollout`s of deps/envs/learnable against a scripted
 model (no inference: what is left is the env's own work, scoring first) with the worker's default
-scoring timeout, so sync reward functions run in forked children (src/envrl/envs/forked.py).
+scoring timeout, so sync reward functions run in forked children (src/envrl/runtime/forked.py).
 Prints the median wall time per round and the CPU time per rollout of this process and of its
 children (the forks), which is what the env worker takes from inference and training on a shared box.
 """

@@ -27,7 +27,7 @@ from envrl.data.layout import batch_dir, process_config_file
 from envrl.data.samples import read_batch
 from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.loop import Trainer
+from envrl.trainer.learner import Learner
 from envrl.trainer.parallel import init_runtime
 
 
@@ -53,7 +53,7 @@ def main() -> None:
         trainers = []
         for i, flags in enumerate(args.variant):
             config = resolve_config(TrainerConfig, [config_file], [*overrides(flags), ("output_dir", f"{scratch}/{i}")])
-            trainers.append(Trainer(config, init_runtime(config)))
+            trainers.append(Learner(config, init_runtime(config)))
         times: dict[str, list[float]] = {flags: [] for flags in args.variant}
         cpu: dict[str, list[float]] = {flags: [] for flags in args.variant}
         for round_ in range(args.rounds):

@@ -6,7 +6,7 @@
     python -m scripts.bench.trainer_throughput --shape smollm2-135m --seq-len 1024 --sample-len 64 --prompt-len 40   # the CPU recipe's step
     python -m scripts.bench.trainer_throughput --carry outputs/gpu-carry   # pure-Python deps for a bare torch box
 
-Guarantee: the timed region is `Trainer.train_on` as `rl` runs it (pack, each rank's forward and
+Guarantee: the timed region is `Learner.train_on` as `rl` runs it (pack, each rank's forward and
 backward over its rows, clipping, the AdamW step) on a model built offline; tokens/s and MFU
 count every sample whole (a prompt shared by a group, `--group-size`, counts once per sample even
 where the trainer computes it once: `computed/step` says what it ran); MFU counts model
@@ -72,13 +72,13 @@ from envrl.data.samples import TrainingSample, read_batch, write_batch  # noqa: 
 from envrl.telemetry.log import LogConfig, setup_logging  # noqa: E402
 
 try:
-    from envrl.trainer.compile import decoder_layers, is_compiled
+    from envrl.trainer.model.compile import decoder_layers, is_compiled
 except ImportError:  # an envrl from before issue 38, for a before/after run: PYTHONPATH=<old tree>/src
     decoder_layers = is_compiled = None
 from envrl.model.smollm2 import SMOLLM2_CONFIG  # noqa: E402
 from envrl.model.tiny import QWEN3_SHAPES, build_qwen3_model, build_tokenizer  # noqa: E402
 from envrl.trainer.config import TrainerConfig  # noqa: E402
-from envrl.trainer.loop import Trainer  # noqa: E402
+from envrl.trainer.learner import Learner  # noqa: E402
 from envrl.trainer.parallel import Runtime, barrier, init_runtime, shutdown  # noqa: E402
 from envrl.trainer.weights import publish_weights  # noqa: E402
 from tests.support.samples import synthetic_samples  # noqa: E402
@@ -247,7 +247,7 @@ def main() -> None:
         if runtime.is_main:
             shutil.rmtree(run_dir, ignore_errors=True)
         barrier(runtime)
-        trainer = Trainer(config, runtime)
+        trainer = Learner(config, runtime)
         count = bench.rows_per_rank * runtime.world_size * (bench.seq_len // sample_len)
         n_completion = sample_len - bench.prompt_len
         samples = synthetic_samples(
@@ -295,7 +295,7 @@ def kernel_class(name: str) -> str:
     return next((cls for cls, keys in KERNEL_CLASSES if any(k in lowered for k in keys)), "other")
 
 
-def profile_step(trainer: Trainer, samples: list[TrainingSample], trace: Path | None) -> None:
+def profile_step(trainer: Learner, samples: list[TrainingSample], trace: Path | None) -> None:
     """One more `train_on` under torch.profiler; print its self time by kernel class."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -339,7 +339,7 @@ def recomputed_layers(model: torch.nn.Module) -> str:
 def report(
     bench: BenchConfig,
     runtime: Runtime,
-    trainer: Trainer,
+    trainer: Learner,
     samples: list[TrainingSample],
     timed: list[dict[str, float]],
     io_s: float | None,

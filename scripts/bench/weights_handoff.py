@@ -90,7 +90,7 @@ def smollm2_shape(out: Path) -> Path:
     """SmolLM2-135M's architecture with random weights and the tiny tokenizer, built once."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from envrl.model.tiny import DEFAULT_DIR
+    from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
     if (out / "config.json").is_file():
         return out
@@ -111,9 +111,8 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
 
     from envrl.config import ModelConfig
     from envrl.data.layout import weights_dir
-    from envrl.inference.adapter import lora_serving_options
-    from envrl.inference.config import InferenceConfig
-    from envrl.inference.server import start
+    from envrl.inference.config import InferenceConfig, lora_serving_options
+    from envrl.inference.launch import start
     from envrl.model.inference import InferenceClient
     from envrl.runtime.http import RetryPolicy
     from envrl.telemetry.log import LogConfig
@@ -128,7 +127,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
     vllm = {"max_model_len": 512, **(lora_serving_options(rank) if rank is not None else {})}
     server = InferenceConfig(
         model=ModelConfig(name=str(model_dir)), output_dir=run_dir, port=free_port(), vllm=vllm,
-        log=LogConfig(file=run_dir / "inference.log"), warmup_requests=0,
+        log=LogConfig(file=run_dir / "inference.log"),
     )  # fmt: skip
     child = start(server, log_file=run_dir / "inference.stdout.log", ready_timeout=900)
     lora = None if rank is None else {"rank": rank, "alpha": 2 * rank, "target_modules": LORA_TARGETS}
@@ -180,7 +179,7 @@ def pause_times(model_dir: Path, run_dir: Path, steps: int, transport: str, rank
 def handoff(args: argparse.Namespace) -> None:
     import transformers
 
-    from envrl.model.tiny import DEFAULT_DIR
+    from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
     transformers.utils.logging.disable_progress_bar()
 

@@ -273,7 +273,7 @@ def _count(report: FuzzReport, answer: dict[str, Any]) -> int:
 
 async def _num_tasks(address: str) -> int:
     """The server's train task count."""
-    from envrl.serve.client import EnvClient
+    from envrl.envclient.client import EnvClient
 
     async with EnvClient(address) as client:
         return (await client.wait_until_ready(60)).num_tasks
@@ -281,7 +281,7 @@ async def _num_tasks(address: str) -> int:
 
 async def _serves(address: str) -> bool:
     """True if the server answers health and runs a real rollout within a few seconds."""
-    from envrl.serve.client import EnvClient, EnvServerError
+    from envrl.envclient.client import EnvClient, EnvServerError
 
     try:
         async with EnvClient(address, timeout=30) as client:

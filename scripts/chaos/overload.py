@@ -28,7 +28,7 @@ from pathlib import Path
 import msgpack
 import zmq
 
-from envrl.serve.client import EnvClient, EnvServerError
+from envrl.envclient.client import EnvClient, EnvServerError
 from scripts.chaos.fuzz import SAMPLING, started_server
 from tests.support.chaos_runs import TableRow, child_pids
 

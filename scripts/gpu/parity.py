@@ -21,9 +21,10 @@ import sys
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-import envrl.trainer.attention as attention
-from envrl.trainer.compile import compile_layers, compile_plan
-from envrl.trainer.head import install_logprob_head
+import envrl.trainer.model.attention as attention
+import envrl.trainer.model.layout as layout
+from envrl.trainer.model.compile import compile_layers, compile_plan
+from envrl.trainer.model.head import install_logprob_head
 from envrl.trainer.packing import MicroBatch, pack, packed_token_logprobs
 from tests.support.samples import synthetic_samples
 
@@ -69,7 +70,7 @@ def main() -> int:
     groups = synthetic_samples(12, prompt_len=(200, 300), completion_len=(16, 200), vocab_size=VOCAB, group_size=4)
     rows_ok.append(compare("3 groups of 4 sharing a prompt (shared prefixes)", groups, dtype, device, share=True))
     if device.type == "cuda":  # samples >= SDPA_FROM_TOKENS: document_varlen's per-sample sdpa calls
-        n = attention.SDPA_FROM_TOKENS
+        n = layout.SDPA_FROM_TOKENS
         long = synthetic_samples(2, prompt_len=(16, 16), completion_len=(n, n), vocab_size=VOCAB)
         rows_ok.append(compare(f"2 samples of {n + 16} tokens (per-sample sdpa)", long, dtype, device))
         mixed = [*short[:3], long[0], *short[3:]]

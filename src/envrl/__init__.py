@@ -1,13 +1,6 @@
 """envrl: RL post-training with environments served as supervised processes.
 
-Guarantee: every module path that was public in an earlier minor version and has moved since
-(`MOVED`) still imports, until the version its row names: `import envrl.traces` gives the module
-at the new path itself (the same classes, so `isinstance` and pydantic validation keep working)
-and warns once, with a `DeprecationWarning` naming the new path. A path that exists is never
-shadowed, and nothing is imported before an old path is asked for. Env authors import from
-`envrl.envs` (docs/environments.md, The public API); docs/CHANGELOG.md has the history and the
-versioning policy.
-"""
+Guarantee: every moved public module path (`MOVED`) still imports, warning once, until its row's version."""
 
 from __future__ import annotations
 
@@ -31,41 +24,53 @@ _REGROUP = ("0.2", "0.3")
 """The tree regroup (issue 30): root modules into data/, runtime/ and telemetry/, the model client
 library into model/, `rl eval` into eval/."""
 
-MOVED: dict[str, Moved] = {
-    old: Moved(new, *_REGROUP)
-    for old, new in {
-        "envrl.traces": "envrl.data.traces",
-        "envrl.seeds": "envrl.data.seeds",
-        "envrl.samples": "envrl.data.samples",
-        "envrl.layout": "envrl.data.layout",
-        "envrl.atomic": "envrl.runtime.atomic",
-        "envrl.guarded": "envrl.runtime.guarded",
-        "envrl.http": "envrl.runtime.http",
-        "envrl.lifeline": "envrl.runtime.lifeline",
-        "envrl.net": "envrl.runtime.net",
-        "envrl.process": "envrl.runtime.process",
-        "envrl.console": "envrl.telemetry.console",
-        "envrl.ledger": "envrl.telemetry.ledger",
-        "envrl.log": "envrl.telemetry.log",
-        "envrl.metrics": "envrl.telemetry.metrics",
-        "envrl.progress": "envrl.telemetry.progress",
-        "envrl.envs.model_client": "envrl.model.client",
-        "envrl.envs.chat_tokens": "envrl.model.chat_tokens",
-        "envrl.envs.tool_calls": "envrl.model.tool_calls",
-        "envrl.inference.client": "envrl.model.inference",
-        "envrl.inference.replicas": "envrl.model.replicas",
-        "envrl.orchestrator.envs": "envrl.envclient.handles",
-        "envrl.orchestrator.evaluate": "envrl.eval.main",
-    }.items()
-} | {
-    old: Moved(new, "0.2", "0.3")
-    for old, new in {  # the client side of env servers left the orchestrator (issue 40)
-        "envrl.orchestrator.env_config": "envrl.envclient.config",
-        "envrl.orchestrator.env_handles": "envrl.envclient.handles",
-        "envrl.orchestrator.eval_grid": "envrl.envclient.eval_grid",
-        "envrl.launcher.supervisor": "envrl.runtime.supervisor",
-    }.items()
-}
+MOVED: dict[str, Moved] = (
+    {
+        old: Moved(new, *_REGROUP)
+        for old, new in {
+            "envrl.traces": "envrl.data.traces",
+            "envrl.seeds": "envrl.data.seeds",
+            "envrl.samples": "envrl.data.samples",
+            "envrl.layout": "envrl.data.layout",
+            "envrl.atomic": "envrl.runtime.atomic",
+            "envrl.guarded": "envrl.runtime.guarded",
+            "envrl.http": "envrl.runtime.http",
+            "envrl.lifeline": "envrl.runtime.lifeline",
+            "envrl.net": "envrl.runtime.net",
+            "envrl.process": "envrl.runtime.process",
+            "envrl.console": "envrl.telemetry.console",
+            "envrl.ledger": "envrl.telemetry.ledger",
+            "envrl.log": "envrl.telemetry.log",
+            "envrl.metrics": "envrl.telemetry.metrics",
+            "envrl.progress": "envrl.telemetry.progress",
+            "envrl.envs.model_client": "envrl.model.client",
+            "envrl.envs.chat_tokens": "envrl.model.chat_tokens",
+            "envrl.envs.tool_calls": "envrl.model.tool_calls",
+            "envrl.inference.client": "envrl.model.inference",
+            "envrl.inference.replicas": "envrl.model.replicas",
+            "envrl.orchestrator.envs": "envrl.envclient.handles",
+            "envrl.orchestrator.evaluate": "envrl.eval.main",
+        }.items()
+    }
+    | {
+        old: Moved(new, "0.2", "0.3")
+        for old, new in {  # the client side of env servers left the orchestrator (issue 40)
+            "envrl.orchestrator.env_config": "envrl.envclient.config",
+            "envrl.orchestrator.env_handles": "envrl.envclient.handles",
+            "envrl.orchestrator.eval_grid": "envrl.envclient.eval_grid",
+            "envrl.launcher.supervisor": "envrl.runtime.supervisor",
+        }.items()
+    }
+    | {
+        old: Moved(new, "0.2", "0.3")
+        for old, new in {  # every file format and client has one home (issue 54)
+            "envrl.serve.client": "envrl.envclient.client",
+            "envrl.envs.forked": "envrl.runtime.forked",
+            "envrl.envs.adapters.chat_proxy": "envrl.proxy.chat",
+            "envrl.envs.adapters.warm_programs": "envrl.runtime.warm.programs",
+        }.items()
+    }
+)
 """Old module path -> where it lives now, the version that moved it and the first version without
 the old path (a row is deleted in that version, with a line in docs/CHANGELOG.md)."""
 

@@ -1,21 +1,11 @@
-"""One config loader for every entry point.
-
-Guarantee: a config is built from defaults, then `--config` TOML files in order (deep-merged),
-then dotted command-line overrides, then the renamed keys that still work moved to their new
-names (`config_migrations.MIGRATIONS`, each with ONE warning line), and validated once. Any
-problem (unknown key, wrong type, missing file, a key renamed or removed for good) becomes a
-`ConfigError` whose message is ONE line naming the dotted key, where the value came from, and
-the closest valid key (phrased by `config_schema.describe_error`, which also walks the model
-tree for typing overrides and `--help`); entry points turn it into exit code 2.
-"""
+"""One config loader for every entry point: defaults, `--config` files, command-line overrides, renamed keys, then
+one validation; any problem is a `ConfigError` of ONE line naming the dotted key, its source and the closest key."""
 
 from __future__ import annotations
 
 import copy
 import json
-import shutil
 import sys
-import textwrap
 import tomllib
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -25,10 +15,10 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 import tomli_w
 from loguru import logger
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envrl.config_migrations import MIGRATIONS, Migration, for_model, refused
-from envrl.config_schema import Key, describe_error, types_at_path, unwrap_types
+from envrl.config_schema import Key, config_help, descend, describe_error, display_key, models_at, types_at_path
 
 C = TypeVar("C", bound="BaseConfig")
 
@@ -51,6 +41,9 @@ class BaseConfig(BaseModel):
     owned_keys: ClassVar[frozenset[str]] = frozenset()
     """Dotted keys (and whole sections) that the entry point sets itself: left out of `--help`, and
     the entry point refuses them when given (e.g. `rl` sets `trainer.output_dir` from `output_dir`)."""
+    help_keys: ClassVar[tuple[str, ...]] = ()
+    """The keys (and whole sections) people change: `--help` lists only these, `--help-all` every
+    key; empty: `--help` lists every key."""
 
 
 class ConfigError(Exception):
@@ -86,22 +79,27 @@ class _Layers:
                 self.sources[(*path, key)] = source
                 self._mark_subtree(child, source, (*path, key))
 
+    def node(self, path: Key) -> Any:
+        """What sits at `path` (a list's tables by index); None past the data."""
+        node: Any = self.data
+        for part in path:
+            node = descend(node, part)
+        return node
+
     def pop(self, path: Key) -> tuple[bool, Any]:
         """Take the value at `path` out (False when there is none)."""
-        node: Any = self.data
-        for part in path[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
+        node = self.node(path[:-1])
         if not isinstance(node, dict) or path[-1] not in node:
             return False, None
         return True, node.pop(path[-1])
 
-    def has(self, path: Key) -> bool:
-        node: Any = self.data
-        for part in path:
-            if not isinstance(node, dict) or part not in node:
-                return False
-            node = node[part]
-        return True
+    def tables(self, at: Key = ()) -> list[Key]:
+        """Every table's path, `at` first, then each level's before the next (a list's tables too)."""
+        out, level = [], [at]
+        while level:
+            out += level
+            level = [(*path, key) for path in level for key, child in _children(self.node(path)) if _is_table(child)]
+        return out
 
     def source_of(self, loc: Key) -> str | None:
         for end in range(len(loc), 0, -1):
@@ -119,6 +117,7 @@ class ParsedArgs(BaseModel):
     overrides: list[tuple[str, str | None]] = []
     dry_run: bool = False
     help: bool = False
+    help_all: bool = False
 
 
 def _split_argv(argv: Sequence[str], aliases: Mapping[str, str] = {}) -> ParsedArgs:
@@ -126,8 +125,8 @@ def _split_argv(argv: Sequence[str], aliases: Mapping[str, str] = {}) -> ParsedA
     i = 0
     while i < len(argv):
         arg = _expand_alias(argv[i], aliases)
-        if arg in ("-h", "--help"):
-            parsed.help = True
+        if arg in ("-h", "--help", "--help-all"):
+            parsed.help, parsed.help_all = True, arg == "--help-all"
         elif arg == "--dry-run":
             parsed.dry_run = True
         elif arg == "--config" or arg.startswith("--config="):
@@ -235,91 +234,48 @@ def resolve_config(
         raise ConfigError(describe_error(e.errors()[0], cls, layers.data, layers.source_of, migrations)) from None
 
 
+def _children(node: Any) -> list[tuple[str | int, Any]]:
+    return list(node.items()) if isinstance(node, dict) else list(enumerate(node)) if isinstance(node, list) else []
+
+
+def _is_table(value: Any) -> bool:
+    return isinstance(value, dict) or (isinstance(value, list) and any(isinstance(item, dict) for item in value))
+
+
 def _migrate(cls: type[BaseModel], layers: _Layers, warn: Callable[[str], None], table: Sequence[Migration]) -> None:
-    """Move each old key of `cls` that still works to its new key (or drop a removed one), with a
-    warning; an old key past its `removed_in` stays, for validation to refuse it."""
-    for migration in for_model([cls], table):
-        if migration.model != cls.__name__ or refused(migration):
+    """Move each old key that still works to its new key (or drop a removed one), with a warning, in
+    every table its row's model sits at (each table of a list too); an old key past its `removed_in`
+    stays, for validation to refuse it."""
+    for at in layers.tables():
+        if not isinstance(layers.node(at), dict):
             continue
-        old = tuple(migration.old.split("."))
-        source = layers.source_of(old)
-        found, value = layers.pop(old)
-        if not found:
-            continue
-        if migration.new is not None:
-            new = tuple(migration.new.split("."))
-            if layers.has(new):
-                raise ConfigError(
-                    f"config key '{migration.old}' (from {source}) was renamed to '{migration.new}', which is set "
-                    "too: keep only the new key"
-                )
-            nested: Any = value
-            for part in reversed(new[1:]):
-                nested = {part: nested}
-            layers.merge({new[0]: nested}, source or "a renamed key")
-        warn(migration.warning(source))
+        models = models_at(cls, at, layers.data)
+        for migration in for_model(models, table):
+            if any(types_at_path(model, migration.old.split(".")) for model in models):
+                continue  # a key of a subclass (a server's pool) that its base (an env table's) no longer has
+            old = (*at, *migration.old.split("."))
+            source = layers.source_of(old)
+            found, value = (False, None) if refused(migration) else layers.pop(old)
+            if not found:
+                continue
+            if migration.new is not None:
+                new = (*at, *migration.new.split("."))
+                if layers.node(new) is not None:
+                    raise ConfigError(
+                        f"config key '{display_key(old)}' (from {source}) was renamed to '{display_key(new)}', "
+                        "which is set too: keep only the new key"
+                    )
+                nested: Any = value
+                for part in reversed(new[len(at) + 1 :]):
+                    nested = {part: nested}
+                layers._merge_into(layers.node(at), {new[len(at)]: nested}, source or "a renamed key", at)
+            warn(migration.warning(source, display_key(old)))
 
 
 def config_to_toml(config: BaseModel, *, only_set: bool = False) -> str:
     """The resolved config as TOML (None values are left out: TOML has no null); `only_set`: just
     the keys that were given (by a file, the command line or the caller), not the defaults."""
     return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True, exclude_unset=only_set))
-
-
-HELP_WIDTH = 100
-"""Columns `--help` fits in (fewer on a narrower terminal)."""
-
-
-def config_help(cls: type[BaseModel], prog: str, epilog: str = "") -> str:
-    """Every key as a `--flag`, grouped by section (top-level keys first), each with its
-    description, default or `(required)`, wrapped to the terminal (at most `HELP_WIDTH` columns)."""
-    width = min(HELP_WIDTH, shutil.get_terminal_size((HELP_WIDTH, 24)).columns)
-    lines = [
-        f"usage: {prog} [--config FILE.toml ...] [--section.key VALUE ...] [--dry-run]",
-        "",
-        *textwrap.wrap(
-            "Later --config files deep-merge over earlier ones; --key overrides come last. Lists and dicts "
-            "are JSON; booleans are --flag / --no-flag. --dry-run prints the resolved config as TOML.",
-            width=width,
-        ),
-    ]
-    shorts = list(cls.cli_aliases.items()) if issubclass(cls, BaseConfig) else []
-    owned = cls.owned_keys if issubclass(cls, BaseConfig) else frozenset()
-    sections: dict[str, list[str]] = {}
-
-    def walk(model: type[BaseModel], prefix: str, section: str) -> None:
-        for name, field in model.model_fields.items():
-            if f"{prefix}{name}" in owned:
-                continue
-            key = f"{prefix}{name}".replace("_", "-")
-            sub = [t for t in unwrap_types(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
-            if len(sub) == 1 and len(unwrap_types(field.annotation)) == 1:
-                walk(sub[0], f"{prefix}{name}.", section or name)
-                continue
-            short = "".join(f", -{flag}" for flag, target in shorts if target.replace("_", "-") == key)
-            when = (
-                "(required)"
-                if field.is_required()
-                else f"[default: {_short(field.get_default(call_default_factory=True))}]"
-            )
-            text = " ".join((field.description or "").split())
-            entry = sections.setdefault(section or "general", [])
-            entry.append(f"  --{key}{short}")
-            entry += textwrap.wrap(
-                f"{text} {when}".strip(), width=width, initial_indent=" " * 6, subsequent_indent=" " * 6
-            )
-
-    walk(cls, "", "")
-    general = sections.pop("general", [])
-    for section, entries in {"general": general, **sections}.items() if general else sections.items():
-        lines += ["", f"{section}:", *entries]
-    return "\n".join([*lines, "", epilog] if epilog else lines)
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, BaseModel):
-        return json.dumps(value.model_dump(mode="json"))
-    return json.dumps(value) if isinstance(value, (list, dict, str)) else str(value)
 
 
 def load_config(
@@ -332,14 +288,15 @@ def load_config(
 ) -> C:
     """Entry-point helper: parse argv into `cls`, print one-line errors and exit 2 on bad input.
 
-    `--help` prints every key with its description; `--dry-run` prints `dry_run(config)` (the
+    `--help` prints the keys people change (`help_keys`), `--help-all` every key, each with its
+    description; `--dry-run` prints `dry_run(config)` (the
     resolved config as TOML unless the entry point resolves more) and exits 0; `epilog` ends the help.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = _split_argv(argv, cls.cli_aliases)
         if args.help:
-            print(config_help(cls, prog, epilog))
+            print(config_help(cls, prog, epilog, every_key=args.help_all))
             raise SystemExit(0)
         config = resolve_config(cls, args.config_files, args.overrides, warn=partial(_warn, prog))
         if args.dry_run:
@@ -362,3 +319,24 @@ def _warn(prog: str, line: str) -> None:
 class ModelConfig(BaseConfig):
     name: str = "deps/models/tiny-chat"
     """HF model directory (or hub id where a hub is reachable) used by trainer and inference alike."""
+
+
+class RunDirKeys(BaseConfig):
+    """The model and run directory, declared once for `rl` and every process of its run (`rl`
+    copies its own into each process's section)."""
+
+    model: ModelConfig = ModelConfig()
+    output_dir: Path = Path("outputs/rl")
+    """Run directory: logs/, configs/, rollouts/, weights/, checkpoints/, metrics.jsonl. `rl` makes it
+    private to its owner (mode 0700) unless `output_dir_group` names a group that may read it."""
+
+
+class RunKeys(RunDirKeys):
+    """The run's length and async bound besides, declared once for `rl`, trainer and orchestrator."""
+
+    max_steps: int = Field(20, ge=1)
+    """Training steps: the trainer takes one optimizer step per published batch (step n trains on
+    `rollouts/step_<n>/`)."""
+    max_async_level: int = Field(1, ge=0)
+    """Batch n may be generated by any policy >= n - max_async_level (0: fully on-policy); the trainer
+    refuses an older sample."""

@@ -1,13 +1,5 @@
-"""Every config key that was renamed, moved or removed, in one table.
-
-Guarantee: the loader (`config.py`) consults `MIGRATIONS` for every config it reads. A key whose
-`removed_in` version is still ahead is moved to its new key (or, removed, dropped) with ONE
-warning line naming the new key and the version that refuses it; from `removed_in` on, the old
-key is refused in ONE line naming the new key or what took its place (`config_schema.describe_error`).
-Each row names its config model by class name, so a row follows its model when the module moves
-(tests/unit/test_config_migrations.py checks every row against the models). The history, by
-version, is docs/CHANGELOG.md.
-"""
+"""Every renamed, moved or removed config key in one table: warned once and moved until its `removed_in` version,
+then refused in ONE line naming the new key or what took its place (history: docs/CHANGELOG.md)."""
 
 from __future__ import annotations
 
@@ -30,16 +22,16 @@ class Migration:
     """The version from which the old key is refused; before it, it warns and still works."""
     note: str = ""
 
-    def warning(self, source: str | None) -> str:
-        """The one line the old key warns with while it still works (`source`: where it was set)."""
+    def warning(self, source: str | None, key: str | None = None) -> str:
+        """The one line the old key warns with while it still works (`source`: where it was set; `key`:
+        its whole dotted path, when its model is a table inside the config)."""
         where = f" (from {source})" if source else ""
+        key = key or self.old
         if self.new is None:
-            return (
-                f"config key '{self.old}'{where} is ignored: {self.note}; from envrl {self.removed_in} it is an error"
-            )
+            return f"config key '{key}'{where} is ignored: {self.note}; from envrl {self.removed_in} it is an error"
+        new = key.removesuffix(self.old) + self.new
         return (
-            f"config key '{self.old}'{where} is now '{self.new}': rename it; from envrl {self.removed_in} the old key "
-            "is an error"
+            f"config key '{key}'{where} is now '{new}': rename it; from envrl {self.removed_in} the old key is an error"
         )
 
 
@@ -58,11 +50,41 @@ ENV_RESTARTS_NOTE = (
 )
 DECLARED_ENV_KEYS = (
     "id", "name", "args", "address", "python", "project", "curve", "insecure", "pool", "max_retries",
-    "at_capacity_wait_s", "reconnect_timeout_s", "pass_env", "timeout", "client", "train", "ratio",
+    "pass_env", "timeout", "client", "train", "ratio",
 )  # fmt: skip
 """The keys of `[[orchestrator.envs]]` but `sampling`: refused in an eval table, which names its env."""
 
+FIXED = "fixed at {value} (the config surface's budget, issue 54)"
+"""The note of a key that became a constant: what it is now."""
+
 MIGRATIONS: tuple[Migration, ...] = (
+    # 0.2.x: keys people did not change became constants or the env server's own (issue 54)
+    *_removed("RLConfig", "0.3.0", ["shutdown_grace_s"], FIXED.format(value="15 s")),
+    *_removed(
+        "RLConfig", "0.3.0", ["log_rotation.max_mb", "log_rotation.keep"], FIXED.format(value="100 MiB, 3 copies")
+    ),
+    *_removed("RunRestarts", "0.3.0", ["window_s", "backoff_s"], FIXED.format(value="600 s, 1 s")),
+    *_removed("SlurmConfig", "0.3.0", ["rendezvous_port"], FIXED.format(value="29500")),
+    *_removed("WeightsConfig", "0.3.0", ["bucket_mb"], FIXED.format(value="256 MiB")),
+    *_removed("InferenceConfig", "0.3.0", ["warmup_requests"], FIXED.format(value="16 requests")),
+    *_removed("OrchestratorConfig", "0.3.0", ["env_ready_timeout_s"], FIXED.format(value="300 s")),
+    *_removed("DistillConfig", "0.3.0", ["max_concurrency", "ready_timeout_s"], FIXED.format(value="16, 600 s")),
+    *_removed("EnvConfig", "0.3.0", ["at_capacity_wait_s", "reconnect_timeout_s"], FIXED.format(value="300 s")),
+    *_removed("AdvantageConfig", "0.3.0", ["eps"], FIXED.format(value="1e-6")),
+    *_removed(
+        "PoolShape",
+        "0.3.0",
+        ["idle_timeout_s", "grow_at"],
+        "an env table's server grows and retires workers as `env-server`'s defaults do (60 s idle, at 0.75 of its "
+        "capacity)",
+    ),
+    *_removed("RolloutTimeouts", "0.3.0", ["kill_grace_s"], FIXED.format(value="5 s for a server an env table starts")),
+    *_removed(
+        "ChatClientConfig",
+        "0.3.0",
+        ["return_tokens", "retry"],
+        "an env's own client is token-less and retried as every chat client (`rl eval --client` still takes both)",
+    ),
     # 0.2.0: env server protocol 3, the server's model client is its config (issue 40)
     *_removed(
         "EnvServerConfig",
@@ -92,7 +114,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "only rl read it: set placement.inference.* in rl's config (the inference command serves one replica)",
     ),
     # 0.2.0: names and units (issue 30); refused since
-    *_renamed("RLConfig", "0.2.0", {"shutdown_grace": "shutdown_grace_s"}),
+    *_removed("RLConfig", "0.2.0", ["shutdown_grace"], FIXED.format(value="15 s")),
     *_removed(
         "RunRestarts",
         "0.2.0",
@@ -130,9 +152,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     *_renamed(
         "OrchestratorConfig",
         "0.2.0",
-        {"weights_timeout": "weights_timeout_s", "env_ready_timeout": "env_ready_timeout_s", "eval_envs": "eval.env"},
+        {"weights_timeout": "weights_timeout_s", "eval_envs": "eval.env"},
     ),
-    *_renamed("EnvConfig", "0.2.0", {"reconnect_timeout": "reconnect_timeout_s"}),
+    *_removed("OrchestratorConfig", "0.2.0", ["env_ready_timeout"], FIXED.format(value="300 s")),
+    *_removed("EnvConfig", "0.2.0", ["reconnect_timeout"], FIXED.format(value="300 s")),
     *_removed("EnvConfig", "0.2.0", ["restarts"], ENV_RESTARTS_NOTE),
     *[
         Migration("EvalScoringConfig", key, None, "0.2.0", EVAL_SCHEDULE_NOTE.format(key=key))

@@ -1,17 +1,13 @@
-"""What a dotted key means in a tree of config models, and a validation error as one line.
-
-Guarantee: `_models_at`/`types_at_path` follow a key path through nested models, lists and unions
-(narrowed by a table's `type` tag) exactly as pydantic validates it, so the loader types a
-command-line value, `--help` lists a key, and `describe_error` names the closest valid key from the same
-walk; `describe_error` turns any pydantic error into ONE line naming the dotted key as the user wrote it
-(union tags dropped), the source that set it, and a renamed key's successor or a removed key's
-reason (from `config_migrations.MIGRATIONS`), a key one table too high, or a did-you-mean. The
-loader is `envrl/config.py`.
-"""
+"""A dotted key followed through the config models exactly as pydantic validates it (overrides, `--help`,
+did-you-mean, the surface's key count), and any validation error as ONE line naming the key as the user wrote it and
+where it was set."""
 
 from __future__ import annotations
 
 import difflib
+import json
+import shutil
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -46,7 +42,7 @@ def _step(types_: list[Any], part: str | int) -> list[Any]:
     return out
 
 
-def _descend(node: Any, part: str | int) -> Any:
+def descend(node: Any, part: str | int) -> Any:
     """What sits at `part` of a table or array of raw config data (None past its end, or below a value)."""
     if isinstance(node, dict):
         return node.get(part)
@@ -55,13 +51,13 @@ def _descend(node: Any, part: str | int) -> Any:
     return None
 
 
-def _models_at(model: type[BaseModel], path: Sequence[str | int], data: Any = None) -> list[type[BaseModel]]:
+def models_at(model: type[BaseModel], path: Sequence[str | int], data: Any = None) -> list[type[BaseModel]]:
     """Models that may sit at `path`; with `data`, union members are narrowed by its `type` tag."""
     types_: list[Any] = [model]
     node = data
     for part in path:
         types_ = _step(types_, part)
-        node = _descend(node, part)
+        node = descend(node, part)
     # A list of tables also stands for its item model: models that take one table as a one-item
     # list (`--env.id x` for `env: list[EnvConfig]`) get their keys typed and checked too.
     items = [t for tp in types_ if typing.get_origin(tp) is list for t in unwrap_types(typing.get_args(tp)[0])]
@@ -80,10 +76,10 @@ def _type_tags(model: type[BaseModel]) -> tuple[Any, ...]:
 
 def types_at_path(model: type[BaseModel], path: Sequence[str]) -> list[Any] | None:
     """Types a dotted path may hold in `model`, or None if no model defines it."""
-    return _step(_models_at(model, path[:-1]), path[-1]) or None
+    return _step(models_at(model, path[:-1]), path[-1]) or None
 
 
-def _display_key(loc: Key) -> str:
+def display_key(loc: Key) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -102,7 +98,7 @@ def _data_loc(loc: Key, data: Any) -> Key:
         if isinstance(node, dict) and part not in node and i < len(loc) - 1:
             continue
         out.append(part)
-        node = _descend(node, part)
+        node = descend(node, part)
     return tuple(out)
 
 
@@ -124,7 +120,7 @@ def describe_error(
     for an unknown key its new name or why it went (`migrations`), its home one table down or the
     closest valid key."""
     loc = _data_loc(tuple(error["loc"]), data)
-    key = _display_key(loc) or "<top level>"
+    key = display_key(loc) or "<top level>"
     source = source_of(loc)
     where = f" (from {source})" if source else ""
     kind = error["type"]
@@ -133,7 +129,7 @@ def describe_error(
     if kind == "missing":
         return f"missing required config key '{key}'{where}"
     if kind == "union_tag_not_found":
-        tags = sorted({tag for m in _models_at(model, loc, data) for tag in _type_tags(m)})
+        tags = sorted({tag for m in models_at(model, loc, data) for tag in _type_tags(m)})
         return f"'{key}'{where} needs a 'type' key; one of {', '.join(repr(t) for t in tags)}"
     if kind == "union_tag_invalid":
         ctx = error.get("ctx", {})
@@ -162,15 +158,101 @@ def _migration_of(
 
 def _unknown_key_hint(model: type[BaseModel], loc: Key, data: Any, migrations: Sequence[Migration]) -> str:
     """What follows "unknown config key 'x'": why it went, its new name, its home or the closest key."""
-    parents = _models_at(model, loc[:-1], data)
+    parents = models_at(model, loc[:-1], data)
     found = _migration_of(model, loc, parents, migrations)
     if found is not None and found[0].new is None:
         return f"; it was removed: {found[0].note}"
     if found is not None and found[0].new is not None:
-        return f"; did you mean '{_display_key((*found[1], *found[0].new.split('.')))}'? (the key was renamed)"
+        return f"; did you mean '{display_key((*found[1], *found[0].new.split('.')))}'? (the key was renamed)"
     valid = sorted({name for m in parents for name in m.model_fields})
     close = _nested_home(parents, str(loc[-1])) or difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
     if close:
-        return f"; did you mean '{_display_key((*loc[:-1], *close[0].split('.')))}'?"
-    parent = _display_key(loc[:-1])
+        return f"; did you mean '{display_key((*loc[:-1], *close[0].split('.')))}'?"
+    parent = display_key(loc[:-1])
     return f"; valid keys{' under ' + repr(parent) if parent else ''}: {', '.join(valid)}" if valid else ""
+
+
+HELP_WIDTH = 100
+"""Columns `--help` fits in (fewer on a narrower terminal)."""
+
+
+def config_help(cls: type[BaseModel], prog: str, epilog: str = "", *, every_key: bool = False) -> str:
+    """Each key as a `--flag` (`cls.help_keys` only, unless `every_key`), grouped by section (top-level
+    keys first), with its description, default or `(required)`, wrapped to the terminal (at most
+    `HELP_WIDTH` columns); a brief help ends saying how many keys `--help-all` adds."""
+    width = min(HELP_WIDTH, shutil.get_terminal_size((HELP_WIDTH, 24)).columns)
+    brief = () if every_key else getattr(cls, "help_keys", ())
+    lines = [
+        f"usage: {prog} [--config FILE.toml ...] [--section.key VALUE ...] [--dry-run] [--help-all]",
+        "",
+        *textwrap.wrap(
+            "Later --config files deep-merge over earlier ones; --key overrides come last. Lists and dicts "
+            "are JSON; booleans are --flag / --no-flag. --dry-run prints the resolved config as TOML.",
+            width=width,
+        ),
+    ]
+    shorts = list(getattr(cls, "cli_aliases", {}).items())
+    owned = getattr(cls, "owned_keys", frozenset())
+    sections: dict[str, list[str]] = {}
+    hidden = 0
+
+    def walk(model: type[BaseModel], prefix: str, section: str) -> None:
+        nonlocal hidden
+        for name, field in model.model_fields.items():
+            if f"{prefix}{name}" in owned:
+                continue
+            key = f"{prefix}{name}".replace("_", "-")
+            sub = [t for t in unwrap_types(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
+            if len(sub) == 1 and len(unwrap_types(field.annotation)) == 1:
+                walk(sub[0], f"{prefix}{name}.", section or name)
+                continue
+            if brief and not any(f"{prefix}{name}" == k or f"{prefix}{name}".startswith(f"{k}.") for k in brief):
+                hidden += 1
+                continue
+            short = "".join(f", -{flag}" for flag, target in shorts if target.replace("_", "-") == key)
+            when = (
+                "(required)"
+                if field.is_required()
+                else f"[default: {_short(field.get_default(call_default_factory=True))}]"
+            )
+            text = " ".join((field.description or "").split())
+            entry = sections.setdefault(section or "general", [])
+            entry.append(f"  --{key}{short}")
+            entry += textwrap.wrap(
+                f"{text} {when}".strip(), width=width, initial_indent=" " * 6, subsequent_indent=" " * 6
+            )
+
+    walk(cls, "", "")
+    general = sections.pop("general", [])
+    for section, entries in {"general": general, **sections}.items() if general else sections.items():
+        lines += ["", f"{section}:", *entries]
+    if hidden:
+        lines += ["", f"{hidden} more options (timeouts, tuning, hosts, cores): {prog} --help-all"]
+    return "\n".join([*lines, "", epilog] if epilog else lines)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, BaseModel):
+        return json.dumps(value.model_dump(mode="json"))
+    return json.dumps(value) if isinstance(value, (list, dict, str)) else str(value)
+
+
+def leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted leaf key of `model` (tables in lists and union members walked, each key once)."""
+    out: list[str] = []
+    for name, field in model.model_fields.items():
+        types_ = unwrap_types(field.annotation)
+        items = [t for tp in types_ if typing.get_origin(tp) is list for t in unwrap_types(typing.get_args(tp)[0])]
+        tables = [t for t in [*types_, *items] if isinstance(t, type) and issubclass(t, BaseModel)]
+        if not tables:
+            out.append(f"{prefix}{name}")
+        for table in tables:
+            out += [key for key in leaf_keys(table, f"{prefix}{name}.") if key not in out]
+    return out
+
+
+def user_keys(model: type[BaseModel]) -> list[str]:
+    """The leaf keys a user may set: all but those the entry point sets itself (`owned_keys`; an owned
+    table owns every key below it)."""
+    owned = getattr(model, "owned_keys", frozenset())
+    return [key for key in leaf_keys(model) if not any(key == o or key.startswith(f"{o}.") for o in owned)]

@@ -16,9 +16,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from envrl.data.traces import Trace
+from envrl.envclient.client import EnvClient
 from envrl.envs import SamplingArgs, TrainClientConfig, build_client, load_environment
 from envrl.runtime.http import RetryPolicy
-from envrl.serve.client import EnvClient
 from tests.support.env_servers import running_env_server
 
 ROOT = Path(__file__).parents[2]

@@ -23,13 +23,13 @@ import pytest
 
 from envrl.data.layout import published_steps
 from envrl.data.samples import BATCH_FILE, write_batch
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.report.headline import headline
 from scripts.chaos.corrupt_batch import flip_byte_in_column
 from tests.support.chaos_runs import RlRun, account, check_unique_lines, resume
 from tests.support.commands import run_to_completion
 from tests.support.run_files import metric_lines
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 TRAINER = str(Path(sys.executable).parent / "trainer")
 

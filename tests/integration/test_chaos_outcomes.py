@@ -17,18 +17,18 @@ import pytest
 
 from envrl.config import ModelConfig
 from envrl.data.layout import batch_dir, metrics_file, train_rollouts_file
+from envrl.data.rollout_lines import parse_trace_line
 from envrl.data.samples import read_batch
 from envrl.data.seeds import attempt_seed, train_group_seed
+from envrl.envclient.client import EnvClient
 from envrl.model.client import ScriptedClientConfig
-from envrl.model.tiny import DEFAULT_DIR as TINY_MODEL
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.jsonl import parse_trace_line
 from envrl.orchestrator.loop import Orchestrator
-from envrl.serve.client import EnvClient
 from envrl.telemetry.metrics import WandbConfig
 from tests.support.bad_envs import OK
 from tests.support.env_servers import rollout, run, running_env_server
 from tests.support.ports import free_port
+from tests.support.tiny_chat import TINY_CHAT_DIR as TINY_MODEL
 
 GROUP = 4
 FIRST_SEED = train_group_seed(0, 0, GROUP)

@@ -24,7 +24,7 @@ from envrl.config import ModelConfig
 from envrl.data.layout import stall_dump_file
 from envrl.envclient.config import DeclaredEnvConfig
 from envrl.launcher import summary
-from envrl.model.tiny import CHAT_TEMPLATE, DEFAULT_DIR, EOS
+from envrl.model.tiny import CHAT_TEMPLATE, EOS
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
@@ -32,6 +32,7 @@ from envrl.runtime.stacks import collect_stacks
 from envrl.serve.config import PoolConfig
 from envrl.telemetry.metrics import WandbConfig, checks_fired, read_metrics
 from tests.support.env_servers import alive, raw_exchange, running_env_server, wait_until
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 NO_TOOLS_TEMPLATE = (

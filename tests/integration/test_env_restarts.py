@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from envrl.envclient.client import EnvClient
 from envrl.envclient.config import EnvConfig
 from envrl.envclient.handles import EnvHandle, EnvUnavailable
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import SamplingParams, ScriptedClientConfig
-from envrl.runtime.process import ChildFailed, RestartPolicy, config_argv, spawn_sidecar
+from envrl.runtime.process import ChildFailed, config_argv, spawn_sidecar
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
-from envrl.serve.client import EnvClient
 from envrl.serve.config import EnvServerConfig, EnvSpec, PoolConfig
 from tests.support.ports import free_port
 
@@ -41,7 +42,6 @@ def sleeping_env(tmp_path: Path, restarts: RestartPolicy) -> EnvHandle:
         id="bad_envs:load_environment",
         args={"sleep": 2.0},
         pool=PoolConfig(min_workers=1, max_workers=1),
-        reconnect_timeout_s=60,
     )
     return EnvHandle(
         config,

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from envrl.serve.client import EnvServerError
+from envrl.envclient.client import EnvServerError
 from tests.support.bad_envs import BEHAVIOURS, BURN, DIE, HANG, OK, RAISE, SLEEP
 from tests.support.env_servers import (
     SAMPLING,

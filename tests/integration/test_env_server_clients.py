@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from envrl.envclient.client import EnvClient
 from envrl.model.client import TrainClientConfig
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.serve import protocol as p
-from envrl.serve.client import EnvClient
 from tests.support.env_servers import SAMPLING, run, running_env_server
 from tests.support.standin_inference import JsonHandler, serving
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 COMPLETION = [5, 6]
 CALLS: list[str] = []

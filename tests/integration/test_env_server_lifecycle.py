@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from envrl.envclient.client import EnvServerError
 from envrl.envclient.config import EnvConfig
 from envrl.envclient.handles import EnvClientMismatch, EnvHandle
 from envrl.model.client import SamplingParams, ScriptedClientConfig, TrainClientConfig
 from envrl.runtime.process import ChildFailed, begin_sidecar, spawn_sidecar
-from envrl.serve.client import EnvServerError
 from tests.support.bad_envs import OK, SLEEP
 from tests.support.curve_keys import make_curve_keys
 from tests.support.env_servers import (

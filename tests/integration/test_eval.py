@@ -18,7 +18,7 @@ from statistics import fmean
 
 import pytest
 
-from envrl.orchestrator.jsonl import parse_trace_line
+from envrl.data.rollout_lines import parse_trace_line
 from tests.support.ports import free_port
 from tests.support.standin_inference import JsonHandler, serving
 

@@ -18,10 +18,9 @@ from safetensors.torch import load_file, save_file
 from envrl.config import ModelConfig
 from envrl.inference.config import RELOAD_TOKEN_ENV, InferenceConfig
 from envrl.inference.engine_fork import FORKED
-from envrl.inference.server import start
+from envrl.inference.launch import start
 from envrl.model.inference import InferenceClient, TokenCompletion
 from envrl.model.replicas import InferenceReplicas
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.runtime.http import HttpCallError, RetryPolicy
 from envrl.runtime.secrets import API_KEY_ENV
@@ -37,6 +36,7 @@ from tests.support.served_weights import (
     reference_logprobs,
     update_weights,
 )
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.vllm_server import VLLM_START_TIMEOUT
 
 

@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM
 
 from envrl.data.samples import TrainingSample
 from envrl.model.inference import TokenCompletion
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import LossConfig
 from envrl.trainer.loss import policy_loss, token_logprobs
 from envrl.trainer.packing import pack, packed_logits
 from tests.support.logprobs import PROMPTS, sample_completions
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 MAX_KL = 1e-3
 """The bound of the issue; measured: 0 (logprob differences ~1e-7, whose k3 KL rounds to 0 in float32)."""

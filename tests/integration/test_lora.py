@@ -23,19 +23,18 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from envrl.config import ModelConfig
-from envrl.inference.adapter import lora_serving_options
-from envrl.inference.config import InferenceConfig
-from envrl.inference.server import start
+from envrl.inference.config import InferenceConfig, lora_serving_options
+from envrl.inference.launch import start
 from envrl.model.inference import InferenceClient, TokenCompletion
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.http import RetryPolicy
 from envrl.telemetry.log import LogConfig
-from envrl.trainer.lora import publish_adapter
+from envrl.trainer.model.lora import publish_adapter
 from tests.support.chaos_runs import ROOT
 from tests.support.logprobs import PROMPTS, sample_completions
 from tests.support.ports import free_port
 from tests.support.run_files import metric_lines
 from tests.support.smoke import run_to_end
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.vllm_server import VLLM_START_TIMEOUT, VLLMServer
 
 LORA_CONFIG = ROOT / "configs" / "debug" / "lora.toml"

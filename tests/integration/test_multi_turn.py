@@ -13,10 +13,10 @@ from typing import Any
 
 from envrl.config import resolve_config
 from envrl.data.layout import batch_dir
+from envrl.data.rollout_lines import parse_trace_line
 from envrl.data.samples import read_batch
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
-from envrl.orchestrator.jsonl import parse_trace_line
+from envrl.launcher.plan.run import plan
 from tests.support.in_process_run import train_in_process
 from tests.support.logprobs import trained_and_generated
 from tests.support.run_files import metric_lines

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from envrl.serve.client import EnvClient
+from envrl.envclient.client import EnvClient
 from tests.support.env_servers import RunningServer, alive, children, running_env_server, wait_until
 from tests.support.other_user import needs_root
 

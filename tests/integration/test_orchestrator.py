@@ -29,7 +29,7 @@ from envrl.model.client import EvalClientConfig, SamplingParams, ScriptedClientC
 from envrl.orchestrator.config import OrchestratorConfig, TrainEvalsConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.lifeline import PARENT_PID_ENV
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.config import PoolConfig
 from envrl.telemetry.metrics import WandbConfig
 

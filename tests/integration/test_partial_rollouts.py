@@ -13,7 +13,6 @@ from pathlib import Path
 from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
 from envrl.model.client import SamplingArgs
 from envrl.model.inference import InferenceClient, TokenCompletion
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.trajectories import trace_to_samples
 from envrl.runtime.http import RetryPolicy
 from tests.support.served_weights import (
@@ -24,6 +23,7 @@ from tests.support.served_weights import (
     reference_logprobs,
     restore_served_weights,
 )
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 
 def generate_across_reload(base_url: str, model: str, new_dir: Path, step: int) -> TokenCompletion:

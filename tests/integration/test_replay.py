@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 
 from envrl.data.layout import batch_dir, configs_dir, weights_dir
 from envrl.data.samples import write_batch
-from envrl.model.tiny import DEFAULT_DIR
 from tests.support.commands import run_to_completion
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 240

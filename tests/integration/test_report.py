@@ -27,8 +27,8 @@ from envrl.data.layout import (
     rollouts_root,
     train_rollouts_file,
 )
+from envrl.data.rollout_lines import append_lines, trace_line
 from envrl.data.samples import read_batch
-from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.report.main import write_report
 from envrl.report.plots import PLOTS
 from envrl.report.timeline import step_splits

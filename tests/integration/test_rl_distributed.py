@@ -32,7 +32,6 @@ import torch
 from safetensors.torch import load_file
 
 from envrl.config import config_to_toml, load_config
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
@@ -40,6 +39,7 @@ from tests.support.chaos_runs import MARKER, ROOT, marked_pids
 from tests.support.ports import free_base_port
 from tests.support.run_files import metric_lines
 from tests.support.smoke import finish, rl_process, wait_no_survivors
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 STEPS = 3
 WEIGHT_ATOL = 1e-5
@@ -55,7 +55,7 @@ RELOADED = re.compile(r"weights reloaded from (\S+)/step_(\d+) in")
 PARENT = """
 import sys, time
 from pathlib import Path
-from envrl.launcher.commands import trainer_argv
+from envrl.launcher.plan.commands import trainer_argv
 from envrl.runtime.process import spawn
 spawn(trainer_argv(sys.executable, 2, Path(sys.argv[1])), name="trainer", log_file=Path(sys.argv[2]))
 print("spawned", flush=True)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from envrl.data.traces import Message
+from envrl.envclient.client import EnvClient
 from envrl.envs.registry import load_environment
 from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
-from envrl.serve.client import EnvClient
 from tests.support.env_servers import running_env_server, wait_until
 from tests.support.sandbox_attacks import answer, forge_program
 from tests.support.sandboxes import ALL_SANDBOXES, processes_of, wait_gone

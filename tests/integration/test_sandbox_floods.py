@@ -20,8 +20,8 @@ from pathlib import Path
 from envrl.data.traces import Task, Trace
 from envrl.envs import Rubric
 from envrl.envs.adapters.agent_program import AgentProgramEnvironment
-from envrl.envs.adapters.chat_proxy import MAX_JSON_VALUES, MAX_WAITING, ProxyLimits
 from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
+from envrl.proxy.chat import MAX_JSON_VALUES, MAX_WAITING, ProxyLimits
 from envrl.sandbox import BubblewrapProvider, SandboxConfig, bridge
 from tests.support.sandboxes import ALL_SANDBOXES, run_dir, wait_gone
 

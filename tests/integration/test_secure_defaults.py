@@ -16,12 +16,12 @@ from typing import Any
 
 from envrl.config import resolve_config
 from envrl.data import layout
+from envrl.envclient.client import EnvClient
 from envrl.envclient.curve import make_curve_keys
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 from envrl.model.client import ScriptedClientConfig
 from envrl.runtime.secrets import API_KEY_ENV, RELOAD_TOKEN_ENV
-from envrl.serve.client import EnvClient
 from envrl.serve.launch import start as start_env_server
 from tests.support.other_user import as_nobody, needs_root, reachable_dir
 from tests.support.ports import free_base_port
@@ -56,7 +56,7 @@ NOBODY_CLIENT = """
 import asyncio, os, shutil, sys, tempfile
 from pathlib import Path
 import zmq.auth
-from envrl.serve.client import EnvClient, EnvServerError
+from envrl.envclient.client import EnvClient, EnvServerError
 from envrl.serve.config import CurveClientConfig
 
 address, server_public = sys.argv[1], sys.argv[2]

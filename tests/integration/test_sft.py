@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from envrl.model.tiny import DEFAULT_DIR
 from tests.support.commands import run_to_completion
 from tests.support.run_files import metric_lines
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 RL = str(Path(sys.executable).parent / "rl")
 TIMEOUT_S = 300

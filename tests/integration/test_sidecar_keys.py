@@ -18,18 +18,18 @@ import zmq.auth
 
 from envrl.config import load_config, resolve_config
 from envrl.data.layout import curve_dir, env_server_process, process_config_file
+from envrl.envclient.client import EnvClient, EnvServerError
 from envrl.envclient.config import EnvConfig
 from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.handles import EnvHandle
 from envrl.envclient.plan import plan_env
 from envrl.envclient.sidecars import Sidecars
-from envrl.eval.main import EvalCommandConfig, Evaluation
+from envrl.eval.config import EvalCommandConfig
+from envrl.eval.runner import Evaluation
 from envrl.model.client import ScriptedClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.loop import Orchestrator
-from envrl.orchestrator.plan import env_plan
-from envrl.runtime.process import RestartPolicy
-from envrl.serve.client import EnvClient, EnvServerError
+from envrl.orchestrator.loop import Orchestrator, orchestrator_envs
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.config import CurveClientConfig, PoolConfig
 from tests.support.env_servers import children, cmdline
 
@@ -58,7 +58,7 @@ async def orchestrator_sidecars(out: Path):
     """The handles of a standalone orchestrator's train envs, their servers spawned as it spawns them."""
     overrides = [("envs", json.dumps(ENVS)), ("output-dir", str(out)), ("wandb", '{"mode": "disabled"}')]
     config = resolve_config(OrchestratorConfig, overrides=overrides)
-    orchestrator = Orchestrator(config, env_plan(config, client=ScriptedClientConfig(**SCRIPTED)))
+    orchestrator = Orchestrator(config, orchestrator_envs(config, client=ScriptedClientConfig(**SCRIPTED)))
     try:
         await asyncio.gather(*(env.start() for env in orchestrator.train_envs.envs))
         yield orchestrator.train_envs.envs

@@ -25,9 +25,9 @@ from compass.demos import demonstration, solver_calls
 from envrl.config import load_config, resolve_config
 from envrl.envs import TrainClientConfig
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
-from envrl.trainer import sft
+from envrl.launcher.plan.run import plan
 from envrl.trainer.parallel import init_runtime, shutdown
+from envrl.trainer.sft import main as sft
 from tests.support.in_process_run import train_in_process
 from tests.support.run_files import metric_lines
 

@@ -26,11 +26,11 @@ from envrl.data.traces import Message, Task, Trace
 from envrl.envs import Rubric, SamplingArgs, ToolEnvironment, TrainClientConfig, build_client
 from envrl.model.chat_tokens import ChatRenderer
 from envrl.model.inference import InferenceClient
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.trajectories import trace_to_samples
 from envrl.runtime.http import RetryPolicy
 from tests.support.logprobs import trained_and_generated
 from tests.support.served_weights import restore_served_weights
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 RETRY = RetryPolicy(max_retries=1, timeout_s=120.0)
 MAX_LOGPROB_ERROR = 1e-4

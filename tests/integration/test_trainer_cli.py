@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from envrl.data.layout import batch_dir
 from envrl.data.samples import BATCH_FILE, write_batch
-from envrl.model.tiny import DEFAULT_DIR
 from tests.support.commands import run_to_completion
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 TRAINER = str(Path(sys.executable).parent / "trainer")
 TIMEOUT_S = 240

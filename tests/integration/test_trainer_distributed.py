@@ -25,13 +25,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from envrl.config import resolve_config
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 from tests.support.commands import run_to_completion
 from tests.support.run_files import metric_lines, write_batches
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TIMEOUT_S = 240

@@ -1,5 +1,5 @@
 """Two hosts simulated on loopback, each running the slice of the run that `rl --slurm`'s batch
-script starts there: the same commands and configs (the run's plan, `launcher/plan.py`, for hosts
+script starts there: the same commands and configs (the run's plan, `launcher/plan/run.py`, for hosts
 127.0.0.1 and 127.0.0.2), each its own process tree, reaching the others only through the
 addresses in its config and one shared output dir.
 
@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 
 from envrl.config import resolve_config
-from envrl.launcher.commands import Command
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import Machine, plan
+from envrl.launcher.plan.commands import Command
+from envrl.launcher.plan.run import Machine, plan
 from envrl.launcher.run_keys import make_secrets
 from envrl.launcher.slurm import write_job_files
 from tests.support.chaos_runs import MARKER, ROOT, SMOKE, marked_pids

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from envrl.envclient.client import EnvClient, EnvServerError
 from envrl.model.chat_tokens import chat_renderer
-from envrl.serve.client import EnvClient, EnvServerError
 from tests.support.env_servers import RunningServer, alive, children, wait_until
 from tests.support.standin_inference import serving
 from tests.support.verifiers_env import (
@@ -140,7 +140,7 @@ def warm_processes(server: RunningServer) -> tuple[list[int], list[int]]:
         cmdline = b""
         with suppress(FileNotFoundError, ProcessLookupError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        is_server = not forked and b"warm_server.py" in cmdline and b"runtimes/scripts/" in cmdline
+        is_server = not forked and b"warm/server.py" in cmdline and b"runtimes/scripts/" in cmdline
         if alive(pid) and (forked or is_server):
             (runs if forked else servers).append(pid)
         todo += [(child, is_server) for child in children(pid)]

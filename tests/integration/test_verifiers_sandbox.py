@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from envrl.data.traces import Trace
+from envrl.envclient.client import EnvClient
 from envrl.model.chat_tokens import chat_renderer
-from envrl.serve.client import EnvClient
 from tests.support.env_servers import cmdline, wait_until
 from tests.support.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 from tests.support.verifiers_env import (

@@ -33,7 +33,7 @@ def test_each_rollout_gets_a_tool_server_forked_warm_and_none_outlives_its_rollo
     with verifiers_env_server(tmp_path, args, client=client, env_id="verifiers:digits-tools") as server:
         traces = run_group(server.address, 2) + run_group(server.address, 2, task_idx=1)
         (worker,) = server.workers()
-        warm = [pid for pid in children(worker) if TOOL_MODULE in cmdline(pid) and b"warm_server" in cmdline(pid)]
+        warm = [pid for pid in children(worker) if TOOL_MODULE in cmdline(pid) and b"warm/server.py" in cmdline(pid)]
         assert len(warm) == 1  # one warm interpreter of the toolset's module per worker
         # Every rollout's tool server was a fork of it, killed at the rollout's end:
         wait_until(lambda: not [p for p in children(warm[0]) if alive(p)], 10, "the tool servers are gone")

@@ -18,7 +18,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from envrl.model.inference import InferenceClient
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.http import HttpCallError, RetryPolicy
 from envrl.trainer.weights import policy_tensors
 from envrl.transport.files import read_shapes
@@ -32,6 +31,7 @@ from tests.support.served_weights import (
     reference_logprobs,
     update_weights,
 )
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 IMPOSTOR = r"""
 import os, socket, sys

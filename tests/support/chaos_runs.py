@@ -27,8 +27,8 @@ from pathlib import Path
 from statistics import fmean
 
 from envrl.data.layout import curve_dir, published_steps, rollouts_root
+from envrl.envclient.client import EnvClient, EnvServerError
 from envrl.envclient.curve import curve_keys
-from envrl.serve.client import EnvClient, EnvServerError
 from envrl.serve.config import CurveClientConfig
 from envrl.telemetry.metrics import metric_float
 from tests.support.ports import free_base_port, free_port

@@ -5,10 +5,10 @@ import typing
 from pydantic import BaseModel
 
 from envrl.config_schema import unwrap_types
-from envrl.eval.main import EvalCommandConfig
+from envrl.eval.config import EvalCommandConfig
 from envrl.launcher.config import RLConfig
 from envrl.serve.config import EnvServerConfig
-from envrl.trainer.sft import SFTConfig
+from envrl.trainer.sft.main import SFTConfig
 
 ENTRY_POINTS: list[type[BaseModel]] = [RLConfig, EvalCommandConfig, EnvServerConfig, SFTConfig]
 

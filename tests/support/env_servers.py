@@ -23,8 +23,8 @@ import msgpack
 import zmq
 from pydantic import BaseModel
 
+from envrl.envclient.client import EnvClient
 from envrl.runtime.process import Child, spawn_sidecar
-from envrl.serve.client import EnvClient
 
 HERE = Path(__file__).parent
 ENV_SERVER = str(Path(sys.executable).parent / "env-server")

@@ -11,10 +11,9 @@ import asyncio
 import threading
 from typing import Any
 
-from envrl.launcher.plan import RunPlan
+from envrl.launcher.plan.run import RunPlan
 from envrl.model.client import ClientConfig
-from envrl.orchestrator.loop import Orchestrator
-from envrl.orchestrator.plan import env_plan
+from envrl.orchestrator.loop import Orchestrator, orchestrator_envs
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 from tests.support.served_weights import restore_served_weights
@@ -42,7 +41,7 @@ def train_in_process(run: RunPlan, vllm_server: Any, client: ClientConfig | None
     thread.start()
     try:
         # the sidecars `run` spawns serve `client` (when given), as the plan of the envs says
-        orchestrator = Orchestrator(run.orchestrator, env_plan(run.orchestrator, client=client))
+        orchestrator = Orchestrator(run.orchestrator, orchestrator_envs(run.orchestrator, client=client))
         asyncio.run(orchestrator.run())
         thread.join(timeout=600)
     finally:

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 from envrl.data.layout import configs_dir, eval_results_file, eval_summary_file, logs_dir, train_rollouts_file
+from envrl.data.rollout_lines import append_lines, trace_line
 from envrl.data.samples import TrainingSample, write_batch
 from envrl.data.traces import Branch, Error, Trace, Turn, TurnTokens, WireTask
 from envrl.launcher import summary
 from envrl.model.client import SamplingArgs
-from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.trajectories import trace_to_samples
 from envrl.telemetry.metrics import MetricsSink, WandbConfig
 

@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from envrl.model.inference import InferenceClient, TokenCompletion
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.runtime.http import RetryPolicy
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 301, 302, 303, 304, 305, 5], [1, 900]]
 SAMPLING = {"max_tokens": 24, "temperature": 1.0, "seed": 1234}

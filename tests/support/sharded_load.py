@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM
 
 from envrl.config import resolve_config
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.loading import checkpoint_index, checkpoint_name, read_rows, shard_rows
+from envrl.trainer.model.loading import checkpoint_index, checkpoint_name, read_rows, shard_rows
 from envrl.trainer.parallel import Runtime, build_model, init_runtime, shard_model
 
 

@@ -11,10 +11,10 @@ import json
 from safetensors import safe_open
 
 from envrl.config import resolve_config
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 
 def make_trainer(tmp_path, **overrides) -> Trainer:

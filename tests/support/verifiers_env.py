@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from envrl.data.traces import Trace
-from envrl.serve.client import EnvClient
+from envrl.envclient.client import EnvClient
 from tests.support.env_servers import RunningServer, running_env_server
 
 HERE = Path(__file__).resolve().parent

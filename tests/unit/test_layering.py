@@ -36,7 +36,7 @@ def test_shared_layers_import_only_the_layers_below_them() -> None:
 
 def test_every_top_level_package_is_a_layer_or_a_process_or_a_library_of_envs() -> None:
     """A new top-level package must be placed in the layering above (or here) on purpose."""
-    others = {"envs", "envclient", "sandbox", "transport"}
+    others = {"envs", "envclient", "proxy", "sandbox", "transport"}
     names = {p.stem for p in SRC.iterdir() if p.suffix == ".py" and p.stem != "__init__"}
     names |= {p.name for p in SRC.iterdir() if p.is_dir() and any(p.glob("*.py"))}
     assert names == set(LAYERS) | PROCESS_PACKAGES | others
@@ -61,3 +61,19 @@ def test_the_env_client_library_imports_none_of_its_users() -> None:
         for name in sorted(envrl_imports(path) & users)
     ]
     assert not wrong, "envclient reaches up into a package that uses it:\n" + "\n".join(wrong)
+
+
+def test_the_launcher_reads_the_servers_and_the_orchestrator_only_through_their_config_and_launch() -> None:
+    """`rl` plans the orchestrator, the inference servers and the env servers from their `config` modules and
+    starts the servers through their `launch` modules; it reaches no internal, so each can change inside
+    without `rl` changing."""
+    packages = ("envrl.orchestrator.", "envrl.inference.", "envrl.serve.", "envrl.eval.")
+    wrong = [
+        f"{path.relative_to(SRC)} imports {node.module}"
+        for path in sorted((SRC / "launcher").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith(packages)
+        and (node.module or "").rsplit(".", 1)[1] not in ("config", "launch")
+    ]
+    assert not wrong, "the launcher imports process internals:\n" + "\n".join(wrong)

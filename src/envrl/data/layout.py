@@ -1,9 +1,5 @@
-"""The run directory's layout: where each process finds what another one published.
-
-Guarantee: every path under `<output_dir>` is named here once, and built nowhere else (the test
-tests/unit/data/test_layout_owns_paths.py); a `step_<n>` directory exists only when complete
-(writers rename it into place).
-"""
+"""The run directory's layout: every path under `<output_dir>` is named here once and built nowhere else,
+and a `step_<n>` directory exists only when complete (writers rename it into place)."""
 
 from __future__ import annotations
 

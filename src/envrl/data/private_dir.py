@@ -1,11 +1,5 @@
-"""A run's output directory: made private, and never another user's.
-
-Guarantee: after `own_output_dir(out)`, `out` is a directory this uid owns; one it had to create
-has mode 0700 (rollouts, logs, configs and keys written inside are nobody else's to read), one
-that existed keeps the mode its owner gave it, and one another user owns is a `ConfigError`
-(its owner could read or replace what the run writes). `refuse_foreign_owner` is that last check
-alone, for `rl`, which then sets the mode itself (`launcher/run_dir.py`).
-"""
+"""After `own_output_dir(out)`, `out` is a directory this uid owns: one it created has mode 0700, one that existed
+keeps its mode, and one another user owns is a `ConfigError` (`refuse_foreign_owner` is that check alone)."""
 
 from __future__ import annotations
 

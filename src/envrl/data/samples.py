@@ -1,11 +1,6 @@
-"""Training samples: what the orchestrator hands the trainer, one per Trace branch.
-
-Guarantee: every sample's per-token lists have the same length, the loss mask is 0/1, and
-inference logprobs and advantages are 0 and policy steps -1 wherever the mask is 0, so the
-trainer never has to guess alignment.
-A batch directory written by `write_batch` is complete when visible and reads back to equal
-samples through `read_batch`, or fails with a `BatchError` naming the file.
-"""
+"""Training samples, one per Trace branch: per-token lists of equal length, a 0/1 loss mask, and logprobs and
+advantages 0 (policy step -1) wherever it is 0; a batch `write_batch` wrote is complete when visible and reads back
+equal, or fails with a `BatchError` naming the file."""
 
 from __future__ import annotations
 

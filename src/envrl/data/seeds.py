@@ -1,11 +1,5 @@
-"""Sampling seeds: one formula for training, evaluation, retries and each model call of a rollout.
-
-Guarantee: a model call's seed is a pure function of the run seed, the rollout's index in its
-run, its attempt number and the call's index in the rollout, so a run is reproducible from its
-seed; the first attempt of rollout i gets `rollout_seed(run_seed, i)` for its first call, every
-retry and every later call draws a seed of its own. Train groups and eval grids derive their
-rollout index here, and nowhere else.
-"""
+"""Sampling seeds: a model call's seed is a pure function of (run seed, rollout index, attempt, call index), so a run
+is reproducible from its seed; train groups and eval grids derive their rollout index here and nowhere else."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""`summary.json`'s one home: what one `rl` run did, written whole and read back (the launcher gathers its content).
-
-Guarantee: `write_summary` writes strict JSON (NaN and infinities as `null`) through a temp file and a
-rename; `read_summary` never raises (a missing or malformed file reads as `{}`), so any run gets a report.
-"""
+"""`summary.json`'s one home: written whole (strict JSON, a temp file and a rename) and read back; `read_summary`
+never raises (a missing or malformed file reads as `{}`), so a run that died before its summary still gets a report."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The rollout data model shared by environments, env servers, the orchestrator and tests.
-
-Guarantee: a `Trace` is validated strictly when it is built and when it crosses a process
-boundary, and it round-trips exactly through JSON (`model_dump_json` / `model_validate_json`,
-infinities included) and through msgpack (`to_wire` / `from_wire`). Derived numbers
-(`has_error`, `num_turns`, ...) are properties, never serialised, so they cannot disagree with
-the data.
-"""
+"""The rollout data model: a `Trace` is validated strictly when built and at every process boundary, round-trips exactly
+through JSON and msgpack, and its derived numbers are properties, never serialised."""
 
 from __future__ import annotations
 
@@ -33,7 +27,7 @@ OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 INFRA_ERRORS = frozenset(
     {
         "worker_died",  # the env worker process died running it (serve/protocol.py), re-runs spent
-        "unavailable",  # the env server was lost and not back (serve/client.py)
+        "unavailable",  # the env server was lost and not back (envclient/client.py)
         "at_capacity",  # the env server refused it: every slot busy, its queue full
         "shutting_down",  # the env server was draining
         "internal_error",  # a bug in the env server, not in the env

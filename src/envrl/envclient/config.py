@@ -1,26 +1,19 @@
-"""Config of one env: the env and its server (`EnvConfig`; declared in `[[orchestrator.envs]]`,
-`DeclaredEnvConfig`) and, apart from it, how an eval scores it (`EvalScoringConfig`; an
-`[[orchestrator.eval.env]]` table names a declared env, `EvalTableConfig`). An eval env is the
-pair, composed where it is used: `OrchestratorConfig.eval_envs` and `rl eval`'s `[[env]]`.
-
-Guarantee: a declaration builds its env server (`server_launch`) and its sampling args in one
-place, whoever starts it; an eval table holds only what scores its env (any server key in it is
-refused, naming where it belongs); pass@k asks for no more rollouts than a task gets.
-"""
+"""Config of one env (`EnvConfig`) and of how an eval scores it (`EvalScoringConfig`): a declaration builds its server
+launch and sampling args in one place; an eval table holds only what scores its env (docs/config.md)."""
 
 from __future__ import annotations
 
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
 from envrl.config import BaseConfig, ConfigError
 from envrl.model.client import ChatClientConfig, ClientConfig, EvalClientConfig, SamplingArgs, SamplingParams
 from envrl.runtime.net import is_loopback
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.config import (
     CurveClientConfig,
     CurveServerConfig,
@@ -28,6 +21,8 @@ from envrl.serve.config import (
     EnvSpec,
     EnvTimeoutConfig,
     PoolConfig,
+    PoolShape,
+    RolloutTimeouts,
 )
 from envrl.serve.launch import EnvServerLaunch
 
@@ -60,15 +55,15 @@ class EnvConfig(BaseConfig):
     insecure: bool = False
     """Connect to a non-loopback `address` without CURVE (plain TCP: anyone on the path reads and
     injects rollouts); only for networks you trust."""
-    pool: PoolConfig = PoolConfig()
-    """Worker pool of a spawned sidecar server."""
+    pool: PoolShape = PoolShape()
+    """Worker pool of a spawned sidecar server (its growth and idle retirement: the server's defaults)."""
     max_retries: int = Field(2, ge=0)
     """Re-runs of a rollout that came back with an error before it counts as failed."""
-    at_capacity_wait_s: float = Field(300.0, gt=0)
+    at_capacity_wait_s: ClassVar[float] = 300.0
     """Seconds one call keeps retrying a server that answers `at_capacity` (jittered exponential
     backoff, 20 ms doubling to 2 s; each retry counted in `counters/at_capacity_retries`), within
     the rollout's own deadline; then the rollout is an `at_capacity` error Trace."""
-    reconnect_timeout_s: float = Field(300.0, gt=0)
+    reconnect_timeout_s: ClassVar[float] = 300.0
     """Seconds to wait for a lost env server (connection dropped, or silent) to answer again before
     the orchestrator fails; rollouts lost with it are re-run once it is back."""
     pass_env: list[str] = []
@@ -76,7 +71,7 @@ class EnvConfig(BaseConfig):
     programs they run) gets beyond the allow-list of locale, paths, caches and proxies
     (`envrl.runtime.process.ALLOWED_ENV`), e.g. `["OPENAI_API_KEY"]`; a model client's `api_key_env` is
     passed by itself. Tokens and keys not listed never reach model-driven code."""
-    timeout: EnvTimeoutConfig = EnvTimeoutConfig()
+    timeout: RolloutTimeouts = RolloutTimeouts()
     sampling: dict[str, Any] = {}
     """Overrides of the orchestrator's `sampling` keys for this env."""
     client: ChatClientConfig | None = None
@@ -163,8 +158,8 @@ class EnvConfig(BaseConfig):
             config=EnvServerConfig(
                 env=EnvSpec(id=self.id, args=self.args),
                 address=address,
-                pool=self.pool,
-                timeout=self.timeout,
+                pool=PoolConfig.model_validate(self.pool.model_dump()),
+                timeout=EnvTimeoutConfig.model_validate(self.timeout.model_dump()),
                 client=client,
                 curve=curve,
             ),

@@ -1,12 +1,5 @@
-"""The CURVE keys of the env servers a process plans and of the one client they admit.
-
-Guarantee: a plan only names the key files (`curve_keys`); whoever starts the servers makes them
-(`make_curve_keys`: `rl` for its env servers, `Sidecars` for those the orchestrator and `rl eval`
-spawn) in a directory that only its owner can enter, secrets mode 0600, made once and kept across
-a resume; a key directory another user owns or can enter is refused, never used. Every server
-planned with them admits only the holder of the client keys, on loopback too: another local user
-reaches the port but not a rollout. Key material is never logged; only paths are printed.
-"""
+"""The CURVE keys of planned env servers and their one client: made once by whoever starts the servers, in a directory
+only its owner can enter (secrets 0600); another user's key directory is refused, key material never logged."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The one eval runner: an env's grid of (task, rollout) pairs, run within a bound on rollouts in
-flight, for both the orchestrator's evals and the `eval` command.
-
-Guarantee: a grid covers tasks 0..n-1 of the env's eval split (n = its scoring's `num_examples`,
-at most the env's task count) with `rollouts_per_example` rollouts each; pair (i, j) always samples
-with `eval_seed(seed, i, j, r)`, at an attempt past every earlier run of it (`resume`), so an
-eval is reproducible from its seed whichever process runs it. `run_grids` never has more than
-`max_inflight` rollouts in flight (a group-scored task bigger than that runs alone), and a grid
-is complete once it returns.
-"""
+"""The one eval runner: a grid of (task, rollout) pairs, each with `eval_seed(seed, i, j, r)`, so an eval reproduces
+from its seed in any process; never more than `max_inflight` rollouts in flight, complete once it returns."""
 
 from __future__ import annotations
 

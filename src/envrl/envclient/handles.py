@@ -1,16 +1,5 @@
-"""An environment behind its env server, as the orchestrator and `rl eval` call it: connect, run
-rollouts with retries, wait for a lost server.
-
-Guarantee: a rollout call on an `EnvHandle` returns one Trace per rollout asked for: re-run up to
-`max_retries` times while they come back with errors, and re-run without limit (each counted in
-`retried_rollouts`) when the server was lost, once it answers again. Only a server that is not
-back within `reconnect_timeout_s`, or a sidecar whose supervision ended (`Sidecars`: out of
-restarts), raises `EnvUnavailable`. A server whose model client (its `info`) is not the one this
-handle's rollouts are planned with is refused, at start and whenever it answers again, naming
-both, so no run is fed another model's tokens. An env without an `address` gets the server planned for it
-(`envclient/plan.py`) from `Sidecars`, which spawns, restarts and stops it; a handle never starts a
-process. The caller never imports environment code: it only talks to servers.
-"""
+"""An env behind its server: a rollout call returns one Trace per rollout asked for (errors retried `max_retries` times,
+a lost server waited for up to `reconnect_timeout_s`), and a server serving another model client is refused."""
 
 from __future__ import annotations
 
@@ -24,11 +13,12 @@ from loguru import logger
 
 from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
+from envrl.envclient.client import UNAVAILABLE, EnvClient, EnvServerError
 from envrl.envclient.config import DeclaredEnvConfig, EnvConfig
-from envrl.envclient.plan import plan_env
+from envrl.envclient.plan import PlannedEnv, plan_env
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
-from envrl.serve.client import UNAVAILABLE, EnvClient, EnvServerError
+from envrl.serve.config import KILL_GRACE_S
 from envrl.serve.launch import EnvServerLaunch
 from envrl.serve.protocol import ClientInfo, ServerInfo
 
@@ -87,6 +77,23 @@ class EnvHandle(Generic[C]):
         self._back: asyncio.Task[None] | None = None
         """The one wait for a lost server to answer again, shared by every call that lost it."""
 
+    @classmethod
+    def of(
+        cls, planned: PlannedEnv[C], sidecars: Sidecars, sampling: SamplingParams, counters: Counter[str] | None = None
+    ) -> EnvHandle[C]:
+        """The handle of a `planned` env (`env_plan`): its client, its server external or spawned by
+        `sidecars`, given the sidecars' `ready_timeout` to answer."""
+        return cls(
+            planned.env,
+            split=planned.split,
+            client=planned.client,
+            sampling=sampling,
+            ready_timeout=sidecars.ready_timeout,
+            sidecars=sidecars,
+            server=planned.server,
+            counters=counters,
+        )
+
     @property
     def expected_client(self) -> ClientInfo:
         """What the server's `info` must report as its client."""
@@ -110,7 +117,7 @@ class EnvHandle(Generic[C]):
         timeout = self.config.timeout.rollout_s
         self._client = EnvClient(
             address,
-            timeout=None if timeout is None else timeout + self.config.timeout.kill_grace_s + CLIENT_SLACK,
+            timeout=None if timeout is None else timeout + KILL_GRACE_S + CLIENT_SLACK,
             curve=self.config.curve,
             capacity_wait=self.config.at_capacity_wait_s,
             on_at_capacity=self._count_at_capacity,
@@ -211,7 +218,7 @@ class EnvHandle(Generic[C]):
         assert self._client is not None
         address, timeout = self._client.address, self.config.reconnect_timeout_s
         logger.warning(
-            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it (reconnect_timeout_s)"
+            f"{self.split} env {self.name!r}: lost the server at {address}; waiting up to {timeout:g} s for it"
         )
         back = asyncio.ensure_future(self._client.wait_until_ready(timeout))
         ended = asyncio.ensure_future(self.sidecars.ended()) if self.config.address is None and self.sidecars else None
@@ -224,7 +231,7 @@ class EnvHandle(Generic[C]):
         except EnvServerError as e:
             raise EnvUnavailable(
                 f"{self.split} env {self.name!r}: the env server at {address} did not answer again within {timeout:g} s "
-                f"({e}); restart it, or raise envs.reconnect_timeout_s"
+                f"({e}); restart it"
             ) from None
         finally:
             for wait in (back, ended):

@@ -1,30 +1,21 @@
-"""The plan of one env as a process runs its rollouts: the model client they use and the server
-they go to, external or spawned.
-
-Guarantee: `plan_env` is the one place that decides, for `rl`, `rl eval` and a standalone
-orchestrator alike, whether an env's server is external (its `address`) or spawned, the model
-client its rollouts use (its own `client`, else the run's), and the complete launch of a spawned one (config, interpreter, restart policy, the model client it
-serves, the variables it sees); it is pure (no file, socket or process). Every spawned server
-admits only the one client holding the CURVE keys it is planned with, on loopback too. `rl`'s plan
-(`launcher/plan.py`) gives it fixed ports and the run's keys; `rl eval` and a standalone
-orchestrator give it their sidecars' keys (`sidecar_keys`), leave the address to the server (a
-free loopback port, `SIDECAR_ADDRESS`) and start the launch through `Sidecars`, which makes the
-keys first. Each entry point's `--dry-run` prints what it planned (`describe`).
-"""
+"""`env_plan` (each env by `plan_env`), the one pure place that decides for `rl`, `rl eval` and a standalone
+orchestrator whether a server is external or spawned, its model client and the complete launch of a spawned one."""
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
+
+from pydantic import BaseModel
 
 from envrl.config import config_to_toml
 from envrl.data.traces import Split
 from envrl.envclient.config import EnvConfig
 from envrl.model.client import ClientConfig
-from envrl.runtime.process import RestartPolicy
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.config import CurveClientConfig, CurveServerConfig
 from envrl.serve.launch import EnvServerLaunch
 
@@ -72,6 +63,32 @@ def plan_env(
     server_keys, client_keys = curve
     launch = env.server_launch(split, address or SIDECAR_ADDRESS, client, restarts, server_keys)
     return PlannedEnv(split, env.model_copy(update={"address": address, "curve": client_keys}), client, launch)
+
+
+def env_plan(
+    train: Sequence[E],
+    evals: Sequence[E],
+    client: ClientConfig,
+    restarts: RestartPolicy,
+    *,
+    curve: tuple[CurveServerConfig, CurveClientConfig],
+    address: Callable[[Split, int], str] | None = None,
+) -> list[PlannedEnv[E]]:
+    """The `train` envs, then the `evals`, in order, each planned by `plan_env` on `client` (the
+    run's), its spawned server restarted per `restarts`, behind `curve`, bound at `address(split,
+    i)` (i: the env's index among its split's envs; default: a free loopback port)."""
+    splits: list[tuple[Split, Sequence[E]]] = [("train", train), ("eval", evals)]
+    return [
+        plan_env(env, split, client, restarts, curve=curve, address=None if address is None else address(split, i))
+        for split, envs in splits
+        for i, env in enumerate(envs)
+    ]
+
+
+def dry_run_text(title: str, config: BaseModel, planned: Sequence[PlannedEnv], output_dir: Path) -> str:
+    """What an entry point's `--dry-run` prints: `# title`, its resolved `config`, then each planned
+    env's server (`describe`)."""
+    return "\n".join([f"# {title}", config_to_toml(config).rstrip("\n"), *describe(planned, output_dir), ""])
 
 
 def describe(planned: Sequence[PlannedEnv], output_dir: Path) -> list[str]:

@@ -1,17 +1,5 @@
-"""The env servers a standalone orchestrator or `rl eval` starts itself (envs without an `address`,
-planned by `envclient/plan.py`), supervised as `rl` supervises its own.
-
-Guarantee: every server started here is watched, on a thread of its own, by one `Supervisor`
-(`runtime/supervisor.py`, the one `rl` uses): a server that dies is started again on its address
-within the `RestartPolicy` given here, so its clients reconnect to the same server. Once one is out
-of restarts, supervision ends and `ended()` returns why (the `ChildFailed` naming the server, its
-exit and its log tail); every wait for a lost server raises it. `close` (at the latest, interpreter
-exit) stops every server, process groups included. Every server it starts demands the CURVE keys
-of its `output_dir` (`sidecar_keys`, made here before the first one starts, private to this
-user): a launch planned without them is refused, so no sidecar serves a client without the key.
-Each server reads its config from a file of this user's only (`EnvServerLaunch.write_config`),
-so its model client is not on a command line another user can read.
-"""
+"""The env servers a standalone orchestrator or `rl eval` starts itself: each is supervised and restarted on its address
+within its `RestartPolicy`, demands the CURVE keys of `output_dir`, and is stopped with its group by `close`."""
 
 from __future__ import annotations
 
@@ -27,7 +15,8 @@ from loguru import logger
 
 from envrl.data.layout import curve_dir, env_log_file
 from envrl.envclient.curve import make_curve_keys, sidecar_keys
-from envrl.runtime.process import Child, RestartPolicy
+from envrl.runtime.process import Child
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.launch import EnvServerLaunch
 from envrl.serve.launch import start as start_env_server

@@ -1,11 +1,5 @@
-"""The public API for env authors: environments, tasks and traces, rewards, the model clients
-envs call and the sandbox they run model-written code in (docs/environments.md, The public API).
-
-Guarantee: every name in `__all__` keeps its meaning and this import path within a minor version
-and, when it moves or goes, stays importable here with a `DeprecationWarning` for at least one
-more minor version (docs/CHANGELOG.md, Versioning). Importing it needs only envrl's light
-install (no torch, vLLM or wandb). Adapters for foreign envs live at `envrl.envs.adapters.<name>`.
-"""
+"""The env author's public API: every name in `__all__` keeps its meaning and path within a minor version, a moved one
+warns for one more (docs/CHANGELOG.md); importing it needs only the light install (docs/environments.md)."""
 
 from envrl.data.traces import Error, Message, Split, Task, Trace, Turn
 from envrl.envs.environment import Environment, TaskSource

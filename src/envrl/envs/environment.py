@@ -1,46 +1,19 @@
-"""The Environment base: tasks, the rollout loop (single- and multi-turn) and scoring.
-
-Guarantee: `rollout` and `run_group` (and `run_rollout`, its n = 1) never raise (cancellation aside): any failure
-in setup, a model call, an env hook or a reward function becomes `Trace.error` with reward None.
-Every model call is recorded as a Turn with its tokens; a turn whose prompt tokens extend the
-previous turn's prompt + completion continues its Branch, any other turn starts a new one.
-Rollout timeouts are the caller's: cancelling the coroutine stops the rollout.
-"""
+"""The Environment base: its tasks and the hooks an env author overrides; `rollout` and `run_group` (run by
+envs/runner.py) never raise (cancellation aside): any failure is `Trace.error` with reward None."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from envrl.data.traces import Branch, Error, Message, Split, Task, Trace, Turn, WireTask
+from envrl.data.traces import Message, Split, Task, Trace
+from envrl.envs import runner
 from envrl.envs.rubric import Rubric
 from envrl.envs.state import RolloutState
 from envrl.model.client import ModelClient, SamplingArgs
-from envrl.model.inference import ContextLengthError
 
 TaskSource = Sequence[Task] | Callable[[], Iterable[Task]]
 """A list of tasks, or a function that builds them (from a seed, no downloads) on first use."""
-
-
-def append_turn(trace: Trace, turn: Turn) -> None:
-    """Record `turn`: it continues the last branch when its context extends that branch's last
-    turn, else it starts a new branch."""
-    previous = trace.branches[-1].turns[-1] if trace.branches and trace.branches[-1].turns else None
-    if previous is None or not _extends(previous, turn):
-        trace.branches.append(Branch())
-    trace.branches[-1].turns.append(turn)
-
-
-def _extends(previous: Turn, turn: Turn) -> bool:
-    """Whether `turn`'s context continues `previous`'s (by tokens where both have them)."""
-    if previous.tokens is not None and turn.tokens is not None:
-        before = [*previous.tokens.prompt_ids, *previous.tokens.completion_ids]
-        return turn.tokens.prompt_ids[: len(before)] == before
-    if previous.tokens is None and turn.tokens is None:
-        before_messages = [*previous.prompt, previous.response]
-        return turn.prompt[: len(before_messages)] == before_messages
-    return False
 
 
 class Environment:
@@ -138,32 +111,24 @@ class Environment:
 
     # -- running -----------------------------------------------------------------------------
 
+    async def episode(self, state: RolloutState, client: ModelClient, sampling: SamplingArgs) -> None:
+        """The model calls of one rollout, each recorded in `state.trace` (an exception fails the
+        rollout). Default: the turn loop (`prompt`, then model turn / `env_response` until a stop);
+        an env that drives the model some other way (an agent program) overrides it."""
+        await runner.turn_loop(self, state, client, sampling)
+
+    # -- entry points (envs/runner.py runs them) ---------------------------------------------
+
     async def rollout(self, task: Task, client: ModelClient, sampling: SamplingArgs) -> Trace:
         """Generate one rollout without scoring it (failures become `Trace.error`)."""
-        state = self._new_state(task)
-        try:
-            await self._generate(state, client, sampling)
-            return state.trace
-        finally:
-            await self._cleanup(state)
+        return await runner.rollout(self, task, client, sampling)
 
     async def run_group(
         self, task: Task, client: ModelClient, sampling: SamplingArgs, n: int, *, scoring_timeout: float | None = None
     ) -> list[Trace]:
         """`n` rollouts of one task, scored together (n = 1: one rollout). With a seed, rollout i
         samples with seed + i. The one entry point an env server calls: override this one."""
-        states = [self._new_state(task) for _ in range(n)]
-        try:
-            seeds = [None if sampling.seed is None else sampling.seed + i for i in range(n)]
-            seeded = [sampling.model_copy(update={"seed": seed}) for seed in seeds]
-            await asyncio.gather(*(self._generate(s, client, args) for s, args in zip(states, seeded, strict=True)))
-            if self.group_scoring:
-                await self.rubric.score_group(states, scoring_timeout)
-            else:  # each rollout's failures and deadline its own
-                await asyncio.gather(*(self.rubric.score(s, scoring_timeout) for s in states))
-            return [s.trace for s in states]
-        finally:
-            await asyncio.gather(*(self._cleanup(s) for s in states))
+        return await runner.run_group(self, task, client, sampling, n, scoring_timeout=scoring_timeout)
 
     async def run_rollout(
         self, task: Task, client: ModelClient, sampling: SamplingArgs, *, scoring_timeout: float | None = None
@@ -171,93 +136,3 @@ class Environment:
         """One scored rollout: `run_group` with n = 1."""
         (trace,) = await self.run_group(task, client, sampling, 1, scoring_timeout=scoring_timeout)
         return trace
-
-    def _new_state(self, task: Task) -> RolloutState:
-        trace = Trace(task=WireTask.model_validate(task.model_dump()))
-        try:
-            prompt = self.prompt(task)
-        except Exception as e:  # noqa: BLE001 - becomes the trace's error
-            state = RolloutState(task=task, prompt=[], trace=trace)
-            self._fail(state, e)
-            return state
-        return RolloutState(task=task, prompt=prompt, trace=trace)
-
-    async def _generate(self, state: RolloutState, client: ModelClient, sampling: SamplingArgs) -> None:
-        if state.trace.has_error:
-            return
-        try:
-            with state.trace.timing.measure("setup"):
-                await self.setup(state)
-            with state.trace.timing.measure("generation"):
-                await self.episode(state, client, sampling)
-            state.trace.trailing_messages = self._trailing(state)
-        except Exception as e:  # noqa: BLE001 - never raise: the failure is the trace's error
-            self._fail(state, e)
-
-    @staticmethod
-    def _trailing(state: RolloutState) -> list[Message]:
-        """The messages after the last model turn (all of them if the env rewrote the history)."""
-        last = state.last_turn
-        if last is None:
-            return []
-        seen = [*last.prompt, last.response]
-        return list(state.messages[len(seen) :] if state.messages[: len(seen)] == seen else state.messages)
-
-    async def episode(self, state: RolloutState, client: ModelClient, sampling: SamplingArgs) -> None:
-        """The model calls of one rollout, each recorded in `state.trace` (an exception fails the
-        rollout). Default: the turn loop (`prompt`, then model turn / `env_response` until a stop);
-        an env that drives the model some other way (an agent program) overrides it."""
-        trace = state.trace
-        while not state.done:
-            if trace.num_turns >= self.max_turns:
-                state.stop("max_turns", truncated=True)
-                break
-            turn_sampling = self._turn_sampling(trace, sampling)
-            if turn_sampling is None:
-                state.stop("episode_tokens", truncated=True)
-                break
-            previous = state.last_turn
-            tools = self.tools(state)
-            call = turn_sampling.for_call(trace.num_turns)
-            try:
-                response = await client.generate(list(state.messages), call, tools=tools, previous=previous)
-            except ContextLengthError:
-                state.stop("context_length", truncated=True)
-                break
-            turn = Turn(
-                prompt=list(state.messages),
-                response=response.message,
-                tokens=response.tokens,
-                finish_reason=response.finish_reason,
-                tools=tools,
-            )
-            append_turn(trace, turn)
-            state.messages.append(response.message)
-            if response.finish_reason == "length":
-                budget_hit = turn_sampling.max_tokens < sampling.max_tokens
-                if budget_hit or self.stop_on_length:
-                    state.stop("episode_tokens" if budget_hit else "max_tokens", truncated=True)
-                    break
-            state.messages.extend(await self.env_response(state))
-
-    @staticmethod
-    def _turn_sampling(trace: Trace, sampling: SamplingArgs) -> SamplingArgs | None:
-        """The next turn's sampling: `max_tokens` capped by the episode budget; None once it is spent."""
-        if sampling.max_episode_tokens is None:
-            return sampling
-        left = sampling.max_episode_tokens - trace.completion_len
-        if left <= 0:
-            return None
-        return sampling if left >= sampling.max_tokens else sampling.model_copy(update={"max_tokens": left})
-
-    def _fail(self, state: RolloutState, exc: Exception) -> None:
-        state.trace.error = Error.from_exception(exc)
-        state.trace.reward = None
-        state.stop_reason = state.trace.stop_reason = "error"
-
-    async def _cleanup(self, state: RolloutState) -> None:
-        try:
-            await self.cleanup(state)
-        except Exception as e:  # noqa: BLE001 - a cleanup failure must not hide the rollout's result
-            if not state.trace.has_error:
-                self._fail(state, e)

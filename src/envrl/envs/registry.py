@@ -1,11 +1,5 @@
-"""Environments by id: installed packages register `load_environment` under `envrl.environments`.
-
-Guarantee: `load_environment(env_id, **args)` returns an `Environment` whose `env_id` is set, or
-raises `EnvironmentNotFound` naming the installed ids (for an unknown id) or a `TypeError` saying
-which loader returned what. An id of the form `package.module:function` is imported directly,
-for tests and quick experiments with unpackaged environments; `verifiers:<id>` (see ADAPTERS)
-is served by an adapter.
-"""
+"""Environments by id: `load_environment(env_id, **args)` returns an `Environment` with its `env_id` set, or raises
+`EnvironmentNotFound` naming the installed ids (`package.module:function` and `verifiers:<id>` ids too)."""
 
 from __future__ import annotations
 

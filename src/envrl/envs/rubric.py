@@ -1,15 +1,5 @@
-"""Rewards: weighted reward functions, per rollout or per group, with a real scoring deadline.
-
-Guarantee: scoring never raises (cancellation aside). Each scored Trace gets `reward` = the
-weighted sum of its reward functions and one metric per function (zero-weight functions are
-metrics only), or, if any function fails, returns a non-finite value, or runs past the scoring
-timeout, an `error` and `reward = None`. A function that returns None does not apply to that
-rollout: it gets no metric and is left out of the weighted mean (the reward is the weighted sum
-over the functions that apply, scaled by total |weight| / their |weight|, so it equals the plain
-weighted sum when all apply); a rollout no weighted function applies to is an error (`no_reward`). With a timeout, sync functions run in a forked child
-that is killed at the deadline (a CPU-bound loop is really stopped) and the deadline counts only
-the functions' own running time, not the wait for a free CPU slot.
-"""
+"""Rewards: scoring never raises; a Trace gets the weighted sum of the functions that apply, or an error, reward None,
+when one fails, is not finite or passes the scoring deadline (a sync function is then killed in its fork)."""
 
 from __future__ import annotations
 
@@ -23,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from envrl.data.traces import Error, Span
-from envrl.envs.forked import ForkedCallError, run_forked
 from envrl.envs.state import RolloutState
+from envrl.runtime.forked import ForkedCallError, run_forked
 from envrl.sandbox.errors import SandboxError
 
 RewardFn = Callable[..., Any]
@@ -131,7 +121,7 @@ class Rubric:
 
     `share_process=True` lets the sync functions of several rollouts run one after another in one
     forked child (a fork costs more than cheap scoring); only for pure functions that run no
-    model-written code, since they see each other's side effects (envs/forked.py)."""
+    model-written code, since they see each other's side effects (runtime/forked.py)."""
 
     def __init__(
         self,

@@ -1,9 +1,5 @@
-"""The mutable state of one rollout in progress, shared by the rollout loop, env hooks and rubric.
-
-Guarantee: `messages` is always the conversation exactly as the model will see it next (prompt,
-then every response and env/tool message in order) and `trace` holds every model call made so
-far; once `stop(reason)` is called the rollout loop makes no further model call.
-"""
+"""One rollout's mutable state: `messages` is always the conversation as the model sees it next, `trace` holds every
+model call so far, and after `stop(reason)` the loop makes no further model call."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""Tool environments written as a plain class: its public methods are the tools.
-
-Guarantee: each rollout gets a fresh instance from the factory, `reset(**task_fields)` is called
-before the first model turn, every tool call the model writes is either executed with arguments
-that validate strictly against the method's type hints, or answered with an error tool message
-saying what was wrong (bad JSON, unknown tool, invalid arguments, the tool's own exception);
-an async tool that runs past `tool_timeout` is cancelled and answered the same way (a sync tool
-runs on the worker's loop: one that blocks is the env server's stuck-worker case, an error Trace);
-a tool's `SandboxError` is the sandbox failing, not the model: it ends the rollout as an error
-Trace of its type;
-nothing is coerced. A tool ends the episode by setting `self.done = True`; `max_turns` bounds it.
-Each Trace reports `valid_tool_call_share`: the share of its model turns whose tool calls all
-parsed, named a tool and had valid arguments (what the tool then answered does not matter).
-"""
+"""Tool envs as a plain class (public methods are tools): a fresh instance per rollout, every tool call either run with
+arguments validated strictly against its type hints or answered with an error tool message; nothing is coerced."""
 
 from __future__ import annotations
 

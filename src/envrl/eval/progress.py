@@ -1,8 +1,5 @@
-"""`eval`'s progress: rollouts done / total per env, rate, errors, running mean reward and ETA.
-
-Guarantee: the last rollout of the grid always prints a final line; between, a terminal gets a
-live status line and a pipe a line at most every `interval` seconds (and one for the first rollout).
-"""
+"""`eval`'s progress (done / total per env, rate, errors, mean reward, ETA): the grid's last rollout always prints a
+final line; between, a live status line on a terminal, at most one line per `interval` seconds on a pipe."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Serving a LoRA policy: the base model stays loaded, each step's adapter is hot-loaded onto it.
-
-Guarantee: after `PolicyAdapter.load(path)` every later request for the served model name
-(token-in/token-out and chat alike) runs with the adapter in `path`: vLLM's serving layer picks
-an adapter by the request's model name, and the adapter is registered under the served names
-themselves, always as the same adapter id reloaded in place, so a request that was routed while
-a reload waited (it holds the id, not the weights) also runs on the new adapter. A load that
-fails leaves the previous adapter (or the bare base) serving. `clear()` serves the base again.
-"""
+"""Serving a LoRA policy: after `PolicyAdapter.load(path)` every later request for the served name runs with that
+adapter (always the same id, reloaded in place); a failed load leaves the previous one serving."""
 
 from __future__ import annotations
 
@@ -17,15 +10,8 @@ from envrl.config import ConfigError
 from envrl.transport.files import WeightsError
 from envrl.transport.source import AdapterWeights
 
-SERVABLE_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The values vLLM 0.32 takes for `max_lora_rank`."""
 ADAPTER_NAME = "envrl-policy"
 ADAPTER_ID = 1
-
-
-def lora_serving_options(rank: int) -> dict[str, Any]:
-    """vLLM options that serve adapters of rank `rank`: LoRA on, the smallest servable max rank."""
-    return {"enable_lora": True, "max_lora_rank": next(r for r in SERVABLE_RANKS if r >= rank)}
 
 
 def check_adapter(adapter: AdapterWeights, max_rank: int) -> None:

@@ -1,11 +1,5 @@
-"""Tool calls over the chat API: vLLM parses them with the parser of the model's own family.
-
-Guarantee: unless `inference.vllm` sets `tool_call_parser` or `enable_auto_tool_choice` itself,
-a model whose chat template teaches a tool-call syntax envrl knows (model/tool_calls.py) is
-served with `--enable-auto-tool-choice --tool-call-parser <that family's vLLM parser>`, so a chat
-request with `tools` (tool_choice "auto", the OpenAI default) is answered with structured
-`tool_calls` instead of vLLM's HTTP 400; a template with no known syntax is logged as such.
-"""
+"""Tool calls over the chat API: unless `inference.vllm` says otherwise, a model whose template teaches a known
+tool-call syntax is served with its family's vLLM parser, so chat requests with `tools` get structured `tool_calls`."""
 
 from __future__ import annotations
 

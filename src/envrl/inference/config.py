@@ -1,23 +1,27 @@
-"""Config of the `inference` entry point.
-
-Guarantee: everything vLLM is started with comes from this model (engine options pass through
-`vllm` untouched) plus the documented CPU defaults, and every file vLLM writes (compile cache,
-RPC sockets, temp files) lands under `<output_dir>/inference/`.
-"""
+"""Config of the `inference` entry point: vLLM starts with this model's options (`vllm` passed through) plus the CPU
+defaults, and every file vLLM writes lands under `<output_dir>/inference/`."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from envrl.config import BaseConfig, ModelConfig
+from envrl.config import BaseConfig, RunDirKeys
 from envrl.data.layout import inference_work_dir
 from envrl.runtime.net import is_loopback_host
 from envrl.runtime.secrets import RELOAD_TOKEN_ENV
 from envrl.telemetry.log import LogConfig
+
+SERVABLE_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.32 takes for `max_lora_rank`."""
+
+
+def lora_serving_options(rank: int) -> dict[str, Any]:
+    """vLLM options that serve adapters of rank `rank`: LoRA on, the smallest servable max rank."""
+    return {"enable_lora": True, "max_lora_rank": next(r for r in SERVABLE_RANKS if r >= rank)}
 
 
 class ReloadConfig(BaseConfig):
@@ -38,10 +42,7 @@ class ReloadConfig(BaseConfig):
         return os.environ.get(self.token_env) or None
 
 
-class InferenceConfig(BaseConfig):
-    model: ModelConfig = ModelConfig()
-    output_dir: Path = Path("outputs/run")
-    """Run directory; vLLM's caches, RPC sockets and temp files go under `<output_dir>/inference/`."""
+class InferenceConfig(RunDirKeys):
     host: str = "127.0.0.1"
     """Interface the OpenAI-compatible server binds."""
     port: int = 8000
@@ -51,9 +52,9 @@ class InferenceConfig(BaseConfig):
     vllm: dict[str, Any] = {}
     """vLLM server/engine options, passed through as `--key value` (e.g. max_model_len = 2048,
     enforce_eager = true). On CPU, dtype = "float32" and enforce_eager = true are the defaults."""
-    warmup_requests: int = Field(16, ge=0)
+    warmup_requests: ClassVar[int] = 16
     """Concurrent warm-up generations (16 prompt + 8 sampled tokens each) the server runs before
-    `/health` answers, so the first real requests are served at full speed; 0 skips the warm-up."""
+    `/health` answers, so the first real requests are served at full speed."""
     reload: ReloadConfig = ReloadConfig()
     ready_timeout_s: float = Field(600.0, gt=0)
     """Seconds `rl` waits for every replica to serve, counted from their launch: the run's one

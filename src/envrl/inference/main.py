@@ -1,11 +1,6 @@
-"""`inference --config x.toml`: serve `model.name` with vLLM plus `POST /update_weights`.
-
-Guarantee: the process serves on `host:port` with exactly the engine options `vllm_args` builds,
-on a socket that listens from before vLLM is imported (`hold_port`: no other user can take the
-port while vLLM starts), keeps every file vLLM writes under `<output_dir>/inference/` (its
-environment is set before vLLM is imported) except the model-class records runs share, dies
-with its parent, and exits 2 on a config error (unknown vLLM options included) or a taken port.
-"""
+"""`inference --config x.toml`: serves `model.name` on `host:port` with exactly `vllm_args`, on a socket held from
+before vLLM is imported, files under `<output_dir>/inference/`; dies with its parent; exit 2 on a config error or
+taken port."""
 
 from __future__ import annotations
 

@@ -1,36 +1,6 @@
-"""`POST /update_weights`: the replica's end of the weight transports: load the policy a directory
-names (HF safetensors, a LoRA adapter, or a policy the trainer sends in memory) into the running
-vLLM engine.
-
-Guarantee: a reload either completes (the response comes after the new weights serve every
-later request) or is refused with an error naming the problem while the previous weights keep
-serving; whatever happens, generation is resumed before the response. Reloads are serialised
-and idempotent per policy step: a repeated POST of a step already loaded (a client retrying
-after a lost answer) changes nothing and gets the first answer again. Each reload has a
-server-side deadline (`inference.reload.timeout_s`). Requests arriving during a reload wait and
-run on the new weights; what happens to those in flight when it starts is the caller's choice
-(`in_flight`, see `IN_FLIGHT_PAUSE`): by default they finish on the old weights first (vLLM's
-"wait" pause); for partial rollouts they are frozen and go on under the new weights after the
-load. Every token a request generates is labelled with the policy step that sampled it (vLLM's
-weight version, returned as `weight_versions` spans): the step of the last reload that gave one;
-the weights the server started with, or loaded without a step, have a label that is no number. Off loopback,
-callers must send the token (`inference.reload`).
-
-Shipped to vLLM as an endpoint plugin (entry point group `vllm.endpoint_plugins`, enabled by
-`VLLM_PLUGINS=envrl`), so the server is vLLM's own OpenAI server with this one route added.
-The directory is read once (`envrl.transport.source.read_source`) and checked against the
-served model before the engine is touched; each transport's module then loads it:
-`envrl.transport.files` (vLLM's native `Worker.reload_weights`, which also redoes the post-load
-processing, wrapped by our worker extension, envrl.inference.worker, to keep tied output
-embeddings in step), envrl.inference.adapter (a `trainer.lora` run's adapter, hot-loaded onto the
-base model: a server started with `enable_lora`; a full reload afterwards serves that model
-without an adapter), or `envrl.transport.memory` (with the policy's secret from the request body,
-never from disk, the server joins the trainer's rendezvous, refusing a sender that cannot prove
-that secret before the engine is paused, and receives the broadcast through vLLM's own
-weight-transfer calls on the engine it was started with, under this route's token, pause and
-deadline; a broken transfer cannot restore the previous weights, which were never on disk, so it
-is answered 500: restart the server).
-"""
+"""`POST /update_weights`: a reload completes (later requests use the new weights) or is refused with the old ones
+serving, generation always resumed; serialised, idempotent per step, with a deadline; every token labelled with the
+step that sampled it (docs/inference.md)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""`inference`: vLLM's own OpenAI-compatible server, plus `POST /update_weights`; the process is
-run by `envrl.inference.main`, and spawned and awaited through `start` here.
-
-Guarantee: the process serves `model.name` on `host:port` with exactly the engine options of
-`inference.vllm` (over the CPU defaults when vLLM runs on CPU), logs vLLM's records through
-`setup_logging`, and keeps every file vLLM writes under `<output_dir>/inference/`, except its
-model-class records, shared between runs (`link_model_info_cache`). Every replica starts with a
-weight-transfer engine (vLLM's `weight_transfer_config`): vLLM's `nccl` on GPU, envrl's `gloo`
-(envrl.inference.transfer) on CPU, so a trainer publishing in memory can broadcast policies
-into it (`inference.vllm.weight_transfer_config` wins). Chat requests with tools are parsed by
-vLLM's parser of the model's tool-call family (`envrl.inference.chat_tools`).
-"""
+"""`inference`: vLLM's own OpenAI server plus `POST /update_weights`, with exactly `inference.vllm`'s options and a
+weight-transfer engine on every replica; `inference/launch.py` starts it (docs/inference.md)."""
 
 from __future__ import annotations
 
@@ -18,14 +8,10 @@ import difflib
 import json
 import os
 import shutil
-import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 from loguru import logger
 
 from envrl.config import ConfigError
@@ -35,10 +21,7 @@ from envrl.inference.config import InferenceConfig
 from envrl.inference.engine_fork import fork_cpu_engine
 from envrl.inference.reload import PLUGIN_NAME, RELOAD_ENV
 from envrl.inference.warmup import WARMUP_ENV
-from envrl.runtime.http import poll_delays
-from envrl.runtime.listeners import foreign_listeners_at, squatter_error
 from envrl.runtime.net import is_loopback_host
-from envrl.runtime.process import Child, config_argv, spawn
 from envrl.runtime.secrets import API_KEY_ENV, api_key
 from envrl.telemetry.log import LogConfig, setup_logging
 
@@ -243,66 +226,3 @@ def vllm_args(config: InferenceConfig, on_cpu: bool) -> Any:
 
         check_lora_support(AutoConfig.from_pretrained(config.model.name).architectures or [], config.model.name)
     return args
-
-
-def spawn_server(config: InferenceConfig, *, log_file: Path) -> Child:
-    """Spawn `inference` for `config` (stdout and stderr to `log_file`); see `wait_until_serving`."""
-    return spawn(
-        [sys.executable, "-m", "envrl.inference.main", *config_argv(config)], name="inference", log_file=log_file
-    )
-
-
-def wait_until_serving(
-    child: Child, base_url: str, timeout: float, also_check: Callable[[], None] = lambda: None
-) -> None:
-    """Return once `base_url/health` answers; raise ChildFailed if the server dies or times out, or
-    if a socket of another uid listens where `base_url` is served on this machine (`listeners.py`:
-    a server another local user started on the port while this one loads is never taken for it).
-
-    Polls soon after the spawn, then less often (`poll_delays`), all on one HTTP client (a new
-    one per poll would build an SSL context each time): death is noticed at the next poll (within
-    half a second, or the 5 s timeout of a `/health` call that hangs) and named with the tail of
-    the child's log;
-    `also_check` runs at every poll too (a launcher checks its other children there). Progress is
-    logged.
-    """
-    started = time.monotonic()
-    next_report = started + 15.0
-    delays = poll_delays()
-    with httpx.Client(timeout=5.0) as http:
-        while True:
-            if child.poll() is not None:
-                raise child.failure(f"{child.describe_exit()} before serving {base_url}")
-            also_check()
-            now = time.monotonic()
-            if now - started > timeout:
-                raise child.failure(f"did not serve {base_url}/health within {timeout:g} s")
-            _refuse_foreign(child, base_url)
-            try:
-                answered = http.get(f"{base_url}/health").status_code == 200
-            except httpx.HTTPError:
-                answered = False
-            if answered:
-                _refuse_foreign(child, base_url)  # it may have begun to listen since
-                logger.info(f"inference server ready at {base_url} after {now - started:.1f} s")
-                return
-            if now >= next_report:
-                logger.info(f"waiting for the inference server at {base_url} ({now - started:.0f} s)")
-                next_report = now + 15.0
-            time.sleep(next(delays))
-
-
-def _refuse_foreign(child: Child, base_url: str) -> None:
-    if foreign := foreign_listeners_at(base_url):
-        raise child.failure(squatter_error(base_url, foreign))
-
-
-def start(config: InferenceConfig, *, log_file: Path, ready_timeout: float) -> Child:
-    """Spawn `inference` for `config` and return once it serves; on failure stop it and raise."""
-    child = spawn_server(config, log_file=log_file)
-    try:
-        wait_until_serving(child, config.base_url, ready_timeout)
-    except BaseException:
-        child.stop(grace=10.0)
-        raise
-    return child

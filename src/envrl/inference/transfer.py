@@ -1,16 +1,5 @@
-"""envrl's `gloo` weight-transfer engine for vLLM: the CPU twin of vLLM's `nccl` engine, so the
-in-memory weight path (envrl.transport.memory, its collective in envrl.transport.broadcast) runs
-on CPU and in CI exactly as on GPU.
-
-Guarantee: registered with vLLM's `WeightTransferEngineFactory` as `gloo` when this module is
-imported (the worker imports it as part of envrl's worker extension, before vLLM builds the
-engine named by `--weight-transfer-config`). A worker joins the trainer's group only through the
-rendezvous that proves the policy's secret (envrl.transport.rendezvous), its connections
-listening on the address that routes to the trainer. Between `start_weight_update` and
-`finish_weight_update` every tensor the trainer broadcasts is loaded through vLLM's layerwise
-reload (checkpoint-format names, post-load processing redone per layer), as the `nccl` engine
-does; a transfer that breaks raises in the worker and the caller's reload fails.
-"""
+"""envrl's `gloo` weight-transfer engine, the CPU twin of vLLM's `nccl`: a worker joins only through the rendezvous
+proving the policy's secret, and a broken transfer raises, failing the caller's reload."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Warm-up generations run inside the inference server before it reports ready.
-
-Guarantee: when `/health` first answers 200, the engine has already prefilled and decoded
-`inference.warmup_requests` concurrent seeded requests of the kind rollouts send (token-id
-prompts, `logprobs=0`), so the first real requests do not pay vLLM's one-time costs on the clock
-of the first training step. The warm-up leaves nothing behind but vLLM's request counters (its
-prefix-cache entries are dropped; seeded requests use their own generators), and a failed
-warm-up fails the server's start-up with the engine's error.
-"""
+"""When `/health` first answers 200, the engine has run `warmup_requests` seeded requests of the rollouts' kind,
+leaving nothing behind but its counters; a failed warm-up fails the server's start-up with the engine's error."""
 
 from __future__ import annotations
 
@@ -17,7 +10,7 @@ from typing import Any
 from loguru import logger
 
 WARMUP_ENV = "ENVRL_INFERENCE_WARMUP_REQUESTS"
-"""Carries `inference.warmup_requests` from the entry point to the endpoint plugin that runs it."""
+"""Carries `InferenceConfig.warmup_requests` from the entry point to the endpoint plugin that runs it."""
 PROMPT_TOKENS = 16
 MAX_TOKENS = 8
 

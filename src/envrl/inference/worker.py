@@ -1,13 +1,5 @@
-"""Engine side of `/update_weights`: a vLLM worker extension (`--worker-extension-cls`).
-
-Guarantee: after `envrl_reload_weights(path)` every parameter the model computes with comes
-from `path`, including an output head tied to the input embeddings. vLLM's native in-place
-reload only re-processes layers whose weights it loaded, so a tied `lm_head` (absent from HF
-checkpoints) keeps computing with derived state of the old embeddings (on CPU, its prepacked
-GEMM copy); this extension re-ties it and redoes its post-load processing, also after an
-in-memory transfer (`envrl_retie_output_embeddings`). Importing it registers envrl's `gloo`
-weight-transfer engine with vLLM (envrl.inference.transfer), in the worker that builds it.
-"""
+"""Engine side of `/update_weights` (a vLLM worker extension): after `envrl_reload_weights(path)` every parameter, a
+tied output head included, comes from `path`; importing it registers the `gloo` transfer engine."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""`rl --resume` of a run that has already trained all its steps.
-
-Guarantee: `completed_run(rl)` says, before anything is started or written, whether a resume would
-start the trainer at or past `max_steps` (the step it resumes from is `trainer.ckpt.resume_step`,
-else the newest checkpoint: the trainer's own choice), and if so returns the one line that says
-the run is complete and how to train it further; None for any other run.
-"""
+"""`completed_run(rl)`: before anything starts, the one line saying a `--resume` would start at or past `max_steps`
+(and how to train further), else None."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""Keeping a week-long run's logs bounded: every `*.log` under the run's `logs/` is rotated when it
-passes `max_mb`, keeping `keep` older copies (`x.log.1` newest ... `x.log.<keep>`).
-
-Guarantee: at most `(keep + 1) * max_mb` (plus what is written between two looks) per log file.
-Rotation copies the file, then truncates it in place: every writer (a child's stdout, loguru's
-file sink, vLLM's C-level prints) appends with O_APPEND, so it goes on writing at the new end of
-the same file and no process needs to reopen anything. A line written between the copy and the
-truncation is lost; that window is one `ftruncate` call. Nothing is read, written or truncated
-through a symlink, at any component of its path (each directory is opened from its parent's
-descriptor): code running as the run's user cannot turn rotation against another file, even by
-swapping a directory for a link while rotation walks. A copy keeps its source's mode.
-"""
+"""Every `*.log` under the run's `logs/` is rotated past `max_mb` keeping `keep` copies, in place (writers never
+reopen), never through a symlink at any component of its path."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""`rl --config x.toml`: start and supervise a whole training run on one machine; `rl eval ...`
-and the other `COMMANDS` run the command of that name instead.
-
-Guarantee: every process this command starts is stopped before it returns, whatever happens
-(a crash of any process, Ctrl-C, SIGTERM; and, through the parent-death signal, even if `rl`
-itself is SIGKILLed), torchrun's trainer ranks included (`launcher/torchrun.py`). A process that
-dies is restarted within its budget (an env server on its address, per the run's `restarts`;
-inference, trainer and orchestrator per `restarts`, each with its own budget, as `launcher/recovery.py` says), and
-what each death cost goes to `summary.json`; a death past its budget ends the run, which
-`--resume` continues. Exit code: 0 when trainer and
-orchestrator finished, 1 when a process failed (it is named, with the tail of its log), 2 for a
-bad config, 130 on Ctrl-C.
-"""
+"""`rl`: every process it starts is stopped before it returns, whatever happens; a dead process is restarted within
+its budget, and exit is 0 (done), 1 (a process failed, named with its log tail), 2 (bad config) or 130 (Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -30,18 +19,19 @@ from envrl.config import ConfigError, config_to_toml, load_config
 from envrl.data import layout
 from envrl.envclient.curve import make_curve_keys
 from envrl.launcher import preflight, recovery, run_dir, summary
-from envrl.launcher.commands import Command
 from envrl.launcher.completed import completed_run
 from envrl.launcher.config import RLConfig
-from envrl.launcher.cpus import pin, vllm_is_cpu_build
 from envrl.launcher.log_rotation import LogRotator
-from envrl.launcher.placement import visible_gpus
-from envrl.launcher.plan import TEACHER, Machine, RunPlan, plan
+from envrl.launcher.plan.commands import Command
+from envrl.launcher.plan.cpus import pin, vllm_is_cpu_build
+from envrl.launcher.plan.placement import visible_gpus
+from envrl.launcher.plan.run import TEACHER, Machine, RunPlan, plan
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.launcher.run_keys import make_secrets
 from envrl.launcher.slurm import job_hosts, write_sbatch
 from envrl.runtime.net import port_is_free
-from envrl.runtime.process import Child, ChildFailed, RestartPolicy, spawn
+from envrl.runtime.process import Child, ChildFailed, spawn
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
 from envrl.serve.launch import begin as begin_env_server
 from envrl.serve.launch import ready as env_server_ready
@@ -55,7 +45,7 @@ COMMANDS: dict[str, str] = {
     "report": "envrl.report.main",
     "envs": "envrl.envs.registry",
     "replay": "envrl.trainer.replay",
-    "sft": "envrl.trainer.sft",
+    "sft": "envrl.trainer.sft.main",
 }
 """`rl NAME ARGS...` runs `main(ARGS)` of the module: a user command that does not collide with the
 shell (`eval` is a builtin). Adding a command is one line here."""
@@ -63,7 +53,7 @@ shell (`eval` is a builtin). Adding a command is one line here."""
 
 USAGE = """usage: rl --config FILE.toml [--section.key VALUE ...] [--resume | --clean] [--dry-run | --slurm]
        rl COMMAND ...        commands: eval, report, envs, sft, replay (rl COMMAND --help)
-       rl --help             every option;  rl --version
+       rl --help             the options people change;  rl --help-all  every option;  rl --version
 
 The smoke run (a tiny model learns on CPU in about a minute):
   uv run --no-sync rl --config configs/debug/cpu_smoke.toml"""

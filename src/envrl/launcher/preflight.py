@@ -1,15 +1,5 @@
-"""What `rl` (and `rl --dry-run`) checks before it starts anything, so a run that cannot work fails
-in a second with one line instead of after vLLM loaded.
-
-Guarantee: `check(rl)` raises `ConfigError` naming the key when `model.name` is neither a model
-directory nor a plausible hub id, or when an env the launcher would serve from this interpreter
-names an id no installed package registers (with the closest installed ids) or args its
-`load_environment` does not take (naming the ones it does), or `trainer.lora.target_modules`
-names a module the local model does not have, or `orchestrator.distill.teacher_weights` is not
-a model directory. Envs served from
-their own venv (`project`, `python`) and `package.module:function` or adapter ids are checked by
-their servers, which name the cause the same way.
-"""
+"""`check(rl)`, before anything starts: a model, env id, env args, LoRA target or teacher that is not there is one
+`ConfigError` naming the key (and the closest valid choices)."""
 
 from __future__ import annotations
 
@@ -29,7 +19,7 @@ def check(rl: RLConfig) -> None:
     if distill is not None and distill.teacher_weights is not None:
         _check_teacher_weights(distill.teacher_weights)
     if rl.trainer.lora is not None and Path(rl.model.name).expanduser().is_dir():
-        from envrl.trainer.lora import LoraError, check_lora_model  # torch: only for LoRA runs
+        from envrl.trainer.model.lora import LoraError, check_lora_model  # torch: only for LoRA runs
 
         try:
             check_lora_model(rl.trainer.lora, rl.model.name)

@@ -1,14 +1,5 @@
-"""How each role of an `rl` run comes back after it died, without anyone typing `--resume`.
-
-Guarantee: a restarted process runs the command and environment of its first start (on the same
-cores), the trainer and the orchestrator with `--resume` added, so they continue from what was
-published (the trainer from its newest checkpoint, retraining the published batches after it;
-the orchestrator after its newest batch, re-running the groups that were pending). A role counts
-as back once it has made up for the death: the trainer published a policy, the orchestrator a
-batch, newer than the newest at its death (or it finished); an inference replica, started on
-the newest published policy, answers `/health` and serves the newest one (loaded by the launcher
-if a newer one was published meanwhile).
-"""
+"""A restarted role runs its first start's command (trainer and orchestrator with `--resume`) and counts as back
+once it has made up for its death (a newer policy or batch published, or a replica serving the newest policy)."""
 
 from __future__ import annotations
 
@@ -20,11 +11,12 @@ import httpx
 from loguru import logger
 
 from envrl.data.layout import published_steps, rollouts_root, weights_dir, weights_root
-from envrl.launcher.commands import Command
+from envrl.launcher.plan.commands import Command
 from envrl.model.inference import InferenceClient, InferenceError
 from envrl.runtime.http import HttpCallError
 from envrl.runtime.listeners import foreign_listeners_at, squatter_error
-from envrl.runtime.process import Child, ChildFailed, RestartPolicy
+from envrl.runtime.process import Child, ChildFailed
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Check, Respawn
 
 RESUME_FLAG = "--resume"

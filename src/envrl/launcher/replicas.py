@@ -1,18 +1,13 @@
-"""The inference replicas of an `rl` run: one vLLM server per replica, each on a port of its own.
-
-Guarantee: replica i of k serves on `inference.port + i` with the run's inference options, is
-named `inference` (k = 1) or `inference-<i>`, which names its config (`configs/<name>.toml`) and
-its log (`logs/<name>.log`); `wait_for_replicas` returns only once every replica answers /health,
-and fails at the run's one start-up limit (`READY_TIMEOUT_KEY`) naming that key.
-"""
+"""`wait_for_replicas` returns only once every inference replica of an `rl` run answers /health, and fails at the
+run's one start-up limit (`READY_TIMEOUT_KEY`) naming that key."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
 
-from envrl.config import ConfigError
 from envrl.inference.config import InferenceConfig
+from envrl.inference.launch import wait_until_serving
 from envrl.runtime.process import Child, ChildFailed
 from envrl.runtime.supervisor import Supervisor
 
@@ -21,30 +16,11 @@ READY_TIMEOUT_KEY = "inference.ready_timeout_s"
 launch, the orchestrator (started later) from its own wait, so the launcher's check fails first."""
 
 
-def replica_name(index: int, count: int) -> str:
-    return "inference" if count == 1 else f"inference-{index}"
-
-
-def replica_configs(inference: InferenceConfig, count: int) -> dict[str, InferenceConfig]:
-    """Each of `count` replicas' own config, by replica name: one server each, on its own port."""
-    last = inference.port + count - 1
-    if last > 65535:
-        raise ConfigError(
-            f"placement.inference.replicas = {count} from inference.port = {inference.port} needs ports up to "
-            f"{last}, past 65535: lower inference.port"
-        )
-    return {replica_name(i, count): inference.model_copy(update={"port": inference.port + i}) for i in range(count)}
-
-
 def wait_for_replicas(
     children: Mapping[str, Child], configs: Mapping[str, InferenceConfig], supervisor: Supervisor, deadline: float
 ) -> None:
     """Return once every replica serves; a replica (or any supervised process) dying first, or the
     `time.monotonic()` `deadline` passing, raises ChildFailed."""
-    # imported here, once the run's processes are spawned: the module imports torch (~2 s), which
-    # `rl` would otherwise pay before it starts anything (and `rl eval`, `rl --help` for nothing)
-    from envrl.inference.server import wait_until_serving
-
     for name, child in children.items():
         left = max(deadline - time.monotonic(), 1.0)  # a replica started beside the others may serve already
         try:

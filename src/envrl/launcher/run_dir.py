@@ -1,15 +1,5 @@
-"""The output directory of an `rl` run: claimed by a marker, reused only by choice, cleaned only of
-what envrl wrote.
-
-Guarantee: `rl` writes into a directory only if it was empty (or absent) or carries the marker
-`rl` left when it claimed it, and one it owns, which it makes private before writing anything in
-it: mode 0700, or 0750 for `output_dir_group` (checkpoints, batches, logs, configs and the weight
-transfer's rendezvous are nobody else's to read); `--clean` deletes nothing in a directory without that marker, and in
-one with it only the entries the run layout names, never the working directory, the home
-directory, `/` or any of their ancestors. A directory whose run never published anything (a
-failed start) is reused without `--clean`. The user's config is kept as `configs/rl.toml`, so
-`rl --resume --output-dir DIR` needs nothing else.
-"""
+"""`rl` writes only into an empty directory or one its marker claims, made private first (0700, or 0750 for
+`output_dir_group`); `--clean` deletes only the entries the run layout names, never an unmarked directory."""
 
 from __future__ import annotations
 

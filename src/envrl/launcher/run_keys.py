@@ -1,10 +1,5 @@
-"""The secrets of a run: its `/update_weights` token and its vLLM API key (its CURVE keys:
-`envclient/curve.py`, shared with the orchestrator's and `rl eval`'s sidecars).
-
-Guarantee: a plan only names them (`Secret`); the launcher makes them when it executes the plan.
-`make_secrets` gives each `Secret` the value the launcher's environment has, else a fresh random
-one, and that value travels only in the environment of the processes that name it.
-"""
+"""The run's secrets (`/update_weights` token, vLLM API key): a plan only names them; `make_secrets` takes the
+launcher's value or a fresh random one, which travels only in the environment of the processes that name it."""
 
 from __future__ import annotations
 

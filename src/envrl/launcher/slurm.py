@@ -1,17 +1,5 @@
-"""`rl --config x.toml --slurm`: the run as a SLURM batch script, each host running its slice.
-
-Guarantee: the script runs exactly the commands of the run's plan for the job's hosts
-(`launcher/plan.py`'s `plan(rl, hosts)`, which places them as `[slurm]` says: trainer ranks on
-the first `trainer_nodes` hosts, torchrun's rendezvous on host 0; `placement.inference.replicas`
-servers on each of the last `inference_nodes`; the env servers on `env_node`, over CURVE as
-under `rl`; the orchestrator on host 0). It makes the plan's secrets in the job's environment,
-then its first step writes the configs once SLURM has named the hosts (`python -m
-envrl.launcher.slurm`, which plans again for them and makes the CURVE keys), then one `srun`
-step per process starts it on its host (an env server with only the allow-list of the job's
-environment that `rl` gives it, never the reload token); the job ends when the orchestrator and
-every trainer host are done, or at the first failure, and SLURM stops what is left. envrl writes
-commands; SLURM places and stops processes.
-"""
+"""`rl --slurm`: a SLURM batch script running exactly the plan's commands for the job's hosts, one `srun` step per
+process; the job ends when orchestrator and trainers are done or at the first failure (docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -25,9 +13,9 @@ from pathlib import Path
 from envrl.config import ConfigError, config_to_toml, resolve_config
 from envrl.data import layout
 from envrl.envclient.curve import make_curve_keys
-from envrl.launcher.commands import Command
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import Machine, RunPlan, plan
+from envrl.launcher.plan.commands import Command
+from envrl.launcher.plan.run import Machine, RunPlan, plan
 from envrl.runtime.process import ALLOWED_ENV, ALLOWED_ENV_PREFIXES
 
 FINISHING = ("trainer", "orchestrator")

@@ -1,8 +1,5 @@
-"""What `summary.json` says of one `rl` run, gathered when the run ends, however it ends (`data/summary.py` writes and reads the file).
-
-Guarantee: it exists after every run that got as far as its output dir, with `status` `success`,
-`failed` or `interrupted`; every float is finite or `null`.
-"""
+"""What `summary.json` says of an `rl` run, gathered when it ends however it ends (`data/summary.py` writes and
+reads the file): `status` `success`, `failed` or `interrupted`, the checks that fired, the diagnosis."""
 
 from __future__ import annotations
 

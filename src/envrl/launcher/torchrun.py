@@ -1,10 +1,5 @@
-"""`python -m envrl.launcher.torchrun ARGS`: torchrun (`torch.distributed.run`) as `rl` starts it.
-
-Guarantee: this torchrun dies with `rl`, even when `rl` is SIGKILLed (parent-death signal), and
-each rank it starts dies with it (the trainer's `die_with_parent` watches this process), so no
-rank outlives the run; torchrun puts every rank in a session of its own, out of reach of the
-process-group kill `rl` uses for its other children.
-"""
+"""`python -m envrl.launcher.torchrun ARGS`: torchrun as `rl` starts it, dying with `rl` (even SIGKILLed) and taking
+every rank with it."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Chat messages to prompt token ids with the model's own chat template, extending a branch.
-
-Guarantee: when a turn continues the previous turn of its branch (its messages are the previous
-prompt, the previous response, then new env/tool messages), its prompt ids are exactly the
-previous prompt ids + the previous completion ids + the tokens that close the assistant turn +
-the newly rendered messages; earlier turns are never re-tokenised. Otherwise the whole
-conversation is rendered afresh and the caller starts a new branch.
-"""
+"""Chat messages to prompt ids with the model's own template: a turn that continues its branch gets exactly the
+previous prompt + completion + the turn's closing tokens + the new messages; earlier turns are never re-tokenised."""
 
 from __future__ import annotations
 

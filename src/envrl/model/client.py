@@ -1,12 +1,5 @@
-"""How environments talk to a model: one `ModelClient` interface, built from a serialisable config.
-
-Guarantee: every client answers `generate(messages, sampling, tools=..., previous=...)` with the
-assistant message, and the train and scripted-with-tokenizer clients also with the exact prompt
-and completion token ids and the sampled tokens' logprobs (validated to be the same length);
-the train client also with the policy step that sampled each token, as the server labels them.
-A `ClientConfig` is plain data, so it can cross the env-server wire; the train client keeps the
-branch's tokens (see `chat_tokens`), never re-tokenising earlier turns.
-"""
+"""How envs talk to a model: every `ModelClient` answers `generate` with the assistant message (train clients also
+with exact token ids, their logprobs of equal length and each token's policy step); a `ClientConfig` is plain data."""
 
 from __future__ import annotations
 
@@ -116,18 +109,18 @@ class ChatClientConfig(_Plain):
     model: str
     api_key_env: str | None = None
     """Name of the environment variable holding the API key (keys never go into configs)."""
-    return_tokens: bool = False
-    """Ask a vLLM server for prompt/completion token ids and logprobs too."""
     extra_body: dict[str, Any] = {}
     """Extra request fields, passed as-is."""
-    retry: RetryPolicy = RetryPolicy()
 
 
 class EvalClientConfig(ChatClientConfig):
     """A chat client where a model client may be of any kind (`rl eval --client`, an env server's
-    `--client`): the same keys, picked by `type = "eval"`."""
+    `--client`): the same keys, picked by `type = "eval"`, plus tokens and retries."""
 
     type: Literal["eval"] = "eval"
+    return_tokens: bool = False
+    """Ask a vLLM server for prompt/completion token ids and logprobs too."""
+    retry: RetryPolicy = RetryPolicy()
 
     @classmethod
     def of(cls, chat: ChatClientConfig) -> EvalClientConfig:

@@ -1,8 +1,5 @@
-"""Token-in/token-out client of the inference server.
-
-Guarantee: `generate` returns exactly one logprob per completion token (a length mismatch is an
-error, never padded or truncated), and every call ends within its `RetryPolicy` deadline.
-"""
+"""Token-in/token-out client of the inference server: `generate` returns exactly one logprob per completion token (a
+mismatch is an error, never padded) and every call ends within its `RetryPolicy` deadline."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Several inference servers that serve one model and one policy, called as one.
-
-Guarantee: a `generate` that continues a turn this set answered goes to the replica that answered
-it (its prefix is in that replica's cache); any other goes to the replica with the fewest calls of
-this process in flight (ties: in turn). A replica that stops answering (a dead or restarting
-server: no answer after the client's retries) is left out for `DOWN_S` seconds and the call goes
-to another one, so the others keep generating; with every replica down the call tries again
-until one answers, for up to `ALL_DOWN_WAIT_S` seconds (a restarted replica comes back serving
-the newest policy, `launcher/recovery.py`), then fails; a client whose retry policy allows no
-retry (`max_retries = 0`) fails at once instead. `update_weights` reloads every replica in parallel and
-returns only once all of them serve the new weights, or raises naming each replica (index and
-URL) that did not.
-"""
+"""Several replicas called as one: a continued turn goes to the replica that answered it, others to the least busy;
+a silent replica is skipped for `DOWN_S`; `update_weights` returns once all serve the new weights, or names those
+that don't."""
 
 from __future__ import annotations
 

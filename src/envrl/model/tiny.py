@@ -1,15 +1,5 @@
-"""Models built offline, for debug runs, tests and the GPU kit (no model hub needed).
-
-    python -m envrl.model.tiny [--out DIR] [--seed N]     # default: rebuild deps/models/tiny-chat
-    python -m envrl.model.tiny --shape qwen3-0.6b        # deps/models/qwen3-0.6b-random (1.2 GB)
-
-Guarantee: `build_tiny_model(out, seed)` writes the same bytes for the same seed: a Llama causal
-LM (hidden 64, 2 layers, head_dim 32 because vLLM on CPU rejects smaller heads) and a byte-level
-BPE tokenizer trained on a fixed in-code corpus, with a ChatML chat template that renders tools
-and tool calls. `build_qwen3_model(out, shape, seed)` does the same for a Qwen3 architecture of a
-named shape (`QWEN3_SHAPES`) with random bf16 weights and that tokenizer. The results are plain
-HF directories for transformers and vLLM alike.
-"""
+"""Models built offline for debug runs and tests: `build_tiny_model` and `build_qwen3_model` write the same bytes
+for the same seed, plain HF directories. Usage: `python -m envrl.model.tiny [--out DIR] [--seed N] [--shape NAME]`."""
 
 from __future__ import annotations
 
@@ -22,9 +12,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-MODELS_DIR = Path(__file__).resolve().parents[3] / "deps" / "models"
-DEFAULT_DIR = MODELS_DIR / "tiny-chat"
-"""Where the repo ships the default build (seed 0); configs point `model.name` here."""
+MODELS_DIR = Path("deps") / "models"
+"""Where `main` writes by default, relative to the current directory: run from a checkout's root, it
+rebuilds the models the repo ships (tiny-chat, seed 0, which configs name as `model.name`)."""
 
 QWEN3_SHAPES: dict[str, dict[str, int]] = {
     "qwen3-0.6b": {
@@ -281,12 +271,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Build an offline model (same shape and seed, same bytes).")
     parser.add_argument("--shape", choices=["tiny-chat", *QWEN3_SHAPES], default="tiny-chat")
     parser.add_argument(
-        "--out", type=Path, help=f"output directory (default: {DEFAULT_DIR}, or {MODELS_DIR}/<shape>-random)"
+        "--out", type=Path, help=f"output directory (default: {MODELS_DIR}/tiny-chat, or {MODELS_DIR}/<shape>-random)"
     )
     parser.add_argument("--seed", type=int, default=0, help="weight-initialisation seed (default: 0)")
     args = parser.parse_args()
     if args.shape == "tiny-chat":
-        out = build_tiny_model(args.out or DEFAULT_DIR, args.seed)
+        out = build_tiny_model(args.out or MODELS_DIR / "tiny-chat", args.seed)
     else:
         out = build_qwen3_model(args.out or MODELS_DIR / f"{args.shape}-random", args.shape, args.seed)
     size = sum(f.stat().st_size for f in out.iterdir())

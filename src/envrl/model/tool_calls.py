@@ -1,13 +1,5 @@
-"""Tool calls in a model's generated text, per chat-template family, as OpenAI `tool_calls`.
-
-Guarantee: `family_of(chat_template)` names the family whose syntax the template teaches
-(Hermes/Qwen `<tool_call>{json}</tool_call>`, or a JSON list of calls in the tag as SmolLM2 writes, Llama-3 JSON, Mistral `[TOOL_CALLS]`) or None;
-`parse` turns a completion's text into an assistant message holding structured `tool_calls`
-(`{"id", "type": "function", "function": {"name", "arguments": <JSON text>}}`) and the text around
-them, and leaves a completion whose calls do not parse as plain text, so the env (envs/tools.py)
-can answer the model with what was wrong. Parsing never changes the tokens: the Trace keeps the
-generated ids, and the next turn extends them (model/chat_tokens.py).
-"""
+"""Tool calls per chat-template family: `family_of` names the syntax a template teaches, `parse` turns a completion
+into OpenAI `tool_calls` (unparseable calls stay plain text for the env to answer); the tokens never change."""
 
 from __future__ import annotations
 

@@ -1,22 +1,13 @@
-"""Group-relative advantages.
-
-Guarantee: a group's baseline holds only its rollouts with a reward and no error (`baseline`):
-a rollout whose env or infrastructure failed never enters it, and a group with fewer than
-`MIN_BASELINE` such rollouts (or fewer than its size, for groups of one) is not trained on. A
-group's advantages are its baseline's rewards minus their mean, optionally divided by a
-reward standard deviation (the group's own, or the whole batch's), in the group's order; a group
-whose rewards are all equal carries no learning signal and is either kept with zero advantages
-or dropped, as configured.
-"""
+"""Group-relative advantages: a group's baseline holds only its scored, error-free rollouts (too few: not trained
+on), and its advantages are their rewards minus the mean, optionally scaled by a reward standard deviation."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
-
+from envrl.config import BaseConfig
 from envrl.data.traces import Trace
 
 MIN_BASELINE = 2
@@ -30,9 +21,7 @@ def baseline(traces: Sequence[Trace]) -> list[Trace]:
     return good if len(good) >= min(MIN_BASELINE, len(traces)) else []
 
 
-class AdvantageConfig(BaseModel):
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
+class AdvantageConfig(BaseConfig):
     scale: Literal["none", "group", "batch"] = "none"
     """What the centred rewards are divided by: nothing (Dr. GRPO), the group's reward standard
     deviation (GRPO), or the standard deviation of every reward in the step's batch (TRL's
@@ -42,8 +31,8 @@ class AdvantageConfig(BaseModel):
     mask_truncated: bool = False
     """Train no sample of a truncated rollout (cut off by `max_tokens`, the episode budget or the
     context); its reward still counts in its group's mean (TRL's `mask_truncated_completions`)."""
-    eps: float = 1e-6
-    """Added to a standard deviation before dividing by it."""
+    eps: ClassVar[float] = 1e-6
+    """Added to a standard deviation before dividing by it (fixed)."""
 
 
 def _std(values: Sequence[float]) -> float:

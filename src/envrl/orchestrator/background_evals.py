@@ -1,9 +1,5 @@
-"""Interval evals running beside training, and the failure of any of them.
-
-Guarantee: an eval started here runs as its own task beside the loop; the first one to fail is
-kept and raised by `raise_failure` (at the loop's next step) or `wait`, so a run never goes on
-with an eval env server that stayed down; `close` cancels and awaits every one still running.
-"""
+"""Interval evals beside training: the first one to fail is raised at the loop's next step (or by `wait`), so a run
+never goes on with an eval server down; `close` cancels and awaits every one still running."""
 
 from __future__ import annotations
 

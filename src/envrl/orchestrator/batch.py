@@ -1,11 +1,5 @@
-"""A step's groups as one batch of training samples: group advantages, then each trained rollout's
-masked samples (`trajectories.py`) fitted to `seq_len`.
-
-Guarantee: every group of the step is handed to `record` (its rollout lines) once, in order,
-before its samples are built; every rollout is counted once in `counters` (`error_rollouts`,
-`unscored_rollouts`, `masked_truncated_rollouts`) and every group without advantages once in
-`dropped_groups`; `seq_counts` holds, per env of the last batch, what `seq_len` did to its samples.
-"""
+"""A step's groups as one batch of samples: each group recorded once, in order, before its samples; every rollout
+counted once in `counters`, every group without advantages once in `dropped_groups`."""
 
 from __future__ import annotations
 

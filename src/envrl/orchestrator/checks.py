@@ -1,14 +1,5 @@
-"""Checks that fail loudly: a run that cannot learn says so, with the cause and the fix.
-
-Guarantee: after each step `StepChecks.after_step` warns once per streak (one line naming the
-env, the cause and the fix), or raises `CheckFailed` with that line when `checks.strict`, when
-- a tool env's rollouts held no parseable tool call for `no_tool_call_steps` steps in a row
-  (the cause, where it can tell: the chat template ignores tools, the model writes another
-  family's syntax, calls in the right syntax do not parse, or the model never tries), or
-- every group of `zero_variance_steps` steps in a row had equal rewards (nothing to learn);
-and `off_policy_problem` names a run whose loss has no off-policy correction while
-`max_async_level > 0` (checked at start by `rl`). The stall watchdog is `orchestrator/watchdog.py`.
-"""
+"""Checks that fail loudly: a streak of steps with no parseable tool call or no reward variance warns once with its
+cause and fix (raises `CheckFailed` under `checks.strict`)."""
 
 from __future__ import annotations
 
@@ -55,17 +46,6 @@ def report(message: str, strict: bool) -> None:
     if strict:
         raise CheckFailed(message)
     logger.warning(message)
-
-
-def off_policy_problem(max_async_level: int, clip: object, ratio_mask: object) -> str | None:
-    """Why the loss has no off-policy correction for samples up to `max_async_level` steps stale (None: it has)."""
-    if max_async_level == 0 or clip is not False or ratio_mask is not None:
-        return None
-    return (
-        f"max_async_level = {max_async_level}: samples may come from policies {max_async_level} step(s) old, but "
-        "trainer.loss has no off-policy correction (clip = false and no ratio_mask): their importance ratios are "
-        "unbounded; set trainer.loss.clip = [0.2, 0.2] or trainer.loss.ratio_mask = [0.5, 2.0], or max_async_level = 0"
-    )
 
 
 @dataclass

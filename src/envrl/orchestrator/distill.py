@@ -1,19 +1,6 @@
-"""On-policy distillation: the student samples, a teacher scores the student's tokens, and each
-token's reverse KL to the teacher becomes its advantage (alone or mixed with the env's reward).
-
-Guarantee: with `orchestrator.distill` set, every trained token t of every sample of a step is
-trained with the advantage
-
-    reward_coef * A + kl_coef * (log p_teacher(t) - log p_student(t))
-
-where A is the sample's group advantage (`advantage.py`), log p_student(t) the logprob the student
-sampled t with and log p_teacher(t) the teacher's for the same token after the same tokens
-(`teacher.py`); tokens the loss does not train keep advantage 0. The second term is minus the
-per-token sample estimate of KL(student || teacher), so the policy gradient lowers the reverse KL.
-A token whose sampling logprob is unknown (a back-filled turn, NaN) gets no KL term. Every
-sample of the step is scored, at most `max_concurrency` at once, before the step is published; a
-teacher that fails after its retries fails the step with `TeacherError`.
-"""
+"""On-policy distillation: every trained token gets `reward_coef * A + kl_coef * (log p_teacher - log p_student)`
+before the step is published; a teacher failing past its retries fails the step with `TeacherError`
+(docs/distill.md)."""
 
 from __future__ import annotations
 
@@ -21,6 +8,7 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
+from typing import ClassVar
 
 from loguru import logger
 from pydantic import Field, model_validator
@@ -56,10 +44,10 @@ class DistillConfig(BaseConfig):
     reward_coef: float = Field(0.0, ge=0)
     """Weight of the env's group advantage; 0 (the default) distils alone, the reward then only
     shows in metrics and evals."""
-    max_concurrency: int = Field(16, ge=1)
+    max_concurrency: ClassVar[int] = 16
     """Samples scored by the teacher at once."""
-    ready_timeout_s: float = Field(600.0, gt=0)
-    """Seconds to wait at start-up for the teacher to answer."""
+    ready_timeout_s: ClassVar[float] = 600.0
+    """Seconds to wait at start-up for the teacher to answer (one inference start-up limit, as rl's)."""
 
     @model_validator(mode="after")
     def _one_teacher(self) -> DistillConfig:

@@ -1,11 +1,5 @@
-"""`orchestrator --config x.toml`: run the orchestrator against an inference server and env servers.
-
-Env configs with an `address` connect to servers somebody else started; the others are spawned
-as sidecar env servers and stopped when the orchestrator exits; both as `orchestrator/plan.py`
-plans them, which `--dry-run` prints. Started by hand (not by `rl`,
-whose own console shows the run), it prints a line per step on stderr as `rl` does: live on a
-terminal, where its log is routed below the status line, plain lines otherwise.
-"""
+"""`orchestrator --config x.toml`: runs against an inference server and env servers, spawning as sidecars (stopped
+at exit) the envs without an `address`, as `--dry-run` prints them."""
 
 from __future__ import annotations
 
@@ -21,12 +15,12 @@ from loguru import logger
 
 from envrl.config import ConfigError, load_config
 from envrl.data.private_dir import own_output_dir
+from envrl.envclient.plan import dry_run_text
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.loop import Orchestrator
-from envrl.orchestrator.plan import dry_run_text
+from envrl.orchestrator.loop import Orchestrator, orchestrator_envs
 from envrl.runtime.lifeline import parent_pid
-from envrl.runtime.process import NO_RESTART_EXIT
+from envrl.runtime.restarts import NO_RESTART_EXIT
 from envrl.telemetry.console import RunConsole
 from envrl.telemetry.log import setup_logging
 from envrl.telemetry.progress import LiveLines
@@ -40,8 +34,12 @@ async def _run(config: OrchestratorConfig) -> None:
     await Orchestrator(config).run()
 
 
+def _dry_run_text(config: OrchestratorConfig) -> str:
+    return dry_run_text("orchestrator", config, orchestrator_envs(config), config.output_dir)
+
+
 def main(argv: list[str] | None = None) -> None:
-    config = load_config(OrchestratorConfig, argv, prog="orchestrator", dry_run=dry_run_text)
+    config = load_config(OrchestratorConfig, argv, prog="orchestrator", dry_run=_dry_run_text)
     try:
         own_output_dir(config.output_dir)  # by hand: made 0700; under rl: rl made it, and it is ours
     except ConfigError as e:

@@ -1,13 +1,6 @@
-"""Which policy the inference replicas serve, and keeping it within the async bound.
-
-Guarantee: `ensure(step)` returns only once every inference replica serves a policy
->= step - max_async_level (loading the newest published weights on all of them, in parallel,
-whenever there are newer ones), or raises: after `timeout` naming the weights it waited for, or
-naming each replica that failed to load them (when they failed by not answering, tried once
-more after every replica serves again: a replica the launcher restarts is down meanwhile). Weight directories are deleted only once
-every replica serves a newer policy, keeping the `keep` most recent ones and, for good, those of every
-`keep_every`-th step (loadable checkpoints of the policy).
-"""
+"""`ensure(step)` returns once every replica serves a policy >= step - max_async_level, or raises naming what it
+waited for; weight directories are deleted only once every replica serves newer, keeping `keep` and every
+`keep_every`-th."""
 
 from __future__ import annotations
 

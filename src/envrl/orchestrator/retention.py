@@ -1,12 +1,5 @@
-"""What a run keeps on disk: batches no resume can read again are deleted, and the run's disk use
-is measured each step.
-
-Guarantee: `prune_batches` deletes batch `step_<n>` only when a checkpoint newer than `n` exists
-(every trainer resume, recovery and `rl replay` starts at a checkpoint and reads only the
-batches from its step on) and never the newest batch (the orchestrator resumes from the state
-published with it). Without any checkpoint every batch is kept: a trainer restarted then trains
-again from step 0.
-"""
+"""What a run keeps on disk: batch `step_<n>` is deleted only once a checkpoint newer than n exists, never the
+newest; without a checkpoint every batch is kept."""
 
 from __future__ import annotations
 

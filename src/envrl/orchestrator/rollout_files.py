@@ -1,11 +1,5 @@
-"""The run's rollout files: a train group's lines in `rollouts/train.jsonl`, an evaluation's in
-`rollouts/eval/step_<n>.jsonl` (the lines' format: `jsonl.py`).
-
-Guarantee: each call appends all of its rollouts' lines in one write, each line naming its step,
-env and policy step; a failed write (a full disk) raises `OSError` naming the file (a resume drops
-the line it cut). A train group's lines hold its failed attempts that refills replaced after its
-rollouts, and `counters` gains each line's `outcome_<outcome>` and `refilled_rollouts` per attempt.
-"""
+"""The run's rollout files (train lines, `rollouts/eval/step_<n>.jsonl`; format: `data/rollout_lines.py`): each call
+appends its lines in one write, each naming its step, env and policy step; a failed write raises `OSError`."""
 
 from __future__ import annotations
 
@@ -13,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 from envrl.data.layout import train_rollouts_file
+from envrl.data.rollout_lines import append_lines, trace_line
 from envrl.data.traces import Trace
-from envrl.orchestrator.jsonl import append_lines, trace_line
 from envrl.orchestrator.scheduler import Group
 from envrl.runtime.atomic import write_failure
 

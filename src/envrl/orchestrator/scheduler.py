@@ -1,21 +1,6 @@
-"""Which train groups are in flight, which are ready, which became stale, and the seed of each.
-
-Guarantee: every group the scheduler dispatches leaves it exactly once: in a batch (`collect`),
-as stale (`drop_stale`, cancelled if still in flight), or through `close()`; until then it is in
-`pending()`. A group is dispatched only while it fits in `max_inflight` and only for a step it can
-still be trained on (the step it will land in is at most `max_async_level` ahead of the policy
-serving at dispatch). A batch for step n holds only groups whose `counted_step` is >= n -
-max_async_level: the policy serving at dispatch, or with partial rollouts (generations that go
-on across weight reloads) the oldest policy that sampled any of the group's tokens, known once
-the group is done; so with partial rollouts a group in flight is never cancelled as stale, it
-is judged when it arrives. The k-th new group samples with `train_group_seed(seed, k, group_size)` and the
-env and task the seeded draws give; a requeued group keeps its env, task and seed and goes first.
-A finished group whose rollouts failed for infrastructure (`Trace.outcome == "infra_error"`: a
-dead worker, env server, model server or sandbox, retries spent) stays in flight while those
-rollouts alone are run again (a refill), at most `refill_rollouts` per `collect` call and never
-for a group-scored env (its scoring needs the whole group at once); the failed attempts stay with
-the group (`Group.replaced`) for the record.
-"""
+"""Every group dispatched leaves exactly once (in a batch, as stale, or at `close()`), dispatched only within
+`max_inflight` and for a step it can still train; seeds from `train_group_seed`; infra failures refilled within
+`refill_rollouts`."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The orchestrator's state, published inside each batch directory, and resuming from it.
-
-Guarantee: `rollouts/step_<n>/orchestrator.json` is written in the same rename as batch n, so
-"batch n is published" and "the orchestrator's state after step n is saved" are one fact; a
-resume continues at the step after the newest batch, re-dispatches the groups that were in
-flight or finished but unused (`pending`), and first drops what the crashed run wrote for later
-steps (`rollouts/train.jsonl` lines, eval files; its `metrics.jsonl` lines go through
-`MetricsSink(resume_step=...)`), so every file holds each step once (an interval eval still
-running at the crash, for a published step, is the exception: it is not redone; docs/running.md).
-"""
+"""The orchestrator's state is written in the same rename as batch n, so publishing and saving are one fact; a
+resume continues after the newest batch, re-dispatches `pending` and drops what later steps wrote (docs/running.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""What a training step's numbers add to its rollouts' (`telemetry/rollouts.py`): why an env has
-no reward, what `seq_len` changed, where a step's generated tokens and its rollouts' seconds went.
-
-Guarantee: token counts are of generated (completion) tokens: `generated` = every rollout that arrived for the step, `stale` = those of
-rollouts dropped as stale (the loop's `train/trained_tokens` counts those in its samples).
-"""
+"""What a step adds to its rollouts' numbers (why an env has no reward, what `seq_len` changed, where generated
+tokens and rollout seconds went); token counts are of generated tokens."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""One train step's metrics line (`metrics.jsonl`, wandb) and its console line.
-
-Guarantee: per env, the step's metrics cover every rollout of its groups (`telemetry/rollouts.py`), their share
-of the batch, mean staleness and what `seq_len` did; then the batch's reward (mean over rollouts in
-a baseline, NaN when none), error rate, samples, trained and generated tokens (stale groups'
-included), step time, the wait for the trainer, the served policy, the rollouts in flight, every
-counter and the run's disk use, all logged for the step in that order. A step that trains nothing
-warns why, and a filesystem low on space warns with its free bytes.
-"""
+"""One train step's metrics line and console line: per env, every rollout of its groups; then the batch's reward,
+errors, tokens, times and counters; a step that trains nothing, or a filling disk, warns."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The teacher of on-policy distillation: an OpenAI-compatible server that scores token ids.
-
-Guarantee: `TeacherClient.logprobs(ids)` returns one float per token of `ids`: the teacher's
-log-probability of that token after the tokens before it (position 0, which nothing predicts,
-gets 0.0), from vLLM's `prompt_logprobs` on `/v1/completions` with the ids as the prompt (no
-text and no re-tokenisation in between), or raises `TeacherError` naming the server and what was
-wrong. `start` refuses, with a one-line `TeacherError`, a teacher whose tokenizer turns the same
-text into other token ids than the student's (`/tokenize` on both servers), since its logprobs
-would then score other tokens than the student sampled.
-"""
+"""The distillation teacher: `logprobs(ids)` returns one float per token (0.0 at position 0) from the ids
+themselves, or raises `TeacherError`; `start` refuses a teacher whose tokenizer disagrees with the student's."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The evaluations of a training run: due ones started beside training, the final one awaited.
-
-Guarantee: before training step s the eval envs are evaluated when `orchestrator.eval` says it is
-due, beside the loop (`background_evals.py`: the first failure is raised at the next step); at the
-end the final policy (weights/step_<max_steps>) is evaluated
-on every eval env (`eval.at_end`). One evaluation runs the env's whole grid (`envclient/eval_grid.py`:
-the `eval` command's seeds and limits) within `max_inflight` rollouts; its rollouts are appended to
-`rollouts/eval/step_<step>.jsonl` and its summary logged for `step` under `eval/<env>/`, with the
-policy step that generated it.
-"""
+"""A training run's evaluations: due ones run beside training (the first failure raised at the next step), the final
+policy on every eval env at the end; each is the env's whole grid, logged for its step with its policy step."""
 
 from __future__ import annotations
 

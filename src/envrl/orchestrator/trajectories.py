@@ -1,10 +1,5 @@
-"""Traces into masked token training samples.
-
-Guarantee: each sample is one token sequence whose turns extend one another; tokens the policy
-generated are trained (mask 1, with their inference logprobs and the policy step that sampled
-each) and everything else (the prompt, env and tool messages) is masked. A turn whose prompt does not extend the sequence so far starts
-a new sample: tokens are never spliced or re-tokenised to make them fit.
-"""
+"""Traces into samples: each sample is one token sequence whose turns extend one another, generated tokens trained
+and everything else masked; a turn that does not extend starts a new sample (never spliced or re-tokenised)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The stall watchdog: a run that stops progressing says where every role waits.
-
-Guarantee: once a step has finished, if no further step finishes within
-max(`stall_min_s`, `stall_factor` × the median step time), the watchdog (a thread of its own, so
-a blocked event loop cannot silence it) writes one dump, once per stall, to the log and to
-`<output_dir>/logs/stalls/step_<n>.txt` (`data/layout.py`): the limit and why, the
-orchestrator's in-flight table and its wait for the trainer, this process's Python stacks, and
-the stacks every other envrl process of the run wrote on SIGUSR1 (`runtime/stacks.py`); then,
-under `checks.strict`, it cancels the run's task (`stalled` says why), else the run goes on and a later stall is
-dumped again. Before the first step finishes there is no median, so no limit.
-The dump also lists where each of the orchestrator's asyncio tasks awaits and what the steps before it waited for.
-"""
+"""The stall watchdog: no step within max(`stall_min_s`, `stall_factor` x median step time) writes one dump per
+stall (every role's stacks and waits, what the steps before waited for) to the log and `logs/stalls/`, and logs it as
+a check; under `checks.strict` it cancels the run."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Several runs' learning curves on one page: `rl report --compare RUN [RUN ...] --out DIR`.
-
-Guarantee: a run is read only through its `metrics.jsonl`, so anything that writes that file's
-shape (an `rl` run, TRL's side of `scripts/bench/trl_grpo_compare.py`) is compared on the same
-keys; a run that lacks a key is left out of that curve, never drawn as 0. Each run keeps one
-colour in every panel, and `compare.md` holds the same numbers as the picture, step by step.
-"""
+"""`rl report --compare RUN ...`: several runs' curves on one page, read only through `metrics.jsonl`; a run lacking
+a key is left out of that curve (never drawn as 0), and `compare.md` holds the same numbers as the picture."""
 
 from __future__ import annotations
 

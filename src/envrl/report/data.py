@@ -1,12 +1,5 @@
-"""What the report reads from a run directory: metric series, and each step's rollouts joined
-with the training samples they became.
-
-Guarantee: only files the run publishes are read, each with its owner's reader (`metrics.jsonl`
-through `telemetry/metrics.py`, `rollouts/train.jsonl` through `parse_trace_line`, batches through the trainer's
-`read_batch`); a line cut by a crash is skipped, never fatal, so a report can be made while the
-run goes on. Every sample of a batch is attached to exactly one rollout, the one it was made from
-(same env, task, policy and first tokens), in the order the orchestrator made them.
-"""
+"""What the report reads: only files the run publishes, each through its owner's reader; a line cut by a crash is
+skipped, and every sample of a batch is attached to exactly the one rollout it was made from."""
 
 from __future__ import annotations
 
@@ -30,9 +23,9 @@ from envrl.data.layout import (
     weights_dir,
     weights_root,
 )
+from envrl.data.rollout_lines import parse_trace_line
 from envrl.data.samples import BatchError, TrainingSample, read_batch
 from envrl.data.traces import Split, Trace
-from envrl.orchestrator.jsonl import parse_trace_line
 
 
 class Rollout(BaseModel):

@@ -1,11 +1,6 @@
-"""The report's headline: what a reader needs before any plot, read from the run dir's own files.
-
-Guarantee: `headline` only reads files; a missing or unreadable file leaves its facts out (never
-raises), so a run that died before writing anything still gets a page. A failed run's headline
-names the failed process, its exit code and the last lines of its log; a run that stalled lists
-each stall dump (`orchestrator/watchdog.py`) with its first lines; every check that fired and
-what the run waits for (`telemetry/advice.py`) are listed.
-"""
+"""The report's headline: `headline` only reads, leaving out what a missing file would say (never raises); a failed
+run names its failed process, exit code and log tail, a stalled run its stall dumps; the checks that fired and what
+the run waits for are listed."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""`python -m envrl.report OUTPUT_DIR` (and `rl report OUTPUT_DIR`): write `<output_dir>/report/`.
-
-Guarantee: the report only reads the run directory (safe while the run goes on) and writes only
-under `<output_dir>/report/`, every file in one rename and the index last, so `index.html` is
-always a complete page whose plots and step files exist. Exit code 0 when written, 2 when
-OUTPUT_DIR is neither a run directory nor an `rl eval` output dir. The page opens with the
-headline (`report/headline.py`), whose checks and diagnosis are also printed; a run with no metrics line gets no plots.
-"""
+"""`rl report OUTPUT_DIR`: reads the run directory only and writes only `<output_dir>/report/`, each file in one
+rename and the index last, so `index.html` is always complete (the headline's checks and diagnosis also printed);
+exit 2 when OUTPUT_DIR is no run or eval directory."""
 
 from __future__ import annotations
 

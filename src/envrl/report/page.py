@@ -1,11 +1,5 @@
-"""The report page: `index.html` with the plots and a trace browser, and one
-`steps/step_<n>.js` per step that the browser loads when that step is picked.
-
-Guarantee: the page needs no server and no network (it works from file://); a step file is
-written before the index that lists it, each file in one rename, so a page opened while a report
-is being rewritten finds every step it lists. A step file is rewritten only when what it is made
-of changed (its rollout lines or its batch), so a report of a long run costs the new steps.
-"""
+"""The report page: needs no server or network; a step file is written before the index that lists it, each in one
+rename, and rewritten only when its rollout lines or batch changed."""
 
 from __future__ import annotations
 

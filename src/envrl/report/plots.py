@@ -1,9 +1,5 @@
-"""The report's PNG plots, drawn with matplotlib's Agg backend from `metrics.jsonl` lines and,
-for the time split, from the time ledger (`telemetry/steps.py`).
-
-Guarantee: every plot in `PLOTS` is written (an empty one says "no data yet"), each file replaced
-in one rename, so a page opened during a run shows the old or the new image, never half of one.
-"""
+"""The report's PNG plots: every plot in `PLOTS` is written (an empty one says "no data yet"), each replaced in one
+rename, so a page never shows half an image."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The time ledger as a Chrome trace-event file that Perfetto or chrome://tracing opens (the split
-of each step's wall time is `telemetry/steps.py`, importable from here as before).
-
-Guarantee: every span becomes one complete event on its process's track, nested only inside a span
-of the same step and rollout.
-"""
+"""The time ledger as a Chrome trace file (Perfetto, chrome://tracing), a span nested only in one of its step and
+rollout; each step's wall time split into parts is `telemetry/steps.py` (importable from here as before)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Publishing directories atomically on a shared filesystem.
-
-Guarantee: a directory published through `atomic_dir` appears under its final name only after
-every file in it is written and fsynced; the rename is the completion marker, so a reader that
-sees `step_<n>/` never sees half of it, and a crash leaves only a hidden `.tmp` sibling behind.
-A JSON-lines file rewritten by `filter_lines` is replaced in one rename under an exclusive lock,
-so a crash leaves the old or the new file, and appenders holding `shared_lock` lose no line.
-"""
+"""Atomic publishing: an `atomic_dir` appears under its final name only once every file in it is written and fsynced
+(a crash leaves a hidden `.tmp`); `filter_lines` replaces a JSON-lines file in one rename, losing no appended line."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""One ASGI middleware for a local server that must serve only the run: a bearer token on every request.
-
-Guarantee: `BearerGuard` passes a request or WebSocket handshake to the app only when it carries
-`Authorization: Bearer <token>` (compared in constant time, through digests of equal length), or
-its path is one of `open_paths`, or its method one of `open_methods`; any other HTTP request is
-answered 401 with `refusal`, any other handshake is closed (1008, which the server answers 403)
-before the app sees it. Every local user reaches a loopback port: this is what keeps them out.
-"""
+"""`BearerGuard`: a request or WebSocket handshake reaches the app only with `Authorization: Bearer <token>`
+(compared in constant time) or an open path or method; anything else is answered 401 or closed before the app sees
+it."""
 
 from __future__ import annotations
 

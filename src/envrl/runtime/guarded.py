@@ -1,13 +1,5 @@
-"""`python -m envrl.runtime.guarded MODULE ARGS`: run `python -m MODULE ARGS` in this process, after taking
-the parent-death signal.
-
-Guarantee: the process gets its parent-death signal (`envrl.runtime.lifeline`) before it imports MODULE or
-MODULE's package, so a parent that dies while a slow import runs leaves no orphan. For children whose
-module cannot call `die_with_parent` first itself: torchrun's ranks (the trainer under
-`envrl.launcher.torchrun`; imports alone took a minute on a loaded 2-core box) and the OpenEnv
-server an env server starts (its package, `envrl.envs`, imports pydantic and httpx before any line of
-the module runs).
-"""
+"""`python -m envrl.runtime.guarded MODULE ARGS`: `python -m MODULE ARGS` that takes the parent-death signal before
+importing MODULE or its package, so a parent dying during a slow import leaves no orphan."""
 
 from __future__ import annotations
 

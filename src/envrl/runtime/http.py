@@ -1,12 +1,5 @@
-"""The one HTTP call helper: JSON POST/GET with a deadline and retries, over httpx or, for the
-hot generation path, over aiohttp's kept-alive connections (`keep_alive_session`).
-
-Guarantee: every call ends within `attempts * (timeout + max backoff)` seconds, either with the
-decoded JSON body of a 2xx response or with `HttpCallError` naming the URL, the attempts made and
-the last failure; no response body past `max_bytes` is ever held (a server that sends more is
-refused at once: the remote end is as untrusted as any other process). Connection errors, timeouts and 5xx responses are retried with exponential
-backoff; 4xx responses are the caller's mistake and are raised at once with the server's message.
-"""
+"""The one HTTP call helper: every call ends within `attempts * (timeout + max backoff)` with a 2xx JSON body or an
+`HttpCallError` naming URL, attempts and last failure; no body past `max_bytes` is held; 4xx is never retried."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Children that die with their parent, set up before anything slow is imported.
-
-Guarantee: a process started by `envrl.runtime.process.spawn` that calls `die_with_parent` gets `sig`
-when its parent dies, even by SIGKILL, and even when the parent died before the call. This
-module imports only the standard library, so every entry point calls it as its first statement:
-a child killed while it still imports torch or vLLM (tens of seconds under load) is not left
-behind. It also makes SIGUSR1 dump the process's Python stacks (`envrl.runtime.stacks`), so a
-supervisor can ask where each process waits.
-"""
+"""`die_with_parent`: a spawned child gets `sig` when its parent dies, even by SIGKILL and even before the call;
+standard library only, so entry points call it first; SIGUSR1 then dumps the process's stacks."""
 
 from __future__ import annotations
 

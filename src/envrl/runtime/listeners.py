@@ -1,11 +1,5 @@
-"""Who listens on a local TCP port: the uid of each listening socket, from /proc/net/tcp{,6}.
-
-Guarantee: `foreign_listeners(host, port)` names every socket of another uid that listens where a
-connection to `host:port` from this machine would be accepted (`host`'s own addresses and the
-wildcards), so a client can refuse a server another local user started on a port it expected its
-own server on (`squatter_error` says so in one line), before it sends that server a secret. A host that is not this machine's (no socket of this network namespace matches)
-yields none: the check says nothing about remote servers.
-"""
+"""`foreign_listeners(host, port)` names every socket of another uid listening where a local connection to
+`host:port` would land, so a client refuses a squatter before sending it a secret; a remote host yields none."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Which hosts and addresses only this machine can reach, and whether a port is free to bind.
-
-Guarantee: anything that is not provably loopback (a wildcard, an interface name, a DNS name
-other than localhost) counts as exposed, so security checks fail closed.
-"""
+"""Loopback and free ports: anything not provably loopback (a wildcard, an interface, a DNS name other than
+localhost) counts as exposed, so security checks fail closed."""
 
 from __future__ import annotations
 

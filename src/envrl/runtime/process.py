@@ -1,15 +1,5 @@
-"""Spawning, watching and stopping child processes: the one abstraction for every envrl child.
-
-Guarantee: a child started with `spawn` dies with its parent (parent-death signal plus a
-watchdog thread, once it calls `envrl.runtime.lifeline.die_with_parent`, which every entry point does
-first), and so do grandchildren started by a child that called `adopt_children` (torchrun's
-ranks, which live in sessions of their own), its exit is observable at once through a
-pollable fd, and a sidecar that dies or stalls before reporting ready raises `ChildFailed`
-naming it, its exit status and the tail of its log. A `RestartBudget` allows at most
-`max_restarts` restarts within any `window_s` seconds, each after a doubling backoff. A child
-started with `allowed_environ(...)` sees only the allow-listed variables (never the launcher's
-tokens or keys), and `kill_tree` leaves no live descendant of a subreaper behind, daemons included.
-"""
+"""The one child-process abstraction: a `spawn`ed child dies with its parent, its exit is seen at once, a sidecar
+that dies before ready raises `ChildFailed` with its log tail; `kill_tree` leaves no live descendant behind."""
 
 from __future__ import annotations
 
@@ -26,10 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from loguru import logger
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from envrl.config import BaseConfig
 from envrl.runtime.lifeline import PARENT_PID_ENV
 from envrl.runtime.secrets import API_KEY_ENV
 
@@ -57,52 +45,6 @@ def allowed_environ(passed: Iterable[str] = (), environ: Mapping[str, str] = os.
     return {k: v for k, v in environ.items() if k in wanted or k.startswith(ALLOWED_ENV_PREFIXES)}
 
 
-NO_RESTART_EXIT = 3
-"""A child's exit status for "stopped on purpose, do not restart me" (the orchestrator after a
-strict check failed): a supervisor ends the run with it instead of restarting the child."""
-
-
-class RestartPolicy(BaseConfig):
-    """How a server that dies is restarted (on its address) before the run gives up on it."""
-
-    max_restarts: int = Field(3, ge=0)
-    """Restarts allowed within any `window_s` seconds; one more death fails the run (0: never restart)."""
-    window_s: float = Field(600.0, gt=0)
-    """The sliding window `max_restarts` counts over."""
-    backoff_s: float = Field(1.0, ge=0)
-    """Wait before the first restart in a window; doubled for each further one."""
-    max_backoff_s: float = Field(30.0, ge=0)
-    """Longest wait before a restart."""
-
-
-class RestartBudget:
-    """The restarts left to one server under a `RestartPolicy`."""
-
-    def __init__(self, policy: RestartPolicy) -> None:
-        self.policy = policy
-        self._times: list[float] = []
-        self.total = 0
-        """Restarts granted so far, over the whole run."""
-
-    def next_delay(self) -> float | None:
-        """Seconds to wait before the next restart, or None when the window's budget is spent."""
-        now = time.monotonic()
-        self._times = [t for t in self._times if now - t < self.policy.window_s]
-        if len(self._times) >= self.policy.max_restarts:
-            return None
-        delay = min(self.policy.backoff_s * 2 ** len(self._times), self.policy.max_backoff_s)
-        self._times.append(now)
-        self.total += 1
-        return delay
-
-    def exhausted(self) -> str:
-        """Why no restart is left, for the error that ends the run."""
-        return (
-            f"it was already restarted {self.policy.max_restarts} time(s) within {self.policy.window_s:g} s "
-            f"(restarts.max_restarts = {self.policy.max_restarts}, restarts.window_s = {self.policy.window_s:g}): giving up"
-        )
-
-
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """C0 and C1 controls but tab and newline: escape sequences a terminal acts on (colours, cursor
 moves, a window title, OSC 52's clipboard write)."""
@@ -115,37 +57,6 @@ def printable(text: str) -> str:
 
 class ChildFailed(RuntimeError):
     """A child died or stalled before it was ready; the message names it and shows its log tail."""
-
-
-class Restart:
-    """One dead child's way back under its `RestartBudget`, for the one `Supervisor`
-    (`runtime/supervisor.py`) that `rl`, a standalone orchestrator and `rl eval` use.
-
-    Each try: `next_delay()` (log why, then wait that long), start the child, on `ChildFailed` call
-    `failed` (a failed start uses up a restart too) and try again.
-    """
-
-    def __init__(self, dead: Child, budget: RestartBudget) -> None:
-        self.dead = dead
-        self.budget = budget
-        self.what = dead.describe_exit()
-        self._tail = dead.log_tail(10)
-
-    def next_delay(self) -> float:
-        """Seconds to wait before the next start; ChildFailed naming the child once the budget is spent."""
-        delay = self.budget.next_delay()
-        if delay is None:  # named with the tail of its log, which every start appends to
-            raise self.dead.failure(f"{self.what}, and {self.budget.exhausted()}")
-        tail = f"; last lines of {self.dead.log_file}:\n{self._tail}" if self._tail else ""
-        logger.warning(
-            f"{self.dead.name} (pid {self.dead.pid}) {self.what}; restarting it in {delay:g} s "
-            f"(restart {self.budget.total}){tail}"
-        )
-        return delay
-
-    def failed(self, error: ChildFailed) -> None:
-        """The last start failed (its message carries its own log tail)."""
-        self.what, self._tail = f"failed to start again ({str(error).splitlines()[0]})", ""
 
 
 class Child:

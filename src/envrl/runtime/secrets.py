@@ -1,9 +1,5 @@
-"""The environment variables that carry envrl's secrets between processes.
-
-Guarantee: secrets travel only in the environment of the processes that need them, never in a
-config file or on a command line; these are their names, known to the launcher that sets them,
-the servers that demand them and the clients that send them.
-"""
+"""The names of the environment variables that carry envrl's secrets: secrets travel only in the environment of the
+processes that need them, never in a config file or on a command line."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Where a process is: Python stacks of this process, and of the envrl processes around it.
-
-Guarantee: after `enable_stack_dumps()` (every envrl entry point calls it through
-`die_with_parent`, first thing), SIGUSR1 makes the process write every thread's Python stack,
-then its asyncio tasks' stacks, to its stderr (its own log under `rl`) and go on; `thread_stacks()` is this process's stacks as
-text; `collect_stacks(root)` signals only the descendants of `root` that run an envrl entry
-point known to keep that handler (never vLLM's engine, torchrun's agent or an env's own
-children, for which SIGUSR1 may mean something else or kill) and returns what each wrote to
-its log, bounded by `MAX_STACK_BYTES` per process. Standard library only (lifeline imports it).
-"""
+"""After `enable_stack_dumps()`, SIGUSR1 writes every thread's and asyncio task's stack to stderr;
+`collect_stacks(root)` signals only descendants known to keep that handler, bounded by `MAX_STACK_BYTES` each
+(stdlib only)."""
 
 from __future__ import annotations
 

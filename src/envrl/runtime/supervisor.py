@@ -1,15 +1,5 @@
-"""Watching a run's processes, bringing dead ones back, and taking them all down together.
-
-Guarantee: `watch` returns only when every process in `until` has exited 0. A process added with
-a `Respawn` that exits (non-zero, or at all when it is not in `until`) is started again while its
-`RestartPolicy` allows (its process group killed first: nothing it started outlives it or holds
-its port), and the run goes on; otherwise `watch` raises `ChildFailed` naming the
-first process that exited with the tail of its log. Each death is one `Fault`, closed (and logged
-in one line) when its process is back: its `Respawn.back` check passes, or it finished (exit 0).
-`stop_all` leaves nothing running: each process and its process group get SIGTERM, then SIGKILL
-after the grace period. `rl` watches its run with it; a standalone orchestrator and `rl eval`
-watch their sidecar env servers with it on a thread (`envclient/sidecars.py`).
-"""
+"""`watch` returns only when every process in `until` exited 0; a dead process with a `Respawn` is restarted within
+its `RestartPolicy` (group killed first), else `ChildFailed`; `stop_all` leaves nothing running."""
 
 from __future__ import annotations
 
@@ -25,7 +15,8 @@ from typing import Any
 
 from loguru import logger
 
-from envrl.runtime.process import NO_RESTART_EXIT, Child, ChildFailed, Restart, RestartBudget, RestartPolicy
+from envrl.runtime.process import Child, ChildFailed
+from envrl.runtime.restarts import NO_RESTART_EXIT, Restart, RestartBudget, RestartPolicy
 
 Check = Callable[[], bool]
 """True once a restarted process does its work again (polled about once a second)."""

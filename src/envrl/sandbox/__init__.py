@@ -1,10 +1,5 @@
-"""Sandboxed execution of model-written code: one sandbox per episode, typed failures, nothing left behind.
-
-`SandboxConfig` says what a sandbox sees and may use; a `SandboxProvider` makes started
-`Sandbox`es (`BubblewrapProvider` locally, `WarmPool` in front of it, a remote service behind the
-same API); `SandboxError` subclasses carry the `Error.type` of the Trace a failure ends.
-docs/sandbox.md has the threat model.
-"""
+"""Sandboxed execution of model-written code: one sandbox per episode, typed failures (`SandboxError`), nothing left
+behind; providers behind one API (threat model: docs/sandbox.md)."""
 
 from envrl.sandbox.base import CommandResult, Sandbox, SandboxConfig, SandboxProvider
 from envrl.sandbox.bubblewrap import BubblewrapProvider, BubblewrapSandbox

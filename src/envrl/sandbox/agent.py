@@ -1,16 +1,6 @@
-"""The process inside a sandbox that runs commands and moves files for its host, one op at a time.
-
-Guarantee: it answers every request on its protocol pipe with exactly one frame (a 4-byte
-big-endian length, then JSON) that echoes the request's `seq` and `nonce`, keeps at most
-`max_output` bytes of each stream of a command, and when a command runs past its timeout (or
-the host asks for `isolate`), kills every other process of the sandbox (`kill(-1)` inside the
-pid namespace). Its protocol pipes are the two fds named on its argv (never stdio, which it and
-bubblewrap's init hold as /dev/null), held non-inheritable, so no command gets them. It is not
-dumpable, so code it runs (same user) cannot open its fds through /proc (the seccomp filter
-refuses ptrace besides). Standard library only: it runs on the image's interpreter
-(`python3 -I -S -c <this file> REQUESTS_FD ANSWERS_FD`), never imports envrl, and is sent as
-argv, so it needs no file in the image.
-"""
+"""The agent inside a sandbox: every request gets exactly one frame echoing its `seq` and `nonce`, output is
+bounded, and its protocol pipes reach no command; stdlib only. Usage: `python3 -I -S -c <this file> REQUESTS_FD
+ANSWERS_FD`"""
 
 import base64
 import contextlib

@@ -1,15 +1,5 @@
-"""The sandbox API every backend implements: start, run commands, move files, close.
-
-Guarantee: a `Sandbox` belongs to one episode. Its wall-clock cap (`SandboxConfig.episode_s`)
-starts when it is created, so start-up counts, and bounds every call: a call that would end past
-it raises `SandboxTimeout`, and the sandbox is closed when the cap runs out even if nobody calls
-it. `close()` is idempotent and leaves no process of the sandbox alive; failures of the sandbox
-itself raise a `SandboxError` (errors.py); what a command did (its exit status, its output, a
-limit it hit) comes back as a `CommandResult`, for the env to show the model or to treat as fatal
-(`CommandResult.raise_for_limit`).
-A remote provider (Daytona, E2B, Modal, Docker) plugs in as another `SandboxProvider` returning
-`Sandbox` objects with the same methods (docs/sandbox.md).
-"""
+"""The sandbox API: a `Sandbox` belongs to one episode, whose wall-clock cap (start-up included) bounds every call;
+`close()` is idempotent and leaves no process alive; its own failures raise `SandboxError`."""
 
 from __future__ import annotations
 

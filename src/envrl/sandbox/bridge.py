@@ -1,23 +1,5 @@
-"""The host side of a sandbox's way to chosen host loopback ports (a chat proxy, a tool server).
-
-Guarantee: a sandbox with no network reaches exactly the host ports it was allowed, nothing
-else. Its bridge is a unix socket in a host directory of its own, bound read-only into the
-sandbox at `MOUNT`; only the sandbox's host uid (and root) may connect to it (owner and mode
-0600), and each connection names a port on its first line: an allowed one is relayed to
-`127.0.0.1:PORT` of the host, any other is closed. Inside, forwarder.py listens on the same
-ports of the sandbox's own loopback, so URLs mean the same inside and out. `close()` stops the
-relays and removes the directory; the reaper removes what a dead owner left.
-
-What a sandbox's connections cost this process is bounded: at most `RELAYS_PER_SANDBOX` relays
-of one sandbox and `RELAYS_PER_WORKER` of all sandboxes at once (each holds three of the worker's
-fds: the sandbox's connection, the host one, and its other end when the host service runs in this
-process); a connection past either cap waits in the kernel's backlog, unaccepted, until a relay
-of the sandbox ends (one past the backlog is refused by the kernel). The bytes a sandbox
-sends the host that the host has not answered yet (since it last sent anything back on that
-connection) stay within `SANDBOX_BUDGET` per sandbox and `WORKER_BUDGET` for all: a connection
-whose next bytes would pass either is closed before they reach the host, so no host service
-behind the bridge is sent a request larger than the budget, whatever it would accept.
-"""
+"""The host side of a sandbox's way to chosen host loopback ports: it reaches exactly the allowed ports, only its
+own uid may connect, and relays and unanswered bytes are capped per sandbox and per worker (docs/sandbox.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""The local sandbox backend: bubblewrap namespaces, rlimits, seccomp, a user id of its own, one agent.
-
-Guarantee: a `BubblewrapSandbox` runs everything in its own user, pid, mount, network (off by
-default), IPC, UTS and cgroup namespaces, under a host user id nothing else on the host has
-(uids.py: so its processes can signal nothing outside, `limits.nproc` counts only its own, and
-killing the uid kills only the sandbox), with no capability, a seccomp filter that refuses every
-way to reach another process's memory or fds (seccomp.py), no environment from its owner, no
-inherited file descriptor but the agent's protocol pipes (protocol.py: answers only the agent
-can give), a read-only image and a fresh size-limited tmpfs as its only writable
-place. It dies with its owner (bubblewrap's `--die-with-parent`; the reaper for what survives
-that), at its episode cap, and on `close()`: every process running as its uid is SIGKILLed at
-once, daemons and orphans included.
-"""
+"""The local backend: every process in its own namespaces under a host uid of its own, no capability, seccomp, no
+inherited environment or fd but the agent's pipes, read-only image; killed whole at its cap, owner death or
+`close()`."""
 
 from __future__ import annotations
 

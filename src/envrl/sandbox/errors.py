@@ -1,11 +1,5 @@
-"""Typed sandbox failures: each names its cause as the `Error.type` of the Trace it ends.
-
-Guarantee: every failure of the sandbox itself (it did not start, it ran past the episode's
-wall-clock cap, it died, a command broke a limit the env treats as fatal) is a `SandboxError`
-whose `error_type` is one short machine-readable word (`sandbox_start`, `sandbox_timeout`, ...).
-The rollout loop turns it into an error Trace of that type with reward None, so an
-infrastructure failure is counted per cause and never becomes a reward of 0.
-"""
+"""Typed sandbox failures: each `SandboxError` names its cause as one machine-readable word, the `Error.type` of the
+Trace it ends (never a reward of 0)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Inside a sandbox: listen on 127.0.0.1:PORT for each given port, relay each connection to the host bridge.
-
-Guarantee: when this program's first process exits 0, every given port listens on the
-sandbox's own loopback, and each connection to one is relayed byte for byte to the host's
-bridge socket after one line naming the port (the host decides whether that port may be
-reached: bridge.py). The relay keeps running as a daemon of the sandbox and dies with it.
-Standard library only: it runs on the image's interpreter and is sent as argv, like agent.py.
-
-    python3 -I -S -c <this file> SOCKET PORT [PORT ...]
-"""
+"""Inside a sandbox: once its first process exits 0, every given port listens on the sandbox's loopback, relayed to
+the host bridge; stdlib only. Usage: `python3 -I -S -c <this file> SOCKET PORT [PORT ...]`"""
 
 import asyncio
 import contextlib

@@ -1,11 +1,5 @@
-"""Resource limits of one sandbox, as `prlimit` applies them to everything the sandbox runs.
-
-Guarantee: the limits are set on the sandbox's first process before it execs bubblewrap, so
-every process in the sandbox inherits them and none can raise them (no process in the sandbox
-holds a capability). `nproc` counts per sandbox: each sandbox runs under a user id of its own
-(bubblewrap.py), and Linux counts processes per user namespace and user. docs/sandbox.md says
-what each limit defends and what it does not.
-"""
+"""A sandbox's resource limits, set on its first process before bubblewrap, so everything in it inherits them and
+nothing can raise them; `nproc` counts per sandbox (docs/sandbox.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""A bounded pool of warm sandboxes in front of a provider, for fast episode starts.
-
-Guarantee: at most `size` sandboxes are kept ready or starting; `create` hands out a live warm
-one (already through `prepare`, when given: a program started in it ahead) when it has one of
-the same config (its episode cap restarted at hand-out, so each episode
-still gets its whole cap), else starts one as the provider would, and refills in the background.
-A warm sandbox is used by one episode only and never returns to the pool: nothing one episode
-left behind is seen by the next. A warm sandbox that dies or ages past its cap while waiting is
-dropped; `aclose()` closes every one it holds, and they die with the owning process anyway.
-"""
+"""A bounded pool of warm sandboxes: at most `size` ready or starting; each is handed to one episode with its whole
+cap and never returns; dead or aged ones are dropped, and `aclose()` closes all."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""The host's end of the agent protocol: pipes of its own, one request at a time, every answer proven.
-
-Guarantee: the request and answer pipes are created here and handed to the sandbox only as
-file descriptors >= 3 that bubblewrap's init closes (it keeps stdio only) and the agent holds
-non-inheritable, so no process of the sandbox but the agent holds them; bubblewrap's stdin and
-stdout are /dev/null. `AgentChannel.call` returns only an answer that echoes its request's
-sequence number and nonce (128 random bits, fresh per request, sent only down the request pipe):
-a frame that does not (forged, stale, out of step, oversized, not a JSON object) raises
-`SandboxProtocolError` and is never read as a result. Frames are a 4-byte big-endian length,
-then JSON, at most `MAX_FRAME` bytes.
-"""
+"""The host's end of the agent protocol: pipes only the agent holds, and `AgentChannel.call` returns only an answer
+echoing its request's sequence and fresh nonce; anything else raises `SandboxProtocolError`."""
 
 from __future__ import annotations
 

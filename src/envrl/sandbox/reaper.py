@@ -1,16 +1,5 @@
-"""Claims of live sandboxes, killing a sandbox by its user id, and the reaper of orphans.
-
-Guarantee: every local sandbox claims its host user id before it starts, with a record (the
-uid, its owner's pid and start time) created exclusively in a run directory only this user can
-read or write (mode 0700, checked), so no two live sandboxes of this user share a uid; the
-record is removed when the sandbox is closed. `kill_uid` SIGKILLs every process running as a
-uid at once (`kill -9 -1` run as that uid), which is every process of that sandbox whatever its
-place in the process tree: an orphan of a bubblewrap killed mid-start included. `reap()` does
-that for each sandbox whose owner is no longer alive (pid gone, or reused: start times differ)
-and removes its record. Sandboxes die with their owner anyway (bubblewrap's `--die-with-parent`);
-the reaper is the second line for what survives that (a SIGKILLed env worker or env server). It
-runs on every sandbox start at most every `REAP_INTERVAL_S`, and as `python -m envrl.sandbox.reaper`.
-"""
+"""Every sandbox claims its uid with a private record first; `kill_uid` SIGKILLs every process of a uid at once, and
+`reap()` does it for each sandbox whose owner is gone (also `python -m envrl.sandbox.reaper`)."""
 
 from __future__ import annotations
 

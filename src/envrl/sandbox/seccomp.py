@@ -1,20 +1,5 @@
-"""The seccomp filter of every sandbox: no process in it may touch another process's memory or fds.
-
-Guarantee: `program()` is a classic-BPF seccomp program (bubblewrap's `--seccomp FD` format: an
-array of `struct sock_filter`) that answers EPERM to the syscalls in `DENIED` and allows every
-other syscall of the machine's native ABI; a syscall of any other ABI (i386 through `int 0x80`,
-x32 on x86_64), where the same operations have other numbers, fails with ENOSYS. Built once per
-process. `SandboxStartError` on a machine it has no syscall table for.
-
-Why these, and only these (docs/sandbox.md, threat model): code in a sandbox runs as the same
-uid as bubblewrap's init and the agent, so the kernel's same-uid rule would let it attach them
-(`ptrace`), read or write their memory (`process_vm_readv`, `process_vm_writev`), take their file
-descriptors (`pidfd_getfd`, the protocol pipes without ptrace), advise away their memory
-(`process_madvise`) or probe which files they share (`kcmp`). Nothing a program needs for itself
-goes through them (a debugger in the sandbox does, and is refused). Everything else is left to
-the namespaces and rlimits: a longer list adds no defence against the attacks in scope and
-breaks programs.
-"""
+"""Every sandbox's seccomp filter: EPERM for the syscalls in `DENIED` (those reaching another process's memory or
+fds), ENOSYS for any non-native ABI, everything else allowed (why: docs/sandbox.md)."""
 
 from __future__ import annotations
 

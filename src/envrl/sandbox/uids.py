@@ -1,14 +1,5 @@
-"""Choosing a sandbox's host user id: one nothing else on the host is, or may become, known by.
-
-Guarantee: `claim_free(first, end)` returns the claim (reaper.py) of a uid in [first, end) that
-no live sandbox of this user has claimed, that NSS knows neither as a user nor as a group (the
-sandbox runs with that gid too), that lies in no range of /etc/subuid or /etc/subgid (another
-user's containers map it); else `SandboxStartError` naming the range and what each tried uid
-was refused for. That no process of the host runs as it (its real uid) is checked by the launch
-itself, at no extra process (`IF_FREE`): a launch on a busy uid starts nothing and raises
-`UidBusy`, and the caller claims another. A process whose saved uid alone is the uid (a setuid
-binary owned by it) is not seen (docs/sandbox.md).
-"""
+"""`claim_free(first, end)`: a uid no live sandbox claimed, unknown to NSS, outside every subuid/subgid range, or a
+`SandboxStartError` saying why each was refused; a launch on a busy uid raises `UidBusy`."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Per-user directories the sandbox keeps its state in (records, bridges, venvs).
-
-Guarantee: `owned_dir` returns a directory that belongs to this uid and that no other user can
-write (or, as asked, read). The usual one has a predictable name (shared by this user's
-processes on the node); one another local user planted or loosened there is refused, never used,
-and this process falls back to a private one of its own (`mkdtemp` beside it: a random name, so
-it cannot be planted), with a warning naming the refused path. `SandboxStartError` when not even
-that can be had.
-"""
+"""`owned_dir`: a directory of this uid that no other user can write (or read); a planted or loosened one is refused
+with a warning for a private `mkdtemp` beside it, else `SandboxStartError`."""
 
 from __future__ import annotations
 

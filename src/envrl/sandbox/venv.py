@@ -1,13 +1,5 @@
-"""Python environments a sandbox can run: a venv of the system interpreter, readable by any user.
-
-Guarantee: `sandbox_venv(requirements)` returns a venv directory, built once per machine for
-that interpreter and those requirements (later calls, from any process, find it complete), whose
-interpreter and every file an unprivileged user can read, so it can be a sandbox image
-(`SandboxConfig(python=venv / "bin/python", image=[Path("/usr"), venv])`). Why: a sandbox runs
-as a host uid of its own, which cannot enter a 0700 home, and the worker's own venv links into
-one (`~/.pyenv`, uv's managed pythons); the system `/usr/bin/python3` is readable by all.
-Packages come from uv (its cache, else the package index), as `uv pip install` would get them.
-"""
+"""`sandbox_venv(requirements)`: a venv of the system interpreter, built once per machine, readable by any user, so
+it can be a sandbox image."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Configuration of an env server: the environment, its address, worker pool, timeouts, limits.
-
-Guarantee: an `EnvServerConfig` that validates describes a server that can start: pool sizes are
-positive, a non-loopback address comes with CURVE keys or an explicit `insecure = true`, and
-its workers reach only the model server, API key variable and tokenizer of its one model client
-(`client`, set by whoever starts it): no request names a client.
-`PoolConfig` and `EnvTimeoutConfig` are shared with the orchestrator's env configs.
-"""
+"""Config of an env server: a valid `EnvServerConfig` can start (positive pool sizes, a non-loopback address with
+CURVE keys or `insecure = true`), and its workers reach only its one model client; no request names a client."""
 
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ from envrl.serve.zmqio import MAX_BATCH
 from envrl.telemetry.log import LogConfig
 
 
-class PoolConfig(BaseConfig):
+class PoolShape(BaseConfig):
     """Between `min_workers` and `max_workers` processes: grows under load, retires idle workers.
     A fixed pool is `min_workers = max_workers`: it starts that many and never grows or shrinks."""
 
@@ -32,10 +26,6 @@ class PoolConfig(BaseConfig):
     """Most worker processes; defaults to the number of CPUs."""
     multiplex: int = Field(256, ge=1)
     """Rollouts one worker runs concurrently (they mostly wait on the model server)."""
-    idle_timeout_s: float = Field(60.0, gt=0)
-    """Seconds a worker beyond `min_workers` may sit idle before it is retired."""
-    grow_at: float = Field(0.75, gt=0, le=1)
-    """Start another worker once in-flight rollouts exceed this fraction of the live capacity."""
 
     @model_validator(mode="before")
     @classmethod
@@ -52,20 +42,38 @@ class PoolConfig(BaseConfig):
         raise ValueError(f"{given}: drop it; every pool grows from min_workers to max_workers")
 
     @model_validator(mode="after")
-    def _min_below_max(self) -> PoolConfig:
+    def _min_below_max(self) -> PoolShape:
         if self.min_workers > self.max_workers:
             raise ValueError(f"min_workers ({self.min_workers}) is above max_workers ({self.max_workers})")
         return self
 
 
-class EnvTimeoutConfig(BaseConfig):
+class PoolConfig(PoolShape):
+    """An env server's pool: its shape (an env table's `pool`) and how it grows and shrinks."""
+
+    idle_timeout_s: float = Field(60.0, gt=0)
+    """Seconds a worker beyond `min_workers` may sit idle before it is retired."""
+    grow_at: float = Field(0.75, gt=0, le=1)
+    """Start another worker once in-flight rollouts exceed this fraction of the live capacity."""
+
+
+KILL_GRACE_S = 5.0
+"""Default of `EnvTimeoutConfig.kill_grace_s`, the one a server spawned for an env table gets."""
+
+
+class RolloutTimeouts(BaseConfig):
     """Deadlines that stop runaway environment work (seconds; none = no limit)."""
 
     rollout_s: float | None = Field(600.0, gt=0)
     """Whole rollout (or whole group) from the moment a worker starts it; then a `timeout` error Trace."""
     scoring_s: float | None = Field(60.0, gt=0)
     """Reward functions only (queueing and generation excluded); enforced by the environment."""
-    kill_grace_s: float = Field(5.0, gt=0)
+
+
+class EnvTimeoutConfig(RolloutTimeouts):
+    """An env server's deadlines: an env table's `timeout`, and when a stuck worker is killed."""
+
+    kill_grace_s: float = Field(KILL_GRACE_S, gt=0)
     """A worker that has not answered `kill_grace_s` after a rollout's timeout (or its cancel) is
     presumed stuck (CPU-bound code ignores cancellation) and is killed and replaced."""
 

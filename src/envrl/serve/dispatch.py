@@ -1,12 +1,6 @@
-"""The env server's worker side: what each worker is sent, and what becomes of its answers and its death.
-
-Guarantee: a worker gets the server's model client config once, when it reports ready, so before
-its first `run` op; each loop turn's ops to one worker go as one message (`flush`); a worker's answer is passed on
-(`finish`) only for a request that worker was given and that is still unanswered; when a ready
-worker dies, its requests are re-run or answered `worker_died` (`RequestBook.after_worker_death`);
-a worker that keeps a rollout past its deadline, or past its cancel, by `kill_grace_s` is killed
-and the request answered. Answering itself is the broker's (`EnvServer._finish`).
-"""
+"""The env server's worker side: a worker gets the model client before its first run; an answer is passed on only
+for a request that worker holds unanswered; a dead worker's requests are re-run or answered; an overdue worker is
+killed."""
 
 from __future__ import annotations
 

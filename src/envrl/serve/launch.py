@@ -1,16 +1,5 @@
-"""How an env server is started, and started again after it died: one description, one command,
-one spawn, whoever starts it (`rl`'s launcher, or a standalone orchestrator for an env without an
-`address`).
-
-Guarantee: an `EnvServerLaunch` holds everything that decides the server process (its config,
-interpreter, the variables it may see beyond the allow-list, its restart policy), and `start`
-spawns exactly that process and returns the address it bound (`begin` and `ready` split it, so
-several servers load at once); starting it again on its own address brings back the same
-server, so clients reconnect to it. Who restarts it is the one that started it: the launcher
-under `rl`, the orchestrator standalone; both go through `start`. The
-server reads its config from a file under the run's `configs/` (its client map included), never
-from flags: a command line is readable by every local user (`/proc/<pid>/cmdline`).
-"""
+"""One description (`EnvServerLaunch`) and one `start` for an env server, whoever starts it; starting it again on
+its address brings back the same server; its config is read from a file, never from flags."""
 
 from __future__ import annotations
 
@@ -22,7 +11,8 @@ from pydantic import BaseModel, ConfigDict
 from envrl.config import config_to_toml
 from envrl.data.layout import env_server_process, process_config_file
 from envrl.runtime.atomic import atomic_write_text
-from envrl.runtime.process import Child, RestartPolicy, StartingSidecar, allowed_environ, begin_sidecar
+from envrl.runtime.process import Child, StartingSidecar, allowed_environ, begin_sidecar
+from envrl.runtime.restarts import RestartPolicy
 from envrl.serve.config import EnvServerConfig
 
 

@@ -1,9 +1,5 @@
-"""`env-server` (`python -m envrl.serve.main`): serve one environment until SIGTERM.
-
-Guarantee: the process binds its address before anything slow (a taken port fails at once, exit 1,
-with the reason on stderr), exits 1 when the environment cannot load or its workers cannot start,
-0 after a drain, and dies with its parent.
-"""
+"""`env-server`: binds its address before anything slow (a taken port: exit 1 at once), exits 1 when the env or its
+workers cannot start, 0 after a drain, and dies with its parent."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Checking a request's params: one pydantic model per method, the env's task counts, the server's limits.
-
-Guarantee: `ParamsChecker.run` returns params only when the server has a model client, `RunParams`
-accepts them, `task_idx` is in range for its split and `n` is at most `max_group_size`; anything
-else raises `ProtocolError(bad_request)` naming the field (or `--client`). The server checks every
-request here, before it reaches a worker, and nowhere else: workers get the accepted values
-re-encoded (`protocol.encode_work`) and trust them. Whatever a frame holds, nothing else is raised.
-"""
+"""`ParamsChecker.run` returns a request's params only when they validate, the task is in range and `n` fits;
+anything else is `ProtocolError(bad_request)` naming the field. The one place requests are checked."""
 
 from __future__ import annotations
 

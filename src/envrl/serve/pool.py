@@ -1,13 +1,5 @@
-"""The env server's worker pool, as decisions: which workers exist, which are ready, how loaded,
-when to grow or shrink.
-
-Guarantee: the pool never holds more than `max_workers` live workers, keeps `min_workers` alive
-(`scale` replaces the dead), never gives a worker more than `multiplex` requests, and retires only
-idle workers; with `min_workers = max_workers` it starts that many and never grows or shrinks.
-It holds no processes and no sockets: the server starts a process for each worker `scale` adds
-(`WorkerProcesses`) and sends the ops the pool decides on, so a test can drive every decision
-here without spawning anything.
-"""
+"""The worker pool as decisions: never more than `max_workers` live, `min_workers` kept, at most `multiplex`
+requests per worker, only idle workers retired; it holds no process or socket, so a test drives every decision."""
 
 from __future__ import annotations
 

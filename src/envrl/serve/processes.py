@@ -1,10 +1,5 @@
-"""The env server's worker processes: the OS side of the pool (spawn, reap, kill, stop).
-
-Guarantee: every worker process started here is known by its exit fd until `reap` hands it back,
-and `stop_all` returns only when none is left running (SIGKILL after `grace`, only for a worker
-that ignored its `stop`). A worker process is `python -m envrl.serve.worker`, connected to the
-server's ipc pool socket; it dies with the server.
-"""
+"""The env server's worker processes: each known by its exit fd until `reap` hands it back; `stop_all` returns only
+when none is left running; every worker dies with the server."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""Env server wire protocol, version 3: every type and frame that crosses the server's sockets.
-
-Guarantee: each client message is ONE ZMQ frame holding one msgpack map, a request
-(`RequestMessage`) or a response (`OkResponse`, `ErrorResponse`); both sides build these models
-and dump them to send, and the server validates what it receives into them, once: its workers
-get only what it accepted, re-encoded, and trust it. Anything else a client sends is answered
-with a typed error, never a dead server. A rollout request has one shape (`RunParams`: a group
-of `n`, n = 1 for one rollout) and names no model: the server's one model client is its config
-(`EnvServerConfig.client`), which `info` reports without secrets (`ClientInfo`). docs/protocol.md
-is the prose version of this module; the last section (server <-> worker framing) is internal
-and not part of the protocol.
-"""
+"""Env server wire protocol 3: one msgpack map per ZMQ frame, built and validated through these models once;
+anything else a client sends gets a typed error, never a dead server (prose: docs/protocol.md)."""
 
 from __future__ import annotations
 

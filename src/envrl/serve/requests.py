@@ -1,11 +1,5 @@
-"""The env server's book of accepted rollout requests: by token, by (client, id), and the wait queue.
-
-Guarantee: a request is in the book from `add` until `remove`, found by its token and by its
-(client identity, request id), which is unique in the book; `bytes_of(client)` and `total_bytes`
-are the work frames the book holds, to the byte; `next_queued` yields only requests
-still in the book and not running, oldest first except re-runs, which go first. The book sends
-nothing: the server answers what it removes.
-"""
+"""The book of accepted rollout requests: each found by token and by unique (client, id) from `add` until `remove`,
+its bytes counted exactly; `next_queued` yields queued requests oldest first, re-runs ahead."""
 
 from __future__ import annotations
 

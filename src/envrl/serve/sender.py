@@ -1,14 +1,5 @@
-"""Answers to clients over the server's ROUTER socket, with a bounded queue per client.
-
-Guarantee: an answer to a client that reads is delivered, in order: what ZMQ cannot take at once
-(its per-client queue, SNDHWM, is full) waits here and is retried every loop turn. A client whose
-answers have made no progress for `stall_timeout` seconds, or whose waiting answers pass `limit`,
-is dropped: logged with the reason, its waiting answers discarded, `on_dropped` told (the server
-cancels its requests), and what it is answered afterwards discarded until it sends again. Memory
-per client is thus bounded by 2 x `limit` answers; one that stops reading cannot grow it further.
-A client found gone when it is answered (its connection closed: ZMQ has no route to it) is
-dropped the same way, so the work it left behind is cancelled rather than run for nobody.
-"""
+"""Answers over the ROUTER socket: a reading client gets its answers in order; one stalled past `stall_timeout` or
+over `limit` is dropped and its requests cancelled, so memory per client stays within 2 x `limit` answers."""
 
 from __future__ import annotations
 

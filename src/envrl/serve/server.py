@@ -1,20 +1,5 @@
-"""The env server: a ROUTER broker between clients and a pool of worker processes (`env-server`).
-
-Guarantee: every request gets exactly one response: health, info and cancel are answered by the
-broker itself; each rollout request by its worker (a Trace, an error Trace), or, when its worker
-dies, by a re-run on another worker (up to `max_reruns` times) or a `worker_died` error Trace; a
-stuck worker is killed; a bad frame, or one whose handling fails unexpectedly, gets an error
-response and the server keeps serving. Params are checked (`ParamsChecker`) here, once, before
-any use: a worker runs only requests the server accepted, with the one model client of the
-server's config (`client`), and checks neither again; no request names a client.
-
-The hop to a worker: `_read_clients` -> `_on_request` -> `_accept` books the request and either
-`assign`s it to the least-loaded worker (`WorkerPool.pick`) or queues it; `flush` sends the
-worker a `run` op with the accepted request (`protocol.encode_work`); the worker (serve/worker.py) runs the rollouts and sends
-back the finished response frame, which `read_workers` -> `_finish` forwards. The worker side
-(`assign`, `flush`, answers, deaths, overdue kills) is `serve/dispatch.py`; this module admits,
-answers and runs the loop.
-"""
+"""The env server: every request gets exactly one response (a Trace, an error Trace, a re-run after a worker death,
+or an error response); params are checked once here; a bad frame never stops the server (docs/protocol.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The env server's two sockets: the clients' ROUTER and the workers' ipc ROUTER.
-
-Guarantee: `ServerSockets.bind` returns both sockets bound or raises with nothing left open, and
-`close` releases everything (sockets, CURVE authenticator, the ipc directory), once, however often
-it is called. The client socket queues at most `client_send_queue` answers per client in ZMQ,
-and a full queue raises zmq.Again instead of dropping an answer (ROUTER_MANDATORY; the server's
-`ClientSender` decides what then); it drops any connection that sends a frame over twice
-`max_frame_bytes` before buffering it (smaller oversized frames are read and answered `too_large`);
-with `curve` it admits only clients whose public keys are in `curve.client_keys_dir`.
-"""
+"""The env server's two sockets: `bind` gives both or leaves nothing open, `close` releases everything once; a full
+client queue raises instead of dropping; oversized frames are refused; with `curve` only known keys are admitted."""
 
 from __future__ import annotations
 

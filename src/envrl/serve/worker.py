@@ -1,13 +1,5 @@
-"""One env worker process: runs up to `multiplex` rollouts at once on an asyncio event loop.
-
-Guarantee: every run op the server sends is answered exactly once with a finished client-bound
-frame (its traces; error Traces when the env fails, runs past `timeout.rollout_s` or returns a Trace
-msgpack cannot carry; an error response when its task or model client cannot be had, or for a
-cancel, even one that lands before the rollout started), and the worker dies with its server, even a SIGKILLed one.
-It trusts its server: a run op carries a request the server validated (`protocol.decode_work`
-reads it unchecked); every rollout uses the one model client built from the server's config,
-which the server sends once (`client` op) before the first run op, and which is closed at stop.
-"""
+"""One env worker: every run op is answered exactly once with a finished frame (error Traces for env failures and
+timeouts), it trusts the server's validated requests and its one model client, and it dies with its server."""
 
 from __future__ import annotations
 

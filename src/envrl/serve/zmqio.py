@@ -1,17 +1,6 @@
-"""Lean ZMQ I/O for the env server's hot paths, and a socket driven by an asyncio loop without a
-future per message.
-
-Guarantee: every message that arrives on a `SocketPump`'s socket is handed, in order, to
-`on_messages` in batches (all that were waiting, up to `max_batch`), including messages whose
-arrival was signalled while we were sending: ZMQ's fd is edge-triggered, so every send is
-followed by one more drain. Messages given to `send` leave together at the end of the loop
-iteration, in order: one burst wakes ZMQ's I/O thread once, where a send per callback would wake
-it every time.
-
-`send_frames` / `recv_frames` call pyzmq's Cython socket methods with plain int flags: pyzmq's
-`send_multipart` / `recv_multipart` wrappers spend more per message in Python (type checks,
-`enum.Flag` arithmetic) than the send itself (docs/measurements.md).
-"""
+"""Lean ZMQ I/O: every message on a `SocketPump`'s socket reaches `on_messages` in order, batched, none missed by
+the edge-triggered fd; `send`s leave together, in order, at the end of the loop turn (numbers:
+docs/measurements.md)."""
 
 from __future__ import annotations
 

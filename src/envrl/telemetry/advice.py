@@ -1,9 +1,6 @@
-"""What a run is waiting for, over its last steps and over the whole run, and the settings that would
-move it, each with the speed-up the pipeline model expects from the run's own numbers (docs/report.md).
-
-Guarantee: `diagnose_run` only reads the run directory and never raises (no trainer step yet: no
-diagnosis); advice is given only where its expected speed-up is at least `ADVISE_MIN`.
-"""
+"""What a run waits for over its last steps and over the run, and the settings that would move it, each with the
+speed-up the pipeline model expects from the run's own numbers (docs/report.md); `diagnose_run` never raises, and
+advice is given only where its expected speed-up is at least `ADVISE_MIN`."""
 
 from __future__ import annotations
 

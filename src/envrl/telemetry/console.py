@@ -1,15 +1,5 @@
-"""The step console of `rl` and of the standalone orchestrator: one line per step, read from the
-run's `metrics.jsonl`, printed and appended to `logs/steps.log`.
-
-Guarantee: every step whose ending metrics line (the trainer's under `rl`, the orchestrator's for a
-standalone orchestrator) is written while the console runs (and before
-its final drain in `stop()`) is printed exactly once, in step order of arrival, even when a resume
-rewrites `metrics.jsonl` under it; the console only reads the file, so it can never slow down or
-break the processes that write it. On a terminal a transient status line (elapsed, ETA) is kept
-below the step lines; elsewhere only the step lines are written. The ETA counts steady steps only:
-the first step this console sees includes the processes' start-up (vLLM's above all), so it is left
-out, and until a second step ends the ETA is unknown (`?`).
-"""
+"""The step console: every step whose ending metrics line is written while it runs is printed exactly once, even
+across a resume rewriting `metrics.jsonl`; it only reads the file; the ETA counts steady steps only."""
 
 from __future__ import annotations
 

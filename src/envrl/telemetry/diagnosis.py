@@ -1,8 +1,5 @@
-"""Which role bounds a run's step rate: each role's share of the trainer's step, from the time ledger
-(a finished or live run) or from one step's metrics lines (the live step line); model: docs/report.md.
-
-Guarantee: pure functions of the spans and lines they are given; a step's role seconds sum to its wall time.
-"""
+"""Which role bounds a run's step rate: pure functions that split each trainer step into roles, from the time
+ledger or (the live step line) its metrics lines; a step's role seconds sum to its wall time (docs/report.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The time ledger: timed spans of every process's work, for the report's "where the time went".
-
-Guarantee: a span is one JSON line `{process, name, step, start, end, run, ...}` with wall-clock
-`time.time()` seconds, one clock for every process of the run (one machine; several hosts would
-need synchronised clocks, e.g. chrony, or per-host offsets measured at start). Each writer appends
-only to its own file `layout.ledger_file(output_dir, writer)`, buffered and written at least at
-every `flush()` (once per step) and at `close()`. A reader skips a line cut by a crash and keeps,
-per file and step, only the spans of the last opening (`run`) that recorded that step, so steps a
-resumed process does again count once.
-"""
+"""The time ledger: each span is one JSON line with wall-clock times, each writer appending only to its own file; a
+reader skips cut lines and keeps per step only the last run's spans, so a redone step counts once."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""One logging setup for every envrl process.
-
-Guarantee: after `setup_logging`, everything a process logs, through loguru or through stdlib
-`logging` (vLLM, transformers, urllib3, zmq, ...), goes to the same sinks in the same format:
-the console (coloured only when it is a TTY) and, if configured, one log file for the process.
-"""
+"""One logging setup: after `setup_logging`, everything a process logs (loguru or stdlib `logging`) goes to the same
+sinks in one format: the console (coloured only on a TTY) and its log file."""
 
 from __future__ import annotations
 

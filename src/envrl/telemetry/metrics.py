@@ -1,11 +1,5 @@
-"""`metrics.jsonl`'s one home: the sink every process logs metrics through (plus wandb), and its reader.
-
-Guarantee: each `log(step, values)` call appends exactly one JSON line (`step`, `time`,
-`process`, then the values) with a single `write` to a file opened for appending, so several
-processes may share one `metrics.jsonl` without interleaving; the same values go to wandb when it
-is enabled. A sink opened with `resume_step=k` first drops its process's lines for steps >= k
-(they will be logged again), so a resumed run has one line per process and step.
-"""
+"""`metrics.jsonl`'s one home: each `log(step, values)` appends one JSON line in one `write` (processes share the
+file safely), wandb gets the same, `resume_step=k` first drops the process's lines from step k; `read_metrics` reads."""
 
 from __future__ import annotations
 

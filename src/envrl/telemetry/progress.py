@@ -1,10 +1,5 @@
-"""The one progress display of envrl's commands (`rl`, the standalone `orchestrator`, `rl eval`).
-
-Guarantee: every line given to `LiveLines` (a progress line or anything else written through it,
-such as a log record) reaches the stream whole and in order; on a terminal one transient status
-line is kept below them (cleared before each write, drawn again after it, removed by `close`),
-and elsewhere (a pipe, a log file) only the lines are written, byte for byte.
-"""
+"""The one progress display: every line given to `LiveLines` arrives whole and in order; a terminal keeps one
+transient status line below them, anything else gets only the lines, byte for byte."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Numbers of one env's rollouts as a flat metric dict, and pass@k of its tasks: what a training
-step and an evaluation (`rl eval`, interval evals) report alike.
-
-Guarantee: every rate is over all rollouts of that env, errored ones included; reward and
-length statistics are over the rollouts without errors only; a mean of nothing is NaN for the
-reward and 0 for the rest.
-"""
+"""One env's rollout numbers and pass@k, alike for training and evaluation: rates over all rollouts, reward and
+length statistics over error-free ones; a mean of nothing is NaN for the reward, 0 for the rest."""
 
 from __future__ import annotations
 

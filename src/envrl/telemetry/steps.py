@@ -1,12 +1,5 @@
-"""Where each training step's wall time went, from the time ledger, and where each env's rollout time went.
-
-Guarantee: a step's wall time runs from the end of the trainer's previous step (its last span)
-to the end of this one (the first step: from the start of its wait for the batch), and every
-instant of it is given to exactly one part of `PARTS`, so the parts sum to the wall time;
-`unaccounted` holds the instants no recorded span explains. `env_times` adds up, per step and
-env, the seconds of the step's rollouts in each phase (each tool by name), and the trainer's
-`training` seconds of the step.
-"""
+"""Where each step's wall time went: every instant of a step is given to exactly one part of `PARTS`, so the parts
+sum to the wall time (`unaccounted`: no span explains it); and each env's rollout seconds per phase and tool."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Training checkpoints: everything needed to continue a run bit for bit.
-
-Guarantee: `checkpoints/step_<k>/` is the state after k completed steps (model, optimizer,
-scheduler, each rank's RNG; of the model only the weights that train, so a LoRA checkpoint holds
-the adapter) and appears only when every rank's part is written and fsynced;
-only the newest `keep` are retained, and older ones are deleted only after a newer one exists.
-Checkpoints at or past the step being written (left by a run that went further before this one
-resumed from earlier) are moved aside to `checkpoints/abandoned/`, never deleted: they are not
-this run's newest, and pruning must not count them.
-"""
+"""`checkpoints/step_<k>/` is the state after k steps (model's trained weights, optimizer, scheduler, every rank's
+RNG), appearing only when complete; the newest `keep` are retained, and later ones are moved aside, never deleted."""
 
 from __future__ import annotations
 
@@ -16,7 +8,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -27,7 +19,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from envrl.data.layout import abandoned_checkpoints_dir, checkpoint_dir, checkpoints_root, published_steps
 from envrl.runtime.atomic import publish, temp_sibling
+from envrl.trainer.config import CheckpointConfig
 from envrl.trainer.parallel import Runtime, barrier
+
+if TYPE_CHECKING:
+    from envrl.trainer.learner import Learner
 
 TRAINER_STATE = "trainer_state.pt"
 LOAD_TRAINED = StateDictOptions(strict=False)
@@ -71,45 +67,6 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def save_checkpoint(
-    output_dir: Path,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    runtime: Runtime,
-    keep: int,
-) -> Path:
-    """Write the state after `step` completed steps (all ranks call this) and prune old ones."""
-    final = checkpoint_dir(output_dir, step)
-    tmp = temp_sibling(final)
-    if runtime.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier(runtime)
-    try:
-        with _single_process_ok():
-            dcp.save(_trained_state(model, optimizer), checkpoint_id=tmp, no_dist=not runtime.sharded)
-        torch.save(_rng_state(), tmp / _rng_file(runtime.rank))
-        if runtime.is_main:
-            meta = {"step": step, "scheduler": scheduler.state_dict(), "world_size": runtime.world_size}
-            torch.save(meta, tmp / TRAINER_STATE)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)  # never published; frees what a full disk let us write
-        if isinstance(e, CheckpointException):  # a BaseException: callers catching Exception would miss it
-            raise RuntimeError(f"torch.distributed.checkpoint failed: {str(e).strip().splitlines()[-1]}") from e
-        raise
-    barrier(runtime)
-    if runtime.is_main:
-        set_aside_abandoned(output_dir, step)
-        publish(tmp, final)
-        for old in list_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(checkpoint_dir(output_dir, old))
-        logger.info(f"checkpoint {final} written")
-    barrier(runtime)
-    return final
-
-
 def set_aside_abandoned(output_dir: Path, step: int) -> list[Path]:
     """Move every checkpoint at or past `step` to `checkpoints/abandoned/` (a name taken there
     gets a suffix); the new places."""
@@ -131,34 +88,88 @@ def set_aside_abandoned(output_dir: Path, step: int) -> list[Path]:
     return moved
 
 
-def load_checkpoint(
-    output_dir: Path,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    runtime: Runtime,
-) -> None:
-    """Restore the state saved by `save_checkpoint` for `step` (all ranks call this)."""
-    path = checkpoint_dir(output_dir, step)
-    if not (path / TRAINER_STATE).is_file():
-        found = list_checkpoints(output_dir)
-        raise FileNotFoundError(f"no checkpoint at {path} (checkpoints found for steps: {found or 'none'})")
-    meta = torch.load(path / TRAINER_STATE, weights_only=True)
-    if meta["world_size"] != runtime.world_size:
-        raise RankCountMismatch(
-            f"{path} was written by {meta['world_size']} ranks but this run has {runtime.world_size}; "
-            "resume with the same number of ranks (placement.trainer.gpus / num_procs; RNG state is per rank)"
+class Checkpoints:
+    """One run's checkpoints of one `Learner`: when one is due, writing it, reading it back (all
+    ranks call `save` and `load`)."""
+
+    def __init__(
+        self, output_dir: Path, ckpt: CheckpointConfig, max_steps: int, learner: Learner, runtime: Runtime
+    ) -> None:
+        self.output_dir = output_dir
+        self.ckpt = ckpt
+        self.max_steps = max_steps
+        self.learner = learner
+        self.runtime = runtime
+
+    def due(self, step: int) -> bool:
+        """Whether the state after `step` completed steps is checkpointed: on the interval, and the last."""
+        interval = self.ckpt.interval
+        return bool(interval) and (step % interval == 0 or step == self.max_steps)
+
+    def latest(self) -> int | None:
+        """The newest published checkpoint's step (None: none yet)."""
+        found = list_checkpoints(self.output_dir)
+        return found[-1] if found else None
+
+    def save(self, step: int) -> Path:
+        """Write the state after `step` completed steps and prune all but the newest `ckpt.keep`."""
+        output_dir, runtime, learner = self.output_dir, self.runtime, self.learner
+        final = checkpoint_dir(output_dir, step)
+        tmp = temp_sibling(final)
+        if runtime.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        barrier(runtime)
+        try:
+            with _single_process_ok():
+                dcp.save(
+                    _trained_state(learner.model, learner.optimizer), checkpoint_id=tmp, no_dist=not runtime.sharded
+                )
+            torch.save(_rng_state(), tmp / _rng_file(runtime.rank))
+            if runtime.is_main:
+                meta = {"step": step, "scheduler": learner.scheduler.state_dict(), "world_size": runtime.world_size}
+                torch.save(meta, tmp / TRAINER_STATE)
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)  # never published; frees what a full disk let us write
+            if isinstance(e, CheckpointException):  # a BaseException: callers catching Exception would miss it
+                raise RuntimeError(f"torch.distributed.checkpoint failed: {str(e).strip().splitlines()[-1]}") from e
+            raise
+        barrier(runtime)
+        if runtime.is_main:
+            set_aside_abandoned(output_dir, step)
+            publish(tmp, final)
+            for old in list_checkpoints(output_dir)[: -self.ckpt.keep]:
+                shutil.rmtree(checkpoint_dir(output_dir, old))
+            logger.info(f"checkpoint {final} written")
+        barrier(runtime)
+        return final
+
+    def load(self, step: int) -> None:
+        """Restore the state `save` wrote for `step`."""
+        runtime, learner = self.runtime, self.learner
+        path = checkpoint_dir(self.output_dir, step)
+        if not (path / TRAINER_STATE).is_file():
+            found = list_checkpoints(self.output_dir)
+            raise FileNotFoundError(f"no checkpoint at {path} (checkpoints found for steps: {found or 'none'})")
+        meta = torch.load(path / TRAINER_STATE, weights_only=True)
+        if meta["world_size"] != runtime.world_size:
+            raise RankCountMismatch(
+                f"{path} was written by {meta['world_size']} ranks but this run has {runtime.world_size}; "
+                "resume with the same number of ranks (placement.trainer.gpus / num_procs; RNG state is per rank)"
+            )
+        state = _trained_state(learner.model, learner.optimizer)
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=path, no_dist=not runtime.sharded)
+        set_state_dict(
+            learner.model,
+            learner.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=LOAD_TRAINED,
         )
-    state = _trained_state(model, optimizer)
-    with _single_process_ok():
-        dcp.load(state, checkpoint_id=path, no_dist=not runtime.sharded)
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=LOAD_TRAINED
-    )
-    scheduler.load_state_dict(meta["scheduler"])
-    rng = torch.load(path / _rng_file(runtime.rank), weights_only=True)
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng:
-        torch.cuda.set_rng_state(rng["cuda"])
-    logger.info(f"resumed from {path}")
+        learner.scheduler.load_state_dict(meta["scheduler"])
+        rng = torch.load(path / _rng_file(runtime.rank), weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"])
+        logger.info(f"resumed from {path}")

@@ -1,18 +1,13 @@
-"""Trainer config: everything `trainer --config x.toml` reads, and nothing else.
-
-Guarantee: a validated `TrainerConfig` is self-consistent (bounds ordered, positive sizes), so
-the training loop never re-checks its options; `model`, `output_dir`, `max_steps` and
-`max_async_level` are the keys `RLConfig` shares with the other processes.
-"""
+"""Trainer config: a validated `TrainerConfig` is self-consistent, so the loop never re-checks its options; `model`,
+`output_dir`, `max_steps` and `max_async_level` are the keys `RLConfig` shares with every process."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from envrl.config import BaseConfig, ModelConfig
+from envrl.config import BaseConfig, RunKeys
 from envrl.telemetry.log import LogConfig
 from envrl.telemetry.metrics import WandbConfig
 from envrl.transport.config import WeightsConfig
@@ -115,14 +110,7 @@ class CheckpointConfig(BaseConfig):
     """Resume from `checkpoints/step_<resume_step>/` (an error if it is missing)."""
 
 
-class TrainerConfig(BaseConfig):
-    model: ModelConfig = ModelConfig()
-    output_dir: Path = Path("outputs/run")
-    """Run directory: reads `rollouts/step_<n>/`, writes `weights/`, `checkpoints/`, `metrics.jsonl`."""
-    max_steps: int = Field(20, ge=1)
-    """Stop after this many optimizer steps (step n trains on rollouts/step_<n>)."""
-    max_async_level: int = Field(1, ge=0)
-    """Batch n must come from policies >= n - max_async_level; an older sample is an error."""
+class TrainerConfig(RunKeys):
     resume: bool = False
     """Continue from the newest checkpoint in `output_dir` (start fresh if there is none)."""
     seed: int = 0
@@ -157,7 +145,7 @@ class TrainerConfig(BaseConfig):
     """Recompute decoder layers' activations in backward to save memory: `true` every layer,
     `false` none, `auto` none when every layer's activations at `micro_batch_tokens` fit the
     device's free memory, else every k-th layer with the largest k that fits, else every layer
-    (the estimate: `envrl.trainer.recompute`; the choice is logged at start-up)."""
+    (the estimate: `envrl.trainer.model.recompute`; the choice is logged at start-up)."""
     compile: Literal["auto"] | bool = "auto"
     """Compile each decoder layer (`torch.compile`, regional: identical layers compile once; the
     inductor cache under `~/.cache/envrl/inductor`, so a restart reuses it). `auto`: on GPU, and

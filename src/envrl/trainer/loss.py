@@ -1,9 +1,5 @@
-"""The policy-gradient loss on one packed micro-batch, as pure tensor functions.
-
-Guarantee: the loss is a weighted sum over tokens whose weights already carry the batch-wide
-normalisation, so summing it over micro-batches and ranks gives exactly the loss of the whole
-batch however it was packed or split; statistics are returned as sums for the same reason.
-"""
+"""The policy-gradient loss as pure tensor functions: token weights carry the batch-wide normalisation, so summing
+over micro-batches and ranks gives exactly the whole batch's loss, however packed."""
 
 from __future__ import annotations
 
@@ -133,32 +129,13 @@ def policy_loss(
     order), so the ratio, its clipping and `ratio_mask` act per sample; the KL terms stay per token.
     """
     inference_logprobs = torch.where(torch.isnan(inference_logprobs), logprobs.detach(), inference_logprobs)
-    keep = loss_mask
-    masked = torch.zeros_like(loss_mask)
-    with torch.no_grad():
-        true_log_ratio = logprobs - inference_logprobs
-        mismatch_kl = torch.where(loss_mask, _k3(true_log_ratio), 0.0).sum()
-        if config.ratio_mask is not None:
-            masked_by = true_log_ratio
-            if config.ratio_level == "sequence":
-                masked_by = _sample_mean(true_log_ratio, loss_mask, _lengths(lengths, loss_mask))
-            r = torch.exp(masked_by)
-            low, high = config.ratio_mask
-            masked = loss_mask & ((r < low) | (r > high))
-            keep = loss_mask & ~masked
+    keep, masked, mismatch_kl = _ratio_masked(logprobs, inference_logprobs, loss_mask, config, lengths)
     # Zeroed outside `keep`, so an extreme ratio on an untrained token cannot turn into a NaN grad.
     log_ratio = torch.where(keep, logprobs - inference_logprobs, 0.0)
     token_log_ratio = log_ratio
     if config.ratio_level == "sequence":
         log_ratio = torch.where(keep, _sample_mean(log_ratio, keep, _lengths(lengths, loss_mask)), 0.0)
-    ratio = torch.exp(log_ratio)
-    loss = -ratio * advantages
-    clipped = torch.zeros_like(loss_mask)
-    if config.clip is not False:
-        low, high = config.clip
-        clipped_loss = -torch.clamp(ratio, 1 - low, 1 + high) * advantages
-        clipped = keep & (clipped_loss > loss)
-        loss = torch.maximum(loss, clipped_loss)
+    loss, clipped = _clipped_loss(torch.exp(log_ratio), advantages, keep, config)
     if config.kl_coef > 0:
         loss = loss + config.kl_coef * _k3(token_log_ratio)
     ref_kl = torch.zeros((), device=logprobs.device)
@@ -176,6 +153,41 @@ def policy_loss(
         "ref_kl": ref_kl,
     }
     return total, stats
+
+
+@torch.no_grad()
+def _ratio_masked(
+    logprobs: torch.Tensor,
+    inference_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    config: LossConfig,
+    lengths: tuple[int, ...] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tokens that train (`loss_mask` less those `ratio_mask` drops), those it drops, and the
+    summed k3 mismatch KL to the inference policy over `loss_mask`."""
+    true_log_ratio = logprobs - inference_logprobs
+    mismatch_kl = torch.where(loss_mask, _k3(true_log_ratio), 0.0).sum()
+    if config.ratio_mask is None:
+        return loss_mask, torch.zeros_like(loss_mask), mismatch_kl
+    masked_by = true_log_ratio
+    if config.ratio_level == "sequence":
+        masked_by = _sample_mean(true_log_ratio, loss_mask, _lengths(lengths, loss_mask))
+    r = torch.exp(masked_by)
+    low, high = config.ratio_mask
+    masked = loss_mask & ((r < low) | (r > high))
+    return loss_mask & ~masked, masked, mismatch_kl
+
+
+def _clipped_loss(
+    ratio: torch.Tensor, advantages: torch.Tensor, keep: torch.Tensor, config: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token -r * A, PPO-clipped when `config.clip` is set, and the trained tokens the clip bound."""
+    loss = -ratio * advantages
+    if config.clip is False:
+        return loss, torch.zeros_like(keep)
+    low, high = config.clip
+    clipped_loss = -torch.clamp(ratio, 1 - low, 1 + high) * advantages
+    return torch.maximum(loss, clipped_loss), keep & (clipped_loss > loss)
 
 
 def _lengths(lengths: tuple[int, ...] | None, loss_mask: torch.Tensor) -> tuple[int, ...]:

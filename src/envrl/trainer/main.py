@@ -1,8 +1,5 @@
-"""`trainer` entry point: `trainer --config x.toml [--optim.lr 1e-5 ...]`, alone or under torchrun.
-
-Guarantee: the process exits 0 after `max_steps`, 2 on a config error, and 1 on any failure
-after logging one error line that says which step and file went wrong.
-"""
+"""`trainer --config x.toml`, alone or under torchrun: exit 0 after `max_steps`, 2 on a config error, 1 on any
+failure after one error line naming the step and file."""
 
 from __future__ import annotations
 
@@ -22,8 +19,9 @@ from envrl.data.samples import BatchError
 from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.loop import Trainer, TrainingError
-from envrl.trainer.lora import LoraError
+from envrl.trainer.learner import TrainingError
+from envrl.trainer.loop import Trainer
+from envrl.trainer.model.lora import LoraError
 from envrl.trainer.parallel import init_runtime, shutdown
 
 EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError, RankCountMismatch, LoraError)

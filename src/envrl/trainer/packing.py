@@ -1,13 +1,5 @@
-"""Sequence packing: a batch of samples -> balanced micro-batches of at most `max_tokens` tokens.
-
-Guarantee: every trainable sample lands in exactly one micro-batch, with position ids restarting
-at 0 and its length recorded so attention never crosses samples; each token carries its
-normalisation weight for the whole batch, and `shard` gives every rank the same number of
-micro-batches (padding with inert ones), so ranks run the same collectives and their losses sum
-to the whole batch's loss. With `share_prefixes`, samples that begin with the same untrained
-tokens (a group's prompt) hold those tokens once, as a `Document` whose suffixes read them: every
-trained token is still predicted from exactly its own sample's tokens.
-"""
+"""Packing: every trainable sample lands in exactly one micro-batch of at most `max_tokens`, attention never crosses
+samples, every rank gets the same number of micro-batches, and a shared prefix is held once."""
 
 from __future__ import annotations
 
@@ -21,9 +13,10 @@ from loguru import logger
 from torch import nn
 
 from envrl.data.samples import TrainingSample
-from envrl.trainer.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN, Document, document_layout, varlen_layout
-from envrl.trainer.head import LogprobHead, ScoreRequest
 from envrl.trainer.loss import token_logprobs
+from envrl.trainer.model.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN
+from envrl.trainer.model.head import LogprobHead, ScoreRequest
+from envrl.trainer.model.layout import Document, document_layout, varlen_layout
 
 
 @dataclass(frozen=True)
@@ -82,7 +75,7 @@ class BudgetKeys(NamedTuple):
 RL_KEYS = BudgetKeys("trainer.micro_batch_tokens", "orchestrator.seq_len")
 """`rl` and the standalone trainer."""
 SFT_KEYS = BudgetKeys("micro_batch_tokens", "seq_len")
-"""`rl sft` (its own config, envrl.trainer.sft)."""
+"""`rl sft` (its own config, envrl.trainer.sft.main)."""
 
 
 def _trainable(sample: TrainingSample) -> int:
@@ -199,33 +192,39 @@ def pack(
     else:
         groups = [(0, [i]) for i in range(len(kept))]
     documents = [_document(kept, prefix, members) for prefix, members in groups]
-    micro_batches = []
-    for indices in balanced_bins([d.length for d in documents], max_tokens, multiple_of):
-        # (sample, first token, last token + 1) pieces in row order
-        pieces = []
-        for g in indices:
-            prefix, members = groups[g]
-            if prefix:
-                pieces.append((kept[members[0]], 0, prefix))
-            pieces += [(kept[m], prefix, len(kept[m].input_ids)) for m in members]
-        positions = torch.cat([torch.arange(a, b) for _, a, b in pieces])
-        per_token = partial(_per_token, pieces)
-        micro_batches.append(
-            MicroBatch(
-                input_ids=per_token(lambda s: s.input_ids, torch.long).unsqueeze(0),
-                position_ids=positions.unsqueeze(0),
-                loss_mask=per_token(lambda s: s.loss_mask, torch.bool) & (positions > 0),
-                inference_logprobs=per_token(lambda s: s.inference_logprobs, torch.float32),
-                advantages=per_token(lambda s: s.token_advantages, torch.float32),
-                weights=per_token(lambda s: [weight_of(s)] * len(s.input_ids), torch.float32),
-                temperature=per_token(lambda s: [s.temperature] * len(s.input_ids), torch.float32),
-                top_p=per_token(lambda s: [s.top_p] * len(s.input_ids), torch.float32),
-                top_k=per_token(lambda s: [s.top_k] * len(s.input_ids), torch.long),
-                documents=tuple(documents[g] for g in indices),
-                num_samples=sum(len(groups[g][1]) for g in indices),
-            )
-        )
-    return micro_batches
+    return [
+        _micro_batch(kept, [groups[g] for g in indices], tuple(documents[g] for g in indices), weight_of)
+        for indices in balanced_bins([d.length for d in documents], max_tokens, multiple_of)
+    ]
+
+
+def _micro_batch(
+    kept: Sequence[TrainingSample],
+    groups: Sequence[tuple[int, list[int]]],
+    documents: tuple[Document, ...],
+    weight_of: Callable[[TrainingSample], float],
+) -> MicroBatch:
+    """One packed row of `groups` (a shared prefix's length and its members' indices into `kept`), in order."""
+    pieces = []  # (sample, first token, last token + 1) in row order
+    for prefix, members in groups:
+        if prefix:
+            pieces.append((kept[members[0]], 0, prefix))
+        pieces += [(kept[m], prefix, len(kept[m].input_ids)) for m in members]
+    positions = torch.cat([torch.arange(a, b) for _, a, b in pieces])
+    per_token = partial(_per_token, pieces)
+    return MicroBatch(
+        input_ids=per_token(lambda s: s.input_ids, torch.long).unsqueeze(0),
+        position_ids=positions.unsqueeze(0),
+        loss_mask=per_token(lambda s: s.loss_mask, torch.bool) & (positions > 0),
+        inference_logprobs=per_token(lambda s: s.inference_logprobs, torch.float32),
+        advantages=per_token(lambda s: s.token_advantages, torch.float32),
+        weights=per_token(lambda s: [weight_of(s)] * len(s.input_ids), torch.float32),
+        temperature=per_token(lambda s: [s.temperature] * len(s.input_ids), torch.float32),
+        top_p=per_token(lambda s: [s.top_p] * len(s.input_ids), torch.float32),
+        top_k=per_token(lambda s: [s.top_k] * len(s.input_ids), torch.long),
+        documents=documents,
+        num_samples=sum(len(members) for _, members in groups),
+    )
 
 
 def _per_token(

@@ -1,12 +1,5 @@
-"""Where the trainer runs: one CPU process, or torchrun ranks with FSDP2-sharded parameters.
-
-Guarantee: `build_model` returns a model that trains the same way on either path: fp32 on one
-CPU process; on GPUs (or several ranks) each decoder layer is FSDP2-sharded with fp32 master
-weights, compute in `dtype` and gradients reduced in fp32, and no rank ever holds the whole model
-(each reads its own shards from the checkpoint files). Collectives here are no-ops when
-there is no process group, so callers never branch on the runtime. `PhaseThreads` changes only
-how many torch threads one CPU process computes with, never what it computes.
-"""
+"""`build_model` trains the same way on one CPU process or FSDP2-sharded ranks (fp32 master weights, no rank holding
+the whole model); collectives are no-ops without a process group; `PhaseThreads` changes only the thread count."""
 
 from __future__ import annotations
 
@@ -22,13 +15,19 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from envrl.data.layout import batch_dir
-from envrl.trainer.attention import resolve_attn_implementation
-from envrl.trainer.compile import compile_layers, compile_plan
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.head import install_logprob_head
-from envrl.trainer.loading import load_shards, model_files
-from envrl.trainer.lora import apply_lora
-from envrl.trainer.recompute import LayerShape, apply_recompute, free_memory, local_trainable_params, plan_recompute
+from envrl.trainer.model.attention import resolve_attn_implementation
+from envrl.trainer.model.compile import compile_layers, compile_plan
+from envrl.trainer.model.head import install_logprob_head
+from envrl.trainer.model.loading import load_shards, model_files
+from envrl.trainer.model.lora import apply_lora
+from envrl.trainer.model.recompute import (
+    LayerShape,
+    apply_recompute,
+    free_memory,
+    local_trainable_params,
+    plan_recompute,
+)
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,7 @@ def phase_threads(config: TrainerConfig, runtime: Runtime) -> PhaseThreads | Non
 def build_model(config: TrainerConfig, runtime: Runtime) -> nn.Module:
     """The HF model in fp32 (with `trainer.lora`: LoRA adapters on it, the base frozen), placed on
     the runtime's device. One process loads it whole; sharded ranks build it on the meta device
-    and read only their own shards from the checkpoint files (`trainer/loading.py`)."""
+    and read only their own shards from the checkpoint files (`trainer/model/loading.py`)."""
     attn_implementation = resolve_attn_implementation(config.attn_implementation, runtime.device, runtime.compute_dtype)
     if runtime.sharded:
         with torch.device("meta"):

@@ -1,14 +1,5 @@
-"""`rl replay --step N OUTPUT_DIR`: recompute trainer step N offline and say where it departs
-from what the run logged.
-
-Guarantee: nothing under OUTPUT_DIR is written. The trainer is rebuilt from the run's own
-`configs/trainer.toml`, restored from the newest checkpoint at or before N, and trains the kept
-batches from there through N exactly as the run did (same code, model, optimizer, schedule and
-RNG state). For each step it reports loss and grad norm beside the logged ones; after step N it
-compares every parameter with the policy the run published for step N + 1 against a tolerance
-from float32's arithmetic (`tolerance`), says which side of it each differing tensor is, and
-names the first tensor beyond it.
-"""
+"""`rl replay --step N OUTPUT_DIR`: recomputes step N offline from the run's own config and checkpoints, writing
+nothing there, and names the first tensor beyond float32's tolerance of the policy the run published."""
 
 from __future__ import annotations
 
@@ -35,9 +26,9 @@ from envrl.data.layout import (
 )
 from envrl.data.samples import read_batch
 from envrl.telemetry.log import LogConfig, setup_logging
-from envrl.trainer.checkpoint import RankCountMismatch, load_checkpoint
+from envrl.trainer.checkpoint import Checkpoints, RankCountMismatch
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.loop import Trainer
+from envrl.trainer.learner import Learner
 from envrl.trainer.parallel import Runtime, full_state_dict, init_runtime, shutdown
 from envrl.transport.source import transport_of
 
@@ -169,17 +160,17 @@ def replay(output_dir: Path, step: int) -> TensorDiff | None:
     logged = logged_trainer_metrics(output_dir)
     runtime = init_runtime(config)
     try:
-        trainer = Trainer(config, runtime)
-        load_checkpoint(output_dir, start, trainer.model, trainer.optimizer, trainer.scheduler, runtime)
-        state = _snapshot(trainer.model, runtime)
+        learner = Learner(config, runtime)
+        Checkpoints(output_dir, config.ckpt, config.max_steps, learner, runtime).load(start)
+        state = _snapshot(learner.model, runtime)
         moved, tokens = dict.fromkeys(state, 0.0), 0
         for s in range(start, step + 1):
             batch = read_batch(batch_dir(output_dir, s))
             n = sum(len(sample.input_ids) for sample in batch)
             tokens = max(tokens, n)
-            stats = trainer.train_on(s, batch, where=str(batch_dir(output_dir, s)))
+            stats = learner.train_on(s, batch, where=str(batch_dir(output_dir, s)))
             logger.info(f"step {s}: " + ", ".join(_beside_logged(k, stats[k], logged.get(s, {}), n) for k in COMPARED))
-            before, state = state, _snapshot(trainer.model, runtime)
+            before, state = state, _snapshot(learner.model, runtime)
             for name, tensor in state.items():
                 moved[name] += (tensor - before[name]).abs().max().item() if tensor.numel() else 0.0
     finally:
@@ -196,9 +187,14 @@ def replay(output_dir: Path, step: int) -> TensorDiff | None:
         name: tolerance(moved[name], t.abs().max().item() if t.numel() else 0.0, tokens, steps, config.optim.betas)
         for name, t in state.items()
     }
-    found = differences(state, published_state(target), tolerances)
+    return _verdict(
+        differences(state, published_state(target), tolerances), f"step {step} replayed from checkpoint {start}", target
+    )
+
+
+def _verdict(found: list[TensorDiff], replayed: str, target: Path) -> TensorDiff | None:
+    """Log how the replayed tensors compare with `target`'s; the first beyond its tolerance."""
     beyond = [d for d in found if not d.within]
-    replayed = f"step {step} replayed from checkpoint {start}"
     if not found:
         logger.success(f"{replayed}: every tensor equals {target} bit for bit")
         return None

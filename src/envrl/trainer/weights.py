@@ -1,15 +1,5 @@
-"""The trainer's publishers (`envrl.transport.weights.WeightPublisher`): every rank gathers the
-policy, rank 0 hands it to the transport `trainer.weights.transport` names.
-
-Guarantee: `FileWeightPublisher` publishes `weights/step_<k>/` as envrl.transport.files writes it
-(HF safetensors, config, tokenizer, in the base checkpoint's dtype), or for a LoRA model only the
-PEFT adapter (envrl.trainer.lora), which the server hot-loads onto its base;
-`MemoryWeightPublisher` instead sends a full model's tensors, in the same dtype and under the
-same names, straight into the replicas (envrl.transport.memory), leaving only `transfer.json` and
-its owner-only `transfer.secret` in `weights/step_<k>/`; a starting trainer removes every such
-directory an earlier trainer process left (`remove_stale_transfers`) before it publishes.
-`weights/final/` is the last step's policy as a plain HF model (the adapter merged in).
-"""
+"""The trainer's publishers: every rank gathers the policy and rank 0 hands it to the configured transport (files, a
+LoRA adapter, or memory); stale transfers are removed first; `weights/final/` is a plain HF model."""
 
 from __future__ import annotations
 
@@ -25,7 +15,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from envrl.data.layout import weights_dir
 from envrl.runtime.atomic import atomic_dir
-from envrl.trainer.lora import export_merged, is_lora, publish_adapter
+from envrl.trainer.model.lora import export_merged, is_lora, publish_adapter
 from envrl.trainer.parallel import Runtime, barrier, full_state_dict
 from envrl.transport.config import WeightsConfig
 from envrl.transport.files import export_dtype, write_policy

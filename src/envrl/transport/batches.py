@@ -1,10 +1,5 @@
-"""The batch seam: the orchestrator sends step n's samples, the trainer receives them.
-
-Guarantee: `receive(step)` gives exactly the samples `send(step, ...)` sent, once they are
-complete, or raises: `BatchTimeout` past the receiver's deadline, `BatchError` for a corrupt
-batch. The filesystem transport behind it publishes `rollouts/step_<n>/` atomically (the state
-the orchestrator resumes from travels in the same rename) and polls for it.
-"""
+"""The batch seam: `receive(step)` gives exactly what `send(step, ...)` sent once complete, or raises `BatchTimeout`
+past its deadline or `BatchError` for a corrupt batch."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The collectives of the memory transport, both ends: the tensors of a policy cut into the same
-buckets on each side, a gloo group formed over the proven rendezvous, and vLLM's packed nccl
-broadcast from trainer rank 0.
-
-Guarantee: `send_gloo` and `receive_gloo` move exactly the tensors a `TensorLayout` describes,
-in its order, bucket by bucket (`plan_buckets`, computed by both ends from the layout alone, so no
-length travels with the data); a gloo group is joined only through a `RendezvousStore` that proved
-the policy's secret both ways, and its connections listen on one address only.
-"""
+"""The memory transport's collectives: `send_gloo`/`receive_gloo` move exactly a `TensorLayout`'s tensors in order,
+in buckets both ends compute alone; a gloo group is joined only through a rendezvous that proved the secret."""
 
 from __future__ import annotations
 

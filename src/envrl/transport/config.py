@@ -1,12 +1,9 @@
-"""Config of the weight transport (`trainer.weights`).
-
-Guarantee: a validated `WeightsConfig` names one transport and one collective; the replicas'
-side is set by `rl` to match (envrl.inference.server).
-"""
+"""Config of the weight transport (`trainer.weights`): a validated `WeightsConfig` names one transport and one
+collective; `rl` sets the replicas' side to match."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -38,5 +35,5 @@ class WeightsConfig(BaseConfig):
     timeout_s: float = Field(1800.0, gt=0)
     """How long the trainer waits for the replicas to join a policy sent in memory; then its
     snapshot and rendezvous are released."""
-    bucket_mb: int = Field(256, ge=1)
+    bucket_mb: ClassVar[int] = 256
     """Size of one broadcast buffer (gloo); tensors are packed into buffers of up to this."""

@@ -1,17 +1,6 @@
-"""Weights as files, both ends: the trainer writes a policy as HF safetensors, a replica checks
-and reloads them.
-
-Guarantee: `write_policy` makes `weights/step_<k>/` appear only complete (temp dir, fsync,
-rename) holding HF safetensors with exactly the tensor names of the base checkpoint (tied
-weights once, as HF saves them), its config and its tokenizer, in the base checkpoint's dtype
-(`export_dtype`), so both `AutoModelForCausalLM.from_pretrained` and a replica take it as is.
-On the replica, `check_shapes` (from safetensors headers only, no tensor data: `read_shapes`)
-raises `WeightsError` naming the directory and the first problems found unless it holds
-exactly the served checkpoint's tensor names with the same shapes, so a bad reload is refused
-before the running engine is touched; `reload_files` then reloads them in place on every
-worker. A LoRA adapter travels as files too (envrl.trainer.lora writes it,
-envrl.inference.adapter loads it).
-"""
+"""Weights as files: `write_policy` makes `weights/step_<k>/` appear only complete, as HF safetensors with the
+base's names and dtype; a replica's `check_shapes` refuses a mismatch with `WeightsError` before the engine is
+touched."""
 
 from __future__ import annotations
 

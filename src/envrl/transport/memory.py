@@ -1,23 +1,5 @@
-"""Weights in memory, both ends: trainer rank 0 broadcasts a policy's tensors to every
-inference replica through vLLM's weight-transfer engines, no file in between.
-
-Guarantee: a `PolicySender` publishes `weights/step_<k>/transfer.json` (atomically, with
-`publish_transfer`: the address the replicas join and the name, dtype and shape of every
-tensor, in order) with `transfer.secret` beside it (owner-only: the policy's 128-bit secret, and
-on nccl the NCCL unique id), and from a thread, without holding up training, waits up to
-`timeout_s` for the replicas to join and broadcasts the tensors in that order; `served` is set
-once every replica received them, `error` says what broke otherwise, and a policy nobody joins
-in time is released. A replica receives it (`check_receivable`, `join_sender`, `receive_policy`)
-only with the secret from the token-protected `POST /update_weights` body (never from disk),
-through the sender's `RendezvousServer` (envrl.transport.rendezvous), which only holders of the
-secret can use and which must prove the secret back before the replica's engine is touched;
-there it says how many receive (the group's size). `backend` is vLLM's `nccl` on GPU (the
-workers join from the NCCL unique id in the body: no TCPStore, no pickle) or envrl's `gloo`
-engine (envrl.inference.transfer, registered with vLLM's factory) on CPU, whose group forms over
-the rendezvous store (envrl.transport.broadcast). A policy sent in memory lives only as long as
-the trainer process that serves it: a starting trainer removes every one it finds
-(`remove_stale_transfers`).
-"""
+"""Weights in memory: rank 0 broadcasts a policy into every replica, no file between; a replica receives only with
+the secret from the token-protected request, through a rendezvous that proves it back (docs/inference.md)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""The rendezvous of an in-memory weight transfer: a key-value store only the holders of one
-policy's secret can use, bound to one address.
-
-Guarantee: a `RendezvousServer` listens on the given host only, and a connection reads or
-writes nothing until both ends have proved, by HMAC-SHA256 over fresh nonces of both, that they
-hold the same 128-bit secret (`new_secret`): a client without it is dropped after the fixed-size
-handshake, and a server without it (a process that took a dead sender's port) is refused by the
-`RendezvousStore` client before anything is read from it. What proven clients store is bounded
-by key count and bytes; unproven connections cost a fixed handshake buffer each, are capped (the
-oldest dropped) and closed after `HANDSHAKE_S`. `RendezvousStore` is a `torch.distributed.Store`
-(no pickles: keys and values are bytes), so a gloo group forms over it as over a TCPStore.
-"""
+"""The in-memory transfer's rendezvous: nothing is read or written until both ends prove the policy's secret (HMAC
+over fresh nonces); bounded by keys, bytes and pending handshakes; a `torch.distributed.Store` without pickles."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""What a published policy directory holds, read in one place.
-
-Guarantee: `transport_of(path)` (file names only) and `read_source(path)` are the only readers
-of a policy directory's layout. `read_source` returns a `WeightSource` that says how the policy
-travels and what loading it needs: the tensor shapes of HF safetensors (`FileWeights`), the rank
-of a PEFT LoRA adapter (`AdapterWeights`), or the address and tensors of a policy sent in memory
-(`MemoryWeights`, whose secret is never read from disk here: it comes with the request); or it
-raises `WeightsError` naming the directory and what is wrong with it.
-"""
+"""`transport_of(path)` and `read_source(path)`, the only readers of a policy directory's layout: a `WeightSource`
+saying how it travels and what loading it needs, or a `WeightsError` naming what is wrong."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The files of a policy sent in memory, as the trainer writes them and the orchestrator and the
-replicas read them: `transfer.json` (`TransferInfo`: the `TensorLayout` of the policy's tensors and
-where to receive them) and `transfer.secret` (`TransferSecret`).
-
-Guarantee: these are the only definitions of both files' contents, each read back only through
-its pydantic model (a ValueError naming the file otherwise), and importing this module imports no
-torch, so the orchestrator, which only reads them, starts without it (envrl.transport.memory and
-envrl.transport.broadcast move the tensors).
-"""
+"""The only definitions of `transfer.json` and `transfer.secret`, each read back only through its pydantic model (a
+ValueError naming the file otherwise); importing it imports no torch."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""The weights seam: the trainer publishes policy k, the orchestrator has every inference replica
-load it.
-
-Guarantee: a policy is published as `weights/step_<k>/` (all trainer ranks call `publish`; the
-directory appears only complete), and `PolicyLoader.load(k)` returns only once every replica
-serves policy k. What the directory holds decides how the weights travel
-(envrl.transport.source): HF safetensors or a LoRA adapter (envrl.transport.files), or
-`transfer.json`, the address the trainer sends the tensors from in memory
-(envrl.transport.memory), whose secret (`transfer.secret`, owner-only) the loader sends in the
-token-protected request body; each replica's `POST /update_weights` (envrl.inference.reload)
-loads it. Checkpoints and `weights/final/` are files whatever the transport.
-"""
+"""The weights seam: a policy appears as `weights/step_<k>/` only complete, and `PolicyLoader.load(k)` returns only
+once every replica serves it; checkpoints and `weights/final/` are files whatever the transport."""
 
 from __future__ import annotations
 

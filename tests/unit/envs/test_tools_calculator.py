@@ -14,7 +14,7 @@ from calculator.demos import write_demos
 from envrl.envs import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.model.chat_tokens import chat_renderer
 from envrl.model.smollm2 import build_cut_down
-from envrl.trainer.sft_data import load_demonstrations
+from envrl.trainer.sft.data import load_demonstrations
 
 
 @pytest.mark.parametrize(("expression", "value"), [("347 * 29", "10063"), ("-(2 + 3) * 4 - 1", "-21"), (" 7 ", "7")])

@@ -13,7 +13,7 @@ from compass.demos import WRONG_TOOL, call, demonstration, solver_calls
 
 from envrl.envs import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from envrl.model.chat_tokens import chat_renderer
-from envrl.trainer.sft_data import load_demonstrations
+from envrl.trainer.sft.data import load_demonstrations
 from tests.support.tiny_chat import TINY_CHAT
 
 

@@ -11,25 +11,21 @@ from pathlib import Path
 import pytest
 
 from envrl.config import load_config, resolve_config
+from envrl.data.rollout_lines import parse_trace_line, trace_line
 from envrl.data.seeds import eval_seed
 from envrl.data.traces import Error, Trace, WireTask
 from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.eval_grid import EvalGrid, run_grids
 from envrl.envclient.plan import SIDECAR_ADDRESS
-from envrl.eval.main import (
-    EvalCommandConfig,
-    EvalCommandEnvConfig,
-    EvalInputError,
-    Evaluation,
-    env_plan,
-    format_summary,
-)
+from envrl.eval.config import EvalCommandConfig, EvalCommandEnvConfig, EvalInputError, eval_envs
 from envrl.eval.main import main as eval_main
 from envrl.eval.progress import EvalProgress
+from envrl.eval.resume import check_earlier_results
+from envrl.eval.runner import Evaluation
+from envrl.eval.summary import format_summary
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.jsonl import parse_trace_line, trace_line
-from envrl.orchestrator.plan import env_plan as orchestrator_env_plan
+from envrl.orchestrator.loop import orchestrator_envs
 from envrl.telemetry.progress import CLEAR_LINE, LiveLines
 
 
@@ -172,7 +168,7 @@ def test_earlier_results_without_resume_are_refused(tmp_path: Path) -> None:
     c = config(tmp_path, "--env.id", "e")
     write_results(c.results_file("e"), "e", [(0, good(0))])
     with pytest.raises(EvalInputError, match=f"--resume {tmp_path}"):
-        Evaluation(c).check_earlier_results()
+        check_earlier_results(c, ["e"])
 
 
 class Gauge:
@@ -323,7 +319,7 @@ def test_eval_progress_on_a_terminal_keeps_a_status_line_and_leaves_the_last_lin
 def test_rl_eval_plans_a_server_serving_its_client_for_each_env_without_an_address(tmp_path: Path) -> None:
     envs = '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "far", "address": "tcp://127.0.0.1:7900"}]'
     c = config(tmp_path, "--env", envs, "--restarts.max-restarts", "5")
-    planned = env_plan(c)
+    planned = eval_envs(c)
     assert [(env.split, env.name, env.env.address) for env in planned] == [
         ("eval", "reverse-text", None), ("eval", "far", "tcp://127.0.0.1:7900"),
     ]  # fmt: skip
@@ -341,7 +337,7 @@ def test_rl_eval_runs_an_env_on_its_own_client_by_the_orchestrators_rule(tmp_pat
     teacher = {"base_url": "https://api.example.com/v1", "model": "teacher", "api_key_env": "TEACHER_KEY"}
     envs = [{"id": "reverse-text", "name": "taught", "client": teacher}, {"id": "reverse-text"}]
     c = config(tmp_path, "--env", json.dumps(envs))
-    taught, plain = env_plan(c)
+    taught, plain = eval_envs(c)
     assert isinstance(taught.client, EvalClientConfig) and taught.client.base_url == teacher["base_url"]
     assert plain.client == c.client  # an env without a client of its own: eval's --client
     assert taught.server is not None and taught.server.allowed_env() == ["TEACHER_KEY"]
@@ -349,7 +345,7 @@ def test_rl_eval_runs_an_env_on_its_own_client_by_the_orchestrators_rule(tmp_pat
         assert env.server is not None and env.server.config.client == env.client
     declared = [{**envs[0], "name": "taught"}]  # the same env under the orchestrator: the same client
     orchestrator = resolve_config(OrchestratorConfig, overrides=[("envs", json.dumps(declared))])
-    assert orchestrator_env_plan(orchestrator)[0].client == taught.client
+    assert orchestrator_envs(orchestrator)[0].client == taught.client
 
 
 def test_rl_eval_dry_run_prints_the_config_and_each_env_servers_command(

@@ -18,7 +18,8 @@ from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 
 from envrl.config import ConfigError
-from envrl.inference.adapter import ADAPTER_ID, check_lora_support, lora_serving_options
+from envrl.inference.adapter import ADAPTER_ID, check_lora_support
+from envrl.inference.config import lora_serving_options
 from envrl.inference.reload import WeightReloadPlugin
 
 
@@ -132,7 +133,7 @@ def test_lora_for_a_model_vllm_cannot_adapt_is_a_one_line_config_error() -> None
 def test_rl_starts_vllm_with_lora_when_the_trainer_trains_lora_and_inference_vllm_wins() -> None:
     from envrl.config import resolve_config
     from envrl.launcher.config import RLConfig
-    from envrl.launcher.plan import plan
+    from envrl.launcher.plan.run import plan
 
     envs = ("orchestrator.envs", '[{"id": "reverse-text"}]')
     assert "enable_lora" not in plan(resolve_config(RLConfig, overrides=[envs])).inference.vllm

@@ -5,7 +5,7 @@ from pathlib import Path
 from envrl.config import ModelConfig
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import vllm_args
-from envrl.model.tiny import DEFAULT_DIR
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 NO_TOOLS_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
 

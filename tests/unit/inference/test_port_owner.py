@@ -19,13 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envrl.inference.server import wait_until_serving
+from envrl.inference.launch import wait_until_serving
 from envrl.launcher.recovery import ReplicaBack
-from envrl.model.tiny import DEFAULT_DIR as TINY_MODEL
 from envrl.runtime.listeners import listeners
 from envrl.runtime.process import ChildFailed, spawn
 from tests.support.other_user import needs_root
 from tests.support.ports import free_port
+from tests.support.tiny_chat import TINY_CHAT_DIR as TINY_MODEL
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 HEALTHY = """

@@ -3,15 +3,15 @@
 from pathlib import Path
 
 from envrl.config import resolve_config
-from envrl.launcher.commands import LaunchPlan
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import Machine, plan
+from envrl.launcher.plan.commands import RunCommands
+from envrl.launcher.plan.run import Machine, plan
 
 PINNED = Machine(cores=[0, 1, 2, 3, 4, 5], cpu_vllm=True)
 """A CPU-vLLM machine of 6 cores: `cpus.pin` gives inference the first half, the trainer the rest."""
 
 
-def commands(tmp_path: Path, ranks: int, machine: Machine | None) -> LaunchPlan:
+def commands(tmp_path: Path, ranks: int, machine: Machine | None) -> RunCommands:
     rl = resolve_config(
         RLConfig,
         overrides=[

@@ -8,7 +8,7 @@ import pytest
 
 from envrl.config import ConfigError, resolve_config
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 
 
 def run_with_env(env: dict[str, str]) -> RLConfig:

@@ -169,9 +169,9 @@ def test_rl_version_and_rl_envs(capsys: pytest.CaptureFixture[str]) -> None:
     assert {"learnable", "reverse-text", "verifiers:<id>"} <= set(listed)
 
 
-def test_rl_help_fits_100_columns_and_describes_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+def test_rl_help_all_fits_100_columns_and_describes_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        main(["--help"])
+        main(["--help-all"])
     lines = capsys.readouterr().out.splitlines()
     assert max(len(line) for line in lines) <= 100
     flags = [i for i, line in enumerate(lines) if line.startswith("  --")]

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from envrl.runtime.process import NO_RESTART_EXIT, Child, ChildFailed, RestartPolicy, spawn
+from envrl.runtime.process import Child, ChildFailed, spawn
+from envrl.runtime.restarts import NO_RESTART_EXIT, RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
 
 

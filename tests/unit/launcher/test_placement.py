@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from envrl.config import ConfigError, resolve_config
-from envrl.launcher.placement import (
+from envrl.launcher.plan.placement import (
     InferencePlacement,
     Placement,
     PlacementConfig,

@@ -7,7 +7,7 @@ import pytest
 from envrl.config import ConfigError, config_help, resolve_config
 from envrl.config_schema import types_at_path
 from envrl.launcher.config import EVAL_PORT_OFFSET, SET_BY_RL, RLConfig
-from envrl.launcher.plan import Machine, plan
+from envrl.launcher.plan.run import Machine, plan
 
 TWO_TRAIN_TWO_EVAL = [
     ("orchestrator.envs", '[{"id": "reverse-text"}, {"id": "reverse-text", "name": "second"}]'),
@@ -66,7 +66,9 @@ def test_the_inference_start_up_limit_is_the_inference_sections_and_the_orchestr
 
 
 def test_rl_help_leaves_out_the_keys_rl_sets_itself() -> None:
-    flags = {line.split()[0] for line in config_help(RLConfig, "rl").splitlines() if line.startswith("  --")}
+    flags = {
+        line.split()[0] for line in config_help(RLConfig, "rl", every_key=True).splitlines() if line.startswith("  --")
+    }
     assert "--output-dir" in flags and "--inference.port" in flags
     assert not flags & {"--trainer.output-dir", "--orchestrator.seed", "--orchestrator.inference.base-url"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envrl.launcher.commands import Command
+from envrl.launcher.plan.commands import Command
 from envrl.launcher.recovery import on_newest_policy, published_past, resumed
 
 

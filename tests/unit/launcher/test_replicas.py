@@ -11,7 +11,7 @@ from envrl.config import ConfigError, resolve_config
 from envrl.inference.config import InferenceConfig
 from envrl.launcher.config import RLConfig
 from envrl.launcher.main import main
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 from envrl.launcher.replicas import wait_for_replicas
 from envrl.runtime.process import ChildFailed, spawn
 from envrl.runtime.supervisor import Supervisor

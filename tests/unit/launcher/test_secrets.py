@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from envrl.config import resolve_config
-from envrl.launcher.commands import LaunchPlan
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.commands import RunCommands
+from envrl.launcher.plan.run import plan
 from envrl.launcher.run_keys import make_secrets
 from envrl.runtime.process import spawn
 from envrl.runtime.secrets import API_KEY_ENV, RELOAD_TOKEN_ENV
@@ -20,7 +20,7 @@ from envrl.runtime.secrets import API_KEY_ENV, RELOAD_TOKEN_ENV
 ENVS = '[{"id": "reverse-text", "pass_env": ["ENVRL_TEST_PASSED"]}]'
 
 
-def launched(tmp_path: Path) -> tuple[LaunchPlan, dict[str, str]]:
+def launched(tmp_path: Path) -> tuple[RunCommands, dict[str, str]]:
     """The run's commands and the secrets `rl` makes for it when it executes the plan."""
     overrides = [("orchestrator.envs", ENVS), ("output-dir", str(tmp_path))]
     run = plan(resolve_config(RLConfig, overrides=overrides))

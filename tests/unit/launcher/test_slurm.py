@@ -11,7 +11,7 @@ from envrl.config import resolve_config
 from envrl.envclient.curve import curve_keys, make_curve_keys
 from envrl.launcher.config import RLConfig
 from envrl.launcher.main import main
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 from envrl.launcher.slurm import sbatch_script, write_sbatch
 
 ROOT = Path(__file__).resolve().parents[3]

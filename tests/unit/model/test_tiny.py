@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from envrl.model.tiny import DEFAULT_DIR, build_qwen3_model, build_tiny_model, build_tokenizer, qwen3_config
+from envrl.model.tiny import build_qwen3_model, build_tiny_model, build_tokenizer, qwen3_config
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 TOOLS = [
     {

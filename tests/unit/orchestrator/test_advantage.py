@@ -13,7 +13,8 @@ def test_advantage_is_reward_minus_group_mean() -> None:
 
 def test_std_normalisation_divides_by_group_std() -> None:
     # rewards 1, 0: mean 0.5, population std 0.5
-    assert group_advantages([1.0, 0.0], AdvantageConfig(scale="group", eps=0.0)) == pytest.approx([1.0, -1.0])
+    advantages = group_advantages([1.0, 0.0], AdvantageConfig(scale="group"))
+    assert advantages == pytest.approx([1.0, -1.0], rel=1e-5)  # divided by 0.5 + eps (1e-6)
 
 
 def test_zero_variance_group_kept_with_zero_advantage_by_default() -> None:
@@ -34,9 +35,9 @@ def test_batch_scaling_divides_every_group_by_the_batch_std() -> None:
     groups = [[1.0, 0.0], [0.6, 0.4]]
     std = batch_reward_std(groups)  # rewards 1, 0, .6, .4: mean .5, variance (.25+.25+.01+.01)/4
     assert std == pytest.approx(0.13**0.5)
-    config = AdvantageConfig(scale="batch", eps=0.0)
-    assert group_advantages(groups[1], config, std) == pytest.approx([0.1 / std, -0.1 / std])
-    assert group_advantages(groups[1], AdvantageConfig(scale="group", eps=0.0)) == pytest.approx([1.0, -1.0])
+    config = AdvantageConfig(scale="batch")
+    assert group_advantages(groups[1], config, std) == pytest.approx([0.1 / std, -0.1 / std], rel=1e-5)  # eps 1e-6
+    assert group_advantages(groups[1], AdvantageConfig(scale="group")) == pytest.approx([1.0, -1.0], rel=1e-4)
 
 
 def test_masked_truncated_rollouts_count_in_the_baseline_but_are_not_trained() -> None:

@@ -11,18 +11,19 @@ from envrl.config import ConfigError, resolve_config
 from envrl.data.layout import stall_dump_file
 from envrl.data.traces import Branch, Trace, Turn, WireTask
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
-from envrl.model.tiny import CHAT_TEMPLATE, DEFAULT_DIR
+from envrl.launcher.plan.checks import off_policy_problem
+from envrl.launcher.plan.run import plan
+from envrl.model.tiny import CHAT_TEMPLATE
 from envrl.orchestrator.checks import (
     CheckFailed,
     ChecksConfig,
     StepChecks,
     Streak,
     no_tool_call_cause,
-    off_policy_problem,
     template_probe,
 )
 from envrl.orchestrator.watchdog import StallWatchdog
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 TOOLS = [{"type": "function", "function": {"name": "move", "parameters": {"type": "object"}}}]
 

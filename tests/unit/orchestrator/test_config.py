@@ -211,7 +211,7 @@ def test_pass_env_names_only_variable_names() -> None:
 
 
 def test_rl_eval_s_env_table_refuses_a_schedule_naming_the_one_rl_eval_has() -> None:
-    from envrl.eval.main import EvalCommandConfig
+    from envrl.eval.config import EvalCommandConfig
 
     overrides = [("env", '[{"id": "a", "interval": 5}]')]
     with pytest.raises(ConfigError, match=r"'env\[0\].interval'.*removed: one schedule .*`rl eval` evaluates once"):

@@ -1,4 +1,4 @@
-"""`env_plan`: a standalone orchestrator's envs, planned by the code `rl`'s plan uses, and printed by `--dry-run`."""
+"""`orchestrator_envs`: a standalone orchestrator's envs, planned by the code `rl`'s plan uses, and printed by `--dry-run`."""
 
 from pathlib import Path
 
@@ -8,11 +8,11 @@ from envrl.config import resolve_config
 from envrl.envclient.curve import sidecar_keys
 from envrl.envclient.plan import SIDECAR_ADDRESS
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 from envrl.model.client import EvalClientConfig, ScriptedClientConfig, TrainClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
+from envrl.orchestrator.loop import orchestrator_envs
 from envrl.orchestrator.main import main
-from envrl.orchestrator.plan import env_plan
 
 TEACHER = '{"base_url": "https://api.example.com/v1", "model": "teacher", "api_key_env": "TEACHER_KEY"}'
 ENVS = (
@@ -31,7 +31,7 @@ def orchestrator_config(tmp_path: Path) -> OrchestratorConfig:
 def test_a_standalone_orchestrator_spawns_a_server_on_a_free_loopback_port_for_each_env_without_an_address(
     tmp_path: Path,
 ) -> None:
-    planned = env_plan(orchestrator_config(tmp_path))
+    planned = orchestrator_envs(orchestrator_config(tmp_path))
     assert [(env.split, env.name, env.server is not None) for env in planned] == [
         ("train", "reverse-text", True), ("train", "far", False), ("train", "taught", True),
         ("eval", "held-out", True), ("eval", "reverse-text", True), ("eval", "far", False),
@@ -44,7 +44,7 @@ def test_a_standalone_orchestrator_spawns_a_server_on_a_free_loopback_port_for_e
 
 def test_each_spawned_server_serves_exactly_the_client_its_handle_uses(tmp_path: Path) -> None:
     config = orchestrator_config(tmp_path)
-    planned = env_plan(config)
+    planned = orchestrator_envs(config)
     clients = {(env.split, env.name): env.client for env in planned}
     assert clients[("train", "reverse-text")] == config.train_client()
     assert isinstance(clients[("train", "taught")], EvalClientConfig)  # its own chat client
@@ -61,7 +61,7 @@ def test_every_spawned_server_admits_only_the_orchestrators_curve_key_and_extern
     config = orchestrator_config(tmp_path)
     server_keys, client_keys = sidecar_keys(config.output_dir)
     assert client_keys.secret_key_file.is_relative_to(config.output_dir / "curve")
-    for env in env_plan(config):
+    for env in orchestrator_envs(config):
         if env.server is not None:  # the sidecar demands the keys its handle connects with
             assert env.server.config.curve == server_keys and env.env.curve == client_keys
         else:
@@ -70,7 +70,9 @@ def test_every_spawned_server_admits_only_the_orchestrators_curve_key_and_extern
 
 def test_a_client_given_to_the_plan_replaces_the_runs_but_not_an_envs_own(tmp_path: Path) -> None:
     scripted = ScriptedClientConfig(replies=["hi"])
-    clients = {(env.split, env.name): env.client for env in env_plan(orchestrator_config(tmp_path), client=scripted)}
+    clients = {
+        (env.split, env.name): env.client for env in orchestrator_envs(orchestrator_config(tmp_path), client=scripted)
+    }
     assert clients[("train", "reverse-text")] == scripted and clients[("eval", "held-out")] == scripted
     assert isinstance(clients[("train", "taught")], EvalClientConfig)
 
@@ -78,7 +80,7 @@ def test_a_client_given_to_the_plan_replaces_the_runs_but_not_an_envs_own(tmp_pa
 def test_the_plan_leaves_the_config_as_it_was_and_touches_no_file(tmp_path: Path) -> None:
     config = orchestrator_config(tmp_path)
     before = config.model_dump(mode="json")
-    env_plan(config)
+    orchestrator_envs(config)
     assert config.model_dump(mode="json") == before
     assert list(tmp_path.iterdir()) == []
 
@@ -86,7 +88,7 @@ def test_the_plan_leaves_the_config_as_it_was_and_touches_no_file(tmp_path: Path
 def test_the_orchestrator_rl_starts_spawns_nothing_and_uses_the_clients_rls_servers_serve() -> None:
     rl = resolve_config(RLConfig, overrides=[("orchestrator.envs", ENVS), ("orchestrator.eval.env", EVALS)])
     run = plan(rl)
-    planned = env_plan(run.orchestrator)  # what the orchestrator rl starts runs
+    planned = orchestrator_envs(run.orchestrator)  # what the orchestrator rl starts runs
     assert all(env.server is None for env in planned)
     served = {(server.split, server.name): server for server in run.env_servers}
     assert sorted(served) == sorted((env.split, env.name) for env in planned if env.name != "far")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from envrl.config import resolve_config
 from envrl.data.layout import train_rollouts_file
+from envrl.data.rollout_lines import parse_trace_line
 from envrl.envclient.handles import TrainEnvs
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.jsonl import parse_trace_line
 from envrl.orchestrator.loop import Orchestrator
 from envrl.orchestrator.scheduler import BatchShape, Scheduler
 from tests.support.scripted_envs import LabelledEnv

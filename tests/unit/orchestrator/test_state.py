@@ -5,7 +5,7 @@ import json
 from envrl.data.layout import eval_rollouts_file, train_rollouts_file
 from envrl.data.samples import write_batch
 from envrl.orchestrator.state import OrchestratorState, PendingGroup, load_resume_state, state_bytes
-from envrl.runtime.process import RestartBudget, RestartPolicy
+from envrl.runtime.restarts import RestartBudget, RestartPolicy
 from tests.support.samples import synthetic_samples
 
 

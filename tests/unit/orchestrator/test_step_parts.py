@@ -6,10 +6,10 @@ from pathlib import Path
 
 from envrl.config import resolve_config
 from envrl.data.layout import train_rollouts_file
+from envrl.data.rollout_lines import parse_trace_line
 from envrl.data.traces import Error, Trace, WireTask
 from envrl.orchestrator.batch import BatchBuilder
 from envrl.orchestrator.config import OrchestratorConfig
-from envrl.orchestrator.jsonl import parse_trace_line
 from envrl.orchestrator.rollout_files import append_group
 from envrl.orchestrator.scheduler import Group
 from envrl.orchestrator.step_report import train_metrics

@@ -7,8 +7,8 @@ from transformers import AutoTokenizer
 
 from envrl.data.traces import Branch, Trace, Turn, TurnTokens, WireTask
 from envrl.model.client import SamplingArgs
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.orchestrator.trajectories import SeqLenCounts, TokenBackfill, fit_seq_len, trace_to_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 USER = {"role": "user", "content": "hi"}
 REPLY = {"role": "assistant", "content": "yo"}

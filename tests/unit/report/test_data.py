@@ -76,8 +76,8 @@ def test_metric_series_keep_the_last_line_of_a_step(tmp_path: Path) -> None:
 def test_tokens_read_as_transformers_decodes_them_without_importing_it() -> None:
     from transformers import AutoTokenizer
 
-    from envrl.model.tiny import DEFAULT_DIR
     from envrl.report.data import Detokenizer
+    from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
     reference = AutoTokenizer.from_pretrained(DEFAULT_DIR)
     detok = Detokenizer(str(DEFAULT_DIR))

@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from envrl.data.layout import batch_dir, eval_rollouts_file
-from envrl.orchestrator.jsonl import append_lines, trace_line
+from envrl.data.rollout_lines import append_lines, trace_line
 from envrl.report.main import main, write_report
 from envrl.report.page import STEP_FUNCTION
 from envrl.report.plots import PLOTS

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from envrl.runtime.process import ChildFailed, Restart, RestartBudget, RestartPolicy, spawn
+from envrl.runtime.process import ChildFailed, spawn
+from envrl.runtime.restarts import Restart, RestartBudget, RestartPolicy
 
 
 def test_a_failed_start_uses_a_restart_and_the_spent_budget_names_the_last_failure(tmp_path: Path) -> None:

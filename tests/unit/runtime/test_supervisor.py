@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from envrl.runtime.process import Child, RestartPolicy, spawn
+from envrl.runtime.process import Child, spawn
+from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]

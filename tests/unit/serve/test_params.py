@@ -12,7 +12,7 @@ import pytest
 from envrl.envclient.config import DeclaredEnvConfig
 from envrl.inference.config import InferenceConfig, ReloadConfig
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 from envrl.model.client import EvalClientConfig, TrainClientConfig
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.serve import protocol as p

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import envrl.trainer.attention  # noqa: F401  (registers document_sdpa)
-from envrl.trainer.compile import CPU_COMPILE_MIN_PARAMS, compile_layers, compile_plan, compiler_missing
-from envrl.trainer.head import install_logprob_head
+import envrl.trainer.model.attention  # noqa: F401  (registers document_sdpa)
+from envrl.trainer.model.compile import CPU_COMPILE_MIN_PARAMS, compile_layers, compile_plan, compiler_missing
+from envrl.trainer.model.head import install_logprob_head
 from envrl.trainer.packing import pack, packed_token_logprobs
 from tests.support.samples import synthetic_samples
 

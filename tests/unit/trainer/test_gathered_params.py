@@ -8,11 +8,11 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from envrl.config import resolve_config
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.loop import Trainer
+from envrl.trainer.learner import Learner
 from envrl.trainer.parallel import Runtime
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 
 @pytest.fixture
@@ -41,11 +41,11 @@ class CastCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def trainer(tmp_path, runtime) -> Trainer:
+def trainer(tmp_path, runtime) -> Learner:
     overrides = {"micro_batch_tokens": 64, "optim": {"lr": 1e-3}, "compile": False}
     base = {"model": {"name": str(DEFAULT_DIR)}, "output_dir": str(tmp_path), "wandb": {"mode": "disabled"}}
     config = resolve_config(TrainerConfig, base=base, overrides=[(k, json.dumps(v)) for k, v in overrides.items()])
-    return Trainer(config, runtime)
+    return Learner(config, runtime)
 
 
 def test_holding_gathered_params_gives_the_per_micro_batch_update(tmp_path, one_rank_group):

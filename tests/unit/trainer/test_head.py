@@ -4,11 +4,17 @@ import pytest
 import torch
 from torch import nn
 
-from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.head import LogprobHead, ScoreRequest, chunked_token_scores, compiled_kernels, install_logprob_head
 from envrl.trainer.loss import token_logprobs
+from envrl.trainer.model.head import (
+    LogprobHead,
+    ScoreRequest,
+    chunked_token_scores,
+    compiled_kernels,
+    install_logprob_head,
+)
 from envrl.trainer.packing import pack, packed_token_logprobs
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 # fp32 throughout. Each score is a log-softmax over V = 512 logits, each logit a D = 64 dot
 # product: the chunked and the full path run the same kernels on different row slices, so

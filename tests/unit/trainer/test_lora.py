@@ -11,11 +11,11 @@ from torch.distributed.checkpoint import FileSystemReader
 from transformers import AutoModelForCausalLM
 
 from envrl.config import ConfigError, resolve_config
-from envrl.model.tiny import DEFAULT_DIR
 from envrl.trainer.config import TrainerConfig
-from envrl.trainer.lora import LoraError, check_lora_model
+from envrl.trainer.model.lora import LoraError, check_lora_model
 from tests.support.run_files import metric_lines, write_batches
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.trainers import make_trainer, tensor_names
 
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj", "lm_head"]}
@@ -29,7 +29,7 @@ def adapter_tensors(directory) -> dict[str, torch.Tensor]:
 def test_only_the_adapter_trains_and_each_step_publishes_only_the_adapter(tmp_path):
     write_batches(tmp_path, 2)
     trainer = make_trainer(tmp_path, max_steps=2, lora=LORA, **{"loss.clip": False})
-    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    base = {n: p.detach().clone() for n, p in trainer.learner.model.named_parameters() if not p.requires_grad}
     trainer.run()
     published = tmp_path / "weights" / "step_2"
     assert sorted(p.name for p in published.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
@@ -42,7 +42,7 @@ def test_only_the_adapter_trains_and_each_step_publishes_only_the_adapter(tmp_pa
         8.0,
         sorted(LORA["target_modules"]),
     )
-    frozen = dict(trainer.model.named_parameters())
+    frozen = dict(trainer.learner.model.named_parameters())
     assert all(torch.equal(frozen[name], before) for name, before in base.items())
 
 
@@ -51,14 +51,14 @@ def test_step_zero_policy_is_the_base_model(tmp_path):
     ids = torch.tensor([[1, 17, 42, 99, 7]])
     base = AutoModelForCausalLM.from_pretrained(DEFAULT_DIR, dtype=torch.float32).eval()
     with torch.no_grad():
-        assert torch.equal(trainer.model(input_ids=ids).logits, base(input_ids=ids).logits)
+        assert torch.equal(trainer.learner.model(input_ids=ids).logits, base(input_ids=ids).logits)
 
 
 def test_the_lora_reference_is_the_base_with_the_adapter_off_not_a_copy(tmp_path):
     trainer = make_trainer(tmp_path, lora=LORA, **{"loss.clip": False, "loss.ref_kl_coef": 0.1})
-    assert trainer.reference is None
+    assert trainer.learner.reference is None
     samples = synthetic_samples(6, seed=4)
-    first, second = (trainer.train_on(0, samples, where="fixed")["ref_kl"] for _ in range(2))
+    first, second = (trainer.learner.train_on(0, samples, where="fixed")["ref_kl"] for _ in range(2))
     assert first == 0.0 and second > 0.0
 
 

@@ -23,7 +23,7 @@ def test_a_policy_sent_in_memory_is_what_the_files_would_hold(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=5, ckpt={"interval": 4}, weights={"transport": "memory"})
     publisher = trainer.publisher
     try:
-        assert publisher.publish(trainer.model, 1, last=False)
+        assert publisher.publish(trainer.learner.model, 1, last=False)
         first = weights_dir(tmp_path, 1)
         assert sorted(p.name for p in first.iterdir()) == ["transfer.json", "transfer.secret"]
         assert stat.S_IMODE((first / "transfer.secret").stat().st_mode) == 0o600
@@ -31,22 +31,22 @@ def test_a_policy_sent_in_memory_is_what_the_files_would_hold(tmp_path):
         assert publisher.senders[0].served.wait(30)
 
         files = make_trainer(tmp_path / "files")
-        files.publisher.publish(files.model, 1, last=False)
+        files.publisher.publish(files.learner.model, 1, last=False)
         assert sorted(received) == tensor_names(weights_dir(tmp_path / "files", 1))  # tied lm_head left out
-        state = trainer.model.state_dict()
+        state = trainer.learner.model.state_dict()
         assert all(torch.equal(tensor, state[name]) for name, tensor in received.items())
 
         with torch.no_grad():  # training goes on: the snapshot sent later is still policy 2's
-            publisher.publish(trainer.model, 2, last=False)
-            snapshot = {name: p.clone() for name, p in trainer.model.named_parameters()}
-            for p in trainer.model.parameters():
+            publisher.publish(trainer.learner.model, 2, last=False)
+            snapshot = {name: p.clone() for name, p in trainer.learner.model.named_parameters()}
+            for p in trainer.learner.model.parameters():
                 p.add_(1.0)
         assert len(publisher.senders) == 1, "policy 1's sender is released once a newer one is published"
         second = receive_as_a_replica(weights_dir(tmp_path, 2))
         assert all(torch.equal(tensor, snapshot[name]) for name, tensor in second.items())
 
-        publisher.publish(trainer.model, 4, last=False)  # a checkpoint step: files
-        publisher.publish(trainer.model, 5, last=True)  # the last policy: files
+        publisher.publish(trainer.learner.model, 4, last=False)  # a checkpoint step: files
+        publisher.publish(trainer.learner.model, 5, last=True)  # the last policy: files
         for step in (4, 5):
             assert (weights_dir(tmp_path, step) / "model.safetensors").is_file()
     finally:
@@ -59,9 +59,9 @@ def test_a_restarted_trainer_removes_the_policies_its_predecessor_sent_in_memory
     port now). Files, and a directory holding more than envrl wrote, stay."""
     trainer = make_trainer(tmp_path, max_steps=5, ckpt={"interval": 4}, weights={"transport": "memory"})
     try:
-        trainer.publisher.publish(trainer.model, 1, last=False)  # memory
-        trainer.publisher.publish(trainer.model, 4, last=False)  # files
-        trainer.publisher.publish(trainer.model, 5, last=False)  # memory
+        trainer.publisher.publish(trainer.learner.model, 1, last=False)  # memory
+        trainer.publisher.publish(trainer.learner.model, 4, last=False)  # files
+        trainer.publisher.publish(trainer.learner.model, 5, last=False)  # memory
     finally:
         trainer.publisher.close()
     (weights_dir(tmp_path, 5) / "notes.txt").write_text("not envrl's")

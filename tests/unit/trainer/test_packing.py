@@ -8,23 +8,19 @@ import torch
 from loguru import logger
 from transformers import AutoModelForCausalLM
 
-import envrl.trainer.attention as attention
+import envrl.trainer.model.attention as attention
 from envrl.data.samples import TrainingSample
-from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.attention import (
+from envrl.trainer.model.attention import (
     DOCUMENT_SDPA,
     DOCUMENT_VARLEN,
-    SDPA_FROM_TOKENS,
-    Document,
-    DocumentGroup,
     _document_attention,
     _varlen_attention,
-    document_layout,
     resolve_attn_implementation,
-    varlen_layout,
 )
+from envrl.trainer.model.layout import SDPA_FROM_TOKENS, Document, DocumentGroup, document_layout, varlen_layout
 from envrl.trainer.packing import RL_KEYS, SFT_KEYS, BudgetKeys, balanced_bins, pack, packed_logits, shard
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.varlen_reference import reference_varlen_attn
 
 

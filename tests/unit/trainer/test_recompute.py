@@ -2,7 +2,7 @@
 
 import pytest
 
-from envrl.trainer.recompute import HEAD_BYTES, MARGIN, OPTIMIZER_BYTES_PER_PARAM, LayerShape, plan_recompute
+from envrl.trainer.model.recompute import HEAD_BYTES, MARGIN, OPTIMIZER_BYTES_PER_PARAM, LayerShape, plan_recompute
 from tests.support.trainers import make_trainer
 
 GIB = 2**30
@@ -61,7 +61,7 @@ def test_true_and_false_are_taken_as_said():
 
 def test_every_kth_layer_is_checkpointed_in_the_model(tmp_path):
     trainer = make_trainer(tmp_path, activation_checkpointing=True)
-    layers = trainer.model.model.layers
+    layers = trainer.learner.model.model.layers
     assert all(layer.gradient_checkpointing for layer in layers)
     default = make_trainer(tmp_path / "auto")  # the tiny model at 128 tokens fits anywhere
-    assert not any(layer.gradient_checkpointing for layer in default.model.model.layers)
+    assert not any(layer.gradient_checkpointing for layer in default.learner.model.model.layers)

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from envrl.model.chat_tokens import ChatRenderer
-from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.sft_data import DemonstrationError, assistant_mask, load_demonstrations
+from envrl.trainer.sft.data import DemonstrationError, assistant_mask, load_demonstrations
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 RENDERER = ChatRenderer(str(DEFAULT_DIR))
 CONVERSATION = [

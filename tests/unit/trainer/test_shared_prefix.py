@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import envrl.trainer.attention as attention
+import envrl.trainer.model.attention as attention
 from envrl.data.samples import TrainingSample
-from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN, Document, document_layout
 from envrl.trainer.config import LossConfig
 from envrl.trainer.loss import policy_loss, token_logprobs
+from envrl.trainer.model.attention import DOCUMENT_SDPA, DOCUMENT_VARLEN
+from envrl.trainer.model.layout import Document, document_layout
 from envrl.trainer.packing import (
     MIN_SHARED_PREFIX,
     MicroBatch,
@@ -21,6 +21,7 @@ from envrl.trainer.packing import (
     shares_prefixes,
 )
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.varlen_reference import reference_varlen_attn
 
 P = MIN_SHARED_PREFIX

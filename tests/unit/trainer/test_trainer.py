@@ -11,20 +11,20 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envrl.data.layout import batch_dir
 from envrl.data.samples import BATCH_FILE, BatchError, TrainingSample, write_batch
-from envrl.model.tiny import DEFAULT_DIR
-from envrl.trainer.checkpoint import list_checkpoints
-from envrl.trainer.config import OptimConfig
-from envrl.trainer.loop import TrainingError, lr_factor
+from envrl.trainer.checkpoint import Checkpoints, list_checkpoints
+from envrl.trainer.config import CheckpointConfig, OptimConfig
+from envrl.trainer.learner import TrainingError, lr_factor
 from envrl.trainer.weights import publish_weights
 from tests.support.run_files import metric_lines, write_batches
 from tests.support.samples import synthetic_samples
+from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 from tests.support.trainers import make_trainer, tensor_names
 
 
 def test_loss_goes_down_on_a_fixed_batch(tmp_path):
     trainer = make_trainer(tmp_path, **{"loss.clip": False})
     samples = synthetic_samples(6, seed=4)
-    losses = [trainer.train_on(0, samples, where="fixed")["loss"] for _ in range(5)]
+    losses = [trainer.learner.train_on(0, samples, where="fixed")["loss"] for _ in range(5)]
     assert all(later < earlier for earlier, later in pairwise(losses)), losses
 
 
@@ -33,9 +33,9 @@ def test_the_reference_kl_starts_at_zero_and_grows_as_the_policy_moves(tmp_path)
     one process, so the first step's KL is exactly 0; after an update it is positive."""
     trainer = make_trainer(tmp_path, **{"loss.clip": False, "loss.ref_kl_coef": 0.1})
     samples = synthetic_samples(6, seed=4)
-    first, second = (trainer.train_on(0, samples, where="fixed")["ref_kl"] for _ in range(2))
+    first, second = (trainer.learner.train_on(0, samples, where="fixed")["ref_kl"] for _ in range(2))
     assert first == 0.0 and second > 0.0
-    assert not any(p.requires_grad for p in trainer.reference.parameters())
+    assert not any(p.requires_grad for p in trainer.learner.reference.parameters())
 
 
 def test_published_weights_reload_in_transformers_with_the_base_tensor_names(tmp_path):
@@ -45,7 +45,7 @@ def test_published_weights_reload_in_transformers_with_the_base_tensor_names(tmp
     published = tmp_path / "weights" / "step_1"
     assert tensor_names(published) == tensor_names(DEFAULT_DIR)
     reloaded = AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32)
-    trained = trainer.model.state_dict()
+    trained = trainer.learner.model.state_dict()
     assert all(torch.equal(tensor, trained[name]) for name, tensor in reloaded.state_dict().items())
     assert not torch.equal(
         reloaded.model.norm.weight, load_file(DEFAULT_DIR / "model.safetensors")["model.norm.weight"]
@@ -79,6 +79,13 @@ def test_checkpoints_keep_only_the_newest(tmp_path):
     assert not list((tmp_path / "checkpoints").glob(".*"))
 
 
+def test_a_checkpoint_is_due_on_its_interval_and_after_the_last_step(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=7, **{"ckpt.interval": 3})
+    assert [step for step in range(1, 8) if trainer.checkpoints.due(step)] == [3, 6, 7]
+    never = Checkpoints(tmp_path, CheckpointConfig(interval=0), 7, trainer.learner, trainer.runtime)
+    assert not any(never.due(step) for step in range(1, 8))
+
+
 def test_resume_step_that_does_not_exist_names_what_does(tmp_path):
     write_batches(tmp_path, 1)
     make_trainer(tmp_path, max_steps=1, **{"ckpt.interval": 1}).run()
@@ -95,7 +102,7 @@ def test_nan_loss_stops_the_run_naming_the_step_before_the_optimizer_step(tmp_pa
     with pytest.raises(TrainingError, match=r"step 1: loss is nan .*rollouts/step_1"):
         trainer.run()
     assert not (tmp_path / "weights" / "step_2").exists()
-    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(torch.isfinite(p).all() for p in trainer.learner.model.parameters())
 
 
 def test_corrupt_batch_is_reported_with_its_path(tmp_path):
@@ -115,7 +122,7 @@ def test_missing_batch_times_out_naming_the_directory(tmp_path):
 def test_samples_older_than_max_async_level_are_refused(tmp_path):
     trainer = make_trainer(tmp_path, max_async_level=1)
     with pytest.raises(TrainingError, match=r"step 3: .*from policy 1, outside \[2, 3\]"):
-        trainer.train_on(3, synthetic_samples(2, policy_step=1), where="rollouts/step_3")
+        trainer.learner.train_on(3, synthetic_samples(2, policy_step=1), where="rollouts/step_3")
 
 
 def test_step_metrics_cover_the_issue_list(tmp_path):
@@ -138,20 +145,24 @@ def test_lr_schedule_warms_up_then_follows_the_cosine():
 
 def test_weights_are_published_in_the_base_checkpoint_dtype_without_tied_copies(tmp_path):
     trainer = make_trainer(tmp_path)
-    trainer.base_config.dtype = torch.bfloat16  # as for a bf16 checkpoint such as Qwen3
+    trainer.learner.base_config.dtype = torch.bfloat16  # as for a bf16 checkpoint such as Qwen3
     target = tmp_path / "weights" / "step_1"
-    assert publish_weights(trainer.model, trainer.tokenizer, target, trainer.runtime, trainer.base_config)
+    assert publish_weights(
+        trainer.learner.model, trainer.learner.tokenizer, target, trainer.runtime, trainer.learner.base_config
+    )
     assert tensor_names(target) == tensor_names(DEFAULT_DIR)
     assert load_file(target / "model.safetensors")["model.embed_tokens.weight"].dtype == torch.bfloat16
     assert json.loads((target / "config.json").read_text())["dtype"] == "bfloat16"
-    assert not publish_weights(trainer.model, trainer.tokenizer, target, trainer.runtime, trainer.base_config)
+    assert not publish_weights(
+        trainer.learner.model, trainer.learner.tokenizer, target, trainer.runtime, trainer.learner.base_config
+    )
 
 
 def test_activation_checkpointing_gives_the_same_step(tmp_path):
     samples = synthetic_samples(4, seed=5)
-    plain = make_trainer(tmp_path / "plain").train_on(0, samples, where="fixed")
+    plain = make_trainer(tmp_path / "plain").learner.train_on(0, samples, where="fixed")
     checkpointed = make_trainer(tmp_path / "ac", activation_checkpointing=True)
-    assert checkpointed.model.is_gradient_checkpointing
-    recomputed = checkpointed.train_on(0, samples, where="fixed")
+    assert checkpointed.learner.model.is_gradient_checkpointing
+    recomputed = checkpointed.learner.train_on(0, samples, where="fixed")
     assert recomputed["loss"] == pytest.approx(plain["loss"], rel=1e-6)
     assert recomputed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)

@@ -6,7 +6,7 @@ import pytest
 
 from envrl.config import ConfigError, resolve_config
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 
 ENVS = ("orchestrator.envs", '[{"id": "reverse-text"}]')
 

@@ -1,17 +1,5 @@
-"""OpenEnv servers as envrl environments: each rollout is one WebSocket session (reset, step).
-
-Guarantee: a rollout opens at most one session and always closes it (after a failure and on
-cancellation too); a server at capacity (`max_concurrent_envs`) makes the rollout wait for a free
-session, never fail; a server that is down, crashes or drops the session makes that rollout an
-error Trace. Every completion becomes exactly one `step` action; the episode ends when the server
-says `done` (or at `max_turns`, truncated). With `mcp` (an OpenEnv `MCPEnvironment`), the tools
-the server lists after `reset` are offered to the model, each tool call of a completion becomes
-one `call_tool` step whose result (or error) is the call's tool message, and a completion
-without tool calls is the `action` step. A server given as `app` is started once per env
-server, as its child (dies with it), on a port it binds itself; its workers reuse it, and it
-answers no one else: every request and session must carry a token the env server made for it
-(`runtime/bearer_guard.py`), so another local user can neither open sessions there nor hold its capacity.
-"""
+"""OpenEnv servers as envs: a rollout opens at most one WebSocket session and always closes it; a full server makes it
+wait, a failed one makes it an error Trace; a server given as `app` answers only this env server's token."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""TRL `environment_factory` classes and reward functions, ported by changing imports only.
-
-Guarantee: the conventions of TRL 1.16's GRPOTrainer hold. Each rollout gets a fresh instance
-from the factory and `reset(**row)` (the dataset row, `prompt` included) before the first model
-turn; a string it returns is appended to the last prompt message. The public methods but `reset`
-and `get_reward` are the tools. Reward functions are called on each group the way TRL calls them
-on a batch: keyword arguments `prompts`, `completions` (each the messages after the prompt),
-`completion_ids`, every other dataset column as a list, `environments`, `trainer_state` (None),
-`log_extra` and `log_metric` (accepted, ignored); they return one value per rollout, None meaning
-not applicable. A `get_reward()` method of the class is one more reward, weight 1, named after it.
-"""
+"""TRL `environment_factory` classes and reward functions, ported by changing imports only: the conventions of TRL
+1.16's GRPOTrainer hold (docs/adapters.md)."""
 
 from __future__ import annotations
 
