@@ -15,7 +15,7 @@ from envrl.config import config_to_toml, resolve_config
 from envrl.data.layout import process_config_file
 from envrl.launcher import summary
 from envrl.launcher.config import RLConfig
-from envrl.launcher.plan import plan
+from envrl.launcher.plan.run import plan
 from envrl.telemetry.advice import Diagnosis, diagnose_run
 from envrl.telemetry.diagnosis import metrics_step, step_note
 from envrl.telemetry.metrics import read_metrics
