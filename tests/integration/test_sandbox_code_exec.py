@@ -17,7 +17,7 @@ from envrl.envclient.client import EnvClient
 from envrl.envs.registry import load_environment
 from envrl.model.client import SamplingArgs, ScriptedClient, ScriptedClientConfig
 from tests.support.env_servers import running_env_server, wait_until
-from tests.support.sandbox_attacks import answer, forge_program
+from tests.support.sandbox_attacks import answer, forge_program, plant_at_verdict
 from tests.support.sandboxes import ALL_SANDBOXES, processes_of, wait_gone
 
 
@@ -121,4 +121,26 @@ def test_a_program_that_forges_its_verdict_with_ptrace_earns_0() -> None:
     forgery = forge_program([answer("ok\n"), {}, answer(f"{target}\n")])
     task, trace = _rollout([_call(forgery), "```python\nprint('I do not know')\n```"])
     assert trace.error is None and trace.reward == 0.0, (trace.error, trace.reward)
+    assert wait_gone(ALL_SANDBOXES) == []
+
+
+def test_a_fifo_and_symlinks_planted_at_the_verdict_by_earlier_daemons_do_not_forge_it() -> None:
+    """Issue 53: daemons left by a tool call plant a FIFO at final.py (taking the host's write and
+    renaming their own program over it) and symlinks to that program in every new directory; the
+    final program prints something else; before the clean room this scored 1.0."""
+    target = load_environment("code-exec").get_task("train", 0).target
+    task, trace = _rollout([_call(plant_at_verdict(target)), "```python\nprint('I do not know')\n```"])
+    assert trace.error is None and trace.reward == 0.0, (trace.error, trace.reward)
+    task, trace = _rollout([_call(plant_at_verdict("wrong")), f"```python\nprint({target!r})\n```"])
+    assert trace.error is None and trace.reward == 1.0, (trace.error, trace.reward)
+    assert wait_gone(ALL_SANDBOXES) == []
+
+
+def test_a_program_that_kills_its_sandbox_in_a_tool_call_or_the_verdict_earns_0_not_an_error() -> None:
+    """An error Trace leaves the group's baseline: a model that cannot print the target would
+    abstain instead of scoring 0 by killing the agent that runs its code (red-team pass, issue 53)."""
+    abstain = "import os, signal\nos.kill(-1, signal.SIGKILL)"
+    for replies in ([f"```python\n{abstain}\n```"], [_call(abstain), _call("print(1)"), "```python\nprint(1)\n```"]):
+        task, trace = _rollout(replies)
+        assert trace.error is None and trace.reward == 0.0, (trace.error, trace.reward)
     assert wait_gone(ALL_SANDBOXES) == []

@@ -9,17 +9,23 @@ probed while it ran, with the key `rl` makes; a key the operator sets takes the 
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from envrl.config import resolve_config
+import pytest
+
+from envrl.config import ConfigError, resolve_config
 from envrl.data import layout
+from envrl.data.private_dir import own_output_dir, refuse_foreign_owner
 from envrl.envclient.client import EnvClient
 from envrl.envclient.curve import make_curve_keys
 from envrl.launcher.config import RLConfig
 from envrl.launcher.plan.run import plan
+from envrl.launcher.run_dir import resume_argv
 from envrl.model.client import ScriptedClientConfig
 from envrl.runtime.secrets import API_KEY_ENV, RELOAD_TOKEN_ENV
 from envrl.serve.launch import start as start_env_server
@@ -112,3 +118,28 @@ def test_another_user_gets_no_rollout_from_the_run_s_env_servers_and_the_run_s_o
             assert len(traces) == 1 and traces[0].error is None, traces
         finally:
             child.stop(grace=5.0)
+
+
+def test_a_run_directory_under_a_directory_another_user_can_write_or_owns_is_refused_before_anything_is_read() -> None:
+    """Issue 53: another user who can write an ancestor swaps the run dir after rl's owner check
+    and plants `configs/rl.toml` (an env id `os:system` then ran their command as the run's user)."""
+    needs_root()
+    nobody = pwd.getpwnam("nobody").pw_uid
+    with reachable_dir() as root:
+        theirs, shared, sticky = root / "theirs", root / "shared", root / "sticky"
+        for place, mode in ((theirs, 0o755), (shared, 0o775), (sticky, 0o1777)):
+            place.mkdir()
+            place.chmod(mode)
+        os.chown(theirs, nobody, -1)
+        for parent, why in ((theirs, "belongs to uid"), (shared, "is writable by its group")):
+            run = parent / "run"
+            (run / "configs").mkdir(parents=True)
+            (run / "configs" / "rl.toml").write_text('[[orchestrator.env]]\nid = "os:system"\n')
+            with pytest.raises(ConfigError, match=f"{parent} above it {why}"):
+                own_output_dir(run)  # rl eval, the standalone orchestrator
+            with pytest.raises(ConfigError, match=f"{parent} above it {why}"):
+                refuse_foreign_owner(run)  # rl: prepare, --clean
+            with pytest.raises(ConfigError, match=f"{parent} above it {why}"):
+                resume_argv(["--resume", "--output-dir", str(run)])  # before configs/rl.toml is read
+        own_output_dir(sticky / "run")  # /tmp's rule: others cannot rename what is not theirs
+        assert (sticky / "run").stat().st_mode & 0o777 == 0o700

@@ -92,3 +92,41 @@ def answer(stdout: str) -> dict[str, object]:
 def forge_program(frames: list[dict[str, object]]) -> str:
     """A whole Python program that runs the forgery with `frames` (what a model would send to run_python)."""
     return f"import sys\nsys.argv[1:] = [{json.dumps(frames)!r}]\n{FORGE_WITH_PTRACE}"
+
+
+def plant_at_verdict(target: str) -> str:
+    """A whole program (a run_python call) that leaves two daemons behind to forge the verdict of
+    issue 53: one makes `final.py` a FIFO and, once the host opens it to write the final program,
+    renames a program printing `target` over it; the other makes `final.py` (and the same name in
+    every directory that appears under the workdir) a symlink to that program, as fast as it can."""
+    forged = f"print({target!r})\n"
+    return f"""
+import os, time
+FORGED = os.path.abspath("forged.py")
+open(FORGED, "w").write({forged!r})
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.mkfifo("final.py")
+        while True:
+            fd = os.open("final.py", os.O_RDONLY)
+            os.rename(FORGED, "final.py")
+            while os.read(fd, 65536):
+                pass
+            os.close(fd)
+            open(FORGED, "w").write({forged!r})
+    os._exit(0)
+if os.fork() == 0:
+    os.setsid()
+    work = os.getcwd()
+    while True:
+        for name in os.listdir(work):
+            path = os.path.join(work, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                try:
+                    os.symlink(FORGED, os.path.join(path, "final.py"))
+                except OSError:
+                    pass
+        time.sleep(0.001)
+print("planted")
+"""

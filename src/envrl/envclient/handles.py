@@ -11,6 +11,7 @@ from typing import Generic, TypeVar
 
 from loguru import logger
 
+from envrl.config import ConfigError
 from envrl.data.seeds import attempt_seed
 from envrl.data.traces import Error, Split, Trace, WireTask
 from envrl.envclient.client import UNAVAILABLE, EnvClient, EnvServerError
@@ -18,7 +19,7 @@ from envrl.envclient.config import DeclaredEnvConfig, EnvConfig
 from envrl.envclient.plan import PlannedEnv, plan_env
 from envrl.envclient.sidecars import Sidecars
 from envrl.model.client import ClientConfig, SamplingArgs, SamplingParams
-from envrl.serve.config import KILL_GRACE_S
+from envrl.serve.config import KILL_GRACE_S, client_flags
 from envrl.serve.launch import EnvServerLaunch
 from envrl.serve.protocol import ClientInfo, ServerInfo
 
@@ -30,8 +31,9 @@ class EnvUnavailable(RuntimeError):
     """An env server that did not come back (the message names it, its address and the config key)."""
 
 
-class EnvClientMismatch(RuntimeError):
-    """An env server whose model client is not the one the run planned (the message names both)."""
+class EnvClientMismatch(ConfigError):
+    """An env server whose model client is not the one the run planned (the message names both and
+    the `--client` the server needs): a wiring mistake, reported as one line."""
 
 
 C = TypeVar("C", bound=EnvConfig)
@@ -139,7 +141,7 @@ class EnvHandle(Generic[C]):
             where = "external server (`address`)" if self.config.address is not None else "server"
             raise EnvClientMismatch(
                 f"{self.split} env {self.name!r}: the {where} at {address} serves {served}, but this run's rollouts "
-                f"of it use {self.expected_client}; start that server with --client naming the run's client "
+                f"of it use {self.expected_client}; start that server with `{client_flags(self.client_config)}` "
                 "(docs/protocol.md), or point the env at a server that does"
             )
         return info

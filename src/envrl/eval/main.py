@@ -10,13 +10,15 @@ from collections import Counter
 
 from loguru import logger
 
-from envrl.config import ConfigError, load_config
+from envrl.config import load_config
 from envrl.data.layout import eval_results_root
 from envrl.data.private_dir import own_output_dir
+from envrl.envclient.client import EnvServerError
 from envrl.envclient.plan import dry_run_text
 from envrl.eval.config import EvalCommandConfig, EvalInputError, eval_envs
 from envrl.eval.runner import Evaluation
 from envrl.eval.summary import failure, format_summary
+from envrl.runtime.cli import one_line_errors
 from envrl.runtime.lifeline import die_with_parent
 from envrl.runtime.process import ChildFailed
 from envrl.telemetry.log import setup_logging
@@ -37,20 +39,15 @@ async def _run(config: EvalCommandConfig, lines: LiveLines) -> tuple[dict[str, d
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(EvalCommandConfig, argv, prog="rl eval", dry_run=_dry_run_text)
-    try:
+    with one_line_errors("rl eval"):
         own_output_dir(config.output_dir)  # made 0700 (before its logs): what the model wrote is nobody else's
-    except ConfigError as e:
-        print(f"rl eval: error: {e}", file=sys.stderr)
-        sys.exit(2)
     lines = LiveLines()
     lines.use_for_stderr()
     setup_logging(config.log, process="eval")
     die_with_parent()
     try:
-        summary, causes = asyncio.run(_run(config, lines))
-    except EvalInputError as e:
-        print(f"rl eval: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        with one_line_errors("rl eval", EvalInputError, EnvServerError):  # ConfigError: a mismatched server too
+            summary, causes = asyncio.run(_run(config, lines))
     except ChildFailed as e:
         logger.error(f"eval failed: {e}")
         sys.exit(1)

@@ -111,7 +111,8 @@ async def probe_model_server(client: ClientConfig, fix: str) -> None:
         urls = [f"{url.rstrip('/')}/v1/models" for url in client.base_urls]
     else:
         return
-    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as http:
+    own = isinstance(client, TrainClientConfig)  # envrl's own servers: never through a proxy
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, trust_env=not own) as http:
         for url in urls:
             try:
                 await http.get(url)

@@ -42,7 +42,7 @@ def wait_until_serving(
     started = time.monotonic()
     next_report = started + 15.0
     delays = poll_delays()
-    with httpx.Client(timeout=5.0) as http:
+    with httpx.Client(timeout=5.0, trust_env=False) as http:  # the run's own server: never a proxy
         while True:
             if child.poll() is not None:
                 raise child.failure(f"{child.describe_exit()} before serving {base_url}")

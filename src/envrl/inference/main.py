@@ -10,27 +10,27 @@ die_with_parent()  # first: a parent that dies while the imports below load leav
 
 import os
 import socket
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from envrl.config import ConfigError, load_config
+from envrl.config import load_config
 from envrl.inference.config import InferenceConfig
 from envrl.inference.server import cpu_environment, link_model_info_cache, vllm_args, vllm_environment
+from envrl.runtime.cli import check_model, exit_with, one_line_errors
 from envrl.telemetry.log import setup_logging
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(InferenceConfig, argv, prog="inference")
+    with one_line_errors("inference"):
+        check_model(config.model.name)
     try:
         held = hold_port(config.host, config.port)
     except OSError as e:
-        print(
-            f"inference: port {config.host}:{config.port} is already in use ({e.strerror}); stop what holds it "
-            "or pass --port",
-            file=sys.stderr,
+        exit_with(
+            "inference",
+            f"port {config.host}:{config.port} is already in use ({e.strerror}); stop what holds it or pass --port",
         )
-        raise SystemExit(2) from None
     setup_logging(config.log, process="inference")
     env = vllm_environment(config)
     for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
@@ -43,11 +43,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
-    try:
+    with one_line_errors("inference"):
         args = vllm_args(config, on_cpu=on_cpu)
-    except ConfigError as e:
-        print(f"inference: config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
     if on_cpu:
         os.environ.update(cpu_environment(eager=args.enforce_eager))  # read by the engine process vLLM starts
     serve_on(held, (args.host or "", args.port))

@@ -37,7 +37,7 @@ from envrl.serve.launch import begin as begin_env_server
 from envrl.serve.launch import ready as env_server_ready
 from envrl.serve.launch import start as start_env_server
 from envrl.telemetry.console import RunConsole
-from envrl.telemetry.log import setup_logging
+from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.telemetry.progress import duration
 
 COMMANDS: dict[str, str] = {
@@ -137,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def run_training(argv: Sequence[str]) -> None:
     """Resolve, start and supervise one training run; exits with the code in the module docstring."""
     epilog = EXAMPLES + "\n\nCommands: " + ", ".join(f"rl {name} --help" for name in COMMANDS)
+    setup_logging(LogConfig(), process="rl")  # the run's own format from the first line (its file comes later)
     try:
         argv = run_dir.resume_argv(argv)
     except ConfigError as e:
@@ -308,9 +309,8 @@ def _start_teacher(
     if teacher is None or run.teacher is None:
         return
     logger.info(f"starting the distillation teacher's server on {run.teacher.model.name} (vLLM)")
-    inference[teacher.name] = supervisor.add(
-        spawn_inference(teacher), Respawn(partial(spawn_inference, teacher), restarts)
-    )
+    respawn = recovery.teacher_respawn(teacher, spawn_inference, restarts, run.teacher.base_url)
+    inference[teacher.name] = supervisor.add(spawn_inference(teacher), respawn)
 
 
 def _start_env_servers(run: RunPlan, supervisor: Supervisor, secrets: dict[str, str]) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import os
 from pathlib import Path
 
 from envrl.config import ConfigError
 from envrl.envs.registry import environment_loader, installed_environment_ids
 from envrl.launcher.config import RLConfig
+from envrl.runtime.cli import check_model
 
 
 def check(rl: RLConfig) -> None:
@@ -64,28 +64,3 @@ def _check_args(key: str, env_id: str, args: dict[str, object]) -> None:
         raise ConfigError(
             f"{key}: {env_id!r} takes no argument {unknown[0]!r}; {hint}it accepts: {', '.join(accepted) or 'none'}"
         )
-
-
-def check_model(name: str) -> None:
-    """A local HF model directory, or a hub id (`org/name`) that may be downloaded or is cached."""
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"model.name {name!r}: {path} has no config.json, so it is not an HF model directory")
-        return
-    looks_like_a_path = name.startswith((".", "/", "~")) or name.count("/") != 1
-    if looks_like_a_path:
-        raise ConfigError(
-            f"model.name {name!r}: no such directory (working directory {Path.cwd()}), and not a hub id "
-            "(org/name); check the path, or build the model first (README: The tiny model)"
-        )
-    if os.environ.get("HF_HUB_OFFLINE") == "1" and not _cached(name):
-        raise ConfigError(
-            f"model.name {name!r}: not in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids downloading it"
-        )
-
-
-def _cached(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache  # installed with transformers; only needed here
-
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)

@@ -1,5 +1,6 @@
 """A restarted role runs its first start's command (trainer and orchestrator with `--resume`) and counts as back
-once it has made up for its death (a newer policy or batch published, or a replica serving the newest policy)."""
+once it has made up for its death (a newer policy or batch published, a replica serving the newest policy, the
+teacher answering); another user's listener on a server's port at any poll ends the run before a secret goes there."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from envrl.data.layout import published_steps, rollouts_root, weights_dir, weigh
 from envrl.launcher.plan.commands import Command
 from envrl.model.inference import InferenceClient, InferenceError
 from envrl.runtime.http import HttpCallError
-from envrl.runtime.listeners import foreign_listeners_at, squatter_error
+from envrl.runtime.listeners import ForeignListener, foreign_listeners_at, squatter_error
 from envrl.runtime.process import Child, ChildFailed
 from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Check, Respawn
@@ -84,31 +85,53 @@ def on_newest_policy(command: Command, model: str, out: Path) -> Command:
     return command.model_copy(update={"argv": argv})
 
 
-class ReplicaBack:
-    """The check of a restarted replica: once it answers `/health`, load the newest published
-    policy into it (again while a newer one appeared meanwhile); back once that holds. Another
-    local user listening on its port (it took the port while the replica was dead) ends the run
-    (ChildFailed) before the reload token is sent there."""
+def teacher_respawn(
+    command: Command, start: Callable[[Command], Child], policy: RestartPolicy, base_url: str
+) -> Respawn:
+    """The distillation teacher's server comes back like a replica on fixed weights: `ServerBack`."""
+    return Respawn(lambda: start(command), policy, back=lambda: ServerBack(base_url))
+
+
+class ServerBack:
+    """The check of a restarted server of the run: back once `/health` answers 200 (and `serving`
+    holds). At every poll, before anything is asked, another local user listening on its port (it
+    took the port while the server was dead; whatever it answers) ends the run (ChildFailed)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def __call__(self) -> bool:
+        if foreign := foreign_listeners_at(self.base_url):
+            raise ChildFailed(f"{self.base_url}: {squatter_error(self.base_url, foreign)}")
+        try:
+            if httpx.get(f"{self.base_url}/health", timeout=2.0, trust_env=False).status_code != 200:
+                return False
+        except httpx.HTTPError:
+            return False
+        return self.serving()
+
+    def serving(self) -> bool:
+        return True
+
+
+class ReplicaBack(ServerBack):
+    """A restarted replica (`ServerBack`) serves once the newest published policy is loaded into
+    it (again while a newer one appeared meanwhile); the reload client checks the listener too."""
 
     def __init__(self, base_url: str, model: str, output_dir: Path, token: str | None) -> None:
-        self.base_url = base_url
+        super().__init__(base_url)
         self.model = model
         self.output_dir = output_dir
         self.token = token
 
-    def __call__(self) -> bool:
-        try:
-            if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code != 200:
-                return False
-        except httpx.HTTPError:
-            return False
-        if foreign := foreign_listeners_at(self.base_url):
-            raise ChildFailed(f"inference replica: {squatter_error(self.base_url, foreign)}")
+    def serving(self) -> bool:
         loaded = None
         while (steps := _file_policies(self.output_dir)) and steps[-1] != loaded:
             loaded = steps[-1]
             try:
                 asyncio.run(self._load(loaded))
+            except ForeignListener as e:
+                raise ChildFailed(f"inference replica: {e}") from None
             except (HttpCallError, InferenceError) as e:
                 logger.warning(f"inference at {self.base_url} is up again, but loading policy {loaded} failed: {e}")
                 return False

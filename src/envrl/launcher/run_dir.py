@@ -49,6 +49,10 @@ def resume_argv(argv: Sequence[str]) -> list[str]:
     if output_dir is None:
         return args
     stored = user_config_file(Path(output_dir))
+    if Path(output_dir).is_dir():
+        refuse_foreign_owner(Path(output_dir))  # before anything in it is read
+    if stored.is_file() and stored.lstat().st_uid != os.geteuid():
+        raise ConfigError(f"--resume: {stored} belongs to uid {stored.lstat().st_uid}, not to this user: not read")
     if not stored.is_file():
         raise ConfigError(
             f"--resume without --config: {stored} not found; pass the run's --config, or check --output-dir"

@@ -1,5 +1,6 @@
 """Token-in/token-out client of the inference server: `generate` returns exactly one logprob per completion token (a
-mismatch is an error, never padded) and every call ends within its `RetryPolicy` deadline."""
+mismatch is an error, never padded), every call ends within its `RetryPolicy` deadline, and no key, token or secret
+goes to another local user's listener (`ForeignListener`) or a proxy."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ import httpx
 from loguru import logger
 from pydantic import BaseModel
 
-from envrl.runtime.http import HttpCallError, RetryPolicy, bearer, keep_alive_session, poll_delays, request_json
+from envrl.runtime.http import (
+    HttpCallError,
+    RetryPolicy,
+    bearer,
+    keep_alive_session,
+    own_server_client,
+    poll_delays,
+    request_json,
+)
 from envrl.runtime.secrets import API_KEY_ENV, api_key
 
 WAIT_REPORT_S = 30.0
@@ -52,6 +61,10 @@ class InferenceError(RuntimeError):
     """The inference server answered, but not with what the call needs."""
 
 
+class ServerNotReady(TimeoutError):
+    """An inference server that did not answer `/health` in time (the message names its URL)."""
+
+
 class ContextLengthError(InferenceError):
     """The prompt leaves no room for a single generated token in the server's context
     (`max_model_len`): the rollout cannot go on, which is a truncation, not a failure."""
@@ -87,10 +100,8 @@ class InferenceClient:
         key = api_key()
         self._auth = bearer(key, f"environment variable {API_KEY_ENV}") if key else {}
         """vLLM's `--api-key` (`API_KEY_ENV`), sent on every call but the reload (which sends its token)."""
-        self._http = httpx.AsyncClient(headers=self._auth)
-        self._reload_http = httpx.AsyncClient(
-            headers=bearer(reload_token, "the reload token") if reload_token else None
-        )
+        self._http = own_server_client(self._auth)
+        self._reload_http = own_server_client(bearer(reload_token, "the reload token") if reload_token else None)
         self._max_model_len: int | None = None
 
     async def max_model_len(self) -> int:
@@ -161,7 +172,7 @@ class InferenceClient:
         deadline, next_report = start + timeout, start + WAIT_REPORT_S
         last = "no answer yet"
         delays = poll_delays(max_s=0.1)  # a poll is one request on the kept client, and step 0 waits on this
-        async with httpx.AsyncClient() as http:
+        async with own_server_client() as http:
             while True:
                 if time.monotonic() >= next_report:
                     next_report += WAIT_REPORT_S
@@ -171,7 +182,7 @@ class InferenceClient:
                     )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(
+                    raise ServerNotReady(
                         f"inference server at {self.base_url} not ready after {timeout:.0f}s (last: {last}); check its log"
                     )
                 try:

@@ -13,12 +13,16 @@ import sys
 
 from loguru import logger
 
-from envrl.config import ConfigError, load_config
+from envrl.config import load_config
 from envrl.data.private_dir import own_output_dir
+from envrl.envclient.client import EnvServerError
+from envrl.envclient.handles import EnvUnavailable
 from envrl.envclient.plan import dry_run_text
+from envrl.model.inference import ServerNotReady
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator, orchestrator_envs
+from envrl.runtime.cli import check_model, one_line_errors
 from envrl.runtime.lifeline import parent_pid
 from envrl.runtime.restarts import NO_RESTART_EXIT
 from envrl.telemetry.console import RunConsole
@@ -34,17 +38,20 @@ async def _run(config: OrchestratorConfig) -> None:
     await Orchestrator(config).run()
 
 
+EXPECTED = (ServerNotReady, EnvServerError)
+"""Wiring mistakes besides `ConfigError` (an env server with another model client is one): a
+server that never answered at start; each one line, exit 2."""
+
+
 def _dry_run_text(config: OrchestratorConfig) -> str:
     return dry_run_text("orchestrator", config, orchestrator_envs(config), config.output_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
     config = load_config(OrchestratorConfig, argv, prog="orchestrator", dry_run=_dry_run_text)
-    try:
+    with one_line_errors("orchestrator"):
+        check_model(config.model.name)  # its tokenizer renders every train rollout: fail now, not after the waits
         own_output_dir(config.output_dir)  # by hand: made 0700; under rl: rl made it, and it is ours
-    except ConfigError as e:
-        print(f"orchestrator: config error: {e}", file=sys.stderr)
-        sys.exit(NO_RESTART_EXIT)
     console = None
     if parent_pid() is None:  # run by hand, not by rl
         lines = LiveLines()
@@ -54,16 +61,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if console is not None:
             console.start()
-        asyncio.run(_run(config))
+        with one_line_errors("orchestrator", *EXPECTED):
+            asyncio.run(_run(config))
     except (KeyboardInterrupt, asyncio.CancelledError):
         logger.warning("orchestrator stopped by a signal; env servers it spawned were shut down")
         sys.exit(130)
     except CheckFailed as e:
         logger.error(f"orchestrator stopped by a check: {e}")
         sys.exit(NO_RESTART_EXIT)  # a resumed run would fail the same check again
-    except ConfigError as e:  # keys that load but cannot run here (a teacher only `rl` serves)
-        logger.error(f"orchestrator: config error: {e}")
-        sys.exit(NO_RESTART_EXIT)
+    except EnvUnavailable as e:  # a server lost for good: not a bug, but a restart may find it back
+        logger.error(f"orchestrator stopped: {e}")
+        sys.exit(1)
     except Exception as e:
         logger.opt(exception=e).error(f"orchestrator failed: {e}")
         sys.exit(1)

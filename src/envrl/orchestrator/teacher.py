@@ -1,5 +1,6 @@
 """The distillation teacher: `logprobs(ids)` returns one float per token (0.0 at position 0) from the ids
-themselves, or raises `TeacherError`; `start` refuses a teacher whose tokenizer disagrees with the student's."""
+themselves, or raises `TeacherError`; `start` refuses a teacher whose tokenizer disagrees with the student's; no key
+goes to another local user's listener or a proxy."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ import time
 import httpx
 from loguru import logger
 
-from envrl.runtime.http import HttpCallError, ResponseTooLarge, RetryPolicy, bearer, fetch, poll_delays, request_json
+from envrl.runtime.http import (
+    HttpCallError,
+    ResponseTooLarge,
+    RetryPolicy,
+    bearer,
+    fetch,
+    own_server_client,
+    poll_delays,
+    request_json,
+)
 from envrl.runtime.secrets import API_KEY_ENV, api_key
 
 PROBE_TEXT = (
@@ -47,7 +57,7 @@ class TeacherClient:
         self.model = model
         self.retry = retry
         key = os.environ.get(api_key_env)
-        self._http = httpx.AsyncClient(headers=bearer(key, f"environment variable {api_key_env}") if key else None)
+        self._http = own_server_client(bearer(key, f"environment variable {api_key_env}") if key else None)
 
     async def start(self, student_url: str, student_model: str, timeout: float) -> None:
         """Wait (at most `timeout` s) for the teacher to list its models, resolve `model`, and
@@ -64,9 +74,7 @@ class TeacherClient:
                 f"the teacher at {self.base_url} serves {served}, not orchestrator.distill.teacher_model = {self.model!r}"
             )
         key = api_key()  # the student's own key: the teacher's is never sent to the student, nor the other way
-        async with httpx.AsyncClient(
-            headers=bearer(key, f"environment variable {API_KEY_ENV}") if key else None
-        ) as http:
+        async with own_server_client(bearer(key, f"environment variable {API_KEY_ENV}") if key else None) as http:
             student = await self._tokenize(http, _api_root(student_url), student_model)
         teacher = await self._tokenize(self._http, self.base_url, self.model)
         if student != teacher:

@@ -13,6 +13,8 @@ import httpx
 from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
+from envrl.runtime.listeners import check_listener
+
 
 class RetryPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -37,6 +39,17 @@ after which vLLM's uvicorn closes idle connections itself (`VLLM_HTTP_TIMEOUT_KE
 reuse does not race the server's close."""
 
 
+def own_server_client(headers: Mapping[str, str] | None = None, **options: Any) -> httpx.AsyncClient:
+    """An httpx client for the run's own servers: never through a proxy (`trust_env=False`: the
+    proxy variables `rl` passes on would send keys in plain text to a site proxy), and every
+    request first checks that no other local user listens where it goes (`ForeignListener`)."""
+
+    async def check(request: httpx.Request) -> None:
+        check_listener(str(request.url))
+
+    return httpx.AsyncClient(headers=headers, trust_env=False, event_hooks={"request": [check]}, **options)
+
+
 def keep_alive_session(headers: Mapping[str, str] | None = None) -> aiohttp.ClientSession:
     """An aiohttp session for the hot generation path: every connection kept alive, none capped.
 
@@ -45,11 +58,26 @@ def keep_alive_session(headers: Mapping[str, str] | None = None) -> aiohttp.Clie
     holding the connections of one step's rollouts spends O(connections^2) per request (profile in
     docs/measurements.md); httpx's default cap on kept-alive connections hides that by
     reconnecting the rest. aiohttp's connector reuses an
-    idle connection in O(1). Create it inside the event loop that uses it.
+    idle connection in O(1). Never through a proxy; each new connection first checks that no
+    other local user listens where it goes (`ForeignListener`). Create it inside the event loop that uses it.
     """
+    checks = aiohttp.TraceConfig()  # each new connection (a first request, a reconnect) checks the listener
+    checks.on_request_start.append(_note_url)
+    checks.on_connection_create_start.append(_check_noted)
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_EXPIRY_S), headers=headers
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_EXPIRY_S),
+        headers=headers,
+        trust_env=False,
+        trace_configs=[checks],
     )
+
+
+async def _note_url(session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceRequestStartParams) -> None:
+    context.url = str(params.url)
+
+
+async def _check_noted(session: aiohttp.ClientSession, context: Any, params: object) -> None:
+    check_listener(context.url)
 
 
 def poll_delays(first_s: float = 0.05, max_s: float = 0.5) -> Iterator[float]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from loguru import logger
 
+from envrl.runtime.cli import CONFIG_ERROR_EXIT
 from envrl.runtime.process import Child, ChildFailed
 from envrl.runtime.restarts import NO_RESTART_EXIT, Restart, RestartBudget, RestartPolicy
 
@@ -122,7 +123,7 @@ class Supervisor:
                     logger.info(f"{child.name} finished")
                     finished.add(child.name)
                     self._close_fault(child.name)
-                elif child.name in self._restartable and code != NO_RESTART_EXIT:
+                elif child.name in self._restartable and code not in (NO_RESTART_EXIT, CONFIG_ERROR_EXIT):
                     self._restart(child)
                 else:
                     raise child.failure(child.describe_exit())

@@ -1,6 +1,6 @@
 """The agent inside a sandbox: every request gets exactly one frame echoing its `seq` and `nonce`, output is
-bounded, and its protocol pipes reach no command; stdlib only. Usage: `python3 -I -S -c <this file> REQUESTS_FD
-ANSWERS_FD`"""
+bounded, its pipes reach no command, a `verdict` runs after every other process is gone on files it creates
+(`O_EXCL|O_NOFOLLOW`) in a new directory; stdlib only. Usage: `python3 -I -S -c <this file> REQUESTS_FD ANSWERS_FD`"""
 
 import base64
 import contextlib
@@ -8,6 +8,7 @@ import json
 import os
 import selectors
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -48,13 +49,14 @@ def _send(fd, message):
 
 def _kill_others():
     """SIGKILL every process of the sandbox but this one and the namespace's init, and wait until
-    none is left (kill(-1) finds no one), so the next command starts with nothing else running."""
+    none is left (kill(-1) finds no one), so the next command starts with nothing else running.
+    False if some were still there after `KILL_WAIT_S`."""
     give_up = time.monotonic() + KILL_WAIT_S
     while time.monotonic() < give_up:
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
-            return
+            return True
         while True:  # reap what were our children (the init reaps the others)
             try:
                 if os.waitpid(-1, os.WNOHANG) == (0, 0):
@@ -62,10 +64,11 @@ def _kill_others():
             except ChildProcessError:
                 break
         time.sleep(0.005)
+    return False
 
 
 def _run(request):
-    if request.get("isolate"):
+    if request.get("isolate"):  # deprecated (base.py): a verdict is `_verdict`
         _kill_others()
     cmd = request["cmd"]
     limit = int(request["max_output"])
@@ -126,23 +129,68 @@ def _run(request):
     }
 
 
+def _regular(path, flags, mode=0o644):
+    """An fd of `path`, a regular file (never a link, FIFO or device: `O_NOFOLLOW|O_NONBLOCK`, then fstat)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _write_fd(fd, data, mode):
+    with open(fd, "wb") as f:
+        f.write(data)
+        os.fchmod(fd, mode)
+
+
 def _write(request):
     path = request["path"]
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(base64.b64decode(request["data"]))
-    os.chmod(path, int(request.get("mode", 0o644)))
+    fd = _regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    _write_fd(fd, base64.b64decode(request["data"]), int(request.get("mode", 0o644)))
     return {}
 
 
+def _clean_room(request):
+    """The new directory of a verdict, holding only the host's files; every other process gone."""
+    if not _kill_others():
+        raise OSError(f"processes of the episode outlived SIGKILL for {KILL_WAIT_S:g} s")
+    room = os.path.join(request["cwd"], f"verdict-{os.urandom(8).hex()}")
+    os.mkdir(room, 0o700)
+    for name, data in request["files"].items():
+        parts = name.split("/")
+        if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"verdict file name {name!r} must be relative, without '.' or '..' parts")
+        for depth in range(1, len(parts)):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(os.path.join(room, *parts[:depth]), 0o755)
+        fd = _regular(os.path.join(room, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        _write_fd(fd, base64.b64decode(data), 0o644)
+    return room
+
+
+def _verdict(request):
+    """`run` in a clean room (`_clean_room`), HOME and TMPDIR in it. A room the episode left no
+    means to make (disk full, a process SIGKILL did not end) is the program's failure, exit 126."""
+    try:
+        room = _clean_room(request)
+    except (OSError, ValueError) as e:
+        message = f"verdict: no clean room could be made: {type(e).__name__}: {e}\n"
+        return {"exit_code": 126, "stdout": "", "stderr": message, "timed_out": False, "truncated": False}
+    env = dict(request.get("env") or {}, HOME=room, TMPDIR=room)
+    return _run(dict(request, cwd=room, env=env))
+
+
 def _read(request):
-    with open(request["path"], "rb") as f:
+    with open(_regular(request["path"], os.O_RDONLY), "rb") as f:
         data = f.read(int(request["max_bytes"]) + 1)
     limit = int(request["max_bytes"])
     return {"data": base64.b64encode(data[:limit]).decode(), "truncated": len(data) > limit}
 
 
-OPS = {"run": _run, "write": _write, "read": _read}
+OPS = {"run": _run, "write": _write, "read": _read, "verdict": _verdict}
 
 
 def main():

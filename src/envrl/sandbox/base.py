@@ -142,8 +142,23 @@ class Sandbox(abc.ABC):
     ) -> CommandResult:
         """Run `cmd` (a shell line, or argv) in the sandbox's working directory, or `cwd`.
         `timeout` defaults to `command_timeout_s` and is cut to what the episode has left.
-        `isolate`: first kill everything earlier commands left running (a verdict nothing else touches).
-        `env`: variables set for this command over the sandbox's own (PATH, HOME, LANG, TMPDIR)."""
+        `env`: variables set for this command over the sandbox's own (PATH, HOME, LANG, TMPDIR).
+        `isolate` (deprecated in 0.2, gone in 0.3: it is no clean room, the files it runs were
+        written while the episode ran): kill everything earlier commands left running first;
+        what decides a reward runs through `verdict`."""
+
+    async def verdict(
+        self, cmd: str | Sequence[str], files: Mapping[str, bytes | str], *, timeout: float | None = None
+    ) -> CommandResult:
+        """The only way to run what decides a reward: in a clean room. Every process the episode
+        started is killed first; then `files` (relative names) are created, only by the host and
+        only as new regular files, in a directory made after that, which is `cmd`'s working
+        directory, HOME and TMPDIR. Nothing the episode left can change the inputs or swap the
+        program. A room the episode made impossible (its disk full) is the program's failure
+        (exit 126), and so is a sandbox that dies during the verdict (exit -9: only the judged
+        program ran, so it killed the agent; never an error Trace a model could hide a 0 behind).
+        Later calls see the sandbox without the episode's processes."""
+        raise NotImplementedError(f"{type(self).__name__} has no clean room for a verdict")
 
     async def forward_host_ports(self, ports: Sequence[int]) -> None:
         """Let code in the sandbox reach these host loopback TCP ports at the same address

@@ -1,6 +1,6 @@
 """The local backend: every process in its own namespaces under a host uid of its own, no capability, seccomp, no
-inherited environment or fd but the agent's pipes, read-only image; killed whole at its cap, owner death or
-`close()`."""
+inherited environment or fd but the agent's pipes, read-only image and `/`, sized tmpfs; killed whole at its cap,
+owner death or `close()`."""
 
 from __future__ import annotations
 
@@ -8,19 +8,18 @@ import asyncio
 import base64
 import contextlib
 import os
-import shutil
-import stat
 import time
+import warnings
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
 from envrl.sandbox import reaper, seccomp, uids
+from envrl.sandbox.argv import bwrap_argv, check_image, say_memory_bound
 from envrl.sandbox.base import CommandResult, Sandbox, SandboxConfig, SandboxProvider, started
-from envrl.sandbox.bridge import MOUNT, HostBridge
+from envrl.sandbox.bridge import HostBridge
 from envrl.sandbox.errors import (
     SandboxClosed,
     SandboxDied,
@@ -33,84 +32,15 @@ from envrl.sandbox.protocol import AgentChannel, AgentPipes, read_end
 
 UID_BASE, UID_RANGE = uids.FIRST, uids.COUNT
 """The default `sandbox.host_uids`, as [UID_BASE, UID_BASE + UID_RANGE)."""
-SANDBOX_UID = 65534
-"""The user id (nobody) code sees inside the sandbox."""
 CLOSE_WAIT_S = 10.0
 """How long `close` waits for bubblewrap to be reaped after SIGKILL (then logs and goes on)."""
 ANSWER_GRACE_S = 2.0
 """How long past a command's own timeout the agent may take to answer before it counts as dead."""
-SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-"""PATH inside a sandbox."""
-_AGENT = (Path(__file__).parent / "agent.py").read_text()
 _FORWARDER = (Path(__file__).parent / "forwarder.py").read_text()
-
-
-def bwrap_path() -> str:
-    found = shutil.which("bwrap")
-    if found is None:
-        raise SandboxStartError("bubblewrap is not installed (`bwrap` not on PATH): apt-get install -y bubblewrap")
-    return found
-
-
-@lru_cache(maxsize=64)
-def check_readable(path: Path) -> None:
-    """`SandboxStartError` unless an unprivileged user can reach and read `path` (the sandbox's
-    host user is one: an image under a 0700 home cannot be mounted)."""
-    if not path.exists():
-        raise SandboxStartError(f"sandbox image path {path} does not exist (sandbox.image / sandbox.python)")
-    resolved = path.resolve()
-    for parent in reversed(resolved.parents):
-        if not parent.stat().st_mode & stat.S_IXOTH:
-            raise SandboxStartError(
-                f"sandbox image path {path} is not reachable by an unprivileged user: {parent} has mode "
-                f"{stat.S_IMODE(parent.stat().st_mode):o} (no o+x). Use an image outside it (e.g. the system "
-                "python /usr/bin/python3, or a uv python installed with UV_PYTHON_INSTALL_DIR=/opt/uv-python)"
-            )
-    if not resolved.stat().st_mode & stat.S_IROTH:
-        raise SandboxStartError(f"sandbox image path {path} is not readable by others (mode o+r needed)")
-
-
-def check_image(config: SandboxConfig) -> None:
-    """`SandboxStartError` unless the image and its interpreter can be mounted as they are."""
-    python = config.python
-    for path in [python, *config.image]:
-        check_readable(path)
-    for path in config.image:
-        if path.is_relative_to("/tmp") or path.is_relative_to(config.workdir):
-            raise SandboxStartError(
-                f"sandbox.image path {path} is under /tmp or {config.workdir}: those are the sandbox's own"
-            )
-    if not any(python.resolve().is_relative_to(p.resolve()) or python.is_relative_to(p) for p in config.image):
-        raise SandboxStartError(f"sandbox.python {python} is not inside any sandbox.image path {config.image}")
-
-
-def bwrap_argv(
-    config: SandboxConfig, uid: int, bridge: Path | None, *, agent_fds: tuple[int, int], seccomp_fd: int
-) -> list[str]:
-    """The full command line: `uids.IF_FREE` (the exec after `setpriv` fails if the uid has a
-    process), `setpriv` to the sandbox's host uid, `prlimit` with the limits, then
-    bubblewrap (with the host `bridge` directory read-only at `bridge.MOUNT`, the seccomp program
-    read from `seccomp_fd`), then the agent on its protocol pipes `agent_fds` (requests, answers)."""
-    check_image(config)
-    argv = [*uids.IF_FREE, *reaper.as_uid(uid), *config.limits.prlimit_argv(), bwrap_path(), "--unshare-all"]
-    argv += ["--unshare-user"]
-    argv += ["--disable-userns", "--seccomp", str(seccomp_fd)]
-    argv += ["--share-net"] if config.network else []
-    argv += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
-    argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
-    for path in config.image:
-        argv += ["--ro-bind", str(path), str(path)]
-    if Path("/usr") in config.image:
-        for name in ("bin", "lib", "lib64", "sbin"):
-            if Path(f"/usr/{name}").is_dir():
-                argv += ["--symlink", f"usr/{name}", f"/{name}"]
-    argv += ["--ro-bind", str(bridge), MOUNT] if bridge is not None else []
-    work = config.workdir
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(config.limits.disk_mib << 20), "--tmpfs", work]
-    argv += ["--symlink", work, "/tmp"] if work != "/tmp" else []
-    argv += ["--chdir", work, "--setenv", "HOME", work, "--setenv", "TMPDIR", work, "--setenv", "LANG", "C.UTF-8"]
-    argv += ["--setenv", "PATH", SANDBOX_PATH, "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
-    return [*argv, "--", str(config.python), "-I", "-S", "-c", _AGENT, *map(str, agent_fds)]
+ISOLATE_DEPRECATED = (
+    "Sandbox.run(isolate=True) is deprecated and goes in envrl 0.3: its files were written while the episode "
+    "ran, so earlier processes could swap them; run what decides a reward with Sandbox.verdict(cmd, files)"
+)
 
 
 class BubblewrapSandbox(Sandbox):
@@ -171,6 +101,7 @@ class BubblewrapSandbox(Sandbox):
             raise SandboxClosed("start() on a closed sandbox")
         self._arm()
         check_image(self.config)  # a config that cannot start fails before a uid is claimed
+        say_memory_bound(self.config.limits)
         program = seccomp.program()
         reaper.reap_now_and_then()
         refused: dict[int, str] = {}
@@ -237,14 +168,31 @@ class BubblewrapSandbox(Sandbox):
         isolate: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
+        if isolate:
+            warnings.warn(ISOLATE_DEPRECATED, DeprecationWarning, stacklevel=2)
+        request = {"op": "run", "stdin": stdin, "cwd": cwd, "isolate": isolate, "env": dict(env or {})}
+        return await self._command(request, cmd, timeout)
+
+    async def verdict(
+        self, cmd: str | Sequence[str], files: Mapping[str, bytes | str], *, timeout: float | None = None
+    ) -> CommandResult:
+        for name in files:
+            if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
+                raise ValueError(f"verdict file name {name!r} must be relative, without '.' or '..' parts")
+        raw = {name: data.encode() if isinstance(data, str) else data for name, data in files.items()}
+        sent = {name: base64.b64encode(data).decode() for name, data in raw.items()}
+        request = {"op": "verdict", "files": sent, "stdin": None, "cwd": self.config.workdir, "env": {}}
+        try:
+            return await self._command(request, cmd, timeout)
+        except SandboxDied as e:  # in the clean room only the judged program ran: an abstention is its failure
+            return CommandResult(-9, "", f"the sandbox died during the verdict (its program killed the agent?): {e}")
+
+    async def _command(self, request: dict[str, Any], cmd: str | Sequence[str], timeout: float | None) -> CommandResult:
         wanted = self.config.command_timeout_s if timeout is None else timeout
         left = self.time_left(f"running {_short(cmd)}")
         capped = left < wanted
-        request = {
-            "op": "run", "cmd": cmd if isinstance(cmd, str) else list(cmd), "timeout": min(wanted, left),
-            "stdin": stdin, "cwd": cwd, "isolate": isolate, "max_output": self.config.limits.max_output_kib << 10,
-            "env": dict(env or {}),
-        }  # fmt: skip
+        request |= {"cmd": cmd if isinstance(cmd, str) else list(cmd), "timeout": min(wanted, left)}
+        request["max_output"] = self.config.limits.max_output_kib << 10
         answer = await self._call(request, min(wanted, left) + ANSWER_GRACE_S)
         result = CommandResult(**answer)
         if result.timed_out and capped:
@@ -254,7 +202,7 @@ class BubblewrapSandbox(Sandbox):
 
     async def forward_host_ports(self, ports: Sequence[int]) -> None:
         """The host bridge allows `ports`, and a forwarder in the sandbox listens on the new ones
-        (a command timeout or `isolate` kills it with the rest: call this again after one). With
+        (a command timeout or a verdict kills it with the rest: call this again after one). With
         `network = true` the sandbox shares the host's loopback already: nothing to do."""
         if self.config.network:
             return

@@ -1,5 +1,5 @@
 """Every sandbox's seccomp filter: EPERM for the syscalls in `DENIED` (those reaching another process's memory or
-fds), ENOSYS for any non-native ABI, everything else allowed (why: docs/sandbox.md)."""
+fds, a keyring, or memory no limit counts), ENOSYS for any non-native ABI, everything else allowed (why: docs/sandbox.md)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,24 @@ from functools import cache
 
 from envrl.sandbox.errors import SandboxStartError
 
-DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise", "kcmp")
+DENIED = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise", "kcmp",
+    "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "memfd_create", "memfd_secret", "shmget", "msgget",
+)  # fmt: skip
 """Syscalls every process of a sandbox is refused (EPERM)."""
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 """AUDIT_ARCH_* (linux/audit.h) of each machine's native ABI: `seccomp_data.arch`."""
 _NUMBERS = {
     "x86_64": {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_getfd": 438,
-               "process_madvise": 440},
+               "process_madvise": 440, "keyctl": 250, "add_key": 248, "request_key": 249, "io_uring_setup": 425,
+               "io_uring_enter": 426, "io_uring_register": 427, "memfd_create": 319, "memfd_secret": 447,
+               "shmget": 29, "msgget": 68},
     "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_getfd": 438,
-                "process_madvise": 440},
+                "process_madvise": 440, "keyctl": 219, "add_key": 217, "request_key": 218, "io_uring_setup": 425,
+                "io_uring_enter": 426, "io_uring_register": 427, "memfd_create": 279, "memfd_secret": 447,
+                "shmget": 194, "msgget": 186},
 }  # fmt: skip
 """Syscall numbers (asm/unistd_64.h of each machine)."""
 _X32_BIT = 0x40000000

@@ -3,7 +3,9 @@ CURVE keys or `insecure = true`), and its workers reach only its one model clien
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +146,8 @@ class EnvServerConfig(BaseConfig):
     """Seconds a client's answers may stay blocked (its queue full); then the server drops it:
     logs why, cancels its requests and discards their answers."""
     client: ClientConfig | None = None
-    """The model client every rollout uses (a ClientConfig map, e.g. `--client '{"type": "train",
-    "base_url": "http://127.0.0.1:8000", "model": "m"}'`; docs/protocol.md); without one, `run` is a
+    """The model client every rollout uses, e.g. `--client.type train --client.base-url
+    http://127.0.0.1:8000 --client.model m` (docs/protocol.md); without one, `run` is a
     `bad_request`. `info` reports it without secrets."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, seconds to let in-flight rollouts finish before they are answered `shutting_down`."""
@@ -173,3 +175,30 @@ class CurveClientConfig(BaseConfig):
     """The server's public `.key` certificate file."""
     secret_key_file: Path
     """This client's `.key_secret` certificate file (its public key must be in the server's client_keys_dir)."""
+
+
+def client_flags(client: ClientConfig) -> str:
+    """The `env-server` options that make it serve `client` (its keys that differ from the defaults),
+    quoted for a shell: what a refusal of a server with another client tells its owner to pass."""
+    values = client.model_dump(mode="json", exclude_defaults=True)
+    values.pop("type", None)
+    if values.get("tokenizer") is not None and _same_path(values["tokenizer"], values.get("model")):
+        del values["tokenizer"]  # the default: the model's own
+    flags = [f"--client.type {client.type}"]
+
+    def add(prefix: str, value: object) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                add(f"{prefix}.{key.replace('_', '-')}", inner)
+        else:
+            text = value if isinstance(value, str) else json.dumps(value)
+            flags.append(f"--client.{prefix} {shlex.quote(text)}")
+
+    for key, value in values.items():
+        add(key.replace("_", "-"), value)
+    return " ".join(flags)
+
+
+def _same_path(a: str, b: str | None) -> bool:
+    """`a` and `b` name the same local directory, or are the same name."""
+    return a == b or (b is not None and Path(a).exists() and Path(a).resolve() == Path(b).resolve())

@@ -1,5 +1,5 @@
-"""`env-server`: binds its address before anything slow (a taken port: exit 1 at once), exits 1 when the env or its
-workers cannot start, 0 after a drain, and dies with its parent."""
+"""`env-server`: binds its address before anything slow (a taken port: exit 1 at once), exits 2 with one line for an
+env id no package registers, 1 when the env or its workers cannot start, 0 after a drain, and dies with its parent."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import zmq
 from loguru import logger
 
 from envrl.config import load_config
-from envrl.envs.registry import load_environment
+from envrl.envs.registry import EnvironmentNotFound, load_environment
+from envrl.runtime.cli import exit_with
 from envrl.serve.config import EnvServerConfig
 from envrl.serve.server import EnvServer
 from envrl.serve.sockets import ServerSockets
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> None:
         # openenv adapter starts one OpenEnv app server here and hands its URL down in os.environ)
         env = load_environment(config.env.id, **config.env.args)
         server = EnvServer(config, sockets, env)
+    except EnvironmentNotFound as e:
+        sockets.close()
+        exit_with("env-server", f"--env.id: {e}")
     except Exception as e:
         logger.opt(exception=e).error(f"cannot load environment {config.env.id!r}: {type(e).__name__}: {e}")
         sockets.close()

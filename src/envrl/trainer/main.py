@@ -16,6 +16,7 @@ from loguru import logger
 
 from envrl.config import load_config
 from envrl.data.samples import BatchError
+from envrl.runtime.cli import check_model, one_line_errors
 from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
@@ -29,6 +30,8 @@ EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError, RankCountMism
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_config(TrainerConfig, argv, prog="trainer")
+    with one_line_errors("trainer"):
+        check_model(config.model.name)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         setup_logging(config.log, process="trainer")

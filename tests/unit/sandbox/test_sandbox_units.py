@@ -22,7 +22,7 @@ from envrl.sandbox import (
     WarmPool,
     reaper,
 )
-from envrl.sandbox.bubblewrap import bwrap_argv
+from envrl.sandbox.argv import bwrap_argv
 from envrl.sandbox.errors import SandboxStartError
 
 

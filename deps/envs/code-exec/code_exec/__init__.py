@@ -1,11 +1,11 @@
 """code-exec: write Python that prints a target value; the code runs only in a sandbox.
 
 Guarantee: every rollout owns one sandbox (started in `reset`, closed in `close`, also on
-cancel and timeout), model-written code runs nowhere else, and the reward is read from the
-sandboxed run of the final program after everything the episode left running was killed, so
-nothing the model started earlier can touch the verdict. A sandbox failure is an error Trace of
-its `sandbox_*` type; the program's own failures (an exception, a timeout, a limit) are the
-model's and score 0.
+cancel and timeout), model-written code runs nowhere else, and the reward is read from the final
+program's run in the sandbox's clean room (`Sandbox.verdict`: written by the host after everything
+the episode started is gone), so nothing the model ran earlier can touch the verdict. A sandbox failure is an error Trace of
+its `sandbox_*` type; the program's own failures (an exception, a timeout, a limit, killing the
+sandbox's agent) are the model's and score 0.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from envrl.envs import (
     ToolEnvironment,
     WarmPool,
 )
+from envrl.sandbox import SandboxDied
 
 SYSTEM_PROMPT = (
     "Write a Python program that prints the value asked for, and nothing else. You may test code with "
@@ -72,6 +73,8 @@ class PythonSandbox:
         self.provider = provider
         self.config = config
         self.sandbox: Sandbox | None = None
+        self.killed_by_code: str | None = None
+        """Why the sandbox died under a run_python call (the episode then scores 0)."""
 
     async def reset(self, **task: Any) -> None:
         self.sandbox = await self.provider.create(self.config)
@@ -83,8 +86,16 @@ class PythonSandbox:
             code: The whole program.
         """
         assert self.sandbox is not None
+        if self.killed_by_code:
+            return f"the sandbox is gone: {self.killed_by_code}"
         await self.sandbox.write_file("main.py", code)
-        result = await self.sandbox.run(["python3", "main.py"], timeout=RUN_TIMEOUT_S)
+        try:
+            result = await self.sandbox.run(["python3", "main.py"], timeout=RUN_TIMEOUT_S)
+        except (
+            SandboxDied
+        ) as e:  # the program killed the sandbox's agent: its doing, never an error Trace to hide behind
+            self.killed_by_code = f"a run_python program killed it ({e})"
+            return f"the sandbox is gone: {self.killed_by_code}"
         status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
         return f"{status}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
@@ -94,10 +105,13 @@ class PythonSandbox:
 
 
 async def printed_target(env: PythonSandbox, state: RolloutState, target: str) -> float:
-    """1 if the final program, run alone in the episode's sandbox, prints exactly `target`."""
+    """1 if the final program, run in the sandbox's clean room, prints exactly `target`."""
     assert env.sandbox is not None
-    await env.sandbox.write_file("final.py", final_program(state.completion))
-    result = await env.sandbox.run(["python3", "final.py"], timeout=RUN_TIMEOUT_S, isolate=True)
+    if env.killed_by_code:
+        state.trace.metrics["final_exit_ok"] = 0.0
+        return 0.0
+    program = {"final.py": final_program(state.completion)}
+    result = await env.sandbox.verdict(["python3", "final.py"], program, timeout=RUN_TIMEOUT_S)
     state.trace.metrics["final_exit_ok"] = float(result.exit_code == 0)
     return float(result.stdout.strip() == target)
 

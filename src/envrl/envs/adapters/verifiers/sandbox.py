@@ -20,7 +20,7 @@ from verifiers.v1.runtimes.subprocess import SubprocessRuntimeInfo
 from envrl.runtime.warm import client as warm_client
 from envrl.runtime.warm import server as warm_server
 from envrl.sandbox import Sandbox, SandboxConfig, SandboxProvider, WarmPool
-from envrl.sandbox.bubblewrap import SANDBOX_PATH
+from envrl.sandbox.argv import SANDBOX_PATH
 from envrl.sandbox.venv import sandbox_venv, venvs_root
 
 LOOPBACK = {"127.0.0.1", "localhost"}
