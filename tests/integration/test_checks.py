@@ -23,13 +23,14 @@ from loguru import logger
 from envrl.config import ModelConfig
 from envrl.data.layout import stall_dump_file
 from envrl.envclient.config import DeclaredEnvConfig
+from envrl.launcher import summary
 from envrl.model.tiny import CHAT_TEMPLATE, EOS
 from envrl.orchestrator.checks import CheckFailed
 from envrl.orchestrator.config import OrchestratorConfig
 from envrl.orchestrator.loop import Orchestrator
 from envrl.runtime.stacks import collect_stacks
 from envrl.serve.config import PoolConfig
-from envrl.telemetry.metrics import WandbConfig
+from envrl.telemetry.metrics import WandbConfig, checks_fired, read_metrics
 from tests.support.env_servers import alive, raw_exchange, running_env_server, wait_until
 from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
@@ -120,6 +121,18 @@ def test_a_tool_env_whose_template_shows_no_tools_and_whose_rewards_never_vary_w
     ]
     flat = [line for line in warned if "every group had equal rewards" in line]
     assert len(flat) == 1 and "for 2 steps (to step 1; rewards [0.0])" in flat[0] and "nothing is learned" in flat[0]
+    # each is also a line of metrics.jsonl: what the `rl` console prints, summary.json lists and the run ends with
+    out = tmp_path / "run"
+    fired = summary.checks(out, ["check: a start-up warning"])
+    assert [(c["step"], c["check"], c["message"]) for c in fired] == [
+        (None, "plan", "check: a start-up warning"),
+        (1, "no_tool_call", tool[0]),
+        (1, "zero_variance", flat[0]),
+    ]
+    summary.write(out, [], summary.Outcome(status="success", reason="completed"), 1.0)
+    assert summary.closing_line(out).startswith(
+        "the run finished (success) with 2 warning(s) (no_tool_call, zero_variance)"
+    )
 
 
 def test_under_strict_a_tool_env_without_tool_calls_stops_the_run_with_the_cause(tmp_path: Path) -> None:
@@ -153,6 +166,13 @@ def test_a_model_server_that_stops_answering_gets_every_roles_stacks_dumped_and_
     )
     assert "== envrl.serve.main (pid " in dump
     assert "tests.support.standin_inference" not in dump
+    assert "== what the steps before waited for" in dump
+    [stall] = checks_fired(read_metrics(config.output_dir))
+    assert (
+        stall["check"] == "stall"
+        and stall["step"] == 1
+        and str(stall_dump_file(config.output_dir, 1)) in stall["message"]
+    )
 
 
 def stopped(pid: int) -> bool:

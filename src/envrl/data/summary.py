@@ -1,9 +1,11 @@
-"""`summary.json`'s content and its reader: `read_summary` only reads, and a missing, unreadable or malformed file
-reads as `{}` (never raises), so a run that died before its summary still gets a report."""
+"""`summary.json`'s one home: written whole (strict JSON, a temp file and a rename) and read back; `read_summary`
+never raises (a missing or malformed file reads as `{}`), so a run that died before its summary still gets a report."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,3 +51,23 @@ def read_summary(output_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def write_summary(output_dir: Path, content: dict[str, Any]) -> Path:
+    """Write `content` as the run's `summary.json` whole (temp file, then rename); returns its path."""
+    path = summary_file(output_dir)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(strict(content), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def strict(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None (JSON has neither)."""
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

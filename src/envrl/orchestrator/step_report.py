@@ -15,7 +15,7 @@ from envrl.data.traces import Trace
 from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.retention import disk_use
 from envrl.orchestrator.scheduler import Group
-from envrl.orchestrator.stats import seq_len_note, token_metrics, why_unscored
+from envrl.orchestrator.stats import rollout_seconds, seq_len_note, token_metrics, why_unscored
 from envrl.orchestrator.trajectories import SeqLenCounts
 from envrl.telemetry.console import fmt_shares, outcome_note
 from envrl.telemetry.metrics import MetricsSink
@@ -70,6 +70,7 @@ def train_metrics(
             ),
             "perf/step_time": seconds,
             "perf/rollouts_per_s": total / seconds if seconds > 0 else 0.0,
+            **rollout_seconds([(g.dispatched, g.traces) for g in groups]),
         }
     )
     return metrics

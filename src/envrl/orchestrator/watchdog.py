@@ -1,5 +1,6 @@
 """The stall watchdog: no step within max(`stall_min_s`, `stall_factor` x median step time) writes one dump per
-stall (every role's stacks and waits) to the log and `logs/stalls/`, cancelling the run under `checks.strict`."""
+stall (every role's stacks and waits, what the steps before waited for) to the log and `logs/stalls/`, and logs it as
+a check; under `checks.strict` it cancels the run."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from envrl.orchestrator.policy import PolicyTracker
 from envrl.orchestrator.scheduler import Group, Scheduler
 from envrl.runtime.atomic import atomic_write_text
 from envrl.runtime.stacks import collect_stacks, task_stacks, thread_stacks
+from envrl.telemetry.advice import diagnose_run
+from envrl.telemetry.metrics import MetricsSink
 
 HISTORY = 50
 """Step times the median is taken over (the latest ones)."""
@@ -40,11 +43,12 @@ class StallWatchdog:
         clock: Callable[[], float] = time.monotonic,
         history: Iterable[float] = (),
         poll_s: float = 1.0,
+        sink: MetricsSink | None = None,
     ) -> None:
         """`describe`: the orchestrator's lines for the dump (in-flight table, wait for the trainer);
         `stacks_root`: the pid whose envrl descendants are asked for their stacks (the launcher
         under `rl`; this process when run alone); `strict`: a stall cancels the task that called
-        `start` (then `stalled` holds the dump)."""
+        `start` (then `stalled` holds the dump); `sink`: where a stall is also logged as a check."""
         self.output_dir = output_dir
         self.factor, self.min_s, self.strict = factor, min_s, strict
         self.describe = describe
@@ -57,6 +61,7 @@ class StallWatchdog:
         self.stalled: str | None = None
         """The dump of the stall that stopped the run (`strict`)."""
         self.poll_s = poll_s
+        self.sink = sink
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -87,6 +92,8 @@ class StallWatchdog:
             f"stall: no step finished in {waited:.0f} s since step {self.step} (limit {limit:.0f} s = max(stall_min_s, "
             f"{self.factor:g} x the median step time {median:.1f} s)); where every role is:",
             *self.describe(),
+            "== what the steps before waited for (docs/report.md, What is my run waiting for?)",
+            *(line for d in diagnose_run(self.output_dir) for line in d.lines()),
             *(task_stacks(self._loop) if self._loop is not None else []),
             f"== orchestrator (pid {os.getpid()}): Python stacks",
             thread_stacks(),
@@ -104,6 +111,11 @@ class StallWatchdog:
             f"{text}\nstall dump written to {path}; raise orchestrator.checks.stall_factor or stall_min_s "
             "if steps are legitimately this slow"
         )
+        if self.sink is not None:  # after the dump: a sink closed under this thread must not cost it
+            try:
+                self.sink.log_check(self.step + 1, "stall", f"{lines[0]}; dump: {path}")
+            except OSError as e:
+                logger.warning(f"stall: cannot log the stall to {self.sink.path}: {e}")
         return text
 
     def start(self) -> None:

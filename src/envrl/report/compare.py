@@ -12,8 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
-from envrl.report.data import Record, env_names, read_metrics, series  # noqa: E402
 from envrl.runtime.atomic import atomic_write_text  # noqa: E402
+from envrl.telemetry.metrics import Record, env_names, read_metrics, series  # noqa: E402
 
 PANELS = (("train", "Train reward (batch mean)", "-o"), ("eval", "Eval reward (mean over eval tasks)", "s--"))
 """The metric prefix each panel draws `<prefix>/<env>/reward` from, its title and line style."""

@@ -17,7 +17,6 @@ from envrl.data.layout import (
     batch_dir,
     eval_results_root,
     eval_rollouts_files,
-    metrics_file,
     process_config_file,
     published_steps,
     train_rollouts_file,
@@ -27,9 +26,6 @@ from envrl.data.layout import (
 from envrl.data.rollout_lines import parse_trace_line
 from envrl.data.samples import BatchError, TrainingSample, read_batch
 from envrl.data.traces import Split, Trace
-from envrl.telemetry.metrics import metric_float
-
-Record = dict[str, Any]
 
 
 class Rollout(BaseModel):
@@ -45,35 +41,6 @@ class Rollout(BaseModel):
     @property
     def env(self) -> str:
         return str(self.fields.get("env", "?"))
-
-
-def read_metrics(output_dir: Path) -> list[Record]:
-    """Every complete metrics line of the run, in file order."""
-    path = metrics_file(output_dir)
-    if not path.exists():
-        return []
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            logger.warning(f"{path}:{number}: not a JSON line (cut by a crash?); skipped")
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            records.append(record)
-    return records
-
-
-def series(records: list[Record], key: str) -> tuple[list[int], list[float]]:
-    """Steps and values of `key`, the last line winning when a step was logged twice."""
-    by_step = {r["step"]: metric_float(r[key]) for r in records if key in r}
-    steps = sorted(by_step)
-    return steps, [by_step[s] for s in steps]
-
-
-def env_names(records: list[Record], prefix: str) -> list[str]:
-    """Env names appearing as `<prefix>/<env>/reward` keys, sorted."""
-    return sorted({k.split("/")[1] for r in records for k in r if k.startswith(f"{prefix}/") and k.count("/") == 2})
 
 
 _STEP_PREFIX = re.compile(r'\{"step": (-?\d+),')

@@ -1,5 +1,6 @@
 """The report's headline: `headline` only reads, leaving out what a missing file would say (never raises); a failed
-run names its failed process, exit code and log tail, a stalled run its stall dumps."""
+run names its failed process, exit code and log tail, a stalled run its stall dumps; the checks that fired and what
+the run waits for are listed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 from envrl.data.layout import eval_results_root, eval_summary_file, metrics_file, process_config_file, stall_dump_file
 from envrl.data.summary import read_summary
+from envrl.telemetry.advice import Diagnosis, diagnose_run
+from envrl.telemetry.metrics import checks_fired, read_metrics
 
 LOG_TAIL_LINES = 40
 LOG_TAIL_BYTES = 64 * 1024
@@ -82,6 +85,8 @@ def headline(output_dir: Path) -> dict[str, Any]:
         **{key: summary.get(key) for key in ("status", "reason", "steps_done", "wall_time_s", "final_weights")},
         "eval_reward": summary.get("eval_reward") or {},
     }
+    facts["checks"] = summary.get("checks") if "checks" in summary else checks_fired(read_metrics(output_dir))
+    facts["waiting_for"] = waiting_for(summary, output_dir)
     dumps = sorted(stall_dump_file(output_dir, 0).parent.glob("step_*.txt"), key=lambda p: p.stat().st_mtime)
     facts["stalls"] = [{"file": str(p), "head": log_head(p)} for p in dumps]
     if summary.get("status") == "failed":
@@ -94,3 +99,21 @@ def headline(output_dir: Path) -> dict[str, Any]:
             "log_tail": log_tail(Path(log)) if log else "",
         }
     return facts
+
+
+def waiting_for(summary: dict[str, Any], output_dir: Path) -> dict[str, str] | None:
+    """The diagnosis as one line (the best advice, or the bound when none is due) and its full text:
+    the summary's, or (a live run) the run's own files'."""
+    try:
+        found = [Diagnosis.model_validate(d) for d in summary["diagnosis"]]
+    except (KeyError, TypeError, ValueError):
+        found = diagnose_run(output_dir)
+    if not found:
+        return None
+    first = found[0]
+    if first.advice:
+        best = first.advice[0]
+        line = f"change {best.setting}: {best.change} (expected {best.speedup:.2f}x steps/min; bound by {first.bound})"
+    else:
+        line = f"bound by {first.bound} {first.bound_share:.0%}; no setting advised (balanced enough)"
+    return {"line": line, "text": "\n".join(line for d in found for line in d.lines())}

@@ -1,5 +1,6 @@
 """`rl report OUTPUT_DIR`: reads the run directory only and writes only `<output_dir>/report/`, each file in one
-rename and the index last, so `index.html` is always complete; exit 2 when OUTPUT_DIR is no run or eval directory."""
+rename and the index last, so `index.html` is always complete (the headline's checks and diagnosis also printed);
+exit 2 when OUTPUT_DIR is no run or eval directory."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from envrl.report.data import (
     Detokenizer,
     eval_lines,
     parse_rollouts,
-    read_metrics,
     results_lines,
     step_rollouts,
     tokenizer_source,
@@ -26,9 +26,11 @@ from envrl.report.data import (
 from envrl.report.headline import headline, is_eval_dir
 from envrl.report.page import fingerprint, step_summary, write_index, write_step
 from envrl.report.plots import Run, write_plots
-from envrl.report.timeline import chrome_trace, env_times, step_splits
+from envrl.report.timeline import chrome_trace
 from envrl.runtime.atomic import atomic_write_text
 from envrl.telemetry.ledger import read_ledger
+from envrl.telemetry.metrics import read_metrics
+from envrl.telemetry.steps import env_times, step_splits
 
 
 def write_report(output_dir: Path) -> Path:
@@ -154,4 +156,10 @@ def main(argv: list[str] | None = None) -> None:
     except FileNotFoundError as e:
         print(f"rl report: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    facts = headline(args.output_dir)
+    for check in facts.get("checks") or []:
+        when = "at start" if check["step"] is None else f"step {check['step']}"
+        print(f"warning ({when}): {check['message']}")
+    if facts.get("waiting_for"):
+        print(f"what the run waits for: {facts['waiting_for']['line']}\n{facts['waiting_for']['text']}")
     print(f"open file://{index.resolve()}")

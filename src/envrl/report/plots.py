@@ -15,9 +15,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.axes import Axes  # noqa: E402
 
-from envrl.report.data import Record, env_names, series  # noqa: E402
-from envrl.report.timeline import PARTS, StepSplit  # noqa: E402
 from envrl.runtime.atomic import atomic_write_text  # noqa: E402
+from envrl.telemetry.metrics import Record, env_names, series  # noqa: E402
+from envrl.telemetry.steps import PARTS, StepSplit  # noqa: E402
 
 
 @dataclass(frozen=True)

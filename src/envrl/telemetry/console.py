@@ -15,7 +15,8 @@ from typing import Any, TextIO
 from loguru import logger
 
 from envrl.data.layout import metrics_file, steps_log_file
-from envrl.telemetry.metrics import metric_float
+from envrl.telemetry.diagnosis import metrics_step, step_note
+from envrl.telemetry.metrics import CHECK, metric_float
 from envrl.telemetry.progress import LiveLines, duration, fmt
 
 Record = dict[str, Any]
@@ -120,6 +121,7 @@ class ProgressBoard:
         self._orchestrator: dict[int, Record] = {}
         self._evals: dict[str, tuple[int, float]] = {}
         self._printed: set[int] = set()
+        self._checks: set[tuple[int, str, str]] = set()
         self._walls: list[float] = []
         """Wall times of the steady steps (every step after the first one seen)."""
         self._last_end: float | None = None
@@ -129,6 +131,12 @@ class ProgressBoard:
         step, process = record.get("step"), record.get("process")
         if not isinstance(step, int):
             return None
+        if isinstance(record.get(CHECK), str):  # a check that fired: printed beside the step lines, once
+            key = (step, record[CHECK], str(record.get("message")))
+            if key in self._checks or metric_float(record.get("time")) < self.since:
+                return None
+            self._checks.add(key)
+            return f"warning: {record.get('message')}"
         if process == "orchestrator":
             for env, reward in _per_env(record, "eval", "reward").items():
                 self._evals[env] = (step, reward)
@@ -190,9 +198,10 @@ class ProgressBoard:
             parts.append(f"gen {sum(gen) / len(gen):.1f}/rollout")
         errors = metric_float(orchestrator.get("train/error_rate"))
         inflight = orchestrator.get("inflight", "n/a")
+        note = step_note(metrics_step(step, end_line, orchestrator, wall)) if self.ends_with == "trainer" else ""
         return (
             f"step {step} ({step + 1}/{self.total}) | reward {reward} | eval {evals} | "
-            f"{fmt(wall, '.1f')} s ({', '.join(parts)}) | in-flight {inflight} | "
+            f"{fmt(wall, '.1f')} s ({', '.join(parts)}){f' | {note}' if note else ''} | in-flight {inflight} | "
             f"lag {fmt(self._lag(end_line, orchestrator), '.2f')} | "
             f"errors {fmt(errors * 100, '.0f')}%{outcome_note(orchestrator)} | ETA {duration(self.eta())}"
         )

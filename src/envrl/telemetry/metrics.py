@@ -1,5 +1,5 @@
-"""The one metrics sink: each `log(step, values)` appends one JSON line in one `write` (processes share the file
-safely), and wandb gets the same; `resume_step=k` first drops the process's lines from step k."""
+"""`metrics.jsonl`'s one home: each `log(step, values)` appends one JSON line in one `write` (processes share the
+file safely), wandb gets the same, `resume_step=k` first drops the process's lines from step k; `read_metrics` reads."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import errno
 import json
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -14,10 +15,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from loguru import logger
 
 from envrl.config import BaseConfig
+from envrl.data.layout import metrics_file
 from envrl.runtime.atomic import filter_lines, shared_lock
 
 if TYPE_CHECKING:
     from envrl.data.traces import Trace
+
+Record = dict[str, Any]
+"""One line of `metrics.jsonl` as read back."""
+
+CHECK = "check"
+"""The key that marks a check's line (`log_check`) among the metric lines."""
 
 SAMPLE_ROWS = 8
 """Rollouts per eval in the wandb table of samples."""
@@ -81,6 +89,7 @@ class MetricsSink:
                     f"{path}: dropped {dropped} {process} line(s) of steps >= {resume_step} (logged again after the resume)"
                 )
         self._fd = self._open()
+        self._lock = threading.Lock()  # a check may be logged from the stall watchdog's thread
         self._run = None
         if wandb.mode != "disabled":
             import wandb as wandb_lib  # imported here: it costs a second and only some runs want it
@@ -103,13 +112,20 @@ class MetricsSink:
         return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def log(self, step: int, values: dict[str, float | int | str]) -> None:
-        record = {
-            "step": step,
-            "time": round(time.time(), 3),
-            "process": self.process,
-            **{k: _json_value(v) for k, v in values.items()},
-        }
-        with shared_lock(self.path):
+        self._append({"step": step, **{k: _json_value(v) for k, v in values.items()}})
+        if self._run is not None:
+            self._run.log(dict(values), step=step)
+
+    def log_check(self, step: int, check: str, message: str) -> None:
+        """A check that fired at `step` (`check`: its name, `message`: the cause and the fix), as a
+        line of its own that the console prints and `checks_fired` reads back; not sent to wandb."""
+        self._append({"step": step, CHECK: check, "message": message})
+
+    def _append(self, values: dict[str, Any]) -> None:
+        record = {"step": values["step"], "time": round(time.time(), 3), "process": self.process, **values}
+        with self._lock, shared_lock(self.path):
+            if self._fd < 0:
+                raise OSError(errno.EBADF, "the metrics sink is closed", str(self.path))
             if not self.path.exists() or os.stat(self.path).st_ino != os.fstat(self._fd).st_ino:
                 os.close(self._fd)  # another process's resume rewrote the file: append to the new one
                 self._fd = self._open()
@@ -120,8 +136,6 @@ class MetricsSink:
                 os.fsync(self._fd)  # on disk before the step it belongs to is published
             except OSError as e:
                 raise OSError(e.errno, f"{e.strerror} (appending a metrics line)", str(self.path)) from e
-        if self._run is not None:
-            self._run.log(dict(values), step=step)
 
     def log_samples(self, step: int, name: str, traces: list[Trace]) -> None:
         """A wandb table `name` of the first `SAMPLE_ROWS` rollouts (prompt, completion, reward,
@@ -149,6 +163,45 @@ class MetricsSink:
                 run.finish()
             except OSError as e:
                 logger.warning(f"wandb run {run.name!r} could not be finished ({e}); {self.path} is complete")
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def read_metrics(output_dir: Path) -> list[Record]:
+    """Every complete metrics line of the run, in file order."""
+    path = metrics_file(output_dir)
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            logger.warning(f"{path}:{number}: not a JSON line (cut by a crash?); skipped")
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records
+
+
+def series(records: list[Record], key: str) -> tuple[list[int], list[float]]:
+    """Steps and values of `key`, the last line winning when a step was logged twice."""
+    by_step = {r["step"]: metric_float(r[key]) for r in records if key in r}
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def env_names(records: list[Record], prefix: str) -> list[str]:
+    """Env names appearing as `<prefix>/<env>/reward` keys, sorted."""
+    return sorted({k.split("/")[1] for r in records for k in r if k.startswith(f"{prefix}/") and k.count("/") == 2})
+
+
+def checks_fired(records: list[Record]) -> list[dict[str, Any]]:
+    """The checks that fired (`log_check`), in file order: `step`, `process`, `check`, `message`."""
+    return [
+        {key: r.get(key) for key in ("step", "process", CHECK, "message")}
+        for r in records
+        if isinstance(r.get(CHECK), str)
+    ]

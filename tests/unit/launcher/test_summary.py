@@ -94,3 +94,26 @@ def test_summary_records_what_each_recovery_cost(tmp_path: Path) -> None:
     outcome = summary.Outcome(status="success", reason="completed")
     assert _read(summary.write(tmp_path, [], outcome, 1.0, recoveries))["recoveries"] == recoveries
     assert _read(summary.write(tmp_path, [], outcome, 1.0))["recoveries"] == {}
+
+
+def test_fired_checks_are_listed_and_the_last_line_says_the_run_finished_with_warnings(tmp_path: Path) -> None:
+    _metrics(
+        tmp_path,
+        [
+            {"step": 0, "process": "trainer", "trainer/loss": 1.0},
+            {"step": 4, "process": "orchestrator", "check": "zero_variance", "message": "check: equal rewards"},
+        ],
+    )
+    outcome = summary.Outcome(status="success", reason="completed")
+    assert summary.closing_line(tmp_path) is None  # no summary yet
+    path = summary.write(tmp_path, ["--config", "x.toml"], outcome, 1.0, warnings=["check: no correction"])
+    written = _read(path)
+    assert written["checks"] == [
+        {"step": None, "process": "rl", "check": "plan", "message": "check: no correction"},
+        {"step": 4, "process": "orchestrator", "check": "zero_variance", "message": "check: equal rewards"},
+    ]
+    assert written["diagnosis"] == []  # no time ledger: nothing to diagnose
+    assert summary.closing_line(tmp_path) == (
+        f"the run finished (success) with 2 warning(s) (plan, zero_variance): listed in {path} under `checks` "
+        "and in the report's headline"
+    )

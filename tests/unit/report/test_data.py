@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from envrl.data.layout import train_rollouts_file
-from envrl.report.data import Rollout, parse_rollouts, read_metrics, series, step_rollouts, train_lines
+from envrl.report.data import Rollout, parse_rollouts, step_rollouts, train_lines
+from envrl.telemetry.metrics import read_metrics, series
 from tests.support.report_runs import samples_of, trace, write_metrics, write_step
 
 

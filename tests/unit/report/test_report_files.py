@@ -178,3 +178,24 @@ def test_model_text_in_the_page_holds_no_character_the_html_parser_acts_on(tmp_p
     data = html[html.index("const INDEX = ") : html.index(";\n", html.index("const INDEX = "))]
     assert not {"<", ">", "&"} & set(data)
     assert index_data(report)["headline"]["failure"]["log_tail"].endswith(hostile)
+
+
+def test_the_headline_and_rl_report_say_what_the_run_waits_for_and_which_checks_fired(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from envrl.telemetry.metrics import MetricsSink, WandbConfig
+    from tests.support.pipeline_ledger import simulate, write_ledger
+
+    shutil.rmtree(run_dir / "ledger", ignore_errors=True)
+    write_ledger(run_dir, simulate(6, 1, gen=2.0, score=0.05, train=0.3))  # generation bounds
+    sink = MetricsSink(run_dir / "metrics.jsonl", WandbConfig(), process="orchestrator", output_dir=run_dir)
+    sink.log_check(1, "zero_variance", "check: every group had equal rewards")
+    sink.close()
+    main([str(run_dir)])
+    headline = index_data(run_dir / "report")["headline"]
+    assert headline["waiting_for"]["line"].startswith("change placement.inference.replicas: 1 -> 2 (expected 1.9")
+    assert "shares: " in headline["waiting_for"]["text"]
+    assert [c["message"] for c in headline["checks"]] == ["check: every group had equal rewards"]
+    printed = capsys.readouterr().out
+    assert "warning (step 1): check: every group had equal rewards" in printed
+    assert "what the run waits for: change placement.inference.replicas: 1 -> 2" in printed

@@ -190,3 +190,17 @@ def test_the_step_line_names_failed_rollouts_by_outcome_summed_over_envs() -> No
     quiet = {"step": 1, "process": "orchestrator", "time": time.time(), "train/a/outcome/scored": 4.0}
     line = board.feed(quiet)
     assert line is not None and "errors" in line and "(" not in line.split("errors")[1], "nothing failed: no note"
+
+
+def test_a_fired_check_is_printed_once_beside_the_step_lines_and_a_dominant_role_is_named(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    console = RunConsole(tmp_path, total_steps=2, stream=stream)
+    orchestrator, trainer = sink(tmp_path, "orchestrator"), sink(tmp_path, "trainer")
+    orchestrator.log(0, {"train/learnable/reward": 0.5, "perf/rollout_s/model": 1.0, "perf/rollout_s/scoring": 9.0})
+    trainer.log(0, {"trainer/wait_time_s": 3.0, "trainer/step_time_s": 0.5, "trainer/publish_time_s": 0.5})
+    orchestrator.log_check(1, "zero_variance", "check: every group had equal rewards for 5 steps")
+    console.poll()
+    console.poll()
+    lines = stream.getvalue().splitlines()
+    assert "| bound: env scoring 68% |" in lines[0]  # 3 s of waiting x 9/10, of 4 s
+    assert lines[1:] == ["warning: check: every group had equal rewards for 5 steps"]
