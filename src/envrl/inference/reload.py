@@ -12,10 +12,10 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import APIRouter, FastAPI, Header
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from loguru import logger
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from envrl.inference.adapter import PolicyAdapter, check_adapter
 from envrl.inference.config import ReloadConfig
@@ -65,6 +65,23 @@ class UpdateWeightsRequest(BaseModel):
     memory (`transfer.json`), its rank among the receivers and how many they are."""
     transfer: TransferSecret | None = None
     """For a policy sent in memory: its secret (the policy's `transfer.secret`), required then."""
+
+
+MAX_BODY = 64 * 1024
+"""Bytes of an `/update_weights` body read at most: a request names a directory, a step and a secret."""
+
+
+async def _bounded_body(request: Request) -> bytes | None:
+    """The request's body, or None once it (or its declared length) passes `MAX_BODY`."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            return None
+    return bytes(body)
 
 
 LOADED_WHAT = {
@@ -132,11 +149,12 @@ class WeightReloadPlugin:
         step = self._loaded[0] if self._loaded is not None and self._loaded[1] == self._current else None
         return JSONResponse({"path": self._current, "step": step})
 
-    async def update_weights(
-        self, request: UpdateWeightsRequest, authorization: str | None = Header(None)
-    ) -> JSONResponse:
+    async def update_weights(self, raw: Request) -> JSONResponse:
+        """The token is checked before the body is read, and the body is read only up to `MAX_BODY`:
+        a caller without the token learns nothing of the schema and cannot make the server read much."""
         token = self._config.token()
-        if token is not None and not hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode()):
+        authorization = raw.headers.get("authorization", "")
+        if token is not None and not hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
             logger.warning("weight reload refused: missing or wrong token")
             return JSONResponse(
                 {
@@ -144,6 +162,13 @@ class WeightReloadPlugin:
                 },
                 status_code=401,
             )
+        body = await _bounded_body(raw)
+        if body is None:
+            return JSONResponse({"error": f"/update_weights: body over {MAX_BODY} bytes"}, status_code=413)
+        try:
+            request = UpdateWeightsRequest.model_validate_json(body)
+        except ValidationError as e:
+            return JSONResponse({"error": f"/update_weights: invalid body: {e}"}, status_code=422)
         path = Path(request.path).resolve()
         deadline = min(self._config.timeout_s, request.timeout_s or self._config.timeout_s)
         async with self._lock:

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from envrl.config import ConfigError, resolve_config
 from envrl.inference.config import InferenceConfig, ReloadConfig
-from envrl.inference.reload import RELOAD_ENV, WeightReloadPlugin
+from envrl.inference.reload import MAX_BODY, RELOAD_ENV, WeightReloadPlugin
 
 
 def test_a_non_loopback_host_needs_the_explicit_opt_in_and_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,5 +45,13 @@ def test_with_a_token_set_the_route_refuses_callers_without_it(tmp_path: Path, m
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         refused = client.post("/update_weights", json=body, headers=headers)
         assert refused.status_code == 401 and "TEST_RELOAD_TOKEN" in refused.json()["error"]
-    checked = client.post("/update_weights", json=body, headers={"Authorization": "Bearer s3cret"})
+    # the token is checked before the body is read: no schema for a malformed or huge body without it
+    for content in (b"{not json", b"x" * (4 * MAX_BODY)):
+        refused = client.post("/update_weights", content=content)
+        assert refused.status_code == 401 and "path" not in refused.text
+    granted = {"Authorization": "Bearer s3cret"}
+    assert client.post("/update_weights", content=b"x" * (MAX_BODY + 1), headers=granted).status_code == 413
+    invalid = client.post("/update_weights", content=b'{"step": -1}', headers=granted)
+    assert invalid.status_code == 422 and "path" in invalid.json()["error"]
+    checked = client.post("/update_weights", json=body, headers=granted)
     assert checked.status_code == 400 and "does not exist" in checked.json()["error"]
