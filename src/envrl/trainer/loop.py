@@ -3,8 +3,10 @@ with an error naming the step and batch; a non-finite loss or gradient never rea
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +36,15 @@ if TYPE_CHECKING:
     from envrl.transport.weights import WeightPublisher
 
 
+class StopRequested(BaseException):
+    """SIGTERM while the trainer waited for a batch: the step has not started and is abandoned
+    (a BaseException, so no `except Exception` on the way swallows it)."""
+
+
+class TrainerStopped(Exception):
+    """The trainer stopped on SIGTERM before `max_steps`, its last trained step checkpointed."""
+
+
 class Trainer:
     """One run's steps: each waits for its batch, trains the `Learner` on it, publishes the next
     policy and, when due, a checkpoint; `run()` trains until `max_steps`."""
@@ -55,6 +66,10 @@ class Trainer:
         self.ledger = Ledger(ledger_file(config.output_dir, "trainer") if runtime.is_main else None, "trainer")
         """The main rank's wait / compute / publish / checkpoint spans."""
         self.metrics: MetricsSink | None = None
+        self._stop = False
+        """SIGTERM arrived: the step in flight finishes, then a checkpoint of it is written."""
+        self._waiting = False
+        """Waiting for a batch: SIGTERM ends the wait (`StopRequested`)."""
 
     def start_step(self) -> int:
         """Load the checkpoint asked for (if any) and return the first step to train."""
@@ -85,23 +100,65 @@ class Trainer:
                 config=config.model_dump(mode="json"),
                 resume_step=start if config.resume else None,
             )
+        restore = self._catch_sigterm()
         try:
+            done = start
             for step in range(start, config.max_steps):
-                self.run_step(step)
+                try:
+                    self.run_step(step)
+                except StopRequested:
+                    break
+                done = step + 1
+                if self._stop:
+                    break
+            if self._stop and done < config.max_steps:
+                self._stopped(start, done)
         finally:
+            restore()
             self.publisher.close()
             if self.metrics is not None:
                 self.metrics.close()
             self.ledger.close()
 
+    def _catch_sigterm(self) -> Callable[[], None]:
+        """Turn SIGTERM into a stop after the step in flight (main thread only); returns what puts
+        the handler it replaced back."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def stop(signum: int, frame: object) -> None:
+            self._stop = True  # no logging here: the main thread may hold the logger's lock
+            if self._waiting:
+                raise StopRequested
+
+        previous = signal.signal(signal.SIGTERM, stop)
+        return lambda: signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
+
+    def _stopped(self, start: int, done: int) -> None:
+        """After SIGTERM: checkpoint the `done` steps trained (unless written already or checkpoints
+        are off), then raise `TrainerStopped`."""
+        target = checkpoint_dir(self.config.output_dir, done)
+        where = "no new checkpoint (ckpt.interval = 0, or no step trained)"
+        if done > start and self.config.ckpt.interval:
+            if not self.checkpoints.due(done):  # else written with the step
+                with self.ledger.span("checkpoint", done - 1), self._writing(done - 1, target):
+                    self.checkpoints.save(done)
+            where = f"checkpoint {target}"
+        raise TrainerStopped(
+            f"stopped by SIGTERM after {done} of {self.config.max_steps} steps; {where}; --resume continues"
+        )
+
     def run_step(self, step: int) -> dict[str, float]:
         """Wait for batch `step`, receive it, train on it, publish the next policy, checkpoint when due."""
         ledger = self.ledger
         with ledger.span("wait_batch", step):
+            self._waiting = not self._stop
             try:
                 waited = self.batches.wait(step)
             except BatchTimeout as e:
                 raise TrainingError(str(e)) from None
+            finally:
+                self._waiting = False
         with ledger.span("read_batch", step):
             samples = self.batches.receive(step)
         with ledger.span("compute", step):

@@ -1,5 +1,5 @@
-"""`trainer --config x.toml`, alone or under torchrun: exit 0 after `max_steps`, 2 on a config error, 1 on any
-failure after one error line naming the step and file."""
+"""`trainer --config x.toml`, alone or under torchrun: exit 0 after `max_steps`, 143 on SIGTERM once its last trained
+step is checkpointed, 2 on a config error, 1 on any failure after one error line naming the step and file."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from envrl.runtime.lifeline import die_with_parent
 die_with_parent()  # first: a parent that dies while the imports below load leaves no orphan
 
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -21,10 +22,12 @@ from envrl.telemetry.log import LogConfig, setup_logging
 from envrl.trainer.checkpoint import RankCountMismatch
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.learner import TrainingError
-from envrl.trainer.loop import Trainer
+from envrl.trainer.loop import Trainer, TrainerStopped
 from envrl.trainer.model.lora import LoraError
 from envrl.trainer.parallel import init_runtime, shutdown
 
+STOPPED_EXIT = 128 + signal.SIGTERM
+"""Exit status after a stop on SIGTERM (its checkpoint written), as a process killed by it."""
 EXPECTED_FAILURES = (TrainingError, BatchError, FileNotFoundError, RankCountMismatch, LoraError)
 
 
@@ -42,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         runtime = init_runtime(config)
         Trainer(config, runtime).run()
+    except TrainerStopped as e:
+        logger.warning(f"trainer {e}")
+        sys.exit(STOPPED_EXIT)
     except EXPECTED_FAILURES as e:
         logger.error(f"trainer stopped: {e}")
         sys.exit(1)
