@@ -150,25 +150,9 @@ class WeightReloadPlugin:
         return JSONResponse({"path": self._current, "step": step})
 
     async def update_weights(self, raw: Request) -> JSONResponse:
-        """The token is checked before the body is read, and the body is read only up to `MAX_BODY`:
-        a caller without the token learns nothing of the schema and cannot make the server read much."""
-        token = self._config.token()
-        authorization = raw.headers.get("authorization", "")
-        if token is not None and not hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
-            logger.warning("weight reload refused: missing or wrong token")
-            return JSONResponse(
-                {
-                    "error": f"/update_weights needs 'Authorization: Bearer <token>' (the token in {self._config.token_env})"
-                },
-                status_code=401,
-            )
-        body = await _bounded_body(raw)
-        if body is None:
-            return JSONResponse({"error": f"/update_weights: body over {MAX_BODY} bytes"}, status_code=413)
-        try:
-            request = UpdateWeightsRequest.model_validate_json(body)
-        except ValidationError as e:
-            return JSONResponse({"error": f"/update_weights: invalid body: {e}"}, status_code=422)
+        request = await self._admitted(raw)
+        if isinstance(request, JSONResponse):
+            return request
         path = Path(request.path).resolve()
         deadline = min(self._config.timeout_s, request.timeout_s or self._config.timeout_s)
         async with self._lock:
@@ -199,6 +183,28 @@ class WeightReloadPlugin:
             f"{LOADED_WHAT[type(source)]} from {path} in {seconds:.2f}s (requests in flight: {request.in_flight})"
         )
         return JSONResponse(answer)
+
+    async def _admitted(self, raw: Request) -> UpdateWeightsRequest | JSONResponse:
+        """The request, or the answer refusing it. The token is checked before the body is read, and the
+        body is read only up to `MAX_BODY`: a caller without the token learns nothing of the schema
+        and cannot make the server read much."""
+        token = self._config.token()
+        authorization = raw.headers.get("authorization", "")
+        if token is not None and not hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
+            logger.warning("weight reload refused: missing or wrong token")
+            return JSONResponse(
+                {
+                    "error": f"/update_weights needs 'Authorization: Bearer <token>' (the token in {self._config.token_env})"
+                },
+                status_code=401,
+            )
+        body = await _bounded_body(raw)
+        if body is None:
+            return JSONResponse({"error": f"/update_weights: body over {MAX_BODY} bytes"}, status_code=413)
+        try:
+            return UpdateWeightsRequest.model_validate_json(body)
+        except ValidationError as e:
+            return JSONResponse({"error": f"/update_weights: invalid body: {e}"}, status_code=422)
 
     def _repeated(self, step: int | None, path: Path) -> JSONResponse | None:
         """The answer to a POST of the step loaded last (the first answer again, or 409 for

@@ -170,6 +170,12 @@ def run_training(argv: Sequence[str]) -> None:
     except ConfigError as e:
         print(f"rl: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    raise SystemExit(_supervise(rl, run, argv))
+
+
+def _supervise(rl: RLConfig, run: RunPlan, argv: Sequence[str]) -> int:
+    """Start the planned run on this machine, supervise it to its end and write its summary and
+    report; the exit code (the module docstring's)."""
     console = RunConsole(rl.output_dir, rl.max_steps)
     console.lines.use_for_stderr()  # on a terminal, rl's own log lines print above the status line
     setup_logging(rl.log.model_copy(update={"file": layout.process_log_file(rl.output_dir, "launcher")}), process="rl")
@@ -192,16 +198,8 @@ def run_training(argv: Sequence[str]) -> None:
         console.stop()
         outcome = summary.Outcome(status="success", reason="completed")
         _summary(rl, supervisor.recoveries(), time.monotonic() - started)
-    except ChildFailed as e:
-        logger.error(f"run failed: {e}")
-        code, outcome = 1, summary.Outcome(status="failed", reason="process failed", error=str(e))
-    except Interrupted as e:
-        logger.warning(f"{e} received: shutting the run down")
-        code = 130 if e.signum == signal.SIGINT else 0
-        outcome = summary.Outcome(status="interrupted", reason=str(e))
-    except RuntimeError as e:
-        logger.error(str(e))
-        code, outcome = 1, summary.Outcome(status="failed", reason="error", error=str(e))
+    except (ChildFailed, Interrupted, RuntimeError) as e:
+        code, outcome = _ended_early(e)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -215,7 +213,19 @@ def run_training(argv: Sequence[str]) -> None:
             write_report_at_end(rl.output_dir)
         if line := summary.closing_line(rl.output_dir):
             logger.warning(line)
-    raise SystemExit(code)
+    return code
+
+
+def _ended_early(e: ChildFailed | Interrupted | RuntimeError) -> tuple[int, summary.Outcome]:
+    """The exit code and outcome of a run that a failed process, a signal or an error ended (logged here)."""
+    if isinstance(e, ChildFailed):
+        logger.error(f"run failed: {e}")
+        return 1, summary.Outcome(status="failed", reason="process failed", error=str(e))
+    if isinstance(e, Interrupted):
+        logger.warning(f"{e} received: shutting the run down")
+        return 130 if e.signum == signal.SIGINT else 0, summary.Outcome(status="interrupted", reason=str(e))
+    logger.error(str(e))
+    return 1, summary.Outcome(status="failed", reason="error", error=str(e))
 
 
 def _check_devices(rl: RLConfig, visible: list[str] | None, cpu_vllm: bool) -> None:

@@ -48,6 +48,17 @@ def orchestrator_envs(config: OrchestratorConfig, client: ClientConfig | None = 
     )
 
 
+def inference_replicas(config: OrchestratorConfig) -> InferenceReplicas:
+    """The client of the run's inference replicas, with the reload token from the environment."""
+    return InferenceReplicas(
+        config.inference.base_urls,
+        model=config.model.name,
+        retry=config.inference.retry,
+        reload_token=os.environ.get(config.inference.reload_token_env),
+        reload_in_flight="recompute" if config.partial_rollouts else "wait",
+    )
+
+
 class Orchestrator:
     """Wires the run: inference client, metrics, envs, policy tracker and scheduler, all built
     here (after reading the resumed state) and released by `close()`."""
@@ -59,13 +70,7 @@ class Orchestrator:
         self.start_step = 0 if resumed is None else resumed.step + 1
         self.counters: Counter[str] = Counter(resumed.counters if resumed else {})
         """`counters/...` metrics; rollouts dispatched, retried (by the envs), requeued, ..."""
-        self.inference = InferenceReplicas(
-            config.inference.base_urls,
-            model=config.model.name,
-            retry=config.inference.retry,
-            reload_token=os.environ.get(config.inference.reload_token_env),
-            reload_in_flight="recompute" if config.partial_rollouts else "wait",
-        )
+        self.inference = inference_replicas(config)
         self.metrics = MetricsSink(
             metrics_file(self.output_dir),
             config.wandb,
@@ -78,18 +83,8 @@ class Orchestrator:
         self.batches: BatchSender = FileBatchSender(self.output_dir)
         self.sidecars = Sidecars(self.output_dir, config.restarts, ready_timeout=config.env_ready_timeout_s)
         planned = orchestrator_envs(config) if envs is None else envs
-        train = [
-            EnvHandle.of(env, self.sidecars, config.sampling, self.counters) for env in planned if env.split == "train"
-        ]
-        self.train_envs = TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
-        self.evals = TrainEvals(
-            [EnvHandle.of(env, self.sidecars, config.sampling) for env in planned if env.split == "eval"],
-            config.eval,
-            seed=config.seed,
-            max_inflight=config.inflight_limit,
-            output_dir=self.output_dir,
-            sink=self.metrics,
-        )
+        self.train_envs = self._train_envs(planned, resumed)
+        self.evals = self._evals(planned)
         self.policy = PolicyTracker(
             ReplicaPolicyLoader(self.inference, self.output_dir, config.weights_timeout_s),
             max_async_level=config.max_async_level,
@@ -110,8 +105,35 @@ class Orchestrator:
             refill_rollouts=config.refill_rollouts,
         )
         self.checks = StepChecks(config.checks, self.train_envs.envs, self.metrics)
-        checks = config.checks
-        self.watchdog = StallWatchdog(
+        self.watchdog = self._watchdog()
+        self.batch = BatchBuilder(config, self.counters)
+        self.distill = Distiller(config.distill, self.metrics) if config.distill else None
+        self.report = StepReport(self.metrics, self.output_dir, config.max_steps, self.counters)
+
+    def _train_envs(self, planned: list[PlannedEnv], resumed: OrchestratorState | None) -> TrainEnvs:
+        """The train envs of the plan, drawing tasks from where the resumed state left them."""
+        config = self.config
+        train = [
+            EnvHandle.of(env, self.sidecars, config.sampling, self.counters) for env in planned if env.split == "train"
+        ]
+        return TrainEnvs(train, config.seed, positions=resumed.positions if resumed else None)
+
+    def _evals(self, planned: list[PlannedEnv]) -> TrainEvals:
+        """The interval and final evals on the plan's eval envs."""
+        config = self.config
+        return TrainEvals(
+            [EnvHandle.of(env, self.sidecars, config.sampling) for env in planned if env.split == "eval"],
+            config.eval,
+            seed=config.seed,
+            max_inflight=config.inflight_limit,
+            output_dir=self.output_dir,
+            sink=self.metrics,
+        )
+
+    def _watchdog(self) -> StallWatchdog:
+        """The stall watchdog over the scheduler and the policy tracker (`checks.stall_*`)."""
+        checks = self.config.checks
+        return StallWatchdog(
             output_dir=self.output_dir,
             factor=checks.stall_factor,
             min_s=checks.stall_min_s,
@@ -120,9 +142,6 @@ class Orchestrator:
             stacks_root=parent_pid(),
             sink=self.metrics,
         )
-        self.batch = BatchBuilder(config, self.counters)
-        self.distill = Distiller(config.distill, self.metrics) if config.distill else None
-        self.report = StepReport(self.metrics, self.output_dir, config.max_steps, self.counters)
 
     async def run(self) -> None:
         """Start, publish a batch per step, evaluate the final policy, and always close."""
