@@ -27,28 +27,18 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
-import torch
-from safetensors.torch import load_file
-
 from envrl.config import config_to_toml, load_config
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 from tests.support.chaos_runs import MARKER, ROOT, marked_pids
+from tests.support.layout_parity import assert_trained_as_one_process
 from tests.support.ports import free_base_port
 from tests.support.run_files import metric_lines
 from tests.support.smoke import finish, rl_process, wait_no_survivors
 from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
 
 STEPS = 3
-WEIGHT_ATOL = 1e-5
-"""Max abs difference of published weights (|w| <= ~1; measured rounding differences are ~1e-7)."""
-METRIC_RTOL = 1e-4
-"""Per-step trainer metrics of the two layouts (fp32 sums in another order; measured 3e-6 on the
-grad norm; see test_trainer_distributed.py). Not the loss: on-policy with group-centred advantages
-it is 0 up to rounding (~1e-9), so its relative difference says nothing."""
-COMPARED_METRICS = ("trainer/grad_norm", "trainer/entropy")
 MAX_KL = 1e-3
 """Mismatch KL of an on-policy step whose rollouts the trainer's own weights sampled (step 0: < 1e-3)."""
 RELOADED = re.compile(r"weights reloaded from (\S+)/step_(\d+) in")
@@ -195,17 +185,4 @@ def test_two_rank_rl_run_with_two_replicas_publishes_the_weights_one_process_tra
     assert "num_procs" not in (out / "configs" / "trainer.toml").read_text()  # the launcher's key, not the trainer's
     Trainer(config, init_runtime(config)).run()
 
-    two_steps = [m for m in metric_lines(out) if "trainer/grad_norm" in m][:STEPS]
-    one_steps = [m for m in metric_lines(one) if "trainer/grad_norm" in m]
-    assert [m["step"] for m in one_steps] == [m["step"] for m in two_steps] == list(range(STEPS))
-    for want, got in zip(one_steps, two_steps, strict=True):
-        for key in COMPARED_METRICS:
-            assert got[key] == pytest.approx(want[key], rel=METRIC_RTOL), (want["step"], key)
-    start = load_file(DEFAULT_DIR / "model.safetensors")
-    single = load_file(one / "weights" / f"step_{STEPS}" / "model.safetensors")
-    sharded = load_file(out / "weights" / f"step_{STEPS}" / "model.safetensors")
-    assert single.keys() == sharded.keys()
-    for name in single:
-        assert not torch.equal(single[name], start[name]), f"{name} was not trained"
-        diff = (single[name] - sharded[name]).abs().max().item()
-        assert diff <= WEIGHT_ATOL, f"{name}: max abs diff {diff:.2e}"
+    assert_trained_as_one_process(out, one, STEPS)

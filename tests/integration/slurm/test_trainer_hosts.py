@@ -7,19 +7,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-import torch
-from safetensors.torch import load_file
-
 from envrl.config import load_config
 from envrl.trainer.config import TrainerConfig
 from envrl.trainer.loop import Trainer
 from envrl.trainer.parallel import init_runtime
 from scripts.slurm_box.conf import Box
 from tests.integration.slurm.jobs import submit, wait_job, write_job
-from tests.integration.test_rl_distributed import COMPARED_METRICS, METRIC_RTOL, STEPS, WEIGHT_ATOL
-from tests.support.run_files import metric_lines
-from tests.support.tiny_chat import TINY_CHAT_DIR as DEFAULT_DIR
+from tests.integration.test_rl_distributed import STEPS
+from tests.support.layout_parity import assert_trained_as_one_process
 
 
 def test_two_ranks_on_two_hosts_train_as_one_process_does(cluster: Box, tmp_path: Path) -> None:
@@ -41,17 +36,4 @@ def test_two_ranks_on_two_hosts_train_as_one_process_does(cluster: Box, tmp_path
     config = load_config(TrainerConfig, [*args, "--wandb.mode", "disabled"], prog="trainer")
     Trainer(config, init_runtime(config)).run()
 
-    two_steps = [m for m in metric_lines(out) if "trainer/grad_norm" in m]
-    one_steps = [m for m in metric_lines(one) if "trainer/grad_norm" in m]
-    assert [m["step"] for m in one_steps] == [m["step"] for m in two_steps] == list(range(STEPS))
-    for want, got in zip(one_steps, two_steps, strict=True):
-        for key in COMPARED_METRICS:
-            assert got[key] == pytest.approx(want[key], rel=METRIC_RTOL), (want["step"], key)
-    start = load_file(DEFAULT_DIR / "model.safetensors")
-    single = load_file(one / "weights" / f"step_{STEPS}" / "model.safetensors")
-    across = load_file(out / "weights" / f"step_{STEPS}" / "model.safetensors")
-    assert single.keys() == across.keys()
-    for name in single:
-        assert not torch.equal(single[name], start[name]), f"{name} was not trained"
-        diff = (single[name] - across[name]).abs().max().item()
-        assert diff <= WEIGHT_ATOL, f"{name}: max abs diff {diff:.2e}"
+    assert_trained_as_one_process(out, one, STEPS)
