@@ -73,7 +73,7 @@ def test_a_sidecar_that_dies_before_ready_is_named_with_its_log_tail(tmp_path: P
             argv, name="env-server no-such-env", log_file=tmp_path / "out.log", env=server_env(), ready_timeout=60
         )
     message = str(failed.value)
-    assert "env-server no-such-env" in message and "exited with code 1 before reporting ready" in message
+    assert "env-server no-such-env" in message and "exited with code 2 before reporting ready" in message
     assert "no environment 'no-such-env' is installed" in message
 
 

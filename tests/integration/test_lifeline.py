@@ -23,6 +23,7 @@ ENTRY_MODULES = [
     "envrl.serve.main",
     "envrl.serve.worker",
     "envrl.launcher.torchrun",
+    "envrl.launcher.host",
     "envrl.runtime.guarded",
 ]
 """Every module envrl runs as `python -m` in a process it spawns (a module whose package imports

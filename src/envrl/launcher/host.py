@@ -4,6 +4,10 @@ failed process and its host (docs/scale.md)."""
 
 from __future__ import annotations
 
+from envrl.runtime.lifeline import die_with_parent
+
+die_with_parent()  # first: as an srun step under `spawn`'s watch, a parent that dies mid-import leaves no orphan
+
 import argparse
 import signal
 import socket
