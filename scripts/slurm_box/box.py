@@ -142,8 +142,10 @@ def up(box: Box) -> None:
     down(box)  # whatever a failed `up` left
     if box.root.exists():
         raise BoxError(f"{box.root} exists and the box did not make it: remove it or pick another --dir")
+    box.root.parent.mkdir(parents=True, exist_ok=True)
+    box.root.mkdir(mode=0o700)  # fails if another process made it since the check above: never theirs
     for sub in ("munge", "run", "logs", "ctld", "spool"):
-        (box.root / sub).mkdir(parents=True, mode=0o755)
+        (box.root / sub).mkdir(mode=0o755)
     box.root.chmod(0o755)
     (box.root / MARKER).write_text("made by python -m scripts.slurm_box up; `down` removes this directory\n")
     box.conf.write_text(slurm_conf(box, os.cpu_count() or 1))
