@@ -159,9 +159,14 @@ def test_a_cancelled_rollout_stops_its_harness_program_and_a_killed_worker_takes
         async with EnvClient(server.address, timeout=TIMEOUT) as env:
             sampling = {"max_tokens": 8}
             pending = asyncio.ensure_future(env.run(0, sampling=sampling, request_id="hang"))
-            started = lambda: len(warm_processes(server)[1]) == 1  # noqa: E731
-            await asyncio.to_thread(wait_until, started, 120, "the harness program started")
-            (warm,), (program,) = warm_processes(server)
+            seen: list[tuple[list[int], list[int]]] = []
+
+            def started() -> bool:  # one snapshot: the tree may change between two reads of it
+                seen[:] = [warm_processes(server)]
+                return [len(pids) for pids in seen[-1]] == [1, 1]
+
+            await asyncio.to_thread(wait_until, started, 120, "one warm server running one harness program")
+            (warm,), (program,) = seen[-1]
             assert await env.cancel("hang")
             with pytest.raises(EnvServerError) as raised:
                 await pending
