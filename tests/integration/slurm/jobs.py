@@ -49,6 +49,24 @@ def job_state(box: Box, job: int) -> str:
     return shown.stdout.split("JobState=")[1].split()[0] if "JobState=" in shown.stdout else "GONE"
 
 
+def run_time_s(box: Box, job: int) -> int:
+    """How long the running `job` has run, by SLURM's clock."""
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "-o", str(job)], env=environ(box), capture_output=True, text=True
+    )
+    days, _, clock = shown.stdout.split("RunTime=")[1].split()[0].rpartition("-")
+    hours, minutes, seconds = map(int, clock.split(":"))
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def near_time_limit(box: Box, job: int) -> None:
+    """Move the running `job`'s time limit (whole minutes) to 60-120 s from now: SLURM's own clock then
+    runs the job into its limit, and sends its `--signal` when the lead is longer than that."""
+    minutes = run_time_s(box, job) // 60 + 2
+    update = ["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"]
+    subprocess.run(update, env=environ(box), check=True, capture_output=True)
+
+
 def wait_until(what: str, check: Callable[[], bool], timeout: float, job: tuple[Box, int] | None = None) -> None:
     """Poll `check` until it holds; fail after `timeout` s, or at once when `job` ended first."""
     deadline = time.monotonic() + timeout
@@ -89,11 +107,12 @@ def pid_running(box: Box, host: int, needle: str) -> int | None:
     return min(found) if found else None
 
 
-def listeners(box: Box, host: int) -> list[tuple[str, str]]:
-    """(local address, process name) of every TCP listener in node `host`'s namespace."""
+def listeners(box: Box, host: int) -> list[tuple[str, int, str]]:
+    """(local address, port, process name) of every TCP listener in node `host`'s namespace."""
     argv = ["nsenter", f"--net=/run/netns/{box.netns(box.names[host])}", "ss", "-ltnpH"]
     lines = subprocess.run(argv, capture_output=True, text=True).stdout.splitlines()
-    return [(line.split()[3].rsplit(":", 1)[0], line.split('users:(("')[1].split('"')[0]) for line in lines]
+    bound = [(line.split()[3].rsplit(":", 1), line.split('users:(("')[1].split('"')[0]) for line in lines]
+    return [(address, int(port), name) for (address, port), name in bound]
 
 
 def kill_in_host(box: Box, host: int, needle: str, sig: int) -> int:

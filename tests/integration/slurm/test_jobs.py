@@ -1,22 +1,30 @@
-"""`rl --slurm` jobs under the box's SLURM: the smoke run over 3 hosts learns with each process
-on its host's own address, and `nobody` on another host gets nothing from its servers; servers SIGKILLed on other hosts heal as under `rl`, scancel leaves
-nothing on any host and `rl --resume --slurm` finishes the run with every step trained once."""
+"""`rl --slurm` jobs under the box's SLURM: the smoke run learns over 3 hosts, each process on its host's
+address, and `nobody` on any host gets nothing from its servers, files or weight transfer; servers
+killed on other hosts heal, the time limit and scancel stop a job cleanly, and resumes train every step once."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from statistics import fmean
 
+from envrl.data.layout import published_steps, weights_dir, weights_root
+from envrl.transport.transfer_files import SECRET_FILE, TRANSFER_FILE
 from scripts.slurm_box.box import environ
 from scripts.slurm_box.conf import Box
 from tests.integration.slurm.jobs import (
+    command_line,
+    host_pids,
     kill_in_host,
     listeners,
+    near_time_limit,
     newest_batch,
     run_pids,
     submit,
@@ -25,6 +33,7 @@ from tests.integration.slurm.jobs import (
     write_job,
 )
 from tests.support.chaos_runs import ROOT, check_unique_lines
+from tests.support.other_user import reachable_dir
 from tests.support.run_files import metric_lines
 
 INFERENCE, TRAIN_ENV = "envrl.inference.main", "envs/train/learnable.toml"
@@ -38,39 +47,91 @@ def job_log(out: Path, job: int) -> str:
     return (out / "logs" / f"slurm-{job}.out").read_text(errors="replace")
 
 
-def test_the_smoke_job_learns_on_three_hosts_each_process_on_its_own_address(cluster: Box, tmp_path: Path) -> None:
-    out = tmp_path / "smoke"
-    job = submit(cluster, write_job(out))
-    wait_until("batch 5 published", lambda: newest_batch(out) >= 5, 600, (cluster, job))
-    bound = {host: listeners(cluster, host) for host in range(cluster.nodes)}
-    tried = intrude(
-        cluster, 0, f"http://{cluster.address('envrl-node2')}:8000", f"tcp://{cluster.address('envrl-node1')}:5000"
-    )
-    assert wait_job(cluster, job) == "COMPLETED", job_log(out, job)[-3000:]
+def test_the_smoke_job_learns_on_three_hosts_and_another_user_on_any_host_gets_nothing(
+    cluster: Box, tmp_path: Path
+) -> None:
+    with reachable_dir() as parent:  # not pytest's private root: the run's own modes must keep it private
+        out = parent / "smoke"
+        job = submit(cluster, write_job(out))
+        wait_until("batch 5 published", lambda: newest_batch(out) >= 5, 600, (cluster, job))
+        bound = {host: listeners(cluster, host) for host in range(cluster.nodes)}
+        inference, env = f"{cluster.address('envrl-node2')}:8000", f"{cluster.address('envrl-node1')}:5000"
+        served = intrude(cluster, 0, "--inference", f"http://{inference}", "--env", f"tcp://{env}")
+        with paused(cluster, 2, INFERENCE_PROCESSES):  # the newest policy then waits for its replica, in memory
+            transfer = intrude_open_transfer(cluster, out, (cluster, job))
+        assert wait_job(cluster, job) == "COMPLETED", job_log(out, job)[-3000:]
 
-    done = summary(out)
-    assert (done["status"], done["steps_done"]) == ("success", 40), done
-    rewards = [m["train/reward"] for m in metric_lines(out) if "train/reward" in m]
-    assert fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.3, rewards
-    log = job_log(out, job)
-    for host, name in enumerate(cluster.names):  # each host says which it is and what it runs
-        assert re.search(rf"host{host} host {host} \({name}, {re.escape(cluster.address(name))}\): ", log), log
-    assert f"--host {cluster.address('envrl-node2')} --port 8000" in (out / "logs" / "inference.log").read_text()
-    for host, found in bound.items():  # the run's listeners: the host's own address, or loopback
-        own = {cluster.address(cluster.names[host]), "127.0.0.1"}
-        ours = [(addr, name) for addr, name in found if not name.startswith(("slurm", "srun"))]  # SLURM's own: *
-        assert ours and all(addr in own for addr, _ in ours), (host, ours)
-    assert [run_pids(cluster, host) for host in range(cluster.nodes)] == [[], [], []], "left running after the job"
+        done = summary(out)
+        assert (done["status"], done["steps_done"]) == ("success", 40), done
+        rewards = [m["train/reward"] for m in metric_lines(out) if "train/reward" in m]
+        assert fmean(rewards[-5:]) >= fmean(rewards[:5]) + 0.3, rewards
+        log = job_log(out, job)
+        for host, name in enumerate(cluster.names):  # each host says which it is and what it runs
+            assert re.search(rf"host{host} host {host} \({name}, {re.escape(cluster.address(name))}\): ", log), log
+        assert f"--host {cluster.address('envrl-node2')} --port 8000" in (out / "logs" / "inference.log").read_text()
+        for host, found in bound.items():  # the run's listeners: the host's own address, or loopback
+            own = {cluster.address(cluster.names[host]), "127.0.0.1"}
+            ours = [(addr, name) for addr, _, name in found if not name.startswith(("slurm", "srun"))]  # SLURM's: *
+            assert ours and all(addr in own for addr, _ in ours), (host, ours)
+        assert [run_pids(cluster, host) for host in range(cluster.nodes)] == [[], [], []], "left running after the job"
+        trainer_log = (out / "logs" / "trainer.log").read_text()
     refused = {"models, no key": 401, "completions, no key": 401, "update, no token": 401, "update, guessed token": 401}
-    assert tried == {**refused, "env server answers": False}, tried  # another user on host 0 gets nothing
+    assert served == {**refused, "env server answers": False}, served  # another user on host 0 gets nothing
+    # ... and on host 2, beside the replica the policy is for: neither its files nor its transfer
+    assert transfer == {"join, guessed proof": "closed", "read, no proof": "closed", "readable": []}, transfer
+    assert "rendezvous" in trainer_log and "a client without the secret" in trainer_log
 
 
-def intrude(box: Box, host: int, inference: str, env: str) -> dict:
-    """What `nobody` on node `host` gets from the run's inference server and env server (intruder.py)."""
+INFERENCE_PROCESSES = (INFERENCE, "VLLM", "vllm")
+
+
+@contextmanager
+def paused(box: Box, host: int, needles: tuple[str, ...]) -> Iterator[list[int]]:
+    """SIGSTOP every process on node `host` whose command line holds one of `needles`; SIGCONT at the end."""
+    pids = [pid for pid in host_pids(box, host) if any(needle in command_line(pid) for needle in needles)]
+    assert pids, f"nothing of {needles} on {box.names[host]}"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def open_transfer(box: Box, out: Path) -> tuple[Path, int] | None:
+    """The newest policy sent in memory whose rendezvous listens on host 0 now: its directory and port."""
+    ports = {port for _, port, _ in listeners(box, 0)}
+    for step in reversed(published_steps(weights_root(out))):
+        with suppress(OSError, ValueError):
+            port = json.loads((weights_dir(out, step) / TRANSFER_FILE).read_text())["port"]
+            if port in ports:
+                return weights_dir(out, step), port
+    return None
+
+
+def intrude_open_transfer(box: Box, out: Path, job: tuple[Box, int]) -> dict:
+    """`intrude` from host 2 on the trainer's newest policy while its rendezvous waits for the
+    (paused) replica: its files, and joining or reading its transfer without the secret. A probe
+    that found the rendezvous closed already (the trainer moved on to a newer policy) is retried."""
+    for _ in range(5):
+        wait_until("a policy waiting on host 0", lambda: open_transfer(box, out) is not None, 300, job)
+        policy, port = open_transfer(box, out) or (out, 0)
+        files = [out, policy, policy / TRANSFER_FILE, policy / SECRET_FILE]
+        tried = intrude(box, 2, "--rendezvous", f"{box.address('envrl-node0')}:{port}", "--files", *map(str, files))
+        if "refused" not in tried.values():
+            return tried
+    raise AssertionError(f"every policy's rendezvous closed before it was probed: {tried}")
+
+
+def intrude(box: Box, host: int, *args: str) -> dict:
+    """What `nobody` on node `host` gets from the run's listeners and files (intruder.py, `args`)."""
     user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
     argv = ["nsenter", f"--net=/run/netns/{box.netns(box.names[host])}", *user, sys.executable]
-    done = subprocess.run([*argv, "-m", "tests.integration.slurm.intruder", "--inference", inference, "--env", env],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [*argv, "-m", "tests.integration.slurm.intruder", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -79,12 +140,17 @@ def trained_steps(out: Path) -> list[int]:
     return sorted(m["step"] for m in metric_lines(out) if m.get("process") == "trainer")
 
 
-def test_a_job_heals_servers_killed_on_other_hosts_scancel_leaves_nothing_and_resume_slurm_finishes(
+LEAD_S = 300
+"""The heal job's `--signal=TERM@` lead: longer than `near_time_limit` leaves, so SIGTERM comes at SLURM's next check."""
+
+
+def test_a_job_heals_servers_killed_on_other_hosts_stops_at_its_time_limit_and_resumes_through_a_scancel(
     cluster: Box, tmp_path: Path
 ) -> None:
-    out, total = tmp_path / "heals", 24
+    out, first, total = tmp_path / "heals", 24, 32
+    sbatch = json.dumps(["--time=30", f"--signal=TERM@{LEAD_S}"])
     heal = ["--trainer.weights.transport", "filesystem", "--restarts.max-restarts", "2", "--trainer.ckpt.interval", "4"]
-    job = submit(cluster, write_job(out, *heal, "--max-steps", str(total)))
+    job = submit(cluster, write_job(out, *heal, "--slurm.sbatch", sbatch, "--max-steps", str(first)))
     wait_until("batch 3 published", lambda: newest_batch(out) >= 3, 600, (cluster, job))
     kill_in_host(cluster, 2, INFERENCE, signal.SIGKILL)
     kill_in_host(cluster, 1, TRAIN_ENV, signal.SIGKILL)
@@ -92,13 +158,30 @@ def test_a_job_heals_servers_killed_on_other_hosts_scancel_leaves_nothing_and_re
               for host, name in ((2, "inference"), (1, "train env server 'learnable'"))]  # fmt: skip
     wait_until("both back", lambda: all(re.search(h, job_log(out, job)) for h in healed), 300, (cluster, job))
     wait_until("batch 9 published", lambda: newest_batch(out) >= 9, 300, (cluster, job))
-    subprocess.run(["scancel", str(job)], env=environ(cluster), check=True)
-    assert wait_job(cluster, job) == "CANCELLED"
+
+    # The job runs into its --time limit, by SLURM's clock: held at this step meanwhile (its replica
+    # paused), so that where the limit lands does not depend on the box's speed; --signal stops it first
+    with paused(cluster, 2, INFERENCE_PROCESSES):
+        near_time_limit(cluster, job)
+        sigterm = lambda: job_log(out, job).count("SIGTERM received: stopping") == cluster.nodes  # noqa: E731
+        wait_until("--signal's SIGTERM on every host", sigterm, 120)
+    assert wait_job(cluster, job) == "FAILED", job_log(out, job)[-3000:]  # stopped early: not TIMEOUT, not COMPLETED
+    assert all(f"host{host} host {host} (" in job_log(out, job) for host in range(cluster.nodes))
+    assert job_log(out, job).count("SIGTERM received: stopping") == cluster.nodes, job_log(out, job)[-3000:]
+    assert not any(run_pids(cluster, host) for host in range(cluster.nodes)), "left running after the job"
+    stopped = trained_steps(out)
+    assert len(stopped) >= 8 and stopped == list(range(len(stopped)))  # batch 9 was sampled from policy 8
+    assert (summary(out)["status"], summary(out)["steps_done"]) == ("interrupted", len(stopped)), summary(out)
+
+    resumed = submit(cluster, write_job(out, "--resume", "--max-steps", str(total), config=None))  # a larger one
+    wait_until("3 more batches", lambda: newest_batch(out) >= len(stopped) + 3, 600, (cluster, resumed))
+    subprocess.run(["scancel", str(resumed)], env=environ(cluster), check=True)
+    assert wait_job(cluster, resumed) == "CANCELLED"
     wait_until("nothing of the run left", lambda: not any(run_pids(cluster, h) for h in range(cluster.nodes)), 60)
     assert not subprocess.run(["pgrep", "-f", str(out)], capture_output=True).stdout, "a process of the run is left"
 
-    resumed = submit(cluster, write_job(out, "--resume", "--max-steps", str(total), config=None))
-    assert wait_job(cluster, resumed) == "COMPLETED", job_log(out, resumed)[-3000:]
+    finished = submit(cluster, write_job(out, "--resume", "--max-steps", str(total), config=None))
+    assert wait_job(cluster, finished) == "COMPLETED", job_log(out, finished)[-3000:]
     done = summary(out)
     assert (done["status"], done["steps_done"]) == ("success", total), done
     assert trained_steps(out) == list(range(total))  # every step trained once: nothing lost or repeated
