@@ -48,9 +48,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if on_cpu:
         os.environ.update(cpu_environment(eager=args.enforce_eager))  # read by the engine process vLLM starts
     serve_on(held, (args.host or "", args.port))
-    uvloop.run(run_server(args))
+    uvloop.run(run_server(args, timeout_graceful_shutdown=SHUTDOWN_WAIT_S))
 
 
+SHUTDOWN_WAIT_S = 5
+"""After SIGTERM (vLLM stops its engine first), how long uvicorn waits for requests still open: a
+reload the stopped engine never answers would otherwise hold the port until the supervisor's SIGKILL."""
 BACKLOG = 2048
 """uvicorn's own backlog: room for the health polls of a start of many minutes."""
 
