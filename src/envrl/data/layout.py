@@ -92,6 +92,16 @@ def slurm_script_file(output_dir: Path) -> Path:
     return slurm_dir(output_dir) / "job.sbatch"
 
 
+def host_recoveries_dir(output_dir: Path) -> Path:
+    """Each SLURM job host's restarts, for `summary.json` (`envrl.data.host_recoveries`): `<output_dir>/slurm/recoveries/`."""
+    return slurm_dir(output_dir) / "recoveries"
+
+
+def host_recoveries_file(output_dir: Path, host: int) -> Path:
+    """Host `host`'s recoveries: `<output_dir>/slurm/recoveries/host<host>.json`."""
+    return host_recoveries_dir(output_dir) / f"host{host}.json"
+
+
 def inference_work_dir(output_dir: Path) -> Path:
     """The inference server's working files (rpc sockets, caches, tmp): `<output_dir>/inference/`."""
     return Path(output_dir) / "inference"

@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
 from envrl.config import ConfigError, resolve_config
-from envrl.data import layout
+from envrl.data import host_recoveries, layout
 from envrl.launcher import recovery, summary
 from envrl.launcher.config import RLConfig
 from envrl.launcher.plan.commands import Command
@@ -154,10 +155,11 @@ def _stop(signum: int, _frame: object) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
-def run_slice(rl: RLConfig, hosts: Sequence[str], host: int) -> int:
+def run_slice(rl: RLConfig, hosts: Sequence[str], host: int, grace_s: float) -> int:
     """Run host `host`'s slice of the job until its finishing processes are done (or, with none,
-    until SIGTERM); 0 when done, 1 when a process failed past its budget, `STOPPED_EXIT` when
-    stopped (scancel, `--signal` before the time limit: the job is not complete)."""
+    until SIGTERM), each process given `grace_s` from SIGTERM to SIGKILL when stopped; 0 when done,
+    1 when a process failed past its budget, `STOPPED_EXIT` when stopped (scancel, `--signal`
+    before the time limit: the job is not complete)."""
     run = plan(rl, hosts, Machine.here())
     where = f"host {host} ({socket.gethostname()}, {hosts[host]})"
     log_file = layout.process_log_file(rl.output_dir, f"host{host}")
@@ -165,7 +167,9 @@ def run_slice(rl: RLConfig, hosts: Sequence[str], host: int) -> int:
     mine = [command.name for command in run.on_host(host)]
     logger.info(f"{where}: {', '.join(mine)}")
     signal.signal(signal.SIGTERM, _stop)
-    supervisor = Supervisor(grace=rl.shutdown_grace_s)
+    writes_summary = "orchestrator" in mine  # the run's outcome, as rl writes it, from the host that drives the steps
+    publish = None if writes_summary else partial(_publish_recoveries, rl.output_dir, host)  # for that host
+    supervisor = Supervisor(grace=grace_s, on_recovery=publish)
     until = {name for name in mine if name.startswith(FINISHING)}
     started, code = time.monotonic(), 0
     outcome = summary.Outcome(status="success", reason="completed")
@@ -181,10 +185,20 @@ def run_slice(rl: RLConfig, hosts: Sequence[str], host: int) -> int:
         code, outcome = 1, summary.Outcome(status="failed", reason=f"process failed on {where}", error=str(e))
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if "orchestrator" in mine:  # the run's outcome, as rl writes it, from the host that drives the steps
-            summary.write(rl.output_dir, sys.argv[1:], outcome, time.monotonic() - started, supervisor.recoveries())
+        if writes_summary:
+            recoveries = host_recoveries.gather(rl.output_dir, host, supervisor.recoveries())
+            summary.write(rl.output_dir, sys.argv[1:], outcome, time.monotonic() - started, recoveries)
         supervisor.stop_all()
     return code
+
+
+def _publish_recoveries(output_dir: Path, host: int, recoveries: dict[str, dict[str, Any]]) -> None:
+    """Write host `host`'s `recoveries` for the host that writes `summary.json`; a failed write is
+    logged, never the end of the host's processes."""
+    try:
+        host_recoveries.write(output_dir, host, recoveries)
+    except OSError as e:
+        logger.warning(f"host {host}: {e}; summary.json will miss its restarts (this log has each one)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -193,13 +207,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, required=True, help="the run's stored config (slurm/rl.toml)")
     parser.add_argument("--hosts", required=True, help="the job's host addresses, comma-separated, in node order")
     parser.add_argument("--host", type=int, required=True, help="this host's index in --hosts")
+    grace = "seconds each process gets from SIGTERM to SIGKILL (rl --slurm: from the job's --signal)"
+    parser.add_argument("--grace-s", type=float, default=RLConfig.shutdown_grace_s, help=grace)
     args = parser.parse_args(argv)
     try:
         rl = resolve_config(RLConfig, [args.config])
     except ConfigError as e:
         print(f"{parser.prog}: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    raise SystemExit(run_slice(rl, args.hosts.split(","), args.host))
+    raise SystemExit(run_slice(rl, args.hosts.split(","), args.host, args.grace_s))
 
 
 if __name__ == "__main__":

@@ -6,17 +6,69 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from envrl.config import ConfigError, config_to_toml, resolve_config
-from envrl.data import layout
+from envrl.data import host_recoveries, layout
 from envrl.envclient.curve import make_curve_keys
 from envrl.launcher.config import RLConfig
 from envrl.launcher.host import FINISHING
 from envrl.launcher.plan.run import Machine, RunPlan, plan
+
+SIGNAL_MARGIN_S = 10.0
+"""Seconds of the job's `--signal` lead left to each host's supervisor once its processes' grace is over."""
+SBATCH_LEAD_S = 60
+"""sbatch's lead when `--signal` names no `@sig_time`."""
+_SIGNAL = re.compile(r"(?:(?P<flags>[RB]{1,2}):)?(?P<signal>\w+)(?:@(?P<lead>\d+))?")
+
+
+@dataclass(frozen=True)
+class JobSignal:
+    """The job's `--signal` of `slurm.sbatch`: SIGTERM `lead_s` before the time limit, to every step
+    or (`B:`, `batch_only`) to the batch shell alone, which forwards it to every step."""
+
+    option: str
+    lead_s: int
+    batch_only: bool
+
+
+def job_signal(sbatch: Sequence[str]) -> JobSignal | None:
+    """The last `--signal` of `sbatch` (as sbatch reads it: `[{R|B}:]<sig>[@<lead>]`), or None;
+    ConfigError for a signal other than SIGTERM, which is what stops a host's supervisor."""
+    given = [option for option in sbatch if option.startswith(("--signal=", "--signal "))]
+    if not given:
+        return None
+    option = given[-1]
+    match = _SIGNAL.fullmatch(option.removeprefix("--signal").lstrip("= "))
+    if match is None or _signal_number(match["signal"]) != signal.SIGTERM:
+        raise ConfigError(
+            f"slurm.sbatch: {option!r} sends no SIGTERM, which is what stops each host's supervisor "
+            "(launcher/host.py): give --signal=TERM@<seconds> (or B:TERM@<seconds>), or leave --signal out"
+        )
+    return JobSignal(option, int(match["lead"] or SBATCH_LEAD_S), "B" in (match["flags"] or ""))
+
+
+def _signal_number(name: str) -> int | None:
+    """The number of a signal named as sbatch takes it (`15`, `TERM`, `SIGTERM`), or None."""
+    if name.isdigit():
+        return int(name)
+    spelled = name.upper()
+    return getattr(signal.Signals, spelled if spelled.startswith("SIG") else f"SIG{spelled}", None)
+
+
+def host_grace_s(job: JobSignal | None) -> float:
+    """Seconds each host's supervisor gives its processes from SIGTERM to SIGKILL: the job's
+    `--signal` lead less `SIGNAL_MARGIN_S`, never under `RLConfig.shutdown_grace_s` (that alone
+    without `--signal`), so a trainer's checkpoint on SIGTERM gets the time the job leaves it."""
+    if job is None:
+        return RLConfig.shutdown_grace_s
+    return max(RLConfig.shutdown_grace_s, job.lead_s - SIGNAL_MARGIN_S)
 
 
 def job_hosts(rl: RLConfig) -> list[str]:
@@ -34,6 +86,7 @@ def write_job_files(run: RunPlan) -> None:
     for _, command in run.start_order():
         command.log_file.parent.mkdir(parents=True, exist_ok=True)
     make_curve_keys(run.curve_dir)
+    host_recoveries.clear(run.output_dir)  # an earlier job's restarts are not this job's
 
 
 def _secret_line(name: str, make: str, what: str) -> str:
@@ -41,16 +94,40 @@ def _secret_line(name: str, make: str, what: str) -> str:
     return f'export {name}="${{{name}:-{make}}}"  # {what}'
 
 
-def host_step(python: str, stored: Path, host: int, hosts: str) -> str:
-    """The srun step running host `host`'s slice of the run under its supervisor (`launcher/host.py`)."""
+def host_step(python: str, stored: Path, host: int, hosts: str, grace_s: float) -> str:
+    """The srun step running host `host`'s slice of the run under its supervisor (`launcher/host.py`),
+    which gives each process `grace_s` from SIGTERM to SIGKILL."""
     step = ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--kill-on-bad-exit=0", f'--nodelist="${{HOST_{host}}}"']
     slice_ = [python, "-m", "envrl.launcher.host", "--config", shlex.quote(str(stored)), "--hosts", f'"{hosts}"']
-    return " ".join([*step, *slice_, "--host", str(host), "&"])
+    return " ".join([*step, *slice_, "--grace-s", f"{grace_s:g}", "--host", str(host), "&"])
+
+
+def _grace_lines(job: JobSignal | None, grace_s: float) -> list[str]:
+    """The script's word on how its host steps stop: the grace and where it comes from; with `B:`,
+    the trap that forwards the batch shell's SIGTERM to every step."""
+    if job is None:
+        return [
+            f"# no --signal in slurm.sbatch: each host's supervisor gives its processes {grace_s:g} s from SIGTERM to SIGKILL"
+        ]
+    lines = [
+        f"# {job.option}: SIGTERM {job.lead_s} s before the time limit; each host's supervisor gives its processes",
+        f"# {grace_s:g} s from SIGTERM to SIGKILL (--grace-s: the lead less {SIGNAL_MARGIN_S:g} s for its own exit, at least {RLConfig.shutdown_grace_s:g} s)",
+    ]
+    if job.batch_only:
+        lines += [
+            "# B: signals this batch shell only: it forwards SIGTERM to every host step",
+            'trap \'echo "envrl: SIGTERM (--signal): forwarded to every host step" >&2; '
+            'scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null\' TERM',
+        ]
+    return lines
 
 
 def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) -> str:
     """The batch script of the run whose `RLConfig` is stored (TOML) at `stored`."""
     slurm, out = rl.slurm, rl.output_dir
+    signalled = job_signal(slurm.sbatch)
+    grace_s = host_grace_s(signalled)
+    forwards = signalled is not None and signalled.batch_only  # the batch shell traps SIGTERM (`_grace_lines`)
     job = plan(rl, job_hosts(rl), machine)  # the script's commands; its first step plans the configs again
     python = shlex.quote(sys.executable)
     make_token = f'$({python} -c "import secrets; print(secrets.token_urlsafe(32))")'
@@ -68,6 +145,7 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
         "# each process logs in the run's logs/. The run directory must be on a filesystem every host",
         "# mounts at the same path (docs/scale.md).",
         "set -uo pipefail",
+        *_grace_lines(signalled, grace_s),
         f"cd {shlex.quote(os.getcwd())}",
         'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "# each node's address as SLURM knows it (NodeAddr): what the run's processes bind and dial",
@@ -92,7 +170,7 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
     for i in range(len(job.hosts)):
         names = [c.name for c in job.on_host(i)]
         lines.append(f"# host {i}: {', '.join(names)}")
-        lines.append(host_step(python, stored, i, addresses))
+        lines.append(host_step(python, stored, i, addresses, grace_s))
         lines.append(f'NAME[$!]="host {i} (${{HOST_{i}}}, ${{ADDR_{i}}})"')
         if any(name.startswith(FINISHING) for name in names):
             lines.append("FINISHING+=($!)")
@@ -101,15 +179,22 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
         "status=0",
         "while [ ${#FINISHING[@]} -gt 0 ]; do",
         "  code=0; wait -n -p pid || code=$?",
+        *(
+            ['  [ -z "${pid:-}" ] && continue  # the trap woke the wait: the hosts stop on what it forwarded']
+            if forwards
+            else []
+        ),
         '  if [ $code -ne 0 ] || [[ " ${FINISHING[*]} " != *" $pid "* ]]; then',
         '    echo "envrl: ${NAME[$pid]} exited with code $code: stopping the job" >&2; status=1; break',
         "  fi",
         '  FINISHING=("${FINISHING[@]/$pid}"); FINISHING=(${FINISHING[@]})',
         "done",
-        "# SIGTERM to every host's step: its supervisor stops what it started within shutdown_grace_s",
+        f"# SIGTERM to every host's step: its supervisor stops what it started within {grace_s:g} s (--grace-s)",
         'scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null',
         'for pid in "${!NAME[@]}"; do [[ ${NAME[$pid]} == log-rotation ]] && kill "$pid"; done',
-        "wait",
+        "until wait; do :; done  # a trapped SIGTERM wakes `wait`: the steps still get their grace"
+        if forwards
+        else "wait",
         "exit $status",
         "",
     ]

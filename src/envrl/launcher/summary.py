@@ -95,7 +95,8 @@ def build(
     warnings: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The summary's content; every float is finite or None. `recoveries`: per process restarted
-    during the run, its restarts, seconds lost and faults (`Supervisor.recoveries`); `warnings`:
+    during the run, its restarts, seconds lost and faults (`Supervisor.recoveries`; in an
+    `rl --slurm` job every host's, each with its `host`: `data/host_recoveries.py`); `warnings`:
     the checks `rl` made before starting that fired."""
     return strict(
         {

@@ -69,8 +69,11 @@ class _Restartable:
 
 
 class Supervisor:
-    def __init__(self, grace: float) -> None:
+    def __init__(self, grace: float, on_recovery: Callable[[dict[str, dict[str, Any]]], None] | None = None) -> None:
+        """`on_recovery`: called with `recoveries()` on the watching thread each time a fault opens
+        or closes, so that they can be published as they happen."""
         self.grace = grace
+        self.on_recovery = on_recovery
         self.children: list[Child] = []
         self.faults: list[Fault] = []
         """Every death of a process that was restarted, in order."""
@@ -150,19 +153,30 @@ class Supervisor:
             fault = Fault(child.name, entry.pending.what, time.monotonic())
             self.faults.append(fault)
             entry.fault, entry.check = fault, entry.respawn.back()
-            entry.due = time.monotonic() + entry.pending.next_delay()
+            self._plan_next(entry, entry.pending)
         if time.monotonic() < entry.due:
             return
         try:
             new = entry.respawn.start()
         except ChildFailed as e:
             entry.pending.failed(e)
-            entry.due = time.monotonic() + entry.pending.next_delay()
+            self._plan_next(entry, entry.pending)
             return
         entry.pending = None
         self.children[self.children.index(child)] = new
         child.close()
         logger.info(f"{child.name} restarted (pid {new.pid})")
+
+    def _plan_next(self, entry: _Restartable, restart: Restart) -> None:
+        """When `entry` starts again (ChildFailed once its budget is spent); told to `on_recovery` either way."""
+        try:
+            entry.due = time.monotonic() + restart.next_delay()
+        finally:
+            self._recovered()
+
+    def _recovered(self) -> None:
+        if self.on_recovery is not None:
+            self.on_recovery(self.recoveries())
 
     def _check_back(self) -> None:
         for name, entry in list(self._restartable.items()):
@@ -182,6 +196,8 @@ class Supervisor:
             f"recovery: {name} {fault.exit}; {how} after {fault.seconds_lost:.1f} s lost "
             f"(restart {entry.budget.total}, at most {policy.max_restarts} in {policy.window_s:g} s)"
         )
+        if not again:  # else the fault it opens next tells
+            self._recovered()
 
     def stop_all(self) -> None:
         """SIGTERM everything at once, SIGKILL what is left after the grace period, groups included."""
