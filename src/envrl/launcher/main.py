@@ -27,7 +27,7 @@ from envrl.launcher.plan.cpus import vllm_is_cpu_build
 from envrl.launcher.plan.placement import visible_gpus
 from envrl.launcher.plan.run import Machine, RunPlan, plan
 from envrl.launcher.run_keys import make_secrets
-from envrl.launcher.slurm import job_hosts, write_sbatch
+from envrl.launcher.slurm import host_grace_s, job_hosts, job_signal, write_sbatch
 from envrl.runtime.net import port_is_free
 from envrl.runtime.process import ChildFailed
 from envrl.runtime.supervisor import Supervisor
@@ -92,6 +92,11 @@ def dry_run_text(rl: RLConfig, slurm: bool = False) -> str:
             *[f"# secret to make: {secret.name} ({secret.what})" for secret in run.secrets],
             f"# secret to make: CURVE keys of the env servers and the orchestrator in {run.curve_dir}",
             *[f"# binds {address} ({who})" for address, who in _binds(run, rl.slurm.rendezvous_port)],
+            *(
+                [f"# stop: SIGTERM, then SIGKILL after {host_grace_s(job_signal(rl.slurm.sbatch)):g} s"]
+                if slurm
+                else []
+            ),
             "# commands (variables: what differs from rl's environment)",
             *commands,
             "",

@@ -172,6 +172,8 @@ def test_a_job_heals_servers_killed_on_other_hosts_stops_at_its_time_limit_and_r
     stopped = trained_steps(out)
     assert len(stopped) >= 8 and stopped == list(range(len(stopped)))  # batch 9 was sampled from policy 8
     assert (summary(out)["status"], summary(out)["steps_done"]) == ("interrupted", len(stopped)), summary(out)
+    recovered = {name: (entry["host"], entry["restarts"]) for name, entry in summary(out)["recoveries"].items()}
+    assert recovered == {"inference": (2, 1), "train env server 'learnable'": (1, 1)}, recovered  # every host's
 
     resumed = submit(cluster, write_job(out, "--resume", "--max-steps", str(total), config=None))  # a larger one
     wait_until("3 more batches", lambda: newest_batch(out) >= len(stopped) + 3, 600, (cluster, resumed))
