@@ -1,5 +1,6 @@
-"""Each host of an `rl --slurm` job publishes its supervisor's recoveries whole (`slurm/host<i>.recoveries.json`,
-its user's only, replaced in one rename) as they happen; `gather` merges every host's for `summary.json` (docs/scale.md)."""
+"""Each host of an `rl --slurm` job publishes its supervisor's recoveries whole, and the failure that ended its
+slice (`slurm/recoveries/host<i>.json`, its user's only, replaced in one rename); `gather` and `failure` read
+every host's for `summary.json` (docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from loguru import logger
 from pydantic import BaseModel, ValidationError
 
 from envrl.data.layout import host_recoveries_dir, host_recoveries_file
+from envrl.data.summary import Outcome
 from envrl.runtime.atomic import atomic_write_text
 
 
@@ -45,11 +47,14 @@ class HostRecoveries(BaseModel):
     host: int
     written_at: float
     recoveries: dict[str, Recovery]
+    failure: Outcome | None = None
+    """The host's outcome when a process failed past its restarts, which ended its slice and the job."""
 
 
-def write(output_dir: Path, host: int, recoveries: dict[str, dict[str, Any]]) -> None:
-    """Replace host `host`'s file with its `recoveries` (`Supervisor.recoveries`) as of now."""
-    snapshot = HostRecoveries(host=host, written_at=time.time(), recoveries=recoveries)
+def write(output_dir: Path, host: int, recoveries: dict[str, dict[str, Any]], failure: Outcome | None = None) -> None:
+    """Replace host `host`'s file with its `recoveries` (`Supervisor.recoveries`) as of now and the
+    `failure` that ended its slice, if one did."""
+    snapshot = HostRecoveries(host=host, written_at=time.time(), recoveries=recoveries, failure=failure)
     atomic_write_text(host_recoveries_file(output_dir, host), snapshot.model_dump_json(indent=1), private=True)
 
 
@@ -71,6 +76,15 @@ def gather(output_dir: Path, host: int, recoveries: dict[str, dict[str, Any]]) -
         for snapshot in sorted(snapshots, key=lambda snapshot: snapshot.host)
         for name, recovery in snapshot.recoveries.items()
     }
+
+
+def failure(output_dir: Path) -> Outcome | None:
+    """The failure that ended the job: the one the lowest-numbered failed host published, or None."""
+    snapshots = [
+        snapshot for path in sorted(host_recoveries_dir(output_dir).glob("host*.json")) for snapshot in _read(path)
+    ]
+    failed = sorted((snapshot.host, snapshot.failure) for snapshot in snapshots if snapshot.failure is not None)
+    return failed[0][1] if failed else None
 
 
 def _read(path: Path) -> list[HostRecoveries]:

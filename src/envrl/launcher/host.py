@@ -179,10 +179,13 @@ def run_slice(rl: RLConfig, hosts: Sequence[str], host: int, grace_s: float) -> 
         logger.info(f"{where}: done")
     except Stopped as e:
         logger.info(f"{where}: {e} received: stopping {', '.join(mine)}")
-        code, outcome = STOPPED_EXIT, summary.Outcome(status="interrupted", reason=str(e))
+        code, outcome = STOPPED_EXIT, _stopped_outcome(rl.output_dir, str(e))
     except ChildFailed as e:
         logger.error(f"{where}: {e}")
-        code, outcome = 1, summary.Outcome(status="failed", reason=f"process failed on {where}", error=str(e))
+        failed = summary.Outcome(status="failed", reason=f"process failed on {where}", error=str(e))
+        code, outcome = 1, summary.naming_the_dead(failed, supervisor.children)
+        if publish is not None:  # before this step exits, and so before the job stops the host with the summary
+            publish(supervisor.recoveries(), outcome)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if writes_summary:
@@ -192,11 +195,23 @@ def run_slice(rl: RLConfig, hosts: Sequence[str], host: int, grace_s: float) -> 
     return code
 
 
-def _publish_recoveries(output_dir: Path, host: int, recoveries: dict[str, dict[str, Any]]) -> None:
-    """Write host `host`'s `recoveries` for the host that writes `summary.json`; a failed write is
-    logged, never the end of the host's processes."""
+def _stopped_outcome(output_dir: Path, signal_name: str) -> summary.Outcome:
+    """The job's outcome when this host is stopped: failed, when another host's failure is why
+    (it publishes that before its step exits and the job stops the others), else interrupted."""
+    failed = host_recoveries.failure(output_dir)
+    return failed or summary.Outcome(status="interrupted", reason=signal_name)
+
+
+def _publish_recoveries(
+    output_dir: Path,
+    host: int,
+    recoveries: dict[str, dict[str, Any]],
+    failure: summary.Outcome | None = None,
+) -> None:
+    """Write host `host`'s `recoveries` (and the `failure` that ends its slice) for the host that
+    writes `summary.json`; a failed write is logged, never the end of the host's processes."""
     try:
-        host_recoveries.write(output_dir, host, recoveries)
+        host_recoveries.write(output_dir, host, recoveries, failure)
     except OSError as e:
         logger.warning(f"host {host}: {e}; summary.json will miss its restarts (this log has each one)")
 

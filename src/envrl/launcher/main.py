@@ -305,12 +305,7 @@ def _write_summary(
     rl: RLConfig, argv: Sequence[str], outcome: summary.Outcome, supervisor: Supervisor, wall_s: float, warn: list[str]
 ) -> None:
     """Write summary.json, naming the first process that died (before `stop_all` ends the rest)."""
-    dead = [c for c in supervisor.children if c.poll() not in (None, 0)]
-    if outcome.status == "failed" and dead:
-        child, log = dead[0], str(dead[0].log_file) if dead[0].log_file else None
-        outcome = outcome.model_copy(
-            update={"failed_process": child.name, "exit_code": child.poll(), "failed_log": log}
-        )
+    outcome = summary.naming_the_dead(outcome, supervisor.children)
     try:
         path = summary.write(rl.output_dir, argv, outcome, wall_s, supervisor.recoveries(), warn)
     except OSError as e:  # a full disk must not hide how the run ended

@@ -13,6 +13,7 @@ from typing import Any
 from envrl.data import layout
 from envrl.data.layout import summary_file, user_config_file
 from envrl.data.summary import Outcome, Stats, read_summary, strict, write_summary
+from envrl.runtime.process import Child
 from envrl.telemetry.advice import diagnose_run
 from envrl.telemetry.metrics import checks_fired, env_names, read_metrics, series
 
@@ -26,6 +27,7 @@ __all__ = [
     "build",
     "checks",
     "closing_line",
+    "naming_the_dead",
     "final_weights",
     "results",
     "stats",
@@ -33,6 +35,15 @@ __all__ = [
     "versions",
     "write",
 ]
+
+
+def naming_the_dead(outcome: Outcome, children: Sequence[Child]) -> Outcome:
+    """A failed `outcome` naming the first of `children` that died (its exit code and log), while they are still there."""
+    dead = [child for child in children if child.poll() not in (None, 0)]
+    if outcome.status != "failed" or not dead:
+        return outcome
+    log = str(dead[0].log_file) if dead[0].log_file else None
+    return outcome.model_copy(update={"failed_process": dead[0].name, "exit_code": dead[0].poll(), "failed_log": log})
 
 
 def stats(steps: list[int], values: list[float]) -> Stats | None:

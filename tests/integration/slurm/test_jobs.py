@@ -1,6 +1,7 @@
 """`rl --slurm` jobs under the box's SLURM: the smoke run learns over 3 hosts, each process on its host's
 address, and `nobody` on any host gets nothing from its servers, files or weight transfer; servers
-killed on other hosts heal, the time limit and scancel stop a job cleanly, and resumes train every step once."""
+killed on other hosts heal (and end the job, named, once out of restarts), the time limit and scancel stop a job
+cleanly, and resumes train every step once."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def summary(out: Path) -> dict:
 
 
 def job_log(out: Path, job: int) -> str:
-    return (out / "logs" / f"slurm-{job}.out").read_text(errors="replace")
+    """The job's output so far ("" before SLURM opens it)."""
+    path = out / "logs" / f"slurm-{job}.out"
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def test_the_smoke_job_learns_on_three_hosts_and_another_user_on_any_host_gets_nothing(
@@ -190,3 +193,20 @@ def test_a_job_heals_servers_killed_on_other_hosts_stops_at_its_time_limit_and_r
     assert [m["step"] for m in metric_lines(out) if "train/reward" in m] == list(range(total))
     check_unique_lines(out)
     assert [run_pids(cluster, host) for host in range(cluster.nodes)] == [[], [], []]
+
+
+def test_a_job_whose_server_has_no_restart_left_fails_naming_it_and_its_host(cluster: Box, tmp_path: Path) -> None:
+    out = tmp_path / "spent"
+    job = submit(cluster, write_job(out))  # the smoke config: restarts.max_restarts = 0
+    serving = lambda: "eval env server 'learnable' serving at" in job_log(out, job)  # noqa: E731 (both handed over)
+    wait_until("host 1's env servers serving", serving, 300, (cluster, job))
+    kill_in_host(cluster, 1, TRAIN_ENV, signal.SIGKILL)
+    assert wait_job(cluster, job) == "FAILED"
+    where = f"host 1 ({cluster.names[1]}, {cluster.address(cluster.names[1])})"
+    assert re.search(rf"host1 {re.escape(where)}: .*train env server 'learnable'", job_log(out, job)), job_log(out, job)
+    assert f"envrl: {where} exited with code 1: stopping the job" in job_log(out, job)
+    done = summary(out)  # written on host 0, which was stopped because host 1 failed
+    assert (done["status"], done["reason"], done["failed_process"]) == (
+        "failed", f"process failed on {where}", "train env server 'learnable'"
+    ), done  # fmt: skip
+    wait_until("nothing of the run left", lambda: not any(run_pids(cluster, h) for h in range(cluster.nodes)), 60)

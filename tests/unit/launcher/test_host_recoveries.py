@@ -1,5 +1,5 @@
-"""Every host's restarts reach `summary.json`: a host without the orchestrator publishes its supervisor's recoveries as
-they happen (`data/host_recoveries.py`), and the host that writes the summary merges them, each naming its host."""
+"""Every host's restarts and failure reach `summary.json`: a host without the orchestrator publishes its supervisor's
+recoveries as they happen (`data/host_recoveries.py`), and the host that writes the summary merges them."""
 
 from __future__ import annotations
 
@@ -105,3 +105,18 @@ def test_an_unreadable_hosts_file_leaves_the_others_in_the_summary(tmp_path: Pat
     host_recoveries.write(tmp_path, 1, {"train env server 'x'": env_server})
     atomic_write_text(host_recoveries_file(tmp_path, 2), '{"host": 2, "recov', private=True)  # cut short
     assert host_recoveries.gather(tmp_path, 0, {}) == {"train env server 'x'": {**env_server, "host": 1}}
+
+
+def test_the_failure_of_the_lowest_failed_host_is_the_jobs(tmp_path: Path) -> None:
+    """The host writing the summary is stopped because another failed: the summary says which."""
+    assert host_recoveries.failure(tmp_path) is None
+    host_recoveries.write(tmp_path, 1, {})  # restarts only
+    assert host_recoveries.failure(tmp_path) is None
+    failed = [
+        summary.Outcome(status="failed", reason=f"process failed on host {h}", failed_process="p") for h in (2, 1)
+    ]
+    host_recoveries.write(tmp_path, 2, {}, failed[0])
+    host_recoveries.write(tmp_path, 1, {}, failed[1])
+    assert host_recoveries.failure(tmp_path) == failed[1]
+    host_recoveries.clear(tmp_path)  # the next job's first step
+    assert host_recoveries.failure(tmp_path) is None
