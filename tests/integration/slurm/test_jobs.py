@@ -1,7 +1,6 @@
-"""`rl --slurm` jobs under the box's SLURM: the smoke run learns over 3 hosts, each process on its host's
-address, and `nobody` on any host gets nothing from its servers, files or weight transfer; servers
-killed on other hosts heal (and end the job, named, once out of restarts), the time limit and scancel stop a job
-cleanly, and resumes train every step once."""
+"""`rl --slurm` jobs under the box's SLURM: the smoke run learns over 3 hosts, each process on its host's address, and
+`nobody` on any host gets nothing from its servers, files or weight transfer; servers killed on other hosts heal (out of
+restarts, end the job, named); the time limit and scancel stop a job cleanly; resumes train every step once."""
 
 from __future__ import annotations
 
