@@ -101,9 +101,17 @@ def run_pids(box: Box, host: int) -> list[int]:
     return [pid for pid in host_pids(box, host) if any(word in command_line(pid) for word in RUN_PROCESSES)]
 
 
-def pid_running(box: Box, host: int, needle: str) -> int | None:
-    """The oldest process on node `host` whose command line holds `needle`."""
+def parent_pid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def pid_running(box: Box, host: int, needle: str, parent: str | None = None) -> int | None:
+    """The oldest process on node `host` whose command line holds `needle` (and its parent's, `parent`)."""
     found = [pid for pid in host_pids(box, host) if needle in command_line(pid)]
+    found = [pid for pid in found if parent is None or parent in command_line(parent_pid(pid))]
     return min(found) if found else None
 
 
@@ -115,8 +123,8 @@ def listeners(box: Box, host: int) -> list[tuple[str, int, str]]:
     return [(address, int(port), name) for (address, port), name in bound]
 
 
-def kill_in_host(box: Box, host: int, needle: str, sig: int) -> int:
-    pid = pid_running(box, host, needle)
-    assert pid is not None, f"no {needle!r} on {box.names[host]}"
+def kill_in_host(box: Box, host: int, needle: str, sig: int, parent: str | None = None) -> int:
+    pid = pid_running(box, host, needle, parent)
+    assert pid is not None, f"no {needle!r} (child of {parent!r}) on {box.names[host]}"
     os.kill(pid, sig)
     return pid

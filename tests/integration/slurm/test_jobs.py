@@ -36,7 +36,10 @@ from tests.support.chaos_runs import ROOT, check_unique_lines
 from tests.support.other_user import reachable_dir
 from tests.support.run_files import metric_lines
 
-INFERENCE, TRAIN_ENV = "envrl.inference.main", "envs/train/learnable.toml"
+INFERENCE, ORCHESTRATOR, WORKER = "envrl.inference.main", "envrl.orchestrator.main", "envrl.serve.worker"
+TRAIN_ENV, EVAL_ENV = "envs/train/learnable.toml", "envs/eval/learnable.toml"
+KILLED = ((2, "inference"), (1, "train env server 'learnable'"), (0, "orchestrator"))
+"""What the heal job SIGKILLs: (host, process)."""
 
 
 def summary(out: Path) -> dict:
@@ -146,7 +149,7 @@ LEAD_S = 300
 """The heal job's `--signal=TERM@` lead: longer than `near_time_limit` leaves, so SIGTERM comes at SLURM's next check."""
 
 
-def test_a_job_heals_servers_killed_on_other_hosts_stops_at_its_time_limit_and_resumes_through_a_scancel(
+def test_a_job_heals_processes_killed_on_every_host_stops_at_its_time_limit_and_resumes_through_a_scancel(
     cluster: Box, tmp_path: Path
 ) -> None:
     out, first, total = tmp_path / "heals", 24, 32
@@ -154,11 +157,13 @@ def test_a_job_heals_servers_killed_on_other_hosts_stops_at_its_time_limit_and_r
     heal = ["--trainer.weights.transport", "filesystem", "--restarts.max-restarts", "2", "--trainer.ckpt.interval", "4"]
     job = submit(cluster, write_job(out, *heal, "--slurm.sbatch", sbatch, "--max-steps", str(first)))
     wait_until("batch 3 published", lambda: newest_batch(out) >= 3, 600, (cluster, job))
-    kill_in_host(cluster, 2, INFERENCE, signal.SIGKILL)
-    kill_in_host(cluster, 1, TRAIN_ENV, signal.SIGKILL)
-    healed = [rf"host{host} recovery: {re.escape(name)} was killed by SIGKILL; back after"
-              for host, name in ((2, "inference"), (1, "train env server 'learnable'"))]  # fmt: skip
-    wait_until("both back", lambda: all(re.search(h, job_log(out, job)) for h in healed), 300, (cluster, job))
+    eval_worker = kill_in_host(cluster, 1, WORKER, signal.SIGKILL, parent=EVAL_ENV)  # the env server's to replace
+    for host, needle in ((2, INFERENCE), (1, TRAIN_ENV), (0, ORCHESTRATOR)):
+        kill_in_host(cluster, host, needle, signal.SIGKILL)
+    healed = [rf"host{host} recovery: {re.escape(name)} was killed by SIGKILL; back after" for host, name in KILLED]
+    wait_until("all back", lambda: all(re.search(h, job_log(out, job)) for h in healed), 300, (cluster, job))
+    eval_log = out / "logs" / "envs" / "eval" / "learnable.log"
+    assert eval_worker not in host_pids(cluster, 1) and eval_log.read_text().count(" starting (pid ") == 2
     wait_until("batch 9 published", lambda: newest_batch(out) >= 9, 300, (cluster, job))
 
     # The job runs into its --time limit, by SLURM's clock: held at this step meanwhile (its replica
@@ -175,7 +180,7 @@ def test_a_job_heals_servers_killed_on_other_hosts_stops_at_its_time_limit_and_r
     assert len(stopped) >= 8 and stopped == list(range(len(stopped)))  # batch 9 was sampled from policy 8
     assert (summary(out)["status"], summary(out)["steps_done"]) == ("interrupted", len(stopped)), summary(out)
     recovered = {name: (entry["host"], entry["restarts"]) for name, entry in summary(out)["recoveries"].items()}
-    assert recovered == {"inference": (2, 1), "train env server 'learnable'": (1, 1)}, recovered  # every host's
+    assert recovered == {name: (host, 1) for host, name in KILLED}, recovered  # every host's, by host
 
     resumed = submit(cluster, write_job(out, "--resume", "--max-steps", str(total), config=None))  # a larger one
     wait_until("3 more batches", lambda: newest_batch(out) >= len(stopped) + 3, 600, (cluster, resumed))
