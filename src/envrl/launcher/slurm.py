@@ -18,7 +18,7 @@ from envrl.config import ConfigError, config_to_toml, resolve_config
 from envrl.data import host_recoveries, layout
 from envrl.envclient.curve import make_curve_keys
 from envrl.launcher.config import RLConfig
-from envrl.launcher.host import FINISHING
+from envrl.launcher.host import FINISHING, STOPPED_EXIT
 from envrl.launcher.plan.run import Machine, RunPlan, plan
 
 SIGNAL_MARGIN_S = 10.0
@@ -129,6 +129,10 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
     grace_s = host_grace_s(signalled)
     forwards = signalled is not None and signalled.batch_only  # the batch shell traps SIGTERM (`_grace_lines`)
     job = plan(rl, job_hosts(rl), machine)  # the script's commands; its first step plans the configs again
+    resume = (
+        " (scancel, or --signal before the time limit): stopping the job; it continues with "
+        f"`rl --resume --slurm --output-dir {out.resolve()}` (any --max-steps)"
+    )
     python = shlex.quote(sys.executable)
     make_token = f'$({python} -c "import secrets; print(secrets.token_urlsafe(32))")'
     addresses = ",".join(job_hosts(rl))
@@ -184,7 +188,9 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
             if forwards
             else []
         ),
-        '  if [ $code -ne 0 ] || [[ " ${FINISHING[*]} " != *" $pid "* ]]; then',
+        f"  if [ $code -eq {STOPPED_EXIT} ]; then",
+        f'    echo "envrl: ${{NAME[$pid]}} was stopped by SIGTERM"{shlex.quote(resume)} >&2; status=1; break',
+        '  elif [ $code -ne 0 ] || [[ " ${FINISHING[*]} " != *" $pid "* ]]; then',
         '    echo "envrl: ${NAME[$pid]} exited with code $code: stopping the job" >&2; status=1; break',
         "  fi",
         '  FINISHING=("${FINISHING[@]/$pid}"); FINISHING=(${FINISHING[@]})',

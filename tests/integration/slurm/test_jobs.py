@@ -175,6 +175,7 @@ def test_a_job_heals_processes_killed_on_every_host_stops_at_its_time_limit_and_
     assert wait_job(cluster, job) == "FAILED", job_log(out, job)[-3000:]  # stopped early: not TIMEOUT, not COMPLETED
     assert all(f"host{host} host {host} (" in job_log(out, job) for host in range(cluster.nodes))
     assert job_log(out, job).count("SIGTERM received: stopping") == cluster.nodes, job_log(out, job)[-3000:]
+    assert "was stopped by SIGTERM (scancel, or --signal before the time limit)" in job_log(out, job)
     assert not any(run_pids(cluster, host) for host in range(cluster.nodes)), "left running after the job"
     stopped = trained_steps(out)
     assert len(stopped) >= 8 and stopped == list(range(len(stopped)))  # batch 9 was sampled from policy 8

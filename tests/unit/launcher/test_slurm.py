@@ -235,7 +235,7 @@ def test_with_signal_b_the_batch_shell_forwards_sigterm_to_every_host_step(tmp_p
                 os.kill(int(step.read_text()), signal.SIGKILL)
     assert "envrl: SIGTERM (--signal): forwarded to every host step" in stderr
     assert (log / "scancel").read_text().splitlines()[0] == "--signal=TERM 42"
-    assert "exited with code 143: stopping the job" in stderr  # each step stopped on the forwarded SIGTERM
+    assert "was stopped by SIGTERM (scancel, or --signal before the time limit): stopping the job" in stderr
     assert job.returncode == 1  # the job did not complete
 
 
