@@ -122,6 +122,41 @@ def _grace_lines(job: JobSignal | None, grace_s: float) -> list[str]:
     return lines
 
 
+def _end_lines(out: Path, grace_s: float, forwards: bool) -> list[str]:
+    """The script's end: wait for the hosts that finish the run, or stop the job at the first host
+    that fails or is stopped (saying how to continue a stopped run), then stop every host step."""
+    resume = (
+        " (scancel, or --signal before the time limit): stopping the job; it continues with "
+        f"`rl --resume --slurm --output-dir {out.resolve()}` (any --max-steps)"
+    )
+    return [
+        "# the run ends when every host with the trainer or the orchestrator is done, or at the first failure",
+        "status=0",
+        "while [ ${#FINISHING[@]} -gt 0 ]; do",
+        "  code=0; wait -n -p pid || code=$?",
+        *(
+            ['  [ -z "${pid:-}" ] && continue  # the trap woke the wait: the hosts stop on what it forwarded']
+            if forwards
+            else []
+        ),
+        f"  if [ $code -eq {STOPPED_EXIT} ]; then",
+        f'    echo "envrl: ${{NAME[$pid]}} was stopped by SIGTERM"{shlex.quote(resume)} >&2; status=1; break',
+        '  elif [ $code -ne 0 ] || [[ " ${FINISHING[*]} " != *" $pid "* ]]; then',
+        '    echo "envrl: ${NAME[$pid]} exited with code $code: stopping the job" >&2; status=1; break',
+        "  fi",
+        '  FINISHING=("${FINISHING[@]/$pid}"); FINISHING=(${FINISHING[@]})',
+        "done",
+        f"# SIGTERM to every host's step: its supervisor stops what it started within {grace_s:g} s (--grace-s)",
+        'scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null',
+        'for pid in "${!NAME[@]}"; do [[ ${NAME[$pid]} == log-rotation ]] && kill "$pid"; done',
+        "until wait; do :; done  # a trapped SIGTERM wakes `wait`: the steps still get their grace"
+        if forwards
+        else "wait",
+        "exit $status",
+        "",
+    ]
+
+
 def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) -> str:
     """The batch script of the run whose `RLConfig` is stored (TOML) at `stored`."""
     slurm, out = rl.slurm, rl.output_dir
@@ -129,10 +164,6 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
     grace_s = host_grace_s(signalled)
     forwards = signalled is not None and signalled.batch_only  # the batch shell traps SIGTERM (`_grace_lines`)
     job = plan(rl, job_hosts(rl), machine)  # the script's commands; its first step plans the configs again
-    resume = (
-        " (scancel, or --signal before the time limit): stopping the job; it continues with "
-        f"`rl --resume --slurm --output-dir {out.resolve()}` (any --max-steps)"
-    )
     python = shlex.quote(sys.executable)
     make_token = f'$({python} -c "import secrets; print(secrets.token_urlsafe(32))")'
     addresses = ",".join(job_hosts(rl))
@@ -178,32 +209,7 @@ def sbatch_script(rl: RLConfig, stored: Path, machine: Machine | None = None) ->
         lines.append(f'NAME[$!]="host {i} (${{HOST_{i}}}, ${{ADDR_{i}}})"')
         if any(name.startswith(FINISHING) for name in names):
             lines.append("FINISHING+=($!)")
-    lines += [
-        "# the run ends when every host with the trainer or the orchestrator is done, or at the first failure",
-        "status=0",
-        "while [ ${#FINISHING[@]} -gt 0 ]; do",
-        "  code=0; wait -n -p pid || code=$?",
-        *(
-            ['  [ -z "${pid:-}" ] && continue  # the trap woke the wait: the hosts stop on what it forwarded']
-            if forwards
-            else []
-        ),
-        f"  if [ $code -eq {STOPPED_EXIT} ]; then",
-        f'    echo "envrl: ${{NAME[$pid]}} was stopped by SIGTERM"{shlex.quote(resume)} >&2; status=1; break',
-        '  elif [ $code -ne 0 ] || [[ " ${FINISHING[*]} " != *" $pid "* ]]; then',
-        '    echo "envrl: ${NAME[$pid]} exited with code $code: stopping the job" >&2; status=1; break',
-        "  fi",
-        '  FINISHING=("${FINISHING[@]/$pid}"); FINISHING=(${FINISHING[@]})',
-        "done",
-        f"# SIGTERM to every host's step: its supervisor stops what it started within {grace_s:g} s (--grace-s)",
-        'scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null',
-        'for pid in "${!NAME[@]}"; do [[ ${NAME[$pid]} == log-rotation ]] && kill "$pid"; done',
-        "until wait; do :; done  # a trapped SIGTERM wakes `wait`: the steps still get their grace"
-        if forwards
-        else "wait",
-        "exit $status",
-        "",
-    ]
+    lines += _end_lines(out, grace_s, forwards)
     return "\n".join(lines)
 
 
