@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -21,6 +20,7 @@ from envrl.runtime.atomic import atomic_write_text
 from envrl.runtime.process import Child, spawn
 from envrl.runtime.restarts import RestartPolicy
 from envrl.runtime.supervisor import Respawn, Supervisor
+from tests.unit.runtime.test_supervisor import watch_while
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 KILLED = {"exit": "was killed by SIGKILL", "back": True}
@@ -64,13 +64,7 @@ def test_a_hosts_restart_is_published_at_the_death_and_again_when_it_is_back(tmp
         _wait(lambda: _faults(out, 2, "inference-1")[0]["back"], "recovery in host 2's file")
         done.touch()
 
-    thread = threading.Thread(target=kill_then_finish)
-    thread.start()
-    try:
-        supervisor.watch(until={"train env server 'x'"})
-    finally:
-        thread.join()
-        supervisor.stop_all()
+    watch_while(supervisor, kill_then_finish, until="train env server 'x'")
     assert host_recoveries_file(out, 2).stat().st_mode & 0o077 == 0  # its user's only, as the run dir
     published = _published(out, 2)
     assert published["host"] == 2 and published["recoveries"] == supervisor.recoveries()

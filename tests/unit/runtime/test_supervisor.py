@@ -39,13 +39,13 @@ def _worker_and_trainer(tmp_path: Path) -> tuple[Supervisor, Path, Path]:
     return supervisor, back, done
 
 
-def _watch_while(supervisor: Supervisor, action: Callable[[], None]) -> None:
-    """Watch until the trainer ends while `action` runs on another thread; every child is stopped
-    however it ends."""
+def watch_while(supervisor: Supervisor, action: Callable[[], None], until: str = "trainer") -> None:
+    """Watch until the child named `until` ends while `action` runs on another thread; every child
+    is stopped however it ends."""
     thread = threading.Thread(target=action)
     thread.start()
     try:
-        supervisor.watch(until={"trainer"})
+        supervisor.watch(until={until})
     finally:
         thread.join()
         supervisor.stop_all()
@@ -63,7 +63,7 @@ def test_a_killed_process_is_restarted_and_its_fault_closes_when_it_is_back(tmp_
         _wait(lambda: supervisor.faults[0].seconds_lost is not None, "recovery")
         done.touch()
 
-    _watch_while(supervisor, kill_then_finish)
+    watch_while(supervisor, kill_then_finish)
     recoveries = supervisor.recoveries()
     assert list(recoveries) == ["worker"] and recoveries["worker"]["restarts"] == 1
     [fault] = recoveries["worker"]["faults"]
@@ -101,7 +101,7 @@ def test_a_process_killed_again_before_it_was_back_counts_two_faults_one_of_them
         _wait(lambda: len(supervisor.faults) == 2 and supervisor.faults[1].back, "recovery")
         done.touch()
 
-    _watch_while(supervisor, kill_twice_then_finish)
+    watch_while(supervisor, kill_twice_then_finish)
     worker = supervisor.recoveries()["worker"]
     assert worker["restarts"] == 2 and [f["back"] for f in worker["faults"]] == [False, True]
 
