@@ -93,12 +93,12 @@ def slurm_script_file(output_dir: Path) -> Path:
 
 
 def host_recoveries_dir(output_dir: Path) -> Path:
-    """Each SLURM job host's restarts, for `summary.json` (`envrl.data.host_recoveries`): `<output_dir>/slurm/recoveries/`."""
+    """Each SLURM job host's restarts and failure, for `summary.json` (`envrl.data.host_recoveries`): `<output_dir>/slurm/recoveries/`."""
     return slurm_dir(output_dir) / "recoveries"
 
 
 def host_recoveries_file(output_dir: Path, host: int) -> Path:
-    """Host `host`'s recoveries: `<output_dir>/slurm/recoveries/host<host>.json`."""
+    """Host `host`'s recoveries and failure: `<output_dir>/slurm/recoveries/host<host>.json`."""
     return host_recoveries_dir(output_dir) / f"host{host}.json"
 
 
