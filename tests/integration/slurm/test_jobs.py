@@ -10,8 +10,10 @@ import re
 import signal
 import subprocess
 import sys
+import time
+import tomllib
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from statistics import fmean
 
@@ -20,6 +22,7 @@ from envrl.transport.transfer_files import SECRET_FILE, TRANSFER_FILE
 from scripts.slurm_box.box import environ
 from scripts.slurm_box.conf import Box
 from tests.integration.slurm.jobs import (
+    SLURM_SMOKE,
     command_line,
     host_pids,
     kill_in_host,
@@ -37,6 +40,7 @@ from tests.support.other_user import reachable_dir
 from tests.support.run_files import metric_lines
 
 INFERENCE, ORCHESTRATOR, WORKER = "envrl.inference.main", "envrl.orchestrator.main", "envrl.serve.worker"
+TRAINER = "envrl.trainer.main"
 TRAIN_ENV, EVAL_ENV = "envs/train/learnable.toml", "envs/eval/learnable.toml"
 KILLED = ((2, "inference"), (1, "train env server 'learnable'"), (0, "orchestrator"))
 """What the heal job SIGKILLs: (host, process)."""
@@ -62,7 +66,7 @@ def test_the_smoke_job_learns_on_three_hosts_and_another_user_on_any_host_gets_n
         bound = {host: listeners(cluster, host) for host in range(cluster.nodes)}
         inference, env = f"{cluster.address('envrl-node2')}:8000", f"{cluster.address('envrl-node1')}:5000"
         served = intrude(cluster, 0, "--inference", f"http://{inference}", "--env", f"tcp://{env}")
-        with paused(cluster, 2, INFERENCE_PROCESSES):  # the newest policy then waits for its replica, in memory
+        with replica_paused_before_a_memory_policy(cluster, out, (cluster, job)):
             transfer = intrude_open_transfer(cluster, out, (cluster, job))
         assert wait_job(cluster, job) == "COMPLETED", job_log(out, job)[-3000:]
 
@@ -116,18 +120,46 @@ def open_transfer(box: Box, out: Path) -> tuple[Path, int] | None:
     return None
 
 
+def between_policies(out: Path) -> int | None:
+    """The trainer's newest policy when it is done sending it (written as files, or sent in memory)
+    and its next one goes in memory (slurm_smoke.toml: every `trainer.ckpt.interval`-th policy and
+    the last are files); None otherwise."""
+    smoke = tomllib.loads(SLURM_SMOKE.read_text())
+    policy = max(published_steps(weights_root(out)), default=0)
+    sent = (weights_dir(out, policy) / "model.safetensors").exists() or (
+        f"policy {policy} sent in memory" in (out / "logs" / "trainer.log").read_text(errors="replace")
+    )
+    next_one = policy + 1
+    in_memory = next_one % smoke["trainer"]["ckpt"]["interval"] != 0 and next_one < smoke["max_steps"]
+    return policy if sent and in_memory else None
+
+
+@contextmanager
+def replica_paused_before_a_memory_policy(box: Box, out: Path, job: tuple[Box, int]) -> Iterator[None]:
+    """The replica on host 2 paused while the trainer sends a policy in memory, whose rendezvous
+    then waits for it: the trainer is paused between policies first (else let go and caught again),
+    the orchestrator samples the batch it needs, the replica is paused, and the trainer goes on."""
+    for _ in range(50):
+        with ExitStack() as held:
+            with paused(box, 0, (TRAINER,)):
+                policy = between_policies(out)
+                if policy is not None:
+                    wait_until(f"batch {policy} published", lambda p=policy: newest_batch(out) >= p, 300, job)
+                    held.enter_context(paused(box, 2, INFERENCE_PROCESSES))
+            if policy is not None:
+                yield  # the trainer trains step `policy` and sends policy + 1 to the paused replica
+                return
+        time.sleep(0.2)  # the trainer goes on to its next policy
+    raise AssertionError("the trainer was never caught between two policies")
+
+
 def intrude_open_transfer(box: Box, out: Path, job: tuple[Box, int]) -> dict:
-    """`intrude` from host 2 on the trainer's newest policy while its rendezvous waits for the
-    (paused) replica: its files, and joining or reading its transfer without the secret. A probe
-    that found the rendezvous closed already (the trainer moved on to a newer policy) is retried."""
-    for _ in range(5):
-        wait_until("a policy waiting on host 0", lambda: open_transfer(box, out) is not None, 300, job)
-        policy, port = open_transfer(box, out) or (out, 0)
-        files = [out, policy, policy / TRANSFER_FILE, policy / SECRET_FILE]
-        tried = intrude(box, 2, "--rendezvous", f"{box.address('envrl-node0')}:{port}", "--files", *map(str, files))
-        if "refused" not in tried.values():
-            return tried
-    raise AssertionError(f"every policy's rendezvous closed before it was probed: {tried}")
+    """`intrude` from host 2 on a policy whose rendezvous waits for the (paused) replica: its
+    files, and joining or reading its transfer without the secret."""
+    wait_until("a policy waiting on host 0", lambda: open_transfer(box, out) is not None, 300, job)
+    policy, port = open_transfer(box, out) or (out, 0)
+    files = [out, policy, policy / TRANSFER_FILE, policy / SECRET_FILE]
+    return intrude(box, 2, "--rendezvous", f"{box.address('envrl-node0')}:{port}", "--files", *map(str, files))
 
 
 def intrude(box: Box, host: int, *args: str) -> dict:
