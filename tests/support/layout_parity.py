@@ -28,6 +28,16 @@ def trained_metrics(out: Path, steps: int) -> list[dict]:
     return trained
 
 
+def trained_weights(a: Path, b: Path, steps: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The step-`steps` weights `a` and `b` published, the same tensors, every one moved from the tiny model's."""
+    start = load_file(TINY_CHAT_DIR / "model.safetensors")
+    weights_a, weights_b = (load_file(out / "weights" / f"step_{steps}" / "model.safetensors") for out in (a, b))
+    assert weights_a.keys() == weights_b.keys()
+    for name in weights_a:
+        assert not torch.equal(weights_a[name], start[name]), f"{name} was not trained"
+    return weights_a, weights_b
+
+
 def assert_trained_as_one_process(layout: Path, one: Path, steps: int) -> None:
     """`layout`'s first `steps` trainer steps and its step-`steps` weights match `one`'s, and every
     weight moved from the tiny model's."""
@@ -35,12 +45,8 @@ def assert_trained_as_one_process(layout: Path, one: Path, steps: int) -> None:
     for want, got in zip(by_one, by_layout, strict=True):
         for key in COMPARED_METRICS:
             assert got[key] == pytest.approx(want[key], rel=METRIC_RTOL), (want["step"], key)
-    start = load_file(TINY_CHAT_DIR / "model.safetensors")
-    single = load_file(one / "weights" / f"step_{steps}" / "model.safetensors")
-    other = load_file(layout / "weights" / f"step_{steps}" / "model.safetensors")
-    assert single.keys() == other.keys()
+    single, other = trained_weights(one, layout, steps)
     for name in single:
-        assert not torch.equal(single[name], start[name]), f"{name} was not trained"
         diff = (single[name] - other[name]).abs().max().item()
         assert diff <= WEIGHT_ATOL, f"{name}: max abs diff {diff:.2e}"
 
@@ -54,9 +60,6 @@ def assert_trained_bit_for_bit_alike(a: Path, b: Path, steps: int) -> None:
     assert [[m[k] for k in keys] for m in trained_metrics(a, steps)] == [
         [m[k] for k in keys] for m in trained_metrics(b, steps)
     ]
-    start = load_file(TINY_CHAT_DIR / "model.safetensors")
-    weights_a, weights_b = (load_file(out / "weights" / f"step_{steps}" / "model.safetensors") for out in (a, b))
-    assert weights_a.keys() == weights_b.keys()
+    weights_a, weights_b = trained_weights(a, b, steps)
     for name in weights_a:
-        assert not torch.equal(weights_a[name], start[name]), f"{name} was not trained"
         assert torch.equal(weights_a[name], weights_b[name]), f"{name} differs"

@@ -4,7 +4,6 @@ every host's for `summary.json` (docs/scale.md)."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -59,8 +58,11 @@ def write(output_dir: Path, host: int, recoveries: dict[str, dict[str, Any]], fa
 
 
 def clear(output_dir: Path) -> None:
-    """Remove every host's file: a new job's hosts start with none restarted."""
-    shutil.rmtree(host_recoveries_dir(output_dir), ignore_errors=True)
+    """Remove every host's file (only those: anything else in the directory is left), so a new
+    job's hosts start with none restarted."""
+    for path in host_recoveries_dir(output_dir).glob("host*.json"):
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
 
 
 def gather(output_dir: Path, host: int, recoveries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
